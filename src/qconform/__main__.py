@@ -1,0 +1,3 @@
+from qconform.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,9 @@
+"""The two error types every layer raises."""
+
+
+class ArgumentError(ValueError):
+    """An argument breaks one of an op's rules; the message names the argument and the rule."""
+
+
+class DeviceError(RuntimeError):
+    """A device launch of a named op failed with its own status."""

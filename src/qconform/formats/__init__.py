@@ -1,0 +1,1 @@
+"""Byte layouts and scalar conversions; imports nothing else of qconform."""

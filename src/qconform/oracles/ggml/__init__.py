@@ -1,0 +1,121 @@
+"""ggml quantization oracles with gguf-py's call shape.
+
+``quantize(x, qtype)``: float32 rows (..., K) -> uint8 block bytes (..., K/QK*type_size);
+``dequantize(data, qtype)``: and back. ``qtype`` is a ggml type name ("Q8_K", "Q8_0") or gguf's
+``GGMLQuantizationType``. Each format's rules are in its module (``q8_0``, ``q8_k``) with the
+upstream source. ``backend="numba"`` (default, fast) and ``backend="numpy"`` (the readable spec)
+are byte-identical; ``ftz=True`` models a device compiled with flush-to-zero.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Literal
+
+import numpy as np
+
+from qconform.errors import ArgumentError
+from qconform.formats.ggml import FORMATS, BlockFormat
+from qconform.oracles.ggml import q8_0, q8_k
+
+Backend = Literal["numba", "numpy"]
+
+_MODULES: dict[str, ModuleType] = {"Q8_0": q8_0, "Q8_K": q8_k}
+
+__all__ = ["quantize", "dequantize", "check_quantize_args", "check_dequantize_args", "resolve_qtype"]
+
+
+def resolve_qtype(qtype: object) -> BlockFormat:
+    """A ggml type name or anything with ``.name`` (gguf's enum) -> its BlockFormat."""
+    name = getattr(qtype, "name", qtype)
+    if not isinstance(name, str) or name.upper() not in _MODULES:
+        raise ArgumentError(
+            f"qtype: unsupported ggml type {qtype!r}; supported: {', '.join(sorted(_MODULES))}"
+        )
+    return FORMATS[name.upper()]
+
+
+def _check_array(name: str, a: object, dtype: np.dtype) -> np.ndarray:
+    if not isinstance(a, np.ndarray):
+        raise ArgumentError(f"{name}: must be a numpy.ndarray, got {type(a).__name__}")
+    if a.dtype != dtype:
+        raise ArgumentError(f"{name}: dtype must be {dtype}, got {a.dtype}")
+    if a.ndim < 1:
+        raise ArgumentError(f"{name}: must have at least one dimension (rows of values), got a scalar")
+    if not a.flags.c_contiguous:
+        raise ArgumentError(f"{name}: must be C-contiguous (got strides {a.strides})")
+    return a
+
+
+def _check_out(out: object, shape: tuple[int, ...], dtype: np.dtype, src: np.ndarray) -> None:
+    if out is None:
+        return
+    _check_array("out", out, dtype)
+    if out.shape != shape:
+        raise ArgumentError(f"out: shape must be {shape}, got {out.shape}")
+    if not out.flags.writeable:
+        raise ArgumentError("out: must be writeable")
+    if np.may_share_memory(out, src):
+        raise ArgumentError("out: must not overlap the input")
+
+
+def check_quantize_args(x: object, qtype: object, out: object = None) -> tuple[BlockFormat, tuple[int, ...]]:
+    """Validate ``quantize`` arguments; return the format and the output shape."""
+    fmt = resolve_qtype(qtype)
+    x = _check_array("x", x, np.dtype(np.float32))
+    k = x.shape[-1]
+    if k == 0 or k % fmt.block_size:
+        raise ArgumentError(
+            f"x: row width (last dimension) must be a positive multiple of the {fmt.name} block "
+            f"size {fmt.block_size}, got {k}"
+        )
+    shape = (*x.shape[:-1], fmt.n_bytes(k))
+    _check_out(out, shape, np.dtype(np.uint8), x)
+    return fmt, shape
+
+
+def check_dequantize_args(data: object, qtype: object, out: object = None) -> tuple[BlockFormat, tuple[int, ...]]:
+    """Validate ``dequantize`` arguments; return the format and the output shape."""
+    fmt = resolve_qtype(qtype)
+    data = _check_array("data", data, np.dtype(np.uint8))
+    n = data.shape[-1]
+    if n == 0 or n % fmt.type_size:
+        raise ArgumentError(
+            f"data: bytes per row (last dimension) must be a positive multiple of the {fmt.name} "
+            f"block bytes {fmt.type_size}, got {n}"
+        )
+    shape = (*data.shape[:-1], fmt.n_values(n))
+    _check_out(out, shape, np.dtype(np.float32), data)
+    return fmt, shape
+
+
+def quantize(
+    x: np.ndarray, qtype: object, *, out: np.ndarray | None = None, ftz: bool = False,
+    backend: Backend = "numba",
+) -> np.ndarray:
+    """Quantize float32 rows to ggml block bytes, bit-exact with ggml's ``quantize_row_*_ref``."""
+    fmt, shape = check_quantize_args(x, qtype, out)
+    mod = _MODULES[fmt.name]
+    result = np.empty(shape, np.uint8) if out is None else out
+    blocks = fmt.blocks(result)
+    values = x.reshape(-1, fmt.block_size)
+    _pick(mod, "quantize", backend)(values, blocks, ftz)
+    return result
+
+
+def dequantize(
+    data: np.ndarray, qtype: object, *, out: np.ndarray | None = None, ftz: bool = False,
+    backend: Backend = "numba",
+) -> np.ndarray:
+    """Dequantize ggml block bytes to float32, bit-exact with ggml's ``dequantize_row_*``."""
+    fmt, shape = check_dequantize_args(data, qtype, out)
+    mod = _MODULES[fmt.name]
+    result = np.empty(shape, np.float32) if out is None else out
+    _pick(mod, "dequantize", backend)(fmt.blocks(data), result.reshape(-1, fmt.block_size), ftz)
+    return result
+
+
+def _pick(mod: ModuleType, what: str, backend: str):
+    if backend not in ("numba", "numpy"):
+        raise ArgumentError(f"backend: must be 'numba' or 'numpy', got {backend!r}")
+    return getattr(mod, f"{what}_blocks_{backend}")

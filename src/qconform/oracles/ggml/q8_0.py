@@ -1,0 +1,78 @@
+"""Q8_0: 32 values -> fp16 ``d`` + 32 int8, symmetric, ties away from zero.
+
+Source: ggml-org/ggml src/ggml-quants.c ``quantize_row_q8_0_ref`` and ``dequantize_row_q8_0``.
+Quantize, all fp32 (no FMA):
+  amax = 0; for each v: amax = MAX(amax, fabsf(v))   (MAX(a,b) = a > b ? a : b, so a NaN sets
+                                                      amax to NaN and the next value replaces it)
+  d = amax / 127; id = d ? 1.0f/d : 0.0f             (reciprocal of the fp32 d, not 127/amax)
+  d stored as fp16 (RNE, NaN -> 0x7E00); qs[j] = (int8_t)roundf(x[j]*id)   (ties away from zero)
+Dequantize: y = (float)qs * fp16_to_fp32(d).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from qconform.formats.fp16 import fp16_bits_to_fp32, fp32_to_fp16_bits
+from qconform.formats.ggml import Q8_0
+from qconform.oracles.ggml.rounding import flush, flush_nb, roundf_to_int8, roundf_to_int8_nb
+
+QK = Q8_0.block_size
+F127 = np.float32(127.0)
+ONE = np.float32(1.0)
+
+
+def quantize_blocks_numpy(x: np.ndarray, out: np.ndarray, ftz: bool = False) -> None:
+    """(n, 32) float32 -> ``out``, (n,) Q8_0 structs. The readable spec."""
+    x = flush(x, ftz)
+    a = np.abs(x)
+    amax = np.zeros(len(x), np.float32)
+    for j in range(QK):  # the reference's sequential MAX, NaN behaviour included
+        amax = np.where(amax > a[:, j], amax, a[:, j])
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        d = flush(amax / F127, ftz)
+        idd = np.where(d != 0, flush(ONE / np.where(d != 0, d, ONE), ftz), np.float32(0))
+        prod = flush(x * idd[:, None], ftz)
+    out["d"] = fp32_to_fp16_bits(d)
+    out["qs"] = roundf_to_int8(prod)
+
+
+def dequantize_blocks_numpy(blocks: np.ndarray, y: np.ndarray, ftz: bool = False) -> None:
+    """(n,) Q8_0 structs -> ``y``, (n, 32) float32."""
+    d = flush(fp16_bits_to_fp32(blocks["d"]), ftz)
+    with np.errstate(invalid="ignore", over="ignore"):
+        y[...] = flush(blocks["qs"].astype(np.float32) * d[:, None], ftz)
+
+
+@njit(cache=True, parallel=True)
+def _quantize_nb(x, d_out, qs_out, ftz):
+    for i in prange(x.shape[0]):
+        amax = np.float32(0.0)
+        for j in range(QK):
+            a = abs(flush_nb(x[i, j], ftz))
+            amax = amax if amax > a else a
+        d = flush_nb(np.float32(amax / F127), ftz)
+        idd = flush_nb(np.float32(ONE / d), ftz) if d != 0 else np.float32(0.0)
+        d_out[i] = d
+        for j in range(QK):
+            qs_out[i, j] = roundf_to_int8_nb(flush_nb(np.float32(flush_nb(x[i, j], ftz) * idd), ftz))
+
+
+@njit(cache=True, parallel=True)
+def _dequantize_nb(d, qs, y, ftz):
+    for i in prange(qs.shape[0]):
+        di = flush_nb(d[i], ftz)
+        for j in range(QK):
+            y[i, j] = flush_nb(np.float32(np.float32(qs[i, j]) * di), ftz)
+
+
+def quantize_blocks_numba(x: np.ndarray, out: np.ndarray, ftz: bool = False) -> None:
+    """(n, 32) float32 -> ``out``, (n,) Q8_0 structs; the fast twin of the numpy spec."""
+    d = np.empty(len(x), np.float32)
+    _quantize_nb(x, d, out["qs"], ftz)
+    out["d"] = fp32_to_fp16_bits(d)
+
+
+def dequantize_blocks_numba(blocks: np.ndarray, y: np.ndarray, ftz: bool = False) -> None:
+    _dequantize_nb(fp16_bits_to_fp32(blocks["d"]), blocks["qs"], y, ftz)

@@ -1,0 +1,96 @@
+"""The scalar rules ggml's reference C applies, as numpy (spec) and numba (fast) helpers.
+
+Source: ggml-org/ggml src/ggml-quants.c built for x86-64 without FMA (ggml-base gets no -march).
+- ``nearest_int(f)`` (ggml-quants.c:621): ``v = f + 12582912.0f`` in fp32, reinterpret as int,
+  ``(i & 0x7FFFFF) - 0x400000``: round half to even for |f| < 2^22; +-inf gives -4194304.
+  A NaN keeps its payload through the fp32 multiply and add (x86 SSE quiets it by setting bit 22),
+  so an input NaN with bits ``b`` gives ``b & 0x3FFFFF``; a NaN the arithmetic creates (0*inf) is
+  x86's default NaN 0xFFC00000 and gives 0.
+- ``roundf`` (libm): nearest integer, ties away from zero.
+- ``(int8_t)float``: gcc emits cvttss2si (32-bit) and keeps the low byte; NaN, +-inf and
+  |v| >= 2^31 give INT_MIN, i.e. byte 0.
+- ``(int8_t)int``: two's-complement wrap (low byte).
+- ftz: flush-to-zero with denormals-are-zero, as CuPy compiles device code on both vendors.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+F32_MIN_NORMAL = np.float32(1.1754943508222875e-38)
+MAGIC = np.float32(12582912.0)  # 1.5 * 2^23
+
+
+def flush(v: np.ndarray, ftz: bool) -> np.ndarray:
+    """Flush fp32 subnormals to a zero of the same sign when ``ftz``; identity otherwise."""
+    v = np.asarray(v, dtype=np.float32)
+    if not ftz:
+        return v
+    tiny = (np.abs(v) < F32_MIN_NORMAL) & (v != 0)
+    return np.where(tiny, np.copysign(np.float32(0), v), v).astype(np.float32)
+
+
+def nearest_int(f: np.ndarray, src: np.ndarray) -> np.ndarray:
+    """ggml ``nearest_int`` of fp32 ``f = scale * src`` (src decides the NaN payload) -> int32."""
+    f = np.asarray(f, dtype=np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        val = (f + MAGIC).astype(np.float32)
+    i = (val.view(np.int32) & 0x7FFFFF) - 0x400000
+    src_nan = np.isnan(src)
+    payload = (np.asarray(src, dtype=np.float32).view(np.int32) & 0x3FFFFF)
+    i = np.where(np.isnan(f), np.where(src_nan, payload, 0), i)
+    return i.astype(np.int32)
+
+
+def roundf_to_int8(v: np.ndarray) -> np.ndarray:
+    """``(int8_t)roundf(v)`` for fp32 ``v`` on x86-64: ties away from zero, then cvttss2si's low byte."""
+    v64 = np.asarray(v, dtype=np.float32).astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        r = np.sign(v64) * np.floor(np.abs(v64) + 0.5)
+        ok = np.abs(r) < 2.0**31
+    i32 = np.where(ok, np.nan_to_num(r), -(2.0**31)).astype(np.int64)
+    return i32.astype(np.int8)  # wraps: keeps the low byte
+
+
+def int_to_int8(v: np.ndarray) -> np.ndarray:
+    """``(int8_t)v`` for an int: two's-complement wrap."""
+    return np.asarray(v, dtype=np.int64).astype(np.int8)
+
+
+@njit(cache=True, inline="always")
+def flush_nb(v: np.float32, ftz: bool) -> np.float32:
+    if ftz and v != 0 and abs(v) < F32_MIN_NORMAL:
+        return np.float32(math.copysign(0.0, v))
+    return v
+
+
+@njit(cache=True, inline="always")
+def nearest_int_nb(f: np.float32, src_is_nan: bool, src_bits: np.int32) -> np.int32:
+    if f != f:
+        if src_is_nan:
+            return np.int32(src_bits & np.int32(0x3FFFFF))
+        return np.int32(0)
+    if math.isinf(f):
+        return np.int32(-0x400000)
+    val = np.float32(f + MAGIC)
+    if abs(f) < np.float32(4194304.0):  # val in [2^23, 2^24): its mantissa is the integer
+        return np.int32(val - MAGIC)
+    m, e = math.frexp(val)  # |val| = m * 2^e, 0.5 <= m < 1: mantissa field = m*2^24 - 2^23
+    mant = np.int64(abs(m) * 16777216.0) - np.int64(8388608)
+    return np.int32(mant - 0x400000)
+
+
+@njit(cache=True, inline="always")
+def roundf_to_int8_nb(v: np.float32) -> np.int8:
+    if v != v:
+        return np.int8(0)
+    a = abs(np.float64(v))
+    r = math.floor(a + 0.5)
+    if r >= 2.0**31:
+        return np.int8(0)
+    if v < 0:
+        r = -r
+    return np.int8(np.int64(r) & 0xFF)  # numba wraps int -> int8 like C
