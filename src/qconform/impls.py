@@ -1,0 +1,162 @@
+"""The Implementation protocol and the ways to load one.
+
+Built in: ``oracle`` (numba twin) and ``oracle-numpy`` (the readable spec).
+Loadable: ``py:module:callable`` or ``py:path/to/file.py:callable`` -- a drop-in replacement for an
+op's oracle function (same arguments, same return; ``out=`` is passed when the callable accepts it).
+The ops a ``py:`` callable applies to: ``--ops``, else its ``__qconform_ops__`` attribute, else
+every op whose oracle function has the callable's name (``quantize`` / ``dequantize``), else every
+op (an op whose first call raises NotImplementedError is then skipped).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import inspect
+import platform
+import sys
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+import numpy as np
+
+from qconform.errors import ArgumentError
+from qconform.ops import CATALOGUE, OpSpec
+
+
+class Implementation(Protocol):
+    name: str
+    arch: str
+    accepts_out: bool
+    on_device: bool
+
+    def applies_to(self, op: OpSpec) -> bool: ...
+
+    def run(self, op: OpSpec, leaf: str, inputs: dict[str, np.ndarray], params: dict[str, Any],
+            out: np.ndarray | None = None) -> np.ndarray: ...
+
+
+def cpu_arch() -> str:
+    return f"cpu-{platform.machine() or 'unknown'}"
+
+
+class CallableImpl:
+    """Runs an oracle-shaped function: ``fn(*op.call_args(inputs, params), out=out?)``."""
+
+    on_device = False
+
+    def __init__(self, name: str, fn: Callable[..., np.ndarray], ops: tuple[str, ...] | None) -> None:
+        self.name = name
+        self.fn = fn
+        self.ops = ops
+        self.arch = cpu_arch()
+        self.accepts_out = _accepts_kwarg(fn, "out")
+
+    def applies_to(self, op: OpSpec) -> bool:
+        return self.ops is None or op.name in self.ops
+
+    def function(self, op: OpSpec) -> Callable[..., np.ndarray]:
+        return self.fn
+
+    def run(self, op: OpSpec, leaf: str, inputs: dict[str, np.ndarray], params: dict[str, Any],
+            out: np.ndarray | None = None) -> np.ndarray:
+        args, kwargs = op.call_args(inputs, params)
+        if out is not None:
+            if not self.accepts_out:
+                raise ArgumentError(f"out: implementation {self.name} does not accept out=")
+            kwargs = {**kwargs, "out": out}
+        return self.function(op)(*args, **kwargs)
+
+
+def _accepts_kwarg(fn: Callable[..., Any], name: str) -> bool:
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == name or p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
+
+
+class OracleImpl(CallableImpl):
+    """The oracle itself (numba twin, or the numpy spec), through the same path as a drop-in."""
+
+    def __init__(self, backend: str = "numba") -> None:
+        self.name = "oracle" if backend == "numba" else f"oracle-{backend}"
+        self.backend = backend
+        self.ops = None
+        self.arch = cpu_arch()
+        self.accepts_out = True
+
+    def function(self, op: OpSpec) -> Callable[..., np.ndarray]:
+        return functools.partial(op.oracle, backend=self.backend)
+
+
+def load_python_callable(spec: str) -> Callable[..., Any]:
+    """``module:callable`` or ``path/to/file.py:callable`` -> the callable."""
+    target, sep, attr = spec.rpartition(":")
+    if not sep or not target or not attr:
+        raise ArgumentError(f"impl: py: implementations are 'py:module:callable' or 'py:file.py:callable', got 'py:{spec}'")
+    if target.endswith(".py") or "/" in target:
+        path = Path(target)
+        if not path.is_file():
+            raise ArgumentError(f"impl: no such file {target!r}")
+        mod_name = f"qconform_user_{abs(hash(str(path.resolve())))}"
+        mod_spec = importlib.util.spec_from_file_location(mod_name, path)
+        assert mod_spec is not None and mod_spec.loader is not None
+        module = importlib.util.module_from_spec(mod_spec)
+        sys.modules[mod_name] = module
+        mod_spec.loader.exec_module(module)
+    else:
+        if "" not in sys.path and str(Path.cwd()) not in sys.path:
+            sys.path.insert(0, str(Path.cwd()))
+        try:
+            module = importlib.import_module(target)
+        except ImportError as exc:
+            raise ArgumentError(f"impl: cannot import module {target!r}: {exc}") from exc
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ArgumentError(f"impl: {target!r} has no callable {attr!r}")
+    return fn
+
+
+def _ops_for_callable(fn: Callable[..., Any], ops: list[str] | None) -> tuple[str, ...] | None:
+    if ops:
+        return tuple(ops)
+    declared = getattr(fn, "__qconform_ops__", None)
+    if declared:
+        return tuple(declared)
+    by_name = tuple(op.name for op in CATALOGUE.values() if op.oracle.__name__ == getattr(fn, "__name__", ""))
+    return by_name or None
+
+
+def device_available() -> tuple[bool, str]:
+    """(True, description) when CuPy sees a GPU; (False, reason) otherwise."""
+    try:
+        import cupy  # noqa: F401
+    except Exception as exc:  # ImportError, or a broken CUDA/ROCm install
+        return False, f"CuPy is not importable ({type(exc).__name__})"
+    try:
+        n = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:
+        return False, f"CuPy found no device ({type(exc).__name__})"
+    if n < 1:
+        return False, "CuPy found no device"
+    return True, f"{n} device(s)"
+
+
+def load_impl(spec: str, ops: list[str] | None = None) -> Implementation:
+    """Resolve an ``--impl`` string."""
+    if spec == "oracle":
+        return OracleImpl("numba")
+    if spec == "oracle-numpy":
+        return OracleImpl("numpy")
+    if spec.startswith("py:"):
+        fn = load_python_callable(spec[3:])
+        return CallableImpl(spec, fn, _ops_for_callable(fn, ops))
+    if spec == "cupy" or spec.startswith(("hip:", "so:")):
+        raise ArgumentError(f"impl: {spec.split(':')[0]} implementations need the device backend, "
+                            "which this version does not have yet")
+    raise ArgumentError(f"impl: unknown implementation {spec!r}; use oracle, oracle-numpy or py:module:callable")
+
+
+BUILTIN_IMPLS = ("oracle", "oracle-numpy")

@@ -1,0 +1,203 @@
+"""Catalogue entries for ggml activation quantization: q8_k_quant, q8_0_quant and their dequant.
+
+Oracle: ``qconform.oracles.ggml.quantize / dequantize`` (gguf-py call shape). A ``py:`` drop-in is
+called as ``fn(x, "Q8_K")`` / ``fn(data, "Q8_K")``, with ``out=`` when it accepts one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from hypothesis import strategies as st
+
+from qconform.formats.ggml import FORMATS
+from qconform.oracles.ggml import check_dequantize_args, check_quantize_args, dequantize, quantize
+from qconform.ops.patterns import PATTERNS, make_values
+from qconform.ops.spec import BadArgument, Case, Check, Leaf, OpSpec
+
+LLM_WIDTHS = (2048, 2560, 4096, 5120, 8192, 14336)
+EDGE_PATTERNS = tuple(p for p in PATTERNS if p not in ("normal", "mixed"))
+DEQUANT_EXTRA_PATTERNS = ("random_bytes",)
+EXACT = Check("exact", 0.0, "ggml's scalar reference is deterministic and blockwise: bytes must match")
+
+
+def _cases(op: str, leaf: str, block: int, patterns: tuple[str, ...], coverage: int) -> list[Case]:
+    """coverage 1: one row of three LLM widths, one block, many rows, each special pattern once;
+    2: every LLM width, more rows and seeds; 3: full-size rows and several seeds per pattern."""
+    out: list[Case] = []
+
+    def add(pattern: str, rows: int, width: int, seed: int) -> None:
+        out.append(Case(op, leaf, seed, (rows, width), pattern))
+
+    widths = (2048, 4096, 14336) if coverage == 1 else LLM_WIDTHS
+    for i, w in enumerate(widths):
+        add("normal", 1 if coverage == 1 else 4, w, 100 + i)
+    add("normal", 1, block, 1)                      # one block
+    add("uniform", 64, 256, 2)                      # many rows
+    edge_width = max(block, 256) * 2
+    seeds = {1: 1, 2: 3, 3: 8}[coverage]
+    for pattern in patterns:
+        if pattern == "normal":
+            continue
+        for s in range(seeds):
+            add(pattern, 2, edge_width, 1000 + s)
+    if coverage >= 2:
+        add("mixed", 8, 4096, 7)
+        add("normal", 3, block * 3, 11)             # a few blocks, odd row count
+    if coverage >= 3:
+        add("normal", 32, 14336, 21)
+        add("mixed", 16, 8192, 22)
+    return out
+
+
+def _strategy(op: str, leaf: str, patterns: tuple[str, ...]) -> Any:
+    """Structure and a seed from hypothesis, bulk values from numpy (specs/tooling.md D3)."""
+    block = FORMATS[leaf_qtype(leaf)].block_size
+    return st.builds(
+        lambda pattern, rows, blocks, seed: Case(op, leaf, seed, (rows, blocks * block), pattern),
+        pattern=st.sampled_from(patterns),
+        rows=st.integers(1, 4),
+        blocks=st.integers(1, 8),
+        seed=st.integers(0, 2**32 - 1),
+    )
+
+
+def leaf_qtype(leaf: str) -> str:
+    """The ggml type a leaf name carries: ``Xfp32_Yq8_K`` / ``Xq8_K_Yfp32`` -> ``Q8_K``."""
+    for name in FORMATS:
+        if "q" + name[1:] in leaf:
+            return name
+    raise KeyError(f"leaf {leaf!r} names no ggml type")
+
+
+def _quant_inputs(case: Case) -> dict[str, np.ndarray]:
+    fmt = FORMATS[leaf_qtype(case.leaf)]
+    rows, width = case.shape
+    return {"x": make_values(case.pattern, case.seed, rows, width, fmt.block_size)}
+
+
+def _dequant_inputs(case: Case) -> dict[str, np.ndarray]:
+    fmt = FORMATS[leaf_qtype(case.leaf)]
+    rows, width = case.shape
+    if case.pattern == "random_bytes":
+        rng = np.random.default_rng(case.seed)
+        return {"data": rng.integers(0, 256, size=(rows, fmt.n_bytes(width)), dtype=np.uint8)}
+    x = make_values(case.pattern, case.seed, rows, width, fmt.block_size)
+    return {"data": quantize(x, fmt.name)}
+
+
+def _quant_bad(leaf: str) -> list[BadArgument]:
+    qtype = leaf_qtype(leaf)
+    bs = FORMATS[qtype].block_size
+    rng = np.random.default_rng(5)
+    good = rng.standard_normal((2, 2 * bs)).astype(np.float32)
+    p = {"qtype": qtype}
+    bad = [
+        BadArgument(f"width {w} is not a multiple of {bs}", {"x": rng.standard_normal((2, w)).astype(np.float32)}, p)
+        for w in (bs - 1, bs + 1, bs + bs // 2, 3 * bs - 16)
+    ]
+    bad += [
+        BadArgument("x must be float32 (float64 given)", {"x": good.astype(np.float64)}, p),
+        BadArgument("x must be float32 (float16 given)", {"x": good.astype(np.float16)}, p),
+        BadArgument("x must be C-contiguous", {"x": np.repeat(good, 2, axis=1)[:, ::2]}, p),
+        BadArgument("x must have a row dimension", {"x": np.float32(1.0)}, p),
+        BadArgument("qtype must be a supported ggml type", {"x": good}, {"qtype": "Q9_9"}),
+        BadArgument("out must have the output shape", {"x": good}, p,
+                    bad_out=np.zeros((2, FORMATS[qtype].n_bytes(2 * bs) - 1), np.uint8)),
+        BadArgument("out must be uint8", {"x": good}, p,
+                    bad_out=np.zeros((2, FORMATS[qtype].n_bytes(2 * bs)), np.int8)),
+    ]
+    return bad
+
+
+def _dequant_bad(leaf: str) -> list[BadArgument]:
+    qtype = leaf_qtype(leaf)
+    fmt = FORMATS[qtype]
+    rng = np.random.default_rng(6)
+    good = quantize(rng.standard_normal((2, 2 * fmt.block_size)).astype(np.float32), qtype)
+    p = {"qtype": qtype}
+    return [
+        BadArgument(f"bytes per row {n} are not a multiple of {fmt.type_size}",
+                    {"data": rng.integers(0, 256, (2, n), dtype=np.uint8)}, p)
+        for n in (fmt.type_size - 1, fmt.type_size + 1, 2 * fmt.type_size + 2)
+    ] + [
+        BadArgument("data must be uint8", {"data": good.view(np.int8)}, p),
+        BadArgument("data must be C-contiguous", {"data": np.repeat(good, 2, axis=1)[:, ::2]}, p),
+        BadArgument("qtype must be a supported ggml type", {"data": good}, {"qtype": "Q9_9"}),
+        BadArgument("out must have the output shape", {"data": good}, p,
+                    bad_out=np.zeros((2, 2 * fmt.block_size + 1), np.float32)),
+        BadArgument("out must be float32", {"data": good}, p,
+                    bad_out=np.zeros((2, 2 * fmt.block_size), np.float64)),
+    ]
+
+
+def _locate_byte(params: dict[str, Any], index: tuple[int, ...]) -> str:
+    """Name the block field an output byte belongs to: ``row 0, block 3, qs[17]``."""
+    fmt = FORMATS[params["qtype"]]
+    *rows, col = index
+    block, off = divmod(col, fmt.type_size)
+    for field, (dt, start) in fmt.dtype.fields.items():
+        if start <= off < start + dt.itemsize:
+            elem = dt.base.itemsize
+            sub = f"[{(off - start) // elem}]" if dt.shape else ""
+            return f"row {tuple(rows)}, block {block}, {field}{sub}"
+    return f"row {tuple(rows)}, block {block}, byte {off}"
+
+
+def _locate_value(params: dict[str, Any], index: tuple[int, ...]) -> str:
+    fmt = FORMATS[params["qtype"]]
+    *rows, col = index
+    return f"row {tuple(rows)}, block {col // fmt.block_size}, value {col % fmt.block_size}"
+
+
+def _quant_op(qtype: str) -> OpSpec:
+    name = f"{qtype.lower()}_quant"
+    leaf = f"Xfp32_Y{qtype.lower()[:1]}{qtype[1:]}"
+    block = FORMATS[qtype].block_size
+    return OpSpec(
+        name=name,
+        family="ggml",
+        leaves=(Leaf(leaf, {"qtype": qtype}),),
+        oracle=quantize,
+        call_args=lambda inputs, params: ((inputs["x"], params["qtype"]), {}),
+        output_spec=lambda inputs, params: (check_quantize_args(inputs["x"], params["qtype"])[1], np.dtype(np.uint8)),
+        make_inputs=_quant_inputs,
+        cases=lambda lf, coverage: _cases(name, lf, block, tuple(PATTERNS), coverage),
+        strategy=lambda lf: _strategy(name, lf, tuple(PATTERNS)),
+        validate=lambda inputs, params, out=None: check_quantize_args(inputs["x"], params["qtype"], out),
+        bad_arguments=_quant_bad,
+        decode=lambda y, params: dequantize(y, params["qtype"]),
+        check=EXACT,
+        input_names=("x",),
+        locate=_locate_byte,
+        doc=f"ggml quantize_row_{qtype.lower()[:1]}{qtype[1:]}_ref: float32 rows -> {qtype} blocks",
+    )
+
+
+def _dequant_op(qtype: str) -> OpSpec:
+    name = f"{qtype.lower()}_dequant"
+    leaf = f"X{qtype.lower()[:1]}{qtype[1:]}_Yfp32"
+    block = FORMATS[qtype].block_size
+    patterns = tuple(PATTERNS) + DEQUANT_EXTRA_PATTERNS
+    return OpSpec(
+        name=name,
+        family="ggml",
+        leaves=(Leaf(leaf, {"qtype": qtype}),),
+        oracle=dequantize,
+        call_args=lambda inputs, params: ((inputs["data"], params["qtype"]), {}),
+        output_spec=lambda inputs, params: (check_dequantize_args(inputs["data"], params["qtype"])[1], np.dtype(np.float32)),
+        make_inputs=_dequant_inputs,
+        cases=lambda lf, coverage: _cases(name, lf, block, patterns, coverage),
+        strategy=lambda lf: _strategy(name, lf, patterns),
+        validate=lambda inputs, params, out=None: check_dequantize_args(inputs["data"], params["qtype"], out),
+        bad_arguments=_dequant_bad,
+        decode=lambda y, params: y,
+        check=EXACT,
+        input_names=("data",),
+        locate=_locate_value,
+        doc=f"ggml dequantize_row_{qtype.lower()[:1]}{qtype[1:]}: {qtype} blocks -> float32 rows",
+    )
+
+
+OPS: tuple[OpSpec, ...] = (_quant_op("Q8_K"), _quant_op("Q8_0"), _dequant_op("Q8_K"), _dequant_op("Q8_0"))

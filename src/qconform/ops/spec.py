@@ -1,0 +1,106 @@
+"""The OpSpec record (modelled on PyTorch's OpInfo) and the Case every check runs on."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """A dtype variant of an op, named as kernel unit tests name it (``Xfp32_Yq8_K``)."""
+
+    name: str
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One deterministic input: inputs are built with numpy from ``seed``, ``shape`` and ``pattern``."""
+
+    op: str
+    leaf: str
+    seed: int
+    shape: tuple[int, ...]
+    pattern: str
+    params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def id(self) -> str:
+        dims = "x".join(str(d) for d in self.shape)
+        return f"{self.pattern}-{dims}-s{self.seed}"
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {"op": self.op, "leaf": self.leaf, "seed": self.seed, "shape": list(self.shape),
+             "pattern": self.pattern, "params": self.params},
+            sort_keys=True, separators=(",", ":"),
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> "Case":
+        d = json.loads(text)
+        return cls(d["op"], d["leaf"], int(d["seed"]), tuple(int(s) for s in d["shape"]),
+                   d["pattern"], dict(d.get("params", {})))
+
+
+@dataclass(frozen=True)
+class Check:
+    """How an implementation's output is compared with the oracle's.
+
+    ``exact``: bytes equal (float outputs: bit-equal, or NaN in both places).
+    ``rel_l2``: ||out - ref|| / ||ref|| <= ``tol`` with NaN positions equal; ``reason`` says why.
+    """
+
+    kind: str = "exact"
+    tol: float = 0.0
+    reason: str = "bit-exact op"
+
+
+@dataclass(frozen=True)
+class BadArgument:
+    """A call that breaks one rule: the implementation must raise, touching no buffer."""
+
+    rule: str
+    inputs: dict[str, Any]
+    params: dict[str, Any]
+    bad_out: Any = None  # an ill-formed ``out`` buffer, when the rule is about ``out``
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """One declarative catalogue entry.
+
+    ``oracle`` is the plain function a ``py:`` implementation replaces; ``call_args`` says how the
+    suite calls such a function for given inputs and params.
+    """
+
+    name: str
+    family: str
+    leaves: tuple[Leaf, ...]
+    oracle: Callable[..., np.ndarray]
+    call_args: Callable[[dict[str, np.ndarray], dict[str, Any]], tuple[tuple, dict]]
+    output_spec: Callable[[dict[str, np.ndarray], dict[str, Any]], tuple[tuple[int, ...], np.dtype]]
+    make_inputs: Callable[[Case], dict[str, np.ndarray]]
+    cases: Callable[[str, int], list[Case]]
+    strategy: Callable[[str], Any]
+    validate: Callable[..., Any]  # (inputs, params, out=None); raises ArgumentError
+    bad_arguments: Callable[[str], list[BadArgument]]
+    decode: Callable[[np.ndarray, dict[str, Any]], np.ndarray]
+    check: Check = Check()
+    input_names: tuple[str, ...] = ("x",)
+    output_name: str = "y"
+    doc: str = ""
+    locate: Callable[[dict[str, Any], tuple[int, ...]], str] | None = None
+
+    def leaf(self, name: str) -> Leaf:
+        for leaf in self.leaves:
+            if leaf.name == name:
+                return leaf
+        raise KeyError(f"{self.name} has no leaf {name!r}; leaves: {[lf.name for lf in self.leaves]}")
+
+    def params(self, case: Case) -> dict[str, Any]:
+        return {**self.leaf(case.leaf).params, **case.params}

@@ -1,0 +1,79 @@
+"""Compare an implementation's output with the oracle's, as the op's Check says."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from qconform.ops import OpSpec
+
+
+@dataclass(frozen=True)
+class Comparison:
+    ok: bool
+    detail: str
+    rel_l2: float  # of the decoded values against the oracle's; 0.0 when equal, nan when not computable
+
+
+def _equal_mask(got: np.ndarray, want: np.ndarray) -> np.ndarray:
+    """Elementwise 'same result': identical bits, or NaN in both places (payloads may differ)."""
+    if want.dtype.kind == "f":
+        bits = f"u{want.dtype.itemsize}"
+        same = got.view(bits) == want.view(bits)
+        return same | (np.isnan(got) & np.isnan(want))
+    return got == want
+
+
+def rel_l2(got: np.ndarray, want: np.ndarray) -> float:
+    """||got - want|| / ||want|| in float64 over positions finite in both; nan if NaN positions differ."""
+    g = np.asarray(got, np.float64).ravel()
+    w = np.asarray(want, np.float64).ravel()
+    if not np.array_equal(np.isnan(g), np.isnan(w)):
+        return math.nan
+    fin = np.isfinite(g) & np.isfinite(w)
+    if not np.array_equal(g[~fin], w[~fin]):
+        return math.inf
+    num = float(np.linalg.norm(g[fin] - w[fin]))
+    den = float(np.linalg.norm(w[fin]))
+    return 0.0 if num == 0.0 else (num / den if den > 0 else math.inf)
+
+
+def _fmt(v: Any, dtype: np.dtype) -> str:
+    if dtype.kind == "f":
+        bits = np.array([v], dtype).view(f"u{dtype.itemsize}")[0]
+        return f"{v!r} (0x{int(bits):0{dtype.itemsize * 2}x})"
+    if dtype == np.uint8:
+        return f"0x{int(v):02x}"
+    return repr(v)
+
+
+def compare(op: OpSpec, params: dict[str, Any], got: Any, want: np.ndarray) -> Comparison:
+    """Check ``got`` against the oracle output ``want``; the detail names the first difference."""
+    if not isinstance(got, np.ndarray):
+        return Comparison(False, f"returned {type(got).__name__}, not a numpy array", math.nan)
+    if got.dtype != want.dtype or got.shape != want.shape:
+        return Comparison(False, f"returned {got.dtype}{list(got.shape)}, expected {want.dtype}{list(want.shape)}", math.nan)
+    try:
+        err = rel_l2(op.decode(got, params), op.decode(want, params))
+    except Exception:  # undecodable output: relL2 is not defined
+        err = math.nan
+    same = _equal_mask(got, want)
+    if op.check.kind == "exact":
+        if same.all():
+            return Comparison(True, "exact", 0.0)
+        bad = np.argwhere(~same)
+        first = tuple(int(i) for i in bad[0])
+        where = op.locate(params, first) if op.locate else str(first)
+        unit = "bytes" if want.dtype == np.uint8 else "values"
+        return Comparison(
+            False,
+            f"{len(bad)} of {want.size} {unit} differ; first at {list(first)} ({where}): "
+            f"got {_fmt(got[first], want.dtype)}, want {_fmt(want[first], want.dtype)}",
+            err,
+        )
+    if not math.isnan(err) and err <= op.check.tol:
+        return Comparison(True, f"relL2 {err:.3g} <= {op.check.tol:g}", err)
+    return Comparison(False, f"relL2 {err:.3g} > {op.check.tol:g} ({op.check.reason})", err)

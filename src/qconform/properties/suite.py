@@ -1,0 +1,87 @@
+"""Run every property for one (implementation, op, leaf) and summarise it as one report row."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from qconform.impls import Implementation
+from qconform.ops import OpSpec
+from qconform.properties.checks import (
+    DEFAULT_REPEAT_CALLS,
+    Outcome,
+    Prepared,
+    matches_oracle,
+    rejects_bad_arguments,
+    repeatable,
+    survives_pending_error,
+    writes_every_output,
+)
+
+REPEAT_SETS = 3
+
+
+@dataclass
+class LeafResult:
+    op: str
+    leaf: str
+    arch: str
+    impl: str
+    outcomes: list[Outcome] = field(default_factory=list)
+    ms: float = 0.0
+    skipped: str | None = None
+
+    @property
+    def checked(self) -> list[Outcome]:
+        return [o for o in self.outcomes if o.ok is not None]
+
+    @property
+    def failed(self) -> list[Outcome]:
+        return [o for o in self.outcomes if o.ok is False]
+
+    @property
+    def max_rel_l2(self) -> float:
+        vals = [o.rel_l2 for o in self.outcomes if o.prop == "matches_oracle"]
+        if any(math.isnan(v) for v in vals):
+            return math.nan
+        return max(vals, default=0.0)
+
+    @property
+    def verdict(self) -> str:
+        if self.skipped is not None:
+            return "SKIP"
+        return "FAIL" if self.failed else "PASS"
+
+
+def _repeat_sets(prepared: Sequence[Prepared]) -> list[Prepared]:
+    """The smallest cases of distinct shapes: cheap to call many times, each a new shape."""
+    seen: dict[tuple[int, ...], Prepared] = {}
+    for p in sorted(prepared, key=lambda p: p.want.size):
+        seen.setdefault(p.case.shape, p)
+    return list(seen.values())[:REPEAT_SETS]
+
+
+def run_leaf(impl: Implementation, op: OpSpec, leaf: str, prepared: Sequence[Prepared], *,
+             repeat_calls: int = DEFAULT_REPEAT_CALLS,
+             progress: Callable[[], None] | None = None) -> LeafResult:
+    """Match every case, then repeatability, writes-every-output, bad arguments, pending error."""
+    result = LeafResult(op.name, leaf, impl.arch, impl.name)
+    t0 = time.perf_counter()
+    for i, p in enumerate(prepared):
+        outcome = matches_oracle(impl, op, p)
+        if i == 0 and outcome.detail.startswith("raised NotImplementedError"):
+            result.skipped = outcome.detail
+            return result
+        result.outcomes.append(outcome)
+        if progress:
+            progress()
+    if prepared:
+        result.outcomes.append(repeatable(impl, op, _repeat_sets(prepared), calls=repeat_calls))
+        for p in prepared:
+            result.outcomes.append(writes_every_output(impl, op, p))
+        result.outcomes.append(survives_pending_error(impl, op, prepared[0]))
+    result.outcomes.append(rejects_bad_arguments(impl, op, leaf))
+    result.ms = (time.perf_counter() - t0) * 1e3
+    return result
