@@ -44,7 +44,7 @@ def rel_l2(got: np.ndarray, want: np.ndarray) -> float:
 def _fmt(v: Any, dtype: np.dtype) -> str:
     if dtype.kind == "f":
         bits = np.array([v], dtype).view(f"u{dtype.itemsize}")[0]
-        return f"{v!r} (0x{int(bits):0{dtype.itemsize * 2}x})"
+        return f"{float(v)!r} (0x{int(bits):0{dtype.itemsize * 2}x})"
     if dtype == np.uint8:
         return f"0x{int(v):02x}"
     return repr(v)

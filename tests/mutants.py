@@ -1,0 +1,116 @@
+"""Deliberately broken drop-in implementations; each must be caught by the suite.
+
+Every mutant is ``fn(x_or_data, qtype, out=None)`` like the oracle, and declares the op it
+replaces in ``__qconform_ops__``. The Q8_K mutants are one knob away from ``q8_k_spec``, which
+``test_mutants.py`` proves equal to the oracle with every knob at its reference setting, so each
+mutant differs from ggml in exactly the one rule its name says.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from qconform.formats.ggml import Q8_K, Q8_0
+from qconform.oracles.ggml import check_quantize_args, dequantize, quantize, resolve_qtype
+from qconform.oracles.ggml.rounding import int_to_int8, nearest_int
+
+
+def q8_k_spec(x: np.ndarray, qtype: str, *, ties: str = "even", tie_break: str = "first", clamp: bool = True,
+              check_width: bool = True, skip_last_block: bool = False,
+              out: np.ndarray | None = None) -> np.ndarray:
+    """A Q8_K quantizer with the reference's rules as knobs (finite or not, ftz off)."""
+    if resolve_qtype(qtype).name != "Q8_K":
+        raise NotImplementedError(f"this mutant only quantizes Q8_K, not {qtype}")
+    if check_width:
+        _, shape = check_quantize_args(x, qtype, out)
+    else:
+        shape = (*x.shape[:-1], x.shape[-1] // 256 * Q8_K.type_size)
+    y = np.empty(shape, np.uint8) if out is None else out
+    blocks = y.reshape(-1).view(Q8_K.dtype)
+    xb = x[..., : shape[-1] // Q8_K.type_size * 256].reshape(-1, 256)
+    if skip_last_block:
+        xb, blocks = xb[:-1], blocks[:-1]
+    a = np.abs(xb)
+    amax = np.zeros(len(xb), np.float32)
+    mx = np.zeros(len(xb), np.float32)
+    for j in range(256):
+        upd = a[:, j] > amax if tie_break == "first" else a[:, j] >= amax
+        amax = np.where(upd, a[:, j], amax)
+        mx = np.where(upd, xb[:, j], mx)
+    zero = amax == 0
+    with np.errstate(all="ignore"):
+        iscale = (np.float32(-127.0) / np.where(zero, np.float32(1), mx)).astype(np.float32)
+        p = (iscale[:, None] * xb).astype(np.float32)
+        d = (np.float32(1) / iscale).astype(np.float32)
+        v = nearest_int(p, xb)
+        if ties == "away":
+            tie = np.isfinite(p) & (np.abs(p) - np.floor(np.abs(p)) == 0.5)
+            v = np.where(tie, (np.sign(p) * (np.floor(np.abs(p)) + 1)).astype(np.int32), v)
+    qs = int_to_int8(np.minimum(127, v) if clamp else v)
+    qs[zero] = 0
+    blocks["d"] = np.where(zero, np.float32(0), d)
+    blocks["qs"] = qs
+    blocks["bsums"] = qs.reshape(-1, 16, 16).astype(np.int32).sum(axis=2).astype(np.int16)
+    return y
+
+
+def _mutant(**knobs):
+    def fn(x: np.ndarray, qtype: str, out: np.ndarray | None = None) -> np.ndarray:
+        return q8_k_spec(x, qtype, out=out, **knobs)
+
+    fn.__qconform_ops__ = ("q8_k_quant",)
+    return fn
+
+
+q8_k_reference_knobs = _mutant()
+q8_k_ties_away = _mutant(ties="away")
+q8_k_last_on_equal_abs = _mutant(tie_break="last")
+q8_k_no_clamp = _mutant(clamp=False)
+q8_k_last_block_unwritten = _mutant(skip_last_block=True)
+q8_k_accepts_bad_width = _mutant(check_width=False)
+
+_calls = itertools.count()
+
+
+def q8_k_nondeterministic(x: np.ndarray, qtype: str, out: np.ndarray | None = None) -> np.ndarray:
+    """Right on most calls; every fifth call (like a tuner's trial) flips one quant of block 0."""
+    y = quantize(x, qtype, out=out)
+    if next(_calls) % 5 == 4:
+        y.reshape(-1)[4] ^= 1
+    return y
+
+
+q8_k_nondeterministic.__qconform_ops__ = ("q8_k_quant",)
+
+
+def q8_0_ties_to_even(x: np.ndarray, qtype: str, out: np.ndarray | None = None) -> np.ndarray:
+    """ggml's AVX2 ``quantize_row_q8_0`` rounding: 127/amax and ties to even, not the reference."""
+    _, shape = check_quantize_args(x, "Q8_0", out)
+    y = np.empty(shape, np.uint8) if out is None else out
+    blocks = y.reshape(-1).view(Q8_0.dtype)
+    xb = x.reshape(-1, 32)
+    with np.errstate(all="ignore"):
+        amax = np.abs(xb).max(axis=1)
+        d = (amax / np.float32(127)).astype(np.float32)
+        idd = np.where(amax != 0, np.float32(127) / np.where(amax != 0, amax, 1), 0).astype(np.float32)
+        blocks["d"] = d.astype(np.float16).view(np.uint16)
+        blocks["qs"] = np.nan_to_num(np.rint(xb * idd[:, None])).astype(np.int8)
+    return y
+
+
+q8_0_ties_to_even.__qconform_ops__ = ("q8_0_quant",)
+
+
+def q8_0_dequant_fp16_math(data: np.ndarray, qtype: str, out: np.ndarray | None = None) -> np.ndarray:
+    """Multiplies in fp16 and widens the product: off by fp16 rounding."""
+    y = dequantize(data, qtype, out=out)
+    blocks = data.reshape(-1).view(Q8_0.dtype)
+    with np.errstate(all="ignore"):
+        prod = blocks["qs"].astype(np.float16) * blocks["d"].view(np.float16)[:, None]
+    y.reshape(-1, 32)[...] = prod.astype(np.float32)
+    return y
+
+
+q8_0_dequant_fp16_math.__qconform_ops__ = ("q8_0_dequant",)
