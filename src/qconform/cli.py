@@ -1,0 +1,269 @@
+"""``qconform run | fuzz | golden | bench | list``. Exit status: 0 passed, 1 a failure, 2 usage or
+environment error."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import qconform
+from qconform.errors import ArgumentError
+from qconform.impls import BUILTIN_IMPLS, Implementation, OracleImpl, device_available, load_impl
+from qconform.ops import CATALOGUE, Case, OpSpec, get_op
+from qconform.properties.checks import DEFAULT_REPEAT_CALLS, Prepared
+from qconform.properties.suite import LeafResult, run_leaf
+from qconform.report import RENDERERS, render
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(Exception):
+    """A usage or environment problem: exit status 2."""
+
+
+def _op_names(values: Sequence[str] | None) -> list[str] | None:
+    if not values:
+        return None
+    names = [n.strip() for v in values for n in v.split(",") if n.strip()]
+    for n in names:
+        get_op(n)
+    return names
+
+
+def _selected(impl: Implementation, ops: list[str] | None, leaf: str | None) -> list[tuple[OpSpec, str]]:
+    chosen = [get_op(n) for n in ops] if ops else [op for op in CATALOGUE.values() if impl.applies_to(op)]
+    pairs = [(op, lf.name) for op in chosen for lf in op.leaves if leaf in (None, lf.name)]
+    if not pairs:
+        raise UsageError(f"no (op, leaf) selected (ops={ops}, leaf={leaf})")
+    return pairs
+
+
+class Progress:
+    """A one-line progress bar on stderr when it is a terminal; silent otherwise."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.total, self.done, self.enabled = max(total, 1), 0, enabled and sys.stderr.isatty()
+        self.label = ""
+
+    def step(self) -> None:
+        self.done += 1
+        if self.enabled:
+            filled = int(30 * self.done / self.total)
+            sys.stderr.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {self.done}/{self.total} {self.label[:50]:50}")
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\r" + " " * 100 + "\r")
+
+
+def _emit(text: str, out: str | None) -> None:
+    if out:
+        Path(out).write_text(text)
+        print(f"wrote {out}")
+    else:
+        sys.stdout.write(text)
+
+
+def _run_prepared(impl: Implementation, groups: list[tuple[OpSpec, str, list[Prepared]]], repeat_calls: int,
+                  show_progress: bool) -> list[LeafResult]:
+    progress = Progress(sum(len(p) for _, _, p in groups), show_progress)
+    results = []
+    for op, leaf, prepared in groups:
+        progress.label = f"{op.name} {leaf}"
+        results.append(run_leaf(impl, op, leaf, prepared, repeat_calls=repeat_calls, progress=progress.step))
+    progress.close()
+    return results
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from qconform.golden import default_set_dir, verify_set
+    from qconform.golden.store import decode_leaf, read_manifest
+
+    ops = _op_names(args.ops)
+    found, why = device_available()
+    context: dict[str, Any] = {"qconform": qconform.__version__}
+    golden_dir = Path(args.golden) if args.golden else None
+    if args.impl is None:
+        if found:
+            raise UsageError("a GPU was found, but this version has no device backend yet; pass --impl oracle "
+                             "or --impl py:module:callable")
+        print(f"No GPU device found ({why}): checking the oracle against the committed golden set.", flush=True)
+        impl: Implementation = OracleImpl()
+        golden_dir = golden_dir or default_set_dir()
+        if golden_dir is None:
+            raise UsageError("no golden set found; pass --golden DIR or --impl")
+        context["device"] = f"none ({why})"
+    else:
+        impl = load_impl(args.impl, ops)
+        context["device"] = "found" if found else f"none ({why})"
+    context["impl"] = impl.name
+
+    if args.case:
+        if not ops or len(ops) != 1:
+            raise UsageError("--case needs exactly one op in --ops")
+        op = get_op(ops[0])
+        case = Case.from_json(args.case)
+        if case.op != op.name:
+            raise UsageError(f"--case is for op {case.op}, not {op.name}")
+        groups = [(op, case.leaf, [Prepared.from_case(op, case)])]
+        context["cases"] = f"replay {case.id}"
+    elif golden_dir is not None:
+        integrity = verify_set(golden_dir, impl=_NoReplay())
+        for f in integrity.findings:
+            print(f"GOLDEN {f.kind.upper()} {f.path}: {f.detail}", file=sys.stderr)
+        if not integrity.ok:
+            print(f"golden set {golden_dir} failed its integrity check", file=sys.stderr)
+            return EXIT_FAIL
+        groups = []
+        for entry in read_manifest(golden_dir)["files"]:
+            leaf = decode_leaf((golden_dir / entry["path"]).read_bytes())
+            if (ops and leaf.op.name not in ops) or (args.leaf and leaf.leaf != args.leaf) or not impl.applies_to(leaf.op):
+                continue
+            groups.append((leaf.op, leaf.leaf, leaf.prepared))
+        context["cases"] = f"golden {golden_dir}"
+    else:
+        groups = [(op, leaf, [Prepared.from_case(op, c) for c in op.cases(leaf, args.coverage)])
+                  for op, leaf in _selected(impl, ops, args.leaf)]
+        context["cases"] = f"coverage {args.coverage}"
+    if not groups:
+        raise UsageError("nothing to run for this selection")
+    results = _run_prepared(impl, groups, args.repeat_calls, args.format == "text" and not args.out)
+    _emit(render(results, args.format, context), args.out)
+    if all(r.verdict == "SKIP" for r in results):
+        print(f"{impl.name} implements none of the selected ops; pass --ops", file=sys.stderr)
+        return EXIT_USAGE
+    return EXIT_FAIL if any(r.verdict == "FAIL" for r in results) else EXIT_OK
+
+
+class _NoReplay:
+    """An implementation that applies to nothing: ``verify_set`` then checks hashes only."""
+
+    name = "hashes-only"
+
+    def applies_to(self, op: OpSpec) -> bool:
+        return False
+
+
+def cmd_fuzz(args: argparse.Namespace) -> int:
+    from qconform.fuzz import fuzz
+
+    op = get_op(args.op)
+    leaf = args.leaf or op.leaves[0].name
+    op.leaf(leaf)
+    impl = load_impl(args.impl, [op.name])
+    return fuzz(impl, op, leaf, examples=args.examples, seed=args.seed, save_dir=Path(args.save))
+
+
+def cmd_golden(args: argparse.Namespace) -> int:
+    from qconform.golden import verify_set, write_set
+
+    if args.golden_cmd == "generate":
+        ops = _op_names(args.ops)
+        leaves = [(op, leaf, [Prepared.from_case(op, c) for c in op.cases(leaf, args.coverage)])
+                  for op, leaf in _selected(OracleImpl(), ops, None)]
+        out = Path(args.out)
+        manifest = write_set(out, leaves, coverage=args.coverage,
+                             command="qconform golden generate " + " ".join(sys.argv[3:]))
+        total = sum(f["bytes"] for f in manifest["files"])
+        ncases = sum(len(f["cases"]) for f in manifest["files"])
+        print(f"wrote {len(manifest['files'])} files, {ncases} cases, {total} bytes to {out}")
+        return EXIT_OK
+    set_dir = Path(args.dir)
+    if not (set_dir / "MANIFEST.json").is_file():
+        raise UsageError(f"{set_dir} has no MANIFEST.json")
+    impl = load_impl(args.impl) if args.impl else OracleImpl()
+    report = verify_set(set_dir, impl)
+    if report.oracle_sources_changed:
+        print("note: the oracle sources changed since this set was generated")
+    for f in report.findings:
+        print(f"{f.kind.upper()} {f.path}: {f.detail}")
+    verdict = "OK" if report.ok else "FAILED"
+    print(f"golden verify {set_dir}: {report.files} files, {report.cases} cases replayed with {report.impl}, "
+          f"{len(report.findings)} problems: {verdict}")
+    return EXIT_OK if report.ok else EXIT_FAIL
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    print("Ops:")
+    for op in CATALOGUE.values():
+        for lf in op.leaves:
+            counts = "/".join(str(len(op.cases(lf.name, c))) for c in (1, 2, 3))
+            print(f"  {op.name:14} {lf.name:14} family={op.family} check={op.check.kind} cases(cov1/2/3)={counts}")
+    print("Implementations:")
+    for name in BUILTIN_IMPLS:
+        print(f"  {name}")
+    found, why = device_available()
+    print(f"  cupy: {'device found, backend not in this version' if found else f'unavailable ({why})'}")
+    print("  py:module:callable  a drop-in for an op's oracle function (see README)")
+    return EXIT_OK
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from qconform.bench.ggml_quant import bench_q8_0
+
+    bench_q8_0(mb=args.mb, repeats=args.repeats)
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="qconform", description=__doc__)
+    p.add_argument("--version", action="version", version=f"qconform {qconform.__version__}")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    r = sub.add_parser("run", help="run the conformance suite and print the table")
+    r.add_argument("--impl", help="oracle | oracle-numpy | py:module:callable (default: the GPU backend if a "
+                                  "device is found, else the oracle against the golden set)")
+    r.add_argument("--ops", action="append", help="ops to run (comma-separated or repeated)")
+    r.add_argument("--leaf", help="only this leaf")
+    r.add_argument("--coverage", type=int, choices=(1, 2, 3), default=2)
+    r.add_argument("--golden", help="run the cases of this golden set instead of generated ones")
+    r.add_argument("--case", help="replay one case, given as the JSON that fuzz prints")
+    r.add_argument("--repeat-calls", type=int, default=DEFAULT_REPEAT_CALLS)
+    r.add_argument("--format", choices=tuple(RENDERERS), default="text")
+    r.add_argument("--out", help="write the report to this file")
+    r.set_defaults(fn=cmd_run)
+
+    f = sub.add_parser("fuzz", help="search for an input where an implementation differs from the oracle")
+    f.add_argument("--op", required=True)
+    f.add_argument("--leaf")
+    f.add_argument("--impl", default="oracle")
+    f.add_argument("--examples", type=int, default=500)
+    f.add_argument("--seed", type=int, default=0)
+    f.add_argument("--save", default="fuzz-failures", help="directory for the failing case's golden set")
+    f.set_defaults(fn=cmd_fuzz)
+
+    g = sub.add_parser("golden", help="generate or verify golden vectors")
+    gsub = g.add_subparsers(dest="golden_cmd", required=True)
+    gg = gsub.add_parser("generate")
+    gg.add_argument("--out", required=True)
+    gg.add_argument("--ops", action="append")
+    gg.add_argument("--coverage", type=int, choices=(1, 2, 3), default=1)
+    gv = gsub.add_parser("verify")
+    gv.add_argument("dir")
+    gv.add_argument("--impl")
+    g.set_defaults(fn=cmd_golden)
+
+    b = sub.add_parser("bench", help="oracle throughput against gguf-py")
+    b.add_argument("--mb", type=int, default=64)
+    b.add_argument("--repeats", type=int, default=3)
+    b.set_defaults(fn=cmd_bench)
+
+    ls = sub.add_parser("list", help="ops, leaves and implementations")
+    ls.set_defaults(fn=cmd_list)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return EXIT_USAGE if exc.code not in (0, None) else EXIT_OK
+    try:
+        return args.fn(args)
+    except (UsageError, ArgumentError) as exc:
+        print(f"qconform: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE

@@ -1,0 +1,139 @@
+"""Golden vector files: ``<set>/<op>/<leaf>.safetensors`` plus ``<set>/MANIFEST.json``.
+
+Each file holds the inputs and oracle outputs of a list of cases as tensors named
+``<case id>/<input or output name>``, stored in their exact bytes (float32 and uint8 natively;
+bf16/fp8 would be stored as U16/U8 bit patterns, specs/tooling.md E1), and in its metadata the
+op, the leaf, and each case's seed, shape, pattern and params as JSON. The manifest records the
+sha256 of every file, of its header and of every tensor's byte range, so a changed byte is named
+by file and tensor, and provenance: qconform version, a hash of the oracle sources, the
+generator's environment.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+from safetensors.numpy import load, save
+
+import qconform
+from qconform.ops import Case, OpSpec, get_op
+from qconform.properties.checks import Prepared
+
+FILE_FORMAT = "qconform-golden-1"
+MANIFEST = "MANIFEST.json"
+SCHEMA_VERSION = 1
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def oracle_source_hash() -> str:
+    """sha256 over the sources that define golden outputs (formats, oracles, ops)."""
+    root = Path(qconform.__file__).parent
+    h = hashlib.sha256()
+    for sub in ("formats", "oracles", "ops"):
+        for path in sorted((root / sub).rglob("*.py")):
+            h.update(path.relative_to(root).as_posix().encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def environment() -> dict[str, str]:
+    import numba
+
+    return {"python": platform.python_version(), "numpy": np.__version__, "numba": numba.__version__,
+            "machine": platform.machine(), "system": platform.system()}
+
+
+def leaf_path(op: str, leaf: str) -> str:
+    return f"{op}/{leaf}.safetensors"
+
+
+def encode_leaf(op: OpSpec, leaf: str, prepared: Iterable[Prepared]) -> bytes:
+    tensors: dict[str, np.ndarray] = {}
+    cases: list[dict[str, Any]] = []
+    for p in prepared:
+        for name in op.input_names:
+            tensors[f"{p.case.id}/{name}"] = np.ascontiguousarray(p.inputs[name])
+        tensors[f"{p.case.id}/{op.output_name}"] = np.ascontiguousarray(p.want)
+        cases.append(json.loads(p.case.to_json()) | {"id": p.case.id})
+    meta = {"format": FILE_FORMAT, "op": op.name, "leaf": leaf, "qconform_version": qconform.__version__,
+            "inputs": json.dumps(list(op.input_names)), "output": op.output_name,
+            "cases": json.dumps(cases, sort_keys=True)}
+    return save(tensors, metadata=meta)
+
+
+def layout(data: bytes) -> tuple[int, dict[str, tuple[int, int]]]:
+    """(header end, {tensor: (start, end)}) in absolute file offsets, from a safetensors header."""
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    base = 8 + n
+    spans = {k: (base + v["data_offsets"][0], base + v["data_offsets"][1])
+             for k, v in header.items() if k != "__metadata__"}
+    return base, spans
+
+
+def manifest_entry(op: str, leaf: str, data: bytes, cases: list[Case]) -> dict[str, Any]:
+    header_end, spans = layout(data)
+    return {
+        "path": leaf_path(op, leaf), "op": op, "leaf": leaf, "bytes": len(data), "sha256": sha256(data),
+        "cases": [c.id for c in cases], "seeds": [c.seed for c in cases],
+        "header": {"offsets": [0, header_end], "sha256": sha256(data[:header_end])},
+        "tensors": {k: {"offsets": [a, b], "sha256": sha256(data[a:b])} for k, (a, b) in sorted(spans.items())},
+    }
+
+
+def write_set(out_dir: Path, leaves: list[tuple[OpSpec, str, list[Prepared]]], *, name: str | None = None,
+              coverage: int | None = None, command: str = "") -> dict[str, Any]:
+    """Write every leaf file and the manifest; return the manifest."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = []
+    for op, leaf, prepared in leaves:
+        data = encode_leaf(op, leaf, prepared)
+        path = out_dir / leaf_path(op.name, leaf)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        files.append(manifest_entry(op.name, leaf, data, [p.case for p in prepared]))
+    manifest = {
+        "schema_version": SCHEMA_VERSION, "set": name or out_dir.name, "qconform_version": qconform.__version__,
+        "oracle_source_sha256": oracle_source_hash(), "coverage": coverage, "generator": environment() | {"command": command},
+        "files": files,
+    }
+    (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    return manifest
+
+
+@dataclass(frozen=True)
+class GoldenLeaf:
+    op: OpSpec
+    leaf: str
+    prepared: list[Prepared]
+
+
+def decode_leaf(data: bytes) -> GoldenLeaf:
+    """Read one golden file back into cases with their stored inputs and expected outputs."""
+    n = struct.unpack("<Q", data[:8])[0]
+    meta = json.loads(data[8:8 + n]).get("__metadata__", {})
+    if meta.get("format") != FILE_FORMAT:
+        raise ValueError(f"not a {FILE_FORMAT} file (format={meta.get('format')!r})")
+    op = get_op(meta["op"])
+    tensors = load(data)
+    inputs = json.loads(meta["inputs"])
+    prepared = []
+    for c in json.loads(meta["cases"]):
+        case = Case(c["op"], c["leaf"], int(c["seed"]), tuple(c["shape"]), c["pattern"], dict(c.get("params", {})))
+        ins = {name: tensors[f"{c['id']}/{name}"] for name in inputs}
+        prepared.append(Prepared(case, ins, op.params(case), tensors[f"{c['id']}/{meta['output']}"]))
+    return GoldenLeaf(op, meta["leaf"], prepared)
+
+
+def read_manifest(set_dir: Path) -> dict[str, Any]:
+    return json.loads((set_dir / MANIFEST).read_text())
