@@ -14,9 +14,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from qconform.formats.fp16 import fp16_bits_to_fp32, fp32_to_fp16_bits
+from qconform.formats.fp16 import fp16_bits_to_fp32, fp32_bits_to_fp16_bits_nb, fp32_to_fp16_bits
 from qconform.formats.ggml import Q8_0
-from qconform.oracles.ggml.rounding import flush, flush_nb, roundf_to_int8, roundf_to_int8_nb
+from qconform.oracles.ggml.rounding import f32_from_bits_nb, flush, flush_nb, roundf_to_int8, roundf_to_int8_nb
 
 QK = Q8_0.block_size
 F127 = np.float32(127.0)
@@ -45,33 +45,67 @@ def dequantize_blocks_numpy(blocks: np.ndarray, y: np.ndarray, ftz: bool = False
         y[...] = flush(blocks["qs"].astype(np.float32) * d[:, None], ftz)
 
 
+QS = 2  # byte offset of qs in the block
+CHUNK = 1024  # blocks per parallel task: one task per block costs more than the block
+
+
+@njit(cache=True, inline="always")
+def _quantize_block_general(x, i, raw, ftz):
+    """The reference loop, line by line: NaN-aware MAX and the ftz flushes. Returns d."""
+    amax = np.float32(0.0)
+    for j in range(QK):
+        a = abs(flush_nb(x[i, j], ftz))
+        amax = amax if amax > a else a
+    d = flush_nb(np.float32(amax / F127), ftz)
+    idd = flush_nb(np.float32(ONE / d), ftz) if d != 0 else np.float32(0.0)
+    for j in range(QK):
+        raw[i, QS + j] = roundf_to_int8_nb(flush_nb(np.float32(flush_nb(x[i, j], ftz) * idd), ftz))
+    return d
+
+
+@njit(cache=True, inline="always")
+def _quantize_block(x, xbits, i, raw, ftz):
+    """One block; NaN-free blocks without ftz take a branch-free path that vectorizes. Returns d."""
+    top = np.int32(0)  # the largest |x| bit pattern orders like |x| when no NaN is present
+    for j in range(QK):
+        top = max(top, xbits[i, j] & np.int32(0x7FFFFFFF))
+    if ftz or top > np.int32(0x7F800000):
+        return _quantize_block_general(x, i, raw, ftz)
+    d = np.float32(f32_from_bits_nb(top) / F127)
+    idd = np.float32(ONE / d) if d != 0 else np.float32(0.0)
+    for j in range(QK):
+        raw[i, QS + j] = roundf_to_int8_nb(np.float32(x[i, j] * idd))
+    return d
+
+
 @njit(cache=True, parallel=True)
-def _quantize_nb(x, d_out, qs_out, ftz):
-    for i in prange(x.shape[0]):
-        amax = np.float32(0.0)
-        for j in range(QK):
-            a = abs(flush_nb(x[i, j], ftz))
-            amax = amax if amax > a else a
-        d = flush_nb(np.float32(amax / F127), ftz)
-        idd = flush_nb(np.float32(ONE / d), ftz) if d != 0 else np.float32(0.0)
-        d_out[i] = d
-        for j in range(QK):
-            qs_out[i, j] = roundf_to_int8_nb(flush_nb(np.float32(flush_nb(x[i, j], ftz) * idd), ftz))
+def _quantize_nb(x, xbits, raw, ftz):
+    n = x.shape[0]
+    for c in prange((n + CHUNK - 1) // CHUNK):
+        lo, hi = c * CHUNK, min(n, (c + 1) * CHUNK)
+        d = np.empty(hi - lo, np.float32)
+        dbits = d.view(np.uint32)
+        for i in range(lo, hi):
+            d[i - lo] = _quantize_block(x, xbits, i, raw, ftz)
+        for i in range(lo, hi):
+            h = fp32_bits_to_fp16_bits_nb(dbits[i - lo])
+            raw[i, 0] = np.uint8(h & 0xFF)
+            raw[i, 1] = np.uint8(h >> 8)
 
 
 @njit(cache=True, parallel=True)
 def _dequantize_nb(d, qs, y, ftz):
-    for i in prange(qs.shape[0]):
-        di = flush_nb(d[i], ftz)
-        for j in range(QK):
-            y[i, j] = flush_nb(np.float32(np.float32(qs[i, j]) * di), ftz)
+    n = qs.shape[0]
+    for c in prange((n + CHUNK - 1) // CHUNK):
+        for i in range(c * CHUNK, min(n, (c + 1) * CHUNK)):
+            di = flush_nb(d[i], ftz)
+            for j in range(QK):
+                y[i, j] = flush_nb(np.float32(np.float32(qs[i, j]) * di), ftz)
 
 
 def quantize_blocks_numba(x: np.ndarray, out: np.ndarray, ftz: bool = False) -> None:
     """(n, 32) float32 -> ``out``, (n,) Q8_0 structs; the fast twin of the numpy spec."""
-    d = np.empty(len(x), np.float32)
-    _quantize_nb(x, d, out["qs"], ftz)
-    out["d"] = fp32_to_fp16_bits(d)
+    _quantize_nb(x, x.view(np.int32), out.view(np.uint8).reshape(len(x), Q8_0.type_size), ftz)
 
 
 def dequantize_blocks_numba(blocks: np.ndarray, y: np.ndarray, ftz: bool = False) -> None:

@@ -18,12 +18,14 @@ import numpy as np
 from numba import njit, prange
 
 from qconform.formats.ggml import Q8_K
-from qconform.oracles.ggml.rounding import flush, flush_nb, int_to_int8, nearest_int, nearest_int_nb
+from qconform.oracles.ggml.rounding import MAGIC, flush, flush_nb, int_to_int8, nearest_int, nearest_int_nb
 
 QK = Q8_K.block_size
 GROUP = 16
 M127 = np.float32(-127.0)
 ONE = np.float32(1.0)
+# |max| below 127/FLT_MAX (3.7e-37) overflows iscale to inf: such blocks take the general path
+TINY_MAX_BITS = np.int32(np.array([127.0 / np.finfo(np.float32).max * 2], np.float32).view(np.int32)[0])
 
 
 def quantize_blocks_numpy(x: np.ndarray, out: np.ndarray, ftz: bool = False) -> None:
@@ -56,50 +58,91 @@ def dequantize_blocks_numpy(blocks: np.ndarray, y: np.ndarray, ftz: bool = False
         y[...] = flush(d[:, None] * blocks["qs"].astype(np.float32), ftz)
 
 
+QS = 4  # byte offset of qs in the block
+BSUMS = 4 + QK  # byte offset of bsums
+CHUNK = 128  # blocks per parallel task
+
+
+@njit(cache=True, inline="always")
+def _store_bsum(raw, i, g, s):
+    raw[i, BSUMS + 2 * g] = np.uint8(s & 0xFF)
+    raw[i, BSUMS + 2 * g + 1] = np.uint8((s >> 8) & 0xFF)
+
+
+@njit(cache=True, inline="always")
+def _quantize_block_general(x, bits, i, raw, ftz):
+    """The reference loop, line by line (NaN payloads, inf, ftz). Returns d."""
+    amax = np.float32(0.0)
+    mx = np.float32(0.0)
+    for j in range(QK):
+        v = flush_nb(x[i, j], ftz)
+        if abs(v) > amax:
+            amax = abs(v)
+            mx = v
+    if amax == 0:
+        for j in range(QK + 2 * (QK // GROUP)):
+            raw[i, QS + j] = 0
+        return np.float32(0.0)
+    iscale = flush_nb(np.float32(M127 / mx), ftz)
+    for g in range(QK // GROUP):
+        s = 0
+        for k in range(GROUP):
+            j = g * GROUP + k
+            p = flush_nb(np.float32(iscale * flush_nb(x[i, j], ftz)), ftz)
+            q = np.int8(min(127, nearest_int_nb(p, x[i, j] != x[i, j], bits[i, j])) & 0xFF)
+            raw[i, QS + j] = np.uint8(q & 0xFF)
+            s += q
+        _store_bsum(raw, i, g, s)
+    return flush_nb(np.float32(ONE / iscale), ftz)
+
+
+@njit(cache=True, inline="always")
+def _quantize_block(x, bits, i, raw, ftz):
+    """One block; finite blocks with a finite iscale and no ftz take a branch-free path. Returns d."""
+    top = np.int32(0)  # the largest |x| bit pattern orders like |x| when no NaN is present
+    for j in range(QK):
+        top = max(top, bits[i, j] & np.int32(0x7FFFFFFF))
+    if ftz or top >= np.int32(0x7F800000) or top < TINY_MAX_BITS:
+        return _quantize_block_general(x, bits, i, raw, ftz)
+    k = 0
+    while (bits[i, k] & np.int32(0x7FFFFFFF)) != top:  # the first index holding the max |x|
+        k += 1
+    iscale = np.float32(M127 / x[i, k])
+    for g in range(QK // GROUP):
+        s = 0
+        for t in range(GROUP):
+            j = g * GROUP + t
+            v = np.int32(np.float32(np.float32(iscale * x[i, j]) + MAGIC) - MAGIC)  # |p| <= 127.x
+            q = min(127, v)
+            raw[i, QS + j] = np.uint8(q & 0xFF)
+            s += q
+        _store_bsum(raw, i, g, s)
+    return np.float32(ONE / iscale)
+
+
 @njit(cache=True, parallel=True)
-def _quantize_nb(x, bits, d_out, qs_out, bsums_out, ftz):
-    for i in prange(x.shape[0]):
-        amax = np.float32(0.0)
-        mx = np.float32(0.0)
-        for j in range(QK):
-            v = flush_nb(x[i, j], ftz)
-            a = abs(v)
-            if a > amax:
-                amax = a
-                mx = v
-        if amax == 0:
-            d_out[i] = np.float32(0.0)
-            for j in range(QK):
-                qs_out[i, j] = 0
-            for g in range(QK // GROUP):
-                bsums_out[i, g] = 0
-            continue
-        iscale = flush_nb(np.float32(M127 / mx), ftz)
-        for g in range(QK // GROUP):
-            s = 0
-            for k in range(GROUP):
-                j = g * GROUP + k
-                src = x[i, j]
-                p = flush_nb(np.float32(iscale * flush_nb(src, ftz)), ftz)
-                v = nearest_int_nb(p, src != src, bits[i, j])
-                q = np.int8(min(127, v) & 0xFF)
-                qs_out[i, j] = q
-                s += q
-            bsums_out[i, g] = s
-        d_out[i] = flush_nb(np.float32(ONE / iscale), ftz)
+def _quantize_nb(x, bits, raw, d_out, ftz):
+    n = x.shape[0]
+    for c in prange((n + CHUNK - 1) // CHUNK):
+        for i in range(c * CHUNK, min(n, (c + 1) * CHUNK)):
+            d_out[i] = _quantize_block(x, bits, i, raw, ftz)
 
 
 @njit(cache=True, parallel=True)
 def _dequantize_nb(d, qs, y, ftz):
-    for i in prange(qs.shape[0]):
-        di = flush_nb(d[i], ftz)
-        for j in range(QK):
-            y[i, j] = flush_nb(np.float32(di * np.float32(qs[i, j])), ftz)
+    n = qs.shape[0]
+    for c in prange((n + CHUNK - 1) // CHUNK):
+        for i in range(c * CHUNK, min(n, (c + 1) * CHUNK)):
+            di = flush_nb(d[i], ftz)
+            for j in range(QK):
+                y[i, j] = flush_nb(np.float32(di * np.float32(qs[i, j])), ftz)
 
 
 def quantize_blocks_numba(x: np.ndarray, out: np.ndarray, ftz: bool = False) -> None:
     """(n, 256) float32 -> ``out``, (n,) Q8_K structs; the fast twin of the numpy spec."""
-    _quantize_nb(x, x.view(np.int32), out["d"], out["qs"], out["bsums"], ftz)
+    d = np.empty(len(x), np.float32)
+    _quantize_nb(x, x.view(np.int32), out.view(np.uint8).reshape(len(x), Q8_K.type_size), d, ftz)
+    out["d"] = d
 
 
 def dequantize_blocks_numba(blocks: np.ndarray, y: np.ndarray, ftz: bool = False) -> None:

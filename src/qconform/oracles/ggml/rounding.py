@@ -22,6 +22,8 @@ from numba import njit
 
 F32_MIN_NORMAL = np.float32(1.1754943508222875e-38)
 MAGIC = np.float32(12582912.0)  # 1.5 * 2^23
+TWO31 = np.float32(2147483648.0)
+HALF = np.float32(0.5)
 
 
 def flush(v: np.ndarray, ftz: bool) -> np.ndarray:
@@ -84,13 +86,21 @@ def nearest_int_nb(f: np.float32, src_is_nan: bool, src_bits: np.int32) -> np.in
 
 
 @njit(cache=True, inline="always")
-def roundf_to_int8_nb(v: np.float32) -> np.int8:
-    if v != v:
-        return np.int8(0)
-    a = abs(np.float64(v))
-    r = math.floor(a + 0.5)
-    if r >= 2.0**31:
-        return np.int8(0)
-    if v < 0:
-        r = -r
-    return np.int8(np.int64(r) & 0xFF)  # numba wraps int -> int8 like C
+def roundf_to_int8_nb(v: np.float32) -> np.uint8:
+    """``(int8_t)roundf(v)`` as its byte, branch-free so loops vectorize. trunc(|v|) is exact below
+    2^31 and |v| - trunc(|v|) is exact; NaN, inf and |v| >= 2^31 give 0 as cvttss2si's low byte."""
+    a = abs(v)
+    ok = a < TWO31
+    t = np.int32(a) if ok else np.int32(0)
+    q = t + np.int32(1) if ok and a - np.float32(t) >= HALF else t
+    return np.uint8((-q if v < 0 else q) & 0xFF)
+
+
+@njit(cache=True, inline="always")
+def f32_from_bits_nb(b: np.int32) -> np.float32:
+    """The float32 whose bit pattern is ``b`` (sign bit clear, not NaN), without a memory view."""
+    e = b >> 23
+    m = b & 0x7FFFFF
+    if e > 0:
+        return np.float32(math.ldexp(np.float64(m | 0x800000), e - 150))
+    return np.float32(math.ldexp(np.float64(m), -149))

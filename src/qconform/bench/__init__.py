@@ -1,0 +1,1 @@
+"""Benchmarks that print ratios (never timed tests)."""
