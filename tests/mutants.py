@@ -87,7 +87,9 @@ q8_k_nondeterministic.__qconform_ops__ = ("q8_k_quant",)
 
 def q8_0_ties_to_even(x: np.ndarray, qtype: str, out: np.ndarray | None = None) -> np.ndarray:
     """ggml's AVX2 ``quantize_row_q8_0`` rounding: 127/amax and ties to even, not the reference."""
-    _, shape = check_quantize_args(x, "Q8_0", out)
+    fmt, shape = check_quantize_args(x, qtype, out)
+    if fmt.name != "Q8_0":
+        raise NotImplementedError(f"this mutant only quantizes Q8_0, not {qtype}")
     y = np.empty(shape, np.uint8) if out is None else out
     blocks = y.reshape(-1).view(Q8_0.dtype)
     xb = x.reshape(-1, 32)

@@ -1,0 +1,89 @@
+"""Every property can fail: each deliberately broken implementation in ``mutants.py`` is caught,
+by the property its defect is about, through the same path a user's ``py:`` drop-in takes."""
+
+from __future__ import annotations
+
+import shlex
+
+import numpy as np
+import pytest
+
+import mutants
+from qconform.cli import main
+from qconform.impls import load_impl
+from qconform.ops import get_op
+from qconform.properties import Prepared, run_leaf
+
+VALUE = {"matches_oracle", "writes_every_output"}
+CAUGHT_BY = {
+    "q8_k_ties_away": VALUE,
+    "q8_k_last_on_equal_abs": VALUE,
+    "q8_k_no_clamp": VALUE,
+    "q8_0_ties_to_even": VALUE,
+    "q8_0_dequant_fp16_math": VALUE,
+    "q8_k_nondeterministic": {"repeatable"},
+    "q8_k_last_block_unwritten": {"writes_every_output"},
+    "q8_k_accepts_bad_width": {"rejects_bad_arguments"},
+}
+EXACTLY = {"q8_k_ties_away", "q8_k_last_on_equal_abs", "q8_k_no_clamp", "q8_0_ties_to_even",
+           "q8_0_dequant_fp16_math", "q8_k_accepts_bad_width"}
+
+
+def test_reference_knobs_equal_the_oracle() -> None:
+    """The mutants' base is the reference: each mutant is exactly one rule away from ggml."""
+    op = get_op("q8_k_quant")
+    for case in op.cases("Xfp32_Yq8_K", 2):
+        x = op.make_inputs(case)["x"]
+        assert np.array_equal(mutants.q8_k_spec(x, "Q8_K"), op.oracle(x, "Q8_K")), case.id
+
+
+@pytest.mark.parametrize("name", sorted(CAUGHT_BY))
+def test_mutant_is_caught(name: str, in_tests_dir) -> None:
+    impl = load_impl(f"py:mutants:{name}")
+    (op_name,) = impl.ops
+    op = get_op(op_name)
+    leaf = op.leaves[0].name
+    result = run_leaf(impl, op, leaf, [Prepared.from_case(op, c) for c in op.cases(leaf, 1)])
+    failed = {o.prop for o in result.failed}
+    assert result.verdict == "FAIL"
+    assert CAUGHT_BY[name] <= failed, failed
+    if name in EXACTLY:
+        assert failed == CAUGHT_BY[name], [o.detail for o in result.failed]
+
+
+def test_run_exits_1_and_names_the_leaf(in_tests_dir, capsys) -> None:
+    assert main(["run", "--impl", "py:mutants:q8_k_ties_away", "--coverage", "1"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL q8_k_quant Xfp32_Yq8_K matches_oracle case ties-" in out
+    row = next(line for line in out.splitlines() if line.startswith("q8_k_quant"))
+    assert row.split()[1] == "Xfp32_Yq8_K" and row.split()[-1] == "FAIL"
+
+
+def test_py_file_path_and_auto_op_selection(in_tests_dir, capsys) -> None:
+    assert main(["run", "--impl", "py:mutants.py:q8_0_ties_to_even", "--coverage", "1"]) == 1
+    out = capsys.readouterr().out
+    assert "q8_0_quant" in out and "q8_k_quant" not in out
+
+
+@pytest.mark.parametrize("name,pattern", [("q8_k_ties_away", "ties"), ("q8_k_last_on_equal_abs", "equal_abs"),
+                                          ("q8_k_no_clamp", "nan_payload")])
+def test_fuzz_shrinks_and_its_replay_fails_the_same_way(name: str, pattern: str, in_tests_dir, tmp_path, capsys) -> None:
+    impl = f"py:mutants:{name}"
+    assert main(["fuzz", "--op", "q8_k_quant", "--impl", impl, "--examples", "300",
+                 "--save", str(tmp_path)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    shrunk = next(line for line in out if line.startswith("FAIL (shrunk): case "))
+    assert f'"pattern":"{pattern}"' in shrunk and '"shape":[1,256]' in shrunk  # minimal: one block
+    prop, _, detail = out[out.index(shrunk) + 1].strip().partition(": ")
+    replay = shlex.split(out[-1])
+    assert replay[:2] == ["qconform", "run"]
+    assert main(replay[1:]) == 1
+    assert f"{prop} case {pattern}-1x256-s0: {detail}" in capsys.readouterr().out
+    (saved,) = tmp_path.iterdir()
+    assert main(["golden", "verify", str(saved), "--impl", impl]) == 1
+    assert main(["golden", "verify", str(saved)]) == 0
+
+
+def test_fuzz_finds_nothing_wrong_with_the_oracle(capsys) -> None:
+    assert main(["fuzz", "--op", "q8_0_quant", "--examples", "30"]) == 0
+    assert "no failure in 30 examples" in capsys.readouterr().out
