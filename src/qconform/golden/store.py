@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
-from safetensors.numpy import load, save
+from safetensors.numpy import load
 
 import qconform
 from qconform.ops import Case, OpSpec, get_op
@@ -53,6 +53,27 @@ def environment() -> dict[str, str]:
             "machine": platform.machine(), "system": platform.system()}
 
 
+_DTYPE_CODES = {"float32": "F32", "float64": "F64", "float16": "F16", "uint8": "U8", "int8": "I8",
+                "uint16": "U16", "int16": "I16", "uint32": "U32", "int32": "I32", "int64": "I64", "uint64": "U64"}
+
+
+def encode_safetensors(tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> bytes:
+    """A safetensors file with its header in sorted key order, so equal inputs give equal bytes
+    (the safetensors library writes metadata from a hash map, in no fixed order)."""
+    header: dict[str, Any] = {"__metadata__": dict(sorted(metadata.items()))}
+    chunks, offset = [], 0
+    for name in sorted(tensors):
+        a = np.ascontiguousarray(tensors[name])
+        data = a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
+        header[name] = {"dtype": _DTYPE_CODES[a.dtype.name], "shape": list(a.shape),
+                        "data_offsets": [offset, offset + len(data)]}
+        chunks.append(data)
+        offset += len(data)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the data section starts 8-byte aligned, as the library pads
+    return struct.pack("<Q", len(text)) + text + b"".join(chunks)
+
+
 def leaf_path(op: str, leaf: str) -> str:
     return f"{op}/{leaf}.safetensors"
 
@@ -68,7 +89,7 @@ def encode_leaf(op: OpSpec, leaf: str, prepared: Iterable[Prepared]) -> bytes:
     meta = {"format": FILE_FORMAT, "op": op.name, "leaf": leaf, "qconform_version": qconform.__version__,
             "inputs": json.dumps(list(op.input_names)), "output": op.output_name,
             "cases": json.dumps(cases, sort_keys=True)}
-    return save(tensors, metadata=meta)
+    return encode_safetensors(tensors, meta)
 
 
 def layout(data: bytes) -> tuple[int, dict[str, tuple[int, int]]]:

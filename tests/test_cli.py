@@ -1,0 +1,78 @@
+"""The command line: the default run, report formats, exit codes, ``python -m qconform``."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from qconform.cli import main
+
+
+def test_default_run_checks_the_oracle_against_the_golden_set(capsys) -> None:
+    assert main(["run"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("No GPU device found")
+    assert "Op  " in out and "Verdict" in out and "Suite (ms)" in out and "max relL2" in out
+    assert "Leaves: 4 (0 failed) | Cases:" in out and "(0 failed)\n" in out
+
+
+@pytest.mark.parametrize("fmt", ["json", "junit", "markdown"])
+def test_report_formats(fmt: str, tmp_path, capsys) -> None:
+    out_file = tmp_path / f"report.{fmt}"
+    assert main(["run", "--impl", "oracle", "--ops", "q8_0_quant", "--coverage", "1", "--format", fmt,
+                 "--out", str(out_file), "--repeat-calls", "4"]) == 0
+    text = out_file.read_text()
+    if fmt == "json":
+        doc = json.loads(text)
+        (row,) = doc["rows"]
+        assert (row["op"], row["leaf"], row["verdict"], row["failed"]) == ("q8_0_quant", "Xfp32_Yq8_0", "PASS", 0)
+    elif fmt == "junit":
+        suite = ET.fromstring(text).find("testsuite")
+        assert suite is not None and suite.get("failures") == "0" and int(suite.get("tests")) > 10
+    else:
+        assert "| Op | Leaf | Arch | Cases | Failed | Suite (ms) | max relL2 | Verdict |" in text
+
+
+def test_junit_records_failures(in_tests_dir, tmp_path) -> None:
+    out_file = tmp_path / "r.xml"
+    assert main(["run", "--impl", "py:mutants:q8_k_no_clamp", "--coverage", "1", "--format", "junit",
+                 "--out", str(out_file)]) == 1
+    suite = ET.fromstring(out_file.read_text()).find("testsuite")
+    assert int(suite.get("failures")) >= 1
+    assert any(tc.find("failure") is not None and "nan_payload" in tc.get("name") for tc in suite.iter("testcase"))
+
+
+@pytest.mark.parametrize("argv", [
+    ["run", "--ops", "no_such_op", "--impl", "oracle"],
+    ["run", "--impl", "py:no_such_module_xyz:fn"],
+    ["run", "--impl", "nonsense"],
+    ["run", "--impl", "oracle", "--case", "{}"],
+    ["fuzz"],
+    ["golden", "verify", "/nonexistent/dir"],
+    ["bogus"],
+])
+def test_usage_errors_exit_2(argv: list[str], capsys) -> None:
+    assert main(argv) == 2
+
+
+def test_list(capsys) -> None:
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    for name in ("q8_k_quant", "q8_0_quant", "q8_k_dequant", "q8_0_dequant", "oracle", "py:module:callable"):
+        assert name in out
+
+
+def test_python_dash_m() -> None:
+    r = subprocess.run([sys.executable, "-m", "qconform", "list"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "q8_k_quant" in r.stdout
+
+
+@pytest.mark.skipif(shutil.which("qconform") is None, reason="console script not installed")
+def test_console_script() -> None:
+    r = subprocess.run(["qconform", "--version"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.startswith("qconform ")

@@ -1,0 +1,115 @@
+"""Golden vectors: the committed set verifies, a changed byte is named by file and tensor, drift is
+summarised byte by byte, and generation is reproducible."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from conftest import REPO
+from qconform.cli import main
+from qconform.golden import default_set_dir, read_manifest, verify_set
+from qconform.golden.store import decode_leaf, layout
+from qconform.golden.verify import locate_changes
+from qconform.impls import load_impl
+
+COMMITTED = REPO / "golden" / "v1"
+
+
+def test_committed_set_verifies_and_is_small() -> None:
+    report = verify_set(COMMITTED)
+    assert report.ok, report.findings
+    manifest = read_manifest(COMMITTED)
+    assert report.files == len(manifest["files"]) == 4
+    assert report.cases == sum(len(f["cases"]) for f in manifest["files"]) > 60
+    assert sum(p.stat().st_size for p in COMMITTED.rglob("*") if p.is_file()) < 2 * 2**20
+    for key in ("qconform_version", "oracle_source_sha256", "generator", "schema_version"):
+        assert key in manifest
+    assert {"python", "numpy", "numba", "command"} <= set(manifest["generator"])
+    assert default_set_dir() is not None
+
+
+def test_files_carry_cases_and_params_in_metadata() -> None:
+    for entry in read_manifest(COMMITTED)["files"]:
+        leaf = decode_leaf((COMMITTED / entry["path"]).read_bytes())
+        assert (leaf.op.name, leaf.leaf) == (entry["op"], entry["leaf"])
+        assert [p.case.id for p in leaf.prepared] == entry["cases"]
+        assert [p.case.seed for p in leaf.prepared] == entry["seeds"]
+        for p in leaf.prepared:
+            assert p.params["qtype"] in ("Q8_0", "Q8_K")
+
+
+def _positions(data: bytes, rng: np.random.Generator) -> list[int]:
+    header_end, spans = layout(data)
+    pos = list(range(0, header_end, 7))
+    for a, b in spans.values():
+        pos += [a, (a + b) // 2, b - 1]
+    pos += rng.integers(header_end, len(data), size=300).tolist()
+    return pos
+
+
+def test_flipping_any_byte_is_named_by_file_and_tensor() -> None:
+    rng = np.random.default_rng(0)
+    for entry in read_manifest(COMMITTED)["files"]:
+        data = bytearray((COMMITTED / entry["path"]).read_bytes())
+        _, spans = layout(bytes(data))
+        for pos in _positions(bytes(data), rng):
+            data[pos] ^= 0xFF
+            changes = locate_changes(bytes(data), entry)
+            data[pos] ^= 0xFF
+            owner = [name for name, (a, b) in spans.items() if a <= pos < b]
+            if owner:
+                assert changes == [f"tensor '{owner[0]}' (bytes {spans[owner[0]][0]}..{spans[owner[0]][1]})"], (entry["path"], pos)
+            else:
+                assert changes == ["the safetensors header (names, dtypes, offsets or metadata)"], (entry["path"], pos)
+
+
+def test_verify_reports_a_flipped_byte_end_to_end(tmp_path, capsys) -> None:
+    copy = tmp_path / "v1"
+    shutil.copytree(COMMITTED, copy)
+    entry = read_manifest(copy)["files"][0]
+    path = copy / entry["path"]
+    data = bytearray(path.read_bytes())
+    name, t = next(iter(entry["tensors"].items()))
+    data[t["offsets"][0] + 1] ^= 0x01
+    path.write_bytes(bytes(data))
+    assert main(["golden", "verify", str(copy)]) == 1
+    out = capsys.readouterr().out
+    assert f"CORRUPT {entry['path']}: changed: tensor '{name}'" in out
+
+
+def test_drift_has_a_byte_level_summary(in_tests_dir) -> None:
+    report = verify_set(COMMITTED, load_impl("py:mutants:q8_k_ties_away"))
+    assert not report.ok and report.cases > 0
+    (finding,) = [f for f in report.findings if "ties-" in f.detail]
+    assert finding.kind == "drift" and finding.path == "q8_k_quant/Xfp32_Yq8_K.safetensors"
+    assert "/y'" in finding.detail and "bytes differ" in finding.detail and "by field: bsums=" in finding.detail
+
+
+def test_missing_and_unlisted_files(tmp_path) -> None:
+    copy = tmp_path / "v1"
+    shutil.copytree(COMMITTED, copy)
+    first = read_manifest(copy)["files"][0]["path"]
+    (copy / first).rename(copy / "stray.safetensors")
+    kinds = {(f.kind, f.path) for f in verify_set(copy).findings}
+    assert kinds == {("missing", first), ("unlisted", "stray.safetensors")}
+
+
+def test_generate_is_reproducible_and_verifies(tmp_path, capsys) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d in (a, b):
+        assert main(["golden", "generate", "--out", str(d), "--ops", "q8_0_quant,q8_k_dequant"]) == 0
+    for entry in read_manifest(a)["files"]:
+        assert (a / entry["path"]).read_bytes() == (b / entry["path"]).read_bytes()
+    assert main(["golden", "verify", str(a)]) == 0
+    assert "0 problems: OK" in capsys.readouterr().out
+    assert json.loads((a / "MANIFEST.json").read_text())["coverage"] == 1
+
+
+@pytest.mark.parametrize("impl", ["oracle", "oracle-numpy"])
+def test_run_against_the_golden_set(impl: str, capsys) -> None:
+    assert main(["run", "--impl", impl, "--golden", str(COMMITTED), "--repeat-calls", "8"]) == 0
+    assert "Leaves: 4 (0 failed)" in capsys.readouterr().out
