@@ -6,11 +6,15 @@ both twins must produce it.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
+from numba import njit, prange
 
 from qconform.formats.ggml import Q8_0, Q8_K
 from qconform.oracles.ggml import dequantize, quantize
+from qconform.oracles.ggml.rounding import f32_from_bits_nb, roundf_to_int8_nb
 
 BACKENDS = ("numpy", "numba")
 
@@ -143,3 +147,21 @@ def test_leading_dimensions_are_kept(qtype: str) -> None:
     assert q.shape == (2, 3, 512 // fmt.block_size * fmt.type_size)
     assert np.array_equal(q.reshape(6, -1), quantize(x.reshape(6, 512), qtype))
     assert dequantize(q, qtype).shape == x.shape
+
+
+@njit(cache=True, parallel=True)
+def _roundf_mismatches() -> int:
+    """Every fp32 bit pattern, both signs: the branch-free roundf byte against floor(|v| + 0.5)
+    in float64 (exact for fp32 v) with C's cvttss2si rule (NaN/inf/|v| >= 2^31 -> byte 0)."""
+    bad = 0
+    for b in prange(np.int64(0), np.int64(2**31)):
+        mag = f32_from_bits_nb(np.int32(b)) if b <= 0x7F800000 else np.float32(np.nan)
+        for v in (mag, -mag):
+            r = math.floor(abs(np.float64(v)) + 0.5)
+            want = 0 if not (r < 2.0**31) else (np.int64(r) if v >= 0 else -np.int64(r)) & 0xFF
+            bad += roundf_to_int8_nb(v) != want
+    return bad
+
+
+def test_branch_free_roundf_is_exhaustively_roundf() -> None:
+    assert _roundf_mismatches() == 0
