@@ -4,8 +4,8 @@ Built in: ``oracle`` (numba twin) and ``oracle-numpy`` (the readable spec).
 Loadable: ``py:module:callable`` or ``py:path/to/file.py:callable`` -- a drop-in replacement for an
 op's oracle function (same arguments, same return; ``out=`` is passed when the callable accepts it).
 The ops a ``py:`` callable applies to: ``--ops``, else its ``__qconform_ops__`` attribute, else
-every op whose oracle function has the callable's name (``quantize`` / ``dequantize``), else every
-op (an op whose first call raises NotImplementedError is then skipped).
+the ops its name mentions (``guess_ops``); for guessed ops, one whose first call raises is skipped
+as not applicable. An op whose first call raises NotImplementedError is always skipped.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ class Implementation(Protocol):
     arch: str
     accepts_out: bool
     on_device: bool
+    guessed: bool  # the ops it applies to were guessed: a first call that raises means "not this op"
 
     def applies_to(self, op: OpSpec) -> bool: ...
 
@@ -46,10 +47,12 @@ class CallableImpl:
 
     on_device = False
 
-    def __init__(self, name: str, fn: Callable[..., np.ndarray], ops: tuple[str, ...] | None) -> None:
+    def __init__(self, name: str, fn: Callable[..., np.ndarray], ops: tuple[str, ...] | None,
+                 guessed: bool = False) -> None:
         self.name = name
         self.fn = fn
         self.ops = ops
+        self.guessed = guessed  # ops guessed from the name: an op its first call raises on is skipped
         self.arch = cpu_arch()
         self.accepts_out = _accepts_kwarg(fn, "out")
 
@@ -84,6 +87,7 @@ class OracleImpl(CallableImpl):
         self.name = "oracle" if backend == "numba" else f"oracle-{backend}"
         self.backend = backend
         self.ops = None
+        self.guessed = False
         self.arch = cpu_arch()
         self.accepts_out = True
 
@@ -119,14 +123,29 @@ def load_python_callable(spec: str) -> Callable[..., Any]:
     return fn
 
 
-def _ops_for_callable(fn: Callable[..., Any], ops: list[str] | None) -> tuple[str, ...] | None:
+def _ops_for_callable(fn: Callable[..., Any], ops: list[str] | None) -> tuple[tuple[str, ...], bool]:
+    """(the ops a callable replaces, whether that was guessed from its name)."""
     if ops:
-        return tuple(ops)
+        return tuple(ops), False
     declared = getattr(fn, "__qconform_ops__", None)
     if declared:
-        return tuple(declared)
-    by_name = tuple(op.name for op in CATALOGUE.values() if op.oracle.__name__ == getattr(fn, "__name__", ""))
-    return by_name or None
+        return tuple(declared), False
+    return guess_ops(getattr(fn, "__name__", "")), True
+
+
+def guess_ops(name: str) -> tuple[str, ...]:
+    """Ops whose kind and format a callable's name mentions: ``quantize`` -> every ``*_quant``,
+    ``my_q8k_dequant`` -> ``q8_k_dequant``; a name that mentions neither -> every op."""
+    n = name.lower().replace("_", "")
+    chosen = list(CATALOGUE)
+    kind = "dequant" if "dequant" in n else "quant" if "quant" in n else None
+    if kind:
+        chosen = [op for op in chosen if op.rsplit("_", 1)[1] == kind]
+    formats = {op.rsplit("_", 1)[0].replace("_", "") for op in chosen}
+    named = {f for f in formats if f in n}
+    if named:
+        chosen = [op for op in chosen if op.rsplit("_", 1)[0].replace("_", "") in named]
+    return tuple(chosen)
 
 
 def device_available() -> tuple[bool, str]:
@@ -152,7 +171,7 @@ def load_impl(spec: str, ops: list[str] | None = None) -> Implementation:
         return OracleImpl("numpy")
     if spec.startswith("py:"):
         fn = load_python_callable(spec[3:])
-        return CallableImpl(spec, fn, _ops_for_callable(fn, ops))
+        return CallableImpl(spec, fn, *_ops_for_callable(fn, ops))
     if spec == "cupy" or spec.startswith(("hip:", "so:")):
         raise ArgumentError(f"impl: {spec.split(':')[0]} implementations need the device backend, "
                             "which this version does not have yet")
