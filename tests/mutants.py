@@ -12,14 +12,22 @@ import itertools
 
 import numpy as np
 
-from qconform.formats.ggml import Q8_K, Q8_0
+from qconform.formats.ggml import Q8_0, Q8_K
 from qconform.oracles.ggml import check_quantize_args, dequantize, quantize, resolve_qtype
 from qconform.oracles.ggml.rounding import int_to_int8, nearest_int
 
 
-def q8_k_spec(x: np.ndarray, qtype: str, *, ties: str = "even", tie_break: str = "first", clamp: bool = True,
-              check_width: bool = True, skip_last_block: bool = False,
-              out: np.ndarray | None = None) -> np.ndarray:
+def q8_k_spec(
+    x: np.ndarray,
+    qtype: str,
+    *,
+    ties: str = "even",
+    tie_break: str = "first",
+    clamp: bool = True,
+    check_width: bool = True,
+    skip_last_block: bool = False,
+    out: np.ndarray | None = None,
+) -> np.ndarray:
     """A Q8_K quantizer with the reference's rules as knobs (finite or not, ftz off)."""
     if resolve_qtype(qtype).name != "Q8_K":
         raise NotImplementedError(f"this mutant only quantizes Q8_K, not {qtype}")

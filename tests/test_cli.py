@@ -24,8 +24,26 @@ def test_default_run_checks_the_oracle_against_the_golden_set(capsys) -> None:
 @pytest.mark.parametrize("fmt", ["json", "junit", "markdown"])
 def test_report_formats(fmt: str, tmp_path, capsys) -> None:
     out_file = tmp_path / f"report.{fmt}"
-    assert main(["run", "--impl", "oracle", "--ops", "q8_0_quant", "--coverage", "1", "--format", fmt,
-                 "--out", str(out_file), "--repeat-calls", "4"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--impl",
+                "oracle",
+                "--ops",
+                "q8_0_quant",
+                "--coverage",
+                "1",
+                "--format",
+                fmt,
+                "--out",
+                str(out_file),
+                "--repeat-calls",
+                "4",
+            ]
+        )
+        == 0
+    )
     text = out_file.read_text()
     if fmt == "json":
         doc = json.loads(text)
@@ -40,22 +58,39 @@ def test_report_formats(fmt: str, tmp_path, capsys) -> None:
 
 def test_junit_records_failures(in_tests_dir, tmp_path) -> None:
     out_file = tmp_path / "r.xml"
-    assert main(["run", "--impl", "py:mutants:q8_k_no_clamp", "--coverage", "1", "--format", "junit",
-                 "--out", str(out_file)]) == 1
+    assert (
+        main(
+            [
+                "run",
+                "--impl",
+                "py:mutants:q8_k_no_clamp",
+                "--coverage",
+                "1",
+                "--format",
+                "junit",
+                "--out",
+                str(out_file),
+            ]
+        )
+        == 1
+    )
     suite = ET.fromstring(out_file.read_text()).find("testsuite")
     assert int(suite.get("failures")) >= 1
     assert any(tc.find("failure") is not None and "nan_payload" in tc.get("name") for tc in suite.iter("testcase"))
 
 
-@pytest.mark.parametrize("argv", [
-    ["run", "--ops", "no_such_op", "--impl", "oracle"],
-    ["run", "--impl", "py:no_such_module_xyz:fn"],
-    ["run", "--impl", "nonsense"],
-    ["run", "--impl", "oracle", "--case", "{}"],
-    ["fuzz"],
-    ["golden", "verify", "/nonexistent/dir"],
-    ["bogus"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", "--ops", "no_such_op", "--impl", "oracle"],
+        ["run", "--impl", "py:no_such_module_xyz:fn"],
+        ["run", "--impl", "nonsense"],
+        ["run", "--impl", "oracle", "--case", "{}"],
+        ["fuzz"],
+        ["golden", "verify", "/nonexistent/dir"],
+        ["bogus"],
+    ],
+)
 def test_usage_errors_exit_2(argv: list[str], capsys) -> None:
     assert main(argv) == 2
 

@@ -8,8 +8,8 @@ import shutil
 
 import numpy as np
 import pytest
-
 from conftest import REPO
+
 from qconform.cli import main
 from qconform.golden import default_set_dir, read_manifest, verify_set
 from qconform.golden.store import decode_leaf, layout
@@ -62,7 +62,10 @@ def test_flipping_any_byte_is_named_by_file_and_tensor() -> None:
             data[pos] ^= 0xFF
             owner = [name for name, (a, b) in spans.items() if a <= pos < b]
             if owner:
-                assert changes == [f"tensor '{owner[0]}' (bytes {spans[owner[0]][0]}..{spans[owner[0]][1]})"], (entry["path"], pos)
+                assert changes == [f"tensor '{owner[0]}' (bytes {spans[owner[0]][0]}..{spans[owner[0]][1]})"], (
+                    entry["path"],
+                    pos,
+                )
             else:
                 assert changes == ["the safetensors header (names, dtypes, offsets or metadata)"], (entry["path"], pos)
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import shlex
 
+import mutants
 import numpy as np
 import pytest
 
-import mutants
 from qconform.cli import main
 from qconform.impls import load_impl
 from qconform.ops import get_op
@@ -25,8 +25,14 @@ CAUGHT_BY = {
     "q8_k_last_block_unwritten": {"writes_every_output"},
     "q8_k_accepts_bad_width": {"rejects_bad_arguments"},
 }
-EXACTLY = {"q8_k_ties_away", "q8_k_last_on_equal_abs", "q8_k_no_clamp", "q8_0_ties_to_even",
-           "q8_0_dequant_fp16_math", "q8_k_accepts_bad_width"}
+EXACTLY = {
+    "q8_k_ties_away",
+    "q8_k_last_on_equal_abs",
+    "q8_k_no_clamp",
+    "q8_0_ties_to_even",
+    "q8_0_dequant_fp16_math",
+    "q8_k_accepts_bad_width",
+}
 
 
 def test_reference_knobs_equal_the_oracle() -> None:
@@ -65,12 +71,15 @@ def test_py_file_path_and_auto_op_selection(in_tests_dir, capsys) -> None:
     assert "q8_0_quant" in out and "q8_k_quant" not in out
 
 
-@pytest.mark.parametrize("name,pattern", [("q8_k_ties_away", "ties"), ("q8_k_last_on_equal_abs", "equal_abs"),
-                                          ("q8_k_no_clamp", "nan_payload")])
-def test_fuzz_shrinks_and_its_replay_fails_the_same_way(name: str, pattern: str, in_tests_dir, tmp_path, capsys) -> None:
+@pytest.mark.parametrize(
+    "name,pattern",
+    [("q8_k_ties_away", "ties"), ("q8_k_last_on_equal_abs", "equal_abs"), ("q8_k_no_clamp", "nan_payload")],
+)
+def test_fuzz_shrinks_and_its_replay_fails_the_same_way(
+    name: str, pattern: str, in_tests_dir, tmp_path, capsys
+) -> None:
     impl = f"py:mutants:{name}"
-    assert main(["fuzz", "--op", "q8_k_quant", "--impl", impl, "--examples", "300",
-                 "--save", str(tmp_path)]) == 1
+    assert main(["fuzz", "--op", "q8_k_quant", "--impl", impl, "--examples", "300", "--save", str(tmp_path)]) == 1
     out = capsys.readouterr().out.splitlines()
     shrunk = next(line for line in out if line.startswith("FAIL (shrunk): case "))
     assert f'"pattern":"{pattern}"' in shrunk and '"shape":[1,256]' in shrunk  # minimal: one block

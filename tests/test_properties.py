@@ -44,7 +44,17 @@ def test_cases_are_deterministic_and_cover_the_edges(op) -> None:
     widths = {c.shape[-1] for c in op.cases(leaf, 2)}
     assert {2048, 2560, 4096, 5120, 8192, 14336} <= widths
     patterns = {c.pattern for c in op.cases(leaf, 1)}
-    assert {"ties", "zero_block", "equal_abs", "outlier", "extreme", "subnormal", "nan", "inf", "nan_payload"} <= patterns
+    assert {
+        "ties",
+        "zero_block",
+        "equal_abs",
+        "outlier",
+        "extreme",
+        "subnormal",
+        "nan",
+        "inf",
+        "nan_payload",
+    } <= patterns
     first = op.cases(leaf, 1)[3]
     x1, x2 = op.make_inputs(first), op.make_inputs(first)
     assert all(x1[k].tobytes() == x2[k].tobytes() for k in x1)

@@ -37,4 +37,6 @@ def test_twins_on_coverage_3(op) -> None:
         inputs = op.make_inputs(case)
         args, _ = op.call_args(inputs, op.params(case))
         for ftz in (False, True):
-            assert _bits(op.oracle(*args, backend="numpy", ftz=ftz)) == _bits(op.oracle(*args, backend="numba", ftz=ftz)), case.id
+            assert _bits(op.oracle(*args, backend="numpy", ftz=ftz)) == _bits(
+                op.oracle(*args, backend="numba", ftz=ftz)
+            ), case.id

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qconform.oracles.ggml import dequantize, quantize
 from qconform.ops.patterns import make_values
+from qconform.oracles.ggml import dequantize, quantize
 
 gguf = pytest.importorskip("gguf")
 Q8_0 = gguf.GGMLQuantizationType.Q8_0

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import qconform
 from qconform.errors import ArgumentError
@@ -67,8 +67,9 @@ def _emit(text: str, out: str | None) -> None:
         sys.stdout.write(text)
 
 
-def _run_prepared(impl: Implementation, groups: list[tuple[OpSpec, str, list[Prepared]]], repeat_calls: int,
-                  show_progress: bool) -> list[LeafResult]:
+def _run_prepared(
+    impl: Implementation, groups: list[tuple[OpSpec, str, list[Prepared]]], repeat_calls: int, show_progress: bool
+) -> list[LeafResult]:
     progress = Progress(sum(len(p) for _, _, p in groups), show_progress)
     results = []
     for op, leaf, prepared in groups:
@@ -88,8 +89,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     golden_dir = Path(args.golden) if args.golden else None
     if args.impl is None:
         if found:
-            raise UsageError("a GPU was found, but this version has no device backend yet; pass --impl oracle "
-                             "or --impl py:module:callable")
+            raise UsageError(
+                "a GPU was found, but this version has no device backend yet; pass --impl oracle "
+                "or --impl py:module:callable"
+            )
         print(f"No GPU device found ({why}): checking the oracle against the committed golden set.", flush=True)
         impl: Implementation = OracleImpl()
         golden_dir = golden_dir or default_set_dir()
@@ -120,13 +123,19 @@ def cmd_run(args: argparse.Namespace) -> int:
         groups = []
         for entry in read_manifest(golden_dir)["files"]:
             leaf = decode_leaf((golden_dir / entry["path"]).read_bytes())
-            if (ops and leaf.op.name not in ops) or (args.leaf and leaf.leaf != args.leaf) or not impl.applies_to(leaf.op):
+            if (
+                (ops and leaf.op.name not in ops)
+                or (args.leaf and leaf.leaf != args.leaf)
+                or not impl.applies_to(leaf.op)
+            ):
                 continue
             groups.append((leaf.op, leaf.leaf, leaf.prepared))
         context["cases"] = f"golden {golden_dir}"
     else:
-        groups = [(op, leaf, [Prepared.from_case(op, c) for c in op.cases(leaf, args.coverage)])
-                  for op, leaf in _selected(impl, ops, args.leaf)]
+        groups = [
+            (op, leaf, [Prepared.from_case(op, c) for c in op.cases(leaf, args.coverage)])
+            for op, leaf in _selected(impl, ops, args.leaf)
+        ]
         context["cases"] = f"coverage {args.coverage}"
     if not groups:
         raise UsageError("nothing to run for this selection")
@@ -162,11 +171,14 @@ def cmd_golden(args: argparse.Namespace) -> int:
 
     if args.golden_cmd == "generate":
         ops = _op_names(args.ops)
-        leaves = [(op, leaf, [Prepared.from_case(op, c) for c in op.cases(leaf, args.coverage)])
-                  for op, leaf in _selected(OracleImpl(), ops, None)]
+        leaves = [
+            (op, leaf, [Prepared.from_case(op, c) for c in op.cases(leaf, args.coverage)])
+            for op, leaf in _selected(OracleImpl(), ops, None)
+        ]
         out = Path(args.out)
-        manifest = write_set(out, leaves, coverage=args.coverage,
-                             command="qconform golden generate " + " ".join(sys.argv[3:]))
+        manifest = write_set(
+            out, leaves, coverage=args.coverage, command="qconform golden generate " + " ".join(sys.argv[3:])
+        )
         total = sum(f["bytes"] for f in manifest["files"])
         ncases = sum(len(f["cases"]) for f in manifest["files"])
         print(f"wrote {len(manifest['files'])} files, {ncases} cases, {total} bytes to {out}")
@@ -181,8 +193,10 @@ def cmd_golden(args: argparse.Namespace) -> int:
     for f in report.findings:
         print(f"{f.kind.upper()} {f.path}: {f.detail}")
     verdict = "OK" if report.ok else "FAILED"
-    print(f"golden verify {set_dir}: {report.files} files, {report.cases} cases replayed with {report.impl}, "
-          f"{len(report.findings)} problems: {verdict}")
+    print(
+        f"golden verify {set_dir}: {report.files} files, {report.cases} cases replayed with {report.impl}, "
+        f"{len(report.findings)} problems: {verdict}"
+    )
     return EXIT_OK if report.ok else EXIT_FAIL
 
 
@@ -214,8 +228,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
 
     r = sub.add_parser("run", help="run the conformance suite and print the table")
-    r.add_argument("--impl", help="oracle | oracle-numpy | py:module:callable (default: the GPU backend if a "
-                                  "device is found, else the oracle against the golden set)")
+    r.add_argument(
+        "--impl",
+        help="oracle | oracle-numpy | py:module:callable (default: the GPU backend if a "
+        "device is found, else the oracle against the golden set)",
+    )
     r.add_argument("--ops", action="append", help="ops to run (comma-separated or repeated)")
     r.add_argument("--leaf", help="only this leaf")
     r.add_argument("--coverage", type=int, choices=(1, 2, 3), default=2)

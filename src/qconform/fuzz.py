@@ -58,8 +58,10 @@ def find_failure(impl: Implementation, op: OpSpec, leaf: str, *, examples: int, 
 
 
 def replay_command(impl: Implementation, case: Case) -> str:
-    return (f"qconform run --impl {shlex.quote(impl.name)} --ops {case.op} --leaf {case.leaf} "
-            f"--case {shlex.quote(case.to_json())}")
+    return (
+        f"qconform run --impl {shlex.quote(impl.name)} --ops {case.op} --leaf {case.leaf} "
+        f"--case {shlex.quote(case.to_json())}"
+    )
 
 
 def fuzz(impl: Implementation, op: OpSpec, leaf: str, *, examples: int, seed: int, save_dir: Path) -> int:
@@ -72,11 +74,16 @@ def fuzz(impl: Implementation, op: OpSpec, leaf: str, *, examples: int, seed: in
         return 0
     case = failure.case
     out = save_dir / f"{op.name}-{leaf}-{case.id}"
-    write_set(out, [(op, leaf, [Prepared.from_case(op, case)])], name=out.name,
-              command="qconform " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
+    write_set(
+        out,
+        [(op, leaf, [Prepared.from_case(op, case)])],
+        name=out.name,
+        command="qconform " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+    )
     print(f"FAIL (shrunk): case {case.to_json()}")
     print(f"  {failure.prop}: {failure.detail}")
-    print(f"saved the case with the oracle's output: {out}/  (replay: qconform golden verify {out} --impl {shlex.quote(impl.name)})")
+    verify = f"qconform golden verify {out} --impl {shlex.quote(impl.name)}"
+    print(f"saved the case with the oracle's output: {out}/  (replay: {verify})")
     print("replay:")
     print(replay_command(impl, case))
     return 1

@@ -34,8 +34,14 @@ class Implementation(Protocol):
 
     def applies_to(self, op: OpSpec) -> bool: ...
 
-    def run(self, op: OpSpec, leaf: str, inputs: dict[str, np.ndarray], params: dict[str, Any],
-            out: np.ndarray | None = None) -> np.ndarray: ...
+    def run(
+        self,
+        op: OpSpec,
+        leaf: str,
+        inputs: dict[str, np.ndarray],
+        params: dict[str, Any],
+        out: np.ndarray | None = None,
+    ) -> np.ndarray: ...
 
 
 def cpu_arch() -> str:
@@ -47,8 +53,9 @@ class CallableImpl:
 
     on_device = False
 
-    def __init__(self, name: str, fn: Callable[..., np.ndarray], ops: tuple[str, ...] | None,
-                 guessed: bool = False) -> None:
+    def __init__(
+        self, name: str, fn: Callable[..., np.ndarray], ops: tuple[str, ...] | None, guessed: bool = False
+    ) -> None:
         self.name = name
         self.fn = fn
         self.ops = ops
@@ -62,8 +69,14 @@ class CallableImpl:
     def function(self, op: OpSpec) -> Callable[..., np.ndarray]:
         return self.fn
 
-    def run(self, op: OpSpec, leaf: str, inputs: dict[str, np.ndarray], params: dict[str, Any],
-            out: np.ndarray | None = None) -> np.ndarray:
+    def run(
+        self,
+        op: OpSpec,
+        leaf: str,
+        inputs: dict[str, np.ndarray],
+        params: dict[str, Any],
+        out: np.ndarray | None = None,
+    ) -> np.ndarray:
         args, kwargs = op.call_args(inputs, params)
         if out is not None:
             if not self.accepts_out:
@@ -99,7 +112,9 @@ def load_python_callable(spec: str) -> Callable[..., Any]:
     """``module:callable`` or ``path/to/file.py:callable`` -> the callable."""
     target, sep, attr = spec.rpartition(":")
     if not sep or not target or not attr:
-        raise ArgumentError(f"impl: py: implementations are 'py:module:callable' or 'py:file.py:callable', got 'py:{spec}'")
+        raise ArgumentError(
+            f"impl: py: implementations are 'py:module:callable' or 'py:file.py:callable', got 'py:{spec}'"
+        )
     if target.endswith(".py") or "/" in target:
         path = Path(target)
         if not path.is_file():
@@ -173,8 +188,9 @@ def load_impl(spec: str, ops: list[str] | None = None) -> Implementation:
         fn = load_python_callable(spec[3:])
         return CallableImpl(spec, fn, *_ops_for_callable(fn, ops))
     if spec == "cupy" or spec.startswith(("hip:", "so:")):
-        raise ArgumentError(f"impl: {spec.split(':')[0]} implementations need the device backend, "
-                            "which this version does not have yet")
+        raise ArgumentError(
+            f"impl: {spec.split(':')[0]} implementations need the device backend, which this version does not have yet"
+        )
     raise ArgumentError(f"impl: unknown implementation {spec!r}; use oracle, oracle-numpy or py:module:callable")
 
 

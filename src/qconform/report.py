@@ -20,8 +20,7 @@ def _rel(v: float) -> str:
 
 
 def _row(r: LeafResult) -> tuple[str, ...]:
-    return (r.op, r.leaf, r.arch, str(len(r.checked)), str(len(r.failed)), f"{r.ms:.0f}",
-            _rel(r.max_rel_l2), r.verdict)
+    return (r.op, r.leaf, r.arch, str(len(r.checked)), str(len(r.failed)), f"{r.ms:.0f}", _rel(r.max_rel_l2), r.verdict)
 
 
 def summary(results: Sequence[LeafResult]) -> str:
@@ -49,7 +48,7 @@ def text(results: Sequence[LeafResult], context: dict[str, Any]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
     out = [" | ".join(f"{k}: {v}" for k, v in context.items())]
     for n, row in enumerate(rows):
-        out.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+        out.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
         if n == 0:
             out.append("  ".join("-" * w for w in widths))
     out.append(summary(results))
@@ -57,8 +56,12 @@ def text(results: Sequence[LeafResult], context: dict[str, Any]) -> str:
 
 
 def markdown(results: Sequence[LeafResult], context: dict[str, Any]) -> str:
-    out = [" · ".join(f"**{k}**: {v}" for k, v in context.items()), "",
-           "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    out = [
+        " · ".join(f"**{k}**: {v}" for k, v in context.items()),
+        "",
+        "| " + " | ".join(COLUMNS) + " |",
+        "|" + "---|" * len(COLUMNS),
+    ]
     out += ["| " + " | ".join(_row(r)) + " |" for r in results]
     out += ["", summary(results)]
     failures = _failure_lines(results)
@@ -71,12 +74,32 @@ def as_json(results: Sequence[LeafResult], context: dict[str, Any]) -> str:
     def num(v: float) -> float | None:
         return None if math.isnan(v) else v
 
-    rows = [{"op": r.op, "leaf": r.leaf, "arch": r.arch, "impl": r.impl, "cases": len(r.checked),
-             "failed": len(r.failed), "suite_ms": round(r.ms, 3), "max_rel_l2": num(r.max_rel_l2),
-             "verdict": r.verdict, "skipped": r.skipped,
-             "outcomes": [{"property": o.prop, "case": o.case, "ok": o.ok, "detail": o.detail,
-                           "rel_l2": num(o.rel_l2), "ms": round(o.ms, 3)} for o in r.outcomes]}
-            for r in results]
+    rows = [
+        {
+            "op": r.op,
+            "leaf": r.leaf,
+            "arch": r.arch,
+            "impl": r.impl,
+            "cases": len(r.checked),
+            "failed": len(r.failed),
+            "suite_ms": round(r.ms, 3),
+            "max_rel_l2": num(r.max_rel_l2),
+            "verdict": r.verdict,
+            "skipped": r.skipped,
+            "outcomes": [
+                {
+                    "property": o.prop,
+                    "case": o.case,
+                    "ok": o.ok,
+                    "detail": o.detail,
+                    "rel_l2": num(o.rel_l2),
+                    "ms": round(o.ms, 3),
+                }
+                for o in r.outcomes
+            ],
+        }
+        for r in results
+    ]
     return json.dumps({"context": context, "rows": rows, "summary": summary(results)}, indent=1) + "\n"
 
 
@@ -84,9 +107,11 @@ def junit(results: Sequence[LeafResult], context: dict[str, Any]) -> str:
     tests = sum(len(r.outcomes) for r in results)
     failures = sum(len(r.failed) for r in results)
     skipped = sum(1 for r in results for o in r.outcomes if o.ok is None) + sum(1 for r in results if r.skipped)
-    out = ['<?xml version="1.0" encoding="utf-8"?>',
-           f'<testsuites><testsuite name="qconform" tests="{tests}" failures="{failures}" errors="0" skipped="{skipped}">',
-           "<properties>"]
+    out = [
+        '<?xml version="1.0" encoding="utf-8"?>',
+        f'<testsuites><testsuite name="qconform" tests="{tests}" failures="{failures}" errors="0" skipped="{skipped}">',
+        "<properties>",
+    ]
     out += [f"<property name={quoteattr(str(k))} value={quoteattr(str(v))}/>" for k, v in context.items()]
     out.append("</properties>")
     for r in results:

@@ -41,5 +41,7 @@ def bench_q8_0(mb: int = 64, repeats: int = 3, width: int = 4096) -> dict[str, f
     results["gguf_MBps"] = mb * 2**20 / t_gg / 1e6
     results["ratio"] = t_gg / t_nb
     print(f"gguf-py numpy         : {t_gg * 1e3:9.1f} ms  {results['gguf_MBps']:9.1f} MB/s")
-    print(f"speed-up (gguf / qconform): {results['ratio']:.1f}x   bytes identical: {bool(np.array_equal(ours, theirs))}")
+    print(
+        f"speed-up (gguf / qconform): {results['ratio']:.1f}x   bytes identical: {bool(np.array_equal(ours, theirs))}"
+    )
     return results

@@ -28,7 +28,6 @@ def fp16_bits_to_fp32(h: np.ndarray) -> np.ndarray:
     return np.asarray(h, dtype=np.uint16).view(np.float16).astype(np.float32)
 
 
-
 @njit(cache=True, inline="always")
 def fp32_bits_to_fp16_bits_nb(u: np.uint32) -> np.uint16:
     """fp32 bit pattern -> fp16 bits with integer ops only (RNE, NaN -> sign|0x7E00), for numba

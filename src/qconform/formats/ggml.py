@@ -38,15 +38,18 @@ class BlockFormat:
 
 # block_q8_0: fp16 d (offset 0), int8 qs[32] (offset 2)  -> 34 bytes
 Q8_0 = BlockFormat(
-    "Q8_0", 8, 32,
+    "Q8_0",
+    8,
+    32,
     np.dtype([("d", "<u2"), ("qs", "i1", (32,))]),
 )
 
 # block_q8_K: float32 d (offset 0), int8 qs[256] (offset 4), int16 bsums[16] (offset 260) -> 292 bytes
 Q8_K = BlockFormat(
-    "Q8_K", 15, 256,
+    "Q8_K",
+    15,
+    256,
     np.dtype([("d", "<f4"), ("qs", "i1", (256,)), ("bsums", "<i2", (16,))]),
 )
 
 FORMATS: dict[str, BlockFormat] = {f.name: f for f in (Q8_0, Q8_K)}
-

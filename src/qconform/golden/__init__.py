@@ -8,8 +8,16 @@ import qconform
 from qconform.golden.store import GoldenLeaf, decode_leaf, read_manifest, write_set
 from qconform.golden.verify import Finding, VerifyReport, verify_set
 
-__all__ = ["GoldenLeaf", "Finding", "VerifyReport", "decode_leaf", "default_set_dir", "read_manifest",
-           "verify_set", "write_set"]
+__all__ = [
+    "GoldenLeaf",
+    "Finding",
+    "VerifyReport",
+    "decode_leaf",
+    "default_set_dir",
+    "read_manifest",
+    "verify_set",
+    "write_set",
+]
 
 
 def default_set_dir(name: str = "v1") -> Path | None:

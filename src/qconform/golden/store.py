@@ -49,12 +49,28 @@ def oracle_source_hash() -> str:
 def environment() -> dict[str, str]:
     import numba
 
-    return {"python": platform.python_version(), "numpy": np.__version__, "numba": numba.__version__,
-            "machine": platform.machine(), "system": platform.system()}
+    return {
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "numba": numba.__version__,
+        "machine": platform.machine(),
+        "system": platform.system(),
+    }
 
 
-_DTYPE_CODES = {"float32": "F32", "float64": "F64", "float16": "F16", "uint8": "U8", "int8": "I8",
-                "uint16": "U16", "int16": "I16", "uint32": "U32", "int32": "I32", "int64": "I64", "uint64": "U64"}
+_DTYPE_CODES = {
+    "float32": "F32",
+    "float64": "F64",
+    "float16": "F16",
+    "uint8": "U8",
+    "int8": "I8",
+    "uint16": "U16",
+    "int16": "I16",
+    "uint32": "U32",
+    "int32": "I32",
+    "int64": "I64",
+    "uint64": "U64",
+}
 
 
 def encode_safetensors(tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> bytes:
@@ -65,8 +81,11 @@ def encode_safetensors(tensors: dict[str, np.ndarray], metadata: dict[str, str])
     for name in sorted(tensors):
         a = np.ascontiguousarray(tensors[name])
         data = a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
-        header[name] = {"dtype": _DTYPE_CODES[a.dtype.name], "shape": list(a.shape),
-                        "data_offsets": [offset, offset + len(data)]}
+        header[name] = {
+            "dtype": _DTYPE_CODES[a.dtype.name],
+            "shape": list(a.shape),
+            "data_offsets": [offset, offset + len(data)],
+        }
         chunks.append(data)
         offset += len(data)
     text = json.dumps(header, separators=(",", ":")).encode()
@@ -86,34 +105,52 @@ def encode_leaf(op: OpSpec, leaf: str, prepared: Iterable[Prepared]) -> bytes:
             tensors[f"{p.case.id}/{name}"] = np.ascontiguousarray(p.inputs[name])
         tensors[f"{p.case.id}/{op.output_name}"] = np.ascontiguousarray(p.want)
         cases.append(json.loads(p.case.to_json()) | {"id": p.case.id})
-    meta = {"format": FILE_FORMAT, "op": op.name, "leaf": leaf, "qconform_version": qconform.__version__,
-            "inputs": json.dumps(list(op.input_names)), "output": op.output_name,
-            "cases": json.dumps(cases, sort_keys=True)}
+    meta = {
+        "format": FILE_FORMAT,
+        "op": op.name,
+        "leaf": leaf,
+        "qconform_version": qconform.__version__,
+        "inputs": json.dumps(list(op.input_names)),
+        "output": op.output_name,
+        "cases": json.dumps(cases, sort_keys=True),
+    }
     return encode_safetensors(tensors, meta)
 
 
 def layout(data: bytes) -> tuple[int, dict[str, tuple[int, int]]]:
     """(header end, {tensor: (start, end)}) in absolute file offsets, from a safetensors header."""
     (n,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + n])
+    header = json.loads(data[8 : 8 + n])
     base = 8 + n
-    spans = {k: (base + v["data_offsets"][0], base + v["data_offsets"][1])
-             for k, v in header.items() if k != "__metadata__"}
+    spans = {
+        k: (base + v["data_offsets"][0], base + v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"
+    }
     return base, spans
 
 
 def manifest_entry(op: str, leaf: str, data: bytes, cases: list[Case]) -> dict[str, Any]:
     header_end, spans = layout(data)
     return {
-        "path": leaf_path(op, leaf), "op": op, "leaf": leaf, "bytes": len(data), "sha256": sha256(data),
-        "cases": [c.id for c in cases], "seeds": [c.seed for c in cases],
+        "path": leaf_path(op, leaf),
+        "op": op,
+        "leaf": leaf,
+        "bytes": len(data),
+        "sha256": sha256(data),
+        "cases": [c.id for c in cases],
+        "seeds": [c.seed for c in cases],
         "header": {"offsets": [0, header_end], "sha256": sha256(data[:header_end])},
         "tensors": {k: {"offsets": [a, b], "sha256": sha256(data[a:b])} for k, (a, b) in sorted(spans.items())},
     }
 
 
-def write_set(out_dir: Path, leaves: list[tuple[OpSpec, str, list[Prepared]]], *, name: str | None = None,
-              coverage: int | None = None, command: str = "") -> dict[str, Any]:
+def write_set(
+    out_dir: Path,
+    leaves: list[tuple[OpSpec, str, list[Prepared]]],
+    *,
+    name: str | None = None,
+    coverage: int | None = None,
+    command: str = "",
+) -> dict[str, Any]:
     """Write every leaf file and the manifest; return the manifest."""
     out_dir.mkdir(parents=True, exist_ok=True)
     files = []
@@ -124,8 +161,12 @@ def write_set(out_dir: Path, leaves: list[tuple[OpSpec, str, list[Prepared]]], *
         path.write_bytes(data)
         files.append(manifest_entry(op.name, leaf, data, [p.case for p in prepared]))
     manifest = {
-        "schema_version": SCHEMA_VERSION, "set": name or out_dir.name, "qconform_version": qconform.__version__,
-        "oracle_source_sha256": oracle_source_hash(), "coverage": coverage, "generator": environment() | {"command": command},
+        "schema_version": SCHEMA_VERSION,
+        "set": name or out_dir.name,
+        "qconform_version": qconform.__version__,
+        "oracle_source_sha256": oracle_source_hash(),
+        "coverage": coverage,
+        "generator": environment() | {"command": command},
         "files": files,
     }
     (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
@@ -142,7 +183,7 @@ class GoldenLeaf:
 def decode_leaf(data: bytes) -> GoldenLeaf:
     """Read one golden file back into cases with their stored inputs and expected outputs."""
     n = struct.unpack("<Q", data[:8])[0]
-    meta = json.loads(data[8:8 + n]).get("__metadata__", {})
+    meta = json.loads(data[8 : 8 + n]).get("__metadata__", {})
     if meta.get("format") != FILE_FORMAT:
         raise ValueError(f"not a {FILE_FORMAT} file (format={meta.get('format')!r})")
     op = get_op(meta["op"])

@@ -65,8 +65,9 @@ def diff_summary(op, params: dict[str, Any], got: np.ndarray, want: np.ndarray) 
     idx = np.argwhere(diff)
     if not len(idx) or op.locate is None:
         return ""
-    fields = Counter(re.sub(r"\[\d+\]$", "", op.locate(params, tuple(int(i) for i in ix)).split(", ")[-1])
-                     for ix in idx[:100_000])
+    fields = Counter(
+        re.sub(r"\[\d+\]$", "", op.locate(params, tuple(int(i) for i in ix)).split(", ")[-1]) for ix in idx[:100_000]
+    )
     return "; by field: " + ", ".join(f"{k}={v}" for k, v in sorted(fields.items()))
 
 
@@ -108,10 +109,18 @@ def _replay(report: VerifyReport, impl: Implementation, op, p: Prepared, path: s
     try:
         got = impl.run(op, p.case.leaf, p.inputs, p.params)
     except Exception as exc:
-        report.findings.append(Finding("drift", path, f"case {p.case.id}: {impl.name} raised {type(exc).__name__}: {exc}"))
+        report.findings.append(
+            Finding("drift", path, f"case {p.case.id}: {impl.name} raised {type(exc).__name__}: {exc}")
+        )
         return
     c = compare(op, p.params, got, p.want)
     if not c.ok:
         summary = diff_summary(op, p.params, np.asarray(got), p.want)
-        report.findings.append(Finding("drift", path, f"case {p.case.id}, tensor '{p.case.id}/{op.output_name}': "
-                                                     f"{impl.name} output differs from the stored one: {c.detail}{summary}"))
+        report.findings.append(
+            Finding(
+                "drift",
+                path,
+                f"case {p.case.id}, tensor '{p.case.id}/{op.output_name}': "
+                f"{impl.name} output differs from the stored one: {c.detail}{summary}",
+            )
+        )

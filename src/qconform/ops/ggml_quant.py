@@ -12,9 +12,9 @@ import numpy as np
 from hypothesis import strategies as st
 
 from qconform.formats.ggml import FORMATS
-from qconform.oracles.ggml import check_dequantize_args, check_quantize_args, dequantize, quantize
 from qconform.ops.patterns import PATTERNS, make_values
 from qconform.ops.spec import BadArgument, Case, Check, Leaf, OpSpec
+from qconform.oracles.ggml import check_dequantize_args, check_quantize_args, dequantize, quantize
 
 LLM_WIDTHS = (2048, 2560, 4096, 5120, 8192, 14336)
 EDGE_PATTERNS = tuple(p for p in PATTERNS if p not in ("normal", "mixed"))
@@ -33,8 +33,8 @@ def _cases(op: str, leaf: str, block: int, patterns: tuple[str, ...], coverage: 
     widths = (2048, 4096, 14336) if coverage == 1 else LLM_WIDTHS
     for i, w in enumerate(widths):
         add("normal", 1 if coverage == 1 else 4, w, 100 + i)
-    add("normal", 1, block, 1)                      # one block
-    add("uniform", 64, 256, 2)                      # many rows
+    add("normal", 1, block, 1)  # one block
+    add("uniform", 64, 256, 2)  # many rows
     edge_width = max(block, 256) * 2
     seeds = {1: 1, 2: 3, 3: 8}[coverage]
     for pattern in patterns:
@@ -44,7 +44,7 @@ def _cases(op: str, leaf: str, block: int, patterns: tuple[str, ...], coverage: 
             add(pattern, 2, edge_width, 1000 + s)
     if coverage >= 2:
         add("mixed", 8, 4096, 7)
-        add("normal", 3, block * 3, 11)             # a few blocks, odd row count
+        add("normal", 3, block * 3, 11)  # a few blocks, odd row count
     if coverage >= 3:
         add("normal", 32, 14336, 21)
         add("mixed", 16, 8192, 22)
@@ -103,10 +103,15 @@ def _quant_bad(leaf: str) -> list[BadArgument]:
         BadArgument("x must be C-contiguous", {"x": np.repeat(good, 2, axis=1)[:, ::2]}, p),
         BadArgument("x must have a row dimension", {"x": np.float32(1.0)}, p),
         BadArgument("qtype must be a supported ggml type", {"x": good}, {"qtype": "Q9_9"}),
-        BadArgument("out must have the output shape", {"x": good}, p,
-                    bad_out=np.zeros((2, FORMATS[qtype].n_bytes(2 * bs) - 1), np.uint8)),
-        BadArgument("out must be uint8", {"x": good}, p,
-                    bad_out=np.zeros((2, FORMATS[qtype].n_bytes(2 * bs)), np.int8)),
+        BadArgument(
+            "out must have the output shape",
+            {"x": good},
+            p,
+            bad_out=np.zeros((2, FORMATS[qtype].n_bytes(2 * bs) - 1), np.uint8),
+        ),
+        BadArgument(
+            "out must be uint8", {"x": good}, p, bad_out=np.zeros((2, FORMATS[qtype].n_bytes(2 * bs)), np.int8)
+        ),
     ]
     return bad
 
@@ -118,17 +123,23 @@ def _dequant_bad(leaf: str) -> list[BadArgument]:
     good = quantize(rng.standard_normal((2, 2 * fmt.block_size)).astype(np.float32), qtype)
     p = {"qtype": qtype}
     return [
-        BadArgument(f"bytes per row {n} are not a multiple of {fmt.type_size}",
-                    {"data": rng.integers(0, 256, (2, n), dtype=np.uint8)}, p)
+        BadArgument(
+            f"bytes per row {n} are not a multiple of {fmt.type_size}",
+            {"data": rng.integers(0, 256, (2, n), dtype=np.uint8)},
+            p,
+        )
         for n in (fmt.type_size - 1, fmt.type_size + 1, 2 * fmt.type_size + 2)
     ] + [
         BadArgument("data must be uint8", {"data": good.view(np.int8)}, p),
         BadArgument("data must be C-contiguous", {"data": np.repeat(good, 2, axis=1)[:, ::2]}, p),
         BadArgument("qtype must be a supported ggml type", {"data": good}, {"qtype": "Q9_9"}),
-        BadArgument("out must have the output shape", {"data": good}, p,
-                    bad_out=np.zeros((2, 2 * fmt.block_size + 1), np.float32)),
-        BadArgument("out must be float32", {"data": good}, p,
-                    bad_out=np.zeros((2, 2 * fmt.block_size), np.float64)),
+        BadArgument(
+            "out must have the output shape",
+            {"data": good},
+            p,
+            bad_out=np.zeros((2, 2 * fmt.block_size + 1), np.float32),
+        ),
+        BadArgument("out must be float32", {"data": good}, p, bad_out=np.zeros((2, 2 * fmt.block_size), np.float64)),
     ]
 
 
@@ -186,7 +197,10 @@ def _dequant_op(qtype: str) -> OpSpec:
         leaves=(Leaf(leaf, {"qtype": qtype}),),
         oracle=dequantize,
         call_args=lambda inputs, params: ((inputs["data"], params["qtype"]), {}),
-        output_spec=lambda inputs, params: (check_dequantize_args(inputs["data"], params["qtype"])[1], np.dtype(np.float32)),
+        output_spec=lambda inputs, params: (
+            check_dequantize_args(inputs["data"], params["qtype"])[1],
+            np.dtype(np.float32),
+        ),
         make_inputs=_dequant_inputs,
         cases=lambda lf, coverage: _cases(name, lf, block, patterns, coverage),
         strategy=lambda lf: _strategy(name, lf, patterns),

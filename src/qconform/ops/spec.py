@@ -35,16 +35,29 @@ class Case:
 
     def to_json(self) -> str:
         return json.dumps(
-            {"op": self.op, "leaf": self.leaf, "seed": self.seed, "shape": list(self.shape),
-             "pattern": self.pattern, "params": self.params},
-            sort_keys=True, separators=(",", ":"),
+            {
+                "op": self.op,
+                "leaf": self.leaf,
+                "seed": self.seed,
+                "shape": list(self.shape),
+                "pattern": self.pattern,
+                "params": self.params,
+            },
+            sort_keys=True,
+            separators=(",", ":"),
         )
 
     @classmethod
     def from_json(cls, text: str) -> "Case":
         d = json.loads(text)
-        return cls(d["op"], d["leaf"], int(d["seed"]), tuple(int(s) for s in d["shape"]),
-                   d["pattern"], dict(d.get("params", {})))
+        return cls(
+            d["op"],
+            d["leaf"],
+            int(d["seed"]),
+            tuple(int(s) for s in d["shape"]),
+            d["pattern"],
+            dict(d.get("params", {})),
+        )
 
 
 @dataclass(frozen=True)

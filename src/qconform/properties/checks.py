@@ -75,8 +75,9 @@ def matches_oracle(impl: Implementation, op: OpSpec, p: Prepared) -> Outcome:
     return Outcome("matches_oracle", op.name, p.case.leaf, p.case.id, c.ok, c.detail, c.rel_l2, ms)
 
 
-def repeatable(impl: Implementation, op: OpSpec, sets: Sequence[Prepared],
-               calls: int = DEFAULT_REPEAT_CALLS) -> Outcome:
+def repeatable(
+    impl: Implementation, op: OpSpec, sets: Sequence[Prepared], calls: int = DEFAULT_REPEAT_CALLS
+) -> Outcome:
     """Property 2: ``calls`` calls rotating among input sets; every output bit-identical to the
     first output for its set (so a first call of a new shape that differs is caught)."""
     leaf = sets[0].case.leaf
@@ -91,16 +92,28 @@ def repeatable(impl: Implementation, op: OpSpec, sets: Sequence[Prepared],
         if first[i] is None:
             first[i] = got
         elif got != first[i]:
-            return Outcome("repeatable", op.name, leaf, p.case.id, False,
-                           f"call {k + 1} (input set {i}) differs from the first call on the same inputs")
+            return Outcome(
+                "repeatable",
+                op.name,
+                leaf,
+                p.case.id,
+                False,
+                f"call {k + 1} (input set {i}) differs from the first call on the same inputs",
+            )
     return Outcome("repeatable", op.name, leaf, None, True, f"{calls} calls over {len(sets)} input sets identical")
 
 
 def writes_every_output(impl: Implementation, op: OpSpec, p: Prepared) -> Outcome:
     """Property 3: with ``out`` poisoned by two different byte patterns, both results equal the oracle's."""
     if not impl.accepts_out:
-        return Outcome("writes_every_output", op.name, p.case.leaf, p.case.id, None,
-                       "n/a: the implementation allocates its own output (takes no out=)")
+        return Outcome(
+            "writes_every_output",
+            op.name,
+            p.case.leaf,
+            p.case.id,
+            None,
+            "n/a: the implementation allocates its own output (takes no out=)",
+        )
     for poison in POISONS:
         out = np.empty(p.want.shape, p.want.dtype)
         out.view(np.uint8).fill(poison)
@@ -110,10 +123,18 @@ def writes_every_output(impl: Implementation, op: OpSpec, p: Prepared) -> Outcom
             return Outcome("writes_every_output", op.name, p.case.leaf, p.case.id, False, _raised(exc))
         c = compare(op, p.params, out, p.want)
         if not c.ok:
-            return Outcome("writes_every_output", op.name, p.case.leaf, p.case.id, False,
-                           f"out poisoned with 0x{poison:02X}: {c.detail}", c.rel_l2)
-    return Outcome("writes_every_output", op.name, p.case.leaf, p.case.id, True,
-                   "every element written (poisons 0xA5, 0x5A)")
+            return Outcome(
+                "writes_every_output",
+                op.name,
+                p.case.leaf,
+                p.case.id,
+                False,
+                f"out poisoned with 0x{poison:02X}: {c.detail}",
+                c.rel_l2,
+            )
+    return Outcome(
+        "writes_every_output", op.name, p.case.leaf, p.case.id, True, "every element written (poisons 0xA5, 0x5A)"
+    )
 
 
 def rejects_bad_arguments(impl: Implementation, op: OpSpec, leaf: str) -> Outcome:
@@ -140,15 +161,29 @@ def rejects_bad_arguments(impl: Implementation, op: OpSpec, leaf: str) -> Outcom
         except (ValueError, TypeError):
             pass
         except Exception as exc:
-            return Outcome("rejects_bad_arguments", op.name, leaf, None, False,
-                           f"'{bad.rule}': {_raised(exc)} (expected ValueError/ArgumentError)")
+            return Outcome(
+                "rejects_bad_arguments",
+                op.name,
+                leaf,
+                None,
+                False,
+                f"'{bad.rule}': {_raised(exc)} (expected ValueError/ArgumentError)",
+            )
         else:
             return Outcome("rejects_bad_arguments", op.name, leaf, None, False, f"accepted a call where {bad.rule}")
         if _snapshot(bad.inputs) != before or (out is not None and out.tobytes() != out_before):
-            return Outcome("rejects_bad_arguments", op.name, leaf, None, False,
-                           f"'{bad.rule}': raised, but a caller buffer was modified")
+            return Outcome(
+                "rejects_bad_arguments",
+                op.name,
+                leaf,
+                None,
+                False,
+                f"'{bad.rule}': raised, but a caller buffer was modified",
+            )
         checked += 1
-    return Outcome("rejects_bad_arguments", op.name, leaf, None, True, f"{checked} bad calls rejected, buffers untouched")
+    return Outcome(
+        "rejects_bad_arguments", op.name, leaf, None, True, f"{checked} bad calls rejected, buffers untouched"
+    )
 
 
 def survives_pending_error(impl: Implementation, op: OpSpec, p: Prepared) -> Outcome:

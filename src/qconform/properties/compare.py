@@ -55,7 +55,9 @@ def compare(op: OpSpec, params: dict[str, Any], got: Any, want: np.ndarray) -> C
     if not isinstance(got, np.ndarray):
         return Comparison(False, f"returned {type(got).__name__}, not a numpy array", math.nan)
     if got.dtype != want.dtype or got.shape != want.shape:
-        return Comparison(False, f"returned {got.dtype}{list(got.shape)}, expected {want.dtype}{list(want.shape)}", math.nan)
+        return Comparison(
+            False, f"returned {got.dtype}{list(got.shape)}, expected {want.dtype}{list(want.shape)}", math.nan
+        )
     try:
         err = rel_l2(op.decode(got, params), op.decode(want, params))
     except Exception:  # undecodable output: relL2 is not defined

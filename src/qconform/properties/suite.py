@@ -63,16 +63,25 @@ def _repeat_sets(prepared: Sequence[Prepared]) -> list[Prepared]:
     return list(seen.values())[:REPEAT_SETS]
 
 
-def run_leaf(impl: Implementation, op: OpSpec, leaf: str, prepared: Sequence[Prepared], *,
-             repeat_calls: int = DEFAULT_REPEAT_CALLS,
-             progress: Callable[[], None] | None = None) -> LeafResult:
+def run_leaf(
+    impl: Implementation,
+    op: OpSpec,
+    leaf: str,
+    prepared: Sequence[Prepared],
+    *,
+    repeat_calls: int = DEFAULT_REPEAT_CALLS,
+    progress: Callable[[], None] | None = None,
+) -> LeafResult:
     """Match every case, then repeatability, writes-every-output, bad arguments, pending error."""
     result = LeafResult(op.name, leaf, impl.arch, impl.name)
     t0 = time.perf_counter()
     for i, p in enumerate(prepared):
         outcome = matches_oracle(impl, op, p)
-        if i == 0 and outcome.detail.startswith("raised ") and (
-                outcome.detail.startswith("raised NotImplementedError") or impl.guessed):
+        if (
+            i == 0
+            and outcome.detail.startswith("raised ")
+            and (outcome.detail.startswith("raised NotImplementedError") or impl.guessed)
+        ):
             result.skipped = outcome.detail
             return result
         result.outcomes.append(outcome)

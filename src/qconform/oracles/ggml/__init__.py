@@ -29,9 +29,7 @@ def resolve_qtype(qtype: object) -> BlockFormat:
     """A ggml type name or anything with ``.name`` (gguf's enum) -> its BlockFormat."""
     name = getattr(qtype, "name", qtype)
     if not isinstance(name, str) or name.upper() not in _MODULES:
-        raise ArgumentError(
-            f"qtype: unsupported ggml type {qtype!r}; supported: {', '.join(sorted(_MODULES))}"
-        )
+        raise ArgumentError(f"qtype: unsupported ggml type {qtype!r}; supported: {', '.join(sorted(_MODULES))}")
     return FORMATS[name.upper()]
 
 
@@ -90,7 +88,11 @@ def check_dequantize_args(data: object, qtype: object, out: object = None) -> tu
 
 
 def quantize(
-    x: np.ndarray, qtype: object, *, out: np.ndarray | None = None, ftz: bool = False,
+    x: np.ndarray,
+    qtype: object,
+    *,
+    out: np.ndarray | None = None,
+    ftz: bool = False,
     backend: Backend = "numba",
 ) -> np.ndarray:
     """Quantize float32 rows to ggml block bytes, bit-exact with ggml's ``quantize_row_*_ref``."""
@@ -104,7 +106,11 @@ def quantize(
 
 
 def dequantize(
-    data: np.ndarray, qtype: object, *, out: np.ndarray | None = None, ftz: bool = False,
+    data: np.ndarray,
+    qtype: object,
+    *,
+    out: np.ndarray | None = None,
+    ftz: bool = False,
     backend: Backend = "numba",
 ) -> np.ndarray:
     """Dequantize ggml block bytes to float32, bit-exact with ggml's ``dequantize_row_*``."""

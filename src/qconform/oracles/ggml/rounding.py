@@ -42,7 +42,7 @@ def nearest_int(f: np.ndarray, src: np.ndarray) -> np.ndarray:
         val = (f + MAGIC).astype(np.float32)
     i = (val.view(np.int32) & 0x7FFFFF) - 0x400000
     src_nan = np.isnan(src)
-    payload = (np.asarray(src, dtype=np.float32).view(np.int32) & 0x3FFFFF)
+    payload = np.asarray(src, dtype=np.float32).view(np.int32) & 0x3FFFFF
     i = np.where(np.isnan(f), np.where(src_nan, payload, 0), i)
     return i.astype(np.int32)
 
