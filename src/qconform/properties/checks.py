@@ -7,6 +7,7 @@ pending-error property on a CPU implementation, writes-every-output for a callab
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass
@@ -62,17 +63,18 @@ def _snapshot(arrays: dict[str, Any]) -> dict[str, bytes]:
 
 def matches_oracle(impl: Implementation, op: OpSpec, p: Prepared) -> Outcome:
     """Property 1: the output equals the oracle's (exact or relL2), and the inputs are left untouched."""
+    result = functools.partial(Outcome, "matches_oracle", op.name, p.case.leaf, p.case.id)
     before = _snapshot(p.inputs)
     t0 = time.perf_counter()
     try:
         got = impl.run(op, p.case.leaf, p.inputs, p.params)
     except Exception as exc:
-        return Outcome("matches_oracle", op.name, p.case.leaf, p.case.id, False, _raised(exc), math.nan)
+        return result(False, _raised(exc), math.nan)
     ms = (time.perf_counter() - t0) * 1e3
     c = compare(op, p.params, got, p.want)
     if c.ok and _snapshot(p.inputs) != before:
-        return Outcome("matches_oracle", op.name, p.case.leaf, p.case.id, False, "modified its inputs", c.rel_l2, ms)
-    return Outcome("matches_oracle", op.name, p.case.leaf, p.case.id, c.ok, c.detail, c.rel_l2, ms)
+        return result(False, "modified its inputs", c.rel_l2, ms)
+    return result(c.ok, c.detail, c.rel_l2, ms)
 
 
 def repeatable(
@@ -81,6 +83,7 @@ def repeatable(
     """Property 2: ``calls`` calls rotating among input sets; every output bit-identical to the
     first output for its set (so a first call of a new shape that differs is caught)."""
     leaf = sets[0].case.leaf
+    result = functools.partial(Outcome, "repeatable", op.name, leaf)
     first: list[bytes | None] = [None] * len(sets)
     for k in range(calls):
         i = k % len(sets)
@@ -88,58 +91,38 @@ def repeatable(
         try:
             got = np.asarray(impl.run(op, leaf, p.inputs, p.params)).tobytes()
         except Exception as exc:
-            return Outcome("repeatable", op.name, leaf, p.case.id, False, f"call {k + 1}: {_raised(exc)}")
+            return result(p.case.id, False, f"call {k + 1}: {_raised(exc)}")
         if first[i] is None:
             first[i] = got
         elif got != first[i]:
-            return Outcome(
-                "repeatable",
-                op.name,
-                leaf,
-                p.case.id,
-                False,
-                f"call {k + 1} (input set {i}) differs from the first call on the same inputs",
+            return result(
+                p.case.id, False, f"call {k + 1} (input set {i}) differs from the first call on the same inputs"
             )
-    return Outcome("repeatable", op.name, leaf, None, True, f"{calls} calls over {len(sets)} input sets identical")
+    return result(None, True, f"{calls} calls over {len(sets)} input sets identical")
 
 
 def writes_every_output(impl: Implementation, op: OpSpec, p: Prepared) -> Outcome:
     """Property 3: with ``out`` poisoned by two different byte patterns, both results equal the oracle's."""
+    result = functools.partial(Outcome, "writes_every_output", op.name, p.case.leaf, p.case.id)
     if not impl.accepts_out:
-        return Outcome(
-            "writes_every_output",
-            op.name,
-            p.case.leaf,
-            p.case.id,
-            None,
-            "n/a: the implementation allocates its own output (takes no out=)",
-        )
+        return result(None, "n/a: the implementation allocates its own output (takes no out=)")
     for poison in POISONS:
         out = np.empty(p.want.shape, p.want.dtype)
         out.view(np.uint8).fill(poison)
         try:
             impl.run(op, p.case.leaf, p.inputs, p.params, out=out)
         except Exception as exc:
-            return Outcome("writes_every_output", op.name, p.case.leaf, p.case.id, False, _raised(exc))
+            return result(False, _raised(exc))
         c = compare(op, p.params, out, p.want)
         if not c.ok:
-            return Outcome(
-                "writes_every_output",
-                op.name,
-                p.case.leaf,
-                p.case.id,
-                False,
-                f"out poisoned with 0x{poison:02X}: {c.detail}",
-                c.rel_l2,
-            )
-    return Outcome(
-        "writes_every_output", op.name, p.case.leaf, p.case.id, True, "every element written (poisons 0xA5, 0x5A)"
-    )
+            return result(False, f"out poisoned with 0x{poison:02X}: {c.detail}", c.rel_l2)
+    return result(True, "every element written (poisons 0xA5, 0x5A)")
 
 
 def rejects_bad_arguments(impl: Implementation, op: OpSpec, leaf: str) -> Outcome:
     """Property 4: each rule-breaking call raises ValueError/TypeError (qconform.ArgumentError is a
     ValueError) and leaves every caller buffer -- inputs and ``out`` -- byte for byte as it was."""
+    result = functools.partial(Outcome, "rejects_bad_arguments", op.name, leaf, None)
     checked = 0
     for bad in op.bad_arguments(leaf):
         try:
@@ -161,29 +144,13 @@ def rejects_bad_arguments(impl: Implementation, op: OpSpec, leaf: str) -> Outcom
         except (ValueError, TypeError):
             pass
         except Exception as exc:
-            return Outcome(
-                "rejects_bad_arguments",
-                op.name,
-                leaf,
-                None,
-                False,
-                f"'{bad.rule}': {_raised(exc)} (expected ValueError/ArgumentError)",
-            )
+            return result(False, f"'{bad.rule}': {_raised(exc)} (expected ValueError/ArgumentError)")
         else:
-            return Outcome("rejects_bad_arguments", op.name, leaf, None, False, f"accepted a call where {bad.rule}")
+            return result(False, f"accepted a call where {bad.rule}")
         if _snapshot(bad.inputs) != before or (out is not None and out.tobytes() != out_before):
-            return Outcome(
-                "rejects_bad_arguments",
-                op.name,
-                leaf,
-                None,
-                False,
-                f"'{bad.rule}': raised, but a caller buffer was modified",
-            )
+            return result(False, f"'{bad.rule}': raised, but a caller buffer was modified")
         checked += 1
-    return Outcome(
-        "rejects_bad_arguments", op.name, leaf, None, True, f"{checked} bad calls rejected, buffers untouched"
-    )
+    return result(True, f"{checked} bad calls rejected, buffers untouched")
 
 
 def survives_pending_error(impl: Implementation, op: OpSpec, p: Prepared) -> Outcome:

@@ -57,17 +57,19 @@ def _check_out(out: object, shape: tuple[int, ...], dtype: np.dtype, src: np.nda
         raise ArgumentError("out: must not overlap the input")
 
 
+def _check_rows(name: str, a: object, dtype: type, multiple: int, what: str) -> np.ndarray:
+    a = _check_array(name, a, np.dtype(dtype))
+    n = a.shape[-1]
+    if n == 0 or n % multiple:
+        raise ArgumentError(f"{name}: the last dimension ({what}) must be a positive multiple of {multiple}, got {n}")
+    return a
+
+
 def check_quantize_args(x: object, qtype: object, out: object = None) -> tuple[BlockFormat, tuple[int, ...]]:
     """Validate ``quantize`` arguments; return the format and the output shape."""
     fmt = resolve_qtype(qtype)
-    x = _check_array("x", x, np.dtype(np.float32))
-    k = x.shape[-1]
-    if k == 0 or k % fmt.block_size:
-        raise ArgumentError(
-            f"x: row width (last dimension) must be a positive multiple of the {fmt.name} block "
-            f"size {fmt.block_size}, got {k}"
-        )
-    shape = (*x.shape[:-1], fmt.n_bytes(k))
+    x = _check_rows("x", x, np.float32, fmt.block_size, f"row width; a {fmt.name} block holds {fmt.block_size} values")
+    shape = (*x.shape[:-1], fmt.n_bytes(x.shape[-1]))
     _check_out(out, shape, np.dtype(np.uint8), x)
     return fmt, shape
 
@@ -75,14 +77,10 @@ def check_quantize_args(x: object, qtype: object, out: object = None) -> tuple[B
 def check_dequantize_args(data: object, qtype: object, out: object = None) -> tuple[BlockFormat, tuple[int, ...]]:
     """Validate ``dequantize`` arguments; return the format and the output shape."""
     fmt = resolve_qtype(qtype)
-    data = _check_array("data", data, np.dtype(np.uint8))
-    n = data.shape[-1]
-    if n == 0 or n % fmt.type_size:
-        raise ArgumentError(
-            f"data: bytes per row (last dimension) must be a positive multiple of the {fmt.name} "
-            f"block bytes {fmt.type_size}, got {n}"
-        )
-    shape = (*data.shape[:-1], fmt.n_values(n))
+    data = _check_rows(
+        "data", data, np.uint8, fmt.type_size, f"bytes per row; a {fmt.name} block is {fmt.type_size} bytes"
+    )
+    shape = (*data.shape[:-1], fmt.n_values(data.shape[-1]))
     _check_out(out, shape, np.dtype(np.float32), data)
     return fmt, shape
 

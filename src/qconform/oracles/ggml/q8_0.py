@@ -16,7 +16,14 @@ from numba import njit, prange
 
 from qconform.formats.fp16 import fp16_bits_to_fp32, fp32_bits_to_fp16_bits_nb, fp32_to_fp16_bits
 from qconform.formats.ggml import Q8_0
-from qconform.oracles.ggml.rounding import f32_from_bits_nb, flush, flush_nb, roundf_to_int8, roundf_to_int8_nb
+from qconform.oracles.ggml.rounding import (
+    f32_from_bits_nb,
+    flush,
+    flush_nb,
+    roundf_to_int8,
+    roundf_to_int8_nb,
+    scale_blocks_nb,
+)
 
 QK = Q8_0.block_size
 F127 = np.float32(127.0)
@@ -93,20 +100,10 @@ def _quantize_nb(x, xbits, raw, ftz):
             raw[i, 1] = np.uint8(h >> 8)
 
 
-@njit(cache=True, parallel=True)
-def _dequantize_nb(d, qs, y, ftz):
-    n = qs.shape[0]
-    for c in prange((n + CHUNK - 1) // CHUNK):
-        for i in range(c * CHUNK, min(n, (c + 1) * CHUNK)):
-            di = flush_nb(d[i], ftz)
-            for j in range(QK):
-                y[i, j] = flush_nb(np.float32(np.float32(qs[i, j]) * di), ftz)
-
-
 def quantize_blocks_numba(x: np.ndarray, out: np.ndarray, ftz: bool = False) -> None:
     """(n, 32) float32 -> ``out``, (n,) Q8_0 structs; the fast twin of the numpy spec."""
     _quantize_nb(x, x.view(np.int32), out.view(np.uint8).reshape(len(x), Q8_0.type_size), ftz)
 
 
 def dequantize_blocks_numba(blocks: np.ndarray, y: np.ndarray, ftz: bool = False) -> None:
-    _dequantize_nb(fp16_bits_to_fp32(blocks["d"]), blocks["qs"], y, ftz)
+    scale_blocks_nb(fp16_bits_to_fp32(blocks["d"]), blocks["qs"], y, ftz)

@@ -18,7 +18,15 @@ import numpy as np
 from numba import njit, prange
 
 from qconform.formats.ggml import Q8_K
-from qconform.oracles.ggml.rounding import MAGIC, flush, flush_nb, int_to_int8, nearest_int, nearest_int_nb
+from qconform.oracles.ggml.rounding import (
+    MAGIC,
+    flush,
+    flush_nb,
+    int_to_int8,
+    nearest_int,
+    nearest_int_nb,
+    scale_blocks_nb,
+)
 
 QK = Q8_K.block_size
 GROUP = 16
@@ -128,16 +136,6 @@ def _quantize_nb(x, bits, raw, d_out, ftz):
             d_out[i] = _quantize_block(x, bits, i, raw, ftz)
 
 
-@njit(cache=True, parallel=True)
-def _dequantize_nb(d, qs, y, ftz):
-    n = qs.shape[0]
-    for c in prange((n + CHUNK - 1) // CHUNK):
-        for i in range(c * CHUNK, min(n, (c + 1) * CHUNK)):
-            di = flush_nb(d[i], ftz)
-            for j in range(QK):
-                y[i, j] = flush_nb(np.float32(di * np.float32(qs[i, j])), ftz)
-
-
 def quantize_blocks_numba(x: np.ndarray, out: np.ndarray, ftz: bool = False) -> None:
     """(n, 256) float32 -> ``out``, (n,) Q8_K structs; the fast twin of the numpy spec."""
     d = np.empty(len(x), np.float32)
@@ -146,4 +144,4 @@ def quantize_blocks_numba(x: np.ndarray, out: np.ndarray, ftz: bool = False) -> 
 
 
 def dequantize_blocks_numba(blocks: np.ndarray, y: np.ndarray, ftz: bool = False) -> None:
-    _dequantize_nb(blocks["d"], blocks["qs"], y, ftz)
+    scale_blocks_nb(blocks["d"], blocks["qs"], y, ftz)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 F32_MIN_NORMAL = np.float32(1.1754943508222875e-38)
 MAGIC = np.float32(12582912.0)  # 1.5 * 2^23
@@ -102,3 +102,18 @@ def f32_from_bits_nb(b: np.int32) -> np.float32:
     if e > 0:
         return np.float32(math.ldexp(np.float64(m | 0x800000), e - 150))
     return np.float32(math.ldexp(np.float64(m), -149))
+
+
+CHUNK = 256  # blocks per parallel task: a task per block would cost more than the block
+
+
+@njit(cache=True, parallel=True)
+def scale_blocks_nb(d, qs, y, ftz):
+    """``y[i, j] = d[i] * (float)qs[i, j]`` in fp32, per block: the ggml dequantizers of the
+    8-bit formats (the C writes ``qs*d`` or ``d*qs``: fp32 multiplication is commutative)."""
+    n = qs.shape[0]
+    for c in prange((n + CHUNK - 1) // CHUNK):
+        for i in range(c * CHUNK, min(n, (c + 1) * CHUNK)):
+            di = flush_nb(d[i], ftz)
+            for j in range(qs.shape[1]):
+                y[i, j] = flush_nb(np.float32(di * np.float32(qs[i, j])), ftz)
