@@ -27,13 +27,16 @@ from qconform.oracles.ggml.rounding import (
     nearest_int_nb,
     scale_blocks_nb,
 )
+from qconform.oracles.ggml.scan import abs_max_nb, first_index_nb
 
 QK = Q8_K.block_size
 GROUP = 16
 M127 = np.float32(-127.0)
 ONE = np.float32(1.0)
-# |max| below 127/FLT_MAX (3.7e-37) overflows iscale to inf: such blocks take the general path
-TINY_MAX_BITS = np.int32(np.array([127.0 / np.finfo(np.float32).max * 2], np.float32).view(np.int32)[0])
+# |max| below 127/FLT_MAX (3.7e-37) overflows iscale to inf: such blocks (and zero, inf and NaN
+# blocks) take the general path
+TINY_MAX = np.float32(2 * 127.0 / np.finfo(np.float32).max)
+INF = np.float32(np.inf)
 
 
 def quantize_blocks_numpy(x: np.ndarray, out: np.ndarray, ftz: bool = False) -> None:
@@ -107,15 +110,10 @@ def _quantize_block_general(x, bits, i, raw, ftz):
 @njit(cache=True, inline="always")
 def _quantize_block(x, bits, i, raw, ftz):
     """One block; finite blocks with a finite iscale and no ftz take a branch-free path. Returns d."""
-    top = np.int32(0)  # the largest |x| bit pattern orders like |x| when no NaN is present
-    for j in range(QK):
-        top = max(top, bits[i, j] & np.int32(0x7FFFFFFF))
-    if ftz or top >= np.int32(0x7F800000) or top < TINY_MAX_BITS:
+    amax, nan = abs_max_nb(x, i, QK)
+    if ftz or nan or not (TINY_MAX <= amax < INF):
         return _quantize_block_general(x, bits, i, raw, ftz)
-    k = 0
-    while (bits[i, k] & np.int32(0x7FFFFFFF)) != top:  # the first index holding the max |x|
-        k += 1
-    iscale = np.float32(M127 / x[i, k])
+    iscale = np.float32(M127 / x[i, first_index_nb(x, i, amax)])
     for g in range(QK // GROUP):
         s = 0
         for t in range(GROUP):
