@@ -96,3 +96,15 @@ def test_fuzz_shrinks_and_its_replay_fails_the_same_way(
 def test_fuzz_finds_nothing_wrong_with_the_oracle(capsys) -> None:
     assert main(["fuzz", "--op", "q8_0_quant", "--examples", "30"]) == 0
     assert "no failure in 30 examples" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "name,prop", [("q8_k_accepts_bad_width", "rejects_bad_arguments"), ("q8_k_nondeterministic", "repeatable")]
+)
+def test_fuzz_reports_the_other_properties(name: str, prop: str, in_tests_dir, tmp_path, capsys) -> None:
+    impl = f"py:mutants:{name}"
+    assert main(["fuzz", "--op", "q8_k_quant", "--impl", impl, "--examples", "200", "--save", str(tmp_path)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert any(line.strip().startswith(f"{prop}: ") or line.startswith(f"FAIL {prop}: ") for line in out)
+    assert main(shlex.split(out[-1])[1:]) == 1
+    assert f"FAIL q8_k_quant Xfp32_Yq8_K {prop}" in capsys.readouterr().out

@@ -14,7 +14,7 @@ from numba import njit, prange
 
 from qconform.formats.ggml import Q8_0, Q8_K
 from qconform.oracles.ggml import dequantize, quantize
-from qconform.oracles.ggml.rounding import f32_from_bits_nb, roundf_to_int8_nb
+from qconform.oracles.ggml.rounding import roundf_to_int8_nb
 
 BACKENDS = ("numpy", "numba")
 
@@ -149,13 +149,22 @@ def test_leading_dimensions_are_kept(qtype: str) -> None:
     assert dequantize(q, qtype).shape == x.shape
 
 
+@njit(cache=True, inline="always")
+def _f32_from_bits(b: np.int32) -> np.float32:
+    """The float32 with bit pattern ``b`` (sign clear, not NaN), built without a memory view."""
+    e, m = b >> 23, b & 0x7FFFFF
+    if e > 0:
+        return np.float32(math.ldexp(np.float64(m | 0x800000), e - 150))
+    return np.float32(math.ldexp(np.float64(m), -149))
+
+
 @njit(cache=True, parallel=True)
 def _roundf_mismatches() -> int:
     """Every fp32 bit pattern, both signs: the branch-free roundf byte against floor(|v| + 0.5)
     in float64 (exact for fp32 v) with C's cvttss2si rule (NaN/inf/|v| >= 2^31 -> byte 0)."""
     bad = 0
     for b in prange(np.int64(0), np.int64(2**31)):
-        mag = f32_from_bits_nb(np.int32(b)) if b <= 0x7F800000 else np.float32(np.nan)
+        mag = _f32_from_bits(np.int32(b)) if b <= 0x7F800000 else np.float32(np.nan)
         for v in (mag, -mag):
             r = math.floor(abs(np.float64(v)) + 0.5)
             want = 0 if not (r < 2.0**31) else (np.int64(r) if v >= 0 else -np.int64(r)) & 0xFF

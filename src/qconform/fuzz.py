@@ -1,6 +1,7 @@
 """``qconform fuzz``: hypothesis searches the op's case space for an input where an implementation
-breaks a property, shrinks it, prints it with a one-line replay command, and saves it as a golden
-set holding the oracle's output."""
+breaks a property (matches the oracle, writes every output, repeat calls identical), shrinks it,
+prints it with a one-line replay command, and saves it as a golden set holding the oracle's
+output. The catalogue's bad-argument calls are tried first: they are a fixed list, not a search."""
 
 from __future__ import annotations
 
@@ -8,13 +9,16 @@ import shlex
 import sys
 from pathlib import Path
 
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import seed as hseed
 
 from qconform.impls import Implementation
 from qconform.ops import Case, OpSpec
-from qconform.properties.checks import Prepared, matches_oracle, writes_every_output
+from qconform.properties.checks import Outcome, Prepared, matches_oracle, rejects_bad_arguments, writes_every_output
 from qconform.properties.profiles import load_profile
+
+REPEATS = 3  # calls per drawn case for the repeat check
 
 
 class CaseFailed(AssertionError):
@@ -42,7 +46,7 @@ def find_failure(impl: Implementation, op: OpSpec, leaf: str, *, examples: int, 
     @given(op.strategy(leaf))
     def probe(case: Case) -> None:
         p = Prepared.from_case(op, case)
-        for check in (matches_oracle, writes_every_output):
+        for check in (matches_oracle, writes_every_output, _repeats):
             o = check(impl, op, p)
             if o.ok is False:
                 raise CaseFailed(case, o.prop, o.detail)
@@ -57,6 +61,17 @@ def find_failure(impl: Implementation, op: OpSpec, leaf: str, *, examples: int, 
     return None
 
 
+def _repeats(impl: Implementation, op: OpSpec, p: Prepared) -> Outcome:
+    """Property 2 on one drawn case: further calls give the first call's bytes."""
+    try:
+        outs = [np.asarray(impl.run(op, p.case.leaf, p.inputs, p.params)).tobytes() for _ in range(REPEATS)]
+    except Exception as exc:
+        return Outcome("repeatable", op.name, p.case.leaf, p.case.id, False, f"{type(exc).__name__}: {exc}")
+    ok = all(o == outs[0] for o in outs)
+    detail = "" if ok else f"{REPEATS} calls on the same inputs gave {len(set(outs))} different outputs"
+    return Outcome("repeatable", op.name, p.case.leaf, p.case.id, ok, detail)
+
+
 def replay_command(impl: Implementation, case: Case) -> str:
     return (
         f"qconform run --impl {shlex.quote(impl.name)} --ops {case.op} --leaf {case.leaf} "
@@ -68,6 +83,13 @@ def fuzz(impl: Implementation, op: OpSpec, leaf: str, *, examples: int, seed: in
     from qconform.golden import write_set
 
     print(f"qconform fuzz: {op.name} {leaf}, impl {impl.name}, up to {examples} examples, seed {seed}")
+    bad = rejects_bad_arguments(impl, op, leaf)
+    if bad.ok is False:
+        smallest = min(op.cases(leaf, 1), key=lambda c: c.shape[0] * c.shape[-1])
+        print(f"FAIL rejects_bad_arguments: {bad.detail}")
+        print("replay (every run checks the bad-argument calls):")
+        print(replay_command(impl, smallest))
+        return 1
     failure = find_failure(impl, op, leaf, examples=examples, seed=seed)
     if failure is None:
         print(f"no failure in {examples} examples")

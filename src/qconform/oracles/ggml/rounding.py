@@ -94,16 +94,6 @@ def roundf_to_int8_nb(v: np.float32) -> np.uint8:
     return np.uint8(q & 0xFF)
 
 
-@njit(cache=True, inline="always")
-def f32_from_bits_nb(b: np.int32) -> np.float32:
-    """The float32 whose bit pattern is ``b`` (sign bit clear, not NaN), without a memory view."""
-    e = b >> 23
-    m = b & 0x7FFFFF
-    if e > 0:
-        return np.float32(math.ldexp(np.float64(m | 0x800000), e - 150))
-    return np.float32(math.ldexp(np.float64(m), -149))
-
-
 CHUNK = 256  # blocks per parallel task: a task per block would cost more than the block
 
 
