@@ -21,6 +21,32 @@ def test_default_run_checks_the_oracle_against_the_golden_set(capsys) -> None:
     assert "Leaves: 4 (0 failed) | Cases:" in out and "(0 failed)\n" in out
 
 
+def test_default_run_with_a_gpu_but_no_device_kernels(monkeypatch, capsys) -> None:
+    import qconform.cli
+
+    monkeypatch.setattr(qconform.cli, "device_available", lambda: (True, "1 device(s)"))
+    assert main(["run", "--repeat-calls", "4"]) == 0
+    assert capsys.readouterr().out.startswith("GPU found (1 device(s)), but this version has no device kernels yet")
+
+
+def test_hypothesis_profiles(monkeypatch) -> None:
+    from hypothesis import settings
+
+    from qconform.properties.profiles import load_profile
+
+    try:
+        monkeypatch.delenv("HYPOTHESIS_PROFILE", raising=False)
+        monkeypatch.setenv("CI", "true")
+        assert load_profile() == "ci"
+        assert settings().derandomize and settings().database is None and settings().deadline is None
+        monkeypatch.delenv("CI")
+        assert load_profile() == "dev"
+        monkeypatch.setenv("HYPOTHESIS_PROFILE", "fuzz")
+        assert load_profile() == "fuzz" and settings().max_examples >= 1000
+    finally:
+        load_profile()
+
+
 @pytest.mark.parametrize("fmt", ["json", "junit", "markdown"])
 def test_report_formats(fmt: str, tmp_path, capsys) -> None:
     out_file = tmp_path / f"report.{fmt}"

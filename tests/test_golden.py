@@ -9,6 +9,7 @@ import shutil
 import numpy as np
 import pytest
 from conftest import REPO
+from safetensors import safe_open
 
 from qconform.cli import main
 from qconform.golden import default_set_dir, read_manifest, verify_set
@@ -38,8 +39,11 @@ def test_files_carry_cases_and_params_in_metadata() -> None:
         assert (leaf.op.name, leaf.leaf) == (entry["op"], entry["leaf"])
         assert [p.case.id for p in leaf.prepared] == entry["cases"]
         assert [p.case.seed for p in leaf.prepared] == entry["seeds"]
+        meta = safe_open(COMMITTED / entry["path"], framework="np").metadata()
+        logical = json.loads(meta["logical_dtypes"])
         for p in leaf.prepared:
             assert p.params["qtype"] in ("Q8_0", "Q8_K")
+            assert f"ggml {p.params['qtype']} blocks (raw bytes)" in logical.values()
 
 
 def _positions(data: bytes, rng: np.random.Generator) -> list[int]:

@@ -105,6 +105,9 @@ def test_fuzz_reports_the_other_properties(name: str, prop: str, in_tests_dir, t
     impl = f"py:mutants:{name}"
     assert main(["fuzz", "--op", "q8_k_quant", "--impl", impl, "--examples", "200", "--save", str(tmp_path)]) == 1
     out = capsys.readouterr().out.splitlines()
-    assert any(line.strip().startswith(f"{prop}: ") or line.startswith(f"FAIL {prop}: ") for line in out)
+    if name == "q8_k_accepts_bad_width":
+        assert any(line.startswith(f"FAIL {prop}: ") for line in out)
+    else:  # a corrupted call is seen by whichever check makes it: the replay's 129 calls see it repeat
+        assert any(line.startswith("FAIL (shrunk): case ") for line in out)
     assert main(shlex.split(out[-1])[1:]) == 1
     assert f"FAIL q8_k_quant Xfp32_Yq8_K {prop}" in capsys.readouterr().out

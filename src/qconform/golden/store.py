@@ -99,11 +99,13 @@ def leaf_path(op: str, leaf: str) -> str:
 
 def encode_leaf(op: OpSpec, leaf: str, prepared: Iterable[Prepared]) -> bytes:
     tensors: dict[str, np.ndarray] = {}
+    logical: dict[str, str] = {}
     cases: list[dict[str, Any]] = []
     for p in prepared:
-        for name in op.input_names:
-            tensors[f"{p.case.id}/{name}"] = np.ascontiguousarray(p.inputs[name])
-        tensors[f"{p.case.id}/{op.output_name}"] = np.ascontiguousarray(p.want)
+        for name in (*op.input_names, op.output_name):
+            key = f"{p.case.id}/{name}"
+            tensors[key] = np.ascontiguousarray(p.inputs[name] if name in p.inputs else p.want)
+            logical[key] = op.logical_dtypes.get(name, str(tensors[key].dtype)).format(**p.params)
         cases.append(json.loads(p.case.to_json()) | {"id": p.case.id})
     meta = {
         "format": FILE_FORMAT,
@@ -113,6 +115,7 @@ def encode_leaf(op: OpSpec, leaf: str, prepared: Iterable[Prepared]) -> bytes:
         "inputs": json.dumps(list(op.input_names)),
         "output": op.output_name,
         "cases": json.dumps(cases, sort_keys=True),
+        "logical_dtypes": json.dumps(logical, sort_keys=True),
     }
     return encode_safetensors(tensors, meta)
 

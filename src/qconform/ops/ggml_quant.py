@@ -182,6 +182,7 @@ def _quant_op(qtype: str) -> OpSpec:
         check=EXACT,
         input_names=("x",),
         locate=_locate_byte,
+        logical_dtypes={"x": "float32", "y": "ggml {qtype} blocks (raw bytes)"},
         doc=f"ggml quantize_row_{qtype.lower()[:1]}{qtype[1:]}_ref: float32 rows -> {qtype} blocks",
     )
 
@@ -210,6 +211,7 @@ def _dequant_op(qtype: str) -> OpSpec:
         check=EXACT,
         input_names=("data",),
         locate=_locate_value,
+        logical_dtypes={"data": "ggml {qtype} blocks (raw bytes)", "y": "float32"},
         doc=f"ggml dequantize_row_{qtype.lower()[:1]}{qtype[1:]}: {qtype} blocks -> float32 rows",
     )
 

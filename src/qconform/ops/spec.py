@@ -108,6 +108,8 @@ class OpSpec:
     output_name: str = "y"
     doc: str = ""
     locate: Callable[[dict[str, Any], tuple[int, ...]], str] | None = None
+    # what each tensor holds, for golden metadata; formatted with the case params ("{qtype}")
+    logical_dtypes: dict[str, str] = field(default_factory=dict)
 
     def leaf(self, name: str) -> Leaf:
         for leaf in self.leaves:
