@@ -86,6 +86,8 @@ def test_verify_reports_a_flipped_byte_end_to_end(tmp_path, capsys) -> None:
     assert main(["golden", "verify", str(copy)]) == 1
     out = capsys.readouterr().out
     assert f"CORRUPT {entry['path']}: changed: tensor '{name}'" in out
+    assert main(["run", "--golden", str(copy)]) == 1
+    assert f"GOLDEN CORRUPT {entry['path']}: changed: tensor '{name}'" in capsys.readouterr().err
 
 
 def test_drift_has_a_byte_level_summary(in_tests_dir) -> None:

@@ -80,8 +80,9 @@ def _run_prepared(
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from qconform.golden import default_set_dir, verify_set
-    from qconform.golden.store import decode_leaf, read_manifest
+    from qconform.golden import default_set_dir
+    from qconform.golden.store import decode_leaf
+    from qconform.golden.verify import integrity
 
     ops = _op_names(args.ops)
     found, why = device_available()
@@ -110,21 +111,27 @@ def cmd_run(args: argparse.Namespace) -> int:
         if not ops or len(ops) != 1:
             raise UsageError("--case needs exactly one op in --ops")
         op = get_op(ops[0])
-        case = Case.from_json(args.case)
+        try:
+            case = Case.from_json(args.case)
+            op.leaf(case.leaf)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise UsageError(f"--case: not a case of {op.name} ({type(exc).__name__}: {exc})") from exc
         if case.op != op.name:
             raise UsageError(f"--case is for op {case.op}, not {op.name}")
         groups = [(op, case.leaf, [Prepared.from_case(op, case)])]
         context["cases"] = f"replay {case.id}"
     elif golden_dir is not None:
-        integrity = verify_set(golden_dir, impl=_NoReplay())
-        for f in integrity.findings:
+        if not (golden_dir / "MANIFEST.json").is_file():
+            raise UsageError(f"--golden: {golden_dir} has no MANIFEST.json")
+        findings, intact = integrity(golden_dir)
+        for f in findings:
             print(f"GOLDEN {f.kind.upper()} {f.path}: {f.detail}", file=sys.stderr)
-        if not integrity.ok:
+        if findings:
             print(f"golden set {golden_dir} failed its integrity check", file=sys.stderr)
             return EXIT_FAIL
         groups = []
-        for entry in read_manifest(golden_dir)["files"]:
-            leaf = decode_leaf((golden_dir / entry["path"]).read_bytes())
+        for data in intact.values():
+            leaf = decode_leaf(data)
             if (
                 (ops and leaf.op.name not in ops)
                 or (args.leaf and leaf.leaf != args.leaf)
@@ -147,15 +154,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"{impl.name} implements none of the selected ops; pass --ops", file=sys.stderr)
         return EXIT_USAGE
     return EXIT_FAIL if any(r.verdict == "FAIL" for r in results) else EXIT_OK
-
-
-class _NoReplay:
-    """An implementation that applies to nothing: ``verify_set`` then checks hashes only."""
-
-    name = "hashes-only"
-
-    def applies_to(self, op: OpSpec) -> bool:
-        return False
 
 
 def cmd_fuzz(args: argparse.Namespace) -> int:

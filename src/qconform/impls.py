@@ -115,23 +115,27 @@ def load_python_callable(spec: str) -> Callable[..., Any]:
         raise ArgumentError(
             f"impl: py: implementations are 'py:module:callable' or 'py:file.py:callable', got 'py:{spec}'"
         )
-    if target.endswith(".py") or "/" in target:
-        path = Path(target)
-        if not path.is_file():
-            raise ArgumentError(f"impl: no such file {target!r}")
-        mod_name = f"qconform_user_{abs(hash(str(path.resolve())))}"
-        mod_spec = importlib.util.spec_from_file_location(mod_name, path)
-        assert mod_spec is not None and mod_spec.loader is not None
-        module = importlib.util.module_from_spec(mod_spec)
-        sys.modules[mod_name] = module
-        mod_spec.loader.exec_module(module)
-    else:
-        if "" not in sys.path and str(Path.cwd()) not in sys.path:
-            sys.path.insert(0, str(Path.cwd()))
-        try:
+    try:
+        if target.endswith(".py") or "/" in target:
+            path = Path(target).resolve()
+            if not path.is_file():
+                raise ArgumentError(f"impl: no such file {target!r}")
+            if str(path.parent) not in sys.path:  # so the file can import its neighbours
+                sys.path.insert(0, str(path.parent))
+            mod_name = f"qconform_user_{path.stem}"
+            mod_spec = importlib.util.spec_from_file_location(mod_name, path)
+            assert mod_spec is not None and mod_spec.loader is not None
+            module = importlib.util.module_from_spec(mod_spec)
+            sys.modules[mod_name] = module
+            mod_spec.loader.exec_module(module)
+        else:
+            if "" not in sys.path and str(Path.cwd()) not in sys.path:
+                sys.path.insert(0, str(Path.cwd()))
             module = importlib.import_module(target)
-        except ImportError as exc:
-            raise ArgumentError(f"impl: cannot import module {target!r}: {exc}") from exc
+    except ArgumentError:
+        raise
+    except Exception as exc:  # ImportError, or whatever the user's module raises while loading
+        raise ArgumentError(f"impl: cannot load {target!r}: {type(exc).__name__}: {exc}") from exc
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise ArgumentError(f"impl: {target!r} has no callable {attr!r}")
