@@ -124,3 +124,32 @@ def q8_0_dequant_fp16_math(data: np.ndarray, qtype: str, out: np.ndarray | None 
 
 
 q8_0_dequant_fp16_math.__qconform_ops__ = ("q8_0_dequant",)
+
+
+def _declare(fn, op: str):
+    fn.__qconform_ops__ = (op,)
+    return fn
+
+
+def q8_k_modifies_input(x: np.ndarray, qtype: str, out: np.ndarray | None = None) -> np.ndarray:
+    """Right bytes, but scales its input in place and back: one value does not round-trip."""
+    y = quantize(x, qtype, out=out)
+    x.reshape(-1)[0] = np.float32(x.reshape(-1)[0] * np.float32(3.0)) / np.float32(3.0) + np.float32(1e-3)
+    return y
+
+
+def q8_k_writes_before_checking(x: np.ndarray, qtype: str, out: np.ndarray | None = None) -> np.ndarray:
+    """Zeroes ``out`` first and validates after: a rejected call leaves a clobbered buffer."""
+    if out is not None:
+        out.reshape(-1)[:4] = 0
+    return quantize(x, qtype, out=out)
+
+
+def q8_k_asserts_width(x: np.ndarray, qtype: str, out: np.ndarray | None = None) -> np.ndarray:
+    """Crashes on a bad width with an assert (what a C port's assert becomes), not a clear error."""
+    assert x.ndim >= 1 and x.shape[-1] % 256 == 0
+    return quantize(x, qtype, out=out)
+
+
+for _fn in (q8_k_modifies_input, q8_k_writes_before_checking, q8_k_asserts_width):
+    _declare(_fn, "q8_k_quant")

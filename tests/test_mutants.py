@@ -24,6 +24,9 @@ CAUGHT_BY = {
     "q8_k_nondeterministic": {"repeatable"},
     "q8_k_last_block_unwritten": {"writes_every_output"},
     "q8_k_accepts_bad_width": {"rejects_bad_arguments"},
+    "q8_k_writes_before_checking": {"rejects_bad_arguments"},
+    "q8_k_asserts_width": {"rejects_bad_arguments"},
+    "q8_k_modifies_input": {"matches_oracle"},
 }
 EXACTLY = {
     "q8_k_ties_away",
@@ -111,3 +114,18 @@ def test_fuzz_reports_the_other_properties(name: str, prop: str, in_tests_dir, t
         assert any(line.startswith("FAIL (shrunk): case ") for line in out)
     assert main(shlex.split(out[-1])[1:]) == 1
     assert f"FAIL q8_k_quant Xfp32_Yq8_K {prop}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "name,words",
+    [
+        ("q8_k_writes_before_checking", "a caller buffer was modified"),
+        ("q8_k_asserts_width", "raised AssertionError"),
+        ("q8_k_modifies_input", "modified its inputs"),
+    ],
+)
+def test_mutant_failure_says_why(name: str, words: str, in_tests_dir) -> None:
+    impl = load_impl(f"py:mutants:{name}")
+    op = get_op("q8_k_quant")
+    result = run_leaf(impl, op, "Xfp32_Yq8_K", [Prepared.from_case(op, c) for c in op.cases("Xfp32_Yq8_K", 1)])
+    assert any(words in o.detail for o in result.failed), [o.detail for o in result.failed]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 
 from qconform.impls import load_impl
@@ -71,3 +72,26 @@ def test_oracle_rejects_bad_arguments_naming_the_argument(op) -> None:
             op.oracle(*args, **kwargs, out=bad.bad_out)
         named = {"out"} if bad.bad_out is not None else set(op.input_names) | {"qtype"}
         assert any(str(err.value).startswith(f"{n}:") for n in named), str(err.value)
+
+
+def test_compare_exact_float_rules() -> None:
+    """Exact float comparison: bits must match (so -0.0 != +0.0), NaN payloads may differ, NaN
+    positions may not."""
+    from qconform.properties import compare
+
+    op = CATALOGUE["q8_0_dequant"]
+    params = {"qtype": "Q8_0"}
+    want = np.array([[1.0, -0.0, np.nan] + [0.0] * 29], np.float32)
+    other_nan = want.copy()
+    other_nan.view(np.uint32)[0, 2] = 0x7FC00123
+    assert compare(op, params, other_nan, want).ok
+    plus_zero = want.copy()
+    plus_zero[0, 1] = 0.0
+    assert not compare(op, params, plus_zero, want).ok
+    moved_nan = want.copy()
+    moved_nan[0, 2], moved_nan[0, 3] = 0.0, np.nan
+    c = compare(op, params, moved_nan, want)
+    assert not c.ok and np.isnan(c.rel_l2)
+    assert "block 0, value 2" in c.detail
+    assert not compare(op, params, want.astype(np.float64), want).ok
+    assert not compare(op, params, want[:, :16], want).ok

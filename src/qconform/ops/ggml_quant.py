@@ -17,7 +17,6 @@ from qconform.ops.spec import BadArgument, Case, Check, Leaf, OpSpec
 from qconform.oracles.ggml import check_dequantize_args, check_quantize_args, dequantize, quantize
 
 LLM_WIDTHS = (2048, 2560, 4096, 5120, 8192, 14336)
-EDGE_PATTERNS = tuple(p for p in PATTERNS if p not in ("normal", "mixed"))
 DEQUANT_EXTRA_PATTERNS = ("random_bytes",)
 EXACT = Check("exact", 0.0, "ggml's scalar reference is deterministic and blockwise: bytes must match")
 
