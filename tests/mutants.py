@@ -153,3 +153,17 @@ def q8_k_asserts_width(x: np.ndarray, qtype: str, out: np.ndarray | None = None)
 
 for _fn in (q8_k_modifies_input, q8_k_writes_before_checking, q8_k_asserts_width):
     _declare(_fn, "q8_k_quant")
+
+
+def q8_k_allocates_and_skips_last_block(x: np.ndarray, qtype: str) -> np.ndarray:
+    """No ``out=``: fills a fresh np.empty buffer except its last block."""
+    _, shape = check_quantize_args(x, qtype)
+    y = np.empty(shape, np.uint8)
+    rows = y.reshape(-1, shape[-1])
+    full = quantize(x, qtype).reshape(rows.shape)
+    flat_full, flat_y = full.reshape(-1), rows.reshape(-1)
+    flat_y[: -Q8_K.type_size] = flat_full[: -Q8_K.type_size]
+    return y
+
+
+_declare(q8_k_allocates_and_skips_last_block, "q8_k_quant")

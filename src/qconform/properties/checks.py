@@ -101,11 +101,31 @@ def repeatable(
     return result(None, True, f"{calls} calls over {len(sets)} input sets identical")
 
 
+def _call_after_poisoning_the_allocator(impl: Implementation, op: OpSpec, p: Prepared, poison: int) -> Any:
+    """Free a poisoned block of the output's size, then call: allocators hand the most recently
+    freed block of a size back first (numpy's small-block cache, glibc's bins, and its mmap
+    threshold rises to a freed block's size), so an element the call never writes is likely to
+    read as the poison. Best effort, for implementations that allocate their own output."""
+    bait = np.empty(p.want.shape, p.want.dtype)
+    bait.view(np.uint8).fill(poison)
+    del bait
+    return impl.run(op, p.case.leaf, p.inputs, p.params)
+
+
 def writes_every_output(impl: Implementation, op: OpSpec, p: Prepared) -> Outcome:
-    """Property 3: with ``out`` poisoned by two different byte patterns, both results equal the oracle's."""
+    """Property 3: with ``out`` poisoned by two different byte patterns, both results equal the
+    oracle's. An implementation without ``out=`` is called with the allocator poisoned instead."""
     result = functools.partial(Outcome, "writes_every_output", op.name, p.case.leaf, p.case.id)
     if not impl.accepts_out:
-        return result(None, "n/a: the implementation allocates its own output (takes no out=)")
+        for poison in POISONS:
+            try:
+                got = _call_after_poisoning_the_allocator(impl, op, p, poison)
+            except Exception as exc:
+                return result(False, _raised(exc))
+            c = compare(op, p.params, got, p.want)
+            if not c.ok:
+                return result(False, f"allocator poisoned with 0x{poison:02X}: {c.detail}", c.rel_l2)
+        return result(True, "every element written (no out=: allocator poisoned with 0xA5, 0x5A)")
     for poison in POISONS:
         out = np.empty(p.want.shape, p.want.dtype)
         out.view(np.uint8).fill(poison)
