@@ -114,6 +114,8 @@ def test_junit_records_failures(in_tests_dir, tmp_path) -> None:
         ["run", "--impl", "oracle", "--case", "{}"],
         ["fuzz"],
         ["golden", "verify", "/nonexistent/dir"],
+        ["run", "--impl", "oracle", "--repeat-calls", "0"],
+        ["fuzz", "--op", "q8_0_quant", "--examples", "-3"],
         ["bogus"],
     ],
 )

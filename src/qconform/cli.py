@@ -176,8 +176,9 @@ def cmd_golden(args: argparse.Namespace) -> int:
             for op, leaf in _selected(OracleImpl(), ops, None)
         ]
         out = Path(args.out)
+        command = f"qconform golden generate --out {args.out} --coverage {args.coverage}"
         manifest = write_set(
-            out, leaves, coverage=args.coverage, command="qconform golden generate " + " ".join(sys.argv[3:])
+            out, leaves, coverage=args.coverage, command=command + "".join(f" --ops {o}" for o in ops or [])
         )
         total = sum(f["bytes"] for f in manifest["files"])
         ncases = sum(len(f["cases"]) for f in manifest["files"])
@@ -238,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--coverage", type=int, choices=(1, 2, 3), default=2)
     r.add_argument("--golden", help="run the cases of this golden set instead of generated ones")
     r.add_argument("--case", help="replay one case, given as the JSON that fuzz prints")
-    r.add_argument("--repeat-calls", type=int, default=DEFAULT_REPEAT_CALLS)
+    r.add_argument("--repeat-calls", type=_positive, default=DEFAULT_REPEAT_CALLS)
     r.add_argument("--format", choices=tuple(RENDERERS), default="text")
     r.add_argument("--out", help="write the report to this file")
     r.set_defaults(fn=cmd_run)
@@ -247,7 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--op", required=True)
     f.add_argument("--leaf")
     f.add_argument("--impl", default="oracle")
-    f.add_argument("--examples", type=int, default=500)
+    f.add_argument("--examples", type=_positive, default=500)
     f.add_argument("--seed", type=int, default=0)
     f.add_argument("--save", default="fuzz-failures", help="directory for the failing case's golden set")
     f.set_defaults(fn=cmd_fuzz)
@@ -264,13 +265,20 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(fn=cmd_golden)
 
     b = sub.add_parser("bench", help="oracle throughput against gguf-py")
-    b.add_argument("--mb", type=int, default=64)
-    b.add_argument("--repeats", type=int, default=3)
+    b.add_argument("--mb", type=_positive, default=64)
+    b.add_argument("--repeats", type=_positive, default=3)
     b.set_defaults(fn=cmd_bench)
 
     ls = sub.add_parser("list", help="ops, leaves and implementations")
     ls.set_defaults(fn=cmd_list)
     return p
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:
