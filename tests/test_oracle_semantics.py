@@ -15,6 +15,7 @@ from numba import njit, prange
 from qconform.formats.ggml import Q8_0, Q8_K
 from qconform.oracles.ggml import dequantize, quantize
 from qconform.oracles.ggml.rounding import roundf_to_int8_nb
+from qconform.oracles.ggml.scan import f32_from_abs_bits_nb
 
 BACKENDS = ("numpy", "numba")
 
@@ -149,22 +150,13 @@ def test_leading_dimensions_are_kept(qtype: str) -> None:
     assert dequantize(q, qtype).shape == x.shape
 
 
-@njit(cache=True, inline="always")
-def _f32_from_bits(b: np.int32) -> np.float32:
-    """The float32 with bit pattern ``b`` (sign clear, not NaN), built without a memory view."""
-    e, m = b >> 23, b & 0x7FFFFF
-    if e > 0:
-        return np.float32(math.ldexp(np.float64(m | 0x800000), e - 150))
-    return np.float32(math.ldexp(np.float64(m), -149))
-
-
 @njit(cache=True, parallel=True)
 def _roundf_mismatches() -> int:
     """Every fp32 bit pattern, both signs: the branch-free roundf byte against floor(|v| + 0.5)
     in float64 (exact for fp32 v) with C's cvttss2si rule (NaN/inf/|v| >= 2^31 -> byte 0)."""
     bad = 0
     for b in prange(np.int64(0), np.int64(2**31)):
-        mag = _f32_from_bits(np.int32(b)) if b <= 0x7F800000 else np.float32(np.nan)
+        mag = f32_from_abs_bits_nb(np.int32(b)) if b <= 0x7F800000 else np.float32(np.nan)
         for v in (mag, -mag):
             r = math.floor(abs(np.float64(v)) + 0.5)
             want = 0 if not (r < 2.0**31) else (np.int64(r) if v >= 0 else -np.int64(r)) & 0xFF
@@ -174,3 +166,20 @@ def _roundf_mismatches() -> int:
 
 def test_branch_free_roundf_is_exhaustively_roundf() -> None:
     assert _roundf_mismatches() == 0
+
+
+@njit(cache=True)
+def _from_bits_all(bits: np.ndarray) -> np.ndarray:
+    out = np.empty(bits.size, np.float32)
+    for k in range(bits.size):
+        out[k] = f32_from_abs_bits_nb(bits[k])
+    return out
+
+
+def test_float_from_bits_is_the_bit_view() -> None:
+    """The exhaustive roundf test walks every float through this helper: it must be the view."""
+    rng = np.random.default_rng(3)
+    bits = np.concatenate(
+        [np.arange(0, 4096), np.arange(0x7F800000 - 4096, 0x7F800001), rng.integers(0, 0x7F800001, size=1_000_000)]
+    ).astype(np.int32)
+    assert np.array_equal(_from_bits_all(bits).view(np.int32), bits)

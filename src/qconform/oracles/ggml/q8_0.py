@@ -23,7 +23,7 @@ from qconform.oracles.ggml.rounding import (
     roundf_to_int8_nb,
     scale_blocks_nb,
 )
-from qconform.oracles.ggml.scan import abs_max_nb
+from qconform.oracles.ggml.scan import INF_BITS, abs_bits_max_nb, f32_from_abs_bits_nb
 
 QK = Q8_0.block_size
 F127 = np.float32(127.0)
@@ -71,27 +71,27 @@ def _quantize_block_general(x, i, raw, ftz):
 
 
 @njit(cache=True, inline="always")
-def _quantize_block(x, i, raw, ftz):
+def _quantize_block(x, xbits, i, raw, ftz):
     """One block; NaN-free blocks without ftz take a branch-free path that vectorizes. Returns d."""
-    amax, nan = abs_max_nb(x, i, QK)  # without NaN, MAX(amax, |x|) is the plain max
-    if ftz or nan:
+    top = abs_bits_max_nb(xbits, i)  # without NaN, MAX(amax, |x|) is the plain max
+    if ftz or top > INF_BITS:
         return _quantize_block_general(x, i, raw, ftz)
-    d = np.float32(amax / F127)
+    d = np.float32(f32_from_abs_bits_nb(top) / F127)
     idd = np.float32(ONE / d) if d != 0 else np.float32(0.0)
-    for j in range(QK):
+    for j in range(x.shape[1]):
         raw[i, QS + j] = roundf_to_int8_nb(np.float32(x[i, j] * idd))
     return d
 
 
 @njit(cache=True, parallel=True)
-def _quantize_nb(x, raw, ftz):
+def _quantize_nb(x, xbits, raw, ftz):
     n = x.shape[0]
     for c in prange((n + CHUNK - 1) // CHUNK):
         lo, hi = c * CHUNK, min(n, (c + 1) * CHUNK)
         d = np.empty(hi - lo, np.float32)
         dbits = d.view(np.uint32)
         for i in range(lo, hi):
-            d[i - lo] = _quantize_block(x, i, raw, ftz)
+            d[i - lo] = _quantize_block(x, xbits, i, raw, ftz)
         for i in range(lo, hi):
             h = fp32_bits_to_fp16_bits_nb(dbits[i - lo])
             raw[i, 0] = np.uint8(h & 0xFF)
@@ -100,7 +100,7 @@ def _quantize_nb(x, raw, ftz):
 
 def quantize_blocks_numba(x: np.ndarray, out: np.ndarray, ftz: bool = False) -> None:
     """(n, 32) float32 -> ``out``, (n,) Q8_0 structs; the fast twin of the numpy spec."""
-    _quantize_nb(x, out.view(np.uint8).reshape(len(x), Q8_0.type_size), ftz)
+    _quantize_nb(x, x.view(np.int32), out.view(np.uint8).reshape(len(x), Q8_0.type_size), ftz)
 
 
 def dequantize_blocks_numba(blocks: np.ndarray, y: np.ndarray, ftz: bool = False) -> None:

@@ -27,7 +27,7 @@ from qconform.oracles.ggml.rounding import (
     nearest_int_nb,
     scale_blocks_nb,
 )
-from qconform.oracles.ggml.scan import abs_max_nb, first_index_nb
+from qconform.oracles.ggml.scan import INF_BITS, abs_bits_max_nb, first_index_of_nb
 
 QK = Q8_K.block_size
 GROUP = 16
@@ -35,8 +35,7 @@ M127 = np.float32(-127.0)
 ONE = np.float32(1.0)
 # |max| below 127/FLT_MAX (3.7e-37) overflows iscale to inf: such blocks (and zero, inf and NaN
 # blocks) take the general path
-TINY_MAX = np.float32(2 * 127.0 / np.finfo(np.float32).max)
-INF = np.float32(np.inf)
+TINY_MAX_BITS = np.int32(np.array([2 * 127.0 / np.finfo(np.float32).max], np.float32).view(np.int32)[0])
 
 
 def quantize_blocks_numpy(x: np.ndarray, out: np.ndarray, ftz: bool = False) -> None:
@@ -110,10 +109,10 @@ def _quantize_block_general(x, bits, i, raw, ftz):
 @njit(cache=True, inline="always")
 def _quantize_block(x, bits, i, raw, ftz):
     """One block; finite blocks with a finite iscale and no ftz take a branch-free path. Returns d."""
-    amax, nan = abs_max_nb(x, i, QK)
-    if ftz or nan or not (TINY_MAX <= amax < INF):
+    top = abs_bits_max_nb(bits, i)
+    if ftz or not (TINY_MAX_BITS <= top < INF_BITS):
         return _quantize_block_general(x, bits, i, raw, ftz)
-    iscale = np.float32(M127 / x[i, first_index_nb(x, i, amax)])
+    iscale = np.float32(M127 / x[i, first_index_of_nb(bits, i, top)])
     for g in range(QK // GROUP):
         s = 0
         for t in range(GROUP):
