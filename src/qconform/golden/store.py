@@ -120,11 +120,15 @@ def encode_leaf(op: OpSpec, leaf: str, prepared: Iterable[Prepared]) -> bytes:
     return encode_safetensors(tensors, meta)
 
 
+def read_header(data: bytes) -> tuple[int, dict[str, Any]]:
+    """(where the data section starts, the parsed JSON header) of a safetensors file."""
+    (n,) = struct.unpack("<Q", data[:8])
+    return 8 + n, json.loads(data[8 : 8 + n])
+
+
 def layout(data: bytes) -> tuple[int, dict[str, tuple[int, int]]]:
     """(header end, {tensor: (start, end)}) in absolute file offsets, from a safetensors header."""
-    (n,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8 : 8 + n])
-    base = 8 + n
+    base, header = read_header(data)
     spans = {
         k: (base + v["data_offsets"][0], base + v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"
     }
@@ -185,8 +189,7 @@ class GoldenLeaf:
 
 def decode_leaf(data: bytes) -> GoldenLeaf:
     """Read one golden file back into cases with their stored inputs and expected outputs."""
-    n = struct.unpack("<Q", data[:8])[0]
-    meta = json.loads(data[8 : 8 + n]).get("__metadata__", {})
+    meta = read_header(data)[1].get("__metadata__", {})
     if meta.get("format") != FILE_FORMAT:
         raise ValueError(f"not a {FILE_FORMAT} file (format={meta.get('format')!r})")
     op = get_op(meta["op"])
@@ -194,7 +197,7 @@ def decode_leaf(data: bytes) -> GoldenLeaf:
     inputs = json.loads(meta["inputs"])
     prepared = []
     for c in json.loads(meta["cases"]):
-        case = Case(c["op"], c["leaf"], int(c["seed"]), tuple(c["shape"]), c["pattern"], dict(c.get("params", {})))
+        case = Case.from_dict(c)
         ins = {name: tensors[f"{c['id']}/{name}"] for name in inputs}
         prepared.append(Prepared(case, ins, op.params(case), tensors[f"{c['id']}/{meta['output']}"]))
     return GoldenLeaf(op, meta["leaf"], prepared)

@@ -14,7 +14,7 @@ import numpy as np
 from qconform.golden.store import MANIFEST, decode_leaf, oracle_source_hash, read_manifest, sha256
 from qconform.impls import Implementation, OracleImpl
 from qconform.properties.checks import Prepared
-from qconform.properties.compare import compare
+from qconform.properties.compare import compare, same_elements
 
 
 @dataclass(frozen=True)
@@ -57,12 +57,7 @@ def diff_summary(op, params: dict[str, Any], got: np.ndarray, want: np.ndarray) 
     """Counts of differing elements by block field (``d``, ``qs``, ``bsums``...) where the op names them."""
     if got.shape != want.shape or got.dtype != want.dtype:
         return ""
-    if want.dtype.kind == "f":
-        bits = f"u{want.dtype.itemsize}"
-        diff = (got.view(bits) != want.view(bits)) & ~(np.isnan(got) & np.isnan(want))
-    else:
-        diff = got != want
-    idx = np.argwhere(diff)
+    idx = np.argwhere(~same_elements(got, want))
     if not len(idx) or op.locate is None:
         return ""
     fields = Counter(

@@ -48,8 +48,7 @@ class Case:
         )
 
     @classmethod
-    def from_json(cls, text: str) -> "Case":
-        d = json.loads(text)
+    def from_dict(cls, d: dict[str, Any]) -> "Case":
         return cls(
             d["op"],
             d["leaf"],
@@ -58,6 +57,10 @@ class Case:
             d["pattern"],
             dict(d.get("params", {})),
         )
+
+    @classmethod
+    def from_json(cls, text: str) -> "Case":
+        return cls.from_dict(json.loads(text))
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ class Comparison:
     rel_l2: float  # of the decoded values against the oracle's; 0.0 when equal, nan when not computable
 
 
-def _equal_mask(got: np.ndarray, want: np.ndarray) -> np.ndarray:
+def same_elements(got: np.ndarray, want: np.ndarray) -> np.ndarray:
     """Elementwise 'same result': identical bits, or NaN in both places (payloads may differ)."""
     if want.dtype.kind == "f":
         bits = f"u{want.dtype.itemsize}"
@@ -62,7 +62,7 @@ def compare(op: OpSpec, params: dict[str, Any], got: Any, want: np.ndarray) -> C
         err = rel_l2(op.decode(got, params), op.decode(want, params))
     except Exception:  # undecodable output: relL2 is not defined
         err = math.nan
-    same = _equal_mask(got, want)
+    same = same_elements(got, want)
     if op.check.kind == "exact":
         if same.all():
             return Comparison(True, "exact", 0.0)
