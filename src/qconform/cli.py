@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import qconform
+from qconform.device.registry import KERNELS
 from qconform.errors import ArgumentError
-from qconform.impls import BUILTIN_IMPLS, Implementation, OracleImpl, device_available, load_impl
+from qconform.impls import BUILTIN_IMPLS, DEVICE_IMPLS, Implementation, OracleImpl, device_available, load_impl
 from qconform.ops import CATALOGUE, Case, OpSpec, get_op
 from qconform.properties.checks import DEFAULT_REPEAT_CALLS, Prepared
 from qconform.properties.suite import LeafResult, run_leaf
@@ -88,23 +89,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     found, why = device_available()
     context: dict[str, Any] = {"qconform": qconform.__version__}
     golden_dir = Path(args.golden) if args.golden else None
-    if args.impl is None:
-        if found:
-            print(
-                f"GPU found ({why}), but this version has no device kernels yet: checking the oracle "
-                "against the committed golden set.",
-                flush=True,
-            )
-        else:
-            print(f"No GPU device found ({why}): checking the oracle against the committed golden set.", flush=True)
-        impl: Implementation = OracleImpl()
+    if args.impl is None and found:
+        impl: Implementation = load_impl("cupy")
+        print(f"GPU found ({why}): checking qconform's device kernels (--impl cupy) on {impl.arch}.", flush=True)
+        context["device"] = _device_line()
+    elif args.impl is None:
+        print(f"No GPU device found ({why}): checking the oracle against the committed golden set.", flush=True)
+        impl = OracleImpl()
         golden_dir = golden_dir or default_set_dir()
         if golden_dir is None:
             raise UsageError("no golden set found; pass --golden DIR or --impl")
-        context["device"] = f"found ({why}), not used" if found else f"none ({why})"
+        context["device"] = f"none ({why})"
     else:
         impl = load_impl(args.impl, ops)
-        context["device"] = "found" if found else f"none ({why})"
+        context["device"] = _device_line() if impl.on_device else ("found, not used" if found else f"none ({why})")
     context["impl"] = impl.name
 
     if args.case:
@@ -118,7 +116,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise UsageError(f"--case: not a case of {op.name} ({type(exc).__name__}: {exc})") from exc
         if case.op != op.name:
             raise UsageError(f"--case is for op {case.op}, not {op.name}")
-        groups = [(op, case.leaf, [Prepared.from_case(op, case)])]
+        groups = [(op, case.leaf, [Prepared.from_case(op, case, impl.ftz)])]
         context["cases"] = f"replay {case.id}"
     elif golden_dir is not None:
         if not (golden_dir / "MANIFEST.json").is_file():
@@ -138,11 +136,11 @@ def cmd_run(args: argparse.Namespace) -> int:
                 or not impl.applies_to(leaf.op)
             ):
                 continue
-            groups.append((leaf.op, leaf.leaf, leaf.prepared))
+            groups.append((leaf.op, leaf.leaf, [p.for_impl(leaf.op, impl) for p in leaf.prepared]))
         context["cases"] = f"golden {golden_dir}"
     else:
         groups = [
-            (op, leaf, [Prepared.from_case(op, c) for c in op.cases(leaf, args.coverage)])
+            (op, leaf, [Prepared.from_case(op, c, impl.ftz) for c in op.cases(leaf, args.coverage)])
             for op, leaf in _selected(impl, ops, args.leaf)
         ]
         context["cases"] = f"coverage {args.coverage}"
@@ -154,6 +152,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"{impl.name} implements none of the selected ops; pass --ops", file=sys.stderr)
         return EXIT_USAGE
     return EXIT_FAIL if any(r.verdict == "FAIL" for r in results) else EXIT_OK
+
+
+def _device_line() -> str:
+    from qconform.device.loader import device_info
+
+    info = device_info()
+    return f"{info.name} ({info.arch}, warp {info.warp_size}, L2 {info.l2_bytes >> 20} MiB; {info.runtime})"
 
 
 def cmd_fuzz(args: argparse.Namespace) -> int:
@@ -210,9 +215,15 @@ def cmd_list(args: argparse.Namespace) -> int:
     print("Implementations:")
     for name in BUILTIN_IMPLS:
         print(f"  {name}")
-    found, why = device_available()
-    print(f"  cupy: {'device found, backend not in this version' if found else f'unavailable ({why})'}")
     print("  py:module:callable  a drop-in for an op's oracle function (see README)")
+    found, why = device_available()
+    print(f"Device implementations ({'device found' if found else f'unavailable here: {why}'}):")
+    for name in DEVICE_IMPLS:
+        print(f"  {name}")
+    print("Device kernels (launch ABI: README 'Kernel ABIs'):")
+    for k in KERNELS:
+        g = k.geometry
+        print(f"  {k.op:14} {k.variant:5} {k.symbol:20} lanes={g.lanes:<3} threads={g.threads:<4} {k.doc}")
     return EXIT_OK
 
 
@@ -231,8 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run the conformance suite and print the table")
     r.add_argument(
         "--impl",
-        help="oracle | oracle-numpy | py:module:callable (default: the GPU backend if a "
-        "device is found, else the oracle against the golden set)",
+        help="oracle | oracle-numpy | py:module:callable | cupy[:coop|:ref] | hip:file.hip:symbol[:lanes=N]"
+        "[:threads=N] | so:lib.so:symbol (default: cupy if a GPU is found, else the oracle against the golden set)",
     )
     r.add_argument("--ops", action="append", help="ops to run (comma-separated or repeated)")
     r.add_argument("--leaf", help="only this leaf")

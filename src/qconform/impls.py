@@ -31,8 +31,23 @@ class Implementation(Protocol):
     accepts_out: bool
     on_device: bool
     guessed: bool  # the ops it applies to were guessed: a first call that raises means "not this op"
+    ftz: bool  # computes with fp32 subnormals flushed: compared with the oracles' ftz=True
+    l2_bytes: int  # last-level cache the repeat sets must exceed (0 on the CPU)
 
     def applies_to(self, op: OpSpec) -> bool: ...
+
+    def stage(self, op: OpSpec, leaf: str, inputs: dict[str, np.ndarray], params: dict[str, Any]) -> Callable[[], Any]:
+        """Inputs made resident once; the returned function calls the op and returns a result
+        whose ``==`` means bit-identical."""
+        ...
+
+    def error_slot(self) -> tuple[Any, str]:
+        """(the runtime last-error slot this implementation reports through, or None and why)."""
+        ...
+
+    def bad_call_status(self, op: OpSpec, leaf: str) -> tuple[int, str] | None:
+        """(status, detail) of a deliberately bad call at the launcher's ABI, or None."""
+        ...
 
     def run(
         self,
@@ -52,6 +67,8 @@ class CallableImpl:
     """Runs an oracle-shaped function: ``fn(*op.call_args(inputs, params), out=out?)``."""
 
     on_device = False
+    ftz = False
+    l2_bytes = 0
 
     def __init__(
         self, name: str, fn: Callable[..., np.ndarray], ops: tuple[str, ...] | None, guessed: bool = False
@@ -83,6 +100,15 @@ class CallableImpl:
                 raise ArgumentError(f"out: implementation {self.name} does not accept out=")
             kwargs = {**kwargs, "out": out}
         return self.function(op)(*args, **kwargs)
+
+    def stage(self, op: OpSpec, leaf: str, inputs: dict[str, np.ndarray], params: dict[str, Any]) -> Callable[[], Any]:
+        return lambda: np.asarray(self.run(op, leaf, inputs, params)).tobytes()
+
+    def error_slot(self) -> tuple[Any, str]:
+        return None, "CPU implementation"
+
+    def bad_call_status(self, op: OpSpec, leaf: str) -> tuple[int, str] | None:
+        return None
 
 
 def _accepts_kwarg(fn: Callable[..., Any], name: str) -> bool:
@@ -191,11 +217,23 @@ def load_impl(spec: str, ops: list[str] | None = None) -> Implementation:
     if spec.startswith("py:"):
         fn = load_python_callable(spec[3:])
         return CallableImpl(spec, fn, *_ops_for_callable(fn, ops))
-    if spec == "cupy" or spec.startswith(("hip:", "so:")):
-        raise ArgumentError(
-            f"impl: {spec.split(':')[0]} implementations need the device backend, which this version does not have yet"
-        )
-    raise ArgumentError(f"impl: unknown implementation {spec!r}; use oracle, oracle-numpy or py:module:callable")
+    if spec == "cupy" or spec.startswith(("cupy:", "hip:", "so:")):
+        found, why = device_available()
+        if not found:
+            raise ArgumentError(f"impl: {spec} needs a GPU and CuPy: {why}")
+        from qconform.device.impls import load_device_impl
+
+        if spec.startswith("cupy"):
+            return load_device_impl(spec, None, False)
+        parts = spec.split(":")  # hip:PATH:SYMBOL[:options] / so:PATH:SYMBOL
+        symbol = parts[2] if len(parts) > 2 else ""
+        chosen, guessed = (tuple(ops), False) if ops else (guess_ops(symbol), True)
+        return load_device_impl(spec, chosen, guessed)
+    raise ArgumentError(
+        f"impl: unknown implementation {spec!r}; use oracle, oracle-numpy, py:module:callable, cupy[:variant], "
+        "hip:file.hip:symbol or so:lib.so:symbol"
+    )
 
 
 BUILTIN_IMPLS = ("oracle", "oracle-numpy")
+DEVICE_IMPLS = ("cupy", "cupy:coop", "cupy:ref", "hip:file.hip:symbol[:lanes=N][:threads=N]", "so:lib.so:symbol")

@@ -106,7 +106,7 @@ def verify_set(set_dir: Path, impl: Implementation | None = None) -> VerifyRepor
             continue
         for p in leaf.prepared:
             report.cases += 1
-            _replay(report, impl, leaf.op, p, path)
+            _replay(report, impl, leaf.op, p.for_impl(leaf.op, impl), path)
     return report
 
 

@@ -17,6 +17,7 @@ from qconform.ops.spec import BadArgument, Case, Check, Leaf, OpSpec
 from qconform.oracles.ggml import check_dequantize_args, check_quantize_args, dequantize, quantize
 
 LLM_WIDTHS = (2048, 2560, 4096, 5120, 8192, 14336)
+WIDE_ROW = 14336  # an FFN width: a multiple of every block size here
 DEQUANT_EXTRA_PATTERNS = ("random_bytes",)
 EXACT = Check("exact", 0.0, "ggml's scalar reference is deterministic and blockwise: bytes must match")
 
@@ -182,6 +183,7 @@ def _quant_op(qtype: str) -> OpSpec:
         input_names=("x",),
         locate=_locate_byte,
         logical_dtypes={"x": "float32", "y": "ggml {qtype} blocks (raw bytes)"},
+        sized_case=lambda lf, rows, seed: Case(name, lf, seed, (rows, WIDE_ROW), "normal"),
         doc=f"ggml quantize_row_{qtype.lower()[:1]}{qtype[1:]}_ref: float32 rows -> {qtype} blocks",
     )
 
@@ -211,6 +213,7 @@ def _dequant_op(qtype: str) -> OpSpec:
         input_names=("data",),
         locate=_locate_value,
         logical_dtypes={"data": "ggml {qtype} blocks (raw bytes)", "y": "float32"},
+        sized_case=lambda lf, rows, seed: Case(name, lf, seed, (rows, WIDE_ROW), "normal"),
         doc=f"ggml dequantize_row_{qtype.lower()[:1]}{qtype[1:]}: {qtype} blocks -> float32 rows",
     )
 

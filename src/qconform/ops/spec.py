@@ -113,6 +113,9 @@ class OpSpec:
     locate: Callable[[dict[str, Any], tuple[int, ...]], str] | None = None
     # what each tensor holds, for golden metadata; formatted with the case params ("{qtype}")
     logical_dtypes: dict[str, str] = field(default_factory=dict)
+    # (leaf, rows, seed) -> a "normal" case of ``rows`` rows at a wide LLM row width: the device
+    # checks size cold input sets and never-seen shapes with it
+    sized_case: Callable[[str, int, int], Case] | None = None
 
     def leaf(self, name: str) -> Leaf:
         for leaf in self.leaves:

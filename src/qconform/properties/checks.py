@@ -46,11 +46,22 @@ class Prepared:
     want: np.ndarray
 
     @classmethod
-    def from_case(cls, op: OpSpec, case: Case) -> "Prepared":
-        inputs = op.make_inputs(case)
+    def from_inputs(cls, op: OpSpec, case: Case, inputs: dict[str, np.ndarray], ftz: bool = False) -> "Prepared":
+        """``ftz``: the oracle flushes fp32 subnormals, as a device compiled by CuPy does."""
         params = op.params(case)
         args, kwargs = op.call_args(inputs, params)
+        if ftz:
+            kwargs = {**kwargs, "ftz": True}
         return cls(case, inputs, params, op.oracle(*args, **kwargs))
+
+    @classmethod
+    def from_case(cls, op: OpSpec, case: Case, ftz: bool = False) -> "Prepared":
+        return cls.from_inputs(op, case, op.make_inputs(case), ftz)
+
+    def for_impl(self, op: OpSpec, impl: Implementation) -> "Prepared":
+        """This case as ``impl`` must reproduce it: stored outputs are the plain oracle's, a
+        flush-to-zero device is compared with the oracle's ftz=True on the same inputs."""
+        return Prepared.from_inputs(op, self.case, self.inputs, ftz=True) if impl.ftz else self
 
 
 def _raised(exc: BaseException) -> str:
@@ -80,23 +91,28 @@ def matches_oracle(impl: Implementation, op: OpSpec, p: Prepared) -> Outcome:
 def repeatable(
     impl: Implementation, op: OpSpec, sets: Sequence[Prepared], calls: int = DEFAULT_REPEAT_CALLS
 ) -> Outcome:
-    """Property 2: ``calls`` calls rotating among input sets; every output bit-identical to the
-    first output for its set (so a first call of a new shape that differs is caught)."""
+    """Property 2: ``calls`` calls rotating among input sets (resident where the implementation
+    keeps them: a device rotates sets larger than its L2, so weights are read cold); every output
+    bit-identical to the first output for its set (so a first call of a new shape that differs is
+    caught)."""
     leaf = sets[0].case.leaf
     result = functools.partial(Outcome, "repeatable", op.name, leaf)
-    first: list[bytes | None] = [None] * len(sets)
+    try:
+        staged = [impl.stage(op, leaf, p.inputs, p.params) for p in sets]
+    except Exception as exc:
+        return result(None, False, f"staging the inputs {_raised(exc)}")
+    first: list[Any] = [None] * len(sets)
     for k in range(calls):
         i = k % len(sets)
-        p = sets[i]
         try:
-            got = np.asarray(impl.run(op, leaf, p.inputs, p.params)).tobytes()
+            got = staged[i]()
         except Exception as exc:
-            return result(p.case.id, False, f"call {k + 1}: {_raised(exc)}")
+            return result(sets[i].case.id, False, f"call {k + 1}: {_raised(exc)}")
         if first[i] is None:
             first[i] = got
-        elif got != first[i]:
+        elif not got == first[i]:
             return result(
-                p.case.id, False, f"call {k + 1} (input set {i}) differs from the first call on the same inputs"
+                sets[i].case.id, False, f"call {k + 1} (input set {i}) differs from the first call on the same inputs"
             )
     return result(None, True, f"{calls} calls over {len(sets)} input sets identical")
 
@@ -167,9 +183,42 @@ def rejects_bad_arguments(impl: Implementation, op: OpSpec, leaf: str) -> Outcom
     return result(True, f"{checked} bad calls rejected, buffers untouched")
 
 
-def survives_pending_error(impl: Implementation, op: OpSpec, p: Prepared) -> Outcome:
-    """Property 5: a pending, unrelated device error changes neither status nor result.
-    Meaningless for CPU implementations; the device backend supplies the real check."""
-    if not impl.on_device:
-        return Outcome("survives_pending_error", op.name, p.case.leaf, p.case.id, None, "n/a: CPU implementation")
-    raise NotImplementedError("device implementations are not available in this version")
+def survives_pending_error(impl: Implementation, op: OpSpec, fresh: Prepared | None) -> Outcome:
+    """Property 5 (specs/tooling.md C4): with a foreign, non-sticky error pending in the runtime
+    slot the implementation reports through, the first call of a never-seen shape succeeds with the
+    right output and leaves the error pending (a call that clears it is reported as a warning,
+    not failed); a deliberately bad call, where the ABI can express one, reports its own error."""
+    leaf = fresh.case.leaf if fresh else ""
+    result = functools.partial(Outcome, "survives_pending_error", op.name, leaf, fresh.case.id if fresh else None)
+    if not impl.on_device or fresh is None:
+        return result(None, "n/a: CPU implementation")
+    slot, why = impl.error_slot()
+    if slot is None:
+        return result(None, f"n/a: {why}")
+    slot.clear()
+    planted = slot.plant()
+    if planted == 0 or slot.peek() != planted:
+        slot.clear()
+        return result(None, f"n/a: could not plant a pending error through {slot.where}")
+    name = slot.name(planted)
+    notes = []
+    try:
+        try:
+            got = impl.run(op, leaf, fresh.inputs, fresh.params)
+        except Exception as exc:
+            return result(False, f"with a foreign {name} pending ({slot.where}) the call failed: {_raised(exc)}")
+        c = compare(op, fresh.params, got, fresh.want)
+        if not c.ok:
+            return result(False, f"with a foreign {name} pending the output is wrong: {c.detail}", c.rel_l2)
+        after = slot.peek()
+        if after != planted:
+            notes.append(f"WARNING: the call cleared the caller's pending {name} (now {slot.name(after)})")
+        bad = impl.bad_call_status(op, leaf)
+        if bad is not None:
+            status, detail = bad
+            if status == 0:
+                return result(False, f"a deliberately bad call reported success: {detail}")
+            notes.append(f"bad call reported its own error: {detail}")
+    finally:
+        slot.clear()
+    return result(True, "; ".join([f"status and output unaffected by a foreign {name} pending ({slot.where})", *notes]))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from dataclasses import dataclass, field
@@ -21,6 +22,8 @@ from qconform.properties.checks import (
 )
 
 REPEAT_SETS = 3
+COLD_SETS = 3
+_FRESH_ROWS = itertools.count()
 
 
 @dataclass
@@ -63,6 +66,23 @@ def _repeat_sets(prepared: Sequence[Prepared]) -> list[Prepared]:
     return list(seen.values())[:REPEAT_SETS]
 
 
+def _rows_for_bytes(op: OpSpec, leaf: str, n_bytes: int) -> int:
+    row = sum(a.nbytes for a in op.make_inputs(op.sized_case(leaf, 1, 0)).values())
+    return max(1, -(-n_bytes // row))
+
+
+def cold_sets(impl: Implementation, op: OpSpec, leaf: str) -> list[Prepared]:
+    """COLD_SETS input sets, each larger than the implementation's last-level cache."""
+    rows = _rows_for_bytes(op, leaf, impl.l2_bytes + impl.l2_bytes // 8)
+    return [Prepared.from_case(op, op.sized_case(leaf, rows, 7000 + i), impl.ftz) for i in range(COLD_SETS)]
+
+
+def fresh_shape(impl: Implementation, op: OpSpec, leaf: str) -> Prepared:
+    """A case whose shape no other check in this process has used (odd row counts from 3 upward
+    at the op's wide row width; the generated cases use other widths or even counts)."""
+    return Prepared.from_case(op, op.sized_case(leaf, 2 * next(_FRESH_ROWS) + 3, 9000), impl.ftz)
+
+
 def run_leaf(
     impl: Implementation,
     op: OpSpec,
@@ -91,10 +111,16 @@ def run_leaf(
         if progress:
             progress()
     if prepared:
-        result.outcomes.append(repeatable(impl, op, _repeat_sets(prepared), calls=repeat_calls))
+        sets = _repeat_sets(prepared)
+        if impl.on_device and impl.l2_bytes:
+            big = cold_sets(impl, op, leaf)
+            result.outcomes.extend(matches_oracle(impl, op, p) for p in big)
+            sets = [*sets, *big]
+        result.outcomes.append(repeatable(impl, op, sets, calls=repeat_calls))
         for p in prepared:
             result.outcomes.append(writes_every_output(impl, op, p))
-        result.outcomes.append(survives_pending_error(impl, op, prepared[0]))
+        fresh = fresh_shape(impl, op, leaf) if impl.on_device else None
+        result.outcomes.append(survives_pending_error(impl, op, fresh))
     result.outcomes.append(rejects_bad_arguments(impl, op, leaf))
     result.ms = (time.perf_counter() - t0) * 1e3
     return result

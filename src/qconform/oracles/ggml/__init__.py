@@ -10,7 +10,7 @@ are byte-identical; ``ftz=True`` models a device compiled with flush-to-zero.
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Literal
+from typing import Any, Callable, Literal, NamedTuple
 
 import numpy as np
 
@@ -22,7 +22,15 @@ Backend = Literal["numba", "numpy"]
 
 _MODULES: dict[str, ModuleType] = {"Q8_0": q8_0, "Q8_K": q8_k}
 
-__all__ = ["quantize", "dequantize", "check_quantize_args", "check_dequantize_args", "resolve_qtype"]
+__all__ = [
+    "ArrayKind",
+    "NUMPY",
+    "quantize",
+    "dequantize",
+    "check_quantize_args",
+    "check_dequantize_args",
+    "resolve_qtype",
+]
 
 
 def resolve_qtype(qtype: object) -> BlockFormat:
@@ -33,9 +41,20 @@ def resolve_qtype(qtype: object) -> BlockFormat:
     return FORMATS[name.upper()]
 
 
-def _check_array(name: str, a: object, dtype: np.dtype) -> np.ndarray:
-    if not isinstance(a, np.ndarray):
-        raise ArgumentError(f"{name}: must be a numpy.ndarray, got {type(a).__name__}")
+class ArrayKind(NamedTuple):
+    """What the argument checks accept: numpy arrays here; the device launchers pass CuPy's."""
+
+    type: type
+    type_name: str
+    may_share_memory: Callable[[Any, Any], bool]
+
+
+NUMPY = ArrayKind(np.ndarray, "numpy.ndarray", np.may_share_memory)
+
+
+def _check_array(name: str, a: object, dtype: np.dtype, kind: ArrayKind = NUMPY) -> Any:
+    if not isinstance(a, kind.type):
+        raise ArgumentError(f"{name}: must be a {kind.type_name}, got {type(a).__name__}")
     if a.dtype != dtype:
         raise ArgumentError(f"{name}: dtype must be {dtype}, got {a.dtype}")
     if a.ndim < 1:
@@ -45,43 +64,47 @@ def _check_array(name: str, a: object, dtype: np.dtype) -> np.ndarray:
     return a
 
 
-def _check_out(out: object, shape: tuple[int, ...], dtype: np.dtype, src: np.ndarray) -> None:
+def _check_out(out: object, shape: tuple[int, ...], dtype: np.dtype, src: Any, kind: ArrayKind) -> None:
     if out is None:
         return
-    _check_array("out", out, dtype)
+    _check_array("out", out, dtype, kind)
     if out.shape != shape:
         raise ArgumentError(f"out: shape must be {shape}, got {out.shape}")
-    if not out.flags.writeable:
+    if not getattr(out.flags, "writeable", True):
         raise ArgumentError("out: must be writeable")
-    if np.may_share_memory(out, src):
+    if kind.may_share_memory(out, src):
         raise ArgumentError("out: must not overlap the input")
 
 
-def _check_rows(name: str, a: object, dtype: type, multiple: int, what: str) -> np.ndarray:
-    a = _check_array(name, a, np.dtype(dtype))
+def _check_rows(name: str, a: object, dtype: type, multiple: int, what: str, kind: ArrayKind) -> Any:
+    a = _check_array(name, a, np.dtype(dtype), kind)
     n = a.shape[-1]
     if n == 0 or n % multiple:
         raise ArgumentError(f"{name}: the last dimension ({what}) must be a positive multiple of {multiple}, got {n}")
     return a
 
 
-def check_quantize_args(x: object, qtype: object, out: object = None) -> tuple[BlockFormat, tuple[int, ...]]:
+def check_quantize_args(
+    x: object, qtype: object, out: object = None, kind: ArrayKind = NUMPY
+) -> tuple[BlockFormat, tuple[int, ...]]:
     """Validate ``quantize`` arguments; return the format and the output shape."""
     fmt = resolve_qtype(qtype)
-    x = _check_rows("x", x, np.float32, fmt.block_size, f"row width; a {fmt.name} block holds {fmt.block_size} values")
+    what = f"row width; a {fmt.name} block holds {fmt.block_size} values"
+    x = _check_rows("x", x, np.float32, fmt.block_size, what, kind)
     shape = (*x.shape[:-1], fmt.n_bytes(x.shape[-1]))
-    _check_out(out, shape, np.dtype(np.uint8), x)
+    _check_out(out, shape, np.dtype(np.uint8), x, kind)
     return fmt, shape
 
 
-def check_dequantize_args(data: object, qtype: object, out: object = None) -> tuple[BlockFormat, tuple[int, ...]]:
+def check_dequantize_args(
+    data: object, qtype: object, out: object = None, kind: ArrayKind = NUMPY
+) -> tuple[BlockFormat, tuple[int, ...]]:
     """Validate ``dequantize`` arguments; return the format and the output shape."""
     fmt = resolve_qtype(qtype)
-    data = _check_rows(
-        "data", data, np.uint8, fmt.type_size, f"bytes per row; a {fmt.name} block is {fmt.type_size} bytes"
-    )
+    what = f"bytes per row; a {fmt.name} block is {fmt.type_size} bytes"
+    data = _check_rows("data", data, np.uint8, fmt.type_size, what, kind)
     shape = (*data.shape[:-1], fmt.n_values(data.shape[-1]))
-    _check_out(out, shape, np.dtype(np.float32), data)
+    _check_out(out, shape, np.dtype(np.float32), data, kind)
     return fmt, shape
 
 

@@ -1,0 +1,257 @@
+"""Device implementations: ``cupy[:variant]`` (our kernels), ``hip:file.hip:symbol`` (a user's
+kernel source compiled by the same loader, launched by the op's ABI) and ``so:lib.so:symbol`` (a
+user's C launcher called through ctypes). All take the suite's numpy inputs, run on the device and
+return numpy, so every property applies unchanged; ``out=`` is uploaded as it is (poison included)
+and the device result copied back only after a successful call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import cupy
+import numpy as np
+
+from qconform.device import errstate
+from qconform.device.launch import bind, run_kernel, run_op
+from qconform.device.loader import device_info, get_kernel
+from qconform.device.registry import KERNELS, VARIANTS, Geometry
+from qconform.errors import ArgumentError, DeviceError
+from qconform.ops import OpSpec
+
+DEVICE_OPS = tuple(dict.fromkeys(k.op for k in KERNELS))
+
+
+def to_device(a: Any) -> Any:
+    """Upload a numpy array as it is: dtype, shape and (for a non-contiguous view) non-contiguity,
+    so the launcher's own checks see what the caller passed. Anything else is passed through."""
+    if not isinstance(a, np.ndarray):
+        return a
+    if a.ndim == 0 or a.flags.c_contiguous:
+        return cupy.asarray(a)
+    full = cupy.empty((*a.shape[:-1], 2 * a.shape[-1]), a.dtype)
+    view = full[..., ::2]
+    view[...] = cupy.asarray(np.ascontiguousarray(a))
+    return view
+
+
+def synchronize(what: str) -> None:
+    """Wait for the current stream; an asynchronous fault of the call is a DeviceError."""
+    try:
+        cupy.cuda.get_current_stream().synchronize()
+    except (cupy.cuda.runtime.CUDARuntimeError, cupy.cuda.driver.CUDADriverError) as exc:
+        raise DeviceError(f"{what}: the device reported {exc} after the call") from exc
+
+
+class DeviceImpl:
+    """Shared host<->device plumbing; subclasses implement ``launch`` on CuPy arrays."""
+
+    on_device = True
+    accepts_out = True
+    guessed = False
+    ftz = True  # CuPy compiles device code with flush-to-zero on both vendors
+
+    def __init__(self, name: str, ops: tuple[str, ...] | None, guessed: bool = False) -> None:
+        info = device_info()
+        self.name = name
+        self.ops = ops
+        self.guessed = guessed
+        self.arch = info.label
+        self.l2_bytes = info.l2_bytes
+        self.is_hip = info.is_hip
+
+    def applies_to(self, op: OpSpec) -> bool:
+        return op.name in (self.ops if self.ops is not None else DEVICE_OPS)
+
+    def launch(self, op: OpSpec, dev_inputs: dict[str, Any], params: dict[str, Any], dev_out: Any) -> Any:
+        raise NotImplementedError
+
+    def run(
+        self,
+        op: OpSpec,
+        leaf: str,
+        inputs: dict[str, Any],
+        params: dict[str, Any],
+        out: np.ndarray | None = None,
+    ) -> np.ndarray:
+        dev = {k: to_device(v) for k, v in inputs.items()}
+        dev_out = to_device(out)
+        result = self.launch(op, dev, params, dev_out)
+        synchronize(op.name)
+        _mirror_inputs(inputs, dev)
+        host = cupy.asnumpy(result)
+        if out is None:
+            return host
+        out[...] = host
+        return out
+
+    def stage(self, op: OpSpec, leaf: str, inputs: dict[str, Any], params: dict[str, Any]) -> Callable[[], Any]:
+        """Upload once; each call of the returned function launches on the resident inputs and
+        returns the output, kept on the device and compared there bit for bit."""
+        dev = {k: to_device(v) for k, v in inputs.items()}
+
+        def call() -> DeviceBits:
+            result = self.launch(op, dev, params, None)
+            synchronize(op.name)
+            return DeviceBits(result)
+
+        return call
+
+    def error_slot(self) -> tuple[errstate.ErrorSlot | None, str]:
+        return errstate.process_slot(self.is_hip)
+
+    def bad_call_status(self, op: OpSpec, leaf: str) -> tuple[int, str] | None:
+        """(status, detail) of a deliberately bad call at the ABI level; None where the ABI can't
+        express one (our launchers reject bad calls before any launch)."""
+        return None
+
+
+class DeviceBits:
+    """A device output compared by its bits (``==``), without a copy to the host."""
+
+    def __init__(self, a: Any) -> None:
+        self.a = a
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, DeviceBits) or other.a.shape != self.a.shape or other.a.dtype != self.a.dtype:
+            return False
+        return bool(cupy.array_equal(self.a.view(cupy.uint8), other.a.view(cupy.uint8)))
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _mirror_inputs(inputs: dict[str, Any], dev: dict[str, Any]) -> None:
+    """Copy a device input the call modified back into the caller's array, so the suite's
+    inputs-untouched check sees what the kernel did."""
+    for k, a in inputs.items():
+        d = dev[k]
+        if isinstance(a, np.ndarray) and a.ndim and a.flags.c_contiguous and a.flags.writeable:
+            back = cupy.asnumpy(d)
+            if back.tobytes() != a.tobytes():
+                a[...] = back
+
+
+class CupyImpl(DeviceImpl):
+    """qconform's own kernels (``variant``: ``coop`` / ``ref`` where an op has both)."""
+
+    def __init__(self, variant: str | None = None) -> None:
+        super().__init__("cupy" if variant is None else f"cupy:{variant}", None)
+        self.variant = variant
+
+    def launch(self, op: OpSpec, dev_inputs: dict[str, Any], params: dict[str, Any], dev_out: Any) -> Any:
+        return run_op(op.name, dev_inputs, params, dev_out, variant=self.variant)
+
+
+class HipSourceImpl(DeviceImpl):
+    """A user's kernel source: ``hip:path/file.hip:symbol[:lanes=N][:threads=N]``, compiled with the
+    same RawModule loader (``kernels/`` on the include path), launched by the op's ABI."""
+
+    def __init__(self, spec: str, ops: tuple[str, ...], guessed: bool) -> None:
+        super().__init__(spec, ops, guessed)
+        path, symbol, geometry = parse_source_spec(spec)
+        self.kernel = get_kernel(path, symbol)
+        self.geometry = geometry
+
+    def launch(self, op: OpSpec, dev_inputs: dict[str, Any], params: dict[str, Any], dev_out: Any) -> Any:
+        call = bind(op.name, dev_inputs, params, dev_out)
+        return run_kernel(op.name, self.kernel, self.geometry, call, dev_out)
+
+
+def parse_source_spec(spec: str) -> tuple[Path, str, Geometry]:
+    body = spec.split(":", 1)[1] if ":" in spec else ""
+    parts = body.split(":")
+    if len(parts) < 2 or not parts[0] or not parts[1]:
+        raise ArgumentError(
+            f"impl: hip: implementations are 'hip:path/file.hip:symbol[:lanes=N][:threads=N]', got {spec!r}"
+        )
+    opts: dict[str, int] = {}
+    for item in parts[2:]:
+        key, sep, value = item.partition("=")
+        if not sep or key not in ("lanes", "threads") or not value.isdigit() or int(value) < 1:
+            raise ArgumentError(f"impl: {spec!r}: options are lanes=N and threads=N (positive), got {item!r}")
+        opts[key] = int(value)
+    path = Path(parts[0])
+    if not path.is_file():
+        raise ArgumentError(f"impl: no such kernel source {parts[0]!r}")
+    return path, parts[1], Geometry(**opts)
+
+
+class SharedLibImpl(DeviceImpl):
+    """A user's C launcher: ``so:path/lib.so:symbol`` with the C ABI
+    ``int symbol(const void* in, void* out, long long n_blocks, void* stream)`` returning the
+    status of its own launch (0 = success). Arguments are checked here, by the op's rules, before
+    the call; a non-zero status is a DeviceError naming the op and the code."""
+
+    def __init__(self, spec: str, ops: tuple[str, ...], guessed: bool) -> None:
+        super().__init__(spec, ops, guessed)
+        path, _, symbol = spec[3:].rpartition(":")
+        if not path or not symbol:
+            raise ArgumentError(f"impl: so: implementations are 'so:path/lib.so:symbol', got {spec!r}")
+        if not Path(path).is_file():
+            raise ArgumentError(f"impl: no such shared library {path!r}")
+        self.path = str(Path(path).resolve())
+        self.symbol = symbol
+        cupy.cuda.Device().use()  # the primary context exists before the library's first call
+        try:
+            self.lib = ctypes.CDLL(self.path)
+        except OSError as exc:
+            raise ArgumentError(f"impl: cannot load {path!r}: {exc}") from exc
+        fn = getattr(self.lib, symbol, None)
+        if fn is None:
+            raise ArgumentError(f"impl: {path!r} exports no {symbol!r}")
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_longlong, ctypes.c_void_p]
+        fn.restype = ctypes.c_int
+        self.fn = fn
+        self._slot, self._no_slot = errstate.slot_for_library(self.lib, self.path)
+
+    def launch(self, op: OpSpec, dev_inputs: dict[str, Any], params: dict[str, Any], dev_out: Any) -> Any:
+        call = bind(op.name, dev_inputs, params, dev_out)
+        result = cupy.empty(call.shape, call.dtype) if dev_out is None else dev_out
+        if call.n_blocks == 0:
+            return result
+        status = self.fn(call.src.data.ptr, result.data.ptr, call.n_blocks, cupy.cuda.get_current_stream().ptr)
+        if status != 0:
+            raise DeviceError(f"{op.name}: {self.symbol} returned status {status} ({self._spell(status)})")
+        return result
+
+    def _spell(self, code: int) -> str:
+        return self._slot.name(code) if self._slot is not None else f"error {code}"
+
+    def error_slot(self) -> tuple[errstate.ErrorSlot | None, str]:
+        return self._slot, self._no_slot
+
+    def bad_call_status(self, op: OpSpec, leaf: str) -> tuple[int, str] | None:
+        """Call the launcher with ``n_blocks = -1`` in a subprocess (a library that launches anyway
+        may fault, and a sticky fault would end this process's context)."""
+        cmd = [sys.executable, "-m", "qconform.device.badcall", self.path, self.symbol]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        except subprocess.TimeoutExpired:
+            return -1, "the bad call did not return within 120 s"
+        if done.returncode != 0:
+            return -1, f"the bad call's process failed (exit {done.returncode}): {done.stderr.strip()[-300:]}"
+        status = int(done.stdout.split()[0])
+        return status, f"a call with n_blocks = -1 returned {status} ({self._spell(status)})"
+
+
+def load_device_impl(spec: str, ops: tuple[str, ...] | None, guessed: bool) -> DeviceImpl:
+    """``cupy[:variant]``, ``hip:...`` or ``so:...`` (ops: the ones a user's kernel implements)."""
+    if spec == "cupy" or spec.startswith("cupy:"):
+        variant = spec.partition(":")[2] or None
+        if variant is not None and variant not in VARIANTS:
+            raise ArgumentError(f"impl: cupy variants are {', '.join(VARIANTS)}, got {variant!r}")
+        return CupyImpl(variant)
+    known = tuple(ops or ())
+    unknown = [name for name in known if name not in DEVICE_OPS]
+    if not known or unknown:
+        raise ArgumentError(
+            f"impl: {spec}: ops must be among those with a launch ABI ({', '.join(DEVICE_OPS)}); "
+            f"got {list(known)}: pass --ops"
+        )
+    if spec.startswith("hip:"):
+        return HipSourceImpl(spec, known, guessed)
+    return SharedLibImpl(spec, known, guessed)

@@ -1,0 +1,252 @@
+/* ggml activation quantization kernels: Q8_K and Q8_0, quantize and dequantize.
+ *
+ * Semantics: ggml-org/ggml src/ggml-quants.c quantize_row_q8_K_ref, quantize_row_q8_0_ref,
+ * dequantize_row_q8_K, dequantize_row_q8_0 as built for x86-64 (qconform.oracles.ggml documents
+ * each rule); block layouts ggml-common.h block_q8_K {float d; int8 qs[256]; int16 bsums[16]}
+ * (292 bytes) and block_q8_0 {fp16 d; int8 qs[32]} (34 bytes). Byte-identical to the oracle with
+ * ftz=True: every operand and result is flushed explicitly (qk_ftz).
+ *
+ * Launch ABI (the same for a user's hip: kernel, README "Kernel ABIs"):
+ *   extern "C" __global__ void k(const void* in, void* out, long long n_blocks)
+ *   blockDim.x = THREADS, gridDim.x = ceil(n_blocks * LANES / THREADS)
+ * with (LANES, THREADS) per kernel in qconform/device/kernels.py.
+ *
+ * Mutant hooks (tests/device_mutants): QK_Q8K_ROUND, QK_COOP_TIE_LOWER. */
+#include "qk_portable.h"
+
+#define QK8_0 32
+#define Q8_0_BYTES 34
+#define QK_K 256
+#define Q8_K_BYTES 292
+#define Q8_K_QS 4
+#define Q8_K_BSUMS 260
+
+/* ggml nearest_int(f) (ggml-quants.c:621) on x86-64: f + 1.5*2^23 in fp32, low 22 mantissa
+ * bits; round half to even. x86 keeps an input NaN's payload through the multiply and add
+ * (quieting sets bit 22), a NaN made by the arithmetic (0 * inf) is the default NaN and gives 0. */
+__device__ __forceinline__ int qk_nearest_int_x86(float f, float src) {
+    if (qk_isnan(f)) return qk_isnan(src) ? (int)(qk_bits(src) & 0x3FFFFFu) : 0;
+    float v = QK_FADD(f, 12582912.0f);
+    return (int)(qk_bits(v) & 0x7FFFFFu) - 0x400000;
+}
+
+#ifndef QK_Q8K_ROUND
+#define QK_Q8K_ROUND qk_nearest_int_x86
+#endif
+
+/* one Q8_K value: MIN(127, nearest_int(iscale * x)) as int8 (two's-complement wrap) */
+__device__ __forceinline__ int qk_q8_k_value(float iscale, float x) {
+    float p = qk_ftz(QK_FMUL(iscale, qk_ftz(x)));
+    int q = QK_Q8K_ROUND(p, x);
+    return (int)(qk_i8)(q < 127 ? q : 127);
+}
+
+/* (int8_t)roundf(v) on x86-64: ties away from zero; cvttss2si gives INT_MIN (low byte 0) for
+ * NaN, inf and |v| >= 2^31. Truncating v + copysign(0.49999997f, v), rounded once in fp32, is
+ * roundf for every float below 2^31 (checked over all 2^32 patterns: tests/test_oracle_semantics). */
+__device__ __forceinline__ qk_u32 qk_roundf_byte(float v) {
+    if (!(fabsf(v) < 2147483648.0f)) return 0u;
+    return (qk_u32)__float2int_rz(QK_FADD(v, copysignf(0x1.fffffep-2f, v))) & 0xFFu;
+}
+
+/* ---------------------------------------------------------------- Q8_K quantize, reference */
+/* One thread per 256-value super-block in the reference order. A 32-thread CTA stages its 32
+ * super-blocks through shared memory (coalesced in, row stride 257 floats so the per-thread
+ * reads are conflict-free) and stages the 292-byte results out the same way.
+ * LANES = 1, THREADS = 32. */
+#define REF_SB 32
+#define REF_STRIDE (QK_K + 1)
+
+extern "C" __global__ void __launch_bounds__(REF_SB)
+qk_q8_k_quant_ref(const void* in, void* out, qk_i64 n_blocks) {
+    __shared__ float xs[REF_SB * REF_STRIDE];
+    __shared__ qk_u32 ys[REF_SB * (Q8_K_BYTES / 4)];
+    const qk_i64 first = (qk_i64)blockIdx.x * REF_SB;
+    const int t = threadIdx.x;
+    if (first >= n_blocks) return;
+    const int nsb = (int)((n_blocks - first) < REF_SB ? (n_blocks - first) : REF_SB);
+    const float4* src = (const float4*)in + first * (QK_K / 4);
+    for (int f = t; f < nsb * (QK_K / 4); f += REF_SB) {
+        float4 v = src[f];
+        float* row = xs + (f / (QK_K / 4)) * REF_STRIDE + 4 * (f % (QK_K / 4));
+        row[0] = v.x; row[1] = v.y; row[2] = v.z; row[3] = v.w;
+    }
+    __syncthreads();
+    if (t < nsb) {
+        const float* x = xs + t * REF_STRIDE;
+        qk_u32* y = ys + t * (Q8_K_BYTES / 4);
+        float amax = 0.0f, mx = 0.0f;
+        for (int j = 0; j < QK_K; ++j) {  /* first strict max; a NaN never wins */
+            float v = qk_ftz(x[j]);
+            float a = fabsf(v);
+            if (a > amax) { amax = a; mx = v; }
+        }
+        if (amax == 0.0f) {
+            for (int w = 0; w < Q8_K_BYTES / 4; ++w) y[w] = 0u;
+        } else {
+            const float iscale = qk_ftz(QK_FDIV(-127.0f, mx));
+            for (int g = 0; g < QK_K / 16; ++g) {
+                int sum = 0;
+                for (int w = 0; w < 4; ++w) {
+                    qk_u32 word = 0u;
+                    for (int b = 0; b < 4; ++b) {
+                        int q = qk_q8_k_value(iscale, x[16 * g + 4 * w + b]);
+                        sum += q;
+                        word |= ((qk_u32)q & 0xFFu) << (8 * b);
+                    }
+                    y[1 + 4 * g + w] = word;
+                }
+                /* bsums[g] (int16) at byte 260 + 2g: word 65 + g/2, half g%2 */
+                qk_u32 half = (qk_u32)sum & 0xFFFFu;
+                if (g % 2 == 0) y[65 + g / 2] = half;
+                else y[65 + g / 2] |= half << 16;
+            }
+            y[0] = qk_bits(qk_ftz(QK_FDIV(1.0f, iscale)));
+        }
+    }
+    __syncthreads();
+    qk_u32* dst = (qk_u32*)out + first * (Q8_K_BYTES / 4);
+    for (int w = t; w < nsb * (Q8_K_BYTES / 4); w += REF_SB) dst[w] = ys[w];
+}
+
+/* -------------------------------------------------------------- Q8_K quantize, cooperative */
+/* 8 lanes per super-block (a shuffle group of width 8, so the same for wave32 and wave64).
+ * Lane l reads float4 number 8k + l (k = 0..7): 8 lanes read 128 contiguous bytes at a time.
+ * Each lane takes the first strict max of |x| over its values in index order, then the 8 lanes
+ * reduce (|x|, index) with shuffles: larger |x| wins, on equal |x| the lower index -- exactly the
+ * reference's first strict max. Group sums (bsums) are reduced over lane quads.
+ * LANES = 8, THREADS = 256. Out-of-range groups still take part in every shuffle. */
+#ifndef QK_COOP_TIE_LOWER
+#define QK_COOP_TIE_LOWER(mine, other) ((other) < (mine))
+#endif
+
+extern "C" __global__ void __launch_bounds__(256)
+qk_q8_k_quant_coop(const void* in, void* out, qk_i64 n_blocks) {
+    const qk_i64 gt = qk_global_thread();
+    const qk_i64 sb = gt >> 3;
+    const int l = (int)(gt & 7);
+    const bool active = sb < n_blocks;
+    float4 v[8];
+    const float4* src = (const float4*)in + sb * (QK_K / 4);
+    for (int k = 0; k < 8; ++k) {
+        if (active) v[k] = src[8 * k + l];
+        else v[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    float amax = 0.0f, mx = 0.0f;
+    int idx = QK_K;
+    for (int k = 0; k < 8; ++k) {
+        const float c[4] = {v[k].x, v[k].y, v[k].z, v[k].w};
+        for (int b = 0; b < 4; ++b) {
+            float x = qk_ftz(c[b]);
+            float a = fabsf(x);
+            if (a > amax) { amax = a; mx = x; idx = 4 * (8 * k + l) + b; }
+        }
+    }
+    for (int m = 1; m < 8; m <<= 1) {
+        float oa = QK_SHFL_XOR(amax, m, 8);
+        float om = QK_SHFL_XOR(mx, m, 8);
+        int oi = QK_SHFL_XOR(idx, m, 8);
+        if (oa > amax || (oa == amax && QK_COOP_TIE_LOWER(idx, oi))) { amax = oa; mx = om; idx = oi; }
+    }
+    const bool zero = amax == 0.0f;
+    const float iscale = zero ? 0.0f : qk_ftz(QK_FDIV(-127.0f, mx));
+    qk_u8* y = (qk_u8*)out + sb * Q8_K_BYTES;
+    for (int k = 0; k < 8; ++k) {
+        const float c[4] = {v[k].x, v[k].y, v[k].z, v[k].w};
+        qk_u32 word = 0u;
+        int sum = 0;
+        for (int b = 0; b < 4; ++b) {
+            int q = zero ? 0 : qk_q8_k_value(iscale, c[b]);
+            sum += q;
+            word |= ((qk_u32)q & 0xFFu) << (8 * b);
+        }
+        sum += QK_SHFL_XOR(sum, 1, 8);
+        sum += QK_SHFL_XOR(sum, 2, 8);
+        if (active) {
+            ((qk_u32*)(y + Q8_K_QS))[8 * k + l] = word;
+            if ((l & 3) == 0) ((qk_i16*)(y + Q8_K_BSUMS))[2 * k + (l >> 2)] = (qk_i16)sum;
+        }
+    }
+    if (active && l == 0) *(float*)y = zero ? 0.0f : qk_ftz(QK_FDIV(1.0f, iscale));
+}
+
+/* -------------------------------------------------------------------------- Q8_0 quantize */
+/* 8 lanes per 32-value block, one float4 each. ggml's amax is a sequential MAX(a, b) =
+ * a > b ? a : b, so a NaN makes it NaN and the next value replaces it: the result is NaN when
+ * the last value is NaN, else the max over the values after the last NaN. A lane summarises its
+ * values as (has_nan, value) and the groups combine in index order (lower lanes first), which
+ * reproduces the sequential scan exactly. LANES = 8, THREADS = 256. */
+__device__ __forceinline__ float qk_seq_max(float m, float a) { return m > a ? m : a; }
+
+extern "C" __global__ void __launch_bounds__(256)
+qk_q8_0_quant(const void* in, void* out, qk_i64 n_blocks) {
+    const qk_i64 gt = qk_global_thread();
+    const qk_i64 blk = gt >> 3;
+    const int l = (int)(gt & 7);
+    const bool active = blk < n_blocks;
+    float4 v = active ? ((const float4*)in)[blk * 8 + l] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const float c[4] = {qk_ftz(v.x), qk_ftz(v.y), qk_ftz(v.z), qk_ftz(v.w)};
+    /* this lane's segment as a function of the incoming amax m: has_nan ? val : seq_max(m, val) */
+    bool has_nan = false;
+    float val = 0.0f;
+    for (int b = 0; b < 4; ++b) {
+        float a = fabsf(c[b]);
+        if (qk_isnan(a)) { has_nan = true; val = a; }
+        else val = qk_isnan(val) ? a : qk_seq_max(val, a);
+    }
+    for (int m = 1; m < 8; m <<= 1) {
+        bool o_nan = QK_SHFL_XOR((int)has_nan, m, 8) != 0;
+        float o_val = QK_SHFL_XOR(val, m, 8);
+        const bool lower = (l & m) == 0;  /* this lane's group precedes the other's */
+        bool f_nan = lower ? has_nan : o_nan, s_nan = lower ? o_nan : has_nan;
+        float f_val = lower ? val : o_val, s_val = lower ? o_val : val;
+        if (s_nan) { has_nan = true; val = s_val; }
+        else { has_nan = f_nan; val = qk_isnan(f_val) ? s_val : qk_seq_max(f_val, s_val); }
+    }
+    const float amax = has_nan ? val : qk_seq_max(0.0f, val);
+    const float d = qk_ftz(QK_FDIV(amax, 127.0f));
+    const float id = d != 0.0f ? qk_ftz(QK_FDIV(1.0f, d)) : 0.0f;
+    qk_u32 word = 0u;
+    for (int b = 0; b < 4; ++b) word |= qk_roundf_byte(qk_ftz(QK_FMUL(c[b], id))) << (8 * b);
+    if (active) {
+        qk_u16* y = (qk_u16*)((qk_u8*)out + blk * Q8_0_BYTES);
+        y[1 + 2 * l] = (qk_u16)(word & 0xFFFFu);
+        y[2 + 2 * l] = (qk_u16)(word >> 16);
+        if (l == 0) y[0] = qk_fp16_bits(d);
+    }
+}
+
+/* -------------------------------------------------------------------------------- dequant */
+/* y = d * (float)qs in fp32, one thread per 4 outputs (a float4 store).
+ * Q8_K: LANES = 64, THREADS = 256; Q8_0: LANES = 8, THREADS = 256. */
+__device__ __forceinline__ float4 qk_scale4(float d, qk_u32 q) {
+    float4 r;
+    r.x = qk_ftz(QK_FMUL(d, (float)(qk_i8)(q & 0xFFu)));
+    r.y = qk_ftz(QK_FMUL(d, (float)(qk_i8)((q >> 8) & 0xFFu)));
+    r.z = qk_ftz(QK_FMUL(d, (float)(qk_i8)((q >> 16) & 0xFFu)));
+    r.w = qk_ftz(QK_FMUL(d, (float)(qk_i8)(q >> 24)));
+    return r;
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+qk_q8_k_dequant(const void* in, void* out, qk_i64 n_blocks) {
+    const qk_i64 gt = qk_global_thread();
+    const qk_i64 blk = gt >> 6;
+    if (blk >= n_blocks) return;
+    const int l = (int)(gt & 63);
+    const qk_u8* b = (const qk_u8*)in + blk * Q8_K_BYTES;
+    const float d = qk_ftz(*(const float*)b);
+    ((float4*)out)[gt] = qk_scale4(d, ((const qk_u32*)(b + Q8_K_QS))[l]);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+qk_q8_0_dequant(const void* in, void* out, qk_i64 n_blocks) {
+    const qk_i64 gt = qk_global_thread();
+    const qk_i64 blk = gt >> 3;
+    if (blk >= n_blocks) return;
+    const int l = (int)(gt & 7);
+    const qk_u16* b = (const qk_u16*)((const qk_u8*)in + blk * Q8_0_BYTES);
+    const float d = qk_ftz(qk_fp16_to_float(b[0]));
+    const qk_u32 q = (qk_u32)b[1 + 2 * l] | ((qk_u32)b[2 + 2 * l] << 16);
+    ((float4*)out)[gt] = qk_scale4(d, q);
+}

@@ -1,0 +1,104 @@
+"""Compile kernel sources with CuPy RawModule and describe the device.
+
+NVRTC on NVIDIA, hiprtc on ROCm (CuPy maps ``backend="nvrtc"`` to hiprtc). Modules are cached per
+(source hash, options, arch); the hash covers the source, every header in ``kernels/`` and the
+headers beside the source, so an edited include recompiles. CuPy adds ``-ftz=true`` (NVIDIA) or
+``-fcuda-flush-denormals-to-zero`` (HIP) and it cannot be undone (specs/tooling.md A1, 0.5): the
+kernels flush explicitly and are compared with the oracles' ``ftz=True``.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import cupy
+
+from qconform.device.registry import KERNEL_DIR
+from qconform.errors import ArgumentError, DeviceError
+
+_MODULES: dict[tuple[str, tuple[str, ...], str], Any] = {}
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    name: str
+    arch: str  # sm_90, gfx90a, gfx1100
+    warp_size: int
+    sm_count: int
+    l2_bytes: int
+    is_hip: bool
+    runtime: str
+
+    @property
+    def label(self) -> str:
+        """The report's Arch column: ``sm_90/w32``."""
+        return f"{self.arch}/w{self.warp_size}"
+
+
+@functools.lru_cache(maxsize=None)
+def device_info(device: int | None = None) -> DeviceInfo:
+    rt = cupy.cuda.runtime
+    dev = cupy.cuda.Device().id if device is None else device
+    props = rt.getDeviceProperties(dev)
+    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    if rt.is_hip:
+        gcn = props.get("gcnArchName", b"")
+        arch = (gcn.decode() if isinstance(gcn, bytes) else str(gcn)).split(":")[0] or "gfx?"
+    else:
+        arch = f"sm_{props['major']}{props['minor']}"
+    runtime = (
+        f"cupy {cupy.__version__}, {'HIP' if rt.is_hip else 'CUDA'} runtime {rt.runtimeGetVersion()}, "
+        f"driver {rt.driverGetVersion()}"
+    )
+    return DeviceInfo(
+        name,
+        arch,
+        int(props["warpSize"]),
+        int(props["multiProcessorCount"]),
+        int(props["l2CacheSize"]),
+        rt.is_hip,
+        runtime,
+    )
+
+
+def _dependencies(source: Path) -> list[Path]:
+    """What a source may include: everything in ``kernels/`` and the headers beside it."""
+    return sorted({*KERNEL_DIR.glob("*.h"), *KERNEL_DIR.glob("*.hip"), *source.parent.glob("*.h")})
+
+
+def source_hash(source: Path, code: str) -> str:
+    h = hashlib.sha256(code.encode())
+    for path in _dependencies(source):
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def load_module(source: Path, options: tuple[str, ...] = ()) -> Any:
+    """A RawModule for ``source`` (a .hip/.cu file), ``kernels/`` and its own folder on the include path."""
+    source = Path(source).resolve()
+    if not source.is_file():
+        raise ArgumentError(f"source: no such kernel file {str(source)!r}")
+    code = source.read_text()
+    opts = (f"-I{KERNEL_DIR}", f"-I{source.parent}", *options)
+    key = (source_hash(source, code), opts, device_info().arch)
+    if key not in _MODULES:
+        module = cupy.RawModule(code=code, options=opts)
+        _MODULES[key] = module
+    return _MODULES[key]
+
+
+def get_kernel(source: Path, symbol: str, options: tuple[str, ...] = ()) -> Any:
+    """The ``extern "C"`` kernel ``symbol`` of ``source``, compiled on first use. A compile error or a
+    missing symbol is a DeviceError carrying the compiler's log."""
+    module = load_module(source, options)
+    try:
+        return module.get_function(symbol)
+    except cupy.cuda.compiler.CompileException as exc:
+        raise DeviceError(f"compiling {source.name} failed:\n{exc.get_message()}") from exc
+    except cupy.cuda.driver.CUDADriverError as exc:
+        raise DeviceError(f'{source.name} has no kernel {symbol!r} (extern "C" __global__?): {exc}') from exc

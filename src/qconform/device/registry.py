@@ -1,0 +1,91 @@
+"""Every device kernel qconform ships, with its launch geometry. Imports no CuPy.
+
+Launch ABI, shared by our kernels and a user's ``hip:`` kernel (README "Kernel ABIs"):
+``extern "C" __global__ void k(const void* in, void* out, long long n_blocks)`` launched with
+``blockDim.x = threads`` and ``gridDim.x = ceil(n_blocks * lanes / threads)``, where ``n_blocks``
+is the number of format blocks (Q8_K: 256 values, Q8_0: 32) and ``lanes`` the threads a kernel
+spends on one format block.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from qconform.errors import ArgumentError
+
+KERNEL_DIR = Path(__file__).parent / "kernels"
+MAX_GRID_X = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class Geometry:
+    lanes: int = 1  # threads per format block
+    threads: int = 256  # threads per CTA (blockDim.x)
+
+    def grid(self, n_blocks: int) -> int:
+        return -(-n_blocks * self.lanes // self.threads)
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    op: str
+    variant: str
+    symbol: str
+    source: str  # file under kernels/
+    geometry: Geometry
+    doc: str
+
+    @property
+    def path(self) -> Path:
+        return KERNEL_DIR / self.source
+
+
+KERNELS: tuple[KernelSpec, ...] = (
+    KernelSpec(
+        "q8_k_quant",
+        "coop",
+        "qk_q8_k_quant_coop",
+        "ggml_quant.hip",
+        Geometry(8, 256),
+        "8 lanes per super-block, shuffle amax (ties to the lower index)",
+    ),
+    KernelSpec(
+        "q8_k_quant",
+        "ref",
+        "qk_q8_k_quant_ref",
+        "ggml_quant.hip",
+        Geometry(1, 32),
+        "one thread per super-block in the reference order, staged through shared memory",
+    ),
+    KernelSpec(
+        "q8_0_quant", "coop", "qk_q8_0_quant", "ggml_quant.hip", Geometry(8, 256), "8 lanes per block, ordered MAX scan"
+    ),
+    KernelSpec("q8_k_dequant", "coop", "qk_q8_k_dequant", "ggml_quant.hip", Geometry(64, 256), "a float4 per thread"),
+    KernelSpec("q8_0_dequant", "coop", "qk_q8_0_dequant", "ggml_quant.hip", Geometry(8, 256), "a float4 per thread"),
+)
+
+VARIANTS = tuple(dict.fromkeys(k.variant for k in KERNELS))
+
+
+def kernel_for(op: str, variant: str | None = None) -> KernelSpec:
+    """The kernel of ``op`` in ``variant`` (None: the first listed); an op with one kernel uses it
+    for every variant."""
+    mine = [k for k in KERNELS if k.op == op]
+    if not mine:
+        raise ArgumentError(f"op: no device kernel for {op!r}; kernels exist for {sorted({k.op for k in KERNELS})}")
+    if variant is None or len(mine) == 1:
+        return mine[0]
+    for k in mine:
+        if k.variant == variant:
+            return k
+    raise ArgumentError(f"variant: {op} has no {variant!r} kernel; variants: {[k.variant for k in mine]}")
+
+
+def check_grid(op: str, n_blocks: int, geometry: Geometry) -> int:
+    grid = geometry.grid(n_blocks)
+    if grid > MAX_GRID_X:
+        raise ArgumentError(
+            f"{op}: {n_blocks} blocks need a grid of {grid} CTAs, over the {MAX_GRID_X} a launch allows; split the rows"
+        )
+    return grid
