@@ -40,6 +40,9 @@ def _failure_lines(results: Sequence[LeafResult]) -> list[str]:
             lines.append(f"FAIL {r.op} {r.leaf} {o.prop}{where}: {o.detail}")
         if len(r.failed) > MAX_FAILURES_SHOWN:
             lines.append(f"     ... and {len(r.failed) - MAX_FAILURES_SHOWN} more failures in {r.op} {r.leaf}")
+        for o in r.outcomes:
+            if o.ok is not False and "WARNING" in o.detail:
+                lines.append(f"WARN {r.op} {r.leaf} {o.prop}: {o.detail}")
     return lines
 
 

@@ -120,8 +120,7 @@ qk_q8_k_quant_ref(const void* in, void* out, qk_i64 n_blocks) {
 #define QK_COOP_TIE_LOWER(mine, other) ((other) < (mine))
 #endif
 
-extern "C" __global__ void __launch_bounds__(256)
-qk_q8_k_quant_coop(const void* in, void* out, qk_i64 n_blocks) {
+__device__ __forceinline__ void qk_q8_k_quant_coop_body(const void* in, void* out, qk_i64 n_blocks) {
     const qk_i64 gt = qk_global_thread();
     const qk_i64 sb = gt >> 3;
     const int l = (int)(gt & 7);
@@ -168,6 +167,11 @@ qk_q8_k_quant_coop(const void* in, void* out, qk_i64 n_blocks) {
         }
     }
     if (active && l == 0) *(float*)y = zero ? 0.0f : qk_ftz(QK_FDIV(1.0f, iscale));
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+qk_q8_k_quant_coop(const void* in, void* out, qk_i64 n_blocks) {
+    qk_q8_k_quant_coop_body(in, out, n_blocks);
 }
 
 /* -------------------------------------------------------------------------- Q8_0 quantize */

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The device suite, on a machine with a GPU and CuPy: builds (RawModule JIT, the so: launchers),
+# checks (pytest -m device: every kernel through every property, device mutants caught) and times
+# (each kernel against the measured copy bandwidth), then prints the tables last.
+#   bash ci/device.sh            # full logs and tables under $OUT (default /tmp/qconform-device)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-ci}"
+OUT="${OUT:-/tmp/qconform-device}"
+mkdir -p "$OUT"
+PY="${PYTHON:-python3}"
+status=0
+
+"$PY" -m pytest -m device -q -p no:cacheprovider tests/test_device.py >"$OUT/pytest.log" 2>&1 || status=1
+tail -n 3 "$OUT/pytest.log"
+"$PY" -m qconform run --impl cupy --coverage 2 --format markdown --out "$OUT/cupy.md" >"$OUT/run-cupy.log" 2>&1 || status=1
+"$PY" -m qconform run --impl cupy:ref --ops q8_k_quant --coverage 2 --format markdown --out "$OUT/cupy-ref.md" \
+  >"$OUT/run-cupy-ref.log" 2>&1 || status=1
+"$PY" tests/device_catalogue.py >"$OUT/mutants.md" 2>&1 || status=1
+"$PY" -m qconform.bench.device >"$OUT/bench.md" 2>&1 || status=1
+
+echo
+echo "== conformance: --impl cupy (coverage 2) =="
+cat "$OUT/cupy.md"
+echo "== conformance: --impl cupy:ref =="
+cat "$OUT/cupy-ref.md"
+echo "== device mutants and controls =="
+cat "$OUT/mutants.md"
+echo "== throughput =="
+cat "$OUT/bench.md"
+exit $status

@@ -1,0 +1,94 @@
+"""Device suite (marker ``device``; skipped without a GPU): every device kernel through every
+property, the launchers' argument rules, the device mutants caught and the controls passing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from device_catalogue import ALL, DeviceMutant, build_all, run_mutant, verdict
+
+from qconform.errors import ArgumentError
+from qconform.ops import get_op
+from qconform.properties.checks import Prepared
+from qconform.properties.suite import run_leaf
+
+pytestmark = pytest.mark.device
+
+OWN = [
+    ("cupy", "q8_k_quant"),
+    ("cupy:ref", "q8_k_quant"),
+    ("cupy", "q8_0_quant"),
+    ("cupy", "q8_k_dequant"),
+    ("cupy", "q8_0_dequant"),
+]
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    return build_all(tmp_path_factory.mktemp("so"))
+
+
+@pytest.mark.parametrize("impl_name,op_name", OWN, ids=[f"{i}-{o}" for i, o in OWN])
+def test_own_kernel_passes_every_property(impl_name: str, op_name: str) -> None:
+    from qconform.impls import load_impl
+
+    impl = load_impl(impl_name)
+    op = get_op(op_name)
+    leaf = op.leaves[0].name
+    prepared = [Prepared.from_case(op, c, impl.ftz) for c in op.cases(leaf, 2)]
+    result = run_leaf(impl, op, leaf, prepared)
+    assert result.verdict == "PASS", [o for o in result.failed]
+    props = {o.prop: o for o in result.outcomes}
+    assert props["survives_pending_error"].ok is True, props["survives_pending_error"].detail
+    assert "WARNING" not in props["survives_pending_error"].detail
+    cold = [o for o in result.outcomes if o.prop == "matches_oracle" and o.case and o.case.startswith("normal-")]
+    assert cold, "the cold input sets were checked against the oracle"
+
+
+@pytest.mark.parametrize("m", ALL, ids=[m.name for m in ALL])
+def test_device_mutant(m: DeviceMutant, built: dict) -> None:
+    ok, what = verdict(m, run_mutant(m, built))
+    assert ok, f"{m.name}: expected {m.caught_by or 'pass'}, {what}"
+
+
+def test_launcher_rejects_before_launch() -> None:
+    import cupy
+
+    from qconform.device import launch
+
+    x = cupy.ones((2, 300), cupy.float32)
+    out = cupy.full((2, 2 * 292), 0xA5, cupy.uint8)
+    with pytest.raises(ArgumentError, match="multiple of 256"):
+        launch.quantize(x, "Q8_K", out=out)
+    with pytest.raises(ArgumentError, match="dtype must be float32"):
+        launch.quantize(cupy.ones((2, 512), cupy.float64), "Q8_K", out=out)
+    with pytest.raises(ArgumentError, match="cupy.ndarray"):
+        launch.quantize(np.ones((2, 512), np.float32), "Q8_K")
+    with pytest.raises(ArgumentError, match="shape must be"):
+        launch.quantize(cupy.ones((2, 512), cupy.float32), "Q8_K", out=cupy.zeros((2, 583), cupy.uint8))
+    with pytest.raises(ArgumentError, match="variant"):
+        launch.quantize(cupy.ones((2, 512), cupy.float32), "Q8_K", variant="nope")
+    assert bool((out == 0xA5).all()), "a rejected call wrote into out"
+
+
+def test_launcher_uses_the_callers_stream() -> None:
+    import cupy
+
+    from qconform.device import launch
+    from qconform.oracles.ggml import quantize
+
+    x = np.random.default_rng(3).standard_normal((64, 4096)).astype(np.float32)
+    s = cupy.cuda.Stream(non_blocking=True)
+    with s:
+        dx = cupy.asarray(x)
+        y = launch.quantize(dx, "Q8_K")
+    s.synchronize()
+    assert cupy.asnumpy(y).tobytes() == quantize(x, "Q8_K", ftz=True).tobytes()
+
+
+def test_zero_rows_launch_nothing() -> None:
+    import cupy
+
+    from qconform.device import launch
+
+    assert launch.quantize(cupy.ones((0, 256), cupy.float32), "Q8_K").shape == (0, 292)
