@@ -21,12 +21,25 @@ def test_default_run_checks_the_oracle_against_the_golden_set(capsys) -> None:
     assert "Leaves: 4 (0 failed) | Cases:" in out and "(0 failed)\n" in out
 
 
-def test_default_run_with_a_gpu_but_no_device_kernels(monkeypatch, capsys) -> None:
+def test_default_run_with_a_gpu_checks_the_device_kernels(monkeypatch, capsys) -> None:
     import qconform.cli
+    from qconform.impls import OracleImpl
 
+    asked = []
     monkeypatch.setattr(qconform.cli, "device_available", lambda: (True, "1 device(s)"))
-    assert main(["run", "--repeat-calls", "4"]) == 0
-    assert capsys.readouterr().out.startswith("GPU found (1 device(s)), but this version has no device kernels yet")
+    monkeypatch.setattr(qconform.cli, "load_impl", lambda spec, ops=None: asked.append(spec) or OracleImpl())
+    monkeypatch.setattr(qconform.cli, "_device_line", lambda: "a stand-in GPU")
+    assert main(["run", "--repeat-calls", "4", "--coverage", "1", "--ops", "q8_0_dequant"]) == 0
+    assert asked == ["cupy"]
+    out = capsys.readouterr().out
+    assert out.startswith("GPU found (1 device(s)): checking qconform's device kernels (--impl cupy)")
+    assert "device: a stand-in GPU" in out
+
+
+def test_device_impls_need_a_device(capsys) -> None:
+    for spec in ("cupy", "cupy:ref", "hip:k.hip:sym", "so:lib.so:sym"):
+        assert main(["run", "--impl", spec]) == 2
+        assert "needs a GPU and CuPy" in capsys.readouterr().err
 
 
 def test_hypothesis_profiles(monkeypatch) -> None:

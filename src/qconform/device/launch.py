@@ -58,6 +58,9 @@ class AbiCall:
 def bind(op: str, inputs: dict[str, Any], params: dict[str, Any], out: Any = None) -> AbiCall:
     """Check every rule of ``op`` on CuPy arguments (ArgumentError, nothing launched) and bind
     them to the ABI."""
+    qtype = resolve_qtype(params.get("qtype"))
+    if op.rsplit("_", 1)[0] != qtype.name.lower():
+        raise ArgumentError(f"qtype: {op} takes {op.rsplit('_', 1)[0].upper()}, got {qtype.name}")
     if op.endswith("_dequant"):
         fmt, shape = check_dequantize_args(inputs["data"], params["qtype"], out, CUPY)
         return AbiCall(inputs["data"], shape, np.dtype(np.float32), inputs["data"].size // fmt.type_size)

@@ -20,8 +20,11 @@ def build_command(source: Path, output: Path, *, vendor: str, arch: str) -> list
     """The compiler command for ``vendor`` ``"nvidia"`` (arch ``sm_90``) or ``"amd"`` (``gfx90a``)."""
     include = f"-I{KERNEL_DIR}"
     if vendor == "nvidia":
+        nvcc = shutil.which("nvcc")
+        rpath = Path(nvcc).resolve().parent.parent / "lib64" if nvcc else None  # find libcudart.so at run time
         return [
             "nvcc",
+            *([f"-Xlinker=-rpath={rpath}"] if rpath else []),
             "--cudart",
             "shared",
             "-shared",
