@@ -7,5 +7,6 @@ PYTHON="${PYTHON:-python3}"
 "$PYTHON" -m pip install --quiet --upgrade pip
 "$PYTHON" -m pip install --quiet ".[test,upstream]"
 "$PYTHON" -m ruff check src tests
+bash ci/compile-kernels.sh
 export HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-ci}"
 "$PYTHON" -m pytest -n 2 -p no:cacheprovider "$@" tests

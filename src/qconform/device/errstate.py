@@ -33,15 +33,18 @@ class ErrorSlot:
     name: Callable[[int], str]
 
 
-def mapped_runtimes() -> list[str]:
-    """Paths of the CUDA/HIP runtime libraries mapped into this process (Linux)."""
-    try:
-        lines = Path("/proc/self/maps").read_text().splitlines()
-    except OSError:
-        return []
+def mapped_runtimes(maps: str | None = None) -> list[str]:
+    """Paths of the CUDA/HIP runtime libraries mapped into this process (``/proc/self/maps``, or
+    the given text in its format), in the order they appear."""
+    if maps is None:
+        try:
+            maps = Path("/proc/self/maps").read_text()
+        except OSError:
+            return []
     found = []
-    for line in lines:
-        path = line.split(maxsplit=5)[-1] if len(line.split()) >= 6 else ""
+    for line in maps.splitlines():
+        fields = line.split(maxsplit=5)
+        path = fields[5] if len(fields) == 6 else ""
         if os.path.basename(path).startswith(RUNTIME_NAMES) and path not in found:
             found.append(path)
     return found

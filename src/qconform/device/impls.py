@@ -19,7 +19,7 @@ import numpy as np
 from qconform.device import errstate
 from qconform.device.launch import bind, run_kernel, run_op
 from qconform.device.loader import device_info, get_kernel
-from qconform.device.registry import KERNELS, VARIANTS, Geometry
+from qconform.device.registry import KERNELS, VARIANTS, parse_source_spec
 from qconform.errors import ArgumentError, DeviceError
 from qconform.ops import OpSpec
 
@@ -159,25 +159,6 @@ class HipSourceImpl(DeviceImpl):
     def launch(self, op: OpSpec, dev_inputs: dict[str, Any], params: dict[str, Any], dev_out: Any) -> Any:
         call = bind(op.name, dev_inputs, params, dev_out)
         return run_kernel(op.name, self.kernel, self.geometry, call, dev_out)
-
-
-def parse_source_spec(spec: str) -> tuple[Path, str, Geometry]:
-    body = spec.split(":", 1)[1] if ":" in spec else ""
-    parts = body.split(":")
-    if len(parts) < 2 or not parts[0] or not parts[1]:
-        raise ArgumentError(
-            f"impl: hip: implementations are 'hip:path/file.hip:symbol[:lanes=N][:threads=N]', got {spec!r}"
-        )
-    opts: dict[str, int] = {}
-    for item in parts[2:]:
-        key, sep, value = item.partition("=")
-        if not sep or key not in ("lanes", "threads") or not value.isdigit() or int(value) < 1:
-            raise ArgumentError(f"impl: {spec!r}: options are lanes=N and threads=N (positive), got {item!r}")
-        opts[key] = int(value)
-    path = Path(parts[0])
-    if not path.is_file():
-        raise ArgumentError(f"impl: no such kernel source {parts[0]!r}")
-    return path, parts[1], Geometry(**opts)
 
 
 class SharedLibImpl(DeviceImpl):

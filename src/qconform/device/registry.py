@@ -56,10 +56,10 @@ KERNELS: tuple[KernelSpec, ...] = (
         "qk_q8_k_quant_ref",
         "ggml_quant.hip",
         Geometry(1, 32),
-        "one thread per super-block in the reference order, staged through shared memory",
+        "one thread per super-block in the reference order, chunks staged through shared memory",
     ),
     KernelSpec(
-        "q8_0_quant", "coop", "qk_q8_0_quant", "ggml_quant.hip", Geometry(8, 256), "8 lanes per block, ordered MAX scan"
+        "q8_0_quant", "coop", "qk_q8_0_quant", "ggml_quant.hip", Geometry(2, 256), "2 lanes per block, ordered MAX scan"
     ),
     KernelSpec("q8_k_dequant", "coop", "qk_q8_k_dequant", "ggml_quant.hip", Geometry(64, 256), "a float4 per thread"),
     KernelSpec("q8_0_dequant", "coop", "qk_q8_0_dequant", "ggml_quant.hip", Geometry(8, 256), "a float4 per thread"),
@@ -89,3 +89,23 @@ def check_grid(op: str, n_blocks: int, geometry: Geometry) -> int:
             f"{op}: {n_blocks} blocks need a grid of {grid} CTAs, over the {MAX_GRID_X} a launch allows; split the rows"
         )
     return grid
+
+
+def parse_source_spec(spec: str) -> tuple[Path, str, Geometry]:
+    """``hip:path/file.hip:symbol[:lanes=N][:threads=N]`` -> (path, symbol, geometry)."""
+    body = spec.split(":", 1)[1] if ":" in spec else ""
+    parts = body.split(":")
+    if len(parts) < 2 or not parts[0] or not parts[1]:
+        raise ArgumentError(
+            f"impl: hip: implementations are 'hip:path/file.hip:symbol[:lanes=N][:threads=N]', got {spec!r}"
+        )
+    opts: dict[str, int] = {}
+    for item in parts[2:]:
+        key, sep, value = item.partition("=")
+        if not sep or key not in ("lanes", "threads") or not value.isdigit() or int(value) < 1:
+            raise ArgumentError(f"impl: {spec!r}: options are lanes=N and threads=N (positive), got {item!r}")
+        opts[key] = int(value)
+    path = Path(parts[0])
+    if not path.is_file():
+        raise ArgumentError(f"impl: no such kernel source {parts[0]!r}")
+    return path, parts[1], Geometry(**opts)

@@ -50,63 +50,71 @@ __device__ __forceinline__ qk_u32 qk_roundf_byte(float v) {
 }
 
 /* ---------------------------------------------------------------- Q8_K quantize, reference */
-/* One thread per 256-value super-block in the reference order. A 32-thread CTA stages its 32
- * super-blocks through shared memory (coalesced in, row stride 257 floats so the per-thread
- * reads are conflict-free) and stages the 292-byte results out the same way.
+/* One thread per 256-value super-block, in the reference order: a first pass scans its values
+ * 0..255 for the first strict max, a second quantizes them. A 32-thread CTA serves 32
+ * super-blocks and streams them through shared memory 32 values ("a chunk") at a time: the CTA
+ * loads chunk c of its 32 super-blocks coalesced (128 contiguous bytes per super-block), then
+ * each thread works through its own row of the chunk (row stride 33 floats: conflict-free both
+ * ways). The second pass reloads the chunks, which the first pass has just brought into L2.
  * LANES = 1, THREADS = 32. */
 #define REF_SB 32
-#define REF_STRIDE (QK_K + 1)
+#define REF_CHUNK 32
+#define REF_STRIDE (REF_CHUNK + 1)
+
+__device__ __forceinline__ void qk_ref_load_chunk(float* xs, const float4* src, int nsb, int c) {
+    for (int f = threadIdx.x; f < REF_SB * (REF_CHUNK / 4); f += REF_SB) {
+        const int s = f / (REF_CHUNK / 4), q = f % (REF_CHUNK / 4);
+        if (s < nsb) {
+            float4 v = src[(qk_i64)s * (QK_K / 4) + c * (REF_CHUNK / 4) + q];
+            float* row = xs + s * REF_STRIDE + 4 * q;
+            row[0] = v.x; row[1] = v.y; row[2] = v.z; row[3] = v.w;
+        }
+    }
+}
 
 extern "C" __global__ void __launch_bounds__(REF_SB)
 qk_q8_k_quant_ref(const void* in, void* out, qk_i64 n_blocks) {
     __shared__ float xs[REF_SB * REF_STRIDE];
-    __shared__ qk_u32 ys[REF_SB * (Q8_K_BYTES / 4)];
     const qk_i64 first = (qk_i64)blockIdx.x * REF_SB;
-    const int t = threadIdx.x;
     if (first >= n_blocks) return;
+    const int t = threadIdx.x;
     const int nsb = (int)((n_blocks - first) < REF_SB ? (n_blocks - first) : REF_SB);
     const float4* src = (const float4*)in + first * (QK_K / 4);
-    for (int f = t; f < nsb * (QK_K / 4); f += REF_SB) {
-        float4 v = src[f];
-        float* row = xs + (f / (QK_K / 4)) * REF_STRIDE + 4 * (f % (QK_K / 4));
-        row[0] = v.x; row[1] = v.y; row[2] = v.z; row[3] = v.w;
-    }
-    __syncthreads();
-    if (t < nsb) {
-        const float* x = xs + t * REF_STRIDE;
-        qk_u32* y = ys + t * (Q8_K_BYTES / 4);
-        float amax = 0.0f, mx = 0.0f;
-        for (int j = 0; j < QK_K; ++j) {  /* first strict max; a NaN never wins */
+    const float* x = xs + t * REF_STRIDE;
+    float amax = 0.0f, mx = 0.0f;
+    for (int c = 0; c < QK_K / REF_CHUNK; ++c) {  /* first strict max; a NaN never wins */
+        qk_ref_load_chunk(xs, src, nsb, c);
+        __syncthreads();
+        for (int j = 0; j < REF_CHUNK; ++j) {
             float v = qk_ftz(x[j]);
             float a = fabsf(v);
             if (a > amax) { amax = a; mx = v; }
         }
-        if (amax == 0.0f) {
-            for (int w = 0; w < Q8_K_BYTES / 4; ++w) y[w] = 0u;
-        } else {
-            const float iscale = qk_ftz(QK_FDIV(-127.0f, mx));
-            for (int g = 0; g < QK_K / 16; ++g) {
-                int sum = 0;
-                for (int w = 0; w < 4; ++w) {
-                    qk_u32 word = 0u;
-                    for (int b = 0; b < 4; ++b) {
-                        int q = qk_q8_k_value(iscale, x[16 * g + 4 * w + b]);
-                        sum += q;
-                        word |= ((qk_u32)q & 0xFFu) << (8 * b);
-                    }
-                    y[1 + 4 * g + w] = word;
-                }
-                /* bsums[g] (int16) at byte 260 + 2g: word 65 + g/2, half g%2 */
-                qk_u32 half = (qk_u32)sum & 0xFFFFu;
-                if (g % 2 == 0) y[65 + g / 2] = half;
-                else y[65 + g / 2] |= half << 16;
-            }
-            y[0] = qk_bits(qk_ftz(QK_FDIV(1.0f, iscale)));
-        }
+        __syncthreads();
     }
-    __syncthreads();
-    qk_u32* dst = (qk_u32*)out + first * (Q8_K_BYTES / 4);
-    for (int w = t; w < nsb * (Q8_K_BYTES / 4); w += REF_SB) dst[w] = ys[w];
+    const bool zero = amax == 0.0f;
+    const float iscale = zero ? 0.0f : qk_ftz(QK_FDIV(-127.0f, mx));
+    qk_u8* y = (qk_u8*)out + (first + t) * Q8_K_BYTES;
+    for (int c = 0; c < QK_K / REF_CHUNK; ++c) {
+        qk_ref_load_chunk(xs, src, nsb, c);
+        __syncthreads();
+        if (t < nsb) {
+            int sums[2] = {0, 0};
+            for (int w = 0; w < REF_CHUNK / 4; ++w) {
+                qk_u32 word = 0u;
+                for (int b = 0; b < 4; ++b) {
+                    int q = zero ? 0 : qk_q8_k_value(iscale, x[4 * w + b]);
+                    sums[w / 4] += q;
+                    word |= ((qk_u32)q & 0xFFu) << (8 * b);
+                }
+                ((qk_u32*)(y + Q8_K_QS))[c * (REF_CHUNK / 4) + w] = word;
+            }
+            /* bsums[2c] and bsums[2c + 1], int16 each, at byte 260 + 4c */
+            ((qk_u32*)(y + Q8_K_BSUMS))[c] = ((qk_u32)sums[0] & 0xFFFFu) | ((qk_u32)sums[1] << 16);
+        }
+        __syncthreads();
+    }
+    if (t < nsb) *(float*)y = zero ? 0.0f : qk_ftz(QK_FDIV(1.0f, iscale));
 }
 
 /* -------------------------------------------------------------- Q8_K quantize, cooperative */
@@ -175,49 +183,51 @@ qk_q8_k_quant_coop(const void* in, void* out, qk_i64 n_blocks) {
 }
 
 /* -------------------------------------------------------------------------- Q8_0 quantize */
-/* 8 lanes per 32-value block, one float4 each. ggml's amax is a sequential MAX(a, b) =
- * a > b ? a : b, so a NaN makes it NaN and the next value replaces it: the result is NaN when
- * the last value is NaN, else the max over the values after the last NaN. A lane summarises its
- * values as (has_nan, value) and the groups combine in index order (lower lanes first), which
- * reproduces the sequential scan exactly. LANES = 8, THREADS = 256. */
+/* 2 lanes per 32-value block, 16 consecutive values (four float4) each. ggml's amax is a
+ * sequential MAX(a, b) = a > b ? a : b, so a NaN makes it NaN and the next value replaces it: the
+ * result is NaN when the last value is NaN, else the max over the values after the last NaN. A
+ * lane summarises its values as (has_nan, value); the pair combines them in index order (lane 0
+ * first), which reproduces the sequential scan exactly. LANES = 2, THREADS = 256. */
 __device__ __forceinline__ float qk_seq_max(float m, float a) { return m > a ? m : a; }
 
 extern "C" __global__ void __launch_bounds__(256)
 qk_q8_0_quant(const void* in, void* out, qk_i64 n_blocks) {
     const qk_i64 gt = qk_global_thread();
-    const qk_i64 blk = gt >> 3;
-    const int l = (int)(gt & 7);
+    const qk_i64 blk = gt >> 1;
+    const int l = (int)(gt & 1);
     const bool active = blk < n_blocks;
-    float4 v = active ? ((const float4*)in)[blk * 8 + l] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    const float c[4] = {qk_ftz(v.x), qk_ftz(v.y), qk_ftz(v.z), qk_ftz(v.w)};
-    /* this lane's segment as a function of the incoming amax m: has_nan ? val : seq_max(m, val) */
+    float c[16];
+    const float4* src = (const float4*)in + blk * 8 + 4 * l;
+    for (int k = 0; k < 4; ++k) {
+        float4 v = active ? src[k] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        c[4 * k] = qk_ftz(v.x); c[4 * k + 1] = qk_ftz(v.y); c[4 * k + 2] = qk_ftz(v.z); c[4 * k + 3] = qk_ftz(v.w);
+    }
+    /* this lane's values as a function of the incoming amax m: has_nan ? val : seq_max(m, val) */
     bool has_nan = false;
     float val = 0.0f;
-    for (int b = 0; b < 4; ++b) {
+    for (int b = 0; b < 16; ++b) {
         float a = fabsf(c[b]);
         if (qk_isnan(a)) { has_nan = true; val = a; }
         else val = qk_isnan(val) ? a : qk_seq_max(val, a);
     }
-    for (int m = 1; m < 8; m <<= 1) {
-        bool o_nan = QK_SHFL_XOR((int)has_nan, m, 8) != 0;
-        float o_val = QK_SHFL_XOR(val, m, 8);
-        const bool lower = (l & m) == 0;  /* this lane's group precedes the other's */
-        bool f_nan = lower ? has_nan : o_nan, s_nan = lower ? o_nan : has_nan;
-        float f_val = lower ? val : o_val, s_val = lower ? o_val : val;
-        if (s_nan) { has_nan = true; val = s_val; }
-        else { has_nan = f_nan; val = qk_isnan(f_val) ? s_val : qk_seq_max(f_val, s_val); }
-    }
-    const float amax = has_nan ? val : qk_seq_max(0.0f, val);
+    const bool o_nan = QK_SHFL_XOR((int)has_nan, 1, 2) != 0;
+    const float o_val = QK_SHFL_XOR(val, 1, 2);
+    const bool f_nan = l == 0 ? has_nan : o_nan, s_nan = l == 0 ? o_nan : has_nan;
+    const float f_val = l == 0 ? val : o_val, s_val = l == 0 ? o_val : val;
+    float amax;
+    if (s_nan) amax = s_val;
+    else if (f_nan) amax = qk_isnan(f_val) ? s_val : qk_seq_max(f_val, s_val);
+    else amax = qk_seq_max(0.0f, qk_seq_max(f_val, s_val));
     const float d = qk_ftz(QK_FDIV(amax, 127.0f));
     const float id = d != 0.0f ? qk_ftz(QK_FDIV(1.0f, d)) : 0.0f;
-    qk_u32 word = 0u;
-    for (int b = 0; b < 4; ++b) word |= qk_roundf_byte(qk_ftz(QK_FMUL(c[b], id))) << (8 * b);
-    if (active) {
-        qk_u16* y = (qk_u16*)((qk_u8*)out + blk * Q8_0_BYTES);
-        y[1 + 2 * l] = (qk_u16)(word & 0xFFFFu);
-        y[2 + 2 * l] = (qk_u16)(word >> 16);
-        if (l == 0) y[0] = qk_fp16_bits(d);
+    if (!active) return;
+    qk_u16* y = (qk_u16*)((qk_u8*)out + blk * Q8_0_BYTES);
+    for (int h = 0; h < 8; ++h) {
+        qk_u32 lo = qk_roundf_byte(qk_ftz(QK_FMUL(c[2 * h], id)));
+        qk_u32 hi = qk_roundf_byte(qk_ftz(QK_FMUL(c[2 * h + 1], id)));
+        y[1 + 8 * l + h] = (qk_u16)(lo | (hi << 8));
     }
+    if (l == 0) y[0] = qk_fp16_bits(d);
 }
 
 /* -------------------------------------------------------------------------------- dequant */

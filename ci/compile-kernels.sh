@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# CI compile gate (no GPU needed): every kernel source compiled offline, warnings as errors, for
+#   AMD gfx90a (wave64) and gfx1030 (wave32) with Debian's hipcc (installed here if missing), and
+#   NVIDIA sm_90 with nvcc;
+# the so: launcher example is also built as a shared library for both vendors, and the CUDA-only
+# test launchers for NVIDIA. Facts: ../shared/specs/tooling.md B6 (HIP_PLATFORM=amd is required
+# because nvcc is on PATH; Debian's hipcc is 5.2.3 / clang-15).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+KERNELS=src/qconform/device/kernels
+export HIP_PLATFORM=amd
+
+install_hipcc() {
+  command -v hipcc >/dev/null && return 0
+  local sudo=""
+  [ "$(id -u)" = 0 ] || sudo="sudo -n"
+  command -v apt-get >/dev/null || return 1
+  $sudo apt-get update -qq >/dev/null && \
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends hipcc libamdhip64-dev >/dev/null
+}
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+n=0
+amd=1
+if ! install_hipcc; then
+  amd=0
+  echo "compile-kernels: WARNING: hipcc is not installed and could not be installed (apt-get as root or sudo): AMD targets NOT compiled" >&2
+fi
+command -v nvcc >/dev/null || { echo "compile-kernels: nvcc not found" >&2; exit 1; }
+
+compile() {  # label, command...
+  local label=$1; shift
+  if ! "$@" >"$tmp/log" 2>&1; then
+    echo "compile-kernels: FAILED $label" >&2
+    cat "$tmp/log" >&2
+    exit 1
+  fi
+  n=$((n + 1))
+}
+
+for src in "$KERNELS"/*.hip tests/device_mutants/*.hip; do
+  if [ "$amd" = 1 ]; then
+    for arch in gfx90a gfx1030; do
+      compile "$src for $arch" hipcc --genco --offload-arch="$arch" -Werror -Wall -I"$KERNELS" -o "$tmp/k.co" "$src"
+    done
+  fi
+  compile "$src for sm_90" nvcc -cubin -arch=sm_90 -Werror all-warnings -I"$KERNELS" -x cu -o "$tmp/k.cubin" "$src"
+done
+for src in examples/so_launcher/*.cu; do
+  if [ "$amd" = 1 ]; then
+    compile "$src (shared library) for gfx90a" hipcc -shared -fPIC --offload-arch=gfx90a -x hip -Werror -I"$KERNELS" \
+      -o "$tmp/l.so" "$src"
+  fi
+  compile "$src (shared library) for sm_90" nvcc --cudart shared -shared -Xcompiler -fPIC -arch=sm_90 \
+    -Werror all-warnings -I"$KERNELS" -o "$tmp/l.so" "$src"
+done
+for src in tests/device_mutants/*.cu; do  # CUDA-only test launchers
+  compile "$src (shared library) for sm_90" nvcc --cudart shared -shared -Xcompiler -fPIC -arch=sm_90 \
+    -Werror all-warnings -I"$KERNELS" -o "$tmp/l.so" "$src"
+done
+echo "compile-kernels: $n compiles passed ($([ "$amd" = 1 ] && echo "gfx90a, gfx1030 and sm_90" || echo "sm_90 only: AMD SKIPPED"))"

@@ -1,0 +1,96 @@
+"""The device backend's parts that need no GPU: the kernel registry and launch geometry, the
+hip: spec parser, the so: build command, the runtime-library scan, and every symbol the
+registry and the device mutants name existing in its source."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from device_catalogue import ALL
+
+from qconform.device.errstate import mapped_runtimes
+from qconform.device.registry import KERNELS, Geometry, check_grid, kernel_for, parse_source_spec
+from qconform.device.solib import build_command
+from qconform.errors import ArgumentError
+from qconform.ops import CATALOGUE
+
+
+def _kernel_symbols(text: str) -> set[str]:
+    return set(re.findall(r'extern "C" __global__ void(?: __launch_bounds__\(\w+\))?\s+(\w+)\(', text))
+
+
+def test_every_registered_kernel_exists_in_its_source() -> None:
+    for k in KERNELS:
+        assert k.op in CATALOGUE
+        assert k.symbol in _kernel_symbols(k.path.read_text()), k.symbol
+
+
+def test_every_device_mutant_symbol_exists() -> None:
+    for m in ALL:
+        text = m.path().read_text()
+        if m.is_so:
+            assert f"int {m.symbol}(" in text, m.name
+        else:
+            included = text + "".join(k.path.read_text() for k in KERNELS if f'"{k.source}"' in text)
+            assert m.symbol in _kernel_symbols(included), m.name
+
+
+def test_geometry_grid_rule() -> None:
+    assert Geometry(8, 256).grid(1) == 1
+    assert Geometry(8, 256).grid(32) == 1
+    assert Geometry(8, 256).grid(33) == 2
+    assert Geometry(1, 32).grid(65) == 3
+    assert Geometry(64, 256).grid(5) == 2
+    with pytest.raises(ArgumentError, match="over the 2147483647"):
+        check_grid("q8_k_dequant", 2**40, Geometry(64, 256))
+
+
+def test_kernel_for_variants() -> None:
+    assert kernel_for("q8_k_quant").variant == "coop"
+    assert kernel_for("q8_k_quant", "ref").symbol == "qk_q8_k_quant_ref"
+    assert kernel_for("q8_0_quant", "ref").symbol == "qk_q8_0_quant"  # one kernel serves every variant
+    with pytest.raises(ArgumentError, match="variants"):
+        kernel_for("q8_k_quant", "fast")
+    with pytest.raises(ArgumentError, match="no device kernel"):
+        kernel_for("nope_quant")
+
+
+def test_parse_source_spec(tmp_path) -> None:
+    src = tmp_path / "k.hip"
+    src.write_text("")
+    assert parse_source_spec(f"hip:{src}:sym") == (src, "sym", Geometry(1, 256))
+    assert parse_source_spec(f"hip:{src}:sym:lanes=8:threads=64") == (src, "sym", Geometry(8, 64))
+    for bad, rule in [
+        (f"hip:{src}", "hip:path/file.hip:symbol"),
+        (f"hip:{src}:sym:lanes=0", "positive"),
+        (f"hip:{src}:sym:warps=2", "lanes=N and threads=N"),
+        (f"hip:{tmp_path}/missing.hip:sym", "no such kernel source"),
+    ]:
+        with pytest.raises(ArgumentError, match=rule):
+            parse_source_spec(bad)
+
+
+def test_so_build_commands_share_the_runtime(tmp_path) -> None:
+    nv = build_command(tmp_path / "a.cu", tmp_path / "a.so", vendor="nvidia", arch="sm_90")
+    assert nv[0] == "nvcc" and ["--cudart", "shared"] == nv[nv.index("--cudart") : nv.index("--cudart") + 2]
+    assert "-arch=sm_90" in nv and "-shared" in nv
+    amd = build_command(tmp_path / "a.cu", tmp_path / "a.so", vendor="amd", arch="gfx90a")
+    assert amd[0] == "hipcc" and "--offload-arch=gfx90a" in amd
+    with pytest.raises(ArgumentError, match="vendor"):
+        build_command(tmp_path / "a.cu", tmp_path / "a.so", vendor="intel", arch="x")
+
+
+def test_mapped_runtimes_reads_the_maps_format() -> None:
+    maps = "\n".join(
+        [
+            "7f00-7f10 r--p 00000000 08:01 11 /usr/lib/x86_64-linux-gnu/libc.so.6",
+            "7f10-7f20 r-xp 00000000 08:01 12 /usr/local/cuda/lib64/libcudart.so.13.0.96",
+            "7f20-7f30 r--p 00010000 08:01 12 /usr/local/cuda/lib64/libcudart.so.13.0.96",
+            "7f30-7f40 rw-p 00000000 00:00 0 ",
+            "7f40-7f50 r-xp 00000000 08:01 13 /opt/rocm/lib/libamdhip64.so.7",
+            "7f50-7f60 r-xp 00000000 08:01 14 /opt/x/libcudart_static_helper.a",
+        ]
+    )
+    assert mapped_runtimes(maps) == ["/usr/local/cuda/lib64/libcudart.so.13.0.96", "/opt/rocm/lib/libamdhip64.so.7"]
+    assert mapped_runtimes("") == []
