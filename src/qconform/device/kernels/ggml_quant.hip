@@ -49,14 +49,36 @@ __device__ __forceinline__ qk_u32 qk_roundf_byte(float v) {
     return (qk_u32)__float2int_rz(QK_FADD(v, copysignf(0x1.fffffep-2f, v))) & 0xFFu;
 }
 
+/* Copy a CTA's output, staged in shared memory, to global memory with wide coalesced stores.
+ * Direct per-thread stores of 292- or 34-byte blocks leave 32-byte sectors partly written by
+ * different warps at different times, which costs the memory system a read-modify-write per
+ * sector: staging took Q8_0 quantize from 44% to 82% of copy bandwidth on the H200. */
+__device__ __forceinline__ void qk_stage_out(const qk_u8* ys, qk_u8* dst, int nbytes) {
+    __syncthreads();
+    const unsigned long long a = (unsigned long long)dst;
+    if ((a & 15u) == 0u && (nbytes & 15) == 0) {
+        for (int w = threadIdx.x; w < nbytes / 16; w += blockDim.x) ((uint4*)dst)[w] = ((const uint4*)ys)[w];
+    } else if ((a & 3u) == 0u && (nbytes & 3) == 0) {
+        for (int w = threadIdx.x; w < nbytes / 4; w += blockDim.x) ((qk_u32*)dst)[w] = ((const qk_u32*)ys)[w];
+    } else {
+        for (int w = threadIdx.x; w < nbytes; w += blockDim.x) dst[w] = ys[w];
+    }
+}
+
+/* blocks of this CTA still inside the array */
+__device__ __forceinline__ int qk_cta_blocks(qk_i64 first, qk_i64 n_blocks, int per_cta) {
+    const qk_i64 left = n_blocks - first;
+    return left <= 0 ? 0 : (int)(left < per_cta ? left : per_cta);
+}
+
 /* ---------------------------------------------------------------- Q8_K quantize, reference */
 /* One thread per 256-value super-block, in the reference order: a first pass scans its values
  * 0..255 for the first strict max, a second quantizes them. A 32-thread CTA serves 32
  * super-blocks and streams them through shared memory 32 values ("a chunk") at a time: the CTA
  * loads chunk c of its 32 super-blocks coalesced (128 contiguous bytes per super-block), then
  * each thread works through its own row of the chunk (row stride 33 floats: conflict-free both
- * ways). The second pass reloads the chunks, which the first pass has just brought into L2.
- * LANES = 1, THREADS = 32. */
+ * ways). The second pass reloads the chunks, which the first pass has just brought into L2, and
+ * builds the 32 result blocks in shared memory for one coalesced store. LANES = 1, THREADS = 32. */
 #define REF_SB 32
 #define REF_CHUNK 32
 #define REF_STRIDE (REF_CHUNK + 1)
@@ -75,10 +97,12 @@ __device__ __forceinline__ void qk_ref_load_chunk(float* xs, const float4* src, 
 extern "C" __global__ void __launch_bounds__(REF_SB)
 qk_q8_k_quant_ref(const void* in, void* out, qk_i64 n_blocks) {
     __shared__ float xs[REF_SB * REF_STRIDE];
+    __shared__ uint4 ys4[REF_SB * Q8_K_BYTES / 16];
+    qk_u8* ys = (qk_u8*)ys4;
     const qk_i64 first = (qk_i64)blockIdx.x * REF_SB;
     if (first >= n_blocks) return;
     const int t = threadIdx.x;
-    const int nsb = (int)((n_blocks - first) < REF_SB ? (n_blocks - first) : REF_SB);
+    const int nsb = qk_cta_blocks(first, n_blocks, REF_SB);
     const float4* src = (const float4*)in + first * (QK_K / 4);
     const float* x = xs + t * REF_STRIDE;
     float amax = 0.0f, mx = 0.0f;
@@ -94,27 +118,26 @@ qk_q8_k_quant_ref(const void* in, void* out, qk_i64 n_blocks) {
     }
     const bool zero = amax == 0.0f;
     const float iscale = zero ? 0.0f : qk_ftz(QK_FDIV(-127.0f, mx));
-    qk_u8* y = (qk_u8*)out + (first + t) * Q8_K_BYTES;
+    qk_u8* y = ys + t * Q8_K_BYTES;
     for (int c = 0; c < QK_K / REF_CHUNK; ++c) {
         qk_ref_load_chunk(xs, src, nsb, c);
         __syncthreads();
-        if (t < nsb) {
-            int sums[2] = {0, 0};
-            for (int w = 0; w < REF_CHUNK / 4; ++w) {
-                qk_u32 word = 0u;
-                for (int b = 0; b < 4; ++b) {
-                    int q = zero ? 0 : qk_q8_k_value(iscale, x[4 * w + b]);
-                    sums[w / 4] += q;
-                    word |= ((qk_u32)q & 0xFFu) << (8 * b);
-                }
-                ((qk_u32*)(y + Q8_K_QS))[c * (REF_CHUNK / 4) + w] = word;
+        int sums[2] = {0, 0};
+        for (int w = 0; w < REF_CHUNK / 4; ++w) {
+            qk_u32 word = 0u;
+            for (int b = 0; b < 4; ++b) {
+                int q = zero ? 0 : qk_q8_k_value(iscale, x[4 * w + b]);
+                sums[w / 4] += q;
+                word |= ((qk_u32)q & 0xFFu) << (8 * b);
             }
-            /* bsums[2c] and bsums[2c + 1], int16 each, at byte 260 + 4c */
-            ((qk_u32*)(y + Q8_K_BSUMS))[c] = ((qk_u32)sums[0] & 0xFFFFu) | ((qk_u32)sums[1] << 16);
+            ((qk_u32*)(y + Q8_K_QS))[c * (REF_CHUNK / 4) + w] = word;
         }
+        /* bsums[2c] and bsums[2c + 1], int16 each, at byte 260 + 4c */
+        ((qk_u32*)(y + Q8_K_BSUMS))[c] = ((qk_u32)sums[0] & 0xFFFFu) | ((qk_u32)sums[1] << 16);
         __syncthreads();
     }
-    if (t < nsb) *(float*)y = zero ? 0.0f : qk_ftz(QK_FDIV(1.0f, iscale));
+    *(float*)y = zero ? 0.0f : qk_ftz(QK_FDIV(1.0f, iscale));
+    qk_stage_out(ys, (qk_u8*)out + first * Q8_K_BYTES, nsb * Q8_K_BYTES);
 }
 
 /* -------------------------------------------------------------- Q8_K quantize, cooperative */
@@ -122,13 +145,16 @@ qk_q8_k_quant_ref(const void* in, void* out, qk_i64 n_blocks) {
  * Lane l reads float4 number 8k + l (k = 0..7): 8 lanes read 128 contiguous bytes at a time.
  * Each lane takes the first strict max of |x| over its values in index order, then the 8 lanes
  * reduce (|x|, index) with shuffles: larger |x| wins, on equal |x| the lower index -- exactly the
- * reference's first strict max. Group sums (bsums) are reduced over lane quads.
- * LANES = 8, THREADS = 256. Out-of-range groups still take part in every shuffle. */
+ * reference's first strict max. Group sums (bsums) are reduced over lane quads; results are
+ * staged in shared memory for one coalesced store. LANES = 8, THREADS <= 256 (a multiple of 8).
+ * Out-of-range groups still take part in every shuffle and barrier. */
 #ifndef QK_COOP_TIE_LOWER
 #define QK_COOP_TIE_LOWER(mine, other) ((other) < (mine))
 #endif
 
 __device__ __forceinline__ void qk_q8_k_quant_coop_body(const void* in, void* out, qk_i64 n_blocks) {
+    __shared__ uint4 ys4[32 * Q8_K_BYTES / 16];  /* the CTA's results: 256 threads / 8 lanes */
+    qk_u8* ys = (qk_u8*)ys4;
     const qk_i64 gt = qk_global_thread();
     const qk_i64 sb = gt >> 3;
     const int l = (int)(gt & 7);
@@ -157,7 +183,7 @@ __device__ __forceinline__ void qk_q8_k_quant_coop_body(const void* in, void* ou
     }
     const bool zero = amax == 0.0f;
     const float iscale = zero ? 0.0f : qk_ftz(QK_FDIV(-127.0f, mx));
-    qk_u8* y = (qk_u8*)out + sb * Q8_K_BYTES;
+    qk_u8* y = ys + (threadIdx.x >> 3) * Q8_K_BYTES;
     for (int k = 0; k < 8; ++k) {
         const float c[4] = {v[k].x, v[k].y, v[k].z, v[k].w};
         qk_u32 word = 0u;
@@ -169,12 +195,13 @@ __device__ __forceinline__ void qk_q8_k_quant_coop_body(const void* in, void* ou
         }
         sum += QK_SHFL_XOR(sum, 1, 8);
         sum += QK_SHFL_XOR(sum, 2, 8);
-        if (active) {
-            ((qk_u32*)(y + Q8_K_QS))[8 * k + l] = word;
-            if ((l & 3) == 0) ((qk_i16*)(y + Q8_K_BSUMS))[2 * k + (l >> 2)] = (qk_i16)sum;
-        }
+        ((qk_u32*)(y + Q8_K_QS))[8 * k + l] = word;
+        if ((l & 3) == 0) ((qk_i16*)(y + Q8_K_BSUMS))[2 * k + (l >> 2)] = (qk_i16)sum;
     }
-    if (active && l == 0) *(float*)y = zero ? 0.0f : qk_ftz(QK_FDIV(1.0f, iscale));
+    if (l == 0) *(float*)y = zero ? 0.0f : qk_ftz(QK_FDIV(1.0f, iscale));
+    const int per_cta = blockDim.x >> 3;
+    const qk_i64 first = (qk_i64)blockIdx.x * per_cta;
+    qk_stage_out(ys, (qk_u8*)out + first * Q8_K_BYTES, qk_cta_blocks(first, n_blocks, per_cta) * Q8_K_BYTES);
 }
 
 extern "C" __global__ void __launch_bounds__(256)
@@ -187,11 +214,14 @@ qk_q8_k_quant_coop(const void* in, void* out, qk_i64 n_blocks) {
  * sequential MAX(a, b) = a > b ? a : b, so a NaN makes it NaN and the next value replaces it: the
  * result is NaN when the last value is NaN, else the max over the values after the last NaN. A
  * lane summarises its values as (has_nan, value); the pair combines them in index order (lane 0
- * first), which reproduces the sequential scan exactly. LANES = 2, THREADS = 256. */
+ * first), which reproduces the sequential scan exactly. Results are staged in shared memory for
+ * one coalesced store. LANES = 2, THREADS <= 256 (even). */
 __device__ __forceinline__ float qk_seq_max(float m, float a) { return m > a ? m : a; }
 
 extern "C" __global__ void __launch_bounds__(256)
 qk_q8_0_quant(const void* in, void* out, qk_i64 n_blocks) {
+    __shared__ uint4 ys4[128 * Q8_0_BYTES / 16];  /* the CTA's results: 256 threads / 2 lanes */
+    qk_u8* ys = (qk_u8*)ys4;
     const qk_i64 gt = qk_global_thread();
     const qk_i64 blk = gt >> 1;
     const int l = (int)(gt & 1);
@@ -220,14 +250,15 @@ qk_q8_0_quant(const void* in, void* out, qk_i64 n_blocks) {
     else amax = qk_seq_max(0.0f, qk_seq_max(f_val, s_val));
     const float d = qk_ftz(QK_FDIV(amax, 127.0f));
     const float id = d != 0.0f ? qk_ftz(QK_FDIV(1.0f, d)) : 0.0f;
-    if (!active) return;
-    qk_u16* y = (qk_u16*)((qk_u8*)out + blk * Q8_0_BYTES);
-    for (int h = 0; h < 8; ++h) {
-        qk_u32 lo = qk_roundf_byte(qk_ftz(QK_FMUL(c[2 * h], id)));
-        qk_u32 hi = qk_roundf_byte(qk_ftz(QK_FMUL(c[2 * h + 1], id)));
-        y[1 + 8 * l + h] = (qk_u16)(lo | (hi << 8));
+    qk_u8* y = ys + (threadIdx.x >> 1) * Q8_0_BYTES;
+    for (int b = 0; b < 16; ++b) y[2 + 16 * l + b] = (qk_u8)qk_roundf_byte(qk_ftz(QK_FMUL(c[b], id)));
+    if (l == 0) {
+        const qk_u16 h = qk_fp16_bits(d);
+        y[0] = (qk_u8)(h & 0xFFu);
+        y[1] = (qk_u8)(h >> 8);
     }
-    if (l == 0) y[0] = qk_fp16_bits(d);
+    const qk_i64 first = (qk_i64)blockIdx.x * (blockDim.x >> 1);
+    qk_stage_out(ys, (qk_u8*)out + first * Q8_0_BYTES, qk_cta_blocks(first, n_blocks, blockDim.x >> 1) * Q8_0_BYTES);
 }
 
 /* -------------------------------------------------------------------------------- dequant */
