@@ -66,6 +66,9 @@ def test_launcher_rejects_before_launch() -> None:
         launch.quantize(np.ones((2, 512), np.float32), "Q8_K")
     with pytest.raises(ArgumentError, match="shape must be"):
         launch.quantize(cupy.ones((2, 512), cupy.float32), "Q8_K", out=cupy.zeros((2, 583), cupy.uint8))
+    flat = cupy.ones(2 * 512 + 1, cupy.float32)
+    with pytest.raises(ArgumentError, match="16-byte aligned"):
+        launch.quantize(flat[1:].reshape(2, 512), "Q8_K")
     with pytest.raises(ArgumentError, match="variant"):
         launch.quantize(cupy.ones((2, 512), cupy.float32), "Q8_K", variant="nope")
     assert bool((out == 0xA5).all()), "a rejected call wrote into out"

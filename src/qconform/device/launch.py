@@ -63,11 +63,20 @@ def bind(op: str, inputs: dict[str, Any], params: dict[str, Any], out: Any = Non
         raise ArgumentError(f"qtype: {op} takes {op.rsplit('_', 1)[0].upper()}, got {qtype.name}")
     if op.endswith("_dequant"):
         fmt, shape = check_dequantize_args(inputs["data"], params["qtype"], out, CUPY)
+        _check_aligned("data", inputs["data"], 4)
+        _check_aligned("out", out, 16)
         return AbiCall(inputs["data"], shape, np.dtype(np.float32), inputs["data"].size // fmt.type_size)
     if op.endswith("_quant"):
         fmt, shape = check_quantize_args(inputs["x"], params["qtype"], out, CUPY)
+        _check_aligned("x", inputs["x"], 16)
         return AbiCall(inputs["x"], shape, np.dtype(np.uint8), inputs["x"].size // fmt.block_size)
     raise ArgumentError(f"op: {op!r} has no device launch ABI")
+
+
+def _check_aligned(name: str, a: Any, align: int) -> None:
+    """The kernels read and write float4 / 32-bit words: a misaligned view would fault."""
+    if a is not None and a.size and a.data.ptr % align:
+        raise ArgumentError(f"{name}: device address must be {align}-byte aligned, got 0x{a.data.ptr:x}")
 
 
 def run_kernel(op: str, kernel: Any, geometry: Geometry, call: AbiCall, out: Any = None, stream: Any = None) -> Any:
