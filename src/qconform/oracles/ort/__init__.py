@@ -1,0 +1,27 @@
+"""ONNX Runtime quantized-weight family: oracles with the ONNX ops' argument and attribute names.
+
+Each module states its source (../shared/specs/ort-ops.md and the ORT code it cites) and its
+rounding: ``matmul_nbits`` (MatMulNBits, its dequantization in ORT's and a kernel's form, the
+int8 activation path), ``gather_block_quantized``, ``qdq`` (QuantizeLinear, DequantizeLinear,
+fake quantization), ``qswiglu`` (the quantized SwiGLU chain), ``packing`` (low-bits-first).
+"""
+
+from qconform.oracles.ort.gather_block_quantized import gather_block_quantized
+from qconform.oracles.ort.matmul_nbits import check_nbits_args, dequantize_nbits, matmul_nbits
+from qconform.oracles.ort.packing import pack_bits, unpack_bits
+from qconform.oracles.ort.qdq import dequantize_linear, fake_quantize, quantize_linear
+from qconform.oracles.ort.qswiglu import qswiglu, sigmoid_fp32
+
+__all__ = [
+    "check_nbits_args",
+    "dequantize_linear",
+    "dequantize_nbits",
+    "fake_quantize",
+    "gather_block_quantized",
+    "matmul_nbits",
+    "pack_bits",
+    "qswiglu",
+    "quantize_linear",
+    "sigmoid_fp32",
+    "unpack_bits",
+]

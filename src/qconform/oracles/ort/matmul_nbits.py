@@ -1,0 +1,251 @@
+"""com.microsoft.MatMulNBits: blockwise n-bit weights along K, as ONNX Runtime's x86 CPU computes.
+
+Source: ../shared/specs/ort-ops.md section 1 (ORT 1.30/1.31 schema, experiments, and
+contrib_ops/cpu/quantization/matmul_nbits.cc, mlas q4_dq.cpp, sqnbitgemm_kernel_avx2.cpp).
+
+Layout: B (N, k_blocks, block_size*bits/8) uint8, column n's values along K packed low bits first;
+the last block padded to a whole block (the padding is never read). scales (N, k_blocks).
+zero_points: packed uint8 (N, ceil(k_blocks*bits/8)) with default 2**(bits-1) when absent, or
+float (N, k_blocks) in the scales' type.
+
+Dequantization, form="ort" (what ORT's CPU computes):
+  integer zero point (packed or default), no g_idx:  w = fp32(float(q - z) * s)        one rounding
+  float zero point, or g_idx present:                w = fp32(fp32(q * s) + fp32(-s * z))  two
+form="kernel": w = fp32(fp32(q - z) * s) for any zero point, including a scalar (the uniform
+fp16 zero-point path of a kernel that folds all-equal zero points into one constant); compare a
+kernel with the form that rounds where it rounds.
+g_idx (4-bit only in ORT): the block of row k is g_idx[k]. ORT ignores packed uint8 zero points
+when g_idx is present (matmul_nbits_impl.cc never assigns them); ``ort_quirks=True`` reproduces
+that, the default applies them.
+
+Product: accuracy_level 0-3 compute Y = A @ W^T (+ bias) in float64 and round once to fp32 (ORT
+accumulates in fp32 in an implementation-defined order: compare with a tolerance from K); fp16 A:
+everything in fp32, Y rounded once to fp16. accuracy_level 4 (int8 activations, ORT's CompInt8):
+per row and K-block, amax = max|a|, sa = fp32(amax/127), inv = fp32(127/amax) (0 when amax = 0),
+qa = clip(rint(fp32(a*inv)), -128, 127) (half to even); Y = sum_b fp32(sa*s[n,b]) *
+sum_i qa_i*(q[n,i] - z[n,b]) + bias. It applies only with integer zero points and no g_idx
+(ORT takes the unpacked fp32 path otherwise). bits = 3 follows the same rules; ORT's CPU refuses
+it ("Only 2b, 4b and 8b quantization is supported").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from qconform.errors import ArgumentError
+from qconform.oracles.ort.packing import SUPPORTED_BITS, packed_size, unpack_bits
+
+FLOAT_TYPES = (np.dtype(np.float32), np.dtype(np.float16))
+FORMS = ("ort", "kernel")
+
+
+@dataclass(frozen=True)
+class NBitsLayout:
+    K: int
+    N: int
+    bits: int
+    block_size: int
+
+    @property
+    def k_blocks(self) -> int:
+        return -(-self.K // self.block_size)
+
+    @property
+    def blob_size(self) -> int:
+        return self.block_size * self.bits // 8
+
+    @property
+    def zp_bytes(self) -> int:
+        return packed_size(self.k_blocks, self.bits)
+
+
+def _array(name: str, a: object, dtypes: tuple[np.dtype, ...]) -> np.ndarray:
+    if not isinstance(a, np.ndarray):
+        raise ArgumentError(f"{name}: must be a numpy.ndarray, got {type(a).__name__}")
+    if a.dtype not in dtypes:
+        raise ArgumentError(f"{name}: dtype must be {' or '.join(str(d) for d in dtypes)}, got {a.dtype}")
+    return a
+
+
+def _shape(name: str, a: np.ndarray, shape: tuple[int, ...]) -> None:
+    if a.shape != shape:
+        raise ArgumentError(f"{name}: shape must be {shape}, got {a.shape}")
+
+
+def check_nbits_args(
+    B: object,
+    scales: object,
+    zero_points: object = None,
+    g_idx: object = None,
+    *,
+    K: int,
+    N: int,
+    bits: int,
+    block_size: int,
+    form: str = "ort",
+) -> NBitsLayout:
+    """Validate the weight-side arguments of MatMulNBits; return the layout."""
+    if bits not in SUPPORTED_BITS:
+        raise ArgumentError(f"bits: must be one of {SUPPORTED_BITS}, got {bits!r}")
+    if not isinstance(block_size, int) or block_size < 16 or block_size & (block_size - 1):
+        raise ArgumentError(f"block_size: must be a power of two >= 16, got {block_size!r}")
+    for name, v in (("K", K), ("N", N)):
+        if not isinstance(v, (int, np.integer)) or v < 1:
+            raise ArgumentError(f"{name}: must be a positive integer, got {v!r}")
+    if form not in FORMS:
+        raise ArgumentError(f"form: must be one of {FORMS}, got {form!r}")
+    lay = NBitsLayout(int(K), int(N), bits, block_size)
+    _shape("B", _array("B", B, (np.dtype(np.uint8),)), (lay.N, lay.k_blocks, lay.blob_size))
+    s = _array("scales", scales, FLOAT_TYPES)
+    if s.shape not in ((lay.N, lay.k_blocks), (lay.N * lay.k_blocks,)):
+        raise ArgumentError(f"scales: shape must be {(lay.N, lay.k_blocks)}, got {s.shape}")
+    if zero_points is not None:
+        z = np.asarray(zero_points)
+        if z.dtype == np.uint8:
+            if z.shape not in ((lay.N, lay.zp_bytes), (lay.N * lay.zp_bytes,)):
+                raise ArgumentError(f"zero_points: packed uint8 shape must be {(lay.N, lay.zp_bytes)}, got {z.shape}")
+        elif z.dtype == s.dtype or (form == "kernel" and z.dtype in FLOAT_TYPES):
+            scalar = z.ndim == 0 or z.size == 1
+            if not (scalar and form == "kernel") and z.shape not in ((lay.N, lay.k_blocks), (lay.N * lay.k_blocks,)):
+                raise ArgumentError(
+                    f"zero_points: float shape must be {(lay.N, lay.k_blocks)}"
+                    + (" (or a scalar with form='kernel')" if form == "kernel" else "")
+                    + f", got {z.shape}"
+                )
+        else:
+            raise ArgumentError(f"zero_points: dtype must be uint8 (packed) or the scales' {s.dtype}, got {z.dtype}")
+    if g_idx is not None:
+        g = _array("g_idx", g_idx, (np.dtype(np.int32),))
+        _shape("g_idx", g, (lay.K,))
+        if g.size and (g.min() < 0 or g.max() >= lay.k_blocks):
+            raise ArgumentError(f"g_idx: every entry must be a block index in [0, {lay.k_blocks})")
+    return lay
+
+
+def unpack_weights(B: np.ndarray, lay: NBitsLayout) -> np.ndarray:
+    """(N, K) int32 quantized values; the padding of the last block dropped."""
+    q = unpack_bits(B.reshape(lay.N, lay.k_blocks, lay.blob_size), lay.bits, lay.block_size)
+    return q.reshape(lay.N, lay.k_blocks * lay.block_size)[:, : lay.K].astype(np.int32)
+
+
+def _zero_points(zero_points: object, lay: NBitsLayout, ignore_packed: bool) -> tuple[np.ndarray, bool]:
+    """(zero points, is_float): (N, k_blocks) int32, float32 (N, k_blocks), or a float32 scalar."""
+    default = np.full((lay.N, lay.k_blocks), 1 << (lay.bits - 1), np.int32)
+    if zero_points is None:
+        return default, False
+    z = np.asarray(zero_points)
+    if z.dtype == np.uint8:
+        if ignore_packed:
+            return default, False
+        return unpack_bits(z.reshape(lay.N, lay.zp_bytes), lay.bits, lay.k_blocks).astype(np.int32), False
+    if z.size == 1:
+        return z.astype(np.float32).reshape(()), True
+    return z.astype(np.float32).reshape(lay.N, lay.k_blocks), True
+
+
+def dequantize_nbits(
+    B: np.ndarray,
+    scales: np.ndarray,
+    zero_points: np.ndarray | None = None,
+    g_idx: np.ndarray | None = None,
+    *,
+    K: int,
+    N: int,
+    bits: int,
+    block_size: int,
+    form: str = "ort",
+    ort_quirks: bool = False,
+) -> np.ndarray:
+    """The exact fp32 weight W (N, K) that MatMulNBits multiplies by (see the module docstring)."""
+    lay = check_nbits_args(B, scales, zero_points, g_idx, K=K, N=N, bits=bits, block_size=block_size, form=form)
+    q = unpack_weights(B, lay)
+    s_blocks = scales.astype(np.float32).reshape(lay.N, lay.k_blocks)
+    z_blocks, z_float = _zero_points(zero_points, lay, ignore_packed=g_idx is not None and ort_quirks)
+    kb = np.asarray(g_idx, dtype=np.int64) if g_idx is not None else np.arange(lay.K) // lay.block_size
+    s = s_blocks[:, kb]
+    z = z_blocks if z_blocks.ndim == 0 else z_blocks[:, kb]
+    with np.errstate(over="ignore", invalid="ignore"):
+        if form == "kernel":
+            return (((q.astype(np.float32) - z).astype(np.float32)) * s).astype(np.float32)
+        if z_float or g_idx is not None:
+            qs = (q.astype(np.float32) * s).astype(np.float32)
+            neg_sz = (-s * np.asarray(z, np.float32)).astype(np.float32)
+            return (qs + neg_sz).astype(np.float32)
+        return ((q - z).astype(np.float32) * s).astype(np.float32)
+
+
+def _check_a(A: object, bias: object, lay: NBitsLayout) -> np.ndarray:
+    a = _array("A", A, FLOAT_TYPES)
+    if a.ndim < 1 or a.shape[-1] != lay.K:
+        raise ArgumentError(f"A: the last dimension must be K = {lay.K}, got shape {a.shape}")
+    if bias is not None:
+        b = _array("bias", bias, FLOAT_TYPES)
+        _shape("bias", b, (lay.N,))
+    return a
+
+
+def quantize_activations_int8(a: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """ORT's CompInt8 A quantization: (M, K) fp32 -> (qa (M, kb*bs) int32, sa (M, kb) fp32)."""
+    m, k = a.shape
+    kb = -(-k // block_size)
+    padded = np.zeros((m, kb * block_size), np.float32)
+    padded[:, :k] = a
+    blocks = padded.reshape(m, kb, block_size)
+    amax = np.abs(blocks).max(axis=2)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        sa = (amax / np.float32(127)).astype(np.float32)
+        inv = np.where(amax != 0, (np.float32(127) / np.where(amax != 0, amax, 1)).astype(np.float32), np.float32(0))
+        qa = np.clip(np.rint((blocks * inv[:, :, None]).astype(np.float32)), -128, 127)
+    return qa.astype(np.int32).reshape(m, kb * block_size), sa
+
+
+def matmul_nbits(
+    A: np.ndarray,
+    B: np.ndarray,
+    scales: np.ndarray,
+    zero_points: np.ndarray | None = None,
+    g_idx: np.ndarray | None = None,
+    bias: np.ndarray | None = None,
+    *,
+    K: int,
+    N: int,
+    bits: int,
+    block_size: int,
+    accuracy_level: int = 0,
+    form: str = "ort",
+    ort_quirks: bool = False,
+) -> np.ndarray:
+    """Y (..., N) = A (..., K) @ W^T (+ bias), in A's dtype (see the module docstring)."""
+    lay = check_nbits_args(B, scales, zero_points, g_idx, K=K, N=N, bits=bits, block_size=block_size, form=form)
+    a = _check_a(A, bias, lay)
+    if accuracy_level not in (0, 1, 2, 3, 4):
+        raise ArgumentError(f"accuracy_level: must be 0..4, got {accuracy_level!r}")
+    a32 = a.astype(np.float32).reshape(-1, lay.K)
+    z_is_float = zero_points is not None and np.asarray(zero_points).dtype != np.uint8
+    if accuracy_level == 4 and g_idx is None and not z_is_float:
+        y = _int8_product(a32, B, scales, zero_points, lay)
+    else:
+        w = dequantize_nbits(
+            B, scales, zero_points, g_idx, K=K, N=N, bits=bits, block_size=block_size, form=form, ort_quirks=ort_quirks
+        )
+        y = a32.astype(np.float64) @ w.astype(np.float64).T
+    if bias is not None:
+        y = y + bias.astype(np.float32).astype(np.float64)
+    with np.errstate(over="ignore"):
+        out = y.astype(np.float32).reshape(*a.shape[:-1], lay.N)
+    return out.astype(a.dtype)
+
+
+def _int8_product(
+    a32: np.ndarray, B: np.ndarray, scales: np.ndarray, zero_points: object, lay: NBitsLayout
+) -> np.ndarray:
+    qa, sa = quantize_activations_int8(a32, lay.block_size)
+    q = unpack_bits(B.reshape(lay.N, lay.k_blocks, lay.blob_size), lay.bits, lay.block_size).astype(np.int64)
+    z, _ = _zero_points(zero_points, lay, ignore_packed=False)
+    wz = q - z.astype(np.int64)[:, :, None]  # (N, kb, bs); the padding meets zero activations
+    dots = np.einsum("mbi,nbi->mnb", qa.reshape(len(qa), lay.k_blocks, lay.block_size).astype(np.int64), wz)
+    s = scales.astype(np.float32).reshape(lay.N, lay.k_blocks)
+    scale = (sa[:, None, :] * s[None, :, :]).astype(np.float32)  # fp32(sa * s)
+    return (scale.astype(np.float64) * dots.astype(np.float64)).sum(axis=2)

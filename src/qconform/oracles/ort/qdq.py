@@ -1,0 +1,146 @@
+"""ONNX QuantizeLinear / DequantizeLinear (opset 21+) and fake quantization, as ORT's CPU computes.
+
+Source: ../shared/specs/ort-ops.md section 3 (onnx Operators.md v21-v25, ORT CPU experiments).
+  Q:  y = clip(rint(fp32(x) / fp32(scale)) + zp, lo, hi)   true fp32 division (not a multiply by
+      the reciprocal), rint = round half to even; fp16 x and scale are computed in fp32.
+  DQ: y = fp32(q - zp) * fp32(scale), rounded once to the scale's type.
+  fake_quantize(x) = DQ(Q(x)) with the same scale and zero point.
+Granularity from the scale's shape: a scalar -> per tensor; 1-D of length D[axis] -> per axis;
+the rank of x with ceil(D[axis]/block_size) along axis -> blocked (the last block may be partial).
+Values are logical: uint4 as uint8 in [0, 15], int4 as int8 in [-8, 7] (the packing of a 4-bit
+tensor is ``packing.pack_bits`` on the flattened values). A NaN input has no integer image in the
+spec; the oracle maps it to the zero point.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from qconform.errors import ArgumentError
+
+QTYPES: dict[str, tuple[np.dtype, int, int]] = {
+    "uint8": (np.dtype(np.uint8), 0, 255),
+    "int8": (np.dtype(np.int8), -128, 127),
+    "uint16": (np.dtype(np.uint16), 0, 65535),
+    "int16": (np.dtype(np.int16), -32768, 32767),
+    "uint4": (np.dtype(np.uint8), 0, 15),
+    "int4": (np.dtype(np.int8), -8, 7),
+}
+FLOAT_TYPES = (np.dtype(np.float32), np.dtype(np.float16))
+
+
+def _qtype(name: str) -> tuple[np.dtype, int, int]:
+    if name not in QTYPES:
+        raise ArgumentError(f"dtype: must be one of {', '.join(QTYPES)}, got {name!r}")
+    return QTYPES[name]
+
+
+def expand_param(p: np.ndarray, x_shape: tuple[int, ...], axis: int, block_size: int, name: str) -> np.ndarray:
+    """A scale or zero point broadcast to x's shape by the ONNX granularity rules."""
+    p = np.asarray(p)
+    ndim = len(x_shape)
+    if p.ndim == 0 or (p.shape == (1,) and block_size == 0):
+        return np.broadcast_to(p.reshape(()), x_shape)
+    if not -ndim <= axis < ndim:
+        raise ArgumentError(f"axis: must be in [{-ndim}, {ndim}) for a rank-{ndim} input, got {axis}")
+    axis %= ndim
+    d = x_shape[axis]
+    if block_size == 0:
+        if p.shape != (d,):
+            raise ArgumentError(f"{name}: per-axis shape must be ({d},) (x.shape[{axis}]), got {p.shape}")
+        shape = [1] * ndim
+        shape[axis] = d
+        return np.broadcast_to(p.reshape(shape), x_shape)
+    if block_size < 0:
+        raise ArgumentError(f"block_size: must be >= 0, got {block_size}")
+    want = tuple(-(-d // block_size) if i == axis else s for i, s in enumerate(x_shape))
+    if p.shape != want:
+        raise ArgumentError(
+            f"{name}: blocked shape must be {want} (block_size {block_size} along axis {axis}), got {p.shape}"
+        )
+    return np.repeat(p, block_size, axis=axis).take(np.arange(d), axis=axis)
+
+
+def _check_float(name: str, a: object) -> np.ndarray:
+    """A float32/float16 numpy array or numpy scalar, as an array."""
+    if isinstance(a, np.generic):
+        a = np.asarray(a)
+    if not isinstance(a, np.ndarray) or a.dtype not in FLOAT_TYPES:
+        got = a.dtype if isinstance(a, np.ndarray) else type(a).__name__
+        raise ArgumentError(f"{name}: must be a float32 or float16 numpy array or scalar, got {got}")
+    return a
+
+
+def _zero_point(zp: object, dtype: str) -> np.ndarray | None:
+    if zp is None:
+        return None
+    np_dtype, lo, hi = _qtype(dtype)
+    z = np.asarray(zp)
+    if z.dtype != np_dtype:
+        raise ArgumentError(f"zero_point: dtype must be {np_dtype} for {dtype}, got {z.dtype}")
+    if z.size and (int(z.min()) < lo or int(z.max()) > hi):
+        raise ArgumentError(f"zero_point: values must be in [{lo}, {hi}] for {dtype}")
+    return z
+
+
+def quantize_linear(
+    x: np.ndarray,
+    y_scale: np.ndarray,
+    y_zero_point: np.ndarray | None = None,
+    *,
+    axis: int = 1,
+    block_size: int = 0,
+    output_dtype: str = "uint8",
+) -> np.ndarray:
+    """ONNX QuantizeLinear: fp32/fp16 x -> logical integer values of ``output_dtype``."""
+    x = _check_float("x", x)
+    y_scale = _check_float("y_scale", y_scale)
+    np_dtype, lo, hi = _qtype(output_dtype)
+    z = _zero_point(y_zero_point, output_dtype)
+    s = expand_param(y_scale, x.shape, axis, block_size, "y_scale").astype(np.float32)
+    zz = 0 if z is None else expand_param(z, x.shape, axis, block_size, "y_zero_point").astype(np.int64)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        r = np.rint((x.astype(np.float32) / s).astype(np.float32)).astype(np.float64)
+    r = np.where(np.isnan(r), 0.0, np.clip(r, -(2.0**40), 2.0**40))
+    return np.clip(r.astype(np.int64) + zz, lo, hi).astype(np_dtype)
+
+
+def dequantize_linear(
+    x: np.ndarray,
+    x_scale: np.ndarray,
+    x_zero_point: np.ndarray | None = None,
+    *,
+    axis: int = 1,
+    block_size: int = 0,
+    x_dtype: str | None = None,
+) -> np.ndarray:
+    """ONNX DequantizeLinear: logical integers -> the scale's float type."""
+    if not isinstance(x, np.ndarray):
+        raise ArgumentError(f"x: must be a numpy.ndarray, got {type(x).__name__}")
+    name = x_dtype or str(x.dtype)
+    np_dtype, lo, hi = _qtype(name)
+    if x.dtype != np_dtype:
+        raise ArgumentError(f"x: dtype must be {np_dtype} for {name}, got {x.dtype}")
+    if x.size and (int(x.min()) < lo or int(x.max()) > hi):
+        raise ArgumentError(f"x: values must be in [{lo}, {hi}] for {name}")
+    scale = _check_float("x_scale", x_scale)
+    z = _zero_point(x_zero_point, name)
+    s = expand_param(scale, x.shape, axis, block_size, "x_scale").astype(np.float32)
+    zz = 0 if z is None else expand_param(z, x.shape, axis, block_size, "x_zero_point").astype(np.int64)
+    with np.errstate(over="ignore"):
+        y = ((x.astype(np.int64) - zz).astype(np.float32) * s).astype(np.float32)
+    return y.astype(scale.dtype)
+
+
+def fake_quantize(
+    x: np.ndarray,
+    scale: np.ndarray,
+    zero_point: np.ndarray | None = None,
+    *,
+    axis: int = 1,
+    block_size: int = 0,
+    dtype: str = "uint8",
+) -> np.ndarray:
+    """DQ(Q(x)) in one call: ``(clip(rint(x/s) + zp, lo, hi) - zp) * s`` with ONNX's roundings."""
+    q = quantize_linear(x, scale, zero_point, axis=axis, block_size=block_size, output_dtype=dtype)
+    return dequantize_linear(q, scale, zero_point, axis=axis, block_size=block_size, x_dtype=dtype)

@@ -1,0 +1,93 @@
+"""The quantized SwiGLU chain as ONNX nodes: DequantizeLinear, Sigmoid, QuantizeLinear, Mul.
+
+The chain (every Q/DQ per tensor, one scale and zero point each; activations uint16 or uint8):
+  g  = DQ(gate_q)                   u  = DQ(up_q)
+  s  = Q(Sigmoid(g))  -> sd = DQ(s)           sigmoid quantized on its own scale
+  h  = Q(fp32(g * sd)) -> hd = DQ(h)          silu = g * sigmoid(g)
+  y  = Q(fp32(hd * u))                         the output, quantized
+Q/DQ are ``qdq.quantize_linear`` / ``dequantize_linear`` (true fp32 division, half to even).
+
+Sigmoid is defined as the correctly rounded fp32 value of 1 / (1 + exp(-g)): evaluated in
+float64 and rounded once (float64's error is far below half an fp32 ulp for every fp32 g).
+ONNX leaves Sigmoid's accuracy to the runtime: ORT's CPU uses MLAS's own rational
+approximation and a GPU kernel ``expf`` / ``__expf``; they differ from this by a few fp32 ulp.
+The result depends on that only where sigmoid(g) / sig_scale lands within those ulps of a .5
+rounding boundary of Q(Sigmoid): there s moves by one step, and h and y may follow by one step.
+Everything after Sigmoid is exact given s. A device kernel is therefore checked as "within one
+output step, differing elements counted" against this oracle, and bit for bit against the
+device's own unfused chain.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from qconform.errors import ArgumentError
+from qconform.oracles.ort.qdq import dequantize_linear, quantize_linear
+
+ACTIVATION_TYPES = ("uint16", "uint8")
+
+
+def sigmoid_fp32(g: np.ndarray) -> np.ndarray:
+    """fp32(1 / (1 + exp(-g))), correctly rounded (see the module docstring)."""
+    with np.errstate(over="ignore"):
+        return (1.0 / (1.0 + np.exp(-np.asarray(g, np.float64)))).astype(np.float32)
+
+
+def _scalar(name: str, v: object, dtype: np.dtype | None) -> np.ndarray:
+    a = np.asarray(v)
+    if a.size != 1:
+        raise ArgumentError(f"{name}: must be a per-tensor scalar, got shape {a.shape}")
+    if dtype is not None and a.dtype != dtype:
+        raise ArgumentError(f"{name}: dtype must be {dtype}, got {a.dtype}")
+    if dtype is None and a.dtype != np.float32:
+        raise ArgumentError(f"{name}: must be float32, got {a.dtype}")
+    return a.reshape(())
+
+
+def qswiglu(
+    gate_q: np.ndarray,
+    up_q: np.ndarray,
+    *,
+    gate_scale: object,
+    gate_zp: object,
+    up_scale: object,
+    up_zp: object,
+    sig_scale: object,
+    sig_zp: object,
+    silu_scale: object,
+    silu_zp: object,
+    out_scale: object,
+    out_zp: object,
+    dtype: str = "uint16",
+) -> np.ndarray:
+    """Quantized gate and up (same shape, ``dtype``) -> quantized SwiGLU output (``dtype``)."""
+    if dtype not in ACTIVATION_TYPES:
+        raise ArgumentError(f"dtype: must be one of {ACTIVATION_TYPES}, got {dtype!r}")
+    np_dtype = np.dtype(dtype)
+    for name, a in (("gate_q", gate_q), ("up_q", up_q)):
+        if not isinstance(a, np.ndarray) or a.dtype != np_dtype:
+            raise ArgumentError(f"{name}: must be a numpy {dtype} array")
+    if gate_q.shape != up_q.shape:
+        raise ArgumentError(f"up_q: shape must equal gate_q's {gate_q.shape}, got {up_q.shape}")
+    p = {
+        k: (_scalar(f"{k}_scale", sc, None), _scalar(f"{k}_zp", zp, np_dtype))
+        for k, sc, zp in (
+            ("gate", gate_scale, gate_zp),
+            ("up", up_scale, up_zp),
+            ("sig", sig_scale, sig_zp),
+            ("silu", silu_scale, silu_zp),
+            ("out", out_scale, out_zp),
+        )
+    }
+
+    def q(v: np.ndarray, k: str) -> np.ndarray:
+        return quantize_linear(v, p[k][0], p[k][1], output_dtype=dtype)
+
+    def dq(v: np.ndarray, k: str) -> np.ndarray:
+        return dequantize_linear(v, p[k][0], p[k][1], x_dtype=dtype)
+
+    g, u = dq(gate_q, "gate"), dq(up_q, "up")
+    sd = dq(q(sigmoid_fp32(g), "sig"), "sig")
+    hd = dq(q((g * sd).astype(np.float32), "silu"), "silu")
+    return q((hd * u).astype(np.float32), "out")
