@@ -69,11 +69,14 @@ class Check:
 
     ``exact``: bytes equal (float outputs: bit-equal, or NaN in both places).
     ``rel_l2``: ||out - ref|| / ||ref|| <= ``tol`` with NaN positions equal; ``reason`` says why.
+    ``steps``: integer outputs within ``tol`` quantization steps; the differing elements counted.
+    ``tol_for(params)``, when given, derives the tolerance from the case (K, the output dtype).
     """
 
     kind: str = "exact"
     tol: float = 0.0
     reason: str = "bit-exact op"
+    tol_for: Callable[[dict[str, Any]], float] | None = None
 
 
 @dataclass(frozen=True)

@@ -76,6 +76,12 @@ def compare(op: OpSpec, params: dict[str, Any], got: Any, want: np.ndarray) -> C
             f"got {_fmt(got[first], want.dtype)}, want {_fmt(want[first], want.dtype)}",
             err,
         )
-    if not math.isnan(err) and err <= op.check.tol:
-        return Comparison(True, f"relL2 {err:.3g} <= {op.check.tol:g}", err)
-    return Comparison(False, f"relL2 {err:.3g} > {op.check.tol:g} ({op.check.reason})", err)
+    tol = op.check.tol_for(params) if op.check.tol_for else op.check.tol
+    if op.check.kind == "steps":
+        diff = np.abs(got.astype(np.int64) - want.astype(np.int64))
+        n, worst = int((diff > 0).sum()), int(diff.max(initial=0))
+        detail = f"{n} of {want.size} elements differ, by at most {worst} step(s) (allowed {tol:g})"
+        return Comparison(worst <= tol, detail if n else "exact", err)
+    if not math.isnan(err) and err <= tol:
+        return Comparison(True, f"relL2 {err:.3g} <= {tol:.3g}", err)
+    return Comparison(False, f"relL2 {err:.3g} > {tol:.3g} ({op.check.reason})", err)

@@ -22,6 +22,7 @@ import numpy as np
 
 from qconform.errors import ArgumentError
 from qconform.formats.fp8 import FP8_TABLES
+from qconform.oracles.ort._out import check_out, deliver, flushed
 from qconform.oracles.ort.packing import packed_size, unpack_bits
 
 DATA_TYPES = ("uint8", "int4", "uint4", "float8e4m3fn", "float8e5m2")
@@ -97,11 +98,16 @@ def gather_block_quantized(
     data_type: str = "uint8",
     data_shape: tuple[int, ...] | None = None,
     out_of_range: str = "zero",
+    out: np.ndarray | None = None,
+    ftz: bool = False,
 ) -> np.ndarray:
     """Gather then dequantize (see the module docstring); output dtype = scales.dtype."""
     shape, gax, qax, blocks = _check(
         data, indices, scales, zero_points, bits, block_size, gather_axis, quantize_axis, data_type, data_shape
     )
+    if out_of_range not in ("zero", "error"):
+        raise ArgumentError(f"out_of_range: must be 'zero' or 'error', got {out_of_range!r}")
+    check_out(out, (*shape[:gax], *indices.shape, *shape[gax + 1 :]), scales.dtype, data, indices, scales, zero_points)
     dim = shape[gax]
     idx = indices.astype(np.int64)
     idx = np.where(idx < 0, idx + dim, idx)
@@ -119,11 +125,11 @@ def gather_block_quantized(
     else:
         z = _zero_points(zero_points, data_type, bits, scales.shape, block_of, qax, shape)
         deq = ((values - z).astype(np.float32) * s).astype(np.float32)
-    out = np.take(deq, safe, axis=gax)
+    result = np.take(deq, safe, axis=gax)
     if bad.any():
         mask_shape = (1,) * gax + bad.shape + (1,) * (len(shape) - gax - 1)
-        out = np.where(bad.reshape(mask_shape), np.float32(0), out)
-    return out.astype(scales.dtype)
+        result = np.where(bad.reshape(mask_shape), np.float32(0), result)
+    return deliver(flushed(result, ftz).astype(scales.dtype), out)
 
 
 def _zero_points(zero_points, data_type, bits, scales_shape, block_of, qax, shape) -> np.ndarray:

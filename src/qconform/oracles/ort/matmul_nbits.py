@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from qconform.errors import ArgumentError
+from qconform.oracles.ort._out import check_out, deliver, flushed
 from qconform.oracles.ort.packing import SUPPORTED_BITS, packed_size, unpack_bits
 
 FLOAT_TYPES = (np.dtype(np.float32), np.dtype(np.float16))
@@ -157,9 +158,16 @@ def dequantize_nbits(
     block_size: int,
     form: str = "ort",
     ort_quirks: bool = False,
+    out: np.ndarray | None = None,
+    ftz: bool = False,
 ) -> np.ndarray:
     """The exact fp32 weight W (N, K) that MatMulNBits multiplies by (see the module docstring)."""
     lay = check_nbits_args(B, scales, zero_points, g_idx, K=K, N=N, bits=bits, block_size=block_size, form=form)
+    check_out(out, (lay.N, lay.K), np.dtype(np.float32), B, scales, zero_points)
+    return deliver(_dequantize(B, scales, zero_points, g_idx, lay, form, ort_quirks), out, ftz)
+
+
+def _dequantize(B, scales, zero_points, g_idx, lay: NBitsLayout, form: str, ort_quirks: bool) -> np.ndarray:
     q = unpack_weights(B, lay)
     s_blocks = scales.astype(np.float32).reshape(lay.N, lay.k_blocks)
     z_blocks, z_float = _zero_points(zero_points, lay, ignore_packed=g_idx is not None and ort_quirks)
@@ -216,10 +224,13 @@ def matmul_nbits(
     accuracy_level: int = 0,
     form: str = "ort",
     ort_quirks: bool = False,
+    out: np.ndarray | None = None,
+    ftz: bool = False,
 ) -> np.ndarray:
     """Y (..., N) = A (..., K) @ W^T (+ bias), in A's dtype (see the module docstring)."""
     lay = check_nbits_args(B, scales, zero_points, g_idx, K=K, N=N, bits=bits, block_size=block_size, form=form)
     a = _check_a(A, bias, lay)
+    check_out(out, (*a.shape[:-1], lay.N), a.dtype, A, B, scales, zero_points, bias)
     if accuracy_level not in (0, 1, 2, 3, 4):
         raise ArgumentError(f"accuracy_level: must be 0..4, got {accuracy_level!r}")
     a32 = a.astype(np.float32).reshape(-1, lay.K)
@@ -227,15 +238,13 @@ def matmul_nbits(
     if accuracy_level == 4 and g_idx is None and not z_is_float:
         y = _int8_product(a32, B, scales, zero_points, lay)
     else:
-        w = dequantize_nbits(
-            B, scales, zero_points, g_idx, K=K, N=N, bits=bits, block_size=block_size, form=form, ort_quirks=ort_quirks
-        )
+        w = _dequantize(B, scales, zero_points, g_idx, lay, form, ort_quirks)
         y = a32.astype(np.float64) @ w.astype(np.float64).T
     if bias is not None:
         y = y + bias.astype(np.float32).astype(np.float64)
     with np.errstate(over="ignore"):
-        out = y.astype(np.float32).reshape(*a.shape[:-1], lay.N)
-    return out.astype(a.dtype)
+        y32 = flushed(y.astype(np.float32).reshape(*a.shape[:-1], lay.N), ftz)
+    return deliver(y32.astype(a.dtype), out)
 
 
 def _int8_product(

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from qconform.errors import ArgumentError
+from qconform.oracles.ort._out import check_out, deliver, flushed
 
 QTYPES: dict[str, tuple[np.dtype, int, int]] = {
     "uint8": (np.dtype(np.uint8), 0, 255),
@@ -91,18 +92,21 @@ def quantize_linear(
     axis: int = 1,
     block_size: int = 0,
     output_dtype: str = "uint8",
+    out: np.ndarray | None = None,
+    ftz: bool = False,
 ) -> np.ndarray:
     """ONNX QuantizeLinear: fp32/fp16 x -> logical integer values of ``output_dtype``."""
-    x = _check_float("x", x)
+    x = flushed(_check_float("x", x), ftz)
     y_scale = _check_float("y_scale", y_scale)
     np_dtype, lo, hi = _qtype(output_dtype)
+    check_out(out, x.shape, np_dtype, x, y_scale, y_zero_point)
     z = _zero_point(y_zero_point, output_dtype)
     s = expand_param(y_scale, x.shape, axis, block_size, "y_scale").astype(np.float32)
     zz = 0 if z is None else expand_param(z, x.shape, axis, block_size, "y_zero_point").astype(np.int64)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         r = np.rint((x.astype(np.float32) / s).astype(np.float32)).astype(np.float64)
     r = np.where(np.isnan(r), 0.0, np.clip(r, -(2.0**40), 2.0**40))
-    return np.clip(r.astype(np.int64) + zz, lo, hi).astype(np_dtype)
+    return deliver(np.clip(r.astype(np.int64) + zz, lo, hi).astype(np_dtype), out)
 
 
 def dequantize_linear(
@@ -113,6 +117,8 @@ def dequantize_linear(
     axis: int = 1,
     block_size: int = 0,
     x_dtype: str | None = None,
+    out: np.ndarray | None = None,
+    ftz: bool = False,
 ) -> np.ndarray:
     """ONNX DequantizeLinear: logical integers -> the scale's float type."""
     if not isinstance(x, np.ndarray):
@@ -124,12 +130,13 @@ def dequantize_linear(
     if x.size and (int(x.min()) < lo or int(x.max()) > hi):
         raise ArgumentError(f"x: values must be in [{lo}, {hi}] for {name}")
     scale = _check_float("x_scale", x_scale)
+    check_out(out, x.shape, scale.dtype, x, x_scale, x_zero_point)
     z = _zero_point(x_zero_point, name)
     s = expand_param(scale, x.shape, axis, block_size, "x_scale").astype(np.float32)
     zz = 0 if z is None else expand_param(z, x.shape, axis, block_size, "x_zero_point").astype(np.int64)
     with np.errstate(over="ignore"):
         y = ((x.astype(np.int64) - zz).astype(np.float32) * s).astype(np.float32)
-    return y.astype(scale.dtype)
+    return deliver(flushed(y, ftz).astype(scale.dtype), out)
 
 
 def fake_quantize(
@@ -140,7 +147,10 @@ def fake_quantize(
     axis: int = 1,
     block_size: int = 0,
     dtype: str = "uint8",
+    out: np.ndarray | None = None,
+    ftz: bool = False,
 ) -> np.ndarray:
     """DQ(Q(x)) in one call: ``(clip(rint(x/s) + zp, lo, hi) - zp) * s`` with ONNX's roundings."""
-    q = quantize_linear(x, scale, zero_point, axis=axis, block_size=block_size, output_dtype=dtype)
-    return dequantize_linear(q, scale, zero_point, axis=axis, block_size=block_size, x_dtype=dtype)
+    check_out(out, getattr(x, "shape", ()), getattr(scale, "dtype", np.dtype(np.float32)), x, scale, zero_point)
+    q = quantize_linear(x, scale, zero_point, axis=axis, block_size=block_size, output_dtype=dtype, ftz=ftz)
+    return dequantize_linear(q, scale, zero_point, axis=axis, block_size=block_size, x_dtype=dtype, out=out, ftz=ftz)

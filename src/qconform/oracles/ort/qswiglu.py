@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from qconform.errors import ArgumentError
+from qconform.oracles.ort._out import check_out, deliver
 from qconform.oracles.ort.qdq import dequantize_linear, quantize_linear
 
 ACTIVATION_TYPES = ("uint16", "uint8")
@@ -60,8 +61,12 @@ def qswiglu(
     out_scale: object,
     out_zp: object,
     dtype: str = "uint16",
+    out: np.ndarray | None = None,
+    ftz: bool = False,
 ) -> np.ndarray:
-    """Quantized gate and up (same shape, ``dtype``) -> quantized SwiGLU output (``dtype``)."""
+    """Quantized gate and up (same shape, ``dtype``) -> quantized SwiGLU output (``dtype``).
+    ``ftz`` is accepted for the device comparison and changes nothing: no value in the chain is
+    an fp32 subnormal unless a scale is."""
     if dtype not in ACTIVATION_TYPES:
         raise ArgumentError(f"dtype: must be one of {ACTIVATION_TYPES}, got {dtype!r}")
     np_dtype = np.dtype(dtype)
@@ -70,6 +75,7 @@ def qswiglu(
             raise ArgumentError(f"{name}: must be a numpy {dtype} array")
     if gate_q.shape != up_q.shape:
         raise ArgumentError(f"up_q: shape must equal gate_q's {gate_q.shape}, got {up_q.shape}")
+    check_out(out, gate_q.shape, np_dtype, gate_q, up_q)
     p = {
         k: (_scalar(f"{k}_scale", sc, None), _scalar(f"{k}_zp", zp, np_dtype))
         for k, sc, zp in (
@@ -90,4 +96,4 @@ def qswiglu(
     g, u = dq(gate_q, "gate"), dq(up_q, "up")
     sd = dq(q(sigmoid_fp32(g), "sig"), "sig")
     hd = dq(q((g * sd).astype(np.float32), "silu"), "silu")
-    return q((hd * u).astype(np.float32), "out")
+    return deliver(q((hd * u).astype(np.float32), "out"), out)
