@@ -131,7 +131,10 @@ class OracleImpl(CallableImpl):
         self.accepts_out = True
 
     def function(self, op: OpSpec) -> Callable[..., np.ndarray]:
-        return functools.partial(op.oracle, backend=self.backend)
+        """The oracle in this backend; an oracle with one implementation (no ``backend``) as it is."""
+        if _accepts_kwarg(op.oracle, "backend"):
+            return functools.partial(op.oracle, backend=self.backend)
+        return op.oracle
 
 
 def load_python_callable(spec: str) -> Callable[..., Any]:

@@ -1,0 +1,603 @@
+"""Cross-check the ONNX Runtime oracles (``qconform.oracles.ort``) against onnxruntime's CPU provider.
+
+Every test builds a tiny model with ``onnx.helper`` and runs it on the CPU execution provider, with graph
+optimizations off (so the QDQ fusions cannot swap a Q/DQ chain for QLinear* kernels) and one intra-op thread.
+Skipped when onnx or onnxruntime is not installed. The semantics checked are those of
+``specs/ort-ops.md`` sections 1-3 (MatMulNBits, GatherBlockQuantized, QuantizeLinear/DequantizeLinear).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from qconform.oracles.ort import (
+    dequantize_linear,
+    dequantize_nbits,
+    fake_quantize,
+    gather_block_quantized,
+    matmul_nbits,
+    pack_bits,
+    qswiglu,
+    quantize_linear,
+    unpack_bits,
+)
+
+ort = pytest.importorskip("onnxruntime")
+onnx = pytest.importorskip("onnx")
+helper, numpy_helper, TP = onnx.helper, onnx.numpy_helper, onnx.TensorProto
+
+pytestmark = pytest.mark.upstream
+
+F32, F16 = np.float32, np.float16
+U32 = 2.0**-24  # unit roundoff of fp32
+ELEM = {F32: TP.FLOAT, F16: TP.FLOAT16}
+QTYPES = {  # name: (onnx type, numpy type of the logical values, lo, hi)
+    "uint8": (TP.UINT8, np.uint8, 0, 255),
+    "int8": (TP.INT8, np.int8, -128, 127),
+    "uint16": (TP.UINT16, np.uint16, 0, 65535),
+    "int16": (TP.INT16, np.int16, -32768, 32767),
+    "uint4": (TP.UINT4, np.uint8, 0, 15),
+    "int4": (TP.INT4, np.int8, -8, 7),
+}
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+
+def _session(nodes, inputs, outputs, initializers=(), opset: int = 21):
+    """An InferenceSession on the CPU provider for a one-graph model (ai.onnx opset + com.microsoft)."""
+    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(initializers))
+    opsets = [helper.make_opsetid("", opset), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
+    model.ir_version = 10
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    so.log_severity_level = 3
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def _vi(name: str, elem_type: int, shape=None):
+    return helper.make_tensor_value_info(name, elem_type, shape)
+
+
+def _init(name: str, arr: np.ndarray):
+    return numpy_helper.from_array(np.ascontiguousarray(arr), name)
+
+
+def _init_4bit(name: str, logical: np.ndarray, dtype: str):
+    """An int4/uint4 initializer from logical values (onnx.helper packs them, low nibble first)."""
+    return helper.make_tensor(name, QTYPES[dtype][0], list(logical.shape), logical.reshape(-1).astype(int).tolist())
+
+
+def _same_bits(ours: np.ndarray, theirs: np.ndarray, *, signed_zero: bool = True) -> np.ndarray:
+    """Elementwise: identical bit patterns, or both NaN. ``signed_zero=False`` also equates -0.0 and +0.0."""
+    assert ours.dtype == theirs.dtype and ours.shape == theirs.shape, (ours.dtype, theirs.dtype, ours.shape)
+    if not signed_zero:
+        ours, theirs = ours + ours.dtype.type(0), theirs + theirs.dtype.type(0)  # -0 + +0 == +0
+    ui = {2: np.uint16, 4: np.uint32}[ours.dtype.itemsize]
+    return (ours.view(ui) == theirs.view(ui)) | (np.isnan(ours) & np.isnan(theirs))
+
+
+def _assert_same_bits(ours: np.ndarray, theirs: np.ndarray, what, *, signed_zero: bool = True) -> None:
+    ok = _same_bits(ours, theirs, signed_zero=signed_zero)
+    bad = np.argwhere(~ok)
+    assert ok.all(), f"{what}: {bad.shape[0]}/{ok.size} differ, first {bad[:3].tolist()}: " + (
+        f"oracle {ours[tuple(bad[0])]!r} vs ort {theirs[tuple(bad[0])]!r}"
+    )
+
+
+def _gamma(n: int) -> float:
+    """Higham's gamma_n = n*u/(1 - n*u) for fp32: bounds the error of any n-term fp32 dot product/sum."""
+    return n * U32 / (1 - n * U32)
+
+
+# ---------------------------------------------------------------------------------------------- MatMulNBits
+
+
+def _nbits_weight(rng, K: int, N: int, bits: int, block_size: int, zp: str, dtype=F32) -> dict:
+    """Random MatMulNBits weight: B random bytes (padding of the last block included), scales of both signs,
+    zero points none / packed uint8 (random bytes, last-byte padding included) / float per block."""
+    k_blocks = -(-K // block_size)
+    w = dict(K=K, N=N, bits=bits, block_size=block_size)
+    w["B"] = rng.integers(0, 256, (N, k_blocks, block_size * bits // 8), dtype=np.uint8)
+    w["scales"] = (rng.standard_normal((N, k_blocks)) * 0.05).astype(dtype)
+    w["zero_points"] = {
+        "none": None,
+        "packed": rng.integers(0, 256, (N, -(-k_blocks * bits // 8)), dtype=np.uint8),
+        "float": rng.uniform(0, 2**bits - 1, (N, k_blocks)).astype(dtype),
+    }[zp]
+    return w
+
+
+def _repad(rng, w: dict) -> dict:
+    """The same weight with the padding bytes of the last K block re-randomized (they must never be read)."""
+    rem = w["K"] - (w["B"].shape[1] - 1) * w["block_size"]
+    first_pad = -(-rem * w["bits"] // 8)
+    B = w["B"].copy()
+    B[:, -1, first_pad:] = rng.integers(0, 256, B[:, -1, first_pad:].shape, dtype=np.uint8)
+    return {**w, "B": B}
+
+
+def _matmul_nbits_session(w: dict, dtype, *, bias=None, g_idx=None, accuracy_level: int = 0):
+    """A session computing Y = A @ W^T (+ bias) with com.microsoft.MatMulNBits; B, scales, zp are initializers."""
+    optional = {"zero_points": w["zero_points"], "g_idx": g_idx, "bias": bias}
+    names, inits = ["A", "B", "scales"], [_init("B", w["B"]), _init("scales", w["scales"])]
+    for name, arr in optional.items():
+        names.append("" if arr is None else name)
+        if arr is not None:
+            inits.append(_init(name, arr))
+    while names[-1] == "":
+        names.pop()
+    attrs = {k: w[k] for k in ("K", "N", "bits", "block_size")}
+    node = helper.make_node("MatMulNBits", names, ["Y"], domain="com.microsoft", accuracy_level=accuracy_level, **attrs)
+    return _session([node], [_vi("A", ELEM[dtype], ["M", w["K"]])], [_vi("Y", ELEM[dtype], ["M", w["N"]])], inits)
+
+
+def _ort_dequant(w: dict, dtype, **kw) -> np.ndarray:
+    """ORT's dequantized weight W (N, K) by the identity trick (spec 1.5): A = I_K gives Y[k, n] = W[n, k]."""
+    sess = _matmul_nbits_session(w, dtype, **kw)
+    return sess.run(None, {"A": np.eye(w["K"], dtype=dtype)})[0].T
+
+
+def _oracle_dequant(w: dict, **kw) -> np.ndarray:
+    args = {k: w[k] for k in ("K", "N", "bits", "block_size")}
+    return dequantize_nbits(w["B"], w["scales"], w["zero_points"], **args, **kw)
+
+
+# (block_size, K): K a multiple of the block and not (the last block then padded with random bytes)
+BLOCK_K = [(16, 40), (16, 64), (32, 600), (32, 256), (64, 600), (64, 128), (128, 600), (128, 256), (256, 600)]
+BLOCK_K += [(256, 512)]
+
+
+@pytest.mark.parametrize("dtype", [F32, F16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("zp", ["none", "packed", "float"])
+@pytest.mark.parametrize("block_size,K", BLOCK_K)
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_dequantize_nbits_is_ort_bit_exact(bits: int, block_size: int, K: int, zp: str, dtype) -> None:
+    """dequantize_nbits == the weight ORT multiplies by, bit for bit (identity trick), for every bits/block/K
+    combination and zero-point kind; fp16 A and scales give fp16(fp32 W). The padding of the last block is
+    ignored: the oracle sees different padding bytes than ORT. (The identity trick cannot see the sign of a
+    zero weight, so -0.0 and +0.0 are equated.)"""
+    if bits == 8 and zp == "float":
+        pytest.skip("8-bit with a float zero point is refused by ORT: test_ort_refuses_8bit_float_zero_point")
+    rng = np.random.default_rng([bits, block_size, K, len(zp), np.dtype(dtype).itemsize])
+    w = _nbits_weight(rng, K, 5, bits, block_size, zp, dtype)
+    theirs = _ort_dequant(w, dtype)
+    ours = _oracle_dequant(_repad(rng, w))
+    assert ours.dtype == F32 and ours.shape == (5, K)
+    _assert_same_bits(ours.astype(dtype), theirs, (bits, block_size, K, zp), signed_zero=False)
+
+
+@pytest.mark.parametrize("dtype", [F32, F16], ids=["fp32", "fp16"])
+def test_ort_refuses_8bit_float_zero_point(dtype) -> None:
+    """ORT's CPU MatMulNBits rejects a float zero point with 8-bit weights (1.32: at session creation)."""
+    w = _nbits_weight(np.random.default_rng(1), 64, 4, 8, 32, "float", dtype)
+    with pytest.raises(Exception, match="(?i)zero.?point|2b and 4b"):
+        _ort_dequant(w, dtype)
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_pack_bits_is_the_layout_ort_reads(bits: int) -> None:
+    """pack_bits lays values out the way MatMulNBits reads B (scale 1, default zp 2^(bits-1): W = q - zp), and
+    unpack_bits inverts it."""
+    rng = np.random.default_rng(bits)
+    K, N, bs = 96, 3, 32
+    q = rng.integers(0, 2**bits, (N, K), dtype=np.uint8)
+    packed = pack_bits(q, bits)
+    assert packed.dtype == np.uint8 and packed.shape == (N, K * bits // 8)
+    assert np.array_equal(unpack_bits(packed, bits, K), q)
+    w = dict(K=K, N=N, bits=bits, block_size=bs, B=packed.reshape(N, K // bs, bs * bits // 8),
+             scales=np.ones((N, K // bs), F32), zero_points=None)
+    assert np.array_equal(_ort_dequant(w, F32), q.astype(F32) - 2 ** (bits - 1))
+    odd = rng.integers(0, 2**bits, (2, 3, 13), dtype=np.uint8)  # ragged last byte, leading dims
+    assert np.array_equal(unpack_bits(pack_bits(odd, bits), bits, 13), odd)
+
+
+def _nbits_tolerance(A: np.ndarray, W: np.ndarray, bias) -> np.ndarray:
+    """Bound on |y_ort - y_oracle| for Y = A @ W^T (+ bias) with W exactly shared.
+
+    ORT accumulates n = K (+1 with bias) fp32 products in an unspecified order (blocked, FMA or not); any such
+    order errs by at most gamma_n * sum_k |a_k| |w_k| (Higham, Thm 3.5 and its blocked/FMA variants only do
+    better). The oracle's product is exact in float64 up to n * 2^-53 * S, then rounded once to fp32 (u * |y|
+    <= u * S). gamma_{n+2} >= gamma_n + 2u covers both, so c = 1 in |d| <= c * gamma_{n+2} * S.
+    """
+    absa, absw = np.abs(A.astype(np.float64)), np.abs(W.astype(np.float64))
+    S = absa.reshape(-1, A.shape[-1]) @ absw.T
+    n = A.shape[-1]
+    if bias is not None:
+        S, n = S + np.abs(bias.astype(np.float64)), n + 1
+    return _gamma(n + 2) * S.reshape(A.shape[:-1] + (W.shape[0],))
+
+
+MATMUL_CASES = [(bits, M, zp) for bits in (2, 4, 8) for M in (1, 7) for zp in ("none", "packed", "float")]
+MATMUL_CASES = [c for c in MATMUL_CASES if not (c[0] == 8 and c[2] == "float")]
+
+
+@pytest.mark.parametrize("dtype", [F32, F16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("bits,M,zp", MATMUL_CASES)
+def test_matmul_nbits_within_fp32_accumulation_bound(bits: int, M: int, zp: str, dtype) -> None:
+    """matmul_nbits agrees with ORT (accuracy_level 0) within the worst-case fp32 accumulation error for
+    M = 1 (GEMV) and M = 7 (GEMM), K = 600 (ragged last block). Cases with a packed zp add a bias. fp16:
+    both round their fp32 results to fp16, so the bound grows by one fp16 ulp of the larger output."""
+    rng = np.random.default_rng([bits, M, len(zp), np.dtype(dtype).itemsize, 2])
+    w = _nbits_weight(rng, 600, 6, bits, 32, zp, dtype)
+    bias = (rng.standard_normal(6) * 4).astype(dtype) if zp == "packed" else None
+    A = rng.standard_normal((M, 600)).astype(dtype)
+    theirs = _matmul_nbits_session(w, dtype, bias=bias).run(None, {"A": A})[0]
+    args = {k: w[k] for k in ("K", "N", "bits", "block_size")}
+    ours = matmul_nbits(A, w["B"], w["scales"], w["zero_points"], bias=bias, **args)
+    assert ours.dtype == dtype and ours.shape == theirs.shape == (M, 6)
+    tol = _nbits_tolerance(A, _oracle_dequant(w), bias)
+    if dtype == F16:
+        tol = tol + np.spacing(np.maximum(np.abs(ours), np.abs(theirs))).astype(np.float64)
+    diff = np.abs(ours.astype(np.float64) - theirs.astype(np.float64))
+    assert (diff <= tol).all(), f"worst excess {(diff - tol).max():.3g}, diff {diff.max():.3g}"
+
+
+ACC4_REL = 1.5e-7  # spec 1.4: "matches ORT to about 1.5e-7 relative"
+
+
+@pytest.mark.parametrize("zp", ["none", "packed"])
+@pytest.mark.parametrize("M", [1, 7])
+@pytest.mark.parametrize("bits,block_size", [(2, 32), (4, 32), (4, 128), (8, 32), (8, 64)])
+def test_matmul_nbits_accuracy_level_4(bits: int, block_size: int, M: int, zp: str) -> None:
+    """accuracy_level=4 (int8-quantized activations, spec 1.4): the oracle's emulation is within 1.5e-7 of ORT.
+
+    Reading of "1.5e-7 relative": per element, relative to that element's scale max|Y[m, :]| (the largest
+    output of its row). A bound relative to |y| itself is not sensible (outputs that cancel to ~0 still carry
+    the rounding of their O(max|y|) partial sums); relative to max|Y| over the whole tensor would be laxer
+    for rows of small magnitude. The true fp32 product is ~5e-3 away, so this pins the int8 path."""
+    rng = np.random.default_rng([bits, block_size, M, len(zp), 4])
+    w = _nbits_weight(rng, 600, 8, bits, block_size, zp)
+    A = rng.standard_normal((M, 600)).astype(F32)
+    A[0, :block_size] = 0  # an all-zero activation block (inverse scale 0)
+    theirs = _matmul_nbits_session(w, F32, accuracy_level=4).run(None, {"A": A})[0]
+    args = {k: w[k] for k in ("K", "N", "bits", "block_size")}
+    ours = matmul_nbits(A, w["B"], w["scales"], w["zero_points"], accuracy_level=4, **args)
+    assert ours.dtype == F32 and ours.shape == theirs.shape
+    diff = np.abs(ours.astype(np.float64) - theirs)
+    scale = np.abs(theirs.astype(np.float64)).max(axis=1, keepdims=True)
+    assert (diff <= ACC4_REL * scale).all(), f"max rel diff {(diff / scale).max():.3g}"
+    exact = matmul_nbits(A, w["B"], w["scales"], w["zero_points"], accuracy_level=0, **args)
+    assert np.abs(exact.astype(np.float64) - theirs).max() > 100 * ACC4_REL * scale.max()  # ORT ran the int8 path
+
+
+def test_matmul_nbits_bits3_refused_by_ort_computed_by_oracle() -> None:
+    """bits=3: ORT's CPU kernel refuses it; the oracle still dequantizes, reading element j of a blob at bit
+    offset 3*j (a continuous little-endian bit stream crossing byte boundaries; blob = block_size*3/8 bytes),
+    zero points (default 4) packed the same way per row. If pack_bits supports 3, it must round-trip and give
+    exactly that layout."""
+    rng = np.random.default_rng(3)
+    for K, bs, zp in ((40, 16, "none"), (40, 16, "packed"), (96, 32, "packed"), (96, 32, "none")):
+        w = _nbits_weight(rng, K, 4, 3, bs, zp)
+        with pytest.raises(Exception, match="(?i)2b, 4b and 8b|bits"):
+            _ort_dequant(w, F32)
+        k_blocks = -(-K // bs)
+        q = _unpack_stream(w["B"], 3, bs).reshape(4, k_blocks * bs)[:, :K].astype(np.int32)
+        z = np.full((4, k_blocks), 4) if zp == "none" else _unpack_stream(w["zero_points"], 3, k_blocks)
+        z = np.repeat(z, bs, axis=1)[:, :K]
+        s = np.repeat(w["scales"], bs, axis=1)[:, :K]
+        want = (q - z).astype(F32) * s
+        ours = _oracle_dequant(w)
+        assert np.isfinite(ours).all()
+        _assert_same_bits(ours, want, (K, bs, zp))
+    values = rng.integers(0, 8, (3, 32), dtype=np.uint8)
+    try:
+        packed = pack_bits(values, 3)
+    except (ValueError, NotImplementedError, KeyError, AssertionError):
+        return  # pack_bits is documented for 2, 4, 8 only
+    assert np.array_equal(unpack_bits(packed, 3, 32), values)
+    assert np.array_equal(_unpack_stream(packed, 3, 32), values)
+
+
+def _unpack_stream(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
+    """Hand unpack along the last axis: element j = bits [j*bits, (j+1)*bits) of the little-endian bit stream."""
+    stream = np.unpackbits(packed, axis=-1, bitorder="little").astype(np.int64)
+    pos = np.arange(count)[:, None] * bits + np.arange(bits)[None, :]
+    return (stream[..., pos] << np.arange(bits)).sum(-1)
+
+
+@pytest.mark.parametrize("block_size", [32, 128])
+@pytest.mark.parametrize("zp", ["packed", "none", "float"])
+def test_g_idx_ignores_packed_zero_points_in_ort(zp: str, block_size: int) -> None:
+    """Spec 1.6: with g_idx (bits 4, a permuted group map) ORT drops packed uint8 zero points (uses 8) and
+    dequantizes with two roundings fp32(q*s) + fp32(-s*z). ort_quirks=True reproduces ORT bit for bit in every
+    zero-point case; with the default ort_quirks=False the packed zero points are honoured, so it differs."""
+    rng = np.random.default_rng([block_size, len(zp), 16])
+    K = 4 * block_size
+    w = _nbits_weight(rng, K, 6, 4, block_size, zp)
+    g_idx = rng.permutation(np.arange(K) // block_size).astype(np.int32)
+    theirs = _ort_dequant(w, F32, g_idx=g_idx)
+    ours = _oracle_dequant(w, g_idx=g_idx, ort_quirks=True)
+    _assert_same_bits(ours, theirs, ("quirks", zp), signed_zero=False)
+    if zp == "packed":
+        spec = _oracle_dequant(w, g_idx=g_idx)
+        assert (~_same_bits(spec, theirs, signed_zero=False)).mean() > 0.5
+
+
+# ---------------------------------------------------------------------------------------------- GatherBlockQuantized
+
+
+def _gbq_run(data_init, indices: np.ndarray, scales: np.ndarray, zp_init=None, **attrs) -> np.ndarray:
+    """Run com.microsoft.GatherBlockQuantized; data, scales and zero points are initializers, indices fed."""
+    names, inits = ["data", "indices", "scales"], [data_init, _init("scales", scales)]
+    if zp_init is not None:
+        names.append("zero_points")
+        inits.append(zp_init)
+    node = helper.make_node("GatherBlockQuantized", names, ["y"], domain="com.microsoft", **attrs)
+    idx_type = {np.dtype(np.int64): TP.INT64, np.dtype(np.int32): TP.INT32}[indices.dtype]
+    sess = _session([node], [_vi("indices", idx_type, None)], [_vi("y", ELEM[scales.dtype.type], None)], inits)
+    return sess.run(None, {"indices": indices})[0]
+
+
+INDICES = np.array([[0, -1, 3], [-5, 2, 2]])  # negative indices wrap (+dim); needs dim >= 5
+
+
+@pytest.mark.parametrize("sdt", [F32, F16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("zp", [False, True], ids=["nozp", "zp"])
+@pytest.mark.parametrize("idx_dtype", [np.int64, np.int32])
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("bits", [2, 4, 8])
+@pytest.mark.parametrize("rows", [(6,), (5, 2)], ids=["2d", "3d"])
+def test_gather_block_quantized_uint8(rows, bits: int, block_size: int, idx_dtype, zp: bool, sdt) -> None:
+    """uint8 data (bits 2/4/8 packed along the last axis), gather_axis 0, quantize_axis last, 72 logical columns
+    (a ragged last block), packed per-row zero points with random padding: bit-exact to ORT."""
+    rng = np.random.default_rng([bits, block_size, len(rows), int(zp), np.dtype(sdt).itemsize])
+    n_blocks = -(-72 // block_size)
+    data = rng.integers(0, 256, rows + (72 * bits // 8,), dtype=np.uint8)
+    scales = (rng.standard_normal(rows + (n_blocks,)) * 0.1).astype(sdt)
+    zps = rng.integers(0, 256, rows + (-(-n_blocks * bits // 8),), dtype=np.uint8) if zp else None
+    indices = INDICES.astype(idx_dtype)
+    attrs = dict(bits=bits, block_size=block_size, gather_axis=0, quantize_axis=len(rows))
+    theirs = _gbq_run(_init("data", data), indices, scales, None if zps is None else _init("zero_points", zps), **attrs)
+    ours = gather_block_quantized(data, indices, scales, zps, data_type="uint8", data_shape=data.shape, **attrs)
+    assert theirs.shape == INDICES.shape + rows[1:] + (72,)
+    _assert_same_bits(ours, theirs, attrs)
+
+
+@pytest.mark.parametrize("sdt", [F32, F16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("zp", [False, True], ids=["nozp", "zp"])
+@pytest.mark.parametrize("gather_axis,quantize_axis", [(0, 2), (1, 0), (2, 2), (0, 0), (2, 1)])
+@pytest.mark.parametrize("dtype", ["int4", "uint4"])
+def test_gather_block_quantized_4bit(dtype: str, gather_axis: int, quantize_axis: int, zp: bool, sdt) -> None:
+    """int4/uint4 data (ONNX flat packing, odd element count so the last byte is half padding), any gather and
+    quantize axis (even equal ones), ragged blocks, zero points absent (default 0 for both types) or given:
+    bit-exact to ORT. The packed bytes go into the model as a raw initializer, as ORT cannot be fed int4."""
+    rng = np.random.default_rng([gather_axis, quantize_axis, int(zp), len(dtype), np.dtype(sdt).itemsize])
+    shape = (17, 5, 33)
+    data = rng.integers(0, 256, (int(np.prod(shape)) + 1) // 2, dtype=np.uint8)
+    data_init = helper.make_tensor("data", QTYPES[dtype][0], list(shape), data.tobytes(), raw=True)
+    s_shape = tuple(-(-d // 16) if a == quantize_axis else d for a, d in enumerate(shape))
+    scales = (rng.standard_normal(s_shape) * 0.1).astype(sdt)
+    zps = zp_init = None
+    if zp:
+        zps = rng.integers(0, 256, (int(np.prod(s_shape)) + 1) // 2, dtype=np.uint8)
+        zp_init = helper.make_tensor("zero_points", QTYPES[dtype][0], list(s_shape), zps.tobytes(), raw=True)
+    indices = np.array([[0, -1], [4, -5]])
+    attrs = dict(bits=4, block_size=16, gather_axis=gather_axis, quantize_axis=quantize_axis)
+    theirs = _gbq_run(data_init, indices, scales, zp_init, **attrs)
+    ours = gather_block_quantized(data, indices, scales, zps, data_type=dtype, data_shape=shape, **attrs)
+    _assert_same_bits(ours, theirs, (dtype, attrs))
+
+
+@pytest.mark.parametrize("sdt", [F32, F16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("gather_axis,quantize_axis", [(0, 1), (1, 0)])
+@pytest.mark.parametrize("dtype", ["float8e4m3fn", "float8e5m2"])
+def test_gather_block_quantized_fp8(dtype: str, gather_axis: int, quantize_axis: int, sdt) -> None:
+    """fp8 data (every byte pattern, NaN and Inf included; ORT 1.31+): out = T(fp32(fp8 value) * scale),
+    bit-exact to ORT (NaNs compared as NaN)."""
+    rng = np.random.default_rng([gather_axis, len(dtype), np.dtype(sdt).itemsize])
+    shape = (8, 40)
+    data = np.arange(320, dtype=np.int64).reshape(shape).astype(np.uint8)  # all 256 patterns
+    rng.shuffle(data.reshape(-1))
+    elem = {"float8e4m3fn": TP.FLOAT8E4M3FN, "float8e5m2": TP.FLOAT8E5M2}[dtype]
+    data_init = helper.make_tensor("data", elem, list(shape), data.tobytes(), raw=True)
+    s_shape = tuple(-(-d // 16) if a == quantize_axis else d for a, d in enumerate(shape))
+    scales = (rng.standard_normal(s_shape) * 4).astype(sdt)
+    indices = np.array([0, -1, 5, -8])
+    attrs = dict(block_size=16, gather_axis=gather_axis, quantize_axis=quantize_axis)
+    theirs = _gbq_run(data_init, indices, scales, **attrs)
+    ours = gather_block_quantized(data, indices, scales, data_type=dtype, data_shape=shape, **attrs)
+    _assert_same_bits(ours, theirs, (dtype, attrs))
+
+
+# ---------------------------------------------------------------------------------------------- Q / DQ
+
+
+GRANULARITY = {  # name: (axis, block_size, scale shape for x of shape (6, 103))
+    "tensor": (1, 0, ()),
+    "axis1": (1, 0, (103,)),
+    "axis0": (0, 0, (6,)),
+    "block": (1, 32, (6, 4)),  # 103 = 3*32 + 7: ragged last block
+}
+
+
+def _qparams(rng, dtype: str, gran: str, sdt, with_zp: bool):
+    """Scales with <= 6 significant bits (so (k + 0.5) * s is exact and x / s is an exact tie) and zero points
+    anywhere in the type's range."""
+    _, npt, lo, hi = QTYPES[dtype]
+    axis, block, shape = GRANULARITY[gran]
+    scale = (rng.integers(1, 64, shape) / 256.0).astype(sdt)
+    zp = rng.integers(lo, hi + 1, shape).astype(npt) if with_zp else None
+    return scale, zp, axis, block
+
+
+def _q_input(rng, dtype: str, scale, zp, axis: int, block: int, xdt) -> np.ndarray:
+    """x = (k + f) * s with k spanning past both saturation limits; half the elements exact .5 ties."""
+    _, _, lo, hi = QTYPES[dtype]
+    shape = (6, 103)
+    s = _expand(scale.astype(np.float64), shape, axis, block)
+    z = 0 if zp is None else _expand(zp.astype(np.float64), shape, axis, block)
+    span = (hi - lo) // 8 + 3
+    k = rng.integers(lo - span, hi + span + 1, shape) - z
+    f = np.where(rng.random(shape) < 0.5, 0.5, rng.random(shape))
+    x = ((k + f) * s).astype(xdt)
+    x.reshape(-1)[:6] = (np.array([-2.5, -1.5, -0.5, 0.5, 1.5, 2.5]) * s.reshape(-1)[:6]).astype(xdt)
+    if xdt == F32:
+        ties = f == 0.5
+        assert np.array_equal(x[ties].astype(np.float64), ((k + f) * s)[ties])  # the ties are exact
+    return x
+
+
+def _expand(p: np.ndarray, shape, axis: int, block: int) -> np.ndarray:
+    """Broadcast a per-tensor / per-axis / blocked parameter to x's shape (test-side, for building inputs)."""
+    if p.ndim == 0:
+        return np.broadcast_to(p, shape)
+    if p.ndim == 1:
+        return np.broadcast_to(p.reshape([-1 if a == axis else 1 for a in range(len(shape))]), shape)
+    return np.take(p, np.arange(shape[axis]) // block, axis=axis)
+
+
+def _qdq_param_inits(dtype: str, scale, zp, prefix: str):
+    inits = [_init(prefix + "s", scale)]
+    if zp is not None:
+        inits.append(_init_4bit(prefix + "z", zp, dtype) if dtype.endswith("4") else _init(prefix + "z", zp))
+    return inits, [prefix + "s"] + ([prefix + "z"] if zp is not None else [])
+
+
+def _q_node(dtype: str, names, out: str, axis: int, block: int, has_zp: bool):
+    attrs = dict(axis=axis, block_size=block)
+    if not has_zp:
+        attrs["output_dtype"] = QTYPES[dtype][0]
+    return helper.make_node("QuantizeLinear", names, [out], **attrs)
+
+
+QDQ_TYPES = list(QTYPES)
+QDQ_PARAMS = [pytest.param(t, g, z, id=f"{t}-{g}-{'zp' if z else 'nozp'}") for t in QDQ_TYPES for g in GRANULARITY
+              for z in (True, False)]
+
+
+@pytest.mark.parametrize("xdt", [F32, F16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("dtype,gran,with_zp", QDQ_PARAMS)
+def test_quantize_linear_is_ort(dtype: str, gran: str, with_zp: bool, xdt) -> None:
+    """QuantizeLinear (opset 21): round-half-even of the true fp32 division, + zp, saturate — byte-exact to ORT
+    for every integer output type, per-tensor / per-axis / blocked (ragged), exact ties and saturation included.
+    4-bit outputs are compared as logical values (a Cast to int8/uint8 after the Q)."""
+    rng = np.random.default_rng([QDQ_TYPES.index(dtype), len(gran), int(with_zp), np.dtype(xdt).itemsize, 7])
+    scale, zp, axis, block = _qparams(rng, dtype, gran, xdt, with_zp)
+    x = _q_input(rng, dtype, scale, zp, axis, block, xdt)
+    inits, pnames = _qdq_param_inits(dtype, scale, zp, "q")
+    elem, npt, _, _ = QTYPES[dtype]
+    nodes = [_q_node(dtype, ["x"] + pnames, "q", axis, block, zp is not None)]
+    out_elem = elem
+    if dtype.endswith("4"):
+        out_elem = TP.INT8 if dtype == "int4" else TP.UINT8
+        nodes.append(helper.make_node("Cast", ["q"], ["y"], to=out_elem))
+    else:
+        nodes[0].output[0] = "y"
+    theirs = _session(nodes, [_vi("x", ELEM[xdt], list(x.shape))], [_vi("y", out_elem, list(x.shape))], inits).run(
+        None, {"x": x}
+    )[0]
+    ours = quantize_linear(x, scale, zp, axis=axis, block_size=block, output_dtype=dtype)
+    assert ours.dtype == npt and theirs.dtype == npt
+    bad = np.argwhere(ours != theirs)
+    assert bad.size == 0, f"{len(bad)} differ, first {bad[:3].tolist()}: x={x[tuple(bad[0])]!r}"
+
+
+@pytest.mark.parametrize("sdt", [F32, F16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("dtype,gran,with_zp", QDQ_PARAMS)
+def test_dequantize_linear_is_ort(dtype: str, gran: str, with_zp: bool, sdt) -> None:
+    """DequantizeLinear (opset 21): fp32(q - zp) * fp32(scale), rounded to the scale's type — bit-exact to ORT
+    over the whole range of every integer type, all granularities. 4-bit inputs are fed as int8/uint8 and Cast
+    to int4/uint4 inside the graph (ORT cannot be fed 4-bit tensors from numpy)."""
+    rng = np.random.default_rng([QDQ_TYPES.index(dtype), len(gran), int(with_zp), np.dtype(sdt).itemsize, 8])
+    scale, zp, axis, block = _qparams(rng, dtype, gran, sdt, with_zp)
+    if sdt == F32:  # full-precision scales too: the product then rounds
+        scale = (scale * (1 + rng.random(scale.shape))).astype(F32)
+    elem, npt, lo, hi = QTYPES[dtype]
+    xq = rng.integers(lo, hi + 1, (6, 103)).astype(npt)
+    xq.reshape(-1)[:2] = (lo, hi)
+    inits, pnames = _qdq_param_inits(dtype, scale, zp, "d")
+    nodes, feed_elem, src = [], elem, "x"
+    if dtype.endswith("4"):
+        feed_elem = TP.INT8 if dtype == "int4" else TP.UINT8
+        nodes.append(helper.make_node("Cast", ["x"], ["x4"], to=elem))
+        src = "x4"
+    nodes.append(helper.make_node("DequantizeLinear", [src] + pnames, ["y"], axis=axis, block_size=block))
+    sess = _session(nodes, [_vi("x", feed_elem, list(xq.shape))], [_vi("y", ELEM[sdt], list(xq.shape))], inits)
+    theirs = sess.run(None, {"x": xq})[0]
+    ours = dequantize_linear(xq, scale, zp, axis=axis, block_size=block, x_dtype=dtype if dtype.endswith("4") else None)
+    _assert_same_bits(ours, theirs, (dtype, gran))
+
+
+@pytest.mark.parametrize("xdt", [F32, F16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("dtype,gran,with_zp", QDQ_PARAMS)
+def test_fake_quantize_is_ort_q_then_dq(dtype: str, gran: str, with_zp: bool, xdt) -> None:
+    """fake_quantize == ORT's QuantizeLinear -> DequantizeLinear graph, bit for bit (ties, saturation, zp)."""
+    rng = np.random.default_rng([QDQ_TYPES.index(dtype), len(gran), int(with_zp), np.dtype(xdt).itemsize, 9])
+    scale, zp, axis, block = _qparams(rng, dtype, gran, xdt, with_zp)
+    x = _q_input(rng, dtype, scale, zp, axis, block, xdt)
+    inits, pnames = _qdq_param_inits(dtype, scale, zp, "q")
+    nodes = [
+        _q_node(dtype, ["x"] + pnames, "q", axis, block, zp is not None),
+        helper.make_node("DequantizeLinear", ["q"] + pnames, ["y"], axis=axis, block_size=block),
+    ]
+    sess = _session(nodes, [_vi("x", ELEM[xdt], list(x.shape))], [_vi("y", ELEM[xdt], list(x.shape))], inits)
+    theirs = sess.run(None, {"x": x})[0]
+    ours = fake_quantize(x, scale, zp, axis=axis, block_size=block, dtype=dtype)
+    _assert_same_bits(ours, theirs, (dtype, gran))
+
+
+# ---------------------------------------------------------------------------------------------- QDQ SwiGLU
+
+
+def _qswiglu_params(dtype: str) -> dict:
+    """Per-tensor parameters of a realistic QDQ SwiGLU: gate/up in [-8, 8), sigmoid in [0, 1], silu in
+    [-0.3, 8], output in [-40, 40]."""
+    levels = QTYPES[dtype][3]
+
+    def qp(lo: float, hi: float):
+        s = F32((hi - lo) / levels)
+        return s, QTYPES[dtype][1](np.clip(round(-lo / float(s)), 0, levels))
+
+    p = {}
+    for name, (lo, hi) in dict(gate=(-8, 8), up=(-8, 8), sig=(0, 1), silu=(-0.3, 8), out=(-40, 40)).items():
+        p[name + "_scale"], p[name + "_zp"] = qp(lo, hi)
+    return p
+
+
+def _qswiglu_session(dtype: str, p: dict):
+    """The ONNX chain DQ(gate), DQ(up), Sigmoid, Q, DQ, Mul(g, .), Q, DQ, Mul(., u), Q (all per-tensor)."""
+    inits = []
+    for key in ("gate", "up", "sig", "silu", "out"):
+        inits += [_init(key + "_s", np.array(p[key + "_scale"], F32)), _init(key + "_z", np.array(p[key + "_zp"]))]
+
+    def qn(op, src, key, out):
+        return helper.make_node(op, [src, key + "_s", key + "_z"], [out])
+
+    nodes = [
+        qn("DequantizeLinear", "gate_q", "gate", "g"),
+        qn("DequantizeLinear", "up_q", "up", "u"),
+        helper.make_node("Sigmoid", ["g"], ["sig"]),
+        qn("QuantizeLinear", "sig", "sig", "sig_q"),
+        qn("DequantizeLinear", "sig_q", "sig", "sd"),
+        helper.make_node("Mul", ["g", "sd"], ["h"]),
+        qn("QuantizeLinear", "h", "silu", "h_q"),
+        qn("DequantizeLinear", "h_q", "silu", "hd"),
+        helper.make_node("Mul", ["hd", "u"], ["y"]),
+        qn("QuantizeLinear", "y", "out", "y_q"),
+    ]
+    elem = QTYPES[dtype][0]
+    return _session(nodes, [_vi("gate_q", elem, [None]), _vi("up_q", elem, [None])], [_vi("y_q", elem, [None])], inits)
+
+
+@pytest.mark.parametrize("dtype", ["uint16", "uint8"])
+def test_qswiglu_matches_ort_within_one_step(dtype: str) -> None:
+    """qswiglu vs ORT's DQ/Sigmoid/Q/Mul chain over every gate code (uint16: all 65536, uint8: 256 x 64 up codes).
+    ORT's Sigmoid is MLAS's own approximation, so exact equality is not expected: every difference must be at
+    most one output quantization step, and differing outputs must stay below 1 %."""
+    rng = np.random.default_rng(len(dtype))
+    npt, hi = QTYPES[dtype][1], QTYPES[dtype][3]
+    gate = np.repeat(np.arange(hi + 1), max(1, 16384 // (hi + 1))).astype(npt)
+    up = rng.integers(0, hi + 1, gate.shape).astype(npt)
+    p = _qswiglu_params(dtype)
+    theirs = _qswiglu_session(dtype, p).run(None, {"gate_q": gate, "up_q": up})[0]
+    ours = qswiglu(gate, up, **p, dtype=dtype)
+    assert ours.dtype == npt and ours.shape == theirs.shape
+    step = np.abs(ours.astype(np.int64) - theirs.astype(np.int64))
+    frac = float((step != 0).mean())
+    print(f"qswiglu {dtype}: {int((step != 0).sum())}/{step.size} outputs differ ({frac:.4%}), max {step.max()} step")
+    assert step.max() <= 1, np.argwhere(step > 1)[:5].tolist()
+    assert frac < 0.01
