@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from qconform.ops import CATALOGUE, Case
 
-OPS = list(CATALOGUE.values())
+OPS = [op for op in CATALOGUE.values() if op.family == "ggml"]  # the ORT oracles have one backend
 
 
 def _bits(a: np.ndarray) -> bytes:

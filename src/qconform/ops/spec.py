@@ -17,6 +17,9 @@ class Leaf:
     params: dict[str, Any] = field(default_factory=dict)
 
 
+SHAPE_PARAMS = ("K", "rows", "cols")  # params that repeat the shape: left out of case ids
+
+
 @dataclass(frozen=True)
 class Case:
     """One deterministic input: inputs are built with numpy from ``seed``, ``shape`` and ``pattern``."""
@@ -30,8 +33,10 @@ class Case:
 
     @property
     def id(self) -> str:
+        """``pattern-shape-seed``, then the params that are not the shape again (``bs=64,zp=none``)."""
         dims = "x".join(str(d) for d in self.shape)
-        return f"{self.pattern}-{dims}-s{self.seed}"
+        extra = ",".join(f"{k}={v}" for k, v in sorted(self.params.items()) if k not in SHAPE_PARAMS)
+        return f"{self.pattern}-{dims}-s{self.seed}" + (f"-{extra}" if extra else "")
 
     def to_json(self) -> str:
         return json.dumps(

@@ -151,6 +151,12 @@ def fake_quantize(
     ftz: bool = False,
 ) -> np.ndarray:
     """DQ(Q(x)) in one call: ``(clip(rint(x/s) + zp, lo, hi) - zp) * s`` with ONNX's roundings."""
-    check_out(out, getattr(x, "shape", ()), getattr(scale, "dtype", np.dtype(np.float32)), x, scale, zero_point)
+    x = _check_float("x", x)
+    scale = _check_float("scale", scale)
+    _qtype(dtype)
+    expand_param(scale, x.shape, axis, block_size, "scale")
+    if zero_point is not None:
+        expand_param(_zero_point(zero_point, dtype), x.shape, axis, block_size, "zero_point")
+    check_out(out, x.shape, scale.dtype, x, scale, zero_point)
     q = quantize_linear(x, scale, zero_point, axis=axis, block_size=block_size, output_dtype=dtype, ftz=ftz)
     return dequantize_linear(q, scale, zero_point, axis=axis, block_size=block_size, x_dtype=dtype, out=out, ftz=ftz)
