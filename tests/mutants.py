@@ -12,6 +12,7 @@ import itertools
 
 import numpy as np
 
+import qconform.oracles.ort as ort
 from qconform.formats.ggml import Q8_0, Q8_K
 from qconform.oracles.ggml import check_quantize_args, dequantize, quantize, resolve_qtype
 from qconform.oracles.ggml.rounding import int_to_int8, nearest_int
@@ -167,3 +168,95 @@ def q8_k_allocates_and_skips_last_block(x: np.ndarray, qtype: str) -> np.ndarray
 
 
 _declare(q8_k_allocates_and_skips_last_block, "q8_k_quant")
+
+
+# ----------------------------------------------------------------- ONNX Runtime family mutants
+# Each is the oracle with one rule broken; ``__qconform_leaf__`` names the leaf it is run on.
+
+
+def _for(op: str, leaf: str):
+    def mark(fn):
+        fn.__qconform_ops__ = (op,)
+        fn.__qconform_leaf__ = leaf
+        return fn
+
+    return mark
+
+
+@_for("dequantize_nbits", "Wu2_Yfp32")
+def nbits_unpack_high_bits_first(B, scales, zero_points=None, g_idx=None, *, K, N, bits, block_size, out=None, **kw):
+    """Reads the 2-bit fields of each byte from the high end: element 0 in bits 6-7."""
+    per = 8 // bits
+    mask = (1 << bits) - 1
+    fields = [(B >> (bits * i)) & mask for i in range(per)]
+    flipped = sum((f << (bits * (per - 1 - i))) for i, f in enumerate(fields)).astype(np.uint8)
+    return ort.dequantize_nbits(
+        flipped, scales, zero_points, g_idx, K=K, N=N, bits=bits, block_size=block_size, out=out, **kw
+    )
+
+
+@_for("dequantize_nbits", "Wu2_Yfp32")
+def nbits_u2_default_zero_point_8(B, scales, zero_points=None, g_idx=None, *, K, N, bits, block_size, out=None, **kw):
+    """Takes the 4-bit default zero point 8 for 2-bit weights (ORT's default is 2**(bits-1) = 2)."""
+    if zero_points is None:
+        zero_points, kw = np.float32(8), {**kw, "form": "kernel"}
+    return ort.dequantize_nbits(
+        B, scales, zero_points, g_idx, K=K, N=N, bits=bits, block_size=block_size, out=out, **kw
+    )
+
+
+@_for("dequantize_nbits", "Wu4_Yfp32")
+def nbits_float_zp_one_rounding(B, scales, zero_points=None, g_idx=None, *, K, N, bits, block_size, out=None, **kw):
+    """Applies a float zero point as (q - z) * s where ORT rounds q*s and -s*z separately."""
+    return ort.dequantize_nbits(
+        B, scales, zero_points, g_idx, K=K, N=N, bits=bits, block_size=block_size, out=out, **{**kw, "form": "kernel"}
+    )
+
+
+@_for("fake_quantize", "Xfp32_Qu8_Yfp32")
+def fake_quantize_half_away(x, scale, zero_point=None, *, axis=1, block_size=0, dtype="uint8", out=None):
+    """Rounds x/s half away from zero (C roundf) instead of half to even."""
+    from qconform.oracles.ort.qdq import QTYPES, expand_param
+
+    np_dtype, lo, hi = QTYPES[dtype]
+    s = expand_param(scale, x.shape, axis, block_size, "scale").astype(np.float32)
+    z = 0 if zero_point is None else expand_param(zero_point, x.shape, axis, block_size, "zero_point").astype(int)
+    v = (x.astype(np.float32) / s).astype(np.float64)
+    q = np.clip(np.sign(v) * np.floor(np.abs(v) + 0.5) + z, lo, hi)
+    y = ((q - z).astype(np.float32) * s).astype(np.float32).astype(scale.dtype)
+    if out is not None:
+        out[...] = y
+        return out
+    return y
+
+
+def _matmul_with_weights(A, W, bias, out):
+    y = A.astype(np.float64) @ W.astype(np.float64).T + (0 if bias is None else bias.astype(np.float64))
+    y = y.astype(np.float32).astype(A.dtype)
+    if out is not None:
+        out[...] = y
+        return out
+    return y
+
+
+@_for("matmul_nbits", "Xfp32_Wu4_Yfp32")
+def matmul_skips_last_partial_block(
+    A, B, scales, zero_points=None, g_idx=None, bias=None, *, K, N, bits, block_size, out=None, **kw
+):
+    """Leaves the last K block out of the sum when it is partial (K % block_size != 0)."""
+    W = ort.dequantize_nbits(B, scales, zero_points, g_idx, K=K, N=N, bits=bits, block_size=block_size)
+    if K % block_size:
+        W[:, K - K % block_size :] = 0
+    return _matmul_with_weights(A, W, bias, out)
+
+
+@_for("matmul_nbits", "Xfp32_Wu2_Yfp32")
+def matmul_last_block_wrong_scale(
+    A, B, scales, zero_points=None, g_idx=None, bias=None, *, K, N, bits, block_size, out=None, **kw
+):
+    """A GEMV that reads the scale of the block before for the last block."""
+    s = scales.copy()
+    if s.shape[-1] > 1:
+        s[:, -1] = s[:, -2]
+    W = ort.dequantize_nbits(B, s, zero_points, g_idx, K=K, N=N, bits=bits, block_size=block_size)
+    return _matmul_with_weights(A, W, bias, out)
