@@ -30,7 +30,8 @@ def test_committed_set_verifies_and_is_small() -> None:
     for key in ("qconform_version", "oracle_source_sha256", "generator", "schema_version"):
         assert key in manifest
     assert {"python", "numpy", "numba", "command"} <= set(manifest["generator"])
-    assert default_set_dir() is not None
+    assert default_set_dir() is not None and default_set_dir().name == "v2"
+    assert default_set_dir("v1") == COMMITTED
 
 
 def test_files_carry_cases_and_params_in_metadata() -> None:

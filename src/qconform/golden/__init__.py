@@ -20,10 +20,17 @@ __all__ = [
 ]
 
 
-def default_set_dir(name: str = "v1") -> Path | None:
-    """The committed golden set: shipped in the wheel, or ``golden/<name>`` of a source checkout."""
+def default_set_dir(name: str | None = None) -> Path | None:
+    """A committed golden set (the newest ``v<N>`` when ``name`` is None): shipped in the wheel, or
+    ``golden/<name>`` of a source checkout. Released sets are never rewritten; older ones stay as
+    regression sets."""
     pkg = Path(qconform.__file__).parent
-    for candidate in (pkg / "_golden_sets" / name, pkg.parents[1] / "golden" / name):
-        if (candidate / "MANIFEST.json").is_file():
-            return candidate
+    for root in (pkg / "_golden_sets", pkg.parents[1] / "golden"):
+        sets = sorted(
+            (d for d in root.glob("v*") if d.name[1:].isdigit() and (d / "MANIFEST.json").is_file()),
+            key=lambda d: int(d.name[1:]),
+        )
+        chosen = [d for d in sets if d.name == name] if name else sets[-1:]
+        if chosen:
+            return chosen[0]
     return None

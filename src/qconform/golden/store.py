@@ -102,9 +102,10 @@ def encode_leaf(op: OpSpec, leaf: str, prepared: Iterable[Prepared]) -> bytes:
     logical: dict[str, str] = {}
     cases: list[dict[str, Any]] = []
     for p in prepared:
-        for name in (*op.input_names, op.output_name):
+        present = [n for n in op.input_names if n in p.inputs]  # optional inputs may be absent
+        for name in (*present, op.output_name):
             key = f"{p.case.id}/{name}"
-            tensors[key] = np.ascontiguousarray(p.inputs[name] if name in p.inputs else p.want)
+            tensors[key] = np.ascontiguousarray(p.inputs[name] if name != op.output_name else p.want)
             logical[key] = op.logical_dtypes.get(name, str(tensors[key].dtype)).format(**p.params)
         cases.append(json.loads(p.case.to_json()) | {"id": p.case.id})
     meta = {
@@ -198,7 +199,7 @@ def decode_leaf(data: bytes) -> GoldenLeaf:
     prepared = []
     for c in json.loads(meta["cases"]):
         case = Case.from_dict(c)
-        ins = {name: tensors[f"{c['id']}/{name}"] for name in inputs}
+        ins = {name: tensors[f"{c['id']}/{name}"] for name in inputs if f"{c['id']}/{name}" in tensors}
         prepared.append(Prepared(case, ins, op.params(case), tensors[f"{c['id']}/{meta['output']}"]))
     return GoldenLeaf(op, meta["leaf"], prepared)
 
