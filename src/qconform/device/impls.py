@@ -19,11 +19,12 @@ import numpy as np
 from qconform.device import errstate
 from qconform.device.launch import bind, run_kernel, run_op
 from qconform.device.loader import device_info, get_kernel
+from qconform.device.ort_launch import DEVICE_FUNCTIONS as ORT_FUNCTIONS
 from qconform.device.registry import KERNELS, VARIANTS, parse_source_spec
 from qconform.errors import ArgumentError, DeviceError
 from qconform.ops import OpSpec
 
-DEVICE_OPS = tuple(dict.fromkeys(k.op for k in KERNELS))
+DEVICE_OPS = (*dict.fromkeys(k.op for k in KERNELS), *ORT_FUNCTIONS)
 
 
 def to_device(a: Any) -> Any:
@@ -143,6 +144,9 @@ class CupyImpl(DeviceImpl):
         self.variant = variant
 
     def launch(self, op: OpSpec, dev_inputs: dict[str, Any], params: dict[str, Any], dev_out: Any) -> Any:
+        if op.name in ORT_FUNCTIONS:  # the oracle's call shape on device arrays
+            args, kwargs = op.call_args(dev_inputs, params)
+            return ORT_FUNCTIONS[op.name](*args, **kwargs, out=dev_out)
         return run_op(op.name, dev_inputs, params, dev_out, variant=self.variant)
 
 

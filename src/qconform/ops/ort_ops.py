@@ -251,7 +251,7 @@ def _nbits_op(with_a: bool) -> OpSpec:
                 name,
                 lf,
                 seed,
-                (rows, 5120, 256) if with_a else (5120, rows),
+                (1, 5120, rows) if with_a else (5120, rows),
                 "normal",
                 {"block_size": 64, "zp": "packed"},
             )
@@ -391,9 +391,9 @@ GATHER = OpSpec(
         "gather_block_quantized",
         lf,
         seed,
-        (4096, 5120, rows),
+        (rows, 5120, 64),
         "normal",
-        {"block_size": 128, "zp": False, "rows": 4096, "cols": 5120},
+        {"block_size": 128, "zp": False, "rows": rows, "cols": 5120},
     ),
 )
 

@@ -64,6 +64,12 @@ __device__ __forceinline__ qk_u16 qk_fp16_bits(float v) {
 
 __device__ __forceinline__ float qk_fp16_to_float(qk_u16 h) { return __half2float(__ushort_as_half(h)); }
 
+/* fp32 -> fp16 value, round to nearest even (NaN stays NaN) */
+__device__ __forceinline__ __half qk_half_rn(float v) { return __float2half_rn(v); }
+
+/* bytes of the 8-byte {y:x} selected by the nibbles of s: CUDA __byte_perm, HIP __byte_perm */
+#define QK_BYTE_PERM(x, y, s) __byte_perm((x), (y), (s))
+
 /* the index of this thread in the launch, 64-bit (grids of more than 2^31 threads) */
 __device__ __forceinline__ qk_i64 qk_global_thread() {
     return (qk_i64)blockIdx.x * (qk_i64)blockDim.x + (qk_i64)threadIdx.x;

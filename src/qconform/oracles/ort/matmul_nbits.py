@@ -238,13 +238,30 @@ def matmul_nbits(
     if accuracy_level == 4 and g_idx is None and not z_is_float:
         y = _int8_product(a32, B, scales, zero_points, lay)
     else:
-        w = _dequantize(B, scales, zero_points, g_idx, lay, form, ort_quirks)
-        y = a32.astype(np.float64) @ w.astype(np.float64).T
+        y = _fp32_product(a32, B, scales, zero_points, g_idx, lay, form, ort_quirks)
     if bias is not None:
         y = y + bias.astype(np.float32).astype(np.float64)
     with np.errstate(over="ignore"):
         y32 = flushed(y.astype(np.float32).reshape(*a.shape[:-1], lay.N), ftz)
     return deliver(y32.astype(a.dtype), out)
+
+
+N_CHUNK = 2048  # weight columns dequantized at a time: bounded memory for lm_head-sized N
+
+
+def _fp32_product(a32, B, scales, zero_points, g_idx, lay: NBitsLayout, form: str, ort_quirks: bool) -> np.ndarray:
+    """A @ W^T in float64, W dequantized N_CHUNK columns at a time."""
+    y = np.empty((len(a32), lay.N), np.float64)
+    a64 = a32.astype(np.float64)
+    s2 = scales.reshape(lay.N, lay.k_blocks)
+    z = None if zero_points is None else np.asarray(zero_points)
+    for n0 in range(0, lay.N, N_CHUNK):
+        n1 = min(lay.N, n0 + N_CHUNK)
+        sub = NBitsLayout(lay.K, n1 - n0, lay.bits, lay.block_size)
+        zsub = z if z is None or z.size == 1 else z.reshape(lay.N, -1)[n0:n1]
+        w = _dequantize(B[n0:n1], s2[n0:n1], zsub, g_idx, sub, form, ort_quirks)
+        y[:, n0:n1] = a64 @ w.astype(np.float64).T
+    return y
 
 
 def _int8_product(
