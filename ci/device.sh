@@ -13,15 +13,21 @@ status=0
 
 "$PY" -m pytest -m device -q -p no:cacheprovider tests/test_device.py >"$OUT/pytest.log" 2>&1 || status=1
 tail -n 3 "$OUT/pytest.log"
-"$PY" -m qconform run --coverage 2 --format markdown --out "$OUT/cupy.md" >"$OUT/run-cupy.log" 2>&1 || status=1
+GGML=q8_k_quant,q8_0_quant,q8_k_dequant,q8_0_dequant
+ORT=matmul_nbits,dequantize_nbits,gather_block_quantized,fake_quantize,qswiglu
+"$PY" -m qconform run --ops "$GGML" --coverage 2 --format markdown --out "$OUT/cupy.md" >"$OUT/run-cupy.log" 2>&1 || status=1
+"$PY" -m qconform run --impl cupy --ops "$ORT" --coverage 2 --no-cold --format markdown --out "$OUT/cupy-ort.md" \
+  >"$OUT/run-cupy-ort.log" 2>&1 || status=1
 "$PY" -m qconform run --impl cupy:ref --ops q8_k_quant --coverage 2 --format markdown --out "$OUT/cupy-ref.md" \
   >"$OUT/run-cupy-ref.log" 2>&1 || status=1
 "$PY" tests/device_catalogue.py >"$OUT/mutants.md" 2>&1 || status=1
 "$PY" -m qconform.bench.device >"$OUT/bench.md" 2>&1 || status=1
 
 echo
-echo "== conformance: qconform run (a GPU found: --impl cupy, coverage 2) =="
+echo "== conformance: qconform run --ops ggml (a GPU found: --impl cupy, coverage 2) =="
 cat "$OUT/cupy.md"
+echo "== conformance: ONNX Runtime family (--impl cupy, coverage 2, no cold sets; cold u2 GEMV sets in pytest) =="
+cat "$OUT/cupy-ort.md"
 echo "== conformance: --impl cupy:ref =="
 cat "$OUT/cupy-ref.md"
 echo "== device mutants and controls =="

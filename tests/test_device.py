@@ -95,3 +95,43 @@ def test_zero_rows_launch_nothing() -> None:
     from qconform.device import launch
 
     assert launch.quantize(cupy.ones((0, 256), cupy.float32), "Q8_K").shape == (0, 292)
+
+
+ORT_LEAVES = [
+    (op_name, lf.name)
+    for op_name in ("dequantize_nbits", "matmul_nbits", "gather_block_quantized", "fake_quantize", "qswiglu")
+    for lf in get_op(op_name).leaves
+]
+
+
+@pytest.mark.parametrize("op_name,leaf", ORT_LEAVES, ids=[f"{o}-{lf}" for o, lf in ORT_LEAVES])
+def test_ort_kernel_passes_every_property(op_name: str, leaf: str) -> None:
+    from qconform.impls import load_impl
+
+    impl = load_impl("cupy")
+    op = get_op(op_name)
+    prepared = [Prepared.from_case(op, c, impl.ftz) for c in op.cases(leaf, 1)]
+    result = run_leaf(impl, op, leaf, prepared, repeat_calls=33, cold=op_name == "matmul_nbits" and "u2" in leaf)
+    assert result.verdict == "PASS", [o.detail for o in result.failed][:3]
+
+
+@pytest.mark.parametrize("dtype", ["uint16", "uint8"])
+def test_qswiglu_fused_equals_unfused_and_counts_steps(dtype: str) -> None:
+    import cupy
+
+    from qconform.device import ort_launch
+    from qconform.ops import Case
+    from qconform.ops.ort_ops import _swiglu_call, _swiglu_inputs
+    from qconform.oracles.ort import qswiglu
+
+    leaf = "Xu16_Yu16" if dtype == "uint16" else "Xu8_Yu8"
+    inputs = _swiglu_inputs(Case("qswiglu", leaf, 5, (64, 14336), "normal"))
+    (g, u), kw = _swiglu_call(inputs, {"dtype": dtype})
+    dev = {k: v for k, v in kw.items() if k != "dtype"}
+    fused = ort_launch.qswiglu(cupy.asarray(g), cupy.asarray(u), dtype=dtype, **dev)
+    unfused = ort_launch.qswiglu(cupy.asarray(g), cupy.asarray(u), dtype=dtype, fused=False, **dev)
+    assert cupy.asnumpy(fused).tobytes() == cupy.asnumpy(unfused).tobytes()
+    want = qswiglu(g, u, **kw)
+    diff = np.abs(cupy.asnumpy(fused).astype(np.int64) - want.astype(np.int64))
+    print(f"qswiglu {dtype}: {int((diff > 0).sum())} of {diff.size} elements one step from the oracle")
+    assert diff.max() <= 1

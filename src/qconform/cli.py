@@ -69,13 +69,17 @@ def _emit(text: str, out: str | None) -> None:
 
 
 def _run_prepared(
-    impl: Implementation, groups: list[tuple[OpSpec, str, list[Prepared]]], repeat_calls: int, show_progress: bool
+    impl: Implementation,
+    groups: list[tuple[OpSpec, str, list[Prepared]]],
+    repeat_calls: int,
+    show_progress: bool,
+    cold: bool = True,
 ) -> list[LeafResult]:
     progress = Progress(sum(len(p) for _, _, p in groups), show_progress)
     results = []
     for op, leaf, prepared in groups:
         progress.label = f"{op.name} {leaf}"
-        results.append(run_leaf(impl, op, leaf, prepared, repeat_calls=repeat_calls, progress=progress.step))
+        results.append(run_leaf(impl, op, leaf, prepared, repeat_calls=repeat_calls, progress=progress.step, cold=cold))
     progress.close()
     return results
 
@@ -146,7 +150,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         context["cases"] = f"coverage {args.coverage}"
     if not groups:
         raise UsageError("nothing to run for this selection")
-    results = _run_prepared(impl, groups, args.repeat_calls, args.format == "text" and not args.out)
+    results = _run_prepared(impl, groups, args.repeat_calls, args.format == "text" and not args.out, not args.no_cold)
     _emit(render(results, args.format, context), args.out)
     if all(r.verdict == "SKIP" for r in results):
         print(f"{impl.name} implements none of the selected ops; pass --ops", file=sys.stderr)
@@ -251,6 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--golden", help="run the cases of this golden set instead of generated ones")
     r.add_argument("--case", help="replay one case, given as the JSON that fuzz prints")
     r.add_argument("--repeat-calls", type=_positive, default=DEFAULT_REPEAT_CALLS)
+    r.add_argument(
+        "--no-cold", action="store_true", help="on a device, skip the extra input sets larger than the L2 cache"
+    )
     r.add_argument("--format", choices=tuple(RENDERERS), default="text")
     r.add_argument("--out", help="write the report to this file")
     r.set_defaults(fn=cmd_run)

@@ -107,6 +107,63 @@ def bench_device(rows: int = 4096, width: int = 14336, reps: int = 30) -> list[t
     return rows_out
 
 
+def bench_gemv(K: int = 5120, N: int = 17920, reps: int = 30) -> list[tuple[str, Timing, float, float]]:
+    """MatMulNBits decode (M = 1, fp16 A/Y/scales, block 64, default zero point) on K x N with
+    cold weights (sets rotating over 4x the L2): the GEMV against the copy bandwidth, and against
+    dequantize-to-fp16 + cuBLAS (CuPy matmul) on the same sets."""
+    from qconform.device import ort_launch
+
+    copy = copy_bandwidth()
+    l2 = device_info().l2_bytes
+    out = []
+    print(f"| MatMulNBits M=1, {K}x{N}, fp16 | MB read | GEMV us | GB/s | of copy | dequant+cuBLAS us | speed-up |")
+    print("|---|---|---|---|---|---|---|")
+    for bits in (2, 4):
+        bs = 64
+        kb = K // bs
+        one = N * kb * (bs * bits // 8) + N * kb * 2
+        n_sets = max(2, -(-4 * l2 // one))
+        rng = cupy.random.default_rng(bits)
+        sets = [
+            (
+                rng.integers(0, 256, (N, kb, bs * bits // 8), dtype=cupy.uint8),
+                (rng.random((N, kb), dtype=cupy.float32) * 0.01).astype(cupy.float16),
+            )
+            for _ in range(n_sets)
+        ]
+        a = rng.standard_normal((1, K), dtype=cupy.float32).astype(cupy.float16)
+        y = cupy.empty((1, N), cupy.float16)
+        kw = {"K": K, "N": N, "bits": bits, "block_size": bs}
+
+        def gemv(i: int, sets=sets, a=a, y=y, kw=kw) -> None:
+            ort_launch.matmul_nbits(a, sets[i][0], sets[i][1], **kw, out=y)
+
+        w32 = cupy.empty((N, K), cupy.float32)
+
+        def baseline(i: int, sets=sets, a=a, w32=w32, kw=kw) -> None:
+            ort_launch.dequantize_nbits(sets[i][0], sets[i][1], **kw, out=w32)
+            cupy.matmul(w32.astype(cupy.float16), a[0])
+
+        t = _median_time(gemv, n_sets, reps)
+        moved = one + a.nbytes + y.nbytes
+        timing = Timing(f"u{bits}", moved, t)
+        tb = _median_time(baseline, n_sets, max(5, reps // 3))
+        frac, ratio = timing.gbps / copy.gbps, tb / t
+        out.append((f"u{bits}", timing, frac, ratio))
+        cells = (
+            f"u{bits}",
+            f"{moved / 1e6:.1f}",
+            f"{t * 1e6:.1f}",
+            f"{timing.gbps:.0f}",
+            f"{frac:.0%}",
+            f"{tb * 1e6:.1f}",
+            f"{ratio:.1f}x",
+        )
+        print("| " + " | ".join(cells) + " |")
+    return out
+
+
 if __name__ == "__main__":
     np.seterr(all="ignore")
     bench_device()
+    bench_gemv()

@@ -132,9 +132,10 @@ def matmul_nbits(
     ort_quirks=False,
     out=None,
 ):
-    """Y = A @ W^T (+ bias) in A's dtype (fp32 or fp16 read and written natively), fp32 sums."""
-    if accuracy_level == 4:
-        raise ArgumentError("accuracy_level: 4 (int8 activations) has no device kernel; use 0-3")
+    """Y = A @ W^T (+ bias) in A's dtype (fp32 or fp16 read and written natively), fp32 sums;
+    accuracy_level 4 with integer zero points: ORT's int8 activation path (as the oracle)."""
+    if accuracy_level not in (0, 1, 2, 3, 4):
+        raise ArgumentError(f"accuracy_level: must be 0..4, got {accuracy_level!r}")
     lay, zp, zps, common, s16, z16 = _nbits_args(B, scales, zero_points, g_idx, K, N, bits, block_size, form)
     _contiguous(A=A, bias=bias)
     a = _check_a(_shadow(A), _shadow(bias), lay)
@@ -143,6 +144,15 @@ def matmul_nbits(
     M = int(np.prod(a.shape[:-1], dtype=np.int64))
     y = _out(out, (*a.shape[:-1], lay.N), a.dtype, A, B, scales, zero_points, bias)
     K_, N_, bits_, bs_, kb_, blob_, zpb_, kind_ = common
+    a16 = np.int32(a.dtype == np.float16)
+    if accuracy_level == 4 and int(kind_) in (ZP_DEFAULT, ZP_PACKED):
+        qa = cupy.empty((M, lay.K), cupy.int32)
+        sa = cupy.empty((M, lay.k_blocks), cupy.float32)
+        _launch("matmul_nbits", "qk_quantize_a_int8", M * lay.k_blocks, (A, qa, sa, np.int32(M), K_, bs_, kb_, a16))
+        bias_ptr = A if bias is None else bias
+        args = (qa, sa, B, scales, zp, bias_ptr, y, np.int32(M), K_, N_, bits_, bs_, kb_, blob_, zpb_, kind_, a16, s16)
+        _launch("matmul_nbits", "qk_nbits_gemv_int8", M * lay.N * 32, (*args, np.int32(bias is not None)))
+        return y
     _launch(
         "matmul_nbits",
         "qk_nbits_gemv",

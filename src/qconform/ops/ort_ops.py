@@ -246,6 +246,7 @@ def _nbits_op(with_a: bool) -> OpSpec:
         input_names=("A", "B", "scales", "zero_points", "bias") if with_a else ("B", "scales", "zero_points"),
         logical_dtypes={"B": "uint{bits} packed along K, low bits first", "zero_points": "uint{bits} packed or float"},
         doc="com.microsoft.MatMulNBits (ORT x86 CPU)" if with_a else "MatMulNBits weight dequantization",
+        cold_repeat=with_a,
         sized_case=lambda lf, rows, seed: _with_k(
             Case(
                 name,
@@ -387,6 +388,7 @@ GATHER = OpSpec(
     input_names=("data", "indices", "scales", "zero_points"),
     logical_dtypes={"data": "{data_type} codes (raw bytes)", "y": "float16"},
     doc="com.microsoft.GatherBlockQuantized (ORT 1.31+ CPU)",
+    cold_repeat=False,
     sized_case=lambda lf, rows, seed: Case(
         "gather_block_quantized",
         lf,
@@ -501,6 +503,7 @@ FAKE_QUANTIZE = OpSpec(
     input_names=("x", "scale", "zero_point"),
     logical_dtypes={"zero_point": "{dtype} (logical values)"},
     doc="ONNX QuantizeLinear -> DequantizeLinear fused (opset 21, ORT CPU arithmetic)",
+    cold_repeat=False,
     sized_case=lambda lf, rows, seed: Case("fake_quantize", lf, seed, (rows, 14336), "ties", {"granularity": "axis"}),
 )
 
@@ -576,6 +579,7 @@ QSWIGLU = OpSpec(
     input_names=("gate_q", "up_q", *(f"{k}_{w}" for k in SWIGLU_PARAMS for w in ("scale", "zp"))),
     logical_dtypes={"gate_q": "{dtype}", "up_q": "{dtype}", "y": "{dtype}"},
     doc="quantized SwiGLU: DQ, Sigmoid, Q/DQ, Mul, Q/DQ, Mul, Q (per-tensor)",
+    cold_repeat=False,
     sized_case=lambda lf, rows, seed: Case("qswiglu", lf, seed, (rows, 14336), "normal"),
 )
 

@@ -124,6 +124,9 @@ class OpSpec:
     # (leaf, rows, seed) -> a "normal" case of ``rows`` rows at a wide LLM row width: the device
     # checks size cold input sets and never-seen shapes with it
     sized_case: Callable[[str, int, int], Case] | None = None
+    # device checks add input sets larger than the L2 cache (weights read cold) to the repeat
+    # rotation and match them against the oracle
+    cold_repeat: bool = True
 
     def leaf(self, name: str) -> Leaf:
         for leaf in self.leaves:

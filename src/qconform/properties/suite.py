@@ -67,8 +67,15 @@ def _repeat_sets(prepared: Sequence[Prepared]) -> list[Prepared]:
 
 
 def _rows_for_bytes(op: OpSpec, leaf: str, n_bytes: int) -> int:
-    row = sum(a.nbytes for a in op.make_inputs(op.sized_case(leaf, 1, 0)).values())
-    return max(1, -(-n_bytes // row))
+    """Rows of ``op.sized_case`` whose inputs hold ``n_bytes`` (a fixed part, such as one
+    activation row beside the weights, measured from 1 and 2 rows)."""
+
+    def size(rows: int) -> int:
+        return sum(a.nbytes for a in op.make_inputs(op.sized_case(leaf, rows, 0)).values())
+
+    one, two = size(1), size(2)
+    per_row = max(1, two - one)
+    return max(1, -(-(n_bytes - (one - per_row)) // per_row))
 
 
 def cold_sets(impl: Implementation, op: OpSpec, leaf: str) -> list[Prepared]:
@@ -91,6 +98,7 @@ def run_leaf(
     *,
     repeat_calls: int = DEFAULT_REPEAT_CALLS,
     progress: Callable[[], None] | None = None,
+    cold: bool = True,
 ) -> LeafResult:
     """Match every case, then repeatability, writes-every-output, bad arguments, pending error.
     ``ms`` is the wall time after the first call, which carries any JIT compile (still checked)."""
@@ -112,7 +120,7 @@ def run_leaf(
             progress()
     if prepared:
         sets = _repeat_sets(prepared)
-        if impl.on_device and impl.l2_bytes:
+        if cold and impl.on_device and impl.l2_bytes and op.cold_repeat:
             big = cold_sets(impl, op, leaf)
             result.outcomes.extend(matches_oracle(impl, op, p) for p in big)
             sets = [*sets, *big]

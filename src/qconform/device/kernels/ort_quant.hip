@@ -138,6 +138,49 @@ qk_nbits_gemv(const void* A, const qk_u8* B, const void* scales, const void* zp,
     }
 }
 
+/* accuracy_level 4 (ORT's CompInt8): A quantized per row and K block, one thread per block:
+ * amax, sa = fp32(amax/127), inv = fp32(127/amax) or 0, qa = clamp(rint(fp32(a*inv)), -128, 127) */
+extern "C" __global__ void __launch_bounds__(256)
+qk_quantize_a_int8(const void* A, int* qa, float* sa, int M, int K, int bs, int k_blocks, int a16) {
+    const qk_i64 t = qk_global_thread();
+    if (t >= (qk_i64)M * k_blocks) return;
+    const qk_i64 m = t / k_blocks;
+    const int b = (int)(t - m * k_blocks), k0 = b * bs, k1 = min(K, k0 + bs);
+    float amax = 0.0f;
+    for (int k = k0; k < k1; ++k) amax = fmaxf(amax, fabsf(qk_ftz(qk_load_f(A, m * K + k, a16))));
+    sa[t] = qk_ftz(QK_FDIV(amax, 127.0f));
+    const float inv = amax != 0.0f ? qk_ftz(QK_FDIV(127.0f, amax)) : 0.0f;
+    for (int k = k0; k < k1; ++k) {
+        const float r = rintf(qk_ftz(QK_FMUL(qk_ftz(qk_load_f(A, m * K + k, a16)), inv)));
+        qa[m * K + k] = (int)fminf(fmaxf(r, -128.0f), 127.0f);
+    }
+}
+
+/* the int8 product: a group of 32 lanes per output, lanes over K blocks; per block the exact
+ * integer dot of qa and (q - z), times fp32(sa * s), summed in fp32 */
+extern "C" __global__ void __launch_bounds__(256)
+qk_nbits_gemv_int8(const int* qa, const float* sa, const qk_u8* B, const void* scales, const void* zp,
+                   const void* bias, void* Y, int M, int K, int N, int bits, int bs, int k_blocks, int blob,
+                   int zp_bytes, int zp_kind, int y16, int s16, int has_bias) {
+    const qk_i64 g = qk_global_thread() >> 5;
+    const int lane = (int)(threadIdx.x & 31);
+    if (g >= (qk_i64)M * N) return;
+    const qk_i64 m = g / N, n = g - (g / N) * N;
+    float acc = 0.0f;
+    for (int kb = lane; kb < k_blocks; kb += 32) {
+        const qk_block_q b = qk_block(scales, zp, 0.0f, n, kb, k_blocks, bits, zp_bytes, zp_kind, s16, 0);
+        const qk_u8* blk = B + (n * k_blocks + kb) * blob;
+        int dot = 0;
+        for (int i = 0; i < bs && kb * bs + i < K; ++i) dot += qa[m * K + kb * bs + i] * (qk_field(blk, bits, i) - (int)b.z);
+        acc += QK_FMUL(sa[m * k_blocks + kb], b.s) * (float)dot;
+    }
+    for (int off = 16; off > 0; off >>= 1) acc += QK_SHFL_XOR(acc, off, 32);
+    if (lane == 0) {
+        if (has_bias) acc += qk_load_f(bias, n, y16);
+        qk_store_f(Y, g, acc, y16);
+    }
+}
+
 /* ------------------------------------------------------------------ GatherBlockQuantized */
 #define DT_UINT8 0
 #define DT_INT4 1
