@@ -30,6 +30,8 @@ DEVICE_OPS = (*dict.fromkeys(k.op for k in KERNELS), *ORT_FUNCTIONS)
 def to_device(a: Any) -> Any:
     """Upload a numpy array as it is: dtype, shape and (for a non-contiguous view) non-contiguity,
     so the launcher's own checks see what the caller passed. Anything else is passed through."""
+    if isinstance(a, np.generic):  # a numpy scalar (a per-tensor scale): a 0-d device array
+        a = np.asarray(a)
     if not isinstance(a, np.ndarray):
         return a
     if a.ndim == 0 or a.flags.c_contiguous:

@@ -39,8 +39,14 @@ def _shadow(a: Any) -> Any:
 
 
 def _contiguous(**arrays: Any) -> None:
+    """Every given array (None for an absent optional input) is a C-contiguous CuPy array: a
+    kernel takes its pointer, so a host array here would be read as a device address."""
     for name, a in arrays.items():
-        if isinstance(a, cupy.ndarray) and not a.flags.c_contiguous:
+        if a is None:
+            continue
+        if not isinstance(a, cupy.ndarray):
+            raise ArgumentError(f"{name}: must be a cupy.ndarray, got {type(a).__name__}")
+        if not a.flags.c_contiguous:
             raise ArgumentError(f"{name}: must be C-contiguous")
 
 
