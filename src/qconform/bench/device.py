@@ -135,13 +135,15 @@ def bench_gemv(K: int = 5120, N: int = 17920, reps: int = 30) -> list[tuple[str,
         y = cupy.empty((1, N), cupy.float16)
         kw = {"K": K, "N": N, "bits": bits, "block_size": bs}
 
-        def gemv(i: int, sets=sets, a=a, y=y, kw=kw) -> None:
-            ort_launch.matmul_nbits(a, sets[i][0], sets[i][1], **kw, out=y)
-
+        gemvs = [ort_launch.bound(ort_launch.matmul_nbits, a, b, s, **kw, out=y) for b, s in sets]
         w32 = cupy.empty((N, K), cupy.float32)
+        deqs = [ort_launch.bound(ort_launch.dequantize_nbits, b, s, **kw, out=w32) for b, s in sets]
 
-        def baseline(i: int, sets=sets, a=a, w32=w32, kw=kw) -> None:
-            ort_launch.dequantize_nbits(sets[i][0], sets[i][1], **kw, out=w32)
+        def gemv(i: int, gemvs=gemvs) -> None:
+            gemvs[i]()
+
+        def baseline(i: int, deqs=deqs, a=a, w32=w32) -> None:
+            deqs[i]()
             cupy.matmul(w32.astype(cupy.float16), a[0])
 
         t = _median_time(gemv, n_sets, reps)

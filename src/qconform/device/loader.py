@@ -92,9 +92,20 @@ def load_module(source: Path, options: tuple[str, ...] = ()) -> Any:
     return _MODULES[key]
 
 
+_KERNELS: dict[tuple[str, str, tuple[str, ...]], Any] = {}
+
+
 def get_kernel(source: Path, symbol: str, options: tuple[str, ...] = ()) -> Any:
-    """The ``extern "C"`` kernel ``symbol`` of ``source``, compiled on first use. A compile error or a
+    """The ``extern "C"`` kernel ``symbol`` of ``source``, compiled on first use and then kept for
+    the process (a launch path must not re-read and re-hash the sources). A compile error or a
     missing symbol is a DeviceError carrying the compiler's log."""
+    key = (str(source), symbol, options)
+    if key not in _KERNELS:
+        _KERNELS[key] = _compile_kernel(source, symbol, options)
+    return _KERNELS[key]
+
+
+def _compile_kernel(source: Path, symbol: str, options: tuple[str, ...]) -> Any:
     module = load_module(source, options)
     try:
         return module.get_function(symbol)
