@@ -21,7 +21,7 @@ from qconform.errors import ArgumentError, DeviceError
 from qconform.oracles.ort.gather_block_quantized import _check as check_gather_args
 from qconform.oracles.ort.matmul_nbits import _check_a, check_nbits_args
 from qconform.oracles.ort.qdq import QTYPES, _check_float, _qtype, _zero_point, expand_param
-from qconform.oracles.ort.qswiglu import ACTIVATION_TYPES
+from qconform.oracles.ort.qswiglu import check_activations
 
 SOURCE = KERNEL_DIR / "ort_quant.hip"
 THREADS = 256
@@ -322,14 +322,7 @@ SWIGLU_STEPS = ("gate", "up", "sig", "silu", "out")
 def qswiglu(gate_q, up_q, *, dtype="uint16", out=None, fused=True, **qparams):
     """The quantized SwiGLU chain: one fused kernel, or (``fused=False``) its unfused steps as
     separate kernels; the two are byte-identical (same device functions)."""
-    if dtype not in ACTIVATION_TYPES:
-        raise ArgumentError(f"dtype: must be one of {ACTIVATION_TYPES}, got {dtype!r}")
-    np_dtype = np.dtype(dtype)
-    for name, a in (("gate_q", gate_q), ("up_q", up_q)):
-        if not isinstance(a, cupy.ndarray) or a.dtype != np_dtype:
-            raise ArgumentError(f"{name}: must be a cupy {dtype} array")
-    if gate_q.shape != up_q.shape:
-        raise ArgumentError(f"up_q: shape must equal gate_q's {gate_q.shape}, got {up_q.shape}")
+    np_dtype = check_activations(gate_q, up_q, dtype, cupy.ndarray)
     _contiguous(gate_q=gate_q, up_q=up_q)
     p = {}
     for k in SWIGLU_STEPS:

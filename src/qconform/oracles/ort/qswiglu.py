@@ -49,6 +49,20 @@ def _scalar(name: str, v: object, dtype: np.dtype | None) -> np.ndarray:
     return a.reshape(())
 
 
+def check_activations(gate_q: object, up_q: object, dtype: str, array_type: type = np.ndarray) -> np.dtype:
+    """The activation dtype, after checking gate and up are arrays of it with one shape (the
+    device launcher passes CuPy's array type)."""
+    if dtype not in ACTIVATION_TYPES:
+        raise ArgumentError(f"dtype: must be one of {ACTIVATION_TYPES}, got {dtype!r}")
+    np_dtype = np.dtype(dtype)
+    for name, a in (("gate_q", gate_q), ("up_q", up_q)):
+        if not isinstance(a, array_type) or a.dtype != np_dtype:
+            raise ArgumentError(f"{name}: must be a {array_type.__module__.split('.')[0]} {dtype} array")
+    if gate_q.shape != up_q.shape:
+        raise ArgumentError(f"up_q: shape must equal gate_q's {gate_q.shape}, got {up_q.shape}")
+    return np_dtype
+
+
 def qswiglu(
     gate_q: np.ndarray,
     up_q: np.ndarray,
@@ -70,14 +84,7 @@ def qswiglu(
     """Quantized gate and up (same shape, ``dtype``) -> quantized SwiGLU output (``dtype``).
     ``ftz`` is accepted for the device comparison and changes nothing: no value in the chain is
     an fp32 subnormal unless a scale is."""
-    if dtype not in ACTIVATION_TYPES:
-        raise ArgumentError(f"dtype: must be one of {ACTIVATION_TYPES}, got {dtype!r}")
-    np_dtype = np.dtype(dtype)
-    for name, a in (("gate_q", gate_q), ("up_q", up_q)):
-        if not isinstance(a, np.ndarray) or a.dtype != np_dtype:
-            raise ArgumentError(f"{name}: must be a numpy {dtype} array")
-    if gate_q.shape != up_q.shape:
-        raise ArgumentError(f"up_q: shape must equal gate_q's {gate_q.shape}, got {up_q.shape}")
+    np_dtype = check_activations(gate_q, up_q, dtype)
     check_out(out, gate_q.shape, np_dtype, gate_q, up_q)
     p = {
         k: (_scalar(f"{k}_scale", sc, None), _scalar(f"{k}_zp", zp, np_dtype))
