@@ -186,6 +186,7 @@ def _for(op: str, leaf: str):
 @_for("dequantize_nbits", "Wu2_Yfp32")
 def nbits_unpack_high_bits_first(B, scales, zero_points=None, g_idx=None, *, K, N, bits, block_size, out=None, **kw):
     """Reads the 2-bit fields of each byte from the high end: element 0 in bits 6-7."""
+    ort.check_nbits_args(B, scales, zero_points, g_idx, K=K, N=N, bits=bits, block_size=block_size)
     per = 8 // bits
     mask = (1 << bits) - 1
     fields = [(B >> (bits * i)) & mask for i in range(per)]
