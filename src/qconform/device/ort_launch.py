@@ -20,7 +20,7 @@ from qconform.device.registry import KERNEL_DIR, Geometry, check_grid
 from qconform.errors import ArgumentError, DeviceError
 from qconform.oracles.ort.gather_block_quantized import _check as check_gather_args
 from qconform.oracles.ort.matmul_nbits import _check_a, check_nbits_args
-from qconform.oracles.ort.qdq import QTYPES, _check_float, _qtype, _zero_point, expand_param
+from qconform.oracles.ort.qdq import QTYPES, _check_float, _infer_dtype, _qtype, _zero_point, expand_param
 from qconform.oracles.ort.qswiglu import check_activations
 
 SOURCE = KERNEL_DIR / "ort_quant.hip"
@@ -278,10 +278,11 @@ def gather_block_quantized(
     return y
 
 
-def fake_quantize(x, scale, zero_point=None, *, axis=1, block_size=0, dtype="uint8", out=None):
+def fake_quantize(x, scale, zero_point=None, *, axis=1, block_size=0, dtype=None, out=None):
     """DQ(Q(x)) bit-identical to the oracle, for 2-D x quantized along axis 1."""
     _contiguous(x=x, scale=scale, zero_point=zero_point)
     xs, ss = _check_float("x", _shadow(x)), _check_float("scale", _shadow(scale))
+    dtype = _infer_dtype(dtype, _shadow(zero_point))
     _, lo, hi = _qtype(dtype)
     expand_param(ss, xs.shape, axis, block_size, "scale")
     if zero_point is not None:

@@ -84,6 +84,14 @@ def _zero_point(zp: object, dtype: str) -> np.ndarray | None:
     return z
 
 
+def _infer_dtype(dtype: str | None, zero_point: object) -> str:
+    """ONNX: the quantized type is the zero point's (uint8 without one) unless given; a 4-bit
+    type must be named, since its logical values travel as int8/uint8."""
+    if dtype is not None:
+        return dtype
+    return "uint8" if zero_point is None else str(np.asarray(zero_point).dtype)
+
+
 def quantize_linear(
     x: np.ndarray,
     y_scale: np.ndarray,
@@ -91,13 +99,14 @@ def quantize_linear(
     *,
     axis: int = 1,
     block_size: int = 0,
-    output_dtype: str = "uint8",
+    output_dtype: str | None = None,
     out: np.ndarray | None = None,
     ftz: bool = False,
 ) -> np.ndarray:
     """ONNX QuantizeLinear: fp32/fp16 x -> logical integer values of ``output_dtype``."""
     x = flushed(_check_float("x", x), ftz)
     y_scale = _check_float("y_scale", y_scale)
+    output_dtype = _infer_dtype(output_dtype, y_zero_point)
     np_dtype, lo, hi = _qtype(output_dtype)
     check_out(out, x.shape, np_dtype, x, y_scale, y_zero_point)
     z = _zero_point(y_zero_point, output_dtype)
@@ -146,13 +155,14 @@ def fake_quantize(
     *,
     axis: int = 1,
     block_size: int = 0,
-    dtype: str = "uint8",
+    dtype: str | None = None,
     out: np.ndarray | None = None,
     ftz: bool = False,
 ) -> np.ndarray:
     """DQ(Q(x)) in one call: ``(clip(rint(x/s) + zp, lo, hi) - zp) * s`` with ONNX's roundings."""
     x = _check_float("x", x)
     scale = _check_float("scale", scale)
+    dtype = _infer_dtype(dtype, zero_point)
     _qtype(dtype)
     expand_param(scale, x.shape, axis, block_size, "scale")
     if zero_point is not None:
