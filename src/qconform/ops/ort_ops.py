@@ -76,9 +76,8 @@ def _nbits_kwargs(inputs: dict[str, Any], params: dict[str, Any], K: int, N: int
 
 
 def _kn_from_inputs(inputs: dict[str, Any], params: dict[str, Any]) -> tuple[int, int]:
-    B = inputs["B"]
-    K = params.get("K") or (B.shape[1] * params["block_size"] if getattr(B, "ndim", 0) == 3 else 0)
-    return int(K), int(getattr(B, "shape", (0,))[0])
+    """(K, N): K from the case (the packed B does not say where the padding starts), N = B's rows."""
+    return int(params["K"]), int(inputs["B"].shape[0])
 
 
 def _matmul_call(inputs: dict[str, Any], params: dict[str, Any]) -> tuple[tuple, dict]:
