@@ -67,7 +67,8 @@ def _ort_cases_cover_the_edges(op, leaf: str) -> None:
     """What the ORT issue asks the cases to hold, per op."""
     cov1, cov2, cov3 = (op.cases(leaf, c) for c in (1, 2, 3))
     if op.name in ("matmul_nbits", "dequantize_nbits"):
-        assert {c.params["zp"] for c in cov1} == {"none", "packed", "float", "uniform"}
+        kinds = {"none", "packed", "float", "uniform"} | ({"scalar"} if op.name == "matmul_nbits" else set())
+        assert {c.params["zp"] for c in cov1} == kinds
         assert any(c.params["K"] % c.params["block_size"] for c in cov1), "K not a multiple of the block"
         assert {16, 32, 64, 128, 256} <= {c.params["block_size"] for c in cov2}
         if op.name == "matmul_nbits":

@@ -10,7 +10,8 @@ Ops and leaves (named as the kernels' unit tests name them):
 A ``py:`` drop-in is called as the oracle is: ``fn(*call_args)`` with the ONNX op's argument and
 attribute names. Zero-point kinds in the MatMulNBits cases: none (default 2**(bits-1)), packed
 uint8, float (per block), uniform (every float zero point equal: dequantize_nbits compares those in
-the kernel form ``(q - z) * s`` with one scalar zero point, matmul_nbits in ORT's form).
+the kernel form ``(q - z) * s`` with one scalar zero point, matmul_nbits in ORT's form), and for
+matmul_nbits scalar (the decode kernels' uniform path: one zero point, the kernel form).
 No case holds an fp32 subnormal, so the oracles' ftz changes nothing here.
 """
 
@@ -34,7 +35,7 @@ from qconform.oracles.ort.qdq import QTYPES
 
 BITS = (2, 3, 4, 8)
 ACTS = {"fp32": np.dtype(np.float32), "fp16": np.dtype(np.float16)}
-ZP_KINDS = ("none", "packed", "float", "uniform")
+ZP_KINDS = ("none", "packed", "float", "uniform")  # matmul_nbits adds "scalar": one zero point, kernel form
 U32 = np.float32(2.0**-24)
 
 # ---------------------------------------------------------------------------------- MatMulNBits
@@ -58,9 +59,9 @@ def _nbits_inputs(case: Case, with_a: bool) -> dict[str, np.ndarray]:
         inputs["zero_points"] = rng.integers(0, 256, (N, -(-kb * bits // 8)), dtype=np.uint8)
     elif zp == "float":
         inputs["zero_points"] = rng.uniform(0, 2**bits - 1, (N, kb)).astype(act)
-    elif zp == "uniform":
+    elif zp in ("uniform", "scalar"):
         mid = np.array(2 ** (bits - 1) - 0.5, act)
-        inputs["zero_points"] = mid.reshape(1) if not with_a else np.full((N, kb), mid, act)
+        inputs["zero_points"] = np.full((N, kb), mid, act) if zp == "uniform" and with_a else mid.reshape(1)
     if with_a:
         inputs["A"] = rng.standard_normal((M, K)).astype(act)
         if p.get("bias"):
@@ -70,7 +71,7 @@ def _nbits_inputs(case: Case, with_a: bool) -> dict[str, np.ndarray]:
 
 def _nbits_kwargs(inputs: dict[str, Any], params: dict[str, Any], K: int, N: int) -> dict[str, Any]:
     kw = {"K": K, "N": N, "bits": params["bits"], "block_size": params["block_size"]}
-    if params.get("zp") == "uniform" and "A" not in inputs:
+    if params.get("zp") == "scalar" or (params.get("zp") == "uniform" and "A" not in inputs):
         kw["form"] = "kernel"
     return kw
 
@@ -104,7 +105,7 @@ def _nbits_cases(op: str, leaf: str, coverage: int, with_a: bool) -> list[Case]:
 
     sizes = [(64, 64, 8), (40, 16, 5), (600, 128, 3), (1000, 256, 2), (320, 32, 7)]  # (K, block, N)
     for i, (K, bs, N) in enumerate(sizes[: 3 if coverage == 1 else 5]):
-        for j, zp in enumerate(ZP_KINDS):
+        for j, zp in enumerate(ZP_KINDS + (("scalar",) if with_a else ())):
             shape = (1 + (i + j) % 3, K, N) if with_a else (K, N)
             add(shape, 10 * i + j, block_size=bs, zp=zp)
     if coverage >= 2:
