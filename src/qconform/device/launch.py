@@ -37,12 +37,18 @@ def launch_abi(
     if n_blocks == 0:
         return
     grid = check_grid(op, n_blocks, geometry)
+    launch_kernel(op, kernel, grid, geometry.threads, (src, out, np.int64(n_blocks)), stream)
+
+
+def launch_kernel(op: str, kernel: Any, grid: int, threads: int, args: tuple, stream: Any = None) -> None:
+    """One launch on ``stream`` (default: the current one); CuPy's status for this launch, if it
+    failed, becomes a DeviceError naming ``op``. The runtime's last-error slot is not touched."""
     stream = cupy.cuda.get_current_stream() if stream is None else stream
     try:
         with stream:
-            kernel((grid,), (geometry.threads,), (src, out, np.int64(n_blocks)))
+            kernel((grid,), (threads,), args)
     except cupy.cuda.driver.CUDADriverError as exc:
-        raise DeviceError(f"{op}: launching {kernel.name}<<<{grid}, {geometry.threads}>>> failed: {exc}") from exc
+        raise DeviceError(f"{op}: launching {kernel.name}<<<{grid}, {threads}>>> failed: {exc}") from exc
 
 
 @dataclass(frozen=True)

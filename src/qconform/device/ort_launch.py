@@ -14,14 +14,15 @@ from typing import Any, Callable
 import cupy
 import numpy as np
 
-from qconform.device.launch import CUPY
+from qconform.device.launch import CUPY, launch_kernel
 from qconform.device.loader import get_kernel
 from qconform.device.registry import KERNEL_DIR, Geometry, check_grid
-from qconform.errors import ArgumentError, DeviceError
+from qconform.errors import ArgumentError
 from qconform.oracles.ort.gather_block_quantized import _check as check_gather_args
 from qconform.oracles.ort.matmul_nbits import _check_a, check_nbits_args
-from qconform.oracles.ort.qdq import QTYPES, _check_float, _infer_dtype, _qtype, _zero_point, expand_param
-from qconform.oracles.ort.qswiglu import check_activations
+from qconform.oracles.ort.qdq import QTYPES, check_fake_quantize_args
+from qconform.oracles.ort.qswiglu import STEPS as SWIGLU_STEPS
+from qconform.oracles.ort.qswiglu import check_activations, check_qparams
 
 SOURCE = KERNEL_DIR / "ort_quant.hip"
 THREADS = 256
@@ -74,10 +75,7 @@ def _launch(op: str, symbol: str, n_threads: int, args: tuple) -> None:
     if _BIND:
         _BIND[-1].append((kernel, (grid,), args))
         return
-    try:
-        kernel((grid,), (THREADS,), args)
-    except cupy.cuda.driver.CUDADriverError as exc:
-        raise DeviceError(f"{op}: launching {symbol} failed: {exc}") from exc
+    launch_kernel(op, kernel, grid, THREADS, args)
 
 
 def bound(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[[], None]:
@@ -281,12 +279,8 @@ def gather_block_quantized(
 def fake_quantize(x, scale, zero_point=None, *, axis=1, block_size=0, dtype=None, out=None):
     """DQ(Q(x)) bit-identical to the oracle, for 2-D x quantized along axis 1."""
     _contiguous(x=x, scale=scale, zero_point=zero_point)
-    xs, ss = _check_float("x", _shadow(x)), _check_float("scale", _shadow(scale))
-    dtype = _infer_dtype(dtype, _shadow(zero_point))
-    _, lo, hi = _qtype(dtype)
-    expand_param(ss, xs.shape, axis, block_size, "scale")
-    if zero_point is not None:
-        expand_param(_zero_point(_shadow(zero_point), dtype), xs.shape, axis, block_size, "zero_point")
+    xs, ss, dtype = check_fake_quantize_args(_shadow(x), _shadow(scale), _shadow(zero_point), axis, block_size, dtype)
+    _, lo, hi = QTYPES[dtype]
     if xs.ndim != 2 or axis % 2 != 1:
         raise ArgumentError("x: the device kernel takes 2-D x quantized along axis 1")
     if ss.dtype != xs.dtype:
@@ -317,26 +311,17 @@ def fake_quantize(x, scale, zero_point=None, *, axis=1, block_size=0, dtype=None
     return y
 
 
-SWIGLU_STEPS = ("gate", "up", "sig", "silu", "out")
-
-
 def qswiglu(gate_q, up_q, *, dtype="uint16", out=None, fused=True, **qparams):
     """The quantized SwiGLU chain: one fused kernel, or (``fused=False``) its unfused steps as
     separate kernels; the two are byte-identical (same device functions)."""
     np_dtype = check_activations(gate_q, up_q, dtype, cupy.ndarray)
     _contiguous(gate_q=gate_q, up_q=up_q)
-    p = {}
-    for k in SWIGLU_STEPS:
-        sc, zp = np.asarray(_host(qparams[f"{k}_scale"])), np.asarray(_host(qparams[f"{k}_zp"]))
-        if sc.size != 1 or sc.dtype != np.float32:
-            raise ArgumentError(f"{k}_scale: must be a float32 per-tensor scalar")
-        if zp.size != 1 or zp.dtype != np_dtype:
-            raise ArgumentError(f"{k}_zp: must be a per-tensor {dtype} scalar")
-        p[k] = (np.float32(sc.reshape(())), np.int32(zp.reshape(())))
+    checked = check_qparams({k: _host(v) for k, v in qparams.items()}, np_dtype)
+    p = {k: (np.float32(sc), np.int32(zp)) for k, (sc, zp) in checked.items()}
     y = _out(out, gate_q.shape, np_dtype, gate_q, up_q)
     n, hi, is16 = np.int64(gate_q.size), np.int32(QTYPES[dtype][2]), np.int32(dtype == "uint16")
     if fused:
-        flat = tuple(v for k in SWIGLU_STEPS for v in p[k])
+        flat = tuple(v for k in SWIGLU_STEPS for v in p[k])  # the kernel's argument order
         _launch("qswiglu", "qk_qswiglu_fused", int(n), (gate_q, up_q, y, n, *flat, hi, is16))
         return y
     g, u, t = (cupy.empty(gate_q.shape, cupy.float32) for _ in range(3))

@@ -32,6 +32,7 @@ from qconform.oracles.ort import (
     qswiglu,
 )
 from qconform.oracles.ort.qdq import QTYPES
+from qconform.oracles.ort.qswiglu import STEPS as SWIGLU_STEPS
 
 BITS = (2, 3, 4, 8)
 ACTS = {"fp32": np.dtype(np.float32), "fp16": np.dtype(np.float16)}
@@ -510,7 +511,6 @@ FAKE_QUANTIZE = OpSpec(
 # ------------------------------------------------------------------------------------- qswiglu
 
 SWIGLU_LEAVES = (Leaf("Xu16_Yu16", {"dtype": "uint16"}), Leaf("Xu8_Yu8", {"dtype": "uint8"}))
-SWIGLU_PARAMS = ("gate", "up", "sig", "silu", "out")
 
 
 def _swiglu_inputs(case: Case) -> dict[str, np.ndarray]:
@@ -533,7 +533,7 @@ def _swiglu_inputs(case: Case) -> dict[str, np.ndarray]:
 
 
 def _swiglu_call(inputs: dict[str, Any], params: dict[str, Any]) -> tuple[tuple, dict]:
-    kw = {f"{k}_{w}": inputs[f"{k}_{w}"] for k in SWIGLU_PARAMS for w in ("scale", "zp")}
+    kw = {f"{k}_{w}": inputs[f"{k}_{w}"] for k in SWIGLU_STEPS for w in ("scale", "zp")}
     return (inputs["gate_q"], inputs["up_q"]), {**kw, "dtype": params["dtype"]}
 
 
@@ -576,7 +576,7 @@ QSWIGLU = OpSpec(
     bad_arguments=_swiglu_bad,
     decode=lambda y, params: y,
     check=Check("steps", 1.0, "sigmoid's last-ulp accuracy is the runtime's: one output step allowed, counted"),
-    input_names=("gate_q", "up_q", *(f"{k}_{w}" for k in SWIGLU_PARAMS for w in ("scale", "zp"))),
+    input_names=("gate_q", "up_q", *(f"{k}_{w}" for k in SWIGLU_STEPS for w in ("scale", "zp"))),
     logical_dtypes={"gate_q": "{dtype}", "up_q": "{dtype}", "y": "{dtype}"},
     doc="quantized SwiGLU: DQ, Sigmoid, Q/DQ, Mul, Q/DQ, Mul, Q (per-tensor)",
     cold_repeat=False,

@@ -148,6 +148,21 @@ def dequantize_linear(
     return deliver(flushed(y, ftz).astype(scale.dtype), out)
 
 
+def check_fake_quantize_args(
+    x: object, scale: object, zero_point: object, axis: int, block_size: int, dtype: str | None
+) -> tuple[np.ndarray, np.ndarray, str]:
+    """(x, scale, quantized type) after every rule of ``fake_quantize`` on its inputs (the device
+    launcher passes stand-ins with its arrays' dtypes and shapes)."""
+    x = _check_float("x", x)
+    scale = _check_float("scale", scale)
+    dtype = _infer_dtype(dtype, zero_point)
+    _qtype(dtype)
+    expand_param(scale, x.shape, axis, block_size, "scale")
+    if zero_point is not None:
+        expand_param(_zero_point(zero_point, dtype), x.shape, axis, block_size, "zero_point")
+    return x, scale, dtype
+
+
 def fake_quantize(
     x: np.ndarray,
     scale: np.ndarray,
@@ -160,13 +175,7 @@ def fake_quantize(
     ftz: bool = False,
 ) -> np.ndarray:
     """DQ(Q(x)) in one call: ``(clip(rint(x/s) + zp, lo, hi) - zp) * s`` with ONNX's roundings."""
-    x = _check_float("x", x)
-    scale = _check_float("scale", scale)
-    dtype = _infer_dtype(dtype, zero_point)
-    _qtype(dtype)
-    expand_param(scale, x.shape, axis, block_size, "scale")
-    if zero_point is not None:
-        expand_param(_zero_point(zero_point, dtype), x.shape, axis, block_size, "zero_point")
+    x, scale, dtype = check_fake_quantize_args(x, scale, zero_point, axis, block_size, dtype)
     check_out(out, x.shape, scale.dtype, x, scale, zero_point)
     q = quantize_linear(x, scale, zero_point, axis=axis, block_size=block_size, output_dtype=dtype, ftz=ftz)
     return dequantize_linear(q, scale, zero_point, axis=axis, block_size=block_size, x_dtype=dtype, out=out, ftz=ftz)

@@ -30,6 +30,7 @@ from qconform.oracles.ort._out import check_out, deliver
 from qconform.oracles.ort.qdq import dequantize_linear, quantize_linear
 
 ACTIVATION_TYPES = ("uint16", "uint8")
+STEPS = ("gate", "up", "sig", "silu", "out")  # each has a ``<step>_scale`` and a ``<step>_zp``
 
 
 def sigmoid_fp32(g: np.ndarray) -> np.ndarray:
@@ -47,6 +48,16 @@ def _scalar(name: str, v: object, dtype: np.dtype | None) -> np.ndarray:
     if dtype is None and a.dtype != np.float32:
         raise ArgumentError(f"{name}: must be float32, got {a.dtype}")
     return a.reshape(())
+
+
+def check_qparams(qparams: dict[str, object], np_dtype: np.dtype) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """{step: (scale, zero point)} as 0-d arrays, after checking each is a per-tensor float32
+    scale and a zero point of the activation type (host values; the device launcher passes its
+    copies)."""
+    return {
+        k: (_scalar(f"{k}_scale", qparams[f"{k}_scale"], None), _scalar(f"{k}_zp", qparams[f"{k}_zp"], np_dtype))
+        for k in STEPS
+    }
 
 
 def check_activations(gate_q: object, up_q: object, dtype: str, array_type: type = np.ndarray) -> np.dtype:
@@ -86,16 +97,19 @@ def qswiglu(
     an fp32 subnormal unless a scale is."""
     np_dtype = check_activations(gate_q, up_q, dtype)
     check_out(out, gate_q.shape, np_dtype, gate_q, up_q)
-    p = {
-        k: (_scalar(f"{k}_scale", sc, None), _scalar(f"{k}_zp", zp, np_dtype))
-        for k, sc, zp in (
-            ("gate", gate_scale, gate_zp),
-            ("up", up_scale, up_zp),
-            ("sig", sig_scale, sig_zp),
-            ("silu", silu_scale, silu_zp),
-            ("out", out_scale, out_zp),
-        )
+    given = {
+        "gate_scale": gate_scale,
+        "gate_zp": gate_zp,
+        "up_scale": up_scale,
+        "up_zp": up_zp,
+        "sig_scale": sig_scale,
+        "sig_zp": sig_zp,
+        "silu_scale": silu_scale,
+        "silu_zp": silu_zp,
+        "out_scale": out_scale,
+        "out_zp": out_zp,
     }
+    p = check_qparams(given, np_dtype)
 
     def q(v: np.ndarray, k: str) -> np.ndarray:
         return quantize_linear(v, p[k][0], p[k][1], output_dtype=dtype)
