@@ -23,12 +23,21 @@ class DeviceMutant:
     op: str
     caught_by: str | None  # the property that must fail; None for a control that must pass
     warning: bool = False  # a control whose pending-error outcome must carry a warning
+    leaf: str | None = None  # None: the op's first leaf
+    coverage: int = 1
 
     @property
     def is_so(self) -> bool:
         return self.source.endswith(".cu")
 
+    @property
+    def is_ort(self) -> bool:
+        """qconform's own ORT kernels (--impl cupy) compiled with ``options`` as -D defines."""
+        return self.source == "ort_quant.hip"
+
     def path(self) -> Path:
+        if self.is_ort:
+            return REPO / "src/qconform/device/kernels" / self.source
         return (REPO / self.source) if "/" in self.source else MUTANT_DIR / self.source
 
 
@@ -107,11 +116,27 @@ SO_MUTANTS = (
         None,
     ),
 )
-ALL = HIP_MUTANTS + SO_MUTANTS
+
+def _mma(name: str, define: str, caught_by: str | None, leaf: str = "Xfp16_Wu2_Yfp16") -> DeviceMutant:
+    return DeviceMutant(name, "ort_quant.hip", "", define, "matmul_nbits", caught_by, leaf=leaf, coverage=2)
+
+
+ORT_MUTANTS = (
+    _mma("mma GEMV: last chunk reads the previous block's scale", "-DQK_MUT_MMA_LAST_SCALE", "matches_oracle"),
+    _mma("mma GEMV: activation pairs in swapped K slots", "-DQK_MUT_MMA_SLOT_SWAP", "matches_oracle"),
+    _mma(
+        "mma GEMV: last K split not added", "-DQK_MUT_MMA_DROP_LAST_WARP", "matches_oracle", leaf="Xfp16_Wu4_Yfp16"
+    ),
+    _mma("control: portable mma (shuffles), u2", "-DQK_MMA_EMULATE", None),
+    _mma("control: portable mma (shuffles), u4", "-DQK_MMA_EMULATE", None, leaf="Xfp16_Wu4_Yfp16"),
+)
+ALL = HIP_MUTANTS + SO_MUTANTS + ORT_MUTANTS
 
 
 def impl_spec(m: DeviceMutant, built: dict[str, Path]) -> str:
     """The --impl string for a mutant; ``built`` maps so: sources to their compiled libraries."""
+    if m.is_ort:
+        return "cupy"
     if m.is_so:
         return f"so:{built[m.source]}:{m.symbol}"
     return f"hip:{m.path()}:{m.symbol}{m.options}"
@@ -141,9 +166,17 @@ def run_mutant(m: DeviceMutant, built: dict[str, Path], coverage: int = 1):
 
     op = get_op(m.op)
     impl = load_impl(impl_spec(m, built), [m.op])
-    leaf = op.leaves[0].name
-    prepared = [Prepared.from_case(op, c, impl.ftz) for c in op.cases(leaf, coverage)]
-    return run_leaf(impl, op, leaf, prepared)
+    leaf = m.leaf or op.leaves[0].name
+    prepared = [Prepared.from_case(op, c, impl.ftz) for c in op.cases(leaf, max(coverage, m.coverage))]
+    if not m.is_ort:
+        return run_leaf(impl, op, leaf, prepared)
+    from qconform.device import ort_launch
+
+    ort_launch.OPTIONS = (m.options,)
+    try:
+        return run_leaf(impl, op, leaf, prepared)
+    finally:
+        ort_launch.OPTIONS = ()
 
 
 def verdict(m: DeviceMutant, result) -> tuple[bool, str]:

@@ -29,7 +29,10 @@ def test_every_registered_kernel_exists_in_its_source() -> None:
 def test_every_device_mutant_symbol_exists() -> None:
     for m in ALL:
         text = m.path().read_text()
-        if m.is_so:
+        if m.is_ort:
+            text += (m.path().parent / "qk_portable.h").read_text()
+            assert m.options.startswith("-D") and m.options[2:] in text, m.name
+        elif m.is_so:
             assert f"int {m.symbol}(" in text, m.name
         else:
             included = text + "".join(k.path.read_text() for k in KERNELS if f'"{k.source}"' in text)

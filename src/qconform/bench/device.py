@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
+from typing import Any
 
 import cupy
 import numpy as np
@@ -17,6 +18,12 @@ from qconform.device.registry import KERNELS, KernelSpec
 from qconform.formats.ggml import FORMATS
 
 MEMCPY_DEVICE_TO_DEVICE = 3
+
+
+def _candidates() -> list[Any]:
+    from qconform.device.ort_launch import MmaShape
+
+    return [MmaShape(r, 1, wk, 1) for r, wk in ((1, 4), (1, 8), (2, 4), (2, 8), (4, 4), (4, 8))]
 
 
 @dataclass(frozen=True)
@@ -30,17 +37,38 @@ class Timing:
         return self.bytes_moved / self.seconds / 1e9
 
 
-def _median_time(launch, n_sets: int, reps: int) -> float:
+_SPIN = r"""
+extern "C" __global__ void qk_spin(long long cycles) {
+    const long long t0 = clock64();
+    while (clock64() - t0 < cycles) {}
+}
+"""
+
+
+def _spin(cycles: int = 20_000_000) -> None:
+    """Keep the GPU busy (~10 ms) while the host queues the timed launches, so that they run back
+    to back and the events time the device, not Python's launch path."""
+    kernel = cupy.RawKernel(_SPIN, "qk_spin")
+    kernel((1,), (1,), (np.int64(cycles),))
+
+
+def _median_time(launch, n_sets: int, reps: int, batches: int = 5) -> float:
+    """The median over ``batches`` of the mean time per launch of ``reps`` back-to-back launches
+    (queued behind a spin kernel), the inputs rotating over ``n_sets`` sets."""
     stream = cupy.cuda.get_current_stream()
     for i in range(2 * n_sets):  # warm-up: module load, clocks
         launch(i % n_sets)
-    events = [cupy.cuda.Event() for _ in range(reps + 1)]
-    events[0].record(stream)
-    for i in range(reps):
-        launch(i % n_sets)
-        events[i + 1].record(stream)
-    events[-1].synchronize()
-    return statistics.median(cupy.cuda.get_elapsed_time(events[i], events[i + 1]) for i in range(reps)) / 1e3
+    means = []
+    for _ in range(batches):
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        _spin()
+        start.record(stream)
+        for i in range(reps):
+            launch(i % n_sets)
+        end.record(stream)
+        end.synchronize()
+        means.append(cupy.cuda.get_elapsed_time(start, end) / 1e3 / reps)
+    return statistics.median(means)
 
 
 def copy_bandwidth(n_bytes: int = 1 << 30, reps: int = 20) -> Timing:
@@ -107,65 +135,105 @@ def bench_device(rows: int = 4096, width: int = 14336, reps: int = 30) -> list[t
     return rows_out
 
 
-def bench_gemv(K: int = 5120, N: int = 17920, reps: int = 30) -> list[tuple[str, Timing, float, float]]:
-    """MatMulNBits decode (M = 1, fp16 A/Y/scales, block 64, default zero point) on K x N with
-    cold weights (sets rotating over 4x the L2): the GEMV against the copy bandwidth, and against
-    dequantize-to-fp16 + cuBLAS (CuPy matmul) on the same sets."""
+def _nbits_sets(K: int, N: int, bits: int, bs: int, n_sets: int, seed: int) -> list[tuple[Any, Any]]:
+    rng = cupy.random.default_rng(seed)
+    kb = -(-K // bs)
+    return [
+        (
+            rng.integers(0, 256, (N, kb, bs * bits // 8), dtype=cupy.uint8),
+            (rng.random((N, kb), dtype=cupy.float32) * 0.01).astype(cupy.float16),
+        )
+        for _ in range(n_sets)
+    ]
+
+
+def bench_gemv(K: int = 5120, N: int = 17920, reps: int = 50) -> list[tuple[str, Timing, float, float]]:
+    """MatMulNBits decode (M = 1, block 64, default zero point) on K x N with cold weights (sets
+    rotating over 4x the L2): the GEMV against the copy bandwidth, and against
+    dequantize-to-fp16 + cuBLAS (CuPy matmul) on the same sets. fp16 A/Y/scales take the
+    matrix-unit kernel, fp32 the per-output one. The decode split (``MMA_SHAPES``) is tuned here:
+    each candidate's time is printed first."""
     from qconform.device import ort_launch
 
     copy = copy_bandwidth()
     l2 = device_info().l2_bytes
-    out = []
-    print(f"| MatMulNBits M=1, {K}x{N}, fp16 | MB read | GEMV us | GB/s | of copy | dequant+cuBLAS us | speed-up |")
-    print("|---|---|---|---|---|---|---|")
-    for bits in (2, 4):
-        bs = 64
-        kb = K // bs
-        one = N * kb * (bs * bits // 8) + N * kb * 2
-        n_sets = max(2, -(-4 * l2 // one))
-        rng = cupy.random.default_rng(bits)
-        sets = [
-            (
-                rng.integers(0, 256, (N, kb, bs * bits // 8), dtype=cupy.uint8),
-                (rng.random((N, kb), dtype=cupy.float32) * 0.01).astype(cupy.float16),
-            )
-            for _ in range(n_sets)
+    bs = 64
+    kw = {"K": K, "N": N, "bits": 2, "block_size": bs}
+    sets = {bits: _nbits_sets(K, N, bits, bs, max(2, -(-4 * l2 // (N * K * bits // 8))), bits) for bits in (2, 4)}
+    rng = cupy.random.default_rng(0)
+    a16 = rng.standard_normal((1, K), dtype=cupy.float32).astype(cupy.float16)
+
+    def time_gemv(bits: int, a: Any) -> tuple[Timing, float]:
+        y = cupy.empty((1, N), a.dtype)
+        calls = [
+            ort_launch.bound(ort_launch.matmul_nbits, a, b, s.astype(a.dtype), **{**kw, "bits": bits}, out=y)
+            for b, s in sets[bits]
         ]
-        a = rng.standard_normal((1, K), dtype=cupy.float32).astype(cupy.float16)
-        y = cupy.empty((1, N), cupy.float16)
-        kw = {"K": K, "N": N, "bits": bits, "block_size": bs}
+        t = _median_time(lambda i: calls[i](), len(calls), reps)
+        b, s = sets[bits][0]
+        timing = Timing(f"u{bits} {a.dtype}", b.nbytes + s.nbytes * a.itemsize // 2 + a.nbytes + y.nbytes, t)
+        return timing, timing.gbps / copy.gbps
 
-        gemvs = [ort_launch.bound(ort_launch.matmul_nbits, a, b, s, **kw, out=y) for b, s in sets]
-        w32 = cupy.empty((N, K), cupy.float32)
-        deqs = [ort_launch.bound(ort_launch.dequantize_nbits, b, s, **kw, out=w32) for b, s in sets]
+    default = ort_launch.MMA_SHAPES["decode"]
+    print(f"decode split candidates, u2 fp16 M=1 {K}x{N} (r x 16 rows, wk warps over K): us, of copy")
+    for shape in _candidates():
+        ort_launch.MMA_SHAPES["decode"] = shape
+        t, frac = time_gemv(2, a16)
+        print(f"  r={shape.r} wk={shape.wk}: {t.seconds * 1e6:.1f} us {frac:.0%}")
+    ort_launch.MMA_SHAPES["decode"] = default
 
-        def gemv(i: int, gemvs=gemvs) -> None:
-            gemvs[i]()
+    out = []
+    print()
+    print(f"| MatMulNBits M=1, {K}x{N}, block 64 | MB read | GEMV us | GB/s | of copy | dequant+cuBLAS us | speed-up |")
+    print("|---|---|---|---|---|---|---|")
+    w32 = cupy.empty((N, K), cupy.float32)
+    for bits, a in ((2, a16), (4, a16), (2, a16.astype(cupy.float32))):
+        timing, frac = time_gemv(bits, a)
+        deqs = [
+            ort_launch.bound(ort_launch.dequantize_nbits, b, s, **{**kw, "bits": bits}, out=w32) for b, s in sets[bits]
+        ]
 
-        def baseline(i: int, deqs=deqs, a=a, w32=w32) -> None:
+        def baseline(i: int, deqs=deqs, a=a) -> None:
             deqs[i]()
-            cupy.matmul(w32.astype(cupy.float16), a[0])
+            cupy.matmul(w32.astype(a.dtype), a[0])
 
-        t = _median_time(gemv, n_sets, reps)
-        moved = one + a.nbytes + y.nbytes
-        timing = Timing(f"u{bits}", moved, t)
-        tb = _median_time(baseline, n_sets, max(5, reps // 3))
-        frac, ratio = timing.gbps / copy.gbps, tb / t
-        out.append((f"u{bits}", timing, frac, ratio))
-        cells = (
-            f"u{bits}",
-            f"{moved / 1e6:.1f}",
-            f"{t * 1e6:.1f}",
-            f"{timing.gbps:.0f}",
-            f"{frac:.0%}",
-            f"{tb * 1e6:.1f}",
-            f"{ratio:.1f}x",
-        )
-        print("| " + " | ".join(cells) + " |")
+        tb = _median_time(baseline, len(deqs), 5, batches=3)
+        ratio = tb / timing.seconds
+        out.append((timing.name, timing, frac, ratio))
+        cells = (timing.name, f"{timing.bytes_moved / 1e6:.1f}", f"{timing.seconds * 1e6:.1f}", f"{timing.gbps:.0f}")
+        print("| " + " | ".join((*cells, f"{frac:.0%}", f"{tb * 1e6:.1f}", f"{ratio:.1f}x")) + " |")
     return out
+
+
+def bench_prefill(M: int = 2048, K: int = 5120, N: int = 17920, reps: int = 5) -> tuple[float, float]:
+    """MatMulNBits prefill (fp16, u2, block 64) against dequantize-to-fp16 + cuBLAS: TFLOP/s
+    and the ratio (warm: weights and activations fit the L2 together)."""
+    from qconform.device import ort_launch
+
+    ((b, s),) = _nbits_sets(K, N, 2, 64, 1, 7)
+    a = cupy.random.default_rng(1).standard_normal((M, K), dtype=cupy.float32).astype(cupy.float16)
+    y = cupy.empty((M, N), cupy.float16)
+    kw = {"K": K, "N": N, "bits": 2, "block_size": 64}
+    call = ort_launch.bound(ort_launch.matmul_nbits, a, b, s, **kw, out=y)
+    w32 = cupy.empty((N, K), cupy.float32)
+    deq = ort_launch.bound(ort_launch.dequantize_nbits, b, s, **kw, out=w32)
+
+    def baseline(_: int) -> None:
+        deq()
+        cupy.matmul(a, w32.astype(cupy.float16).T)
+
+    t = _median_time(lambda _: call(), 1, reps, batches=3)
+    tb = _median_time(baseline, 1, reps, batches=3)
+    flops = 2 * M * N * K
+    print()
+    print(f"| MatMulNBits prefill M={M}, {K}x{N}, u2 fp16 | us | TFLOP/s | dequant+cuBLAS us | speed-up |")
+    print("|---|---|---|---|---|")
+    print(f"| matrix-unit kernel | {t * 1e6:.0f} | {flops / t / 1e12:.0f} | {tb * 1e6:.0f} | {tb / t:.2f}x |")
+    return t, tb
 
 
 if __name__ == "__main__":
     np.seterr(all="ignore")
     bench_device()
     bench_gemv()
+    bench_prefill()

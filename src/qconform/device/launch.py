@@ -40,13 +40,15 @@ def launch_abi(
     launch_kernel(op, kernel, grid, geometry.threads, (src, out, np.int64(n_blocks)), stream)
 
 
-def launch_kernel(op: str, kernel: Any, grid: int, threads: int, args: tuple, stream: Any = None) -> None:
+def launch_kernel(
+    op: str, kernel: Any, grid: int, threads: int, args: tuple, stream: Any = None, shared_mem: int = 0
+) -> None:
     """One launch on ``stream`` (default: the current one); CuPy's status for this launch, if it
     failed, becomes a DeviceError naming ``op``. The runtime's last-error slot is not touched."""
     stream = cupy.cuda.get_current_stream() if stream is None else stream
     try:
         with stream:
-            kernel((grid,), (threads,), args)
+            kernel((grid,), (threads,), args, shared_mem=shared_mem)
     except cupy.cuda.driver.CUDADriverError as exc:
         raise DeviceError(f"{op}: launching {kernel.name}<<<{grid}, {threads}>>> failed: {exc}") from exc
 

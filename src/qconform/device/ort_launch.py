@@ -9,6 +9,7 @@ C-contiguity of every device array and the ``out`` buffer's shape and dtype.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import cupy
@@ -64,18 +65,23 @@ def _out(out: Any, shape: tuple[int, ...], dtype: np.dtype, *inputs: Any) -> Any
     return out
 
 
-_BIND: list[list[tuple[Any, tuple[int], tuple]]] = []  # launches recorded by bound(), not run
+_BIND: list[list[tuple[Any, int, int, int, tuple]]] = []  # launches recorded by bound(), not run
+OPTIONS: tuple[str, ...] = ()  # extra compile options (tests: -DQK_MMA_EMULATE, the portable mma)
 
 
 def _launch(op: str, symbol: str, n_threads: int, args: tuple) -> None:
+    """One thread per element: ceil(n_threads / THREADS) CTAs of THREADS."""
     if n_threads == 0:
         return
-    grid = check_grid(op, n_threads, Geometry(1, THREADS))
-    kernel = get_kernel(SOURCE, symbol)
+    _launch_grid(op, symbol, check_grid(op, n_threads, Geometry(1, THREADS)), THREADS, args)
+
+
+def _launch_grid(op: str, symbol: str, grid: int, threads: int, args: tuple, shared_mem: int = 0) -> None:
+    kernel = get_kernel(SOURCE, symbol, OPTIONS)
     if _BIND:
-        _BIND[-1].append((kernel, (grid,), args))
+        _BIND[-1].append((kernel, grid, threads, shared_mem, args))
         return
-    launch_kernel(op, kernel, grid, THREADS, args)
+    launch_kernel(op, kernel, grid, threads, args, shared_mem=shared_mem)
 
 
 def bound(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[[], None]:
@@ -89,10 +95,44 @@ def bound(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[[], Non
         launches = _BIND.pop()
 
     def replay() -> None:
-        for kernel, grid, kargs in launches:
-            kernel(grid, (THREADS,), kargs)
+        for kernel, grid, threads, shared_mem, kargs in launches:
+            kernel((grid,), (threads,), kargs, shared_mem=shared_mem)
 
     return replay
+
+
+@dataclass(frozen=True)
+class MmaShape:
+    """The matrix-unit MatMulNBits kernel's work split: a warp owns ``r`` tiles of 16 rows x ``t``
+    groups of 8 tokens; ``wk`` warps split one such item's K chunks (partial sums added in shared
+    memory, in warp order); ``wi`` items per CTA."""
+
+    r: int
+    t: int
+    wk: int
+    wi: int
+
+    def symbol(self, bits: int) -> str:
+        return f"qk_nbits_mma_u{bits}_r{self.r}_t{self.t}"
+
+
+MMA_SHAPES = {"decode": MmaShape(r=2, t=1, wk=8, wi=1), "prefill": MmaShape(r=2, t=4, wk=1, wi=4)}
+"""decode: M <= 8 (one group of 8 tokens); prefill: larger M. Chosen by the GEMV bench."""
+
+
+def _mma_ok(B: Any, bits: int, block_size: int, a16: bool) -> bool:
+    return bits in (2, 4) and a16 and block_size % 64 == 0 and B.data.ptr % 8 == 0
+
+
+def _launch_mma(bits: int, M: int, lay: Any, args: tuple, a_vec: bool) -> None:
+    shape = MMA_SHAPES["decode" if M <= 8 else "prefill"]
+    items = -(-lay.N // (16 * shape.r)) * -(-M // (8 * shape.t))
+    grid = -(-items // shape.wi)
+    if grid >= 2**31:
+        raise ArgumentError(f"A: {M} x {lay.N} outputs need more than 2^31 - 1 CTAs")
+    smem = shape.wk * shape.wi * shape.r * shape.t * 4 * 32 * 4 if shape.wk > 1 else 0
+    kargs = (*args, np.int32(a_vec), np.int32(shape.wk), np.int32(shape.wi))
+    _launch_grid("matmul_nbits", shape.symbol(bits), grid, 32 * shape.wk * shape.wi, kargs, smem)
 
 
 def _zp_args(zero_points: Any, lay, form: str, B: Any) -> tuple[Any, float, int, int]:
@@ -180,6 +220,10 @@ def matmul_nbits(
         bias_ptr = A if bias is None else bias
         args = (qa, sa, B, scales, zp, bias_ptr, y, np.int32(M), K_, N_, bits_, bs_, kb_, blob_, zpb_, kind_, a16, s16)
         _launch("matmul_nbits", "qk_nbits_gemv_int8", M * lay.N * 32, (*args, np.int32(bias is not None)))
+        return y
+    if _mma_ok(B, bits, block_size, bool(a16)) and M > 0 and lay.N > 0:
+        args = (A, B, scales, zp, zps, A if bias is None else bias, y, np.int32(M), K_, N_, bs_, kb_, zpb_, kind_, z16)
+        _launch_mma(bits, M, lay, (*args, np.int32(bias is not None)), lay.K % 8 == 0 and A.data.ptr % 16 == 0)
         return y
     _launch(
         "matmul_nbits",

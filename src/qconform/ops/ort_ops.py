@@ -95,9 +95,19 @@ def _dequant_call(inputs: dict[str, Any], params: dict[str, Any]) -> tuple[tuple
     return (inputs["B"], inputs["scales"], inputs.get("zero_points")), _nbits_kwargs(inputs, params, K, N)
 
 
+_MMA_TILING = (  # (M, K, N), block, zero point, bias: decode M <= 8, prefill beyond; K % 8 != 0 too
+    ((1, 2112, 77), 64, "uniform", False),
+    ((5, 4100, 45), 128, "packed", True),
+    ((8, 1536, 130), 256, "float", False),
+    ((37, 1000, 50), 64, "scalar", False),
+    ((70, 2056, 33), 64, "none", True),
+)
+
+
 def _nbits_cases(op: str, leaf: str, coverage: int, with_a: bool) -> list[Case]:
     """coverage 1: every zero-point kind, K a multiple of the block and not, blocks 16..256, M = 1
-    and a few rows; 2: more seeds, M up to 64, bias, accuracy_level 4; 3: the LLM shapes
+    and a few rows; 2: more seeds, M up to 70, bias, accuracy_level 4, the tiling of the
+    matrix-unit kernel (K over several warps, partial tiles); 3: the LLM shapes
     (5120x17920, 17920x5120, 5120x5120; M = 1 and 2048) and the 100352x5120 lm_head at M = 1."""
     out: list[Case] = []
 
@@ -112,7 +122,9 @@ def _nbits_cases(op: str, leaf: str, coverage: int, with_a: bool) -> list[Case]:
     if coverage >= 2:
         for seed, bs in enumerate((16, 32, 64, 128, 256)):
             add((64, 5 * bs + 3, 9) if with_a else (5 * bs + 3, 9), 100 + seed, block_size=bs, zp="packed")
-        if with_a:
+        if with_a:  # the matrix-unit kernel's tiling: K split over 8 warps, partial row/token tiles
+            for seed, (shape, bs, zp, bias) in enumerate(_MMA_TILING):
+                add(shape, 150 + seed, block_size=bs, zp=zp, bias=bias)
             add((7, 512, 16), 200, block_size=64, zp="none", bias=True)
             add((7, 500, 16), 201, block_size=32, zp="packed", accuracy_level=4)
             add((1, 512, 16), 202, block_size=64, zp="none", accuracy_level=4)

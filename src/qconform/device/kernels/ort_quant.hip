@@ -138,6 +138,288 @@ qk_nbits_gemv(const void* A, const qk_u8* B, const void* scales, const void* zp,
     }
 }
 
+/* ------------------------------------------ MatMulNBits on the matrix units (qk_mma_16816) */
+/* Bits 2 and 4, fp16 A / scales / Y, block size a multiple of 64. Y (M, N) = A @ W^T (+ bias).
+ *
+ * A warp owns R tiles of 16 output rows x T groups of 8 tokens over a range of 64-wide K chunks;
+ * the WK warps of a CTA split the chunks of one such item and add their partial sums in shared
+ * memory in warp order (deterministic); WI items per CTA. Per chunk, lane t of a 4-lane quad
+ * reads 16 consecutive K positions of each of its rows, k = 64c + 16t + 0..15: one 32-bit word
+ * (u2) or two (u4), coalesced per row. A K chunk lies in one block (block % 64 == 0), so each
+ * chunk's partial dot is scaled by its block's scale.
+ *
+ * Weights become exact fp16 integers: (word & mask) | 0x6400 per half is 1024 + q * 2^p (the
+ * field q at bit p of the half), and one exact fp16x2 fma by (2^-p, -1024 * 2^-p) leaves q.
+ * The mma's K slots are a permutation of the chunk's positions, the same for weights and
+ * activations (qk_slot_pairs); products are exact, sums fp32 (the tensor core's order).
+ * Per chunk and row: acc += s * sum(a q) + c * sum(a), c = fp32(-s * z) (ORT's two-rounding
+ * form for float zero points, the same expression for the others); sum(a) per token comes
+ * from one more mma with an all-ones A. */
+
+/* the chunk-relative K positions of the fp16 pair in mma m's register P (b[0] / a[0], a[1]) and
+ * Q (b[1] / a[2], a[3]): u2 word = 4 bytes x 4 fields, byte b field j at k = 4b + j; the pair
+ * (w >> 8i) & (3 << 2m) holds bytes i and i + 2 -> (4i + m, 8 + 4i + m). u4 words w0, w1 =
+ * k 0..7, 8..15, nibble pairs (bytes i, i + 2) -> (m, 4 + m) of each word. */
+template <int BITS>
+__device__ __forceinline__ void qk_slot_pairs(int m, int p[2], int q[2]) {
+    if (BITS == 2) { p[0] = m; p[1] = 8 + m; q[0] = 4 + m; q[1] = 12 + m; }
+    else { p[0] = m; p[1] = 4 + m; q[0] = 8 + m; q[1] = 12 + m; }
+}
+
+/* the exact fp16 pair (q_lo, q_hi) of the field under mask, at bit position p of each half */
+__device__ __forceinline__ qk_u32 qk_q_pair(qk_u32 v, qk_u32 mask, int p) {
+    const qk_u32 scale = (qk_u32)(15 - p) << 10, offset = 0x8000u | ((qk_u32)(25 - p) << 10);
+    return qk_hfma2((v & mask) | 0x64006400u, scale | scale << 16, offset | offset << 16);
+}
+
+template <int BITS>
+__device__ __forceinline__ void qk_weight_pairs(const qk_u32 w[BITS / 2], int m, qk_u32* P, qk_u32* Q) {
+    if (BITS == 2) {
+        *P = qk_q_pair(w[0], 0x00030003u << (2 * m), 2 * m);
+        *Q = qk_q_pair(w[0] >> 8, 0x00030003u << (2 * m), 2 * m);
+    } else {
+        const int p = (m & 1) * 4;
+        const qk_u32 mask = 0x000F000Fu << p;
+        *P = qk_q_pair(w[0] >> (8 * (m >> 1)), mask, p);
+        *Q = qk_q_pair(w[BITS / 2 - 1] >> (8 * (m >> 1)), mask, p);
+    }
+}
+
+/* the fp16 pair (a[x], a[y]) of a lane's 16 activations h[i] = (a[2i], a[2i + 1]) */
+__device__ __forceinline__ qk_u32 qk_act_pair(const qk_u32 h[8], int x, int y) {
+    return QK_BYTE_PERM(h[x >> 1], h[y >> 1], ((x & 1) ? 0x32u : 0x10u) | ((y & 1) ? 0x7600u : 0x5400u));
+}
+
+/* 16 activations of token tok from k0 (zeros past K or past M); 16-byte loads when a_vec */
+__device__ __forceinline__ void qk_load_act(qk_u32 h[8], const qk_u16* A, int tok, int M, int K, int k0, int a_vec) {
+    if (tok >= M || k0 >= K) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) h[i] = 0u;
+        return;
+    }
+    const qk_u16* p = A + (qk_i64)tok * K + k0;
+    if (a_vec && k0 + 16 <= K) {
+        const uint4 v0 = ((const uint4*)p)[0], v1 = ((const uint4*)p)[1];
+        h[0] = v0.x; h[1] = v0.y; h[2] = v0.z; h[3] = v0.w;
+        h[4] = v1.x; h[5] = v1.y; h[6] = v1.z; h[7] = v1.w;
+        return;
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const qk_u32 lo = k0 + 2 * i < K ? p[2 * i] : 0u, hi = k0 + 2 * i + 1 < K ? p[2 * i + 1] : 0u;
+        h[i] = lo | hi << 16;
+    }
+}
+
+/* one row's words for chunk c, lane t */
+template <int BITS>
+__device__ __forceinline__ void qk_load_words(qk_u32 w[BITS / 2], const qk_u8* row, int c, int t) {
+    const qk_u8* p = row + (qk_i64)c * (8 * BITS) + 2 * BITS * t;
+    if (BITS == 2) {
+        w[0] = *(const qk_u32*)p;
+    } else {
+        const uint2 v = *(const uint2*)p;
+        w[0] = v.x;
+        w[BITS / 2 - 1] = v.y;
+    }
+}
+
+/* the scale s and c = -s * z of row n for block kb */
+__device__ __forceinline__ void qk_block_sc(const qk_u16* scales, const void* zp, float zps, int n, int kb,
+                                            int k_blocks, int bits, int zp_bytes, int zp_kind, int z16, float* s,
+                                            float* c) {
+    *s = qk_fp16_to_float(scales[(qk_i64)n * k_blocks + kb]);
+    float z;
+    if (zp_kind == ZP_FLOAT) {
+        z = qk_ftz(qk_load_f(zp, (qk_i64)n * k_blocks + kb, z16));
+        *c = qk_ftz(QK_FMUL(-*s, z));
+        return;
+    }
+    if (zp_kind == ZP_SCALAR) z = zps;
+    else if (zp_kind == ZP_PACKED) z = (float)qk_field((const qk_u8*)zp + (qk_i64)n * zp_bytes, bits, kb);
+    else z = (float)(1 << (bits - 1));
+    *c = -*s * z;
+}
+
+/* the block of chunk c (mutant hook QK_MUT_MMA_LAST_SCALE: the last chunk reads the previous
+ * block's scale and zero point) */
+__device__ __forceinline__ int qk_chunk_block(int c, int bs, int n_chunks) {
+#ifdef QK_MUT_MMA_LAST_SCALE
+    if (c == n_chunks - 1 && c * 64 / bs > 0) return c * 64 / bs - 1;
+#endif
+    return c * 64 / bs;
+}
+
+template <int BITS, int R, int T>
+__device__ __forceinline__ void qk_nbits_mma(const qk_u16* A, const qk_u8* B, const qk_u16* scales, const void* zp,
+                                             float zps, const qk_u16* bias, qk_u16* Y, int M, int K, int N, int bs,
+                                             int k_blocks, int zp_bytes, int zp_kind, int z16, int has_bias, int a_vec,
+                                             int wk_n, int wi_n) {
+    extern __shared__ float qk_red[];
+    constexpr int WPR = BITS / 2, NACC = R * T * 4;
+    const int lane = (int)(threadIdx.x & 31), g = lane >> 2, t = lane & 3;
+    const int warp = (int)(threadIdx.x >> 5), wk = warp % wk_n, wi = warp / wk_n;
+    const int row_items = (N + 16 * R - 1) / (16 * R);
+    const qk_i64 item = (qk_i64)blockIdx.x * wi_n + wi;
+    const bool live = item < (qk_i64)row_items * ((M + 8 * T - 1) / (8 * T));
+    const int row0 = (int)(item % row_items) * 16 * R, tok0 = (int)(item / row_items) * 8 * T;
+    const int n_chunks = (K + 63) / 64, c_lo = wk * n_chunks / wk_n, c_hi = (wk + 1) * n_chunks / wk_n;
+    const qk_i64 row_bytes = (qk_i64)k_blocks * (bs * BITS / 8);
+    const qk_u32 ones[4] = {0x3C003C00u, 0x3C003C00u, 0x3C003C00u, 0x3C003C00u};
+
+    int rows[R][2];
+    const qk_u8* wrow[R][2];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            rows[r][h] = min(row0 + 16 * r + 8 * h + g, N - 1);
+            wrow[r][h] = B + rows[r][h] * row_bytes;
+        }
+
+    float acc[NACC];
+#pragma unroll
+    for (int i = 0; i < NACC; ++i) acc[i] = 0.0f;
+
+    if (live && c_lo < c_hi) {
+        qk_u32 w[R][2][WPR], act[T][8];
+        float s[R][2], cz[R][2];
+        int c = c_lo;
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                qk_load_words<BITS>(w[r][h], wrow[r][h], c, t);
+                qk_block_sc(scales, zp, zps, rows[r][h], qk_chunk_block(c, bs, n_chunks), k_blocks, BITS, zp_bytes,
+                            zp_kind, z16, &s[r][h], &cz[r][h]);
+            }
+#pragma unroll
+        for (int tg = 0; tg < T; ++tg) qk_load_act(act[tg], A, tok0 + 8 * tg + g, M, K, c * 64 + 16 * t, a_vec);
+
+        for (; c < c_hi; ++c) {
+            /* this chunk's operands, then the next chunk's loads in flight while it computes */
+            qk_u32 bf[T][4][2], wc[R][2][WPR];
+            float asum[T][4], sc[R][2], cc[R][2];
+#pragma unroll
+            for (int tg = 0; tg < T; ++tg) {
+#pragma unroll
+                for (int m = 0; m < 4; ++m) {
+                    int p[2], q[2];
+                    qk_slot_pairs<BITS>(m, p, q);
+#ifdef QK_MUT_MMA_SLOT_SWAP /* mutant: activation pair in the other order than the weights' */
+                    bf[tg][m][0] = qk_act_pair(act[tg], p[1], p[0]);
+#else
+                    bf[tg][m][0] = qk_act_pair(act[tg], p[0], p[1]);
+#endif
+                    bf[tg][m][1] = qk_act_pair(act[tg], q[0], q[1]);
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    sc[r][h] = s[r][h];
+                    cc[r][h] = cz[r][h];
+#pragma unroll
+                    for (int j = 0; j < WPR; ++j) wc[r][h][j] = w[r][h][j];
+                }
+            if (c + 1 < c_hi) {
+#pragma unroll
+                for (int r = 0; r < R; ++r)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        qk_load_words<BITS>(w[r][h], wrow[r][h], c + 1, t);
+                        qk_block_sc(scales, zp, zps, rows[r][h], qk_chunk_block(c + 1, bs, n_chunks), k_blocks,
+                                    BITS, zp_bytes, zp_kind, z16, &s[r][h], &cz[r][h]);
+                    }
+#pragma unroll
+                for (int tg = 0; tg < T; ++tg)
+                    qk_load_act(act[tg], A, tok0 + 8 * tg + g, M, K, (c + 1) * 64 + 16 * t, a_vec);
+            }
+#pragma unroll
+            for (int tg = 0; tg < T; ++tg) {
+#pragma unroll
+                for (int i = 0; i < 4; ++i) asum[tg][i] = 0.0f;
+#pragma unroll
+                for (int m = 0; m < 4; ++m) qk_mma_16816(asum[tg], ones, bf[tg][m]);
+            }
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                float d[T][4];
+#pragma unroll
+                for (int tg = 0; tg < T; ++tg)
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) d[tg][i] = 0.0f;
+#pragma unroll
+                for (int m = 0; m < 4; ++m) {
+                    qk_u32 a[4];
+                    qk_weight_pairs<BITS>(wc[r][0], m, &a[0], &a[2]);
+                    qk_weight_pairs<BITS>(wc[r][1], m, &a[1], &a[3]);
+#pragma unroll
+                    for (int tg = 0; tg < T; ++tg) qk_mma_16816(d[tg], a, bf[tg][m]);
+                }
+#pragma unroll
+                for (int tg = 0; tg < T; ++tg)
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        float& x = acc[(r * T + tg) * 4 + i];
+                        x = fmaf(sc[r][i >> 1], d[tg][i], x);
+                        x = fmaf(cc[r][i >> 1], asum[tg][i & 1], x);
+                    }
+            }
+        }
+    }
+
+    if (wk_n > 1) {
+        float* red = qk_red + (qk_i64)wi * wk_n * NACC * 32;
+#pragma unroll
+        for (int i = 0; i < NACC; ++i) red[(wk * NACC + i) * 32 + lane] = acc[i];
+        __syncthreads();
+        if (wk != 0) return;
+#pragma unroll
+        for (int i = 0; i < NACC; ++i) {
+            float v = red[i * 32 + lane];
+#ifdef QK_MUT_MMA_DROP_LAST_WARP /* mutant: the last K split's partial sums never added */
+            for (int k = 1; k < wk_n - 1; ++k) v += red[(k * NACC + i) * 32 + lane];
+#else
+            for (int k = 1; k < wk_n; ++k) v += red[(k * NACC + i) * 32 + lane];
+#endif
+            acc[i] = v;
+        }
+    }
+    if (!live) return;
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int tg = 0; tg < T; ++tg)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int n = row0 + 16 * r + 8 * (i >> 1) + g, tok = tok0 + 8 * tg + 2 * t + (i & 1);
+                if (n >= N || tok >= M) continue;
+                float v = acc[(r * T + tg) * 4 + i];
+                if (has_bias) v += qk_fp16_to_float(bias[n]);
+                Y[(qk_i64)tok * N + n] = __half_as_ushort(qk_half_rn(v));
+            }
+}
+
+/* the instantiations the launcher picks from: qk_nbits_mma_u{bits}_r{R}_t{T} */
+#define QK_NBITS_MMA(BITS, R, T)                                                                                       \
+    extern "C" __global__ void __launch_bounds__(256) qk_nbits_mma_u##BITS##_r##R##_t##T(                              \
+        const qk_u16* A, const qk_u8* B, const qk_u16* scales, const void* zp, float zps, const qk_u16* bias,         \
+        qk_u16* Y, int M, int K, int N, int bs, int k_blocks, int zp_bytes, int zp_kind, int z16, int has_bias,        \
+        int a_vec, int wk_n, int wi_n) {                                                                               \
+        qk_nbits_mma<BITS, R, T>(A, B, scales, zp, zps, bias, Y, M, K, N, bs, k_blocks, zp_bytes, zp_kind, z16,        \
+                                 has_bias, a_vec, wk_n, wi_n);                                                         \
+    }
+QK_NBITS_MMA(2, 1, 1)
+QK_NBITS_MMA(2, 2, 1)
+QK_NBITS_MMA(2, 4, 1)
+QK_NBITS_MMA(2, 2, 4)
+QK_NBITS_MMA(4, 1, 1)
+QK_NBITS_MMA(4, 2, 1)
+QK_NBITS_MMA(4, 4, 1)
+QK_NBITS_MMA(4, 2, 4)
+
 /* accuracy_level 4 (ORT's CompInt8): A quantized per row and K block, one thread per block:
  * amax, sa = fp32(amax/127), inv = fp32(127/amax) or 0, qa = clamp(rint(fp32(a*inv)), -128, 127) */
 extern "C" __global__ void __launch_bounds__(256)

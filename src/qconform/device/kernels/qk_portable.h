@@ -23,11 +23,13 @@
 #endif
 /* AMD: no mask argument (the _sync forms static_assert a 64-bit mask and exist only from 6.2) */
 #define QK_SHFL_XOR(v, m, w) __shfl_xor((v), (m), (w))
+#define QK_SHFL(v, src, w) __shfl((v), (src), (w))
 #else
 #define QK_CUDA 1
 #include <cuda_fp16.h>
 #define QK_WARP 32
 #define QK_SHFL_XOR(v, m, w) __shfl_xor_sync(0xffffffffu, (v), (m), (w))
+#define QK_SHFL(v, src, w) __shfl_sync(0xffffffffu, (v), (src), (w))
 #endif
 
 typedef signed char qk_i8;
@@ -73,6 +75,61 @@ __device__ __forceinline__ __half qk_half_rn(float v) { return __float2half_rn(v
 /* the index of this thread in the launch, 64-bit (grids of more than 2^31 threads) */
 __device__ __forceinline__ qk_i64 qk_global_thread() {
     return (qk_i64)blockIdx.x * (qk_i64)blockDim.x + (qk_i64)threadIdx.x;
+}
+
+/* ---------------------------------------------------------------- matrix units */
+/* Packed fp16 pairs travel as qk_u32 (low half = the lower index). */
+
+/* (x * m + c) per fp16 half (CUDA fma.rn.f16x2; AMD: fused or not as the compiler contracts).
+ * The callers only use it where x * m and the result are exact, so it is exact everywhere. */
+__device__ __forceinline__ qk_u32 qk_hfma2(qk_u32 x, qk_u32 m, qk_u32 c) {
+#if defined(QK_CUDA)
+    qk_u32 d;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(x), "r"(m), "r"(c));
+    return d;
+#else
+    typedef _Float16 h2 __attribute__((ext_vector_type(2)));
+    const h2 r = __builtin_bit_cast(h2, x) * __builtin_bit_cast(h2, m) + __builtin_bit_cast(h2, c);
+    return __builtin_bit_cast(qk_u32, r);
+#endif
+}
+
+__device__ __forceinline__ float qk_h2dot(qk_u32 a, qk_u32 b) {
+    const float p = qk_fp16_to_float((qk_u16)a) * qk_fp16_to_float((qk_u16)b);
+    return fmaf(qk_fp16_to_float((qk_u16)(a >> 16)), qk_fp16_to_float((qk_u16)(b >> 16)), p);
+}
+
+/* D (16x8 fp32) += A (16x16 fp16, row-major) * B (16x8 fp16, column-major) over a group of 32
+ * lanes, in the register layout of PTX mma.m16n8k16.row.col.f32.f16.f16.f32 (PTX ISA, "Matrix
+ * Fragments for mma.m16n8k16 with floating point type"): lane = 4 g + t;
+ * a[0] = A[g][2t..2t+1], a[1] = A[g+8][2t..2t+1], a[2] = A[g][2t+8..2t+9], a[3] = A[g+8][2t+8..2t+9];
+ * b[0] = B[2t..2t+1][g], b[1] = B[2t+8..2t+9][g];
+ * d[0..1] = D[g][2t..2t+1], d[2..3] = D[g+8][2t..2t+1].
+ * Products of fp16 values are exact in fp32; only the order and rounding of the sums differ
+ * between the tensor-core instruction (sm_80+) and the portable form (width-32 shuffles and
+ * fp32 FMAs: AMD, older NVIDIA, or -DQK_MMA_EMULATE). All 32 lanes of the group must call it. */
+__device__ __forceinline__ void qk_mma_16816(float d[4], const qk_u32 a[4], const qk_u32 b[2]) {
+#if defined(QK_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(QK_MMA_EMULATE)
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+    const int lane = (int)(threadIdx.x & 31), g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+        const int src_a = 4 * g + s;
+        const qk_u32 a0 = QK_SHFL(a[0], src_a, 32), a1 = QK_SHFL(a[1], src_a, 32);
+        const qk_u32 a2 = QK_SHFL(a[2], src_a, 32), a3 = QK_SHFL(a[3], src_a, 32);
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+            const int src_b = 4 * (2 * t + c) + s;
+            const qk_u32 b0 = QK_SHFL(b[0], src_b, 32), b1 = QK_SHFL(b[1], src_b, 32);
+            d[c] += qk_h2dot(a0, b0) + qk_h2dot(a2, b1);
+            d[2 + c] += qk_h2dot(a1, b0) + qk_h2dot(a3, b1);
+        }
+    }
+#endif
 }
 
 #endif /* QK_PORTABLE_H */
