@@ -23,7 +23,7 @@ MEMCPY_DEVICE_TO_DEVICE = 3
 def _candidates() -> list[Any]:
     from qconform.device.ort_launch import MmaShape
 
-    return [MmaShape(r, 1, wk, 1) for r, wk in ((1, 4), (1, 8), (2, 4), (2, 8), (4, 4), (4, 8))]
+    return [MmaShape(r, 1, p, warps_per_sm=w) for r, p in ((1, 8), (2, 4), (2, 8), (4, 4)) for w in (8, 16, 32)]
 
 
 @dataclass(frozen=True)
@@ -175,11 +175,11 @@ def bench_gemv(K: int = 5120, N: int = 17920, reps: int = 50) -> list[tuple[str,
         return timing, timing.gbps / copy.gbps
 
     default = ort_launch.MMA_SHAPES["decode"]
-    print(f"decode split candidates, u2 fp16 M=1 {K}x{N} (r x 16 rows, wk warps over K): us, of copy")
+    print(f"decode split candidates, u2 fp16 M=1 {K}x{N} (r x 16 rows, p chunks in flight, warps/SM): us, of copy")
     for shape in _candidates():
         ort_launch.MMA_SHAPES["decode"] = shape
         t, frac = time_gemv(2, a16)
-        print(f"  r={shape.r} wk={shape.wk}: {t.seconds * 1e6:.1f} us {frac:.0%}")
+        print(f"  r={shape.r} p={shape.p} warps/SM={shape.warps_per_sm}: {t.seconds * 1e6:.1f} us {frac:.0%}")
     ort_launch.MMA_SHAPES["decode"] = default
 
     out = []

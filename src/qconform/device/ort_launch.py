@@ -9,6 +9,7 @@ C-contiguity of every device array and the ``out`` buffer's shape and dtype.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -104,35 +105,61 @@ def bound(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[[], Non
 @dataclass(frozen=True)
 class MmaShape:
     """The matrix-unit MatMulNBits kernel's work split: a warp owns ``r`` tiles of 16 rows x ``t``
-    groups of 8 tokens; ``wk`` warps split one such item's K chunks (partial sums added in shared
-    memory, in warp order); ``wi`` items per CTA."""
+    groups of 8 tokens and keeps ``p`` K chunks of weights in flight; ``wk`` warps split one such
+    item's K chunks (partial sums added in shared memory, in warp order; 0: as many as bring the
+    launch to ``warps_per_sm`` warps per SM, at most 8); ``wi`` items per CTA."""
 
     r: int
     t: int
-    wk: int
-    wi: int
+    p: int
+    wk: int = 0
+    wi: int = 1
+    warps_per_sm: int = 16
 
     def symbol(self, bits: int) -> str:
-        return f"qk_nbits_mma_u{bits}_r{self.r}_t{self.t}"
+        return f"qk_nbits_mma_u{bits}_r{self.r}_t{self.t}_p{self.p}"
+
+    def k_split(self, items: int, n_chunks: int, regs: int) -> int:
+        """The most warps per item (1, 2, 4, 8) that keeps the launch within ``warps_per_sm``
+        warps per SM and every CTA resident at once (one wave, from the kernel's registers),
+        with at least 2p chunks per warp."""
+        if self.wk:
+            return self.wk
+        sms, best = _sm_count(), 1
+        for wk in (2, 4, 8):
+            warps = wk * self.wi
+            per_sm = min(32, 64 // warps, 65536 // (-(-regs // 8) * 8 * 32 * warps))
+            one_wave = -(-items // self.wi) <= per_sm * sms
+            if one_wave and items * wk <= self.warps_per_sm * sms and n_chunks >= 2 * wk * self.p:
+                best = wk
+        return best
 
 
-MMA_SHAPES = {"decode": MmaShape(r=2, t=1, wk=8, wi=1), "prefill": MmaShape(r=2, t=4, wk=1, wi=4)}
+MMA_SHAPES = {"decode": MmaShape(r=1, t=1, p=8), "prefill": MmaShape(r=2, t=4, p=2, wk=1, wi=4)}
 """decode: M <= 8 (one group of 8 tokens); prefill: larger M. Chosen by the GEMV bench."""
 
 
-def _mma_ok(B: Any, bits: int, block_size: int, a16: bool) -> bool:
-    return bits in (2, 4) and a16 and block_size % 64 == 0 and B.data.ptr % 8 == 0
+@functools.cache
+def _sm_count() -> int:
+    return int(cupy.cuda.Device().attributes["MultiProcessorCount"])
+
+
+def _mma_ok(B: Any, bits: int, block_size: int, a16: bool, zp_kind: int, z16: int) -> bool:
+    """The matrix-unit kernel's domain: bits 2 / 4, fp16 A, blocks of 64k, fp16 float zero points."""
+    fp16_zp = zp_kind != ZP_FLOAT or z16
+    return bits in (2, 4) and a16 and block_size % 64 == 0 and B.data.ptr % 8 == 0 and bool(fp16_zp)
 
 
 def _launch_mma(bits: int, M: int, lay: Any, args: tuple, a_vec: bool) -> None:
     shape = MMA_SHAPES["decode" if M <= 8 else "prefill"]
     items = -(-lay.N // (16 * shape.r)) * -(-M // (8 * shape.t))
+    wk = shape.k_split(items, -(-lay.K // 64), get_kernel(SOURCE, shape.symbol(bits), OPTIONS).num_regs)
     grid = -(-items // shape.wi)
     if grid >= 2**31:
         raise ArgumentError(f"A: {M} x {lay.N} outputs need more than 2^31 - 1 CTAs")
-    smem = shape.wk * shape.wi * shape.r * shape.t * 4 * 32 * 4 if shape.wk > 1 else 0
-    kargs = (*args, np.int32(a_vec), np.int32(shape.wk), np.int32(shape.wi))
-    _launch_grid("matmul_nbits", shape.symbol(bits), grid, 32 * shape.wk * shape.wi, kargs, smem)
+    smem = wk * shape.wi * shape.r * shape.t * 4 * 32 * 4 if wk > 1 else 0
+    kargs = (*args, np.int32(a_vec), np.int32(wk), np.int32(shape.wi))
+    _launch_grid("matmul_nbits", shape.symbol(bits), grid, 32 * wk * shape.wi, kargs, smem)
 
 
 def _zp_args(zero_points: Any, lay, form: str, B: Any) -> tuple[Any, float, int, int]:
@@ -221,8 +248,8 @@ def matmul_nbits(
         args = (qa, sa, B, scales, zp, bias_ptr, y, np.int32(M), K_, N_, bits_, bs_, kb_, blob_, zpb_, kind_, a16, s16)
         _launch("matmul_nbits", "qk_nbits_gemv_int8", M * lay.N * 32, (*args, np.int32(bias is not None)))
         return y
-    if _mma_ok(B, bits, block_size, bool(a16)) and M > 0 and lay.N > 0:
-        args = (A, B, scales, zp, zps, A if bias is None else bias, y, np.int32(M), K_, N_, bs_, kb_, zpb_, kind_, z16)
+    if _mma_ok(B, bits, block_size, bool(a16), int(kind_), int(z16)) and M > 0 and lay.N > 0:
+        args = (A, B, scales, zp, zps, A if bias is None else bias, y, np.int32(M), K_, N_, bs_, kb_, zpb_, kind_)
         _launch_mma(bits, M, lay, (*args, np.int32(bias is not None)), lay.K % 8 == 0 and A.data.ptr % 16 == 0)
         return y
     _launch(

@@ -224,21 +224,25 @@ __device__ __forceinline__ void qk_load_words(qk_u32 w[BITS / 2], const qk_u8* r
     }
 }
 
-/* the scale s and c = -s * z of row n for block kb */
-__device__ __forceinline__ void qk_block_sc(const qk_u16* scales, const void* zp, float zps, int n, int kb,
-                                            int k_blocks, int bits, int zp_bytes, int zp_kind, int z16, float* s,
-                                            float* c) {
-    *s = qk_fp16_to_float(scales[(qk_i64)n * k_blocks + kb]);
-    float z;
+/* the scale and zero point of row n for block kb in one register: fp16 scale bits | z << 16,
+ * z = the fp16 bits of a float zero point, the integer of a packed one, 0 for the others */
+__device__ __forceinline__ qk_u32 qk_load_sz(const qk_u16* scales, const void* zp, int n, int kb, int k_blocks,
+                                             int bits, int zp_bytes, int zp_kind) {
+    const qk_i64 i = (qk_i64)n * k_blocks + kb;
+    qk_u32 z = 0u;
+    if (zp_kind == ZP_FLOAT) z = ((const qk_u16*)zp)[i];
+    else if (zp_kind == ZP_PACKED) z = (qk_u32)qk_field((const qk_u8*)zp + (qk_i64)n * zp_bytes, bits, kb);
+    return (qk_u32)scales[i] | z << 16;
+}
+
+/* s and c = -s * z from qk_load_sz's register; zconst: the scalar or default zero point */
+__device__ __forceinline__ void qk_unpack_sz(qk_u32 v, float zconst, int zp_kind, float* s, float* c) {
+    *s = qk_fp16_to_float((qk_u16)v);
     if (zp_kind == ZP_FLOAT) {
-        z = qk_ftz(qk_load_f(zp, (qk_i64)n * k_blocks + kb, z16));
-        *c = qk_ftz(QK_FMUL(-*s, z));
+        *c = qk_ftz(QK_FMUL(-*s, qk_ftz(qk_fp16_to_float((qk_u16)(v >> 16)))));
         return;
     }
-    if (zp_kind == ZP_SCALAR) z = zps;
-    else if (zp_kind == ZP_PACKED) z = (float)qk_field((const qk_u8*)zp + (qk_i64)n * zp_bytes, bits, kb);
-    else z = (float)(1 << (bits - 1));
-    *c = -*s * z;
+    *c = -*s * (zp_kind == ZP_PACKED ? (float)(v >> 16) : zconst);
 }
 
 /* the block of chunk c (mutant hook QK_MUT_MMA_LAST_SCALE: the last chunk reads the previous
@@ -250,10 +254,26 @@ __device__ __forceinline__ int qk_chunk_block(int c, int bs, int n_chunks) {
     return c * 64 / bs;
 }
 
-template <int BITS, int R, int T>
+template <int BITS, int R>
+__device__ __forceinline__ void qk_load_chunk(qk_u32 w[R][2][BITS / 2], qk_u32 sz[R][2], const qk_u8* const wrow[R][2],
+                                              const int rows[R][2], const qk_u16* scales, const void* zp, int c, int t,
+                                              int bs, int n_chunks, int k_blocks, int zp_bytes, int zp_kind) {
+    const int kb = qk_chunk_block(c, bs, n_chunks);
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            qk_load_words<BITS>(w[r][h], wrow[r][h], c, t);
+            sz[r][h] = qk_load_sz(scales, zp, rows[r][h], kb, k_blocks, BITS, zp_bytes, zp_kind);
+        }
+}
+
+/* P chunks of weights and scales in flight per warp (a ring of registers, refilled P ahead);
+ * the activations (L1/L2 hits) one chunk ahead */
+template <int BITS, int R, int T, int P>
 __device__ __forceinline__ void qk_nbits_mma(const qk_u16* A, const qk_u8* B, const qk_u16* scales, const void* zp,
                                              float zps, const qk_u16* bias, qk_u16* Y, int M, int K, int N, int bs,
-                                             int k_blocks, int zp_bytes, int zp_kind, int z16, int has_bias, int a_vec,
+                                             int k_blocks, int zp_bytes, int zp_kind, int has_bias, int a_vec,
                                              int wk_n, int wi_n) {
     extern __shared__ float qk_red[];
     constexpr int WPR = BITS / 2, NACC = R * T * 4;
@@ -265,6 +285,7 @@ __device__ __forceinline__ void qk_nbits_mma(const qk_u16* A, const qk_u8* B, co
     const int row0 = (int)(item % row_items) * 16 * R, tok0 = (int)(item / row_items) * 8 * T;
     const int n_chunks = (K + 63) / 64, c_lo = wk * n_chunks / wk_n, c_hi = (wk + 1) * n_chunks / wk_n;
     const qk_i64 row_bytes = (qk_i64)k_blocks * (bs * BITS / 8);
+    const float zconst = zp_kind == ZP_SCALAR ? zps : (float)(1 << (BITS - 1));
     const qk_u32 ones[4] = {0x3C003C00u, 0x3C003C00u, 0x3C003C00u, 0x3C003C00u};
 
     int rows[R][2];
@@ -282,90 +303,86 @@ __device__ __forceinline__ void qk_nbits_mma(const qk_u16* A, const qk_u8* B, co
     for (int i = 0; i < NACC; ++i) acc[i] = 0.0f;
 
     if (live && c_lo < c_hi) {
-        qk_u32 w[R][2][WPR], act[T][8];
-        float s[R][2], cz[R][2];
-        int c = c_lo;
+        qk_u32 w[P][R][2][WPR], sz[P][R][2], act[T][8];
 #pragma unroll
-        for (int r = 0; r < R; ++r)
+        for (int j = 0; j < P; ++j)
+            if (c_lo + j < c_hi)
+                qk_load_chunk<BITS, R>(w[j], sz[j], wrow, rows, scales, zp, c_lo + j, t, bs, n_chunks, k_blocks,
+                                       zp_bytes, zp_kind);
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                qk_load_words<BITS>(w[r][h], wrow[r][h], c, t);
-                qk_block_sc(scales, zp, zps, rows[r][h], qk_chunk_block(c, bs, n_chunks), k_blocks, BITS, zp_bytes,
-                            zp_kind, z16, &s[r][h], &cz[r][h]);
-            }
-#pragma unroll
-        for (int tg = 0; tg < T; ++tg) qk_load_act(act[tg], A, tok0 + 8 * tg + g, M, K, c * 64 + 16 * t, a_vec);
+        for (int tg = 0; tg < T; ++tg) qk_load_act(act[tg], A, tok0 + 8 * tg + g, M, K, c_lo * 64 + 16 * t, a_vec);
 
-        for (; c < c_hi; ++c) {
-            /* this chunk's operands, then the next chunk's loads in flight while it computes */
-            qk_u32 bf[T][4][2], wc[R][2][WPR];
-            float asum[T][4], sc[R][2], cc[R][2];
+        for (int cb = c_lo; cb < c_hi; cb += P) {
 #pragma unroll
-            for (int tg = 0; tg < T; ++tg) {
+            for (int j = 0; j < P; ++j) {
+                const int c = cb + j;
+                if (c >= c_hi) break;
+                /* this chunk's operands out of the ring, then the refill P chunks ahead */
+                qk_u32 bf[T][4][2], wc[R][2][WPR], szc[R][2];
+                float asum[T][4];
 #pragma unroll
-                for (int m = 0; m < 4; ++m) {
-                    int p[2], q[2];
-                    qk_slot_pairs<BITS>(m, p, q);
+                for (int tg = 0; tg < T; ++tg) {
+#pragma unroll
+                    for (int m = 0; m < 4; ++m) {
+                        int p[2], q[2];
+                        qk_slot_pairs<BITS>(m, p, q);
 #ifdef QK_MUT_MMA_SLOT_SWAP /* mutant: activation pair in the other order than the weights' */
-                    bf[tg][m][0] = qk_act_pair(act[tg], p[1], p[0]);
+                        bf[tg][m][0] = qk_act_pair(act[tg], p[1], p[0]);
 #else
-                    bf[tg][m][0] = qk_act_pair(act[tg], p[0], p[1]);
+                        bf[tg][m][0] = qk_act_pair(act[tg], p[0], p[1]);
 #endif
-                    bf[tg][m][1] = qk_act_pair(act[tg], q[0], q[1]);
+                        bf[tg][m][1] = qk_act_pair(act[tg], q[0], q[1]);
+                    }
                 }
-            }
-#pragma unroll
-            for (int r = 0; r < R; ++r)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    sc[r][h] = s[r][h];
-                    cc[r][h] = cz[r][h];
-#pragma unroll
-                    for (int j = 0; j < WPR; ++j) wc[r][h][j] = w[r][h][j];
-                }
-            if (c + 1 < c_hi) {
 #pragma unroll
                 for (int r = 0; r < R; ++r)
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
-                        qk_load_words<BITS>(w[r][h], wrow[r][h], c + 1, t);
-                        qk_block_sc(scales, zp, zps, rows[r][h], qk_chunk_block(c + 1, bs, n_chunks), k_blocks,
-                                    BITS, zp_bytes, zp_kind, z16, &s[r][h], &cz[r][h]);
+                        szc[r][h] = sz[j][r][h];
+#pragma unroll
+                        for (int i = 0; i < WPR; ++i) wc[r][h][i] = w[j][r][h][i];
                     }
+                if (c + P < c_hi)
+                    qk_load_chunk<BITS, R>(w[j], sz[j], wrow, rows, scales, zp, c + P, t, bs, n_chunks, k_blocks,
+                                           zp_bytes, zp_kind);
+                if (c + 1 < c_hi) {
 #pragma unroll
-                for (int tg = 0; tg < T; ++tg)
-                    qk_load_act(act[tg], A, tok0 + 8 * tg + g, M, K, (c + 1) * 64 + 16 * t, a_vec);
-            }
-#pragma unroll
-            for (int tg = 0; tg < T; ++tg) {
-#pragma unroll
-                for (int i = 0; i < 4; ++i) asum[tg][i] = 0.0f;
-#pragma unroll
-                for (int m = 0; m < 4; ++m) qk_mma_16816(asum[tg], ones, bf[tg][m]);
-            }
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-                float d[T][4];
-#pragma unroll
-                for (int tg = 0; tg < T; ++tg)
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) d[tg][i] = 0.0f;
-#pragma unroll
-                for (int m = 0; m < 4; ++m) {
-                    qk_u32 a[4];
-                    qk_weight_pairs<BITS>(wc[r][0], m, &a[0], &a[2]);
-                    qk_weight_pairs<BITS>(wc[r][1], m, &a[1], &a[3]);
-#pragma unroll
-                    for (int tg = 0; tg < T; ++tg) qk_mma_16816(d[tg], a, bf[tg][m]);
+                    for (int tg = 0; tg < T; ++tg)
+                        qk_load_act(act[tg], A, tok0 + 8 * tg + g, M, K, (c + 1) * 64 + 16 * t, a_vec);
                 }
 #pragma unroll
-                for (int tg = 0; tg < T; ++tg)
+                for (int tg = 0; tg < T; ++tg) {
 #pragma unroll
-                    for (int i = 0; i < 4; ++i) {
-                        float& x = acc[(r * T + tg) * 4 + i];
-                        x = fmaf(sc[r][i >> 1], d[tg][i], x);
-                        x = fmaf(cc[r][i >> 1], asum[tg][i & 1], x);
+                    for (int i = 0; i < 4; ++i) asum[tg][i] = 0.0f;
+#pragma unroll
+                    for (int m = 0; m < 4; ++m) qk_mma_16816(asum[tg], ones, bf[tg][m]);
+                }
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    float d[T][4], sc[2], cc[2];
+                    qk_unpack_sz(szc[r][0], zconst, zp_kind, &sc[0], &cc[0]);
+                    qk_unpack_sz(szc[r][1], zconst, zp_kind, &sc[1], &cc[1]);
+#pragma unroll
+                    for (int tg = 0; tg < T; ++tg)
+#pragma unroll
+                        for (int i = 0; i < 4; ++i) d[tg][i] = 0.0f;
+#pragma unroll
+                    for (int m = 0; m < 4; ++m) {
+                        qk_u32 a[4];
+                        qk_weight_pairs<BITS>(wc[r][0], m, &a[0], &a[2]);
+                        qk_weight_pairs<BITS>(wc[r][1], m, &a[1], &a[3]);
+#pragma unroll
+                        for (int tg = 0; tg < T; ++tg) qk_mma_16816(d[tg], a, bf[tg][m]);
                     }
+#pragma unroll
+                    for (int tg = 0; tg < T; ++tg)
+#pragma unroll
+                        for (int i = 0; i < 4; ++i) {
+                            float& x = acc[(r * T + tg) * 4 + i];
+                            x = fmaf(sc[i >> 1], d[tg][i], x);
+                            x = fmaf(cc[i >> 1], asum[tg][i & 1], x);
+                        }
+                }
             }
         }
     }
@@ -402,23 +419,25 @@ __device__ __forceinline__ void qk_nbits_mma(const qk_u16* A, const qk_u8* B, co
             }
 }
 
-/* the instantiations the launcher picks from: qk_nbits_mma_u{bits}_r{R}_t{T} */
-#define QK_NBITS_MMA(BITS, R, T)                                                                                       \
-    extern "C" __global__ void __launch_bounds__(256) qk_nbits_mma_u##BITS##_r##R##_t##T(                              \
+/* the instantiations the launcher picks from: qk_nbits_mma_u{bits}_r{R}_t{T}_p{P} */
+#define QK_NBITS_MMA(BITS, R, T, P)                                                                                    \
+    extern "C" __global__ void __launch_bounds__(256) qk_nbits_mma_u##BITS##_r##R##_t##T##_p##P(                       \
         const qk_u16* A, const qk_u8* B, const qk_u16* scales, const void* zp, float zps, const qk_u16* bias,         \
-        qk_u16* Y, int M, int K, int N, int bs, int k_blocks, int zp_bytes, int zp_kind, int z16, int has_bias,        \
-        int a_vec, int wk_n, int wi_n) {                                                                               \
-        qk_nbits_mma<BITS, R, T>(A, B, scales, zp, zps, bias, Y, M, K, N, bs, k_blocks, zp_bytes, zp_kind, z16,        \
-                                 has_bias, a_vec, wk_n, wi_n);                                                         \
+        qk_u16* Y, int M, int K, int N, int bs, int k_blocks, int zp_bytes, int zp_kind, int has_bias, int a_vec,      \
+        int wk_n, int wi_n) {                                                                                          \
+        qk_nbits_mma<BITS, R, T, P>(A, B, scales, zp, zps, bias, Y, M, K, N, bs, k_blocks, zp_bytes, zp_kind,         \
+                                    has_bias, a_vec, wk_n, wi_n);                                                      \
     }
-QK_NBITS_MMA(2, 1, 1)
-QK_NBITS_MMA(2, 2, 1)
-QK_NBITS_MMA(2, 4, 1)
-QK_NBITS_MMA(2, 2, 4)
-QK_NBITS_MMA(4, 1, 1)
-QK_NBITS_MMA(4, 2, 1)
-QK_NBITS_MMA(4, 4, 1)
-QK_NBITS_MMA(4, 2, 4)
+QK_NBITS_MMA(2, 1, 1, 8)
+QK_NBITS_MMA(2, 2, 1, 4)
+QK_NBITS_MMA(2, 2, 1, 8)
+QK_NBITS_MMA(2, 4, 1, 4)
+QK_NBITS_MMA(2, 2, 4, 2)
+QK_NBITS_MMA(4, 1, 1, 8)
+QK_NBITS_MMA(4, 2, 1, 4)
+QK_NBITS_MMA(4, 2, 1, 8)
+QK_NBITS_MMA(4, 4, 1, 4)
+QK_NBITS_MMA(4, 2, 4, 2)
 
 /* accuracy_level 4 (ORT's CompInt8): A quantized per row and K block, one thread per block:
  * amax, sa = fp32(amax/127), inv = fp32(127/amax) or 0, qa = clamp(rint(fp32(a*inv)), -128, 127) */
