@@ -179,7 +179,8 @@ def bench_gemv(K: int = 5120, N: int = 17920, reps: int = 50) -> list[tuple[str,
     for shape in _candidates():
         ort_launch.MMA_SHAPES["decode"] = shape
         t, frac = time_gemv(2, a16)
-        print(f"  r={shape.r} p={shape.p} warps/SM={shape.warps_per_sm}: {t.seconds * 1e6:.1f} us {frac:.0%}")
+        wk = f"r={shape.r} p={shape.p} o={shape.o} warps/SM={shape.warps_per_sm}"
+        print(f"  {wk}: {t.seconds * 1e6:.1f} us {frac:.0%}")
     ort_launch.MMA_SHAPES["decode"] = default
 
     out = []

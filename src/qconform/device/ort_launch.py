@@ -105,19 +105,21 @@ def bound(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[[], Non
 @dataclass(frozen=True)
 class MmaShape:
     """The matrix-unit MatMulNBits kernel's work split: a warp owns ``r`` tiles of 16 rows x ``t``
-    groups of 8 tokens and keeps ``p`` K chunks of weights in flight; ``wk`` warps split one such
+    groups of 8 tokens and keeps ``p`` K chunks of weights in flight, compiled for ``o`` CTAs of
+    256 threads per SM (its register cap); ``wk`` warps split one such
     item's K chunks (partial sums added in shared memory, in warp order; 0: as many as bring the
     launch to ``warps_per_sm`` warps per SM, at most 8); ``wi`` items per CTA."""
 
     r: int
     t: int
     p: int
+    o: int = 1
     wk: int = 0
     wi: int = 1
     warps_per_sm: int = 16
 
     def symbol(self, bits: int) -> str:
-        return f"qk_nbits_mma_u{bits}_r{self.r}_t{self.t}_p{self.p}"
+        return f"qk_nbits_mma_u{bits}_r{self.r}_t{self.t}_p{self.p}_o{self.o}"
 
     def k_split(self, items: int, n_chunks: int, regs: int) -> int:
         """The most warps per item (1, 2, 4, 8) that keeps the launch within ``warps_per_sm``
@@ -135,7 +137,7 @@ class MmaShape:
         return best
 
 
-MMA_SHAPES = {"decode": MmaShape(r=1, t=1, p=8), "prefill": MmaShape(r=2, t=4, p=2, wk=1, wi=4)}
+MMA_SHAPES = {"decode": MmaShape(r=2, t=1, p=4), "prefill": MmaShape(r=2, t=4, p=2, wk=1, wi=4)}
 """decode: M <= 8 (one group of 8 tokens); prefill: larger M. Chosen by the GEMV bench."""
 
 
@@ -145,21 +147,30 @@ def _sm_count() -> int:
 
 
 def _mma_ok(B: Any, bits: int, block_size: int, a16: bool, zp_kind: int, z16: int) -> bool:
-    """The matrix-unit kernel's domain: bits 2 / 4, fp16 A, blocks of 64k, fp16 float zero points."""
+    """The matrix-unit kernel's domain: bits 2 / 4, fp16 A, blocks of 64 x 2^j, fp16 float zero points."""
     fp16_zp = zp_kind != ZP_FLOAT or z16
-    return bits in (2, 4) and a16 and block_size % 64 == 0 and B.data.ptr % 8 == 0 and bool(fp16_zp)
+    pow2 = block_size % 64 == 0 and (block_size & (block_size - 1)) == 0
+    return bits in (2, 4) and a16 and pow2 and B.data.ptr % 8 == 0 and bool(fp16_zp)
+
+
+ACT_SMEM_LIMIT = 48 * 1024  # activations staged in shared memory up to this (CuPy's default dynamic limit)
 
 
 def _launch_mma(bits: int, M: int, lay: Any, args: tuple, a_vec: bool) -> None:
     shape = MMA_SHAPES["decode" if M <= 8 else "prefill"]
     items = -(-lay.N // (16 * shape.r)) * -(-M // (8 * shape.t))
-    wk = shape.k_split(items, -(-lay.K // 64), get_kernel(SOURCE, shape.symbol(bits), OPTIONS).num_regs)
+    n_chunks = -(-lay.K // 64)
+    wk = shape.k_split(items, n_chunks, get_kernel(SOURCE, shape.symbol(bits), OPTIONS).num_regs)
     grid = -(-items // shape.wi)
     if grid >= 2**31:
         raise ArgumentError(f"A: {M} x {lay.N} outputs need more than 2^31 - 1 CTAs")
-    smem = wk * shape.wi * shape.r * shape.t * 4 * 32 * 4 if wk > 1 else 0
-    kargs = (*args, np.int32(a_vec), np.int32(wk), np.int32(shape.wi))
-    _launch_grid("matmul_nbits", shape.symbol(bits), grid, 32 * wk * shape.wi, kargs, smem)
+    red = wk * shape.wi * shape.r * shape.t * 4 * 32 * 4 if wk > 1 else 0
+    staged = min(M, 8 * shape.t) * n_chunks * 64 * 2
+    act_smem = shape.wi == 1 and staged <= ACT_SMEM_LIMIT
+    smem = max(red, staged if act_smem else 0)
+    cpb_shift = (lay.block_size // 64).bit_length() - 1
+    kargs = (*args[:10], np.int32(cpb_shift), *args[11:], np.int32(a_vec), np.int32(act_smem), np.int32(wk))
+    _launch_grid("matmul_nbits", shape.symbol(bits), grid, 32 * wk * shape.wi, (*kargs, np.int32(shape.wi)), smem)
 
 
 def _zp_args(zero_points: Any, lay, form: str, B: Any) -> tuple[Any, float, int, int]:

@@ -245,20 +245,57 @@ __device__ __forceinline__ void qk_unpack_sz(qk_u32 v, float zconst, int zp_kind
     *c = -*s * (zp_kind == ZP_PACKED ? (float)(v >> 16) : zconst);
 }
 
-/* the block of chunk c (mutant hook QK_MUT_MMA_LAST_SCALE: the last chunk reads the previous
- * block's scale and zero point) */
-__device__ __forceinline__ int qk_chunk_block(int c, int bs, int n_chunks) {
+/* the block of chunk c: c >> cpb_shift, blocks of 64 << cpb_shift (mutant hook QK_MUT_MMA_LAST_SCALE:
+ * the last chunk reads the previous block's scale and zero point) */
+__device__ __forceinline__ int qk_chunk_block(int c, int cpb_shift, int n_chunks) {
 #ifdef QK_MUT_MMA_LAST_SCALE
-    if (c == n_chunks - 1 && c * 64 / bs > 0) return c * 64 / bs - 1;
+    if (c == n_chunks - 1 && (c >> cpb_shift) > 0) return (c >> cpb_shift) - 1;
 #endif
-    return c * 64 / bs;
+    return c >> cpb_shift;
+}
+
+/* 16 activations of row tok (of n_tok staged rows) from k0 out of shared memory: rows of Kp
+ * halves, zero past K */
+__device__ __forceinline__ void qk_load_act_smem(qk_u32 h[8], const qk_u16* sA, int tok, int n_tok, int Kp, int k0) {
+    if (tok >= n_tok) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) h[i] = 0u;
+        return;
+    }
+    const uint4* p = (const uint4*)(sA + tok * Kp + k0);
+    const uint4 v0 = p[0], v1 = p[1];
+    h[0] = v0.x; h[1] = v0.y; h[2] = v0.z; h[3] = v0.w;
+    h[4] = v1.x; h[5] = v1.y; h[6] = v1.z; h[7] = v1.w;
+}
+
+/* the CTA copies rows tok0 .. tok0 + n_tok of A into shared memory, Kp halves each, zeros past K */
+__device__ __forceinline__ void qk_stage_act(qk_u16* sA, const qk_u16* A, int tok0, int n_tok, int K, int Kp,
+                                             int a_vec) {
+    const int per_row = Kp / 8;
+    for (int i = (int)threadIdx.x; i < n_tok * per_row; i += (int)blockDim.x) {
+        const int r = i / per_row, k = (i - r * per_row) * 8;
+        const qk_u16* src = A + (qk_i64)(tok0 + r) * K + k;
+        uint4 v;
+        if (a_vec && k + 8 <= K) {
+            v = *(const uint4*)src;
+        } else {
+            qk_u32 x[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const qk_u32 lo = k + 2 * j < K ? src[2 * j] : 0u, hi = k + 2 * j + 1 < K ? src[2 * j + 1] : 0u;
+                x[j] = lo | hi << 16;
+            }
+            v = make_uint4(x[0], x[1], x[2], x[3]);
+        }
+        *(uint4*)(sA + r * Kp + k) = v;
+    }
 }
 
 template <int BITS, int R>
 __device__ __forceinline__ void qk_load_chunk(qk_u32 w[R][2][BITS / 2], qk_u32 sz[R][2], const qk_u8* const wrow[R][2],
                                               const int rows[R][2], const qk_u16* scales, const void* zp, int c, int t,
-                                              int bs, int n_chunks, int k_blocks, int zp_bytes, int zp_kind) {
-    const int kb = qk_chunk_block(c, bs, n_chunks);
+                                              int cpb_shift, int n_chunks, int k_blocks, int zp_bytes, int zp_kind) {
+    const int kb = qk_chunk_block(c, cpb_shift, n_chunks);
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -269,13 +306,14 @@ __device__ __forceinline__ void qk_load_chunk(qk_u32 w[R][2][BITS / 2], qk_u32 s
 }
 
 /* P chunks of weights and scales in flight per warp (a ring of registers, refilled P ahead);
- * the activations (L1/L2 hits) one chunk ahead */
+ * the activations staged once per CTA in shared memory (act_smem: one item per CTA, rows fit),
+ * else read from global memory one chunk ahead */
 template <int BITS, int R, int T, int P>
 __device__ __forceinline__ void qk_nbits_mma(const qk_u16* A, const qk_u8* B, const qk_u16* scales, const void* zp,
-                                             float zps, const qk_u16* bias, qk_u16* Y, int M, int K, int N, int bs,
-                                             int k_blocks, int zp_bytes, int zp_kind, int has_bias, int a_vec,
-                                             int wk_n, int wi_n) {
-    extern __shared__ float qk_red[];
+                                             float zps, const qk_u16* bias, qk_u16* Y, int M, int K, int N,
+                                             int cpb_shift, int k_blocks, int zp_bytes, int zp_kind, int has_bias,
+                                             int a_vec, int act_smem, int wk_n, int wi_n) {
+    extern __shared__ float qk_red[];  /* staged activations first, then the K-split partial sums */
     constexpr int WPR = BITS / 2, NACC = R * T * 4;
     const int lane = (int)(threadIdx.x & 31), g = lane >> 2, t = lane & 3;
     const int warp = (int)(threadIdx.x >> 5), wk = warp % wk_n, wi = warp / wk_n;
@@ -284,7 +322,13 @@ __device__ __forceinline__ void qk_nbits_mma(const qk_u16* A, const qk_u8* B, co
     const bool live = item < (qk_i64)row_items * ((M + 8 * T - 1) / (8 * T));
     const int row0 = (int)(item % row_items) * 16 * R, tok0 = (int)(item / row_items) * 8 * T;
     const int n_chunks = (K + 63) / 64, c_lo = wk * n_chunks / wk_n, c_hi = (wk + 1) * n_chunks / wk_n;
-    const qk_i64 row_bytes = (qk_i64)k_blocks * (bs * BITS / 8);
+    const qk_i64 row_bytes = (qk_i64)k_blocks * ((64 << cpb_shift) * BITS / 8);
+    const int Kp = n_chunks * 64, n_tok = min(8 * T, M - tok0);
+    qk_u16* sA = (qk_u16*)qk_red;
+    if (act_smem) {
+        qk_stage_act(sA, A, tok0, n_tok, K, Kp, a_vec);
+        __syncthreads();
+    }
     const float zconst = zp_kind == ZP_SCALAR ? zps : (float)(1 << (BITS - 1));
     const qk_u32 ones[4] = {0x3C003C00u, 0x3C003C00u, 0x3C003C00u, 0x3C003C00u};
 
@@ -307,10 +351,13 @@ __device__ __forceinline__ void qk_nbits_mma(const qk_u16* A, const qk_u8* B, co
 #pragma unroll
         for (int j = 0; j < P; ++j)
             if (c_lo + j < c_hi)
-                qk_load_chunk<BITS, R>(w[j], sz[j], wrow, rows, scales, zp, c_lo + j, t, bs, n_chunks, k_blocks,
+                qk_load_chunk<BITS, R>(w[j], sz[j], wrow, rows, scales, zp, c_lo + j, t, cpb_shift, n_chunks, k_blocks,
                                        zp_bytes, zp_kind);
+        if (!act_smem) {
 #pragma unroll
-        for (int tg = 0; tg < T; ++tg) qk_load_act(act[tg], A, tok0 + 8 * tg + g, M, K, c_lo * 64 + 16 * t, a_vec);
+            for (int tg = 0; tg < T; ++tg)
+                qk_load_act(act[tg], A, tok0 + 8 * tg + g, M, K, c_lo * 64 + 16 * t, a_vec);
+        }
 
         for (int cb = c_lo; cb < c_hi; cb += P) {
 #pragma unroll
@@ -320,6 +367,11 @@ __device__ __forceinline__ void qk_nbits_mma(const qk_u16* A, const qk_u8* B, co
                 /* this chunk's operands out of the ring, then the refill P chunks ahead */
                 qk_u32 bf[T][4][2], wc[R][2][WPR], szc[R][2];
                 float asum[T][4];
+                if (act_smem) {
+#pragma unroll
+                    for (int tg = 0; tg < T; ++tg)
+                        qk_load_act_smem(act[tg], sA, 8 * tg + g, n_tok, Kp, c * 64 + 16 * t);
+                }
 #pragma unroll
                 for (int tg = 0; tg < T; ++tg) {
 #pragma unroll
@@ -343,9 +395,9 @@ __device__ __forceinline__ void qk_nbits_mma(const qk_u16* A, const qk_u8* B, co
                         for (int i = 0; i < WPR; ++i) wc[r][h][i] = w[j][r][h][i];
                     }
                 if (c + P < c_hi)
-                    qk_load_chunk<BITS, R>(w[j], sz[j], wrow, rows, scales, zp, c + P, t, bs, n_chunks, k_blocks,
+                    qk_load_chunk<BITS, R>(w[j], sz[j], wrow, rows, scales, zp, c + P, t, cpb_shift, n_chunks, k_blocks,
                                            zp_bytes, zp_kind);
-                if (c + 1 < c_hi) {
+                if (!act_smem && c + 1 < c_hi) {
 #pragma unroll
                     for (int tg = 0; tg < T; ++tg)
                         qk_load_act(act[tg], A, tok0 + 8 * tg + g, M, K, (c + 1) * 64 + 16 * t, a_vec);
@@ -388,6 +440,7 @@ __device__ __forceinline__ void qk_nbits_mma(const qk_u16* A, const qk_u8* B, co
     }
 
     if (wk_n > 1) {
+        if (act_smem) __syncthreads(); /* every warp is done with the staged activations */
         float* red = qk_red + (qk_i64)wi * wk_n * NACC * 32;
 #pragma unroll
         for (int i = 0; i < NACC; ++i) red[(wk * NACC + i) * 32 + lane] = acc[i];
@@ -419,25 +472,25 @@ __device__ __forceinline__ void qk_nbits_mma(const qk_u16* A, const qk_u8* B, co
             }
 }
 
-/* the instantiations the launcher picks from: qk_nbits_mma_u{bits}_r{R}_t{T}_p{P} */
-#define QK_NBITS_MMA(BITS, R, T, P)                                                                                    \
-    extern "C" __global__ void __launch_bounds__(256) qk_nbits_mma_u##BITS##_r##R##_t##T##_p##P(                       \
+/* the instantiations the launcher picks from: qk_nbits_mma_u{bits}_r{R}_t{T}_p{P}_o{O}, at least O
+ * CTAs of 256 threads per SM (registers capped at 65536 / (256 O)) */
+#define QK_NBITS_MMA(BITS, R, T, P, O)                                                                                 \
+    extern "C" __global__ void __launch_bounds__(256, O) qk_nbits_mma_u##BITS##_r##R##_t##T##_p##P##_o##O(            \
         const qk_u16* A, const qk_u8* B, const qk_u16* scales, const void* zp, float zps, const qk_u16* bias,         \
-        qk_u16* Y, int M, int K, int N, int bs, int k_blocks, int zp_bytes, int zp_kind, int has_bias, int a_vec,      \
-        int wk_n, int wi_n) {                                                                                          \
-        qk_nbits_mma<BITS, R, T, P>(A, B, scales, zp, zps, bias, Y, M, K, N, bs, k_blocks, zp_bytes, zp_kind,         \
-                                    has_bias, a_vec, wk_n, wi_n);                                                      \
+        qk_u16* Y, int M, int K, int N, int cpb_shift, int k_blocks, int zp_bytes, int zp_kind, int has_bias,          \
+        int a_vec, int act_smem, int wk_n, int wi_n) {                                                                 \
+        qk_nbits_mma<BITS, R, T, P>(A, B, scales, zp, zps, bias, Y, M, K, N, cpb_shift, k_blocks, zp_bytes, zp_kind,  \
+                                    has_bias, a_vec, act_smem, wk_n, wi_n);                                            \
     }
-QK_NBITS_MMA(2, 1, 1, 8)
-QK_NBITS_MMA(2, 2, 1, 4)
-QK_NBITS_MMA(2, 2, 1, 8)
-QK_NBITS_MMA(2, 4, 1, 4)
-QK_NBITS_MMA(2, 2, 4, 2)
-QK_NBITS_MMA(4, 1, 1, 8)
-QK_NBITS_MMA(4, 2, 1, 4)
-QK_NBITS_MMA(4, 2, 1, 8)
-QK_NBITS_MMA(4, 4, 1, 4)
-QK_NBITS_MMA(4, 2, 4, 2)
+#define QK_NBITS_MMA_BITS(BITS)                                                                                        \
+    QK_NBITS_MMA(BITS, 2, 1, 2, 1)                                                                                     \
+    QK_NBITS_MMA(BITS, 2, 1, 2, 3)                                                                                     \
+    QK_NBITS_MMA(BITS, 2, 1, 4, 2)                                                                                     \
+    QK_NBITS_MMA(BITS, 4, 1, 2, 2)                                                                                     \
+    QK_NBITS_MMA(BITS, 1, 1, 4, 4)                                                                                     \
+    QK_NBITS_MMA(BITS, 2, 4, 2, 1)
+QK_NBITS_MMA_BITS(2)
+QK_NBITS_MMA_BITS(4)
 
 /* accuracy_level 4 (ORT's CompInt8): A quantized per row and K block, one thread per block:
  * amax, sa = fp32(amax/127), inv = fp32(127/amax) or 0, qa = clamp(rint(fp32(a*inv)), -128, 127) */
