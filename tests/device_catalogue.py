@@ -117,6 +117,7 @@ SO_MUTANTS = (
     ),
 )
 
+
 def _mma(name: str, define: str, caught_by: str | None, leaf: str = "Xfp16_Wu2_Yfp16") -> DeviceMutant:
     return DeviceMutant(name, "ort_quant.hip", "", define, "matmul_nbits", caught_by, leaf=leaf, coverage=2)
 
@@ -124,9 +125,7 @@ def _mma(name: str, define: str, caught_by: str | None, leaf: str = "Xfp16_Wu2_Y
 ORT_MUTANTS = (
     _mma("mma GEMV: last chunk reads the previous block's scale", "-DQK_MUT_MMA_LAST_SCALE", "matches_oracle"),
     _mma("mma GEMV: activation pairs in swapped K slots", "-DQK_MUT_MMA_SLOT_SWAP", "matches_oracle"),
-    _mma(
-        "mma GEMV: last K split not added", "-DQK_MUT_MMA_DROP_LAST_WARP", "matches_oracle", leaf="Xfp16_Wu4_Yfp16"
-    ),
+    _mma("mma GEMV: last K split not added", "-DQK_MUT_MMA_DROP_LAST_WARP", "matches_oracle", leaf="Xfp16_Wu4_Yfp16"),
     _mma("control: portable mma (shuffles), u2", "-DQK_MMA_EMULATE", None),
     _mma("control: portable mma (shuffles), u4", "-DQK_MMA_EMULATE", None, leaf="Xfp16_Wu4_Yfp16"),
 )

@@ -97,3 +97,21 @@ def test_mapped_runtimes_reads_the_maps_format() -> None:
     )
     assert mapped_runtimes(maps) == ["/usr/local/cuda/lib64/libcudart.so.13.0.96", "/opt/rocm/lib/libamdhip64.so.7"]
     assert mapped_runtimes("") == []
+
+
+def test_every_mma_shape_is_instantiated() -> None:
+    """Each MatMulNBits matrix-unit shape the launcher or the bench can pick is compiled."""
+    import re
+
+    from qconform.device.registry import KERNEL_DIR, MMA_DECODE_CANDIDATES, MMA_SHAPES
+
+    text = (KERNEL_DIR / "ort_quant.hip").read_text()
+    made = {
+        f"qk_nbits_mma_u{b}_r{r}_t{t}_p{p}_o{o}"
+        for body in re.findall(r"#define QK_NBITS_MMA_BITS\(BITS\)(.*?)\n\n", text, re.S)
+        for r, t, p, o in re.findall(r"QK_NBITS_MMA\(BITS, (\d+), (\d+), (\d+), (\d+)\)", body)
+        for b in re.findall(r"^QK_NBITS_MMA_BITS\((\d)\)", text, re.M)
+    }
+    for shape in (*MMA_SHAPES.values(), *MMA_DECODE_CANDIDATES):
+        for bits in (2, 4):
+            assert shape.symbol(bits) in made, shape

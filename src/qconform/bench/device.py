@@ -6,7 +6,7 @@ together exceed the L2 several times; launches are queued back to back and timed
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import cupy
@@ -21,9 +21,9 @@ MEMCPY_DEVICE_TO_DEVICE = 3
 
 
 def _candidates() -> list[Any]:
-    from qconform.device.ort_launch import MmaShape
+    from qconform.device.registry import MMA_DECODE_CANDIDATES
 
-    return [MmaShape(r, 1, p, warps_per_sm=w) for r, p in ((1, 8), (2, 4), (2, 8), (4, 4)) for w in (8, 16, 32)]
+    return [replace(shape, warps_per_sm=w) for shape in MMA_DECODE_CANDIDATES for w in (16, 32, 48)]
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,6 @@ C-contiguity of every device array and the ``out`` buffer's shape and dtype.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import cupy
@@ -18,7 +17,7 @@ import numpy as np
 
 from qconform.device.launch import CUPY, launch_kernel
 from qconform.device.loader import get_kernel
-from qconform.device.registry import KERNEL_DIR, Geometry, check_grid
+from qconform.device.registry import KERNEL_DIR, MMA_SHAPES, Geometry, check_grid
 from qconform.errors import ArgumentError
 from qconform.oracles.ort.gather_block_quantized import _check as check_gather_args
 from qconform.oracles.ort.matmul_nbits import _check_a, check_nbits_args
@@ -102,45 +101,6 @@ def bound(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[[], Non
     return replay
 
 
-@dataclass(frozen=True)
-class MmaShape:
-    """The matrix-unit MatMulNBits kernel's work split: a warp owns ``r`` tiles of 16 rows x ``t``
-    groups of 8 tokens and keeps ``p`` K chunks of weights in flight, compiled for ``o`` CTAs of
-    256 threads per SM (its register cap); ``wk`` warps split one such
-    item's K chunks (partial sums added in shared memory, in warp order; 0: as many as bring the
-    launch to ``warps_per_sm`` warps per SM, at most 8); ``wi`` items per CTA."""
-
-    r: int
-    t: int
-    p: int
-    o: int = 1
-    wk: int = 0
-    wi: int = 1
-    warps_per_sm: int = 16
-
-    def symbol(self, bits: int) -> str:
-        return f"qk_nbits_mma_u{bits}_r{self.r}_t{self.t}_p{self.p}_o{self.o}"
-
-    def k_split(self, items: int, n_chunks: int, regs: int) -> int:
-        """The most warps per item (1, 2, 4, 8) that keeps the launch within ``warps_per_sm``
-        warps per SM and every CTA resident at once (one wave, from the kernel's registers),
-        with at least 2p chunks per warp."""
-        if self.wk:
-            return self.wk
-        sms, best = _sm_count(), 1
-        for wk in (2, 4, 8):
-            warps = wk * self.wi
-            per_sm = min(32, 64 // warps, 65536 // (-(-regs // 8) * 8 * 32 * warps))
-            one_wave = -(-items // self.wi) <= per_sm * sms
-            if one_wave and items * wk <= self.warps_per_sm * sms and n_chunks >= 2 * wk * self.p:
-                best = wk
-        return best
-
-
-MMA_SHAPES = {"decode": MmaShape(r=2, t=1, p=4), "prefill": MmaShape(r=2, t=4, p=2, wk=1, wi=4)}
-"""decode: M <= 8 (one group of 8 tokens); prefill: larger M. Chosen by the GEMV bench."""
-
-
 @functools.cache
 def _sm_count() -> int:
     return int(cupy.cuda.Device().attributes["MultiProcessorCount"])
@@ -160,7 +120,7 @@ def _launch_mma(bits: int, M: int, lay: Any, args: tuple, a_vec: bool) -> None:
     shape = MMA_SHAPES["decode" if M <= 8 else "prefill"]
     items = -(-lay.N // (16 * shape.r)) * -(-M // (8 * shape.t))
     n_chunks = -(-lay.K // 64)
-    wk = shape.k_split(items, n_chunks, get_kernel(SOURCE, shape.symbol(bits), OPTIONS).num_regs)
+    wk = shape.k_split(items, n_chunks, get_kernel(SOURCE, shape.symbol(bits), OPTIONS).num_regs, _sm_count())
     grid = -(-items // shape.wi)
     if grid >= 2**31:
         raise ArgumentError(f"A: {M} x {lay.N} outputs need more than 2^31 - 1 CTAs")

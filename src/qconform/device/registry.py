@@ -109,3 +109,46 @@ def parse_source_spec(spec: str) -> tuple[Path, str, Geometry]:
     if not path.is_file():
         raise ArgumentError(f"impl: no such kernel source {parts[0]!r}")
     return path, parts[1], Geometry(**opts)
+
+
+@dataclass(frozen=True)
+class MmaShape:
+    """The matrix-unit MatMulNBits kernel's work split: a warp owns ``r`` tiles of 16 rows x ``t``
+    groups of 8 tokens and keeps ``p`` K chunks of weights in flight, compiled for ``o`` CTAs of
+    256 threads per SM (its register cap); ``wk`` warps split one such
+    item's K chunks (partial sums added in shared memory, in warp order; 0: as many as bring the
+    launch to ``warps_per_sm`` warps per SM, at most 8); ``wi`` items per CTA."""
+
+    r: int
+    t: int
+    p: int
+    o: int = 1
+    wk: int = 0
+    wi: int = 1
+    warps_per_sm: int = 16
+
+    def symbol(self, bits: int) -> str:
+        return f"qk_nbits_mma_u{bits}_r{self.r}_t{self.t}_p{self.p}_o{self.o}"
+
+    def k_split(self, items: int, n_chunks: int, regs: int, sms: int) -> int:
+        """The most warps per item (1, 2, 4, 8) that keeps the launch within ``warps_per_sm``
+        warps per SM and every CTA resident at once (one wave, from the kernel's registers),
+        with at least 2p chunks per warp."""
+        if self.wk:
+            return self.wk
+        best = 1
+        for wk in (2, 4, 8):
+            warps = wk * self.wi
+            per_sm = min(32, 64 // warps, 65536 // (-(-regs // 8) * 8 * 32 * warps))
+            one_wave = -(-items // self.wi) <= per_sm * sms
+            if one_wave and items * wk <= self.warps_per_sm * sms and n_chunks >= 2 * wk * self.p:
+                best = wk
+        return best
+
+
+MMA_SHAPES = {"decode": MmaShape(r=2, t=1, p=2, o=1), "prefill": MmaShape(r=2, t=4, p=2, o=1, wk=1, wi=4)}
+"""decode: M <= 8 (one group of 8 tokens); prefill: larger M. Chosen by the GEMV bench."""
+MMA_DECODE_CANDIDATES = tuple(
+    MmaShape(r, 1, p, o) for r, p, o in ((2, 2, 1), (2, 2, 3), (2, 4, 2), (4, 2, 2), (1, 4, 4))
+)
+"""The decode shapes the GEMV bench times (each also at several ``warps_per_sm``)."""
