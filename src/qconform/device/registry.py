@@ -146,8 +146,12 @@ class MmaShape:
         return best
 
 
-MMA_SHAPES = {"decode": MmaShape(r=2, t=1, p=2, o=1), "prefill": MmaShape(r=2, t=4, p=2, o=1, wk=1, wi=4)}
-"""decode: M <= 8 (one group of 8 tokens); prefill: larger M. Chosen by the GEMV bench."""
+MMA_SHAPES = {
+    "decode": MmaShape(r=2, t=1, p=2, o=1),
+    "prefill": MmaShape(r=2, t=4, p=2, o=1, wk=1, wi=4),
+}
+"""decode: M <= 8 (one group of 8 tokens); prefill: larger M. The shapes the device suite ran
+(docs/perf-notes.md has the bench's times for every candidate)."""
 MMA_DECODE_CANDIDATES = tuple(
     MmaShape(r, 1, p, o) for r, p, o in ((2, 2, 1), (2, 2, 3), (2, 4, 2), (4, 2, 2), (1, 4, 4))
 )
