@@ -32,7 +32,7 @@ class DeviceMutant:
 
     @property
     def is_ort(self) -> bool:
-        """qconform's own ORT kernels (--impl cupy) compiled with ``options`` as -D defines."""
+        """qconform's own ORT kernels (--impl cupy) compiled with ``options`` (-D defines)."""
         return self.source == "ort_quant.hip"
 
     def path(self) -> Path:
@@ -119,7 +119,8 @@ SO_MUTANTS = (
 
 
 def _mma(name: str, define: str, caught_by: str | None, leaf: str = "Xfp16_Wu2_Yfp16") -> DeviceMutant:
-    return DeviceMutant(name, "ort_quant.hip", "", define, "matmul_nbits", caught_by, leaf=leaf, coverage=2)
+    options = f"{define} -DQK_MMA_DEFAULT_ONLY"  # the launcher's shapes only: a faster build
+    return DeviceMutant(name, "ort_quant.hip", "", options, "matmul_nbits", caught_by, leaf=leaf, coverage=2)
 
 
 ORT_MUTANTS = (
@@ -171,7 +172,7 @@ def run_mutant(m: DeviceMutant, built: dict[str, Path], coverage: int = 1):
         return run_leaf(impl, op, leaf, prepared)
     from qconform.device import ort_launch
 
-    ort_launch.OPTIONS = (m.options,)
+    ort_launch.OPTIONS = tuple(m.options.split())
     try:
         return run_leaf(impl, op, leaf, prepared)
     finally:

@@ -31,7 +31,8 @@ def test_every_device_mutant_symbol_exists() -> None:
         text = m.path().read_text()
         if m.is_ort:
             text += (m.path().parent / "qk_portable.h").read_text()
-            assert m.options.startswith("-D") and m.options[2:] in text, m.name
+            for define in m.options.split():
+                assert define.startswith("-D") and define[2:] in text, m.name
         elif m.is_so:
             assert f"int {m.symbol}(" in text, m.name
         else:
@@ -108,10 +109,12 @@ def test_every_mma_shape_is_instantiated() -> None:
     text = (KERNEL_DIR / "ort_quant.hip").read_text()
     made = {
         f"qk_nbits_mma_u{b}_r{r}_t{t}_p{p}_o{o}"
-        for body in re.findall(r"#define QK_NBITS_MMA_BITS\(BITS\)(.*?)\n\n", text, re.S)
-        for r, t, p, o in re.findall(r"QK_NBITS_MMA\(BITS, (\d+), (\d+), (\d+), (\d+)\)", body)
+        for r, t, p, o in re.findall(r"QK_NBITS_MMA\(BITS, (\d+), (\d+), (\d+), (\d+)\)", text)
         for b in re.findall(r"^QK_NBITS_MMA_BITS\((\d)\)", text, re.M)
     }
+    default_only = text[text.index("#define QK_NBITS_MMA_BITS(BITS)") :]
+    for shape in MMA_SHAPES.values():  # compiled with -DQK_MMA_DEFAULT_ONLY too
+        assert f"QK_NBITS_MMA(BITS, {shape.r}, {shape.t}, {shape.p}, {shape.o})" in default_only, shape
     for shape in (*MMA_SHAPES.values(), *MMA_DECODE_CANDIDATES):
         for bits in (2, 4):
             assert shape.symbol(bits) in made, shape

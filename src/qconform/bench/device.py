@@ -182,6 +182,17 @@ def bench_gemv(K: int = 5120, N: int = 17920, reps: int = 50) -> list[tuple[str,
         wk = f"r={shape.r} p={shape.p} o={shape.o} warps/SM={shape.warps_per_sm}"
         print(f"  {wk}: {t.seconds * 1e6:.1f} us {frac:.0%}")
     ort_launch.MMA_SHAPES["decode"] = default
+    print("diagnostics (wrong results, timing only), default shape:")
+    for define, what in (
+        ("-DQK_DIAG_LOADS_ONLY", "loads only, no arithmetic"),
+        ("-DQK_DIAG_NO_LOADS", "no weight loads"),
+    ):
+        ort_launch.OPTIONS = (define, "-DQK_MMA_DEFAULT_ONLY")
+        try:
+            t, frac = time_gemv(2, a16)
+        finally:
+            ort_launch.OPTIONS = ()
+        print(f"  {what}: {t.seconds * 1e6:.1f} us {frac:.0%}")
 
     out = []
     print()

@@ -300,8 +300,13 @@ __device__ __forceinline__ void qk_load_chunk(qk_u32 w[R][2][BITS / 2], qk_u32 s
     for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
+#ifdef QK_DIAG_NO_LOADS /* bench diagnostic: made-up weights, scale 1, no global loads (wrong results) */
+            for (int i = 0; i < BITS / 2; ++i) w[r][h][i] = (qk_u32)(c * 0x9E3779B9u) ^ (qk_u32)(rows[r][h] + i);
+            sz[r][h] = 0x3C00u;
+#else
             qk_load_words<BITS>(w[r][h], wrow[r][h], c, t);
             sz[r][h] = qk_load_sz(scales, zp, rows[r][h], kb, k_blocks, BITS, zp_bytes, zp_kind);
+#endif
         }
 }
 
@@ -330,7 +335,6 @@ __device__ __forceinline__ void qk_nbits_mma(const qk_u16* A, const qk_u8* B, co
         __syncthreads();
     }
     const float zconst = zp_kind == ZP_SCALAR ? zps : (float)(1 << (BITS - 1));
-    const qk_u32 ones[4] = {0x3C003C00u, 0x3C003C00u, 0x3C003C00u, 0x3C003C00u};
 
     int rows[R][2];
     const qk_u8* wrow[R][2];
@@ -366,7 +370,6 @@ __device__ __forceinline__ void qk_nbits_mma(const qk_u16* A, const qk_u8* B, co
                 if (c >= c_hi) break;
                 /* this chunk's operands out of the ring, then the refill P chunks ahead */
                 qk_u32 bf[T][4][2], wc[R][2][WPR], szc[R][2];
-                float asum[T][4];
                 if (act_smem) {
 #pragma unroll
                     for (int tg = 0; tg < T; ++tg)
@@ -402,6 +405,14 @@ __device__ __forceinline__ void qk_nbits_mma(const qk_u16* A, const qk_u8* B, co
                     for (int tg = 0; tg < T; ++tg)
                         qk_load_act(act[tg], A, tok0 + 8 * tg + g, M, K, (c + 1) * 64 + 16 * t, a_vec);
                 }
+#ifdef QK_DIAG_LOADS_ONLY /* bench diagnostic: the loads and a trivial use of them, no arithmetic */
+#pragma unroll
+                for (int r = 0; r < R; ++r)
+                    acc[r * T * 4] += (float)(wc[r][0][0] ^ wc[r][1][WPR - 1] ^ szc[r][0] ^ szc[r][1] ^ bf[0][0][0]);
+                (void)zconst;
+#else
+                const qk_u32 ones[4] = {0x3C003C00u, 0x3C003C00u, 0x3C003C00u, 0x3C003C00u};
+                float asum[T][4];
 #pragma unroll
                 for (int tg = 0; tg < T; ++tg) {
 #pragma unroll
@@ -435,6 +446,7 @@ __device__ __forceinline__ void qk_nbits_mma(const qk_u16* A, const qk_u8* B, co
                             x = fmaf(cc[i >> 1], asum[tg][i & 1], x);
                         }
                 }
+#endif
             }
         }
     }
@@ -482,13 +494,21 @@ __device__ __forceinline__ void qk_nbits_mma(const qk_u16* A, const qk_u8* B, co
         qk_nbits_mma<BITS, R, T, P>(A, B, scales, zp, zps, bias, Y, M, K, N, cpb_shift, k_blocks, zp_bytes, zp_kind,  \
                                     has_bias, a_vec, act_smem, wk_n, wi_n);                                            \
     }
-#define QK_NBITS_MMA_BITS(BITS)                                                                                        \
-    QK_NBITS_MMA(BITS, 2, 1, 2, 1)                                                                                     \
+/* the shapes in MMA_SHAPES (qconform.device.registry), then the bench's other decode candidates
+ * (left out with -DQK_MMA_DEFAULT_ONLY: the mutant and emulation builds compile faster) */
+#ifdef QK_MMA_DEFAULT_ONLY
+#define QK_NBITS_MMA_CANDIDATES(BITS)
+#else
+#define QK_NBITS_MMA_CANDIDATES(BITS)                                                                                  \
     QK_NBITS_MMA(BITS, 2, 1, 2, 3)                                                                                     \
     QK_NBITS_MMA(BITS, 2, 1, 4, 2)                                                                                     \
     QK_NBITS_MMA(BITS, 4, 1, 2, 2)                                                                                     \
-    QK_NBITS_MMA(BITS, 1, 1, 4, 4)                                                                                     \
-    QK_NBITS_MMA(BITS, 2, 4, 2, 1)
+    QK_NBITS_MMA(BITS, 1, 1, 4, 4)
+#endif
+#define QK_NBITS_MMA_BITS(BITS)                                                                                        \
+    QK_NBITS_MMA(BITS, 2, 1, 2, 1)                                                                                     \
+    QK_NBITS_MMA(BITS, 2, 4, 2, 1)                                                                                     \
+    QK_NBITS_MMA_CANDIDATES(BITS)
 QK_NBITS_MMA_BITS(2)
 QK_NBITS_MMA_BITS(4)
 
