@@ -39,10 +39,13 @@ compile() {  # label, command...
   n=$((n + 1))
 }
 
+# -Wno-pass-failed: on AMD the matrix-unit GEMM runs qk_mma_16816's shuffle form, and clang may
+# decline to fully unroll the prefill shape's loop nest (code size): a speed matter, not a wrong result.
 for src in "$KERNELS"/*.hip tests/device_mutants/*.hip; do
   if [ "$amd" = 1 ]; then
     for arch in gfx90a gfx1030; do
-      compile "$src for $arch" hipcc --genco --offload-arch="$arch" -Werror -Wall -I"$KERNELS" -o "$tmp/k.co" "$src"
+      compile "$src for $arch" hipcc --genco --offload-arch="$arch" -Werror -Wall -Wno-pass-failed -I"$KERNELS" \
+        -o "$tmp/k.co" "$src"
     done
   fi
   compile "$src for sm_90" nvcc -cubin -arch=sm_90 -Werror all-warnings -I"$KERNELS" -x cu -o "$tmp/k.cubin" "$src"

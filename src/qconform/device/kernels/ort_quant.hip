@@ -367,86 +367,88 @@ __device__ __forceinline__ void qk_nbits_mma(const qk_u16* A, const qk_u8* B, co
 #pragma unroll
             for (int j = 0; j < P; ++j) {
                 const int c = cb + j;
-                if (c >= c_hi) break;
-                /* this chunk's operands out of the ring, then the refill P chunks ahead */
-                qk_u32 bf[T][4][2], wc[R][2][WPR], szc[R][2];
-                if (act_smem) {
+                if (c < c_hi) { /* (no break: AMD clang then fully unrolls the ring) */
+                    /* this chunk's operands out of the ring, then the refill P chunks ahead */
+                    qk_u32 bf[T][4][2], wc[R][2][WPR], szc[R][2];
+                    if (act_smem) {
 #pragma unroll
-                    for (int tg = 0; tg < T; ++tg)
-                        qk_load_act_smem(act[tg], sA, 8 * tg + g, n_tok, Kp, c * 64 + 16 * t);
-                }
+                        for (int tg = 0; tg < T; ++tg)
+                            qk_load_act_smem(act[tg], sA, 8 * tg + g, n_tok, Kp, c * 64 + 16 * t);
+                    }
 #pragma unroll
-                for (int tg = 0; tg < T; ++tg) {
+                    for (int tg = 0; tg < T; ++tg) {
 #pragma unroll
-                    for (int m = 0; m < 4; ++m) {
-                        int p[2], q[2];
-                        qk_slot_pairs<BITS>(m, p, q);
+                        for (int m = 0; m < 4; ++m) {
+                            int p[2], q[2];
+                            qk_slot_pairs<BITS>(m, p, q);
 #ifdef QK_MUT_MMA_SLOT_SWAP /* mutant: activation pair in the other order than the weights' */
-                        bf[tg][m][0] = qk_act_pair(act[tg], p[1], p[0]);
+                            bf[tg][m][0] = qk_act_pair(act[tg], p[1], p[0]);
 #else
-                        bf[tg][m][0] = qk_act_pair(act[tg], p[0], p[1]);
+                            bf[tg][m][0] = qk_act_pair(act[tg], p[0], p[1]);
 #endif
-                        bf[tg][m][1] = qk_act_pair(act[tg], q[0], q[1]);
+                            bf[tg][m][1] = qk_act_pair(act[tg], q[0], q[1]);
+                        }
                     }
-                }
 #pragma unroll
-                for (int r = 0; r < R; ++r)
+                    for (int r = 0; r < R; ++r)
 #pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        szc[r][h] = sz[j][r][h];
+                        for (int h = 0; h < 2; ++h) {
+                            szc[r][h] = sz[j][r][h];
 #pragma unroll
-                        for (int i = 0; i < WPR; ++i) wc[r][h][i] = w[j][r][h][i];
+                            for (int i = 0; i < WPR; ++i) wc[r][h][i] = w[j][r][h][i];
+                        }
+                    if (c + P < c_hi)
+                        qk_load_chunk<BITS, R>(w[j], sz[j], wrow, rows, scales, zp, c + P, t, cpb_shift, n_chunks,
+                                               k_blocks, zp_bytes, zp_kind);
+                    if (!act_smem && c + 1 < c_hi) {
+#pragma unroll
+                        for (int tg = 0; tg < T; ++tg)
+                            qk_load_act(act[tg], A, tok0 + 8 * tg + g, M, K, (c + 1) * 64 + 16 * t, a_vec);
                     }
-                if (c + P < c_hi)
-                    qk_load_chunk<BITS, R>(w[j], sz[j], wrow, rows, scales, zp, c + P, t, cpb_shift, n_chunks, k_blocks,
-                                           zp_bytes, zp_kind);
-                if (!act_smem && c + 1 < c_hi) {
-#pragma unroll
-                    for (int tg = 0; tg < T; ++tg)
-                        qk_load_act(act[tg], A, tok0 + 8 * tg + g, M, K, (c + 1) * 64 + 16 * t, a_vec);
-                }
 #ifdef QK_DIAG_LOADS_ONLY /* bench diagnostic: the loads and a trivial use of them, no arithmetic */
 #pragma unroll
-                for (int r = 0; r < R; ++r)
-                    acc[r * T * 4] += (float)(wc[r][0][0] ^ wc[r][1][WPR - 1] ^ szc[r][0] ^ szc[r][1] ^ bf[0][0][0]);
-                (void)zconst;
+                    for (int r = 0; r < R; ++r)
+                        acc[r * T * 4] += (float)(wc[r][0][0] ^ wc[r][1][WPR - 1] ^ szc[r][0] ^ szc[r][1] ^
+                                                  bf[0][0][0]);
+                    (void)zconst;
 #else
-                const qk_u32 ones[4] = {0x3C003C00u, 0x3C003C00u, 0x3C003C00u, 0x3C003C00u};
-                float asum[T][4];
+                    const qk_u32 ones[4] = {0x3C003C00u, 0x3C003C00u, 0x3C003C00u, 0x3C003C00u};
+                    float asum[T][4];
 #pragma unroll
-                for (int tg = 0; tg < T; ++tg) {
+                    for (int tg = 0; tg < T; ++tg) {
 #pragma unroll
-                    for (int i = 0; i < 4; ++i) asum[tg][i] = 0.0f;
+                        for (int i = 0; i < 4; ++i) asum[tg][i] = 0.0f;
 #pragma unroll
-                    for (int m = 0; m < 4; ++m) qk_mma_16816(asum[tg], ones, bf[tg][m]);
-                }
-#pragma unroll
-                for (int r = 0; r < R; ++r) {
-                    float d[T][4], sc[2], cc[2];
-                    qk_unpack_sz(szc[r][0], zconst, zp_kind, &sc[0], &cc[0]);
-                    qk_unpack_sz(szc[r][1], zconst, zp_kind, &sc[1], &cc[1]);
-#pragma unroll
-                    for (int tg = 0; tg < T; ++tg)
-#pragma unroll
-                        for (int i = 0; i < 4; ++i) d[tg][i] = 0.0f;
-#pragma unroll
-                    for (int m = 0; m < 4; ++m) {
-                        qk_u32 a[4];
-                        qk_weight_pairs<BITS>(wc[r][0], m, &a[0], &a[2]);
-                        qk_weight_pairs<BITS>(wc[r][1], m, &a[1], &a[3]);
-#pragma unroll
-                        for (int tg = 0; tg < T; ++tg) qk_mma_16816(d[tg], a, bf[tg][m]);
+                        for (int m = 0; m < 4; ++m) qk_mma_16816(asum[tg], ones, bf[tg][m]);
                     }
 #pragma unroll
-                    for (int tg = 0; tg < T; ++tg)
+                    for (int r = 0; r < R; ++r) {
+                        float d[T][4], sc[2], cc[2];
+                        qk_unpack_sz(szc[r][0], zconst, zp_kind, &sc[0], &cc[0]);
+                        qk_unpack_sz(szc[r][1], zconst, zp_kind, &sc[1], &cc[1]);
 #pragma unroll
-                        for (int i = 0; i < 4; ++i) {
-                            float& x = acc[(r * T + tg) * 4 + i];
-                            x = fmaf(sc[i >> 1], d[tg][i], x);
-                            x = fmaf(cc[i >> 1], asum[tg][i & 1], x);
+                        for (int tg = 0; tg < T; ++tg)
+#pragma unroll
+                            for (int i = 0; i < 4; ++i) d[tg][i] = 0.0f;
+#pragma unroll
+                        for (int m = 0; m < 4; ++m) {
+                            qk_u32 a[4];
+                            qk_weight_pairs<BITS>(wc[r][0], m, &a[0], &a[2]);
+                            qk_weight_pairs<BITS>(wc[r][1], m, &a[1], &a[3]);
+#pragma unroll
+                            for (int tg = 0; tg < T; ++tg) qk_mma_16816(d[tg], a, bf[tg][m]);
                         }
-                }
+#pragma unroll
+                        for (int tg = 0; tg < T; ++tg)
+#pragma unroll
+                            for (int i = 0; i < 4; ++i) {
+                                float& x = acc[(r * T + tg) * 4 + i];
+                                x = fmaf(sc[i >> 1], d[tg][i], x);
+                                x = fmaf(cc[i >> 1], asum[tg][i & 1], x);
+                            }
+                    }
 #endif
+                }
             }
         }
     }
