@@ -118,3 +118,18 @@ def test_every_mma_shape_is_instantiated() -> None:
     for shape in (*MMA_SHAPES.values(), *MMA_DECODE_CANDIDATES):
         for bits in (2, 4):
             assert shape.symbol(bits) in made, shape
+
+
+def test_mma_k_split_keeps_one_wave() -> None:
+    """The decode K split for 5120 x 17920 (r=2: 560 items of 32 rows, 80 chunks) on 132 SMs:
+    with 126 registers (rounded to 128) a CTA of 2 warps fits 8 per SM (1056 >= 560 CTAs) and of 4
+    warps only 4 (528 < 560), so 2; at 64 registers 4 warps fit 8 per SM and 8 warps 4 (528 < 560);
+    a fixed wk is returned as is; at least 2p chunks per warp bound it for short K."""
+    from qconform.device.registry import MmaShape
+
+    shape = MmaShape(r=2, t=1, p=2, warps_per_sm=64)
+    assert shape.k_split(560, 80, 126, 132) == 2
+    assert shape.k_split(560, 80, 64, 132) == 4
+    assert MmaShape(r=2, t=1, p=2, wk=8).k_split(560, 80, 126, 132) == 8
+    assert shape.k_split(560, 7, 64, 132) == 1  # 7 chunks < 2 x 2 x 2
+    assert MmaShape(r=2, t=1, p=2, warps_per_sm=16).k_split(560, 80, 64, 132) == 2  # 560 x 4 > 16 x 132

@@ -116,7 +116,8 @@ def _mma_ok(B: Any, bits: int, block_size: int, a16: bool, zp_kind: int, z16: in
 ACT_SMEM_LIMIT = 48 * 1024  # activations staged in shared memory up to this (CuPy's default dynamic limit)
 
 
-def _launch_mma(bits: int, M: int, lay: Any, args: tuple, a_vec: bool) -> None:
+def _launch_mma(bits: int, M: int, lay: Any, ptrs: tuple, zps: Any, kind: Any, has_bias: bool, a_vec: bool) -> None:
+    """The matrix-unit kernel; ``ptrs`` = (A, B, scales, zero points, bias, Y)."""
     shape = MMA_SHAPES["decode" if M <= 8 else "prefill"]
     items = -(-lay.N // (16 * shape.r)) * -(-M // (8 * shape.t))
     n_chunks = -(-lay.K // 64)
@@ -127,10 +128,11 @@ def _launch_mma(bits: int, M: int, lay: Any, args: tuple, a_vec: bool) -> None:
     red = wk * shape.wi * shape.r * shape.t * 4 * 32 * 4 if wk > 1 else 0
     staged = min(M, 8 * shape.t) * n_chunks * 64 * 2
     act_smem = shape.wi == 1 and staged <= ACT_SMEM_LIMIT
-    smem = max(red, staged if act_smem else 0)
-    cpb_shift = (lay.block_size // 64).bit_length() - 1
-    kargs = (*args[:10], np.int32(cpb_shift), *args[11:], np.int32(a_vec), np.int32(act_smem), np.int32(wk))
-    _launch_grid("matmul_nbits", shape.symbol(bits), grid, 32 * wk * shape.wi, (*kargs, np.int32(shape.wi)), smem)
+    A, B, scales, zp, bias, y = ptrs
+    sizes = (M, lay.K, lay.N, (lay.block_size // 64).bit_length() - 1, lay.k_blocks, lay.zp_bytes, kind, has_bias)
+    flags = (a_vec, act_smem, wk, shape.wi)
+    args = (A, B, scales, zp, zps, bias, y, *(np.int32(v) for v in (*sizes, *flags)))
+    _launch_grid("matmul_nbits", shape.symbol(bits), grid, 32 * wk * shape.wi, args, max(red, staged * act_smem))
 
 
 def _zp_args(zero_points: Any, lay, form: str, B: Any) -> tuple[Any, float, int, int]:
@@ -220,8 +222,9 @@ def matmul_nbits(
         _launch("matmul_nbits", "qk_nbits_gemv_int8", M * lay.N * 32, (*args, np.int32(bias is not None)))
         return y
     if _mma_ok(B, bits, block_size, bool(a16), int(kind_), int(z16)) and M > 0 and lay.N > 0:
-        args = (A, B, scales, zp, zps, A if bias is None else bias, y, np.int32(M), K_, N_, bs_, kb_, zpb_, kind_)
-        _launch_mma(bits, M, lay, (*args, np.int32(bias is not None)), lay.K % 8 == 0 and A.data.ptr % 16 == 0)
+        ptrs = (A, B, scales, zp, A if bias is None else bias, y)
+        a_vec = lay.K % 8 == 0 and A.data.ptr % 16 == 0
+        _launch_mma(bits, M, lay, ptrs, zps, int(kind_), bias is not None, a_vec)
         return y
     _launch(
         "matmul_nbits",

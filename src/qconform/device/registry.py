@@ -115,9 +115,9 @@ def parse_source_spec(spec: str) -> tuple[Path, str, Geometry]:
 class MmaShape:
     """The matrix-unit MatMulNBits kernel's work split: a warp owns ``r`` tiles of 16 rows x ``t``
     groups of 8 tokens and keeps ``p`` K chunks of weights in flight, compiled for ``o`` CTAs of
-    256 threads per SM (its register cap); ``wk`` warps split one such
-    item's K chunks (partial sums added in shared memory, in warp order; 0: as many as bring the
-    launch to ``warps_per_sm`` warps per SM, at most 8); ``wi`` items per CTA."""
+    256 threads per SM (its register cap); ``wk`` warps split one such item's K chunks (partial
+    sums added in shared memory, in warp order; 0: as many as bring the launch to
+    ``warps_per_sm`` warps per SM, at most 8); ``wi`` items per CTA."""
 
     r: int
     t: int
