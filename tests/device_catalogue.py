@@ -172,11 +172,8 @@ def run_mutant(m: DeviceMutant, built: dict[str, Path], coverage: int = 1):
         return run_leaf(impl, op, leaf, prepared)
     from qconform.device import ort_launch
 
-    ort_launch.OPTIONS = tuple(m.options.split())
-    try:
+    with ort_launch.compile_options(*m.options.split()):
         return run_leaf(impl, op, leaf, prepared)
-    finally:
-        ort_launch.OPTIONS = ()
 
 
 def verdict(m: DeviceMutant, result) -> tuple[bool, str]:

@@ -5,6 +5,7 @@ together exceed the L2 several times; launches are queued back to back and timed
 
 from __future__ import annotations
 
+import functools
 import statistics
 from dataclasses import dataclass, replace
 from typing import Any
@@ -45,11 +46,15 @@ extern "C" __global__ void qk_spin(long long cycles) {
 """
 
 
+@functools.cache
+def _spin_kernel() -> Any:
+    return cupy.RawKernel(_SPIN, "qk_spin")
+
+
 def _spin(cycles: int = 20_000_000) -> None:
     """Keep the GPU busy (~10 ms) while the host queues the timed launches, so that they run back
     to back and the events time the device, not Python's launch path."""
-    kernel = cupy.RawKernel(_SPIN, "qk_spin")
-    kernel((1,), (1,), (np.int64(cycles),))
+    _spin_kernel()((1,), (1,), (np.int64(cycles),))
 
 
 def _median_time(launch, n_sets: int, reps: int, batches: int = 5) -> float:
@@ -187,11 +192,8 @@ def bench_gemv(K: int = 5120, N: int = 17920, reps: int = 50) -> list[tuple[str,
         ("-DQK_DIAG_LOADS_ONLY", "loads only, no arithmetic"),
         ("-DQK_DIAG_NO_LOADS", "no weight loads"),
     ):
-        ort_launch.OPTIONS = (define, "-DQK_MMA_DEFAULT_ONLY")
-        try:
+        with ort_launch.compile_options(define, "-DQK_MMA_DEFAULT_ONLY"):
             t, frac = time_gemv(2, a16)
-        finally:
-            ort_launch.OPTIONS = ()
         print(f"  {what}: {t.seconds * 1e6:.1f} us {frac:.0%}")
 
     out = []

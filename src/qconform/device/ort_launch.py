@@ -9,8 +9,9 @@ C-contiguity of every device array and the ``out`` buffer's shape and dtype.
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import cupy
 import numpy as np
@@ -66,7 +67,19 @@ def _out(out: Any, shape: tuple[int, ...], dtype: np.dtype, *inputs: Any) -> Any
 
 
 _BIND: list[list[tuple[Any, int, int, int, tuple]]] = []  # launches recorded by bound(), not run
-OPTIONS: tuple[str, ...] = ()  # extra compile options (tests: -DQK_MMA_EMULATE, the portable mma)
+OPTIONS: tuple[str, ...] = ()  # extra compile options, set through compile_options()
+
+
+@contextlib.contextmanager
+def compile_options(*options: str) -> Iterator[None]:
+    """Build and launch this module's kernels with extra compile options inside the block (the
+    device mutants' and controls' -D hooks, the bench's diagnostic builds)."""
+    global OPTIONS
+    saved, OPTIONS = OPTIONS, tuple(options)
+    try:
+        yield
+    finally:
+        OPTIONS = saved
 
 
 def _launch(op: str, symbol: str, n_threads: int, args: tuple) -> None:
