@@ -8,6 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KERNELS=src/qconform/device/kernels
+INCLUDES="-I$KERNELS -I$KERNELS/common"
 export HIP_PLATFORM=amd
 
 install_hipcc() {
@@ -41,25 +42,25 @@ compile() {  # label, command...
 
 # -Wno-pass-failed: on AMD the matrix-unit GEMM runs qk_mma_16816's shuffle form, and clang may
 # decline to fully unroll the prefill shape's loop nest (code size): a speed matter, not a wrong result.
-for src in "$KERNELS"/*.hip tests/device_mutants/*.hip; do
+for src in "$KERNELS"/*/*.hip tests/device_mutants/*.hip; do
   if [ "$amd" = 1 ]; then
     for arch in gfx90a gfx1030; do
-      compile "$src for $arch" hipcc --genco --offload-arch="$arch" -Werror -Wall -Wno-pass-failed -I"$KERNELS" \
+      compile "$src for $arch" hipcc --genco --offload-arch="$arch" -Werror -Wall -Wno-pass-failed $INCLUDES \
         -o "$tmp/k.co" "$src"
     done
   fi
-  compile "$src for sm_90" nvcc -cubin -arch=sm_90 -Werror all-warnings -I"$KERNELS" -x cu -o "$tmp/k.cubin" "$src"
+  compile "$src for sm_90" nvcc -cubin -arch=sm_90 -Werror all-warnings $INCLUDES -x cu -o "$tmp/k.cubin" "$src"
 done
 for src in examples/so_launcher/*.cu; do
   if [ "$amd" = 1 ]; then
-    compile "$src (shared library) for gfx90a" hipcc -shared -fPIC --offload-arch=gfx90a -x hip -Werror -I"$KERNELS" \
+    compile "$src (shared library) for gfx90a" hipcc -shared -fPIC --offload-arch=gfx90a -x hip -Werror $INCLUDES \
       -o "$tmp/l.so" "$src"
   fi
   compile "$src (shared library) for sm_90" nvcc --cudart shared -shared -Xcompiler -fPIC -arch=sm_90 \
-    -Werror all-warnings -I"$KERNELS" -o "$tmp/l.so" "$src"
+    -Werror all-warnings $INCLUDES -o "$tmp/l.so" "$src"
 done
 for src in tests/device_mutants/*.cu; do  # CUDA-only test launchers
   compile "$src (shared library) for sm_90" nvcc --cudart shared -shared -Xcompiler -fPIC -arch=sm_90 \
-    -Werror all-warnings -I"$KERNELS" -o "$tmp/l.so" "$src"
+    -Werror all-warnings $INCLUDES -o "$tmp/l.so" "$src"
 done
 echo "compile-kernels: $n compiles passed ($([ "$amd" = 1 ] && echo "gfx90a, gfx1030 and sm_90" || echo "sm_90 only: AMD SKIPPED"))"

@@ -33,7 +33,7 @@ class DeviceMutant:
     @property
     def is_ort(self) -> bool:
         """qconform's own ORT kernels (--impl cupy) compiled with ``options`` (-D defines)."""
-        return self.source == "ort_quant.hip"
+        return self.source == "ort/nbits_mma.hip"
 
     def path(self) -> Path:
         if self.is_ort:
@@ -74,7 +74,7 @@ HIP_MUTANTS = (
     ),
     DeviceMutant(
         "control: coop kernel, 64-thread CTAs",
-        "src/qconform/device/kernels/ggml_quant.hip",
+        "src/qconform/device/kernels/ggml/q8_quant.hip",
         "qk_q8_k_quant_coop",
         ":lanes=8:threads=64",
         "q8_k_quant",
@@ -120,7 +120,7 @@ SO_MUTANTS = (
 
 def _mma(name: str, define: str, caught_by: str | None, leaf: str = "Xfp16_Wu2_Yfp16") -> DeviceMutant:
     options = f"{define} -DQK_MMA_DEFAULT_ONLY"  # the launcher's shapes only: a faster build
-    return DeviceMutant(name, "ort_quant.hip", "", options, "matmul_nbits", caught_by, leaf=leaf, coverage=2)
+    return DeviceMutant(name, "ort/nbits_mma.hip", "", options, "matmul_nbits", caught_by, leaf=leaf, coverage=2)
 
 
 ORT_MUTANTS = (
@@ -170,7 +170,7 @@ def run_mutant(m: DeviceMutant, built: dict[str, Path], coverage: int = 1):
     prepared = [Prepared.from_case(op, c, impl.ftz) for c in op.cases(leaf, max(coverage, m.coverage))]
     if not m.is_ort:
         return run_leaf(impl, op, leaf, prepared)
-    from qconform.device import ort_launch
+    from qconform.device import ort as ort_launch
 
     with ort_launch.compile_options(*m.options.split()):
         return run_leaf(impl, op, leaf, prepared)

@@ -54,7 +54,7 @@ def test_device_mutant(m: DeviceMutant, built: dict) -> None:
 def test_launcher_rejects_before_launch() -> None:
     import cupy
 
-    from qconform.device import launch
+    from qconform.device.ggml import q8_quant as launch
 
     x = cupy.ones((2, 300), cupy.float32)
     out = cupy.full((2, 2 * 292), 0xA5, cupy.uint8)
@@ -77,7 +77,7 @@ def test_launcher_rejects_before_launch() -> None:
 def test_launcher_uses_the_callers_stream() -> None:
     import cupy
 
-    from qconform.device import launch
+    from qconform.device.ggml import q8_quant as launch
     from qconform.oracles.ggml import quantize
 
     x = np.random.default_rng(3).standard_normal((64, 4096)).astype(np.float32)
@@ -92,7 +92,7 @@ def test_launcher_uses_the_callers_stream() -> None:
 def test_zero_rows_launch_nothing() -> None:
     import cupy
 
-    from qconform.device import launch
+    from qconform.device.ggml import q8_quant as launch
 
     assert launch.quantize(cupy.ones((0, 256), cupy.float32), "Q8_K").shape == (0, 292)
 
@@ -119,9 +119,9 @@ def test_ort_kernel_passes_every_property(op_name: str, leaf: str) -> None:
 def test_qswiglu_fused_equals_unfused_and_counts_steps(dtype: str) -> None:
     import cupy
 
-    from qconform.device import ort_launch
+    from qconform.device import ort as ort_launch
     from qconform.ops import Case
-    from qconform.ops.ort_ops import _swiglu_call, _swiglu_inputs
+    from qconform.ops.ort.qswiglu import _swiglu_call, _swiglu_inputs
     from qconform.oracles.ort import qswiglu
 
     leaf = "Xu16_Yu16" if dtype == "uint16" else "Xu8_Yu8"

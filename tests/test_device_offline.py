@@ -10,7 +10,7 @@ import pytest
 from device_catalogue import ALL
 
 from qconform.device.errstate import mapped_runtimes
-from qconform.device.registry import KERNELS, Geometry, check_grid, kernel_for, parse_source_spec
+from qconform.device.registry import COMMON_DIR, KERNELS, Geometry, check_grid, kernel_for, parse_source_spec
 from qconform.device.solib import build_command
 from qconform.errors import ArgumentError
 from qconform.ops import CATALOGUE
@@ -30,7 +30,7 @@ def test_every_device_mutant_symbol_exists() -> None:
     for m in ALL:
         text = m.path().read_text()
         if m.is_ort:
-            text += (m.path().parent / "qk_portable.h").read_text()
+            text += (COMMON_DIR / "qk_portable.h").read_text()
             for define in m.options.split():
                 assert define.startswith("-D") and define[2:] in text, m.name
         elif m.is_so:
@@ -106,7 +106,7 @@ def test_every_mma_shape_is_instantiated() -> None:
 
     from qconform.device.registry import KERNEL_DIR, MMA_DECODE_CANDIDATES, MMA_SHAPES
 
-    text = (KERNEL_DIR / "ort_quant.hip").read_text()
+    text = (KERNEL_DIR / "ort/nbits_mma.hip").read_text()
     made = {
         f"qk_nbits_mma_u{b}_r{r}_t{t}_p{p}_o{o}"
         for r, t, p, o in re.findall(r"QK_NBITS_MMA\(BITS, (\d+), (\d+), (\d+), (\d+)\)", text)

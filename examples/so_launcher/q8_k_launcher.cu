@@ -13,7 +13,7 @@
  * The error-state rule it follows: launch with cudaLaunchKernel / hipLaunchKernel and return THAT
  * status. Never call cudaGetLastError()/hipGetLastError(): it would return (and swallow) an error
  * the caller left pending, reporting it as this launch's. */
-#include "ggml_quant.hip"
+#include "ggml/q8_quant.hip"
 
 #if defined(QK_HIP)
 typedef hipStream_t qk_stream_t;

@@ -13,7 +13,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import seed as hseed
 
-from qconform.impls import Implementation
+from qconform.impls.protocol import Implementation
 from qconform.ops import Case, OpSpec
 from qconform.properties.checks import Outcome, Prepared, matches_oracle, rejects_bad_arguments, writes_every_output
 from qconform.properties.profiles import load_profile

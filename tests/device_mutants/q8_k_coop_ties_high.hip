@@ -2,4 +2,4 @@
  * the sign of d flips when the largest |x| occurs with both signs in different lanes.
  * Launch: qk_q8_k_quant_coop, lanes=8. */
 #define QK_COOP_TIE_LOWER(mine, other) ((other) > (mine))
-#include "ggml_quant.hip"
+#include "ggml/q8_quant.hip"

@@ -3,7 +3,7 @@
  * __syncthreads() between writing and reading the partial maxima and must pass;
  * mutant_q8k_smem_amax_race leaves it out (a race) and must be caught. Lane l quantizes values
  * 32l..32l+31, so its two bsums are its own. Launch: lanes=8, threads=256. */
-#include "ggml_quant.hip"
+#include "ggml/q8_quant.hip"
 
 template <bool BARRIER>
 __device__ __forceinline__ void smem_amax_body(const void* in, void* out, qk_i64 n_blocks) {

@@ -7,4 +7,4 @@ __device__ __forceinline__ int mutant_round_away(float f, float src) {
     return fabsf(f) < 1073741824.0f ? (int)roundf(f) : 0;
 }
 #define QK_Q8K_ROUND mutant_round_away
-#include "ggml_quant.hip"
+#include "ggml/q8_quant.hip"

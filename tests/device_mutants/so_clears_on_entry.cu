@@ -1,7 +1,7 @@
 /* A launcher that clears the last error on entry by design, then reports its launch through
  * cudaGetLastError(): correct status and output, but the caller's pending error is gone. The
  * pending-error property reports it as a warning and does not fail it. */
-#include "ggml_quant.hip"
+#include "ggml/q8_quant.hip"
 
 extern "C" int qk_q8_k_quantize(const void* in, void* out, long long n_blocks, void* stream) {
     (void)cudaGetLastError();

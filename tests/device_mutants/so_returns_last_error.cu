@@ -1,6 +1,6 @@
 /* Mutant so: launcher: <<<>>> then `return cudaGetLastError()`. With a foreign error pending it
  * returns that error as its own (and swallows it): the pending-error property must fail it. */
-#include "ggml_quant.hip"
+#include "ggml/q8_quant.hip"
 
 extern "C" int qk_q8_k_quantize(const void* in, void* out, long long n_blocks, void* stream) {
     if (n_blocks <= 0) return n_blocks < 0 ? (int)cudaErrorInvalidValue : 0;

@@ -13,7 +13,8 @@ from typing import Any
 import cupy
 import numpy as np
 
-from qconform.device.launch import bind, run_kernel
+from qconform.device import registry
+from qconform.device.ggml.q8_quant import bind, run_kernel
 from qconform.device.loader import device_info, get_kernel
 from qconform.device.registry import KERNELS, KernelSpec
 from qconform.formats.ggml import FORMATS
@@ -158,7 +159,7 @@ def bench_gemv(K: int = 5120, N: int = 17920, reps: int = 50) -> list[tuple[str,
     dequantize-to-fp16 + cuBLAS (CuPy matmul) on the same sets. fp16 A/Y/scales take the
     matrix-unit kernel, fp32 the per-output one. The decode split (``MMA_SHAPES``) is tuned here:
     each candidate's time is printed first."""
-    from qconform.device import ort_launch
+    from qconform.device import ort as ort_launch
 
     copy = copy_bandwidth()
     l2 = device_info().l2_bytes
@@ -179,14 +180,14 @@ def bench_gemv(K: int = 5120, N: int = 17920, reps: int = 50) -> list[tuple[str,
         timing = Timing(f"u{bits} {a.dtype}", b.nbytes + s.nbytes * a.itemsize // 2 + a.nbytes + y.nbytes, t)
         return timing, timing.gbps / copy.gbps
 
-    default = ort_launch.MMA_SHAPES["decode"]
+    default = registry.MMA_SHAPES["decode"]
     print(f"decode split candidates, u2 fp16 M=1 {K}x{N} (r x 16 rows, p chunks in flight, warps/SM): us, of copy")
     for shape in _candidates():
-        ort_launch.MMA_SHAPES["decode"] = shape
+        registry.MMA_SHAPES["decode"] = shape
         t, frac = time_gemv(2, a16)
         wk = f"r={shape.r} p={shape.p} o={shape.o} warps/SM={shape.warps_per_sm}"
         print(f"  {wk}: {t.seconds * 1e6:.1f} us {frac:.0%}")
-    ort_launch.MMA_SHAPES["decode"] = default
+    registry.MMA_SHAPES["decode"] = default
     print("diagnostics (wrong results, timing only), default shape:")
     for define, what in (
         ("-DQK_DIAG_LOADS_ONLY", "loads only, no arithmetic"),
@@ -222,7 +223,7 @@ def bench_gemv(K: int = 5120, N: int = 17920, reps: int = 50) -> list[tuple[str,
 def bench_prefill(M: int = 2048, K: int = 5120, N: int = 17920, reps: int = 5) -> tuple[float, float]:
     """MatMulNBits prefill (fp16, u2, block 64) against dequantize-to-fp16 + cuBLAS: TFLOP/s
     and the ratio (warm: weights and activations fit the L2 together)."""
-    from qconform.device import ort_launch
+    from qconform.device import ort as ort_launch
 
     ((b, s),) = _nbits_sets(K, N, 2, 64, 1, 7)
     a = cupy.random.default_rng(1).standard_normal((M, K), dtype=cupy.float32).astype(cupy.float16)

@@ -15,6 +15,7 @@ from pathlib import Path
 from qconform.errors import ArgumentError
 
 KERNEL_DIR = Path(__file__).parent / "kernels"
+COMMON_DIR = KERNEL_DIR / "common"  # headers every kernel may include (on the include path)
 MAX_GRID_X = 2**31 - 1
 
 
@@ -46,7 +47,7 @@ KERNELS: tuple[KernelSpec, ...] = (
         "q8_k_quant",
         "coop",
         "qk_q8_k_quant_coop",
-        "ggml_quant.hip",
+        "ggml/q8_quant.hip",
         Geometry(8, 256),
         "8 lanes per super-block, shuffle amax (ties to the lower index)",
     ),
@@ -54,15 +55,22 @@ KERNELS: tuple[KernelSpec, ...] = (
         "q8_k_quant",
         "ref",
         "qk_q8_k_quant_ref",
-        "ggml_quant.hip",
+        "ggml/q8_quant.hip",
         Geometry(1, 32),
         "one thread per super-block in the reference order, chunks staged through shared memory",
     ),
     KernelSpec(
-        "q8_0_quant", "coop", "qk_q8_0_quant", "ggml_quant.hip", Geometry(2, 256), "2 lanes per block, ordered MAX scan"
+        "q8_0_quant",
+        "coop",
+        "qk_q8_0_quant",
+        "ggml/q8_quant.hip",
+        Geometry(2, 256),
+        "2 lanes per block, ordered MAX scan",
     ),
-    KernelSpec("q8_k_dequant", "coop", "qk_q8_k_dequant", "ggml_quant.hip", Geometry(64, 256), "a float4 per thread"),
-    KernelSpec("q8_0_dequant", "coop", "qk_q8_0_dequant", "ggml_quant.hip", Geometry(8, 256), "a float4 per thread"),
+    KernelSpec(
+        "q8_k_dequant", "coop", "qk_q8_k_dequant", "ggml/q8_quant.hip", Geometry(64, 256), "a float4 per thread"
+    ),
+    KernelSpec("q8_0_dequant", "coop", "qk_q8_0_dequant", "ggml/q8_quant.hip", Geometry(8, 256), "a float4 per thread"),
 )
 
 VARIANTS = tuple(dict.fromkeys(k.variant for k in KERNELS))

@@ -1,4 +1,5 @@
-"""Build a ``so:`` launcher library from a CUDA/HIP source, with ``kernels/`` on the include path.
+"""Build a ``so:`` launcher library from a CUDA/HIP source, with ``kernels/`` and
+``kernels/common`` on the include path.
 
 NVIDIA: ``nvcc --cudart shared`` so the library shares the process's one ``libcudart.so`` (the
 pending-error property plants its error there; a static cudart would give the library a private
@@ -12,13 +13,13 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from qconform.device.registry import KERNEL_DIR
+from qconform.device.registry import COMMON_DIR, KERNEL_DIR
 from qconform.errors import ArgumentError
 
 
 def build_command(source: Path, output: Path, *, vendor: str, arch: str) -> list[str]:
     """The compiler command for ``vendor`` ``"nvidia"`` (arch ``sm_90``) or ``"amd"`` (``gfx90a``)."""
-    include = f"-I{KERNEL_DIR}"
+    include = (f"-I{KERNEL_DIR}", f"-I{COMMON_DIR}")
     if vendor == "nvidia":
         nvcc = shutil.which("nvcc")
         rpath = Path(nvcc).resolve().parent.parent / "lib64" if nvcc else None  # find libcudart.so at run time
@@ -33,7 +34,7 @@ def build_command(source: Path, output: Path, *, vendor: str, arch: str) -> list
             f"-arch={arch}",
             "-Werror",
             "all-warnings",
-            include,
+            *include,
             "-o",
             str(output),
             str(source),
@@ -47,7 +48,7 @@ def build_command(source: Path, output: Path, *, vendor: str, arch: str) -> list
             "-x",
             "hip",
             "-Werror",
-            include,
+            *include,
             "-o",
             str(output),
             str(source),

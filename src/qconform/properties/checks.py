@@ -16,7 +16,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from qconform.errors import ArgumentError
-from qconform.impls import Implementation
+from qconform.impls.protocol import Implementation
 from qconform.ops import Case, OpSpec
 from qconform.properties.compare import compare
 

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from qconform.impls import Implementation
+from qconform.impls.protocol import Implementation
 from qconform.ops import OpSpec
 from qconform.properties.checks import (
     DEFAULT_REPEAT_CALLS,

@@ -15,9 +15,9 @@ import numpy as np
 from numba import njit, prange
 
 from qconform.formats.fp16 import fp16_bits_to_fp32, fp32_bits_to_fp16_bits_nb, fp32_to_fp16_bits
+from qconform.formats.ftz import flush
 from qconform.formats.ggml import Q8_0
 from qconform.oracles.ggml.rounding import (
-    flush,
     flush_nb,
     roundf_to_int8,
     roundf_to_int8_nb,

@@ -17,10 +17,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from qconform.formats.ftz import flush
 from qconform.formats.ggml import Q8_K
 from qconform.oracles.ggml.rounding import (
     MAGIC,
-    flush,
     flush_nb,
     int_to_int8,
     nearest_int,

@@ -20,19 +20,12 @@ import math
 import numpy as np
 from numba import njit, prange
 
-F32_MIN_NORMAL = np.float32(1.1754943508222875e-38)
+from qconform.formats.ftz import F32_MIN_NORMAL
+
 MAGIC = np.float32(12582912.0)  # 1.5 * 2^23
 TWO31 = np.float32(2147483648.0)
 JUST_BELOW_HALF = np.nextafter(np.float32(0.5), np.float32(0))
 
-
-def flush(v: np.ndarray, ftz: bool) -> np.ndarray:
-    """Flush fp32 subnormals to a zero of the same sign when ``ftz``; identity otherwise."""
-    v = np.asarray(v, dtype=np.float32)
-    if not ftz:
-        return v
-    tiny = (np.abs(v) < F32_MIN_NORMAL) & (v != 0)
-    return np.where(tiny, np.copysign(np.float32(0), v), v).astype(np.float32)
 
 
 def nearest_int(f: np.ndarray, src: np.ndarray) -> np.ndarray:

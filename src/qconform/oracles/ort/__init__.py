@@ -6,13 +6,20 @@ int8 activation path), ``gather_block_quantized``, ``qdq`` (QuantizeLinear, Dequ
 fake quantization), ``qswiglu`` (the quantized SwiGLU chain), ``packing`` (low-bits-first).
 """
 
-from qconform.oracles.ort.gather_block_quantized import gather_block_quantized
-from qconform.oracles.ort.matmul_nbits import check_nbits_args, dequantize_nbits, matmul_nbits
+from qconform.oracles.ort._out import check_out
+from qconform.oracles.ort.gather_block_quantized import check_gather_args, gather_block_quantized
+from qconform.oracles.ort.matmul_nbits import check_a, check_nbits_args, dequantize_nbits, matmul_nbits
 from qconform.oracles.ort.packing import pack_bits, unpack_bits
-from qconform.oracles.ort.qdq import dequantize_linear, fake_quantize, quantize_linear
-from qconform.oracles.ort.qswiglu import qswiglu, sigmoid_fp32
+from qconform.oracles.ort.qdq import check_fake_quantize_args, dequantize_linear, fake_quantize, quantize_linear
+from qconform.oracles.ort.qswiglu import check_activations, check_qparams, qswiglu, sigmoid_fp32
 
 __all__ = [
+    "check_a",
+    "check_activations",
+    "check_fake_quantize_args",
+    "check_gather_args",
+    "check_out",
+    "check_qparams",
     "check_nbits_args",
     "dequantize_linear",
     "dequantize_nbits",

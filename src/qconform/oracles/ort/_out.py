@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from qconform.errors import ArgumentError
-from qconform.oracles.ggml.rounding import flush
+from qconform.formats.ftz import flush
 
 
 def check_out(out: object, shape: tuple[int, ...], dtype: np.dtype, *inputs: object) -> None:

@@ -41,7 +41,9 @@ def _logical(raw: np.ndarray, data_type: str, shape: tuple[int, ...], bits: int)
     return flat.reshape(shape)
 
 
-def _check(data, indices, scales, zero_points, bits, block_size, gather_axis, quantize_axis, data_type, data_shape):
+def check_gather_args(
+    data, indices, scales, zero_points, bits, block_size, gather_axis, quantize_axis, data_type, data_shape
+):
     if data_type not in DATA_TYPES:
         raise ArgumentError(f"data_type: must be one of {DATA_TYPES}, got {data_type!r}")
     if not isinstance(data, np.ndarray) or data.dtype != np.uint8:
@@ -102,7 +104,7 @@ def gather_block_quantized(
     ftz: bool = False,
 ) -> np.ndarray:
     """Gather then dequantize (see the module docstring); output dtype = scales.dtype."""
-    shape, gax, qax, blocks = _check(
+    shape, gax, qax, blocks = check_gather_args(
         data, indices, scales, zero_points, bits, block_size, gather_axis, quantize_axis, data_type, data_shape
     )
     if out_of_range not in ("zero", "error"):

@@ -184,7 +184,7 @@ def _dequantize(B, scales, zero_points, g_idx, lay: NBitsLayout, form: str, ort_
         return ((q - z).astype(np.float32) * s).astype(np.float32)
 
 
-def _check_a(A: object, bias: object, lay: NBitsLayout) -> np.ndarray:
+def check_a(A: object, bias: object, lay: NBitsLayout) -> np.ndarray:
     a = _array("A", A, FLOAT_TYPES)
     if a.ndim < 1 or a.shape[-1] != lay.K:
         raise ArgumentError(f"A: the last dimension must be K = {lay.K}, got shape {a.shape}")
@@ -229,7 +229,7 @@ def matmul_nbits(
 ) -> np.ndarray:
     """Y (..., N) = A (..., K) @ W^T (+ bias), in A's dtype (see the module docstring)."""
     lay = check_nbits_args(B, scales, zero_points, g_idx, K=K, N=N, bits=bits, block_size=block_size, form=form)
-    a = _check_a(A, bias, lay)
+    a = check_a(A, bias, lay)
     check_out(out, (*a.shape[:-1], lay.N), a.dtype, A, B, scales, zero_points, bias)
     if accuracy_level not in (0, 1, 2, 3, 4):
         raise ArgumentError(f"accuracy_level: must be 0..4, got {accuracy_level!r}")

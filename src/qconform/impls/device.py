@@ -17,9 +17,9 @@ import cupy
 import numpy as np
 
 from qconform.device import errstate
-from qconform.device.launch import bind, run_kernel, run_op
+from qconform.device.ggml.q8_quant import bind, run_kernel, run_op
 from qconform.device.loader import device_info, get_kernel
-from qconform.device.ort_launch import DEVICE_FUNCTIONS as ORT_FUNCTIONS
+from qconform.device.ort import DEVICE_FUNCTIONS as ORT_FUNCTIONS
 from qconform.device.registry import KERNELS, VARIANTS, parse_source_spec
 from qconform.errors import ArgumentError, DeviceError
 from qconform.ops import OpSpec

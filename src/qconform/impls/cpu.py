@@ -1,6 +1,4 @@
-"""The Implementation protocol and the ways to load one.
-
-Built in: ``oracle`` (numba twin) and ``oracle-numpy`` (the readable spec).
+"""CPU implementations: built in, ``oracle`` (numba twin) and ``oracle-numpy`` (the readable spec).
 Loadable: ``py:module:callable`` or ``py:path/to/file.py:callable`` -- a drop-in replacement for an
 op's oracle function (same arguments, same return; ``out=`` is passed when the callable accepts it).
 The ops a ``py:`` callable applies to: ``--ops``, else its ``__qconform_ops__`` attribute, else
@@ -14,53 +12,15 @@ import functools
 import importlib
 import importlib.util
 import inspect
-import platform
 import sys
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 import numpy as np
 
 from qconform.errors import ArgumentError
+from qconform.impls.protocol import cpu_arch
 from qconform.ops import CATALOGUE, OpSpec
-
-
-class Implementation(Protocol):
-    name: str
-    arch: str
-    accepts_out: bool
-    on_device: bool
-    guessed: bool  # the ops it applies to were guessed: a first call that raises means "not this op"
-    ftz: bool  # computes with fp32 subnormals flushed: compared with the oracles' ftz=True
-    l2_bytes: int  # last-level cache the repeat sets must exceed (0 on the CPU)
-
-    def applies_to(self, op: OpSpec) -> bool: ...
-
-    def stage(self, op: OpSpec, leaf: str, inputs: dict[str, np.ndarray], params: dict[str, Any]) -> Callable[[], Any]:
-        """Inputs made resident once; the returned function calls the op and returns a result
-        whose ``==`` means bit-identical."""
-        ...
-
-    def error_slot(self) -> tuple[Any, str]:
-        """(the runtime last-error slot this implementation reports through, or None and why)."""
-        ...
-
-    def bad_call_status(self, op: OpSpec, leaf: str) -> tuple[int, str] | None:
-        """(status, detail) of a deliberately bad call at the launcher's ABI, or None."""
-        ...
-
-    def run(
-        self,
-        op: OpSpec,
-        leaf: str,
-        inputs: dict[str, np.ndarray],
-        params: dict[str, Any],
-        out: np.ndarray | None = None,
-    ) -> np.ndarray: ...
-
-
-def cpu_arch() -> str:
-    return f"cpu-{platform.machine() or 'unknown'}"
 
 
 class CallableImpl:
@@ -171,7 +131,7 @@ def load_python_callable(spec: str) -> Callable[..., Any]:
     return fn
 
 
-def _ops_for_callable(fn: Callable[..., Any], ops: list[str] | None) -> tuple[tuple[str, ...], bool]:
+def ops_for_callable(fn: Callable[..., Any], ops: list[str] | None) -> tuple[tuple[str, ...], bool]:
     """(the ops a callable replaces, whether that was guessed from its name)."""
     if ops:
         return tuple(ops), False
@@ -196,47 +156,3 @@ def guess_ops(name: str) -> tuple[str, ...]:
     return tuple(chosen)
 
 
-def device_available() -> tuple[bool, str]:
-    """(True, description) when CuPy sees a GPU; (False, reason) otherwise."""
-    try:
-        import cupy  # noqa: F401
-    except Exception as exc:  # ImportError, or a broken CUDA/ROCm install
-        return False, f"CuPy is not importable ({type(exc).__name__})"
-    try:
-        n = cupy.cuda.runtime.getDeviceCount()
-    except Exception as exc:
-        return False, f"CuPy found no device ({type(exc).__name__})"
-    if n < 1:
-        return False, "CuPy found no device"
-    return True, f"{n} device(s)"
-
-
-def load_impl(spec: str, ops: list[str] | None = None) -> Implementation:
-    """Resolve an ``--impl`` string."""
-    if spec == "oracle":
-        return OracleImpl("numba")
-    if spec == "oracle-numpy":
-        return OracleImpl("numpy")
-    if spec.startswith("py:"):
-        fn = load_python_callable(spec[3:])
-        return CallableImpl(spec, fn, *_ops_for_callable(fn, ops))
-    if spec == "cupy" or spec.startswith(("cupy:", "hip:", "so:")):
-        found, why = device_available()
-        if not found:
-            raise ArgumentError(f"impl: {spec} needs a GPU and CuPy: {why}")
-        from qconform.device.impls import load_device_impl
-
-        if spec.startswith("cupy"):
-            return load_device_impl(spec, None, False)
-        parts = spec.split(":")  # hip:PATH:SYMBOL[:options] / so:PATH:SYMBOL
-        symbol = parts[2] if len(parts) > 2 else ""
-        chosen, guessed = (tuple(ops), False) if ops else (guess_ops(symbol), True)
-        return load_device_impl(spec, chosen, guessed)
-    raise ArgumentError(
-        f"impl: unknown implementation {spec!r}; use oracle, oracle-numpy, py:module:callable, cupy[:variant], "
-        "hip:file.hip:symbol or so:lib.so:symbol"
-    )
-
-
-BUILTIN_IMPLS = ("oracle", "oracle-numpy")
-DEVICE_IMPLS = ("cupy", "cupy:coop", "cupy:ref", "hip:file.hip:symbol[:lanes=N][:threads=N]", "so:lib.so:symbol")

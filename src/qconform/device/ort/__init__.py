@@ -1,0 +1,31 @@
+"""The ONNX Runtime family's launchers, one module per op (siblings share one): the oracles'
+call shapes on CuPy arrays."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from qconform.device.ort._common import bound, compile_options
+from qconform.device.ort.fake_quantize import fake_quantize
+from qconform.device.ort.gather_block_quantized import gather_block_quantized
+from qconform.device.ort.matmul_nbits import dequantize_nbits, matmul_nbits
+from qconform.device.ort.qswiglu import qswiglu
+
+DEVICE_FUNCTIONS: dict[str, Callable[..., Any]] = {
+    "dequantize_nbits": dequantize_nbits,
+    "matmul_nbits": matmul_nbits,
+    "gather_block_quantized": gather_block_quantized,
+    "fake_quantize": fake_quantize,
+    "qswiglu": qswiglu,
+}
+
+__all__ = [
+    "DEVICE_FUNCTIONS",
+    "bound",
+    "compile_options",
+    "dequantize_nbits",
+    "fake_quantize",
+    "gather_block_quantized",
+    "matmul_nbits",
+    "qswiglu",
+]

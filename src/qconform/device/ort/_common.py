@@ -1,0 +1,117 @@
+"""What the ONNX Runtime family's launchers share: checks of device arrays, the ``out`` buffer,
+one launch per kernel (recorded instead by ``bound`` for timing), extra compile options.
+
+Every rule is checked before any launch by the oracles' own validators, run on zero-stride numpy
+stand-ins of the device arrays (dtype and shape are what they check; value-range rules that
+cannot reach device memory out of bounds are left to the kernels' definitions), plus
+C-contiguity of every device array and the ``out`` buffer's shape and dtype.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Any, Callable, Iterator
+
+import cupy
+import numpy as np
+
+from qconform.device.launch import CUPY, launch_kernel
+from qconform.device.loader import get_kernel
+from qconform.device.registry import KERNEL_DIR, Geometry, check_grid
+from qconform.errors import ArgumentError
+
+SOURCES = KERNEL_DIR / "ort"
+THREADS = 256
+
+
+def shadow(a: Any) -> Any:
+    """A numpy stand-in with a device array's dtype and shape (no copy of the data)."""
+    if a is None or isinstance(a, (np.ndarray, np.generic)):
+        return a
+    if not isinstance(a, cupy.ndarray):
+        raise ArgumentError(f"arguments must be cupy.ndarray, got {type(a).__name__}")
+    return np.broadcast_to(np.zeros((), a.dtype), a.shape)
+
+
+def contiguous(**arrays: Any) -> None:
+    """Every given array (None for an absent optional input) is a C-contiguous CuPy array: a
+    kernel takes its pointer, so a host array here would be read as a device address."""
+    for name, a in arrays.items():
+        if a is None:
+            continue
+        if not isinstance(a, cupy.ndarray):
+            raise ArgumentError(f"{name}: must be a cupy.ndarray, got {type(a).__name__}")
+        if not a.flags.c_contiguous:
+            raise ArgumentError(f"{name}: must be C-contiguous")
+
+
+def out_buffer(out: Any, shape: tuple[int, ...], dtype: np.dtype, *inputs: Any) -> Any:
+    if out is None:
+        return cupy.empty(shape, dtype)
+    if not isinstance(out, cupy.ndarray):
+        raise ArgumentError(f"out: must be a cupy.ndarray, got {type(out).__name__}")
+    if out.dtype != dtype or out.shape != tuple(shape):
+        raise ArgumentError(f"out: must be {np.dtype(dtype)}{tuple(shape)}, got {out.dtype}{out.shape}")
+    contiguous(out=out)
+    if any(isinstance(a, cupy.ndarray) and CUPY.may_share_memory(out, a) for a in inputs):
+        raise ArgumentError("out: must not overlap an input")
+    return out
+
+
+_BIND: list[list[tuple[Any, int, int, int, tuple]]] = []  # launches recorded by bound(), not run
+OPTIONS: tuple[str, ...] = ()  # extra compile options, set through compile_options()
+
+
+@contextlib.contextmanager
+def compile_options(*options: str) -> Iterator[None]:
+    """Build and launch this module's kernels with extra compile options inside the block (the
+    device mutants' and controls' -D hooks, the bench's diagnostic builds)."""
+    global OPTIONS
+    saved, OPTIONS = OPTIONS, tuple(options)
+    try:
+        yield
+    finally:
+        OPTIONS = saved
+
+
+def launch(op: str, source: str, symbol: str, n_threads: int, args: tuple) -> None:
+    """One thread per element: ceil(n_threads / THREADS) CTAs of THREADS."""
+    if n_threads == 0:
+        return
+    launch_grid(op, source, symbol, check_grid(op, n_threads, Geometry(1, THREADS)), THREADS, args)
+
+
+def launch_grid(op: str, source: str, symbol: str, grid: int, threads: int, args: tuple, shared_mem: int = 0) -> None:
+    kernel = kernel_of(source, symbol)
+    if _BIND:
+        _BIND[-1].append((kernel, grid, threads, shared_mem, args))
+        return
+    launch_kernel(op, kernel, grid, threads, args, shared_mem=shared_mem)
+
+
+def kernel_of(source: str, symbol: str) -> Any:
+    """``symbol`` of ``kernels/ort/<source>``, built with the current extra options."""
+    return get_kernel(SOURCES / source, symbol, OPTIONS)
+
+
+def bound(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[[], None]:
+    """Check and bind one call of a launcher once; the returned function replays its kernel
+    launches with nothing else on the host path (for timing: the checks cost more host time than
+    a decode GEMV takes on the device)."""
+    _BIND.append([])
+    try:
+        fn(*args, **kwargs)
+    finally:
+        launches = _BIND.pop()
+
+    def replay() -> None:
+        for kernel, grid, threads, shared_mem, kargs in launches:
+            kernel((grid,), (threads,), kargs, shared_mem=shared_mem)
+
+    return replay
+
+
+@functools.cache
+def sm_count() -> int:
+    return int(cupy.cuda.Device().attributes["MultiProcessorCount"])

@@ -1,0 +1,170 @@
+"""Launchers of dequantize_nbits and matmul_nbits (kernels ``ort/nbits_gemv.hip`` and
+``ort/nbits_mma.hip``), with the oracles' call shapes on CuPy arrays, bit-identical to
+``qconform.oracles.ort.dequantize_nbits`` and within the accumulation bound of ``matmul_nbits``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import cupy
+import numpy as np
+
+from qconform.device.ort._common import contiguous, kernel_of, launch, launch_grid, out_buffer, shadow, sm_count
+from qconform.device.registry import MMA_SHAPES
+from qconform.errors import ArgumentError
+from qconform.oracles.ort.matmul_nbits import check_a, check_nbits_args
+
+ZP_DEFAULT, ZP_PACKED, ZP_FLOAT, ZP_SCALAR = 0, 1, 2, 3
+GEMV = "nbits_gemv.hip"
+MMA = "nbits_mma.hip"
+
+
+def _mma_ok(B: Any, bits: int, block_size: int, a16: bool, zp_kind: int, z16: int) -> bool:
+    """The matrix-unit kernel's domain: bits 2 / 4, fp16 A, blocks of 64 x 2^j, fp16 float zero points."""
+    fp16_zp = zp_kind != ZP_FLOAT or z16
+    pow2 = block_size % 64 == 0 and (block_size & (block_size - 1)) == 0
+    return bits in (2, 4) and a16 and pow2 and B.data.ptr % 8 == 0 and bool(fp16_zp)
+
+
+ACT_SMEM_LIMIT = 48 * 1024  # activations staged in shared memory up to this (CuPy's default dynamic limit)
+
+
+def _launch_mma(bits: int, M: int, lay: Any, ptrs: tuple, zps: Any, kind: Any, has_bias: bool, a_vec: bool) -> None:
+    """The matrix-unit kernel; ``ptrs`` = (A, B, scales, zero points, bias, Y)."""
+    shape = MMA_SHAPES["decode" if M <= 8 else "prefill"]
+    items = -(-lay.N // (16 * shape.r)) * -(-M // (8 * shape.t))
+    n_chunks = -(-lay.K // 64)
+    wk = shape.k_split(items, n_chunks, kernel_of(MMA, shape.symbol(bits)).num_regs, sm_count())
+    grid = -(-items // shape.wi)
+    if grid >= 2**31:
+        raise ArgumentError(f"A: {M} x {lay.N} outputs need more than 2^31 - 1 CTAs")
+    red = wk * shape.wi * shape.r * shape.t * 4 * 32 * 4 if wk > 1 else 0
+    staged = min(M, 8 * shape.t) * n_chunks * 64 * 2
+    act_smem = shape.wi == 1 and staged <= ACT_SMEM_LIMIT
+    A, B, scales, zp, bias, y = ptrs
+    sizes = (M, lay.K, lay.N, (lay.block_size // 64).bit_length() - 1, lay.k_blocks, lay.zp_bytes, kind, has_bias)
+    flags = (a_vec, act_smem, wk, shape.wi)
+    args = (A, B, scales, zp, zps, bias, y, *(np.int32(v) for v in (*sizes, *flags)))
+    launch_grid("matmul_nbits", MMA, shape.symbol(bits), grid, 32 * wk * shape.wi, args, max(red, staged * act_smem))
+
+
+def _zp_args(zero_points: Any, lay, form: str, B: Any) -> tuple[Any, float, int, int]:
+    """(zp pointer, scalar zp, kind, zp is fp16)."""
+    if zero_points is None:
+        return B, 0.0, ZP_DEFAULT, 0
+    if zero_points.dtype == np.uint8:
+        return zero_points, 0.0, ZP_PACKED, 0
+    if form == "kernel" and zero_points.size == 1:
+        return B, float(cupy.asnumpy(zero_points).reshape(())), ZP_SCALAR, 0
+    return zero_points, 0.0, ZP_FLOAT, int(zero_points.dtype == np.float16)
+
+
+def _nbits_args(B, scales, zero_points, g_idx, K, N, bits, block_size, form):
+    if g_idx is not None:
+        raise ArgumentError("g_idx: the device kernels do not implement g_idx (deprecated in ORT)")
+    contiguous(B=B, scales=scales, zero_points=zero_points)
+    lay = check_nbits_args(
+        shadow(B), shadow(scales), shadow(zero_points), None, K=K, N=N, bits=bits, block_size=block_size, form=form
+    )
+    zp, zps, kind, z16 = _zp_args(zero_points, lay, form, B)
+    common = (
+        np.int32(lay.K),
+        np.int32(lay.N),
+        np.int32(bits),
+        np.int32(block_size),
+        np.int32(lay.k_blocks),
+        np.int32(lay.blob_size),
+        np.int32(lay.zp_bytes),
+        np.int32(kind),
+    )
+    return lay, zp, np.float32(zps), common, np.int32(scales.dtype == np.float16), np.int32(z16)
+
+
+def dequantize_nbits(
+    B, scales, zero_points=None, g_idx=None, *, K, N, bits, block_size, form="ort", ort_quirks=False, out=None
+):
+    """W (N, K) fp32, bit-identical to ``oracles.ort.dequantize_nbits``."""
+    lay, zp, zps, common, s16, z16 = _nbits_args(B, scales, zero_points, g_idx, K, N, bits, block_size, form)
+    y = out_buffer(out, (lay.N, lay.K), np.dtype(np.float32), B, scales, zero_points)
+    K_, N_, bits_, bs_, kb_, blob_, zpb_, kind_ = common
+    launch(
+        "dequantize_nbits",
+        GEMV, "qk_nbits_dequant",
+        lay.N * lay.K,
+        (B, scales, zp, zps, y, K_, N_, bits_, bs_, kb_, blob_, zpb_, kind_, s16, z16),
+    )
+    return y
+
+
+def matmul_nbits(
+    A,
+    B,
+    scales,
+    zero_points=None,
+    g_idx=None,
+    bias=None,
+    *,
+    K,
+    N,
+    bits,
+    block_size,
+    accuracy_level=0,
+    form="ort",
+    ort_quirks=False,
+    out=None,
+):
+    """Y = A @ W^T (+ bias) in A's dtype (fp32 or fp16 read and written natively), fp32 sums;
+    accuracy_level 4 with integer zero points: ORT's int8 activation path (as the oracle)."""
+    if accuracy_level not in (0, 1, 2, 3, 4):
+        raise ArgumentError(f"accuracy_level: must be 0..4, got {accuracy_level!r}")
+    lay, zp, zps, common, s16, z16 = _nbits_args(B, scales, zero_points, g_idx, K, N, bits, block_size, form)
+    contiguous(A=A, bias=bias)
+    a = check_a(shadow(A), shadow(bias), lay)
+    if a.dtype != scales.dtype:
+        raise ArgumentError(f"scales: dtype must be A's {a.dtype}, got {scales.dtype}")
+    M = int(np.prod(a.shape[:-1], dtype=np.int64))
+    y = out_buffer(out, (*a.shape[:-1], lay.N), a.dtype, A, B, scales, zero_points, bias)
+    K_, N_, bits_, bs_, kb_, blob_, zpb_, kind_ = common
+    a16 = np.int32(a.dtype == np.float16)
+    if accuracy_level == 4 and int(kind_) in (ZP_DEFAULT, ZP_PACKED):
+        qa = cupy.empty((M, lay.K), cupy.int32)
+        sa = cupy.empty((M, lay.k_blocks), cupy.float32)
+        qargs = (A, qa, sa, np.int32(M), K_, bs_, kb_, a16)
+        launch("matmul_nbits", GEMV, "qk_quantize_a_int8", M * lay.k_blocks, qargs)
+        bias_ptr = A if bias is None else bias
+        args = (qa, sa, B, scales, zp, bias_ptr, y, np.int32(M), K_, N_, bits_, bs_, kb_, blob_, zpb_, kind_, a16, s16)
+        launch("matmul_nbits", GEMV, "qk_nbits_gemv_int8", M * lay.N * 32, (*args, np.int32(bias is not None)))
+        return y
+    if _mma_ok(B, bits, block_size, bool(a16), int(kind_), int(z16)) and M > 0 and lay.N > 0:
+        ptrs = (A, B, scales, zp, A if bias is None else bias, y)
+        a_vec = lay.K % 8 == 0 and A.data.ptr % 16 == 0
+        _launch_mma(bits, M, lay, ptrs, zps, int(kind_), bias is not None, a_vec)
+        return y
+    launch(
+        "matmul_nbits",
+        GEMV, "qk_nbits_gemv",
+        M * lay.N * 32,
+        (
+            A,
+            B,
+            scales,
+            zp,
+            zps,
+            A if bias is None else bias,
+            y,
+            np.int32(M),
+            K_,
+            N_,
+            bits_,
+            bs_,
+            kb_,
+            blob_,
+            zpb_,
+            kind_,
+            np.int32(a.dtype == np.float16),
+            s16,
+            z16,
+            np.int32(bias is not None),
+        ),
+    )
+    return y

@@ -1,0 +1,44 @@
+"""Launcher of qswiglu (kernels ``ort/qswiglu.hip``): the fused chain, or its unfused steps."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import cupy
+import numpy as np
+
+from qconform.device.ort._common import contiguous, launch, out_buffer
+from qconform.oracles.ort.qdq import QTYPES
+from qconform.oracles.ort.qswiglu import STEPS as SWIGLU_STEPS
+from qconform.oracles.ort.qswiglu import check_activations, check_qparams
+
+SOURCE = "qswiglu.hip"
+
+
+def qswiglu(gate_q, up_q, *, dtype="uint16", out=None, fused=True, **qparams):
+    """The quantized SwiGLU chain: one fused kernel, or (``fused=False``) its unfused steps as
+    separate kernels; the two are byte-identical (same device functions)."""
+    np_dtype = check_activations(gate_q, up_q, dtype, cupy.ndarray)
+    contiguous(gate_q=gate_q, up_q=up_q)
+    checked = check_qparams({k: _host(v) for k, v in qparams.items()}, np_dtype)
+    p = {k: (np.float32(sc), np.int32(zp)) for k, (sc, zp) in checked.items()}
+    y = out_buffer(out, gate_q.shape, np_dtype, gate_q, up_q)
+    n, hi, is16 = np.int64(gate_q.size), np.int32(QTYPES[dtype][2]), np.int32(dtype == "uint16")
+    if fused:
+        flat = tuple(v for k in SWIGLU_STEPS for v in p[k])  # the kernel's argument order
+        launch("qswiglu", SOURCE, "qk_qswiglu_fused", int(n), (gate_q, up_q, y, n, *flat, hi, is16))
+        return y
+    g, u, t = (cupy.empty(gate_q.shape, cupy.float32) for _ in range(3))
+    q = cupy.empty(gate_q.shape, np_dtype)
+    launch("qswiglu", SOURCE, "qk_step_dequantize", int(n), (gate_q, g, n, *p["gate"], is16))
+    launch("qswiglu", SOURCE, "qk_step_dequantize", int(n), (up_q, u, n, *p["up"], is16))
+    launch("qswiglu", SOURCE, "qk_step_sigmoid_quantize", int(n), (g, q, n, *p["sig"], hi, is16))
+    launch("qswiglu", SOURCE, "qk_step_dequantize", int(n), (q, t, n, *p["sig"], is16))
+    launch("qswiglu", SOURCE, "qk_step_mul_quantize", int(n), (g, t, q, n, *p["silu"], hi, is16))
+    launch("qswiglu", SOURCE, "qk_step_dequantize", int(n), (q, t, n, *p["silu"], is16))
+    launch("qswiglu", SOURCE, "qk_step_mul_quantize", int(n), (t, u, y, n, *p["out"], hi, is16))
+    return y
+
+
+def _host(v: Any) -> Any:
+    return cupy.asnumpy(v) if isinstance(v, cupy.ndarray) else v

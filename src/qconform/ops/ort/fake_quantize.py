@@ -1,0 +1,120 @@
+"""Catalogue entry fake_quantize (ONNX QuantizeLinear then DequantizeLinear; oracle:
+``qconform.oracles.ort.qdq``). Shape (rows, cols)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from hypothesis import strategies as st
+
+from qconform.ops.ort._common import ACTS, leaf_params, validating
+from qconform.ops.spec import BadArgument, Case, Check, Leaf, OpSpec
+from qconform.oracles.ort import fake_quantize
+from qconform.oracles.ort.qdq import QTYPES
+
+FQ_LEAVES = tuple(
+    Leaf(f"Xfp32_Q{q}_Yfp32", {"dtype": n, "act": "fp32"})
+    for q, n in (("u8", "uint8"), ("i8", "int8"), ("u16", "uint16"), ("i16", "int16"), ("u4", "uint4"), ("i4", "int4"))
+) + (Leaf("Xfp16_Qu8_Yfp16", {"dtype": "uint8", "act": "fp16"}),)
+GRANULARITIES = ("tensor", "axis", "block")
+
+
+def _fq_params(shape: tuple[int, ...], gran: str, dtype: str, act: np.dtype, rng: np.random.Generator):
+    """(scale, zero point) of the granularity; scales powers of two times (1 + a little) so that
+    exact .5 ties after the division occur in the data below."""
+    np_dtype, lo, hi = QTYPES[dtype]
+    rows, cols = shape
+    pshape = {"tensor": (), "axis": (cols,), "block": (rows, -(-cols // 32))}[gran]
+    scale = (2.0 ** rng.integers(-8, -2, pshape)).astype(act)
+    zp = rng.integers(lo, hi + 1, pshape).astype(np_dtype) if hi - lo > 1 else None
+    zp = np.clip(zp, lo + (hi - lo) // 4, hi - (hi - lo) // 4).astype(np_dtype) if zp is not None else None
+    return scale, zp
+
+
+def _fq_inputs(case: Case) -> dict[str, np.ndarray]:
+    p = {**leaf_params(FQ_LEAVES, case.leaf), **case.params}
+    rng = np.random.default_rng(case.seed)
+    act = ACTS[p["act"]]
+    _, lo, hi = QTYPES[p["dtype"]]
+    scale, zp = _fq_params(case.shape, p["granularity"], p["dtype"], act, rng)
+    s = (
+        np.broadcast_to(scale.astype(np.float64), case.shape)
+        if p["granularity"] != "block"
+        else np.repeat(scale.astype(np.float64), 32, axis=1)[:, : case.shape[1]]
+    )
+    k = rng.integers(lo - 3, hi + 3, case.shape).astype(np.float64)
+    tie = rng.random(case.shape) < 0.3  # x = (k + 0.5) * s: exact ties of the division
+    x = ((k + np.where(tie, 0.5, rng.uniform(-0.5, 0.5, case.shape))) * s).astype(act)
+    out = {"x": x, "scale": scale}
+    if zp is not None:
+        out["zero_point"] = zp
+    return out
+
+
+def _fq_call(inputs: dict[str, Any], params: dict[str, Any]) -> tuple[tuple, dict]:
+    gran = params["granularity"]
+    kw = {"axis": 1, "block_size": 32 if gran == "block" else 0, "dtype": params["dtype"]}
+    return (inputs["x"], inputs["scale"], inputs.get("zero_point")), kw
+
+
+def _fq_cases(leaf: str, coverage: int) -> list[Case]:
+    shapes = (
+        [(4, 96), (16, 200)]
+        + ([(64, 4096), (3, 1000)] if coverage >= 2 else [])
+        + ([(512, 14336)] if coverage >= 3 else [])
+    )
+    return [
+        Case("fake_quantize", leaf, 70 + i, shape, "ties", {"granularity": g})
+        for i, shape in enumerate(shapes)
+        for g in GRANULARITIES
+    ]
+
+
+def _fq_bad(leaf: str) -> list[BadArgument]:
+    p = {**leaf_params(FQ_LEAVES, leaf), "granularity": "axis"}
+    good = _fq_inputs(Case("fake_quantize", leaf, 2, (4, 64), "ties", p))
+    act = good["x"].dtype
+    bad = [
+        BadArgument("x must be float32/float16", {**good, "x": good["x"].astype(np.float64)}, p),
+        BadArgument("per-axis scale must have x.shape[axis] entries", {**good, "scale": good["scale"][:5]}, p),
+        BadArgument("blocked scale must have ceil(D/block) entries", good, {**p, "granularity": "block"}),
+        BadArgument("dtype must be a supported integer type", good, {**p, "dtype": "uint3"}),
+        BadArgument("out must have x's shape", good, p, bad_out=np.zeros((4, 65), act)),
+    ]
+    if "zero_point" in good:
+        wrong = np.int32 if good["zero_point"].dtype != np.int32 else np.int64
+        bad.append(
+            BadArgument(
+                "zero point must have the quantized type", {**good, "zero_point": good["zero_point"].astype(wrong)}, p
+            )
+        )
+    return bad
+
+
+FAKE_QUANTIZE = OpSpec(
+    name="fake_quantize",
+    family="ort",
+    leaves=FQ_LEAVES,
+    oracle=fake_quantize,
+    call_args=_fq_call,
+    output_spec=lambda inputs, params: (inputs["x"].shape, inputs["scale"].dtype),
+    make_inputs=_fq_inputs,
+    cases=_fq_cases,
+    strategy=lambda lf: st.builds(
+        lambda seed, rows, cols, g: Case("fake_quantize", lf, seed, (rows, cols), "ties", {"granularity": g}),
+        seed=st.integers(0, 2**32 - 1),
+        rows=st.integers(1, 8),
+        cols=st.integers(1, 300),
+        g=st.sampled_from(GRANULARITIES),
+    ),
+    validate=validating(fake_quantize, _fq_call),
+    bad_arguments=_fq_bad,
+    decode=lambda y, params: y,
+    check=Check("exact", 0.0, "true fp32 division, half-to-even, one multiply: bits must match"),
+    input_names=("x", "scale", "zero_point"),
+    logical_dtypes={"zero_point": "{dtype} (logical values)"},
+    doc="ONNX QuantizeLinear -> DequantizeLinear fused (opset 21, ORT CPU arithmetic)",
+    cold_repeat=False,
+    sized_case=lambda lf, rows, seed: Case("fake_quantize", lf, seed, (rows, 14336), "ties", {"granularity": "axis"}),
+)

@@ -1,0 +1,137 @@
+"""Catalogue entry gather_block_quantized (com.microsoft.GatherBlockQuantized; oracle:
+``qconform.oracles.ort.gather_block_quantized``). Shape (rows, cols, n_indices)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from hypothesis import strategies as st
+
+from qconform.ops.ort._common import leaf_params, validating
+from qconform.ops.spec import BadArgument, Case, Check, Leaf, OpSpec
+from qconform.oracles.ort import gather_block_quantized
+
+GATHER_LEAVES = (
+    Leaf("Xi64_Wu4_Yfp16", {"data_type": "uint8", "bits": 4}),
+    Leaf("Xi64_Wu8_Yfp16", {"data_type": "uint8", "bits": 8}),
+    Leaf("Xi64_Wi4_Yfp16", {"data_type": "int4", "bits": 4}),
+    Leaf("Xi64_Wfp8_Yfp16", {"data_type": "float8e4m3fn", "bits": 8}),
+)
+
+
+def _gather_inputs(case: Case) -> dict[str, np.ndarray]:
+    """An embedding table (rows, cols) of random codes, fp16 scales per block of the last axis,
+    zero points when the case asks; indices in range, negative ones included."""
+    p = {**leaf_params(GATHER_LEAVES, case.leaf), **case.params}
+    rng = np.random.default_rng(case.seed)
+    rows, cols, n_idx = case.shape
+    bs, dt, bits = p["block_size"], p["data_type"], p["bits"]
+    nb = -(-cols // bs)
+    inputs: dict[str, np.ndarray] = {
+        "indices": rng.integers(-rows, rows, n_idx).astype(np.int64),
+        "scales": rng.uniform(0.001, 0.05, (rows, nb)).astype(np.float16),
+    }
+    if dt == "uint8":
+        inputs["data"] = rng.integers(0, 256, (rows, cols * bits // 8), dtype=np.uint8)
+        if p.get("zp"):
+            inputs["zero_points"] = rng.integers(0, 256, (rows, -(-nb * bits // 8)), dtype=np.uint8)
+    elif dt == "int4":
+        inputs["data"] = rng.integers(0, 256, -(-rows * cols // 2), dtype=np.uint8)
+        if p.get("zp"):
+            inputs["zero_points"] = rng.integers(0, 256, -(-rows * nb // 2), dtype=np.uint8)
+    else:
+        codes = rng.integers(0, 256, (rows, cols), dtype=np.uint8)
+        codes[(codes & 0x7F) == 0x7F] = 0x38  # no NaN codes: 1.0 instead
+        inputs["data"] = codes
+    return inputs
+
+
+def _gather_call(inputs: dict[str, Any], params: dict[str, Any]) -> tuple[tuple, dict]:
+    kw = {
+        "bits": params["bits"],
+        "block_size": params["block_size"],
+        "gather_axis": 0,
+        "quantize_axis": 1,
+        "data_type": params["data_type"],
+    }
+    if params["data_type"] == "int4":
+        kw["data_shape"] = (params["rows"], params["cols"])
+    return (inputs["data"], inputs["indices"], inputs["scales"], inputs.get("zero_points")), kw
+
+
+def _gather_cases(leaf: str, coverage: int) -> list[Case]:
+    """Embedding tables: coverage 1 small, 2 more seeds and block sizes, 3 a 100352 x 5120 vocab."""
+    out = []
+    fp8 = "fp8" in leaf
+    shapes = [(64, 256, 7, 32), (33, 128, 16, 64), (100, 512, 3, 128)]
+    if coverage >= 2:
+        shapes += [(1000, 1024, 64, 128), (17, 64, 40, 16)]
+    if coverage >= 3:
+        shapes += [(100352, 5120, 32, 128)]
+    for i, (rows, cols, n, bs) in enumerate(shapes):
+        for zp in (False,) if fp8 else (False, True):
+            params = {"block_size": bs, "zp": zp, "rows": rows, "cols": cols}
+            out.append(Case("gather_block_quantized", leaf, 50 + i, (rows, cols, n), "normal", params))
+    return out
+
+
+def _gather_bad(leaf: str) -> list[BadArgument]:
+    p = {**leaf_params(GATHER_LEAVES, leaf), "block_size": 32, "zp": False, "rows": 8, "cols": 64}
+    good = _gather_inputs(Case("gather_block_quantized", leaf, 1, (8, 64, 3), "normal", p))
+    return [
+        BadArgument("indices must be int32/int64", {**good, "indices": good["indices"].astype(np.float32)}, p),
+        BadArgument("scales must be float32/float16", {**good, "scales": good["scales"].astype(np.float64)}, p),
+        BadArgument(
+            "scales must have ceil(cols/block_size) blocks",
+            {**good, "scales": np.concatenate([good["scales"], good["scales"][:, :1]], axis=1)},
+            p,
+        ),
+        BadArgument("block_size must be a power of two >= 16", good, {**p, "block_size": 12}),
+        BadArgument("data must be uint8 bytes", {**good, "data": good["data"].view(np.int8)}, p),
+        BadArgument("out must have the output shape", good, p, bad_out=np.zeros((3, 65), np.float16)),
+    ]
+
+
+GATHER = OpSpec(
+    name="gather_block_quantized",
+    family="ort",
+    leaves=GATHER_LEAVES,
+    oracle=gather_block_quantized,
+    call_args=_gather_call,
+    output_spec=lambda inputs, params: ((len(inputs["indices"]), params["cols"]), inputs["scales"].dtype),
+    make_inputs=_gather_inputs,
+    cases=_gather_cases,
+    strategy=lambda lf: st.builds(
+        lambda seed, rows, blocks, n, bs, zp: Case(
+            "gather_block_quantized",
+            lf,
+            seed,
+            (rows, blocks * bs, n),
+            "normal",
+            {"block_size": bs, "zp": zp and "fp8" not in lf, "rows": rows, "cols": blocks * bs},
+        ),
+        seed=st.integers(0, 2**32 - 1),
+        rows=st.integers(1, 64),
+        blocks=st.integers(1, 4),
+        n=st.integers(1, 16),
+        bs=st.sampled_from((16, 32, 64, 128)),
+        zp=st.booleans(),
+    ),
+    validate=validating(gather_block_quantized, _gather_call),
+    bad_arguments=_gather_bad,
+    decode=lambda y, params: y,
+    check=Check("exact", 0.0, "one integer subtraction and one fp32 multiply per element, one fp16 rounding"),
+    input_names=("data", "indices", "scales", "zero_points"),
+    logical_dtypes={"data": "{data_type} codes (raw bytes)", "y": "float16"},
+    doc="com.microsoft.GatherBlockQuantized (ORT 1.31+ CPU)",
+    cold_repeat=False,
+    sized_case=lambda lf, rows, seed: Case(
+        "gather_block_quantized",
+        lf,
+        seed,
+        (rows, 5120, 64),
+        "normal",
+        {"block_size": 128, "zp": False, "rows": rows, "cols": 5120},
+    ),
+)

@@ -1,0 +1,254 @@
+"""Catalogue entries matmul_nbits and dequantize_nbits (com.microsoft.MatMulNBits; oracles:
+``qconform.oracles.ort.matmul_nbits``). Shapes (M, K, N) and (K, N)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from hypothesis import strategies as st
+
+from qconform.ops.ort._common import ACTS, U32, leaf_params, validating
+from qconform.ops.spec import BadArgument, Case, Check, Leaf, OpSpec
+from qconform.oracles.ort import dequantize_nbits, matmul_nbits
+
+BITS = (2, 3, 4, 8)
+ZP_KINDS = ("none", "packed", "float", "uniform")  # matmul_nbits adds "scalar": one zero point, kernel form
+
+# ---------------------------------------------------------------------------------- MatMulNBits
+
+
+def _nbits_inputs(case: Case, with_a: bool) -> dict[str, np.ndarray]:
+    """B (random bytes: every packed value and the padding arbitrary), scales of both signs,
+    zero points of the case's kind; A normal."""
+    rng = np.random.default_rng(case.seed)
+    p = case.params
+    bits, bs = p["bits"], p["block_size"]
+    M, K, N = case.shape if with_a else (0, *case.shape)
+    kb = -(-K // bs)
+    act = ACTS[p.get("act", "fp32")]
+    inputs = {
+        "B": rng.integers(0, 256, (N, kb, bs * bits // 8), dtype=np.uint8),
+        "scales": (rng.uniform(0.5, 2.0, (N, kb)) * rng.choice([-1, 1], (N, kb)) * 2.0 ** -(bits + 2)).astype(act),
+    }
+    zp = p.get("zp", "none")
+    if zp == "packed":
+        inputs["zero_points"] = rng.integers(0, 256, (N, -(-kb * bits // 8)), dtype=np.uint8)
+    elif zp == "float":
+        inputs["zero_points"] = rng.uniform(0, 2**bits - 1, (N, kb)).astype(act)
+    elif zp in ("uniform", "scalar"):
+        mid = np.array(2 ** (bits - 1) - 0.5, act)
+        inputs["zero_points"] = np.full((N, kb), mid, act) if zp == "uniform" and with_a else mid.reshape(1)
+    if with_a:
+        inputs["A"] = rng.standard_normal((M, K)).astype(act)
+        if p.get("bias"):
+            inputs["bias"] = rng.standard_normal(N).astype(act)
+    return inputs
+
+
+def _nbits_kwargs(inputs: dict[str, Any], params: dict[str, Any], K: int, N: int) -> dict[str, Any]:
+    kw = {"K": K, "N": N, "bits": params["bits"], "block_size": params["block_size"]}
+    if params.get("zp") == "scalar" or (params.get("zp") == "uniform" and "A" not in inputs):
+        kw["form"] = "kernel"
+    return kw
+
+
+def _kn_from_inputs(inputs: dict[str, Any], params: dict[str, Any]) -> tuple[int, int]:
+    """(K, N): K from the case (the packed B does not say where the padding starts), N = B's rows."""
+    return int(params["K"]), int(inputs["B"].shape[0])
+
+
+def _matmul_call(inputs: dict[str, Any], params: dict[str, Any]) -> tuple[tuple, dict]:
+    K, N = _kn_from_inputs(inputs, params)
+    kw = _nbits_kwargs(inputs, params, K, N)
+    kw["accuracy_level"] = params.get("accuracy_level", 0)
+    args = (inputs["A"], inputs["B"], inputs["scales"], inputs.get("zero_points"), None, inputs.get("bias"))
+    return args, kw
+
+
+def _dequant_call(inputs: dict[str, Any], params: dict[str, Any]) -> tuple[tuple, dict]:
+    K, N = _kn_from_inputs(inputs, params)
+    return (inputs["B"], inputs["scales"], inputs.get("zero_points")), _nbits_kwargs(inputs, params, K, N)
+
+
+_MMA_TILING = (  # (M, K, N), block, zero point, bias: decode M <= 8, prefill beyond; K % 8 != 0 too
+    ((1, 2112, 77), 64, "uniform", False),
+    ((5, 4100, 45), 128, "packed", True),
+    ((8, 1536, 130), 256, "float", False),
+    ((37, 1000, 50), 64, "scalar", False),
+    ((70, 2056, 33), 64, "none", True),
+)
+
+
+def _nbits_cases(op: str, leaf: str, coverage: int, with_a: bool) -> list[Case]:
+    """coverage 1: every zero-point kind, K a multiple of the block and not, blocks 16..256, M = 1
+    and a few rows; 2: more seeds, M up to 70, bias, accuracy_level 4, the tiling of the
+    matrix-unit kernel (K over several warps, partial tiles); 3: the LLM shapes
+    (5120x17920, 17920x5120, 5120x5120; M = 1 and 2048) and the 100352x5120 lm_head at M = 1."""
+    out: list[Case] = []
+
+    def add(shape: tuple[int, ...], seed: int, **params: Any) -> None:
+        out.append(Case(op, leaf, seed, shape, "normal", params))
+
+    sizes = [(64, 64, 8), (40, 16, 5), (600, 128, 3), (1000, 256, 2), (320, 32, 7)]  # (K, block, N)
+    for i, (K, bs, N) in enumerate(sizes[: 3 if coverage == 1 else 5]):
+        for j, zp in enumerate(ZP_KINDS + (("scalar",) if with_a else ())):
+            shape = (1 + (i + j) % 3, K, N) if with_a else (K, N)
+            add(shape, 10 * i + j, block_size=bs, zp=zp)
+    if coverage >= 2:
+        for seed, bs in enumerate((16, 32, 64, 128, 256)):
+            add((64, 5 * bs + 3, 9) if with_a else (5 * bs + 3, 9), 100 + seed, block_size=bs, zp="packed")
+        if with_a:  # the matrix-unit kernel's tiling: K split over 8 warps, partial row/token tiles
+            for seed, (shape, bs, zp, bias) in enumerate(_MMA_TILING):
+                add(shape, 150 + seed, block_size=bs, zp=zp, bias=bias)
+            add((7, 512, 16), 200, block_size=64, zp="none", bias=True)
+            add((7, 500, 16), 201, block_size=32, zp="packed", accuracy_level=4)
+            add((1, 512, 16), 202, block_size=64, zp="none", accuracy_level=4)
+    if coverage >= 3:
+        for K, N in ((5120, 17920), (17920, 5120), (5120, 5120)):
+            add((1, K, N) if with_a else (K, N), 300, block_size=64, zp="uniform")
+        if with_a:
+            add((2048, 5120, 5120), 301, block_size=64, zp="packed")
+            add((1, 5120, 100352), 302, block_size=64, zp="none")
+    return out
+
+
+def _nbits_strategy(op: str, leaf: str, with_a: bool) -> Any:
+    def build(seed: int, m: int, k_blocks: int, extra: int, n: int, bs: int, zp: str) -> Case:
+        K = max(1, k_blocks * bs - extra)
+        return Case(op, leaf, seed, (m, K, n) if with_a else (K, n), "normal", {"block_size": bs, "zp": zp})
+
+    return st.builds(
+        build,
+        seed=st.integers(0, 2**32 - 1),
+        m=st.integers(1, 8),
+        k_blocks=st.integers(1, 6),
+        extra=st.integers(0, 15),
+        n=st.integers(1, 16),
+        bs=st.sampled_from((16, 32, 64, 128, 256)),
+        zp=st.sampled_from(ZP_KINDS),
+    )
+
+
+def _matmul_tol(params: dict[str, Any]) -> float:
+    """fp32 accumulation in any order errs by at most gamma_K = K*u/(1-K*u) relative to
+    sum|a||w| (Higham 3.5); on random data the relL2 sits near sqrt(K)*u. Allow 4*sqrt(K)*u, and
+    for fp16 outputs one fp16 rounding (2^-11 relative) on top."""
+    k = params.get("K", 4096)
+    tol = 4 * math.sqrt(k) * float(U32)
+    if params.get("act") == "fp16":
+        tol += 2.0**-11
+    if params.get("accuracy_level") == 4:
+        tol += 1.5e-7 * 8
+    return tol
+
+
+def _nbits_bad(leaf_params: dict[str, Any], with_a: bool) -> list[BadArgument]:
+    case = Case("x", "x", 3, (2, 64, 4) if with_a else (64, 4), "normal", {**leaf_params, "block_size": 32})
+    good = _nbits_inputs(case, with_a)
+    p = {**leaf_params, "block_size": 32, "K": 64}
+    out_shape = (2, 4) if with_a else (4, 64)
+    out_dtype = ACTS[leaf_params.get("act", "fp32")] if with_a else np.dtype(np.float32)
+    bad = [
+        BadArgument("bits must be 2, 3, 4 or 8", good, {**p, "bits": 5}),
+        BadArgument("block_size must be a power of two >= 16", good, {**p, "block_size": 24}),
+        BadArgument("block_size must be a power of two >= 16", good, {**p, "block_size": 8}),
+        BadArgument("B must be (N, k_blocks, blob_size)", {**good, "B": good["B"][:, :1]}, p),
+        BadArgument("B must be uint8", {**good, "B": good["B"].view(np.int8)}, p),
+        BadArgument("scales must be (N, k_blocks)", {**good, "scales": good["scales"][:, :1]}, p),
+        BadArgument("scales must be float", {**good, "scales": good["scales"].astype(np.float64)}, p),
+        BadArgument(
+            "packed zero points must be (N, ceil(k_blocks*bits/8))",
+            {**good, "zero_points": np.zeros((4, 7), np.uint8)},
+            p,
+        ),
+        BadArgument(
+            "zero points must be uint8 or the scales' type", {**good, "zero_points": np.zeros((4, 2), np.int32)}, p
+        ),
+        BadArgument(
+            "out must have the output shape", good, p, bad_out=np.zeros((out_shape[0] + 1, out_shape[1]), out_dtype)
+        ),
+        BadArgument("out must have the output dtype", good, p, bad_out=np.zeros(out_shape, np.float64)),
+    ]
+    if with_a:
+        bad += [
+            BadArgument("A's last dimension must be K", {**good, "A": good["A"][:, :63].copy()}, p),
+            BadArgument("A must be float32 or float16", {**good, "A": good["A"].astype(np.float64)}, p),
+            BadArgument("bias must be (N,)", {**good, "bias": np.zeros(5, good["A"].dtype)}, p),
+        ]
+    return bad
+
+
+
+
+def _nbits_op(with_a: bool) -> OpSpec:
+    name = "matmul_nbits" if with_a else "dequantize_nbits"
+    leaves = tuple(
+        Leaf(f"X{a}_Wu{b}_Y{a}", {"bits": b, "act": a}) if with_a else Leaf(f"Wu{b}_Yfp32", {"bits": b})
+        for a in (("fp16", "fp32") if with_a else ("fp32",))
+        for b in BITS
+    )
+
+    def make_inputs(case: Case) -> dict[str, np.ndarray]:
+        return _nbits_inputs(
+            Case(
+                case.op,
+                case.leaf,
+                case.seed,
+                case.shape,
+                case.pattern,
+                {**leaf_params(leaves, case.leaf), **case.params},
+            ),
+            with_a,
+        )
+
+    def output_spec(inputs: dict[str, Any], params: dict[str, Any]) -> tuple[tuple[int, ...], np.dtype]:
+        K, N = _kn_from_inputs(inputs, params)
+        if with_a:
+            return (*inputs["A"].shape[:-1], N), inputs["A"].dtype
+        return (N, K), np.dtype(np.float32)
+
+    return OpSpec(
+        name=name,
+        family="ort",
+        leaves=leaves,
+        oracle=matmul_nbits if with_a else dequantize_nbits,
+        call_args=_matmul_call if with_a else _dequant_call,
+        output_spec=output_spec,
+        make_inputs=make_inputs,
+        cases=lambda lf, coverage: [_with_k(c) for c in _nbits_cases(name, lf, coverage, with_a)],
+        strategy=lambda lf: _nbits_strategy(name, lf, with_a).map(_with_k),
+        validate=validating(matmul_nbits if with_a else dequantize_nbits, _matmul_call if with_a else _dequant_call),
+        bad_arguments=lambda lf: _nbits_bad(leaf_params(leaves, lf), with_a),
+        decode=lambda y, params: y,
+        check=Check("rel_l2", 1e-5, "fp32 accumulation order is the implementation's", tol_for=_matmul_tol)
+        if with_a
+        else Check("exact", 0.0, "dequantization is elementwise: bits must match"),
+        input_names=("A", "B", "scales", "zero_points", "bias") if with_a else ("B", "scales", "zero_points"),
+        logical_dtypes={"B": "uint{bits} packed along K, low bits first", "zero_points": "uint{bits} packed or float"},
+        doc="com.microsoft.MatMulNBits (ORT x86 CPU)" if with_a else "MatMulNBits weight dequantization",
+        cold_repeat=with_a,
+        sized_case=lambda lf, rows, seed: _with_k(
+            Case(
+                name,
+                lf,
+                seed,
+                (1, 5120, rows) if with_a else (5120, rows),
+                "normal",
+                {"block_size": 64, "zp": "packed"},
+            )
+        ),
+    )
+
+
+def _with_k(case: Case) -> Case:
+    """Put K in the case params: the packed B does not say where the last block's padding starts."""
+    K = case.shape[1] if len(case.shape) == 3 else case.shape[0]
+    return Case(case.op, case.leaf, case.seed, case.shape, case.pattern, {**case.params, "K": K})
+
+
+
+
+MATMUL_NBITS = _nbits_op(True)
+DEQUANTIZE_NBITS = _nbits_op(False)

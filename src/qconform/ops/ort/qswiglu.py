@@ -1,0 +1,87 @@
+"""Catalogue entry qswiglu (the quantized SwiGLU chain; oracle: ``qconform.oracles.ort.qswiglu``).
+Shape (rows, cols)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from hypothesis import strategies as st
+
+from qconform.ops.ort._common import leaf_params, validating
+from qconform.ops.spec import BadArgument, Case, Check, Leaf, OpSpec
+from qconform.oracles.ort import qswiglu
+from qconform.oracles.ort.qswiglu import STEPS as SWIGLU_STEPS
+
+SWIGLU_LEAVES = (Leaf("Xu16_Yu16", {"dtype": "uint16"}), Leaf("Xu8_Yu8", {"dtype": "uint8"}))
+
+
+def _swiglu_inputs(case: Case) -> dict[str, np.ndarray]:
+    """gate/up codes over the whole range; scales chosen so g spans about [-8, 8] (where the
+    sigmoid bends) and the product fits the output range."""
+    dtype = leaf_params(SWIGLU_LEAVES, case.leaf)["dtype"]
+    np_dtype = np.dtype(dtype)
+    top = float(np.iinfo(np_dtype).max)
+    rng = np.random.default_rng(case.seed)
+    mid = np_dtype.type(int(top + 1) // 2)
+    ranges = {"gate": 16.0, "up": 8.0, "sig": 1.0, "silu": 16.0, "out": 64.0}
+    inputs = {
+        "gate_q": rng.integers(0, int(top) + 1, case.shape).astype(np_dtype),
+        "up_q": rng.integers(0, int(top) + 1, case.shape).astype(np_dtype),
+    }
+    for k, r in ranges.items():
+        inputs[f"{k}_scale"] = np.array(r / top, np.float32)
+        inputs[f"{k}_zp"] = np.array(0 if k == "sig" else mid, np_dtype)
+    return inputs
+
+
+def _swiglu_call(inputs: dict[str, Any], params: dict[str, Any]) -> tuple[tuple, dict]:
+    kw = {f"{k}_{w}": inputs[f"{k}_{w}"] for k in SWIGLU_STEPS for w in ("scale", "zp")}
+    return (inputs["gate_q"], inputs["up_q"]), {**kw, "dtype": params["dtype"]}
+
+
+def _swiglu_bad(leaf: str) -> list[BadArgument]:
+    p = dict(leaf_params(SWIGLU_LEAVES, leaf))
+    good = _swiglu_inputs(Case("qswiglu", leaf, 4, (2, 64), "normal"))
+    other = np.uint8 if p["dtype"] == "uint16" else np.uint16
+    return [
+        BadArgument("gate_q must have the activation type", {**good, "gate_q": good["gate_q"].astype(other)}, p),
+        BadArgument("up_q must have gate_q's shape", {**good, "up_q": good["up_q"][:, :63].copy()}, p),
+        BadArgument("scales must be per-tensor scalars", {**good, "sig_scale": np.ones(2, np.float32)}, p),
+        BadArgument("zero points must have the activation type", {**good, "out_zp": np.array(1, np.int32)}, p),
+        BadArgument("out must have the input shape", good, p, bad_out=np.zeros((2, 65), np.dtype(p["dtype"]))),
+    ]
+
+
+QSWIGLU = OpSpec(
+    name="qswiglu",
+    family="ort",
+    leaves=SWIGLU_LEAVES,
+    oracle=qswiglu,
+    call_args=_swiglu_call,
+    output_spec=lambda inputs, params: (inputs["gate_q"].shape, inputs["gate_q"].dtype),
+    make_inputs=_swiglu_inputs,
+    cases=lambda lf, coverage: [
+        Case("qswiglu", lf, 80 + i, shape, "normal")
+        for i, shape in enumerate(
+            [(1, 4096), (4, 1000)]
+            + ([(64, 14336)] if coverage >= 2 else [])
+            + ([(512, 14336)] if coverage >= 3 else [])
+        )
+    ],
+    strategy=lambda lf: st.builds(
+        lambda seed, rows, cols: Case("qswiglu", lf, seed, (rows, cols), "normal"),
+        seed=st.integers(0, 2**32 - 1),
+        rows=st.integers(1, 8),
+        cols=st.integers(1, 2048),
+    ),
+    validate=validating(qswiglu, _swiglu_call),
+    bad_arguments=_swiglu_bad,
+    decode=lambda y, params: y,
+    check=Check("steps", 1.0, "sigmoid's last-ulp accuracy is the runtime's: one output step allowed, counted"),
+    input_names=("gate_q", "up_q", *(f"{k}_{w}" for k in SWIGLU_STEPS for w in ("scale", "zp"))),
+    logical_dtypes={"gate_q": "{dtype}", "up_q": "{dtype}", "y": "{dtype}"},
+    doc="quantized SwiGLU: DQ, Sigmoid, Q/DQ, Mul, Q/DQ, Mul, Q (per-tensor)",
+    cold_repeat=False,
+    sized_case=lambda lf, rows, seed: Case("qswiglu", lf, seed, (rows, 14336), "normal"),
+)
