@@ -2,6 +2,8 @@
 # CI compile gate (no GPU needed): every kernel source compiled offline, warnings as errors, for
 #   AMD gfx90a (wave64) and gfx1030 (wave32) with Debian's hipcc (installed here if missing), and
 #   NVIDIA sm_90 with nvcc;
+# the device mutants (tests/device_mutants and the patched copies of shipped kernels that
+# tests/device_catalogue.py --write-sources writes, with the bench's diagnostic builds) likewise;
 # the so: launcher example is also built as a shared library for both vendors, and the CUDA-only
 # test launchers for NVIDIA. Facts: ../shared/specs/tooling.md B6 (HIP_PLATFORM=amd is required
 # because nvcc is on PATH; Debian's hipcc is 5.2.3 / clang-15).
@@ -40,9 +42,12 @@ compile() {  # label, command...
   n=$((n + 1))
 }
 
+# patched sources: tmp/patched/<mutant>/<file>, beside copies of the headers of the shipped file's folder
+PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" python3 tests/device_catalogue.py --write-sources "$tmp/patched" \
+  >/dev/null
 # -Wno-pass-failed: on AMD the matrix-unit GEMM runs qk_mma_16816's shuffle form, and clang may
 # decline to fully unroll the prefill shape's loop nest (code size): a speed matter, not a wrong result.
-for src in "$KERNELS"/*/*.hip tests/device_mutants/*.hip; do
+for src in "$KERNELS"/*/*.hip tests/device_mutants/*.hip "$tmp"/patched/*/*.hip; do
   if [ "$amd" = 1 ]; then
     for arch in gfx90a gfx1030; do
       compile "$src for $arch" hipcc --genco --offload-arch="$arch" -Werror -Wall -Wno-pass-failed $INCLUDES \
@@ -62,5 +67,14 @@ done
 for src in tests/device_mutants/*.cu; do  # CUDA-only test launchers
   compile "$src (shared library) for sm_90" nvcc --cudart shared -shared -Xcompiler -fPIC -arch=sm_90 \
     -Werror all-warnings $INCLUDES -o "$tmp/l.so" "$src"
+done
+for src in examples/hip_kernel/*.hip; do  # the worked user hip: kernels (tests/user_kernels.py), like the kernels
+  if [ "$amd" = 1 ]; then
+    for arch in gfx90a gfx1030; do
+      compile "$src for $arch" hipcc --genco --offload-arch="$arch" -Werror -Wall -Wno-pass-failed $INCLUDES \
+        -o "$tmp/k.co" "$src"
+    done
+  fi
+  compile "$src for sm_90" nvcc -cubin -arch=sm_90 -Werror all-warnings $INCLUDES -x cu -o "$tmp/k.cubin" "$src"
 done
 echo "compile-kernels: $n compiles passed ($([ "$amd" = 1 ] && echo "gfx90a, gfx1030 and sm_90" || echo "sm_90 only: AMD SKIPPED"))"

@@ -1,30 +1,46 @@
 """The device mutants and the control kernels beside them, one row each: what is loaded, which
 op it runs, and the property that must catch it (None: a control that must pass). Used by
 tests/test_device.py and by ci/device.sh (``python3 tests/device_catalogue.py`` prints the
-caught/missed table)."""
+caught/missed table).
+
+A mutant is a test source in tests/device_mutants, or a shipped kernel with ``edits``: a text patch
+(each exact original snippet occurring once in the shipped source, and its broken replacement,
+qconform.device.patch) written at test time as a complete file into a temporary folder; the
+shipped kernels carry no mutant hooks. ``python3 tests/device_catalogue.py --write-sources DIR``
+writes every patched source (and the bench's diagnostic builds) for the offline compile gate
+(ci/compile-kernels.sh)."""
 
 from __future__ import annotations
 
+import contextlib
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Iterator
+
+if TYPE_CHECKING:
+    from qconform.device.patch import Patch
 
 HERE = Path(__file__).parent
 MUTANT_DIR = HERE / "device_mutants"
 REPO = HERE.parent
+Q8_QUANT = "src/qconform/device/kernels/ggml/q8_quant.hip"
+Edits = tuple[tuple[str, str], ...]  # (exact original snippet, its replacement), in order
 
 
 @dataclass(frozen=True)
 class DeviceMutant:
     name: str
-    source: str  # file in tests/device_mutants (or a repo path)
+    source: str  # file in tests/device_mutants, a repo path, or "ort/nbits_mma.hip" (qconform's own)
     symbol: str
-    options: str  # the hip: geometry suffix, "" for so: launchers
+    options: str  # the hip: geometry suffix; -D build options of an ORT kernel; "" for so: launchers
     op: str
     caught_by: str | None  # the property that must fail; None for a control that must pass
     warning: bool = False  # a control whose pending-error outcome must carry a warning
     leaf: str | None = None  # None: the op's first leaf
     coverage: int = 1
+    edits: Edits = ()  # a patch of ``source`` (a shipped kernel): the mutant is the patched copy
 
     @property
     def is_so(self) -> bool:
@@ -32,26 +48,64 @@ class DeviceMutant:
 
     @property
     def is_ort(self) -> bool:
-        """qconform's own ORT kernels (--impl cupy) compiled with ``options`` (-D defines)."""
+        """qconform's own ORT kernels (--impl cupy) compiled with ``options`` (-D build options),
+        ``source`` loaded from its patched copy when the row has ``edits``."""
         return self.source == "ort/nbits_mma.hip"
 
+    @property
+    def slug(self) -> str:
+        return re.sub(r"[^a-z0-9]+", "-", self.name.lower()).strip("-")
+
     def path(self) -> Path:
+        """The source file (for a patched mutant, the shipped kernel it patches)."""
         if self.is_ort:
             return REPO / "src/qconform/device/kernels" / self.source
         return (REPO / self.source) if "/" in self.source else MUTANT_DIR / self.source
 
+    def patch(self) -> Patch | None:
+        from qconform.device.patch import Patch
+
+        return Patch(self.path(), self.edits) if self.edits else None
+
+    @contextlib.contextmanager
+    def loaded_source(self) -> Iterator[Path]:
+        """The file the suite loads for this row inside the block: the patched copy (in a
+        temporary folder) or ``path()`` itself."""
+        patch = self.patch()
+        if patch is None:
+            yield self.path()
+            return
+        with patch.materialised() as path:
+            yield path
+
+
+# ggml's nearest_int (half to even) replaced by roundf (half away from zero); NaN gives 0
+Q8K_TIES_AWAY: Edits = (
+    ("int q = qk_nearest_int_x86(p, x);", "int q = fabsf(p) < 1073741824.0f ? (int)roundf(p) : 0;"),
+)
+# the cooperative amax reduction breaks equal-|x| ties toward the higher index, so the sign of d
+# flips when the largest |x| occurs with both signs in different lanes
+Q8K_COOP_TIES_HIGH: Edits = (("(oa == amax && oi < idx)", "(oa == amax && oi > idx)"),)
+
 
 HIP_MUTANTS = (
     DeviceMutant(
-        "ties away from zero", "q8_k_ties_away.hip", "qk_q8_k_quant_coop", ":lanes=8", "q8_k_quant", "matches_oracle"
-    ),
-    DeviceMutant(
-        "coop ties to the higher index",
-        "q8_k_coop_ties_high.hip",
+        "ties away from zero",
+        Q8_QUANT,
         "qk_q8_k_quant_coop",
         ":lanes=8",
         "q8_k_quant",
         "matches_oracle",
+        edits=Q8K_TIES_AWAY,
+    ),
+    DeviceMutant(
+        "coop ties to the higher index",
+        Q8_QUANT,
+        "qk_q8_k_quant_coop",
+        ":lanes=8",
+        "q8_k_quant",
+        "matches_oracle",
+        edits=Q8K_COOP_TIES_HIGH,
     ),
     DeviceMutant(
         "coop amax race (no barrier)",
@@ -74,7 +128,7 @@ HIP_MUTANTS = (
     ),
     DeviceMutant(
         "control: coop kernel, 64-thread CTAs",
-        "src/qconform/device/kernels/ggml/q8_quant.hip",
+        Q8_QUANT,
         "qk_q8_k_quant_coop",
         ":lanes=8:threads=64",
         "q8_k_quant",
@@ -118,28 +172,56 @@ SO_MUTANTS = (
 )
 
 
-def _mma(name: str, define: str, caught_by: str | None, leaf: str = "Xfp16_Wu2_Yfp16") -> DeviceMutant:
-    options = f"{define} -DQK_MMA_DEFAULT_ONLY"  # the launcher's shapes only: a faster build
-    return DeviceMutant(name, "ort/nbits_mma.hip", "", options, "matmul_nbits", caught_by, leaf=leaf, coverage=2)
+def _mma(
+    name: str, caught_by: str | None, edits: Edits = (), define: str = "", leaf: str = "Xfp16_Wu2_Yfp16"
+) -> DeviceMutant:
+    options = f"{define} -DQK_MMA_DEFAULT_ONLY".strip()  # the launcher's shapes only: a faster build
+    return DeviceMutant(
+        name, "ort/nbits_mma.hip", "", options, "matmul_nbits", caught_by, leaf=leaf, coverage=2, edits=edits
+    )
 
+
+# the last chunk reads the previous block's scale and zero point
+MMA_LAST_SCALE: Edits = (
+    (
+        "int qk_chunk_block(int c, int cpb_shift, int n_chunks) {\n",
+        "int qk_chunk_block(int c, int cpb_shift, int n_chunks) {\n"
+        "    if (c == n_chunks - 1 && (c >> cpb_shift) > 0) return (c >> cpb_shift) - 1;\n",
+    ),
+)
+# the activation pair of register P in the other order than the weights'
+MMA_SLOT_SWAP: Edits = (
+    (
+        "bf[tg][m][0] = qk_act_pair(act[tg], p[0], p[1]);",
+        "bf[tg][m][0] = qk_act_pair(act[tg], p[1], p[0]);",
+    ),
+)
+# the last K split's partial sums never added
+MMA_DROP_LAST_WARP: Edits = (
+    (
+        "for (int k = 1; k < wk_n; ++k) v += red[",
+        "for (int k = 1; k < wk_n - 1; ++k) v += red[",
+    ),
+)
 
 ORT_MUTANTS = (
-    _mma("mma GEMV: last chunk reads the previous block's scale", "-DQK_MUT_MMA_LAST_SCALE", "matches_oracle"),
-    _mma("mma GEMV: activation pairs in swapped K slots", "-DQK_MUT_MMA_SLOT_SWAP", "matches_oracle"),
-    _mma("mma GEMV: last K split not added", "-DQK_MUT_MMA_DROP_LAST_WARP", "matches_oracle", leaf="Xfp16_Wu4_Yfp16"),
-    _mma("control: portable mma (shuffles), u2", "-DQK_MMA_EMULATE", None),
-    _mma("control: portable mma (shuffles), u4", "-DQK_MMA_EMULATE", None, leaf="Xfp16_Wu4_Yfp16"),
+    _mma("mma GEMV: last chunk reads the previous block's scale", "matches_oracle", edits=MMA_LAST_SCALE),
+    _mma("mma GEMV: activation pairs in swapped K slots", "matches_oracle", edits=MMA_SLOT_SWAP),
+    _mma("mma GEMV: last K split not added", "matches_oracle", edits=MMA_DROP_LAST_WARP, leaf="Xfp16_Wu4_Yfp16"),
+    _mma("control: portable mma (shuffles), u2", None, define="-DQK_MMA_EMULATE"),
+    _mma("control: portable mma (shuffles), u4", None, define="-DQK_MMA_EMULATE", leaf="Xfp16_Wu4_Yfp16"),
 )
 ALL = HIP_MUTANTS + SO_MUTANTS + ORT_MUTANTS
 
 
-def impl_spec(m: DeviceMutant, built: dict[str, Path]) -> str:
-    """The --impl string for a mutant; ``built`` maps so: sources to their compiled libraries."""
+def impl_spec(m: DeviceMutant, built: dict[str, Path], source: Path | None = None) -> str:
+    """The --impl string for a mutant; ``built`` maps so: sources to their compiled libraries,
+    ``source`` is the hip: file to load (default ``m.path()``; a patched mutant's copy)."""
     if m.is_ort:
         return "cupy"
     if m.is_so:
         return f"so:{built[m.source]}:{m.symbol}"
-    return f"hip:{m.path()}:{m.symbol}{m.options}"
+    return f"hip:{source or m.path()}:{m.symbol}{m.options}"
 
 
 def build_all(out_dir: Path) -> dict[str, Path]:
@@ -165,15 +247,17 @@ def run_mutant(m: DeviceMutant, built: dict[str, Path], coverage: int = 1):
     from qconform.properties.suite import run_leaf
 
     op = get_op(m.op)
-    impl = load_impl(impl_spec(m, built), [m.op])
-    leaf = m.leaf or op.leaves[0].name
-    prepared = [Prepared.from_case(op, c, impl.ftz) for c in op.cases(leaf, max(coverage, m.coverage))]
-    if not m.is_ort:
-        return run_leaf(impl, op, leaf, prepared)
-    from qconform.device import ort as ort_launch
+    with m.loaded_source() as source:
+        impl = load_impl(impl_spec(m, built, source), [m.op])
+        leaf = m.leaf or op.leaves[0].name
+        prepared = [Prepared.from_case(op, c, impl.ftz) for c in op.cases(leaf, max(coverage, m.coverage))]
+        if not m.is_ort:
+            return run_leaf(impl, op, leaf, prepared)
+        from qconform.device import ort as ort_launch
 
-    with ort_launch.compile_options(*m.options.split()):
-        return run_leaf(impl, op, leaf, prepared)
+        override = {Path(m.source).name: source} if m.edits else {}
+        with ort_launch.compile_options(*m.options.split()), ort_launch.source_override(override):
+            return run_leaf(impl, op, leaf, prepared)
 
 
 def verdict(m: DeviceMutant, result) -> tuple[bool, str]:
@@ -188,9 +272,28 @@ def verdict(m: DeviceMutant, result) -> tuple[bool, str]:
     return m.caught_by in failed, f"failed {failed}" if failed else "passed (MISSED)"
 
 
-def main() -> int:
+def write_sources(directory: Path) -> list[Path]:
+    """Write every patched kernel source the suite and the bench load, each as
+    ``directory/<name>/<file>`` beside copies of the headers of its folder (for the offline compile
+    gate); returns their paths."""
+    from qconform.bench.diagnostics import DIAGNOSTICS
+
+    written = [m.patch().write(directory / m.slug) for m in ALL if m.edits]
+    written += [patch.write(directory / f"bench-{name}") for name, _, patch in DIAGNOSTICS]
+    return written
+
+
+def main(argv: list[str]) -> int:
+    import argparse
     import tempfile
 
+    parser = argparse.ArgumentParser(description="Run the device mutants and controls (a GPU), or write sources.")
+    parser.add_argument("--write-sources", metavar="DIR", type=Path, help="only write the patched kernel sources")
+    args = parser.parse_args(argv)
+    if args.write_sources is not None:
+        for path in write_sources(args.write_sources):
+            print(path)
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
         built = build_all(Path(tmp))
         rows, missed = [], 0
@@ -208,4 +311,4 @@ def main() -> int:
 
 if __name__ == "__main__":
     sys.path.insert(0, str(REPO / "src"))
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

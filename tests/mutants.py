@@ -13,6 +13,7 @@ import itertools
 import numpy as np
 
 import qconform.oracles.ort as ort
+from qconform.errors import ArgumentError
 from qconform.formats.ggml import Q8_0, Q8_K
 from qconform.oracles.ggml import check_quantize_args, dequantize, quantize, resolve_qtype
 from qconform.oracles.ggml.rounding import int_to_int8, nearest_int
@@ -152,7 +153,18 @@ def q8_k_asserts_width(x: np.ndarray, qtype: str, out: np.ndarray | None = None)
     return quantize(x, qtype, out=out)
 
 
-for _fn in (q8_k_modifies_input, q8_k_writes_before_checking, q8_k_asserts_width):
+def q8_k_rejects_for_wrong_reason(x: np.ndarray, qtype: str, out: np.ndarray | None = None) -> np.ndarray:
+    """Rejects every bad call, and leaves every buffer alone, but always for the same unrelated
+    reason (a validator that checks one flag for everything): the message names ``x`` whatever
+    the call broke, and never the rule."""
+    try:
+        check_quantize_args(x, qtype, out)
+    except (ValueError, TypeError):
+        raise ArgumentError("x: something unrelated") from None
+    return quantize(x, qtype, out=out)
+
+
+for _fn in (q8_k_modifies_input, q8_k_writes_before_checking, q8_k_asserts_width, q8_k_rejects_for_wrong_reason):
     _declare(_fn, "q8_k_quant")
 
 
@@ -212,6 +224,16 @@ def nbits_float_zp_one_rounding(B, scales, zero_points=None, g_idx=None, *, K, N
     return ort.dequantize_nbits(
         B, scales, zero_points, g_idx, K=K, N=N, bits=bits, block_size=block_size, out=out, **{**kw, "form": "kernel"}
     )
+
+
+@_for("dequantize_nbits", "Wu4_Yfp32")
+def nbits_blames_the_wrong_argument(B, scales, zero_points=None, g_idx=None, *, out=None, **kw):
+    """Rejects every bad call with the oracle's own rule, but blames ``K`` for it whatever
+    argument broke it (a C port that reports every failed check under one name)."""
+    try:
+        return ort.dequantize_nbits(B, scales, zero_points, g_idx, out=out, **kw)
+    except ArgumentError as exc:
+        raise ArgumentError(f"K: {str(exc).partition(': ')[2]}") from None
 
 
 @_for("fake_quantize", "Xfp32_Qu8_Yfp32")

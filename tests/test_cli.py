@@ -13,16 +13,31 @@ import pytest
 from qconform.cli import main
 
 
-def test_default_run_checks_the_oracle_against_the_golden_set(capsys) -> None:
-    assert main(["run"]) == 0
-    out = capsys.readouterr().out
-    assert out.startswith("No GPU device found")
-    assert "Op  " in out and "Verdict" in out and "Suite (ms)" in out and "max relL2" in out
+def test_default_run_checks_what_the_host_has(capsys) -> None:
+    """Without a GPU: the oracle against the newest committed golden set, every leaf. With one: the
+    device kernels (``--impl cupy``) on the cases of every op they implement."""
+    from qconform.golden import default_set_dir
+    from qconform.impls import device_available
     from qconform.ops import CATALOGUE
 
-    leaves = sum(len(op.leaves) for op in CATALOGUE.values())
+    found, why = device_available()
+    assert main(["run", "--coverage", "1", "--repeat-calls", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "Op  " in out and "Verdict" in out and "Suite (ms)" in out and "max relL2" in out
+    head = out.splitlines()[1]
+    if found:
+        from qconform.impls.device import DEVICE_OPS
+
+        assert out.startswith(f"GPU found ({why}): checking qconform's device kernels (--impl cupy)")
+        assert "No GPU device found" not in out
+        assert "| impl: cupy |" in head and head.endswith("cases: coverage 1")
+        ops = [op for op in CATALOGUE.values() if op.name in DEVICE_OPS]
+    else:
+        assert out.startswith(f"No GPU device found ({why}): checking the oracle against the committed golden set.")
+        assert "| impl: oracle |" in head and head.endswith(f"cases: golden {default_set_dir()}")
+        ops = list(CATALOGUE.values())
+    leaves = sum(len(op.leaves) for op in ops)
     assert f"Leaves: {leaves} (0 failed) | Cases:" in out and "(0 failed)\n" in out
-    assert "/v2\n" in out.splitlines()[1] + "\n"
 
 
 def test_default_run_with_a_gpu_checks_the_device_kernels(monkeypatch, capsys) -> None:
@@ -41,9 +56,25 @@ def test_default_run_with_a_gpu_checks_the_device_kernels(monkeypatch, capsys) -
 
 
 def test_device_impls_need_a_device(capsys) -> None:
-    for spec in ("cupy", "cupy:ref", "hip:k.hip:sym", "so:lib.so:sym"):
-        assert main(["run", "--impl", spec]) == 2
-        assert "needs a GPU and CuPy" in capsys.readouterr().err
+    """Without a GPU every device implementation is a usage error saying why; with one they load,
+    and what is wrong with a user's kernel or library (here: it does not exist) is the error."""
+    from qconform.impls import device_available
+
+    found, why = device_available()
+    if not found:
+        for spec in ("cupy", "cupy:ref", "hip:k.hip:sym", "so:lib.so:sym"):
+            assert main(["run", "--impl", spec]) == 2
+            err = capsys.readouterr().err
+            assert "needs a GPU and CuPy" in err and why in err
+        return
+    for spec, words in (
+        ("cupy:nope", "cupy variants are"),
+        ("hip:k.hip:sym", "no such kernel source 'k.hip'"),
+        ("so:lib.so:sym", "no such shared library 'lib.so'"),
+    ):
+        assert main(["run", "--impl", spec, "--ops", "q8_0_quant"]) == 2
+        err = capsys.readouterr().err
+        assert words in err and "needs a GPU" not in err, err
 
 
 def test_hypothesis_profiles(monkeypatch) -> None:

@@ -10,20 +10,49 @@ import pytest
 from device_catalogue import ALL
 
 from qconform.device.errstate import mapped_runtimes
-from qconform.device.registry import COMMON_DIR, KERNELS, Geometry, check_grid, kernel_for, parse_source_spec
+from qconform.device.registry import (
+    COMMON_DIR,
+    KERNEL_DIR,
+    KERNELS,
+    Geometry,
+    Launch,
+    check_grid,
+    kernel_for,
+    parse_impl_spec,
+)
 from qconform.device.solib import build_command
 from qconform.errors import ArgumentError
 from qconform.ops import CATALOGUE
 
 
 def _kernel_symbols(text: str) -> set[str]:
-    return set(re.findall(r'extern "C" __global__ void(?: __launch_bounds__\(\w+\))?\s+(\w+)\(', text))
+    bounds = r"(?: __launch_bounds__\([^)]*\))?"
+    return set(re.findall(r'extern "C" __global__ void' + bounds + r"\s+(?!__launch_bounds__)(\w+)\(", text))
+
+
+def _mma_instances(text: str) -> set[str]:
+    """The matrix-unit kernels a source instantiates through QK_NBITS_MMA(BITS, R, T, P, O)."""
+    return {
+        f"qk_nbits_mma_u{b}_r{r}_t{t}_p{p}_o{o}"
+        for r, t, p, o in re.findall(r"QK_NBITS_MMA\(BITS, (\d+), (\d+), (\d+), (\d+)\)", text)
+        for b in re.findall(r"^QK_NBITS_MMA_BITS\((\d)\)", text, re.M)
+    }
 
 
 def test_every_registered_kernel_exists_in_its_source() -> None:
+    """One registry lists every kernel of every family; each symbol is defined in its source, and
+    every extern "C" kernel of every shipped source is registered."""
+    assert {k.family for k in KERNELS} == {op.family for op in CATALOGUE.values()}
     for k in KERNELS:
         assert k.op in CATALOGUE
-        assert k.symbol in _kernel_symbols(k.path.read_text()), k.symbol
+        text = k.path.read_text()
+        assert k.symbol in _kernel_symbols(text) | _mma_instances(text), k.symbol
+    registered = {(k.source, k.symbol) for k in KERNELS}
+    for path in sorted(KERNEL_DIR.glob("*/*.hip")):
+        source = str(path.relative_to(KERNEL_DIR))
+        code = re.sub(r"/\*.*?\*/|//[^\n]*", "", path.read_text(), flags=re.S)
+        for symbol in _kernel_symbols(code):
+            assert (source, symbol) in registered, f"{source}: {symbol} is not in the registry"
 
 
 def test_every_device_mutant_symbol_exists() -> None:
@@ -60,19 +89,33 @@ def test_kernel_for_variants() -> None:
         kernel_for("nope_quant")
 
 
-def test_parse_source_spec(tmp_path) -> None:
+def test_parse_impl_spec(tmp_path) -> None:
     src = tmp_path / "k.hip"
     src.write_text("")
-    assert parse_source_spec(f"hip:{src}:sym") == (src, "sym", Geometry(1, 256))
-    assert parse_source_spec(f"hip:{src}:sym:lanes=8:threads=64") == (src, "sym", Geometry(8, 64))
+    assert parse_impl_spec(f"hip:{src}:sym") == (src, "sym", Launch())
+    got = parse_impl_spec(f"hip:{src}:sym:lanes=8:threads=64:grid=3:smem=0:opt=-DX=1:opt=-G:requires=bits==2")
+    assert got == (src, "sym", Launch(8, 64, 3, 0, ("-DX=1", "-G"), "bits==2"))
+    assert parse_impl_spec(f"so:{src}:f:requires=M<=8")[2] == Launch(requires="M<=8")
     for bad, rule in [
-        (f"hip:{src}", "hip:path/file.hip:symbol"),
-        (f"hip:{src}:sym:lanes=0", "positive"),
-        (f"hip:{src}:sym:warps=2", "lanes=N and threads=N"),
+        (f"hip:{src}", "hip:path/file:symbol"),
+        (f"hip:{src}:sym:lanes=0", "lanes must be a positive integer"),
+        (f"hip:{src}:sym:warps=2", "options are lanes="),
+        (f"so:{src}:f:lanes=2", "options are requires="),
         (f"hip:{tmp_path}/missing.hip:sym", "no such kernel source"),
+        (f"so:{tmp_path}/missing.so:sym", "no such shared library"),
     ]:
         with pytest.raises(ArgumentError, match=rule):
-            parse_source_spec(bad)
+            parse_impl_spec(bad)
+
+
+def test_launch_geometry_from_the_abi() -> None:
+    abi = CATALOGUE["matmul_nbits"].abi
+    assert Launch().shape(abi, 7) == (1, 256)  # 7 outputs x 32 lanes
+    assert Launch().shape(abi, 9) == (2, 256)
+    assert Launch(lanes=1, threads=128).shape(abi, 300) == (3, 128)
+    assert Launch(grid=5).shape(abi, 10**6) == (5, 256)
+    with pytest.raises(ArgumentError, match="over the 2147483647"):
+        Launch().shape(abi, 2**40)
 
 
 def test_so_build_commands_share_the_runtime(tmp_path) -> None:

@@ -12,7 +12,7 @@ import pytest
 from qconform.cli import main
 from qconform.impls import load_impl
 from qconform.ops import get_op
-from qconform.properties import Prepared, run_leaf
+from qconform.properties import Prepared, rejects_bad_arguments, run_leaf
 
 VALUE = {"matches_oracle", "writes_every_output"}
 CAUGHT_BY = {
@@ -26,6 +26,8 @@ CAUGHT_BY = {
     "q8_k_accepts_bad_width": {"rejects_bad_arguments"},
     "q8_k_writes_before_checking": {"rejects_bad_arguments"},
     "q8_k_asserts_width": {"rejects_bad_arguments"},
+    "q8_k_rejects_for_wrong_reason": {"rejects_bad_arguments"},
+    "nbits_blames_the_wrong_argument": {"rejects_bad_arguments"},
     "q8_k_modifies_input": {"matches_oracle"},
     "q8_k_allocates_and_skips_last_block": {"writes_every_output"},
     "nbits_unpack_high_bits_first": VALUE,
@@ -42,6 +44,8 @@ EXACTLY = {
     "q8_0_ties_to_even",
     "q8_0_dequant_fp16_math",
     "q8_k_accepts_bad_width",
+    "q8_k_rejects_for_wrong_reason",
+    "nbits_blames_the_wrong_argument",
 }
 
 
@@ -136,3 +140,36 @@ def test_mutant_failure_says_why(name: str, words: str, in_tests_dir) -> None:
     op = get_op("q8_k_quant")
     result = run_leaf(impl, op, "Xfp32_Yq8_K", [Prepared.from_case(op, c) for c in op.cases("Xfp32_Yq8_K", 1)])
     assert any(words in o.detail for o in result.failed), [o.detail for o in result.failed]
+
+
+@pytest.mark.parametrize(
+    "name,words",
+    [
+        # names the argument but not the rule: the first bad call is a width that is no multiple of 256
+        (
+            "q8_k_rejects_for_wrong_reason",
+            (
+                "rejected for another reason",
+                "naming 'x'",
+                "/multiple of 256/",
+                "ArgumentError('x: something unrelated')",
+            ),
+        ),
+        # the rule but not the argument: the first bad call has bits = 5
+        (
+            "nbits_blames_the_wrong_argument",
+            ("rejected for another reason", "naming 'bits'", "ArgumentError('K: must be one of (2, 3, 4, 8), got 5')"),
+        ),
+    ],
+)
+def test_rejection_for_the_wrong_reason_names_the_rule_and_quotes_the_error(
+    name: str, words: tuple[str, ...], in_tests_dir
+) -> None:
+    impl = load_impl(f"py:mutants:{name}")
+    (op_name,) = impl.ops
+    op = get_op(op_name)
+    outcome = rejects_bad_arguments(impl, op, getattr(impl.fn, "__qconform_leaf__", op.leaves[0].name))
+    assert outcome.ok is False
+    assert all(w in outcome.detail for w in words), outcome.detail
+    # the oracle's own rejections of the same calls pass
+    assert rejects_bad_arguments(load_impl("oracle"), op, op.leaves[0].name).ok

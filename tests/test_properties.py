@@ -4,6 +4,7 @@ author can run ``QCONFORM_IMPL=py:my_kernels:my_q8_k pytest tests/test_propertie
 
 from __future__ import annotations
 
+import inspect
 import os
 
 import numpy as np
@@ -17,8 +18,17 @@ LEAVES = [(op, lf.name) for op in CATALOGUE.values() for lf in op.leaves]
 IMPLS = ["oracle", "oracle-numpy"] + [s for s in os.environ.get("QCONFORM_IMPL", "").split(",") if s]
 
 
-@pytest.mark.parametrize("impl_name", IMPLS)
-@pytest.mark.parametrize("op,leaf", LEAVES, ids=[f"{op.name}-{leaf}" for op, leaf in LEAVES])
+def has_twins(op) -> bool:
+    """The op's oracle has a numba twin and a numpy spec (a ``backend`` parameter). Otherwise
+    ``oracle-numpy`` runs the very function the reference outputs come from: comparing it with
+    itself could not fail, so it is not run."""
+    return "backend" in inspect.signature(op.oracle).parameters
+
+
+RUNS = [(impl, op, leaf) for impl in IMPLS for op, leaf in LEAVES if impl != "oracle-numpy" or has_twins(op)]
+
+
+@pytest.mark.parametrize("impl_name,op,leaf", RUNS, ids=[f"{op.name}-{leaf}-{impl}" for impl, op, leaf in RUNS])
 def test_implementations_pass_every_property(impl_name: str, op, leaf: str) -> None:
     impl = load_impl(impl_name)
     if not impl.applies_to(op):
@@ -32,6 +42,29 @@ def test_implementations_pass_every_property(impl_name: str, op, leaf: str) -> N
     props = {o.prop for o in result.checked}
     assert props == {"matches_oracle", "repeatable", "writes_every_output", "rejects_bad_arguments"}
     assert [o.ok for o in result.outcomes if o.prop == "survives_pending_error"] == [None]
+
+
+def test_the_oracle_numpy_runs_compare_two_twins_and_can_fail(monkeypatch) -> None:
+    """What is left of the ``oracle-numpy`` runs compares the numpy spec with the numba twin the
+    reference outputs come from: with the spec broken (Q8_0's qs[0] of every first block flipped)
+    the same run fails."""
+    assert "q8_0_quant" in {op.name for impl, op, _ in RUNS if impl == "oracle-numpy"}
+    from qconform.oracles.ggml import q8_0
+
+    real = q8_0.quantize_blocks_numpy
+
+    def broken(x: np.ndarray, out: np.ndarray, ftz: bool = False) -> None:
+        real(x, out, ftz)
+        out["qs"][0, 0] ^= 1
+
+    monkeypatch.setattr(q8_0, "quantize_blocks_numpy", broken)
+    op = CATALOGUE["q8_0_quant"]
+    leaf = op.leaves[0].name
+    prepared = [Prepared.from_case(op, c) for c in op.cases(leaf, 1)]
+    assert run_leaf(load_impl("oracle"), op, leaf, prepared).verdict == "PASS"
+    result = run_leaf(load_impl("oracle-numpy"), op, leaf, prepared)
+    assert result.verdict == "FAIL"
+    assert {"matches_oracle", "writes_every_output"} <= {o.prop for o in result.failed}
 
 
 @pytest.mark.parametrize("op", list(CATALOGUE.values()), ids=lambda op: op.name)
@@ -82,17 +115,22 @@ def _ort_cases_cover_the_edges(op, leaf: str) -> None:
         assert {c.params["zp"] for c in cov1} == {False, True}
 
 
-@pytest.mark.parametrize("op", list(CATALOGUE.values()), ids=lambda op: op.name)
-def test_oracle_rejects_bad_arguments_naming_the_argument(op) -> None:
+@pytest.mark.parametrize("op,leaf", LEAVES, ids=[f"{op.name}-{leaf}" for op, leaf in LEAVES])
+def test_oracle_rejects_bad_arguments_naming_the_argument(op, leaf: str) -> None:
+    """Each bad call breaks the one rule it says: the oracle raises ``"<arg>: <rule>"`` for it, with
+    ``arg`` the argument the BadArgument names, and the message matches its pattern."""
     from qconform.errors import ArgumentError
 
-    leaf = op.leaves[0].name
+    named = set(op.input_names) | {"out", "qtype"} | {k for bad in op.bad_arguments(leaf) for k in bad.params}
     for bad in op.bad_arguments(leaf):
+        assert bad.arg in named, (bad.rule, bad.arg)
+        assert (bad.arg == "out") == (bad.bad_out is not None), bad.rule
         args, kwargs = op.call_args(bad.inputs, bad.params)
         with pytest.raises(ArgumentError) as err:
             op.oracle(*args, **kwargs, out=bad.bad_out)
-        named = {"out"} if bad.bad_out is not None else set(op.input_names) | set(bad.params) | {"qtype"}
-        assert any(str(err.value).startswith(f"{n}:") for n in named), str(err.value)
+        assert str(err.value).startswith(f"{bad.arg}: "), (bad.rule, str(err.value))
+        assert bad.mismatch(str(err.value)) is None, (bad.rule, str(err.value))
+        assert bad.mismatch(f"{bad.arg}: something unrelated") is not None, bad.rule
 
 
 def test_compare_exact_float_rules() -> None:

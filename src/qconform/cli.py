@@ -1,4 +1,4 @@
-"""``qconform run | fuzz | golden | bench | list``. Exit status: 0 passed, 1 a failure, 2 usage or
+"""``qconform run | fuzz | golden | bench | list | abi``. Exit status: 0 passed, 1 a failure, 2 usage or
 environment error."""
 
 from __future__ import annotations
@@ -224,10 +224,62 @@ def cmd_list(args: argparse.Namespace) -> int:
     print(f"Device implementations ({'device found' if found else f'unavailable here: {why}'}):")
     for name in DEVICE_IMPLS:
         print(f"  {name}")
-    print("Device kernels (launch ABI: README 'Kernel ABIs'):")
+    print("Device kernels (a user's kernel's ABI: qconform abi OP):")
     for k in KERNELS:
-        g = k.geometry
-        print(f"  {k.op:14} {k.variant:5} {k.symbol:20} lanes={g.lanes:<3} threads={g.threads:<4} {k.doc}")
+        g = f"lanes={k.geometry.lanes:<3} threads={k.geometry.threads:<4}" if k.geometry else "(its launcher)"
+        print(f"  {k.op:22} {k.variant:5} {k.symbol:28} {k.source:30} {g} {k.doc}")
+    return EXIT_OK
+
+
+def abi_text(op: OpSpec) -> str:
+    """``qconform abi OP``: the C prototypes, the argument table, enums, geometry and status rules."""
+    from qconform.ops import abi as A
+
+    a = op.abi
+    lines = [
+        f"{op.name}: {a.summary}",
+        "",
+        f'C ({A.HEADER_NAME} declares the list as {A.macro_name(op.name)}; enum codes as QCONFORM_<ENUM>_<LABEL>):',
+        "",
+        A.prototypes(op.name, a),
+        "",
+    ]
+    rows = [("#", "argument", "C type", "dtype / shape", "meaning")]
+    rows += [(str(i), *row) for i, row in enumerate(A.table(a))]
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)) + "  " + r[4] for r in rows]
+    for e in a.enums:
+        lines += ["", f"enum {e.name}:"]
+        lines += [f"  {e.macro(label)} = {value}" + (f"  {doc}" if doc else "") for label, value, doc in e.codes]
+    lines += [
+        "",
+        f"launch (hip:): {A.geometry_line(a)}; override with :lanes=N :threads=N :grid=N :smem=BYTES",
+        "status (so:): 0 success (the status of its own launch, never a pending error it did not cause); "
+        f"QCONFORM_STATUS_DECLINED = {A.STATUS_DECLINED} for a case it does not handle (counted as declined); "
+        "non-zero for invalid sizes (the suite calls it with a size of -1)",
+        "declining in hip:: :requires=EXPR over the scalar arguments above (e.g. :requires=bits==2)",
+        *(f"note: {n}" for n in a.notes),
+        "leaves: " + ", ".join(f"{lf.name} {lf.params}" for lf in op.leaves),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def cmd_abi(args: argparse.Namespace) -> int:
+    from qconform.ops.abi import header, macro_name
+
+    if args.header is not None:
+        text = header(CATALOGUE)
+        if args.header == "-":
+            sys.stdout.write(text)
+        else:
+            _emit(text, args.header)
+        return EXIT_OK
+    if args.op:
+        sys.stdout.write(abi_text(get_op(args.op)))
+        return EXIT_OK
+    for op in CATALOGUE.values():
+        print(f"{op.name:24} {macro_name(op.name):40} {op.abi.summary}")
+    print("qconform abi OP: its prototype and argument table; qconform abi --header: the C header")
     return EXIT_OK
 
 
@@ -247,7 +299,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--impl",
         help="oracle | oracle-numpy | py:module:callable | cupy[:coop|:ref] | hip:file.hip:symbol[:lanes=N]"
-        "[:threads=N] | so:lib.so:symbol (default: cupy if a GPU is found, else the oracle against the golden set)",
+        "[:threads=N][:grid=N][:smem=N][:opt=FLAG][:requires=EXPR] | so:lib.so:symbol[:requires=EXPR] "
+        "(the op's ABI: qconform abi OP; default: cupy if a GPU is found, else the oracle against the golden set)",
     )
     r.add_argument("--ops", action="append", help="ops to run (comma-separated or repeated)")
     r.add_argument("--leaf", help="only this leaf")
@@ -289,6 +342,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     ls = sub.add_parser("list", help="ops, leaves and implementations")
     ls.set_defaults(fn=cmd_list)
+
+    a = sub.add_parser("abi", help="an op's device ABI for hip: kernels and so: launchers (C prototype, arguments)")
+    a.add_argument("op", nargs="?", help="the op (default: list every op's ABI macro)")
+    a.add_argument(
+        "--header",
+        nargs="?",
+        const="-",
+        metavar="FILE",
+        help="print (or write to FILE) the generated C header qconform_abi.h with every op's declarations",
+    )
+    a.set_defaults(fn=cmd_abi)
     return p
 
 

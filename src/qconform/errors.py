@@ -7,3 +7,8 @@ class ArgumentError(ValueError):
 
 class DeviceError(RuntimeError):
     """A device launch of a named op failed with its own status."""
+
+
+class Declined(NotImplementedError):
+    """An implementation does not handle this case (a kernel's documented limit): the case is
+    counted as declined, never as passed or failed."""

@@ -27,7 +27,9 @@ def summary(results: Sequence[LeafResult]) -> str:
     leaves_failed = sum(r.verdict == "FAIL" for r in results)
     cases = sum(len(r.checked) for r in results)
     failed = sum(len(r.failed) for r in results)
-    return f"Leaves: {len(results)} ({leaves_failed} failed) | Cases: {cases} ({failed} failed)"
+    declined = sum(len(r.declined) for r in results)
+    extra = f", {declined} declined" if declined else ""
+    return f"Leaves: {len(results)} ({leaves_failed} failed) | Cases: {cases} ({failed} failed{extra})"
 
 
 def _failure_lines(results: Sequence[LeafResult]) -> list[str]:
@@ -35,6 +37,13 @@ def _failure_lines(results: Sequence[LeafResult]) -> list[str]:
     for r in results:
         if r.skipped:
             lines.append(f"SKIP {r.op} {r.leaf}: {r.skipped}")
+        elif r.declined:
+            n = r.ran + len(r.declined)
+            first = r.declined[0]
+            lines.append(
+                f"DECLINED {r.op} {r.leaf}: ran {r.ran}/{n}, declined {len(r.declined)} "
+                f"(first: case {first.case}, {first.detail[len('declined: '):]})"
+            )
         for o in r.failed[:MAX_FAILURES_SHOWN]:
             where = f" case {o.case}" if o.case else ""
             lines.append(f"FAIL {r.op} {r.leaf} {o.prop}{where}: {o.detail}")
@@ -89,6 +98,8 @@ def as_json(results: Sequence[LeafResult], context: dict[str, Any]) -> str:
             "max_rel_l2": num(r.max_rel_l2),
             "verdict": r.verdict,
             "skipped": r.skipped,
+            "ran": r.ran,
+            "declined": len(r.declined),
             "outcomes": [
                 {
                     "property": o.prop,

@@ -16,7 +16,7 @@ import numpy as np
 from qconform.device import registry
 from qconform.device.ggml.q8_quant import bind, run_kernel
 from qconform.device.loader import device_info, get_kernel
-from qconform.device.registry import KERNELS, KernelSpec
+from qconform.device.registry import GGML_KERNELS, KernelSpec
 from qconform.formats.ggml import FORMATS
 
 MEMCPY_DEVICE_TO_DEVICE = 3
@@ -98,7 +98,7 @@ def _inputs(spec: KernelSpec, rows: int, width: int, seed: int):
         return {"x": x}, {"qtype": spec.op.split("_quant")[0].upper()}
     qtype = spec.op.split("_dequant")[0].upper()
     q = cupy.empty((rows, FORMATS[qtype].n_bytes(width)), cupy.uint8)
-    quant = next(k for k in KERNELS if k.op == f"{qtype.lower()}_quant")
+    quant = next(k for k in GGML_KERNELS if k.op == f"{qtype.lower()}_quant")
     run_kernel(
         quant.op, get_kernel(quant.path, quant.symbol), quant.geometry, bind(quant.op, {"x": x}, {"qtype": qtype}), q
     )
@@ -133,7 +133,7 @@ def bench_device(rows: int = 4096, width: int = 14336, reps: int = 30) -> list[t
     rows_out = []
     print(f"| kernel ({rows} x {width}) | MB moved | us (median of {reps}) | GB/s | of copy bandwidth |")
     print("|---|---|---|---|---|")
-    for spec in KERNELS:
+    for spec in GGML_KERNELS:
         t = kernel_timing(spec, rows, width, reps)
         frac = t.gbps / copy.gbps
         rows_out.append((t, frac))
@@ -159,6 +159,7 @@ def bench_gemv(K: int = 5120, N: int = 17920, reps: int = 50) -> list[tuple[str,
     dequantize-to-fp16 + cuBLAS (CuPy matmul) on the same sets. fp16 A/Y/scales take the
     matrix-unit kernel, fp32 the per-output one. The decode split (``MMA_SHAPES``) is tuned here:
     each candidate's time is printed first."""
+    from qconform.bench.diagnostics import DIAGNOSTICS
     from qconform.device import ort as ort_launch
 
     copy = copy_bandwidth()
@@ -189,11 +190,12 @@ def bench_gemv(K: int = 5120, N: int = 17920, reps: int = 50) -> list[tuple[str,
         print(f"  {wk}: {t.seconds * 1e6:.1f} us {frac:.0%}")
     registry.MMA_SHAPES["decode"] = default
     print("diagnostics (wrong results, timing only), default shape:")
-    for define, what in (
-        ("-DQK_DIAG_LOADS_ONLY", "loads only, no arithmetic"),
-        ("-DQK_DIAG_NO_LOADS", "no weight loads"),
-    ):
-        with ort_launch.compile_options(define, "-DQK_MMA_DEFAULT_ONLY"):
+    for _, what, patch in DIAGNOSTICS:  # patched copies of nbits_mma.hip (qconform.bench.diagnostics)
+        with (
+            patch.materialised() as source,
+            ort_launch.source_override({"nbits_mma.hip": source}),
+            ort_launch.compile_options("-DQK_MMA_DEFAULT_ONLY"),
+        ):
             t, frac = time_gemv(2, a16)
         print(f"  {what}: {t.seconds * 1e6:.1f} us {frac:.0%}")
 

@@ -1,16 +1,18 @@
-"""Every device kernel qconform ships, with its launch geometry. Imports no CuPy.
+"""Every device kernel qconform ships, of every family, with its source and (for kernels with
+the op's declared ABI, ``qconform.ops.abi``) its launch geometry; the ``hip:`` / ``so:`` spec
+parser. Imports no CuPy.
 
-Launch ABI, shared by our kernels and a user's ``hip:`` kernel (README "Kernel ABIs"):
-``extern "C" __global__ void k(const void* in, void* out, long long n_blocks)`` launched with
-``blockDim.x = threads`` and ``gridDim.x = ceil(n_blocks * lanes / threads)``, where ``n_blocks``
-is the number of format blocks (Q8_K: 256 values, Q8_0: 32) and ``lanes`` the threads a kernel
-spends on one format block.
+The ggml kernels take their op's declared ABI (``(x, y, n_blocks)``, the same a user's ``hip:``
+kernel gets) and are launched with ``blockDim.x = threads`` and ``gridDim.x = ceil(n_blocks *
+lanes / threads)``; the ONNX Runtime family's kernels take their own arguments from their
+launchers (``qconform.device.ort``), listed here with ``geometry=None``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from qconform.errors import ArgumentError
 
@@ -33,16 +35,20 @@ class KernelSpec:
     op: str
     variant: str
     symbol: str
-    source: str  # file under kernels/
-    geometry: Geometry
+    source: str  # file under kernels/: <family>/<file>
+    geometry: Geometry | None  # None: launched by its family's launcher with its own arguments
     doc: str
 
     @property
     def path(self) -> Path:
         return KERNEL_DIR / self.source
 
+    @property
+    def family(self) -> str:
+        return self.source.split("/")[0]
 
-KERNELS: tuple[KernelSpec, ...] = (
+
+GGML_KERNELS: tuple[KernelSpec, ...] = (
     KernelSpec(
         "q8_k_quant",
         "coop",
@@ -73,15 +79,16 @@ KERNELS: tuple[KernelSpec, ...] = (
     KernelSpec("q8_0_dequant", "coop", "qk_q8_0_dequant", "ggml/q8_quant.hip", Geometry(8, 256), "a float4 per thread"),
 )
 
-VARIANTS = tuple(dict.fromkeys(k.variant for k in KERNELS))
+VARIANTS = tuple(dict.fromkeys(k.variant for k in GGML_KERNELS))
 
 
 def kernel_for(op: str, variant: str | None = None) -> KernelSpec:
     """The kernel of ``op`` in ``variant`` (None: the first listed); an op with one kernel uses it
     for every variant."""
-    mine = [k for k in KERNELS if k.op == op]
+    mine = [k for k in GGML_KERNELS if k.op == op]
     if not mine:
-        raise ArgumentError(f"op: no device kernel for {op!r}; kernels exist for {sorted({k.op for k in KERNELS})}")
+        known = sorted({k.op for k in GGML_KERNELS})
+        raise ArgumentError(f"op: no device kernel for {op!r} with its ABI; they exist for {known}")
     if variant is None or len(mine) == 1:
         return mine[0]
     for k in mine:
@@ -99,24 +106,62 @@ def check_grid(op: str, n_blocks: int, geometry: Geometry) -> int:
     return grid
 
 
-def parse_source_spec(spec: str) -> tuple[Path, str, Geometry]:
-    """``hip:path/file.hip:symbol[:lanes=N][:threads=N]`` -> (path, symbol, geometry)."""
-    body = spec.split(":", 1)[1] if ":" in spec else ""
+@dataclass(frozen=True)
+class Launch:
+    """A ``hip:`` launch geometry: ``threads`` per CTA, ``lanes`` per work item (None: the op's),
+    a fixed ``grid`` (None: from the work), dynamic shared memory, and a ``requires`` predicate
+    over the ABI's scalar arguments (cases where it is false are declined)."""
+
+    lanes: int | None = None
+    threads: int | None = None
+    grid: int | None = None
+    smem: int = 0
+    options: tuple[str, ...] = ()
+    requires: str | None = None
+
+    def shape(self, abi: Any, work: int) -> tuple[int, int]:
+        threads = self.threads or abi.threads
+        grid = self.grid or -(-work * (self.lanes or abi.lanes) // threads)
+        if grid > MAX_GRID_X:
+            raise ArgumentError(f"grid: {work} work items need {grid} CTAs, over the {MAX_GRID_X} a launch allows")
+        return grid, threads
+
+
+
+SPEC_OPTIONS = ("lanes", "threads", "grid", "smem", "opt", "requires")
+
+
+def parse_impl_spec(spec: str) -> tuple[Path, str, Launch]:
+    """``hip:path/file.hip:symbol[:key=value]...`` or ``so:path/lib.so:symbol[:requires=EXPR]`` ->
+    (path, symbol, launch). Keys: ``lanes``, ``threads``, ``grid``, ``smem`` (positive integers;
+    smem may be 0), ``opt`` (one compiler option, repeatable), ``requires`` (a Python expression
+    over the op's ABI scalars, e.g. ``bits == 2 and block_size % 32 == 0``: cases where it is false
+    are declined)."""
+    kind, _, body = spec.partition(":")
     parts = body.split(":")
+    usage = f"'{kind}:path/file:symbol[:key=value]...'"
     if len(parts) < 2 or not parts[0] or not parts[1]:
-        raise ArgumentError(
-            f"impl: hip: implementations are 'hip:path/file.hip:symbol[:lanes=N][:threads=N]', got {spec!r}"
-        )
-    opts: dict[str, int] = {}
+        raise ArgumentError(f"impl: {kind}: implementations are {usage}, got {spec!r}")
+    opts: dict[str, Any] = {}
+    options: list[str] = []
     for item in parts[2:]:
         key, sep, value = item.partition("=")
-        if not sep or key not in ("lanes", "threads") or not value.isdigit() or int(value) < 1:
-            raise ArgumentError(f"impl: {spec!r}: options are lanes=N and threads=N (positive), got {item!r}")
-        opts[key] = int(value)
+        allowed = SPEC_OPTIONS if kind == "hip" else ("requires",)
+        if not sep or key not in allowed:
+            raise ArgumentError(f"impl: {spec!r}: options are {', '.join(k + '=...' for k in allowed)}, got {item!r}")
+        if key == "opt":
+            options.append(value)
+        elif key == "requires":
+            opts[key] = value
+        elif not value.isdigit() or (int(value) < 1 and key != "smem"):
+            raise ArgumentError(f"impl: {spec!r}: {key} must be a positive integer, got {value!r}")
+        else:
+            opts[key] = int(value)
     path = Path(parts[0])
     if not path.is_file():
-        raise ArgumentError(f"impl: no such kernel source {parts[0]!r}")
-    return path, parts[1], Geometry(**opts)
+        what = "kernel source" if kind == "hip" else "shared library"
+        raise ArgumentError(f"impl: no such {what} {parts[0]!r}")
+    return path, parts[1], Launch(**opts, options=tuple(options))
 
 
 @dataclass(frozen=True)
@@ -164,3 +209,30 @@ MMA_DECODE_CANDIDATES = tuple(
     MmaShape(r, 1, p, o) for r, p, o in ((2, 2, 1), (2, 2, 3), (2, 4, 2), (4, 2, 2), (1, 4, 4))
 )
 """The decode shapes the GEMV bench times (each also at several ``warps_per_sm``)."""
+
+def _ort(op: str, symbol: str, source: str, doc: str) -> KernelSpec:
+    return KernelSpec(op, "cupy", symbol, f"ort/{source}", None, doc)
+
+
+def _mma_symbols() -> tuple[KernelSpec, ...]:
+    return tuple(
+        _ort("matmul_nbits", shape.symbol(bits), "nbits_mma.hip", f"matrix-unit u{bits} GEMM, {use} shape")
+        for use, shape in MMA_SHAPES.items()
+        for bits in (2, 4)
+    )
+
+
+ORT_KERNELS: tuple[KernelSpec, ...] = (
+    _ort("dequantize_nbits", "qk_nbits_dequant", "nbits_gemv.hip", "one thread per weight"),
+    _ort("matmul_nbits", "qk_nbits_gemv", "nbits_gemv.hip", "a 32-lane group per output (any bits, fp32 A)"),
+    _ort("matmul_nbits", "qk_quantize_a_int8", "nbits_gemv.hip", "accuracy_level 4: A to int8 per block"),
+    _ort("matmul_nbits", "qk_nbits_gemv_int8", "nbits_gemv.hip", "accuracy_level 4: the int8 product"),
+    _ort("gather_block_quantized", "qk_gather_block_quantized", "gather_block_quantized.hip", "one thread per output"),
+    _ort("fake_quantize", "qk_fake_quantize", "fake_quantize.hip", "one thread per element"),
+    _ort("qswiglu", "qk_qswiglu_fused", "qswiglu.hip", "the whole chain per element"),
+    _ort("qswiglu", "qk_step_dequantize", "qswiglu.hip", "unfused step: DQ"),
+    _ort("qswiglu", "qk_step_sigmoid_quantize", "qswiglu.hip", "unfused step: Q(Sigmoid)"),
+    _ort("qswiglu", "qk_step_mul_quantize", "qswiglu.hip", "unfused step: Q(a * b)"),
+)
+KERNELS: tuple[KernelSpec, ...] = (*GGML_KERNELS, *ORT_KERNELS, *_mma_symbols())
+"""Every kernel qconform ships (an offline test checks each symbol exists in its source)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 from qconform.errors import ArgumentError
 from qconform.impls.cpu import CallableImpl, OracleImpl, guess_ops, load_python_callable, ops_for_callable
 from qconform.impls.protocol import Implementation, cpu_arch
+from qconform.ops import CATALOGUE
 
 __all__ = [
     "BUILTIN_IMPLS",
@@ -36,32 +37,60 @@ def device_available() -> tuple[bool, str]:
     return True, f"{n} device(s)"
 
 
+def _need_device(spec: str) -> None:
+    found, why = device_available()
+    if not found:
+        raise ArgumentError(f"impl: {spec} needs a GPU and CuPy: {why}")
+
+
 def load_impl(spec: str, ops: list[str] | None = None) -> Implementation:
-    """Resolve an ``--impl`` string."""
+    """Resolve an ``--impl`` string. A ``py:`` callable with ``__qconform_device__ = True`` is a
+    device drop-in (device arrays in and out); ``hip:``/``so:`` cover ``--ops``, else the ops their
+    symbol names (an error when it names none)."""
     if spec == "oracle":
         return OracleImpl("numba")
     if spec == "oracle-numpy":
         return OracleImpl("numpy")
     if spec.startswith("py:"):
         fn = load_python_callable(spec[3:])
-        return CallableImpl(spec, fn, *ops_for_callable(fn, ops))
+        chosen, guessed = ops_for_callable(fn, ops)
+        if not getattr(fn, "__qconform_device__", False):
+            return CallableImpl(spec, fn, chosen, guessed)
+        _need_device(spec)
+        from qconform.impls.device import load_device_impl
+
+        return load_device_impl(spec, chosen, guessed, fn)
     if spec == "cupy" or spec.startswith(("cupy:", "hip:", "so:")):
-        found, why = device_available()
-        if not found:
-            raise ArgumentError(f"impl: {spec} needs a GPU and CuPy: {why}")
+        _need_device(spec)
         from qconform.impls.device import load_device_impl
 
         if spec.startswith("cupy"):
             return load_device_impl(spec, None, False)
-        parts = spec.split(":")  # hip:PATH:SYMBOL[:options] / so:PATH:SYMBOL
-        symbol = parts[2] if len(parts) > 2 else ""
-        chosen, guessed = (tuple(ops), False) if ops else (guess_ops(symbol), True)
-        return load_device_impl(spec, chosen, guessed)
+        return load_device_impl(spec, *kernel_ops(spec, ops))
     raise ArgumentError(
         f"impl: unknown implementation {spec!r}; use oracle, oracle-numpy, py:module:callable, cupy[:variant], "
         "hip:file.hip:symbol or so:lib.so:symbol"
     )
 
 
+def kernel_ops(spec: str, ops: list[str] | None) -> tuple[tuple[str, ...], bool]:
+    """The ops a ``hip:``/``so:`` symbol is run for: ``--ops``, else the ones its name names.
+    A kernel launched with another op's arguments may fault, so a name naming none is an error."""
+    if ops:
+        return tuple(ops), False
+    parts = spec.split(":")
+    guessed = guess_ops(parts[2] if len(parts) > 2 else "")
+    if len(guessed) == len(CATALOGUE):
+        raise ArgumentError(f"impl: {spec}: the symbol names no op; pass --ops (one of {', '.join(CATALOGUE)})")
+    return guessed, True
+
+
 BUILTIN_IMPLS = ("oracle", "oracle-numpy")
-DEVICE_IMPLS = ("cupy", "cupy:coop", "cupy:ref", "hip:file.hip:symbol[:lanes=N][:threads=N]", "so:lib.so:symbol")
+DEVICE_IMPLS = (
+    "cupy",
+    "cupy:coop",
+    "cupy:ref",
+    "hip:file.hip:symbol[:lanes=N][:threads=N][:grid=N][:smem=N][:opt=FLAG][:requires=EXPR]",
+    "so:lib.so:symbol[:requires=EXPR]",
+    "py:module:callable (with __qconform_device__ = True)",
+)

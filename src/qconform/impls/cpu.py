@@ -38,7 +38,7 @@ class CallableImpl:
         self.ops = ops
         self.guessed = guessed  # ops guessed from the name: an op its first call raises on is skipped
         self.arch = cpu_arch()
-        self.accepts_out = _accepts_kwarg(fn, "out")
+        self.accepts_out = accepts_kwarg(fn, "out")
 
     def applies_to(self, op: OpSpec) -> bool:
         return self.ops is None or op.name in self.ops
@@ -71,7 +71,7 @@ class CallableImpl:
         return None
 
 
-def _accepts_kwarg(fn: Callable[..., Any], name: str) -> bool:
+def accepts_kwarg(fn: Callable[..., Any], name: str) -> bool:
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
@@ -92,7 +92,7 @@ class OracleImpl(CallableImpl):
 
     def function(self, op: OpSpec) -> Callable[..., np.ndarray]:
         """The oracle in this backend; an oracle with one implementation (no ``backend``) as it is."""
-        if _accepts_kwarg(op.oracle, "backend"):
+        if accepts_kwarg(op.oracle, "backend"):
             return functools.partial(op.oracle, backend=self.backend)
         return op.oracle
 
@@ -142,17 +142,19 @@ def ops_for_callable(fn: Callable[..., Any], ops: list[str] | None) -> tuple[tup
 
 
 def guess_ops(name: str) -> tuple[str, ...]:
-    """Ops whose kind and format a callable's name mentions: ``quantize`` -> every ``*_quant``,
-    ``my_q8k_dequant`` -> ``q8_k_dequant``; a name that mentions neither -> every op."""
+    """Ops a callable's or kernel's name mentions: the ops whose whole name it contains
+    (``my_matmul_nbits_u2`` -> matmul_nbits), else by kind and format (``quantize`` -> every
+    ``*_quant``, ``my_q8k_dequant`` -> ``q8_k_dequant``); a name that mentions none -> every op."""
     n = name.lower().replace("_", "")
+    whole = [op for op in CATALOGUE if op.replace("_", "") in n]
+    if whole:
+        return tuple(whole)
     chosen = list(CATALOGUE)
     kind = "dequant" if "dequant" in n else "quant" if "quant" in n else None
     if kind:
-        chosen = [op for op in chosen if op.rsplit("_", 1)[1] == kind]
+        chosen = [op for op in chosen if op.endswith("_" + kind)]
     formats = {op.rsplit("_", 1)[0].replace("_", "") for op in chosen}
     named = {f for f in formats if f in n}
     if named:
         chosen = [op for op in chosen if op.rsplit("_", 1)[0].replace("_", "") in named]
     return tuple(chosen)
-
-

@@ -1,8 +1,10 @@
 """Device implementations: ``cupy[:variant]`` (our kernels), ``hip:file.hip:symbol`` (a user's
-kernel source compiled by the same loader, launched by the op's ABI) and ``so:lib.so:symbol`` (a
-user's C launcher called through ctypes). All take the suite's numpy inputs, run on the device and
-return numpy, so every property applies unchanged; ``out=`` is uploaded as it is (poison included)
-and the device result copied back only after a successful call.
+kernel source compiled by the same loader, launched with the op's declared ABI), ``so:lib.so:symbol``
+(a user's C launcher called through ctypes with the same ABI plus the stream) and device ``py:``
+callables (the oracle's call shape on device arrays: CuPy, or anything with
+``__cuda_array_interface__`` / DLPack such as a PyTorch tensor). All take the suite's numpy
+inputs, run on the device and return numpy, so every property applies unchanged; ``out=`` is
+uploaded as it is (poison included) and the device result copied back only after a successful call.
 """
 
 from __future__ import annotations
@@ -17,14 +19,17 @@ import cupy
 import numpy as np
 
 from qconform.device import errstate
-from qconform.device.ggml.q8_quant import bind, run_kernel, run_op
+from qconform.device.abi import bind_call, c_argtypes, check_requires, run_abi
+from qconform.device.ggml.q8_quant import run_op
 from qconform.device.loader import device_info, get_kernel
 from qconform.device.ort import DEVICE_FUNCTIONS as ORT_FUNCTIONS
-from qconform.device.registry import KERNELS, VARIANTS, parse_source_spec
-from qconform.errors import ArgumentError, DeviceError
-from qconform.ops import OpSpec
+from qconform.device.registry import KERNELS, VARIANTS, parse_impl_spec
+from qconform.errors import ArgumentError, Declined, DeviceError
+from qconform.impls.cpu import accepts_kwarg
+from qconform.ops import CATALOGUE, OpSpec
+from qconform.ops.abi import STATUS_DECLINED
 
-DEVICE_OPS = (*dict.fromkeys(k.op for k in KERNELS), *ORT_FUNCTIONS)
+CUPY_OPS = (*dict.fromkeys(k.op for k in KERNELS), *ORT_FUNCTIONS)  # ops qconform's own kernels cover
 
 
 def to_device(a: Any) -> Any:
@@ -68,7 +73,7 @@ class DeviceImpl:
         self.is_hip = info.is_hip
 
     def applies_to(self, op: OpSpec) -> bool:
-        return op.name in (self.ops if self.ops is not None else DEVICE_OPS)
+        return op.name in (self.ops if self.ops is not None else CUPY_OPS)
 
     def launch(self, op: OpSpec, dev_inputs: dict[str, Any], params: dict[str, Any], dev_out: Any) -> Any:
         raise NotImplementedError
@@ -153,33 +158,32 @@ class CupyImpl(DeviceImpl):
 
 
 class HipSourceImpl(DeviceImpl):
-    """A user's kernel source: ``hip:path/file.hip:symbol[:lanes=N][:threads=N]``, compiled with the
-    same RawModule loader (``kernels/`` on the include path), launched by the op's ABI."""
+    """A user's kernel source: ``hip:path/file.hip:symbol[:key=value]...``, compiled with the same
+    RawModule loader (``kernels/common`` on the include path: ``qk_portable.h``, ``qconform_abi.h``),
+    launched with the op's declared ABI (``qconform abi OP``) and its default geometry, or the
+    ``lanes`` / ``threads`` / ``grid`` / ``smem`` given; ``opt=`` passes compiler options;
+    ``requires=`` declines the cases where a predicate over the ABI's scalars is false."""
 
     def __init__(self, spec: str, ops: tuple[str, ...], guessed: bool) -> None:
         super().__init__(spec, ops, guessed)
-        path, symbol, geometry = parse_source_spec(spec)
-        self.kernel = get_kernel(path, symbol)
-        self.geometry = geometry
+        path, symbol, self.geometry = parse_impl_spec(spec)
+        self.kernel = get_kernel(path, symbol, self.geometry.options)
 
     def launch(self, op: OpSpec, dev_inputs: dict[str, Any], params: dict[str, Any], dev_out: Any) -> Any:
-        call = bind(op.name, dev_inputs, params, dev_out)
-        return run_kernel(op.name, self.kernel, self.geometry, call, dev_out)
+        args, kwargs = op.call_args(dev_inputs, params)
+        return run_abi(op, self.kernel, self.geometry, args, kwargs, dev_out)
 
 
 class SharedLibImpl(DeviceImpl):
-    """A user's C launcher: ``so:path/lib.so:symbol`` with the C ABI
-    ``int symbol(const void* in, void* out, long long n_blocks, void* stream)`` returning the
-    status of its own launch (0 = success). Arguments are checked here, by the op's rules, before
-    the call; a non-zero status is a DeviceError naming the op and the code."""
+    """A user's C launcher: ``so:path/lib.so:symbol[:requires=EXPR]``, called through ctypes with
+    the op's declared ABI and the current stream (``int symbol(QCONFORM_<OP>_PARAMS, void* stream)``),
+    returning the status of its own launch: 0 success, ``QCONFORM_STATUS_DECLINED`` (801, the
+    vendors' NotSupported) for a case it does not handle, anything else a DeviceError naming the op
+    and the code. Arguments are checked here, by the op's rules, before the call."""
 
     def __init__(self, spec: str, ops: tuple[str, ...], guessed: bool) -> None:
         super().__init__(spec, ops, guessed)
-        path, _, symbol = spec[3:].rpartition(":")
-        if not path or not symbol:
-            raise ArgumentError(f"impl: so: implementations are 'so:path/lib.so:symbol', got {spec!r}")
-        if not Path(path).is_file():
-            raise ArgumentError(f"impl: no such shared library {path!r}")
+        path, symbol, self.geometry = parse_impl_spec(spec)
         self.path = str(Path(path).resolve())
         self.symbol = symbol
         cupy.cuda.Device().use()  # the primary context exists before the library's first call
@@ -187,23 +191,27 @@ class SharedLibImpl(DeviceImpl):
             self.lib = ctypes.CDLL(self.path)
         except OSError as exc:
             raise ArgumentError(f"impl: cannot load {path!r}: {exc}") from exc
-        fn = getattr(self.lib, symbol, None)
-        if fn is None:
+        if getattr(self.lib, symbol, None) is None:
             raise ArgumentError(f"impl: {path!r} exports no {symbol!r}")
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_longlong, ctypes.c_void_p]
-        fn.restype = ctypes.c_int
-        self.fn = fn
         self._slot, self._no_slot = errstate.slot_for_library(self.lib, self.path)
 
+    def _function(self, op: OpSpec) -> Any:
+        fn = getattr(self.lib, self.symbol)  # a fresh ctypes object per op: its own argtypes
+        fn.argtypes = c_argtypes(op.abi)
+        fn.restype = ctypes.c_int
+        return fn
+
     def launch(self, op: OpSpec, dev_inputs: dict[str, Any], params: dict[str, Any], dev_out: Any) -> Any:
-        call = bind(op.name, dev_inputs, params, dev_out)
-        result = cupy.empty(call.shape, call.dtype) if dev_out is None else dev_out
-        if call.n_blocks == 0:
-            return result
-        status = self.fn(call.src.data.ptr, result.data.ptr, call.n_blocks, cupy.cuda.get_current_stream().ptr)
+        call = bind_call(op, *op.call_args(dev_inputs, params), dev_out)
+        check_requires(self.geometry, call)
+        if call.bound.work == 0:
+            return call.out
+        status = self._function(op)(*call.c_args(cupy.cuda.get_current_stream().ptr))
+        if status == STATUS_DECLINED:
+            raise Declined(f"{self.symbol} returned QCONFORM_STATUS_DECLINED ({STATUS_DECLINED})")
         if status != 0:
             raise DeviceError(f"{op.name}: {self.symbol} returned status {status} ({self._spell(status)})")
-        return result
+        return call.out
 
     def _spell(self, code: int) -> str:
         return self._slot.name(code) if self._slot is not None else f"error {code}"
@@ -212,9 +220,10 @@ class SharedLibImpl(DeviceImpl):
         return self._slot, self._no_slot
 
     def bad_call_status(self, op: OpSpec, leaf: str) -> tuple[int, str] | None:
-        """Call the launcher with ``n_blocks = -1`` in a subprocess (a library that launches anyway
-        may fault, and a sticky fault would end this process's context)."""
-        cmd = [sys.executable, "-m", "qconform.device.badcall", self.path, self.symbol]
+        """Call the launcher with the op's first size argument = -1 in a subprocess (a library that
+        launches anyway may fault, and a sticky fault would end this process's context)."""
+        size = next(a.name for a in op.abi.scalars if a.kind == "i64")
+        cmd = [sys.executable, "-m", "qconform.device.badcall", self.path, self.symbol, op.name]
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         except subprocess.TimeoutExpired:
@@ -222,23 +231,68 @@ class SharedLibImpl(DeviceImpl):
         if done.returncode != 0:
             return -1, f"the bad call's process failed (exit {done.returncode}): {done.stderr.strip()[-300:]}"
         status = int(done.stdout.split()[0])
-        return status, f"a call with n_blocks = -1 returned {status} ({self._spell(status)})"
+        return status, f"a call with {size} = -1 returned {status} ({self._spell(status)})"
 
 
-def load_device_impl(spec: str, ops: tuple[str, ...] | None, guessed: bool) -> DeviceImpl:
-    """``cupy[:variant]``, ``hip:...`` or ``so:...`` (ops: the ones a user's kernel implements)."""
+class DevicePyImpl(DeviceImpl):
+    """A Python callable with the oracle's call shape on device arrays: it gets CuPy arrays (and
+    ``out=``, a poisoned CuPy array, when it accepts one) and returns a device array (CuPy, or
+    anything with ``__cuda_array_interface__`` or ``__dlpack__``: ``torch.as_tensor(x,
+    device="cuda")`` reads a CuPy array, and a torch tensor comes back through either protocol).
+    With ``out=`` given, ``out`` is the result (write into it). The device is synchronized after
+    each call (the callable may use its own streams)."""
+
+    def __init__(self, name: str, fn: Any, ops: tuple[str, ...], guessed: bool) -> None:
+        super().__init__(name, ops, guessed)
+        self.fn = fn
+        self.accepts_out = accepts_kwarg(fn, "out")
+
+    def launch(self, op: OpSpec, dev_inputs: dict[str, Any], params: dict[str, Any], dev_out: Any) -> Any:
+        args, kwargs = op.call_args(dev_inputs, params)
+        if dev_out is not None:
+            if not self.accepts_out:
+                raise ArgumentError(f"out: implementation {self.name} does not accept out=")
+            kwargs = {**kwargs, "out": dev_out}
+        result = self.fn(*args, **kwargs)
+        synchronize_device(op.name)
+        return dev_out if dev_out is not None else as_cupy(result, self.name)
+
+
+def as_cupy(a: Any, who: str) -> Any:
+    """A device result as a CuPy array (zero copy)."""
+    if isinstance(a, cupy.ndarray):
+        return a
+    if hasattr(a, "__cuda_array_interface__"):
+        return cupy.asarray(a)
+    if hasattr(a, "__dlpack__"):
+        return cupy.from_dlpack(a)
+    raise TypeError(
+        f"{who} returned {type(a).__name__}: a device py: implementation returns a device array "
+        "(CuPy, __cuda_array_interface__ or DLPack)"
+    )
+
+
+def synchronize_device(what: str) -> None:
+    try:
+        cupy.cuda.runtime.deviceSynchronize()
+    except (cupy.cuda.runtime.CUDARuntimeError, cupy.cuda.driver.CUDADriverError) as exc:
+        raise DeviceError(f"{what}: the device reported {exc} after the call") from exc
+
+
+def load_device_impl(spec: str, ops: tuple[str, ...] | None, guessed: bool, fn: Any = None) -> DeviceImpl:
+    """``cupy[:variant]``, ``hip:...``, ``so:...`` or a device ``py:`` callable ``fn`` (ops: the
+    ones a user's implementation covers)."""
     if spec == "cupy" or spec.startswith("cupy:"):
         variant = spec.partition(":")[2] or None
         if variant is not None and variant not in VARIANTS:
             raise ArgumentError(f"impl: cupy variants are {', '.join(VARIANTS)}, got {variant!r}")
         return CupyImpl(variant)
     known = tuple(ops or ())
-    unknown = [name for name in known if name not in DEVICE_OPS]
+    unknown = [name for name in known if name not in CATALOGUE]
     if not known or unknown:
-        raise ArgumentError(
-            f"impl: {spec}: ops must be among those with a launch ABI ({', '.join(DEVICE_OPS)}); "
-            f"got {list(known)}: pass --ops"
-        )
+        raise ArgumentError(f"impl: {spec}: unknown ops {unknown}; ops: {', '.join(CATALOGUE)}")
+    if fn is not None:
+        return DevicePyImpl(spec, fn, known, guessed)
     if spec.startswith("hip:"):
         return HipSourceImpl(spec, known, guessed)
     return SharedLibImpl(spec, known, guessed)

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
+
+from qconform.ops.abi import Abi
 
 
 @dataclass(frozen=True)
@@ -86,12 +89,30 @@ class Check:
 
 @dataclass(frozen=True)
 class BadArgument:
-    """A call that breaks one rule: the implementation must raise, touching no buffer."""
+    """A call that breaks one rule: the implementation must raise, touching no buffer, for that
+    rule: the message must name ``arg`` (the argument the rule is about: ``bits``, ``B``, ``out``)
+    and match ``match`` (a regex, searched case-insensitively). qconform's validators raise
+    ``ArgumentError("<arg>: <rule>")``; ``match`` is derived from what they raise for the call,
+    kept loose enough for another implementation's wording (a key word or the expected value).
+    """
 
     rule: str
     inputs: dict[str, Any]
     params: dict[str, Any]
     bad_out: Any = None  # an ill-formed ``out`` buffer, when the rule is about ``out``
+    arg: str = field(kw_only=True)
+    match: str = field(kw_only=True)
+
+    def names_arg(self, message: str) -> bool:
+        """``arg`` appears in the message as a whole identifier (``_`` may be written as a space)."""
+        name = re.escape(self.arg).replace("_", "[_ ]")
+        return re.search(rf"(?<!\w){name}(?!\w)", message) is not None
+
+    def mismatch(self, message: str) -> str | None:
+        """None when ``message`` rejects the call for this rule, else what it should have said."""
+        if self.names_arg(message) and re.search(self.match, message, re.IGNORECASE):
+            return None
+        return f"expected an error naming '{self.arg}' and matching /{self.match}/"
 
 
 @dataclass(frozen=True)
@@ -114,6 +135,7 @@ class OpSpec:
     validate: Callable[..., Any]  # (inputs, params, out=None); raises ArgumentError
     bad_arguments: Callable[[str], list[BadArgument]]
     decode: Callable[[np.ndarray, dict[str, Any]], np.ndarray]
+    abi: Abi  # the kernel arguments a hip:/so: implementation is called with (qconform abi OP)
     check: Check = Check()
     input_names: tuple[str, ...] = ("x",)
     output_name: str = "y"

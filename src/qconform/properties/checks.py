@@ -68,6 +68,13 @@ def _raised(exc: BaseException) -> str:
     return f"raised {type(exc).__name__}: {exc}"
 
 
+DECLINED = "declined: "  # an Outcome detail for a case the implementation does not handle
+
+
+def declined(outcome: Outcome) -> bool:
+    return outcome.ok is None and outcome.detail.startswith(DECLINED)
+
+
 def _snapshot(arrays: dict[str, Any]) -> dict[str, bytes]:
     return {k: np.asarray(v).tobytes() for k, v in arrays.items()}
 
@@ -79,6 +86,8 @@ def matches_oracle(impl: Implementation, op: OpSpec, p: Prepared) -> Outcome:
     t0 = time.perf_counter()
     try:
         got = impl.run(op, p.case.leaf, p.inputs, p.params)
+    except NotImplementedError as exc:  # qconform.Declined, a so: launcher's DECLINED status
+        return result(None, f"{DECLINED}{type(exc).__name__}: {exc}")
     except Exception as exc:
         return result(False, _raised(exc), math.nan)
     ms = (time.perf_counter() - t0) * 1e3
@@ -141,6 +150,8 @@ def writes_every_output(impl: Implementation, op: OpSpec, p: Prepared) -> Outcom
                 impl.run(op, p.case.leaf, p.inputs, p.params, out=got)
             else:
                 got = _call_after_poisoning_the_allocator(impl, op, p, poison)
+        except NotImplementedError as exc:
+            return result(None, f"{DECLINED}{type(exc).__name__}: {exc}")
         except Exception as exc:
             return result(False, _raised(exc))
         c = compare(op, p.params, got, p.want)
@@ -151,14 +162,21 @@ def writes_every_output(impl: Implementation, op: OpSpec, p: Prepared) -> Outcom
 
 def rejects_bad_arguments(impl: Implementation, op: OpSpec, leaf: str) -> Outcome:
     """Property 4: each rule-breaking call raises ValueError/TypeError (qconform.ArgumentError is a
-    ValueError) and leaves every caller buffer -- inputs and ``out`` -- byte for byte as it was."""
+    ValueError) for the rule it breaks -- the message names the argument and matches the rule's
+    pattern (``BadArgument.arg`` / ``match``) -- and leaves every caller buffer -- inputs and
+    ``out`` -- byte for byte as it was."""
     result = functools.partial(Outcome, "rejects_bad_arguments", op.name, leaf, None)
     checked = 0
     for bad in op.bad_arguments(leaf):
         try:
             op.validate(bad.inputs, bad.params, bad.bad_out)
-        except ArgumentError:
-            pass
+        except ArgumentError as exc:
+            why = bad.mismatch(str(exc))
+            if why is not None:
+                raise AssertionError(
+                    f"catalogue bug: {op.name} validate rejects '{bad.rule}' for another reason: {why}; "
+                    f"raised {type(exc).__name__}({str(exc)!r})"
+                ) from exc
         else:
             raise AssertionError(f"catalogue bug: {op.name} validate accepts '{bad.rule}'")
         out = None
@@ -171,8 +189,11 @@ def rejects_bad_arguments(impl: Implementation, op: OpSpec, leaf: str) -> Outcom
         out_before = None if out is None else out.tobytes()
         try:
             impl.run(op, leaf, bad.inputs, bad.params, out=out)
-        except (ValueError, TypeError):
-            pass
+        except (ValueError, TypeError) as exc:
+            why = bad.mismatch(str(exc))
+            if why is not None:
+                got = f"{type(exc).__name__}({str(exc)!r})"
+                return result(False, f"'{bad.rule}': rejected for another reason: {why}; raised {got}")
         except Exception as exc:
             return result(False, f"'{bad.rule}': {_raised(exc)} (expected ValueError/ArgumentError)")
         else:
@@ -205,6 +226,8 @@ def survives_pending_error(impl: Implementation, op: OpSpec, fresh: Prepared | N
     try:
         try:
             got = impl.run(op, leaf, fresh.inputs, fresh.params)
+        except NotImplementedError as exc:
+            return result(None, f"n/a: the implementation declines the fresh-shape case ({exc})")
         except Exception as exc:
             return result(False, f"with a foreign {name} pending ({slot.where}) the call failed: {_raised(exc)}")
         c = compare(op, fresh.params, got, fresh.want)

@@ -84,4 +84,27 @@ def compare(op: OpSpec, params: dict[str, Any], got: Any, want: np.ndarray) -> C
         return Comparison(worst <= tol, detail if n else "exact", err)
     if not math.isnan(err) and err <= tol:
         return Comparison(True, f"relL2 {err:.3g} <= {tol:.3g}", err)
-    return Comparison(False, f"relL2 {err:.3g} > {tol:.3g} ({op.check.reason})", err)
+    return Comparison(False, f"relL2 {err:.3g} > {tol:.3g} ({op.check.reason}){_largest(op, params, got, want)}", err)
+
+
+def _largest(op: OpSpec, params: dict[str, Any], got: np.ndarray, want: np.ndarray) -> str:
+    """'; largest difference at [i, j] (where): got X, want Y' over the decoded values (a NaN or
+    infinity in one place only counts as the largest), '' where no element differs or the
+    decoded outputs do not line up."""
+    try:
+        g = np.asarray(op.decode(got, params), np.float64)
+        w = np.asarray(op.decode(want, params), np.float64)
+    except Exception:
+        return ""
+    if g.shape != w.shape or g.size == 0:
+        return ""
+    with np.errstate(invalid="ignore"):
+        diff = np.abs(g - w)
+    diff = np.where((np.isnan(g) & np.isnan(w)) | (g == w), 0.0, np.where(np.isnan(diff), np.inf, diff))
+    at = tuple(int(i) for i in np.unravel_index(int(np.argmax(diff)), diff.shape))
+    if diff[at] == 0.0:
+        return ""
+    raw = g.shape == got.shape  # decoded positions are the output's own
+    where = f" ({op.locate(params, at)})" if raw and op.locate else ""
+    gv, wv = (_fmt(got[at], got.dtype), _fmt(want[at], want.dtype)) if raw else (repr(g[at]), repr(w[at]))
+    return f"; largest difference at {list(at)}{where}: got {gv}, want {wv}"

@@ -14,6 +14,7 @@ from qconform.properties.checks import (
     DEFAULT_REPEAT_CALLS,
     Outcome,
     Prepared,
+    declined,
     matches_oracle,
     rejects_bad_arguments,
     repeatable,
@@ -45,6 +46,15 @@ class LeafResult:
         return [o for o in self.outcomes if o.ok is False]
 
     @property
+    def declined(self) -> list[Outcome]:
+        """Cases the implementation declined (matches_oracle): counted, never passed."""
+        return [o for o in self.outcomes if o.prop == "matches_oracle" and declined(o)]
+
+    @property
+    def ran(self) -> int:
+        return sum(o.prop == "matches_oracle" and o.ok is not None for o in self.outcomes)
+
+    @property
     def max_rel_l2(self) -> float:
         vals = [o.rel_l2 for o in self.outcomes if o.prop == "matches_oracle"]
         if any(math.isnan(v) for v in vals):
@@ -53,9 +63,11 @@ class LeafResult:
 
     @property
     def verdict(self) -> str:
-        if self.skipped is not None:
+        if self.failed:
+            return "FAIL"
+        if self.skipped is not None or not self.ran:
             return "SKIP"
-        return "FAIL" if self.failed else "PASS"
+        return "PASS"
 
 
 def _repeat_sets(prepared: Sequence[Prepared]) -> list[Prepared]:
@@ -108,27 +120,28 @@ def run_leaf(
         outcome = matches_oracle(impl, op, p)
         if i == 0:
             t0 = time.perf_counter()
-        if (
-            i == 0
-            and outcome.detail.startswith("raised ")
-            and (outcome.detail.startswith("raised NotImplementedError") or impl.guessed)
-        ):
-            result.skipped = outcome.detail
+        if i == 0 and impl.guessed and outcome.detail.startswith("raised "):
+            result.skipped = f"ops guessed from the name, and the first call {outcome.detail}"
             return result
         result.outcomes.append(outcome)
         if progress:
             progress()
-    if prepared:
-        sets = _repeat_sets(prepared)
+    ran = [p for p, o in zip(prepared, result.outcomes, strict=True) if not declined(o)]
+    if not ran and prepared:
+        result.skipped = f"declined every case ({result.outcomes[0].detail[len('declined: '):]})"
+    if ran:
+        sets = _repeat_sets(ran)
         if cold and impl.on_device and impl.l2_bytes and op.cold_repeat:
             big = cold_sets(impl, op, leaf)
-            result.outcomes.extend(matches_oracle(impl, op, p) for p in big)
-            sets = [*sets, *big]
+            matched = [matches_oracle(impl, op, p) for p in big]
+            result.outcomes.extend(matched)
+            sets = [*sets, *(p for p, o in zip(big, matched, strict=True) if not declined(o))]
         result.outcomes.append(repeatable(impl, op, sets, calls=repeat_calls))
-        for p in prepared:
+        for p in ran:
             result.outcomes.append(writes_every_output(impl, op, p))
         fresh = fresh_shape(impl, op, leaf) if impl.on_device else None
         result.outcomes.append(survives_pending_error(impl, op, fresh))
-    result.outcomes.append(rejects_bad_arguments(impl, op, leaf))
+    if ran or not prepared:
+        result.outcomes.append(rejects_bad_arguments(impl, op, leaf))
     result.ms = (time.perf_counter() - t0) * 1e3
     return result

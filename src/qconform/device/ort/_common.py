@@ -1,5 +1,7 @@
 """What the ONNX Runtime family's launchers share: checks of device arrays, the ``out`` buffer,
-one launch per kernel (recorded instead by ``bound`` for timing), extra compile options.
+one launch per kernel (recorded instead by ``bound`` for timing), extra compile options and
+overriding kernel sources (the device mutants and the bench's diagnostic builds: patched copies of
+a shipped kernel, qconform.device.patch).
 
 Every rule is checked before any launch by the oracles' own validators, run on zero-stride numpy
 stand-ins of the device arrays (dtype and shape are what they check; value-range rules that
@@ -11,15 +13,18 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Any, Callable, Iterator
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping
 
 import cupy
 import numpy as np
 
+from qconform.device.abi import bind_call
 from qconform.device.launch import CUPY, launch_kernel
 from qconform.device.loader import get_kernel
-from qconform.device.registry import KERNEL_DIR, Geometry, check_grid
+from qconform.device.registry import KERNEL_DIR, Geometry, Launch, check_grid
 from qconform.errors import ArgumentError
+from qconform.ops import OpSpec
 
 SOURCES = KERNEL_DIR / "ort"
 THREADS = 256
@@ -61,18 +66,37 @@ def out_buffer(out: Any, shape: tuple[int, ...], dtype: np.dtype, *inputs: Any) 
 
 _BIND: list[list[tuple[Any, int, int, int, tuple]]] = []  # launches recorded by bound(), not run
 OPTIONS: tuple[str, ...] = ()  # extra compile options, set through compile_options()
+OVERRIDES: dict[str, Path] = {}  # kernels/ort/<name> -> the file loaded instead, set through source_override()
 
 
 @contextlib.contextmanager
 def compile_options(*options: str) -> Iterator[None]:
-    """Build and launch this module's kernels with extra compile options inside the block (the
-    device mutants' and controls' -D hooks, the bench's diagnostic builds)."""
+    """Build and launch this module's kernels with extra compile options inside the block (build
+    options such as ``-DQK_MMA_DEFAULT_ONLY`` and ``-DQK_MMA_EMULATE``: the device controls, faster
+    mutant and diagnostic builds)."""
     global OPTIONS
     saved, OPTIONS = OPTIONS, tuple(options)
     try:
         yield
     finally:
         OPTIONS = saved
+
+
+@contextlib.contextmanager
+def source_override(sources: Mapping[str, Path]) -> Iterator[None]:
+    """Inside the block, load ``kernels/ort/<name>`` from ``sources[name]`` instead, e.g.
+    ``source_override({"nbits_mma.hip": path})`` with a patched copy written by
+    ``qconform.device.patch.Patch`` (its folder holds copies of the headers beside the original).
+    Kernels are cached per path, so a path must name one text for the process."""
+    global OVERRIDES
+    for name in sources:
+        if not (SOURCES / name).is_file():
+            raise ArgumentError(f"source_override: no kernel {name!r} in {SOURCES}")
+    saved, OVERRIDES = OVERRIDES, {**OVERRIDES, **{name: Path(path) for name, path in sources.items()}}
+    try:
+        yield
+    finally:
+        OVERRIDES = saved
 
 
 def launch(op: str, source: str, symbol: str, n_threads: int, args: tuple) -> None:
@@ -91,8 +115,8 @@ def launch_grid(op: str, source: str, symbol: str, grid: int, threads: int, args
 
 
 def kernel_of(source: str, symbol: str) -> Any:
-    """``symbol`` of ``kernels/ort/<source>``, built with the current extra options."""
-    return get_kernel(SOURCES / source, symbol, OPTIONS)
+    """``symbol`` of ``kernels/ort/<source>`` (or of its override), built with the current extra options."""
+    return get_kernel(OVERRIDES.get(source, SOURCES / source), symbol, OPTIONS)
 
 
 def bound(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[[], None]:
@@ -115,3 +139,14 @@ def bound(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[[], Non
 @functools.cache
 def sm_count() -> int:
     return int(cupy.cuda.Device().attributes["MultiProcessorCount"])
+
+
+def launch_abi(op: OpSpec, source: str, symbol: str, args: tuple, kwargs: dict[str, Any], out: Any = None) -> Any:
+    """One call of ``op`` (the oracle's call shape on CuPy arrays) through our kernel ``symbol``,
+    which takes the op's declared ABI (``qconform abi OP``): bound and checked by the same code as
+    a user's ``hip:`` kernel, launched with the op's default geometry (recorded by ``bound``)."""
+    call = bind_call(op, args, kwargs, out)
+    if call.bound.work:
+        grid, threads = Launch().shape(op.abi, call.bound.work)
+        launch_grid(op.name, source, symbol, grid, threads, call.kernel_args())
+    return call.out

@@ -9,12 +9,22 @@ from typing import Any
 import cupy
 import numpy as np
 
-from qconform.device.ort._common import contiguous, kernel_of, launch, launch_grid, out_buffer, shadow, sm_count
+from qconform.device.ort._common import (
+    contiguous,
+    kernel_of,
+    launch,
+    launch_abi,
+    launch_grid,
+    out_buffer,
+    shadow,
+    sm_count,
+)
 from qconform.device.registry import MMA_SHAPES
 from qconform.errors import ArgumentError
+from qconform.ops.ort.matmul_nbits import DEQUANTIZE_NBITS, ZP_KIND
 from qconform.oracles.ort.matmul_nbits import check_a, check_nbits_args
 
-ZP_DEFAULT, ZP_PACKED, ZP_FLOAT, ZP_SCALAR = 0, 1, 2, 3
+ZP_DEFAULT, ZP_PACKED, ZP_FLOAT, ZP_SCALAR = (ZP_KIND[k] for k in ("none", "packed", "float", "scalar"))
 GEMV = "nbits_gemv.hip"
 MMA = "nbits_mma.hip"
 
@@ -81,19 +91,11 @@ def _nbits_args(B, scales, zero_points, g_idx, K, N, bits, block_size, form):
 
 
 def dequantize_nbits(
-    B, scales, zero_points=None, g_idx=None, *, K, N, bits, block_size, form="ort", ort_quirks=False, out=None
-):
-    """W (N, K) fp32, bit-identical to ``oracles.ort.dequantize_nbits``."""
-    lay, zp, zps, common, s16, z16 = _nbits_args(B, scales, zero_points, g_idx, K, N, bits, block_size, form)
-    y = out_buffer(out, (lay.N, lay.K), np.dtype(np.float32), B, scales, zero_points)
-    K_, N_, bits_, bs_, kb_, blob_, zpb_, kind_ = common
-    launch(
-        "dequantize_nbits",
-        GEMV, "qk_nbits_dequant",
-        lay.N * lay.K,
-        (B, scales, zp, zps, y, K_, N_, bits_, bs_, kb_, blob_, zpb_, kind_, s16, z16),
-    )
-    return y
+    B: Any, scales: Any, zero_points: Any = None, g_idx: Any = None, *, out: Any = None, **attributes: Any
+) -> Any:
+    """W (N, K) fp32, bit-identical to ``oracles.ort.dequantize_nbits``: the kernel takes the op's
+    declared ABI (``qconform abi dequantize_nbits``); ``attributes`` are the oracle's."""
+    return launch_abi(DEQUANTIZE_NBITS, GEMV, "qk_nbits_dequant", (B, scales, zero_points, g_idx), attributes, out)
 
 
 def matmul_nbits(
@@ -110,7 +112,6 @@ def matmul_nbits(
     block_size,
     accuracy_level=0,
     form="ort",
-    ort_quirks=False,
     out=None,
 ):
     """Y = A @ W^T (+ bias) in A's dtype (fp32 or fp16 read and written natively), fp32 sums;

@@ -7,27 +7,26 @@ from typing import Any
 import cupy
 import numpy as np
 
-from qconform.device.ort._common import contiguous, launch, out_buffer
+from qconform.device.ort._common import contiguous, launch, launch_abi, out_buffer
+from qconform.ops.ort.qswiglu import QSWIGLU
 from qconform.oracles.ort.qdq import QTYPES
-from qconform.oracles.ort.qswiglu import STEPS as SWIGLU_STEPS
 from qconform.oracles.ort.qswiglu import check_activations, check_qparams
 
 SOURCE = "qswiglu.hip"
 
 
 def qswiglu(gate_q, up_q, *, dtype="uint16", out=None, fused=True, **qparams):
-    """The quantized SwiGLU chain: one fused kernel, or (``fused=False``) its unfused steps as
-    separate kernels; the two are byte-identical (same device functions)."""
+    """The quantized SwiGLU chain: one fused kernel (the op's declared ABI, ``qconform abi
+    qswiglu``), or (``fused=False``) its unfused steps as separate kernels; the two are
+    byte-identical (same device functions)."""
+    if fused:
+        return launch_abi(QSWIGLU, SOURCE, "qk_qswiglu_fused", (gate_q, up_q), {**qparams, "dtype": dtype}, out)
     np_dtype = check_activations(gate_q, up_q, dtype, cupy.ndarray)
     contiguous(gate_q=gate_q, up_q=up_q)
     checked = check_qparams({k: _host(v) for k, v in qparams.items()}, np_dtype)
     p = {k: (np.float32(sc), np.int32(zp)) for k, (sc, zp) in checked.items()}
     y = out_buffer(out, gate_q.shape, np_dtype, gate_q, up_q)
     n, hi, is16 = np.int64(gate_q.size), np.int32(QTYPES[dtype][2]), np.int32(dtype == "uint16")
-    if fused:
-        flat = tuple(v for k in SWIGLU_STEPS for v in p[k])  # the kernel's argument order
-        launch("qswiglu", SOURCE, "qk_qswiglu_fused", int(n), (gate_q, up_q, y, n, *flat, hi, is16))
-        return y
     g, u, t = (cupy.empty(gate_q.shape, cupy.float32) for _ in range(3))
     q = cupy.empty(gate_q.shape, np_dtype)
     launch("qswiglu", SOURCE, "qk_step_dequantize", int(n), (gate_q, g, n, *p["gate"], is16))

@@ -11,7 +11,9 @@ from typing import Any
 import numpy as np
 from hypothesis import strategies as st
 
+from qconform.errors import ArgumentError
 from qconform.formats.ggml import FORMATS
+from qconform.ops.abi import I64, Abi, Bound, In, Out, call_arguments
 from qconform.ops.patterns import PATTERNS, make_values
 from qconform.ops.spec import BadArgument, Case, Check, Leaf, OpSpec
 from qconform.oracles.ggml import check_dequantize_args, check_quantize_args, dequantize, quantize
@@ -94,23 +96,47 @@ def _quant_bad(leaf: str) -> list[BadArgument]:
     good = rng.standard_normal((2, 2 * bs)).astype(np.float32)
     p = {"qtype": qtype}
     bad = [
-        BadArgument(f"width {w} is not a multiple of {bs}", {"x": rng.standard_normal((2, w)).astype(np.float32)}, p)
+        BadArgument(
+            f"width {w} is not a multiple of {bs}",
+            {"x": rng.standard_normal((2, w)).astype(np.float32)},
+            p,
+            arg="x",
+            match=f"multiple of {bs}",
+        )
         for w in (bs - 1, bs + 1, bs + bs // 2, 3 * bs - 16)
     ]
     bad += [
-        BadArgument("x must be float32 (float64 given)", {"x": good.astype(np.float64)}, p),
-        BadArgument("x must be float32 (float16 given)", {"x": good.astype(np.float16)}, p),
-        BadArgument("x must be C-contiguous", {"x": np.repeat(good, 2, axis=1)[:, ::2]}, p),
-        BadArgument("x must have a row dimension", {"x": np.float32(1.0)}, p),
-        BadArgument("qtype must be a supported ggml type", {"x": good}, {"qtype": "Q9_9"}),
+        BadArgument("x must be float32 (float64 given)", {"x": good.astype(np.float64)}, p, arg="x", match="float32"),
+        BadArgument("x must be float32 (float16 given)", {"x": good.astype(np.float16)}, p, arg="x", match="float32"),
+        BadArgument(
+            "x must be C-contiguous", {"x": np.repeat(good, 2, axis=1)[:, ::2]}, p, arg="x", match="contiguous"
+        ),
+        # a 0-d float32 array: an array of the right dtype that lacks the row dimension only
+        BadArgument(
+            "x must have a row dimension",
+            {"x": np.array(1.0, np.float32)},
+            p,
+            arg="x",
+            match="scalar|one dimension|0-d|ndim",
+        ),
+        BadArgument(
+            "qtype must be a supported ggml type", {"x": good}, {"qtype": "Q9_9"}, arg="qtype", match="support|Q9_9"
+        ),
         BadArgument(
             "out must have the output shape",
             {"x": good},
             p,
             bad_out=np.zeros((2, FORMATS[qtype].n_bytes(2 * bs) - 1), np.uint8),
+            arg="out",
+            match="shape",
         ),
         BadArgument(
-            "out must be uint8", {"x": good}, p, bad_out=np.zeros((2, FORMATS[qtype].n_bytes(2 * bs)), np.int8)
+            "out must be uint8",
+            {"x": good},
+            p,
+            bad_out=np.zeros((2, FORMATS[qtype].n_bytes(2 * bs)), np.int8),
+            arg="out",
+            match="uint8",
         ),
     ]
     return bad
@@ -127,19 +153,38 @@ def _dequant_bad(leaf: str) -> list[BadArgument]:
             f"bytes per row {n} are not a multiple of {fmt.type_size}",
             {"data": rng.integers(0, 256, (2, n), dtype=np.uint8)},
             p,
+            arg="data",
+            match=f"multiple of {fmt.type_size}",
         )
         for n in (fmt.type_size - 1, fmt.type_size + 1, 2 * fmt.type_size + 2)
     ] + [
-        BadArgument("data must be uint8", {"data": good.view(np.int8)}, p),
-        BadArgument("data must be C-contiguous", {"data": np.repeat(good, 2, axis=1)[:, ::2]}, p),
-        BadArgument("qtype must be a supported ggml type", {"data": good}, {"qtype": "Q9_9"}),
+        BadArgument("data must be uint8", {"data": good.view(np.int8)}, p, arg="data", match="uint8"),
+        BadArgument(
+            "data must be C-contiguous",
+            {"data": np.repeat(good, 2, axis=1)[:, ::2]},
+            p,
+            arg="data",
+            match="contiguous",
+        ),
+        BadArgument(
+            "qtype must be a supported ggml type", {"data": good}, {"qtype": "Q9_9"}, arg="qtype", match="support|Q9_9"
+        ),
         BadArgument(
             "out must have the output shape",
             {"data": good},
             p,
             bad_out=np.zeros((2, 2 * fmt.block_size + 1), np.float32),
+            arg="out",
+            match="shape",
         ),
-        BadArgument("out must be float32", {"data": good}, p, bad_out=np.zeros((2, 2 * fmt.block_size), np.float64)),
+        BadArgument(
+            "out must be float32",
+            {"data": good},
+            p,
+            bad_out=np.zeros((2, 2 * fmt.block_size), np.float64),
+            arg="out",
+            match="float32",
+        ),
     ]
 
 
@@ -162,6 +207,57 @@ def _locate_value(params: dict[str, Any], index: tuple[int, ...]) -> str:
     return f"row {tuple(rows)}, block {col // fmt.block_size}, value {col % fmt.block_size}"
 
 
+def _same_qtype(op: str, qtype: str, given: str) -> None:
+    if given != qtype:
+        raise ArgumentError(f"qtype: {op} takes {qtype}, got {given}")
+
+
+def _quant_abi(name: str, qtype: str) -> Abi:
+    """``(x, y, n_blocks)``: one work item per format block."""
+    fmt = FORMATS[qtype]
+
+    def bind(args: tuple, kwargs: Any) -> Bound:
+        a = call_arguments(quantize, args, kwargs)
+        got, shape = check_quantize_args(a["x"], a["qtype"])
+        _same_qtype(name, qtype, got.name)
+        n = a["x"].size // fmt.block_size
+        return Bound({"x": ("x", np.dtype(np.float32))}, shape, np.dtype(np.uint8), {"n_blocks": n}, n)
+
+    return Abi(
+        (
+            In("x", "float", "float32", f"(rows, width), width % {fmt.block_size} == 0"),
+            Out("y", "unsigned char", "uint8", f"(rows, width / {fmt.block_size} * {fmt.type_size}): {qtype} blocks"),
+            I64("n_blocks", f"{qtype} blocks to write: x.size / {fmt.block_size}"),
+        ),
+        bind,
+        f"ggml quantize_row_{qtype.lower()[:1]}{qtype[1:]}_ref: float32 rows -> {qtype} blocks",
+        "n_blocks",
+    )
+
+
+def _dequant_abi(name: str, qtype: str) -> Abi:
+    """``(data, y, n_blocks)``: one work item per format block."""
+    fmt = FORMATS[qtype]
+
+    def bind(args: tuple, kwargs: Any) -> Bound:
+        a = call_arguments(dequantize, args, kwargs)
+        got, shape = check_dequantize_args(a["data"], a["qtype"])
+        _same_qtype(name, qtype, got.name)
+        n = a["data"].size // fmt.type_size
+        return Bound({"data": ("data", np.dtype(np.uint8))}, shape, np.dtype(np.float32), {"n_blocks": n}, n)
+
+    return Abi(
+        (
+            In("data", "unsigned char", "uint8", f"(rows, n * {fmt.type_size}): {qtype} blocks"),
+            Out("y", "float", "float32", f"(rows, n * {fmt.block_size})"),
+            I64("n_blocks", f"{qtype} blocks to read: data.size / {fmt.type_size}"),
+        ),
+        bind,
+        f"ggml dequantize_row_{qtype.lower()[:1]}{qtype[1:]}: {qtype} blocks -> float32 rows",
+        "n_blocks",
+    )
+
+
 def _quant_op(qtype: str) -> OpSpec:
     name = f"{qtype.lower()}_quant"
     leaf = f"Xfp32_Y{qtype.lower()[:1]}{qtype[1:]}"
@@ -179,6 +275,7 @@ def _quant_op(qtype: str) -> OpSpec:
         validate=lambda inputs, params, out=None: check_quantize_args(inputs["x"], params["qtype"], out),
         bad_arguments=_quant_bad,
         decode=lambda y, params: dequantize(y, params["qtype"]),
+        abi=_quant_abi(name, qtype),
         check=EXACT,
         input_names=("x",),
         locate=_locate_byte,
@@ -209,6 +306,7 @@ def _dequant_op(qtype: str) -> OpSpec:
         validate=lambda inputs, params, out=None: check_dequantize_args(inputs["data"], params["qtype"], out),
         bad_arguments=_dequant_bad,
         decode=lambda y, params: y,
+        abi=_dequant_abi(name, qtype),
         check=EXACT,
         input_names=("data",),
         locate=_locate_value,

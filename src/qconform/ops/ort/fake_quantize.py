@@ -8,9 +8,11 @@ from typing import Any
 import numpy as np
 from hypothesis import strategies as st
 
+from qconform.errors import Declined
+from qconform.ops.abi import DTYPE, I64, Abi, Bound, Enum, In, Out, call_arguments, dtype_code
 from qconform.ops.ort._common import ACTS, leaf_params, validating
 from qconform.ops.spec import BadArgument, Case, Check, Leaf, OpSpec
-from qconform.oracles.ort import fake_quantize
+from qconform.oracles.ort import check_fake_quantize_args, fake_quantize
 from qconform.oracles.ort.qdq import QTYPES
 
 FQ_LEAVES = tuple(
@@ -76,20 +78,115 @@ def _fq_bad(leaf: str) -> list[BadArgument]:
     good = _fq_inputs(Case("fake_quantize", leaf, 2, (4, 64), "ties", p))
     act = good["x"].dtype
     bad = [
-        BadArgument("x must be float32/float16", {**good, "x": good["x"].astype(np.float64)}, p),
-        BadArgument("per-axis scale must have x.shape[axis] entries", {**good, "scale": good["scale"][:5]}, p),
-        BadArgument("blocked scale must have ceil(D/block) entries", good, {**p, "granularity": "block"}),
-        BadArgument("dtype must be a supported integer type", good, {**p, "dtype": "uint3"}),
-        BadArgument("out must have x's shape", good, p, bad_out=np.zeros((4, 65), act)),
+        BadArgument(
+            "x must be float32/float16",
+            {**good, "x": good["x"].astype(np.float64)},
+            p,
+            arg="x",
+            match="float32|float16",
+        ),
+        BadArgument(
+            "per-axis scale must have x.shape[axis] entries",
+            {**good, "scale": good["scale"][:5]},
+            p,
+            arg="scale",
+            match=r"per-axis|x\.shape",
+        ),
+        BadArgument(
+            "blocked scale must have ceil(D/block) entries",
+            good,
+            {**p, "granularity": "block"},
+            arg="scale",
+            match="block",
+        ),
+        BadArgument(
+            "dtype must be a supported integer type",
+            good,
+            {**p, "dtype": "uint3"},
+            arg="dtype",
+            match="one of|support|uint3",
+        ),
+        # the device launcher words it "out: must be float32(4, 64), got ...": the expected shape is in both
+        BadArgument(
+            "out must have x's shape",
+            good,
+            p,
+            bad_out=np.zeros((4, 65), act),
+            arg="out",
+            match=r"shape|\(4, 64\)",
+        ),
     ]
     if "zero_point" in good:
         wrong = np.int32 if good["zero_point"].dtype != np.int32 else np.int64
         bad.append(
             BadArgument(
-                "zero point must have the quantized type", {**good, "zero_point": good["zero_point"].astype(wrong)}, p
+                "zero point must have the quantized type",
+                {**good, "zero_point": good["zero_point"].astype(wrong)},
+                p,
+                arg="zero_point",
+                match=good["zero_point"].dtype.name,
             )
         )
     return bad
+
+
+GRANULARITY = Enum(
+    "granularity",
+    (
+        ("tensor", 0, "one scale (and zero point)"),
+        ("axis", 1, "one per column: cols values"),
+        ("block", 2, "one per block of block_size columns of a row: (rows, ceil(cols / block_size))"),
+    ),
+)
+
+
+def _fq_bind(args: tuple, kwargs: Any) -> Bound:
+    kw = call_arguments(fake_quantize, args, kwargs)
+    x, scale, zp = kw["x"], kw["scale"], kw["zero_point"]
+    xs, ss, dtype = check_fake_quantize_args(x, scale, zp, kw["axis"], kw["block_size"], kw["dtype"])
+    if xs.ndim != 2 or kw["axis"] % 2 != 1 or ss.dtype != xs.dtype:
+        raise Declined("x: the ABI takes 2-D x quantized along axis 1 with scales of x's dtype")
+    gran = "tensor" if ss.ndim == 0 or (ss.shape == (1,) and kw["block_size"] == 0) else (
+        "axis" if kw["block_size"] == 0 else "block"
+    )
+    _, lo, hi = QTYPES[dtype]
+    rows, cols = xs.shape
+    tensors = {
+        "x": ("x", xs.dtype),
+        "scale": ("scale", xs.dtype),
+        "zero_point": None if zp is None else ("zero_point", np.dtype(np.int32)),
+    }
+    scalars = {
+        "rows": rows,
+        "cols": cols,
+        "granularity": GRANULARITY[gran],
+        "block_size": max(kw["block_size"], 1),
+        "qmin": lo,
+        "qmax": hi,
+        "x_dtype": dtype_code(xs.dtype),
+    }
+    return Bound(tensors, xs.shape, xs.dtype, scalars, rows * cols)
+
+
+FQ_ABI = Abi(
+    (
+        In("x", "void", "x_dtype", "(rows, cols)"),
+        In("scale", "void", "x_dtype", "by granularity"),
+        In("zero_point", "int", "int32", "like scale (the quantized type's values, widened)", optional=True),
+        Out("Y", "void", "x_dtype", "(rows, cols)"),
+        I64("rows", "rows of x"),
+        I64("cols", "columns of x (axis 1, the quantized axis)"),
+        I64("granularity", "which scale an element uses", GRANULARITY),
+        I64("block_size", "columns per scale for granularity block (1 otherwise)"),
+        I64("qmin", "the quantized type's lowest value (e.g. -128 for int8, 0 for uint4)"),
+        I64("qmax", "its highest value"),
+        I64("x_dtype", "x's, scale's and Y's element type", DTYPE),
+    ),
+    _fq_bind,
+    "DequantizeLinear(QuantizeLinear(x)): clip(rint(x / s) + zp, qmin, qmax), then (q - zp) * s",
+    "rows * cols outputs",
+    notes=("zero points are widened to int32 before the call",),
+)
 
 
 FAKE_QUANTIZE = OpSpec(
@@ -111,6 +208,7 @@ FAKE_QUANTIZE = OpSpec(
     validate=validating(fake_quantize, _fq_call),
     bad_arguments=_fq_bad,
     decode=lambda y, params: y,
+    abi=FQ_ABI,
     check=Check("exact", 0.0, "true fp32 division, half-to-even, one multiply: bits must match"),
     input_names=("x", "scale", "zero_point"),
     logical_dtypes={"zero_point": "{dtype} (logical values)"},

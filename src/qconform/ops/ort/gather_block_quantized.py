@@ -8,9 +8,11 @@ from typing import Any
 import numpy as np
 from hypothesis import strategies as st
 
+from qconform.errors import Declined
+from qconform.ops.abi import DTYPE, I64, Abi, Bound, Enum, In, Out, call_arguments, dtype_code
 from qconform.ops.ort._common import leaf_params, validating
 from qconform.ops.spec import BadArgument, Case, Check, Leaf, OpSpec
-from qconform.oracles.ort import gather_block_quantized
+from qconform.oracles.ort import check_gather_args, gather_block_quantized
 
 GATHER_LEAVES = (
     Leaf("Xi64_Wu4_Yfp16", {"data_type": "uint8", "bits": 4}),
@@ -79,18 +81,136 @@ def _gather_cases(leaf: str, coverage: int) -> list[Case]:
 def _gather_bad(leaf: str) -> list[BadArgument]:
     p = {**leaf_params(GATHER_LEAVES, leaf), "block_size": 32, "zp": False, "rows": 8, "cols": 64}
     good = _gather_inputs(Case("gather_block_quantized", leaf, 1, (8, 64, 3), "normal", p))
-    return [
-        BadArgument("indices must be int32/int64", {**good, "indices": good["indices"].astype(np.float32)}, p),
-        BadArgument("scales must be float32/float16", {**good, "scales": good["scales"].astype(np.float64)}, p),
+    bad = [
+        BadArgument(
+            "indices must be int32/int64",
+            {**good, "indices": good["indices"].astype(np.float32)},
+            p,
+            arg="indices",
+            match="int32|int64",
+        ),
+        BadArgument(
+            "scales must be float32/float16",
+            {**good, "scales": good["scales"].astype(np.float64)},
+            p,
+            arg="scales",
+            match="float32|float16",
+        ),
         BadArgument(
             "scales must have ceil(cols/block_size) blocks",
             {**good, "scales": np.concatenate([good["scales"], good["scales"][:, :1]], axis=1)},
             p,
+            arg="scales",
+            match="shape",
         ),
-        BadArgument("block_size must be a power of two >= 16", good, {**p, "block_size": 12}),
-        BadArgument("data must be uint8 bytes", {**good, "data": good["data"].view(np.int8)}, p),
-        BadArgument("out must have the output shape", good, p, bad_out=np.zeros((3, 65), np.float16)),
+        BadArgument(
+            "data must be uint8 bytes", {**good, "data": good["data"].view(np.int8)}, p, arg="data", match="uint8"
+        ),
+        # the device launcher words it "out: must be float16(3, 64), got ...": the expected shape is in both
+        BadArgument(
+            "out must have the output shape",
+            good,
+            p,
+            bad_out=np.zeros((3, 65), np.float16),
+            arg="out",
+            match=r"shape|\(3, 64\)",
+        ),
     ]
+    if "fp8" in leaf:  # float8 blocks may have any size (no block_size rule); no zero points instead
+        bad.append(
+            BadArgument(
+                "float8 data takes no zero points",
+                {**good, "zero_points": np.zeros((8, 2), np.uint8)},
+                p,
+                arg="zero_points",
+                match="not allowed|float8",
+            )
+        )
+    else:
+        bad.append(
+            BadArgument(
+                "block_size must be a power of two >= 16",
+                good,
+                {**p, "block_size": 12},
+                arg="block_size",
+                match="power of two|>= ?16",
+            )
+        )
+    return bad
+
+
+DATA_TYPE = Enum(
+    "data_type",
+    (
+        ("uint8", 0, "bits 2/4/8 packed along cols, low bits first; zero points packed likewise, default 2^(bits-1)"),
+        ("int4", 1, "ONNX flat nibbles over rows * cols (low nibble first), signed; default zero point 0"),
+        ("uint4", 2, "ONNX flat nibbles, unsigned; default zero point 0"),
+        ("float8e4m3fn", 3, "one byte per value, no zero point"),
+        ("float8e5m2", 4, "one byte per value, no zero point"),
+    ),
+)
+
+
+def _gather_bind(args: tuple, kwargs: Any) -> Bound:
+    kw = call_arguments(gather_block_quantized, args, kwargs)
+    data, indices, scales, zp = kw["data"], kw["indices"], kw["scales"], kw["zero_points"]
+    shape, gax, qax, blocks = check_gather_args(
+        data,
+        indices,
+        scales,
+        zp,
+        kw["bits"],
+        kw["block_size"],
+        kw["gather_axis"],
+        kw["quantize_axis"],
+        kw["data_type"],
+        kw["data_shape"],
+    )
+    if len(shape) != 2 or gax != 0 or qax != 1 or scales.shape != (shape[0], blocks):
+        raise Declined("data: the ABI gathers rows of a 2-D table (gather_axis 0, quantize_axis 1, a scale per block)")
+    if kw.get("out_of_range", "zero") != "zero":
+        raise Declined("out_of_range: the ABI gives a row of zeros (ORT >= 1.31)")
+    rows, cols = shape
+    n = int(indices.size)
+    block = cols if blocks == 1 and kw["block_size"] == 0 else kw["block_size"]
+    tensors = {
+        "data": ("data", np.dtype(np.uint8)),
+        "indices": ("indices", np.dtype(np.int64)),
+        "scales": ("scales", scales.dtype),
+        "zero_points": None if zp is None else ("zero_points", np.dtype(np.uint8)),
+    }
+    scalars = {
+        "rows": rows,
+        "cols": cols,
+        "n_indices": n,
+        "bits": kw["bits"],
+        "block_size": block,
+        "data_type": DATA_TYPE[kw["data_type"]],
+        "y_dtype": dtype_code(scales.dtype),
+    }
+    return Bound(tensors, (*indices.shape, cols), scales.dtype, scalars, n * cols)
+
+
+GATHER_ABI = Abi(
+    (
+        In("data", "unsigned char", "uint8", "(rows, cols * bits / 8) | flat nibbles", "the table's codes (data_type)"),
+        In("indices", "long long", "int64", "(n_indices,)", "negative: + rows; outside [-rows, rows): a row of zeros"),
+        In("scales", "void", "y_dtype", "(rows, ceil(cols / block_size))"),
+        In("zero_points", "unsigned char", "uint8", "packed like data (see data_type)", optional=True),
+        Out("Y", "void", "y_dtype", "(n_indices, cols)"),
+        I64("rows", "table rows"),
+        I64("cols", "table columns (values per row)"),
+        I64("n_indices", "rows to gather"),
+        I64("bits", "2, 4 or 8 (uint8 data), 4 (int4/uint4), 8 (fp8)"),
+        I64("block_size", "values per scale along cols"),
+        I64("data_type", "how data holds the codes", DATA_TYPE),
+        I64("y_dtype", "scales' and Y's element type", DTYPE),
+    ),
+    _gather_bind,
+    "com.microsoft.GatherBlockQuantized: Y[i] = fp(float(d - zp) * scale) of table row indices[i]",
+    "n_indices * cols outputs",
+    notes=("int32 indices are widened to int64 before the call",),
+)
 
 
 GATHER = OpSpec(
@@ -121,6 +241,7 @@ GATHER = OpSpec(
     validate=validating(gather_block_quantized, _gather_call),
     bad_arguments=_gather_bad,
     decode=lambda y, params: y,
+    abi=GATHER_ABI,
     check=Check("exact", 0.0, "one integer subtraction and one fp32 multiply per element, one fp16 rounding"),
     input_names=("data", "indices", "scales", "zero_points"),
     logical_dtypes={"data": "{data_type} codes (raw bytes)", "y": "float16"},

@@ -4,14 +4,17 @@
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import numpy as np
 from hypothesis import strategies as st
 
+from qconform.errors import ArgumentError, Declined
+from qconform.ops.abi import DTYPE, I64, Abi, Bound, Enum, In, Out, call_arguments, dtype_code
 from qconform.ops.ort._common import ACTS, U32, leaf_params, validating
 from qconform.ops.spec import BadArgument, Case, Check, Leaf, OpSpec
-from qconform.oracles.ort import dequantize_nbits, matmul_nbits
+from qconform.oracles.ort import check_a, check_nbits_args, dequantize_nbits, matmul_nbits
 
 BITS = (2, 3, 4, 8)
 ZP_KINDS = ("none", "packed", "float", "uniform")  # matmul_nbits adds "scalar": one zero point, kernel form
@@ -150,36 +153,214 @@ def _nbits_bad(leaf_params: dict[str, Any], with_a: bool) -> list[BadArgument]:
     p = {**leaf_params, "block_size": 32, "K": 64}
     out_shape = (2, 4) if with_a else (4, 64)
     out_dtype = ACTS[leaf_params.get("act", "fp32")] if with_a else np.dtype(np.float32)
+    # ``match``: the rule's key word or the expected value (the device launchers word a wrong
+    # ``out`` as "out: must be float16(2, 4), got ...": the expected shape / dtype appear in both)
+    out_rule = f"shape|{re.escape(str(out_shape))}"
     bad = [
-        BadArgument("bits must be 2, 3, 4 or 8", good, {**p, "bits": 5}),
-        BadArgument("block_size must be a power of two >= 16", good, {**p, "block_size": 24}),
-        BadArgument("block_size must be a power of two >= 16", good, {**p, "block_size": 8}),
-        BadArgument("B must be (N, k_blocks, blob_size)", {**good, "B": good["B"][:, :1]}, p),
-        BadArgument("B must be uint8", {**good, "B": good["B"].view(np.int8)}, p),
-        BadArgument("scales must be (N, k_blocks)", {**good, "scales": good["scales"][:, :1]}, p),
-        BadArgument("scales must be float", {**good, "scales": good["scales"].astype(np.float64)}, p),
+        BadArgument("bits must be 2, 3, 4 or 8", good, {**p, "bits": 5}, arg="bits", match="2, 3, 4"),
+        BadArgument(
+            "block_size must be a power of two >= 16",
+            good,
+            {**p, "block_size": 24},
+            arg="block_size",
+            match="power of two",
+        ),
+        BadArgument(
+            "block_size must be a power of two >= 16",
+            good,
+            {**p, "block_size": 8},
+            arg="block_size",
+            match=">= ?16|at least 16",
+        ),
+        BadArgument("B must be (N, k_blocks, blob_size)", {**good, "B": good["B"][:, :1]}, p, arg="B", match="shape"),
+        BadArgument("B must be uint8", {**good, "B": good["B"].view(np.int8)}, p, arg="B", match="uint8"),
+        BadArgument(
+            "scales must be (N, k_blocks)", {**good, "scales": good["scales"][:, :1]}, p, arg="scales", match="shape"
+        ),
+        BadArgument(
+            "scales must be float",
+            {**good, "scales": good["scales"].astype(np.float64)},
+            p,
+            arg="scales",
+            match="float32 or float16|float64",
+        ),
         BadArgument(
             "packed zero points must be (N, ceil(k_blocks*bits/8))",
             {**good, "zero_points": np.zeros((4, 7), np.uint8)},
             p,
+            arg="zero_points",
+            match="shape",
         ),
         BadArgument(
-            "zero points must be uint8 or the scales' type", {**good, "zero_points": np.zeros((4, 2), np.int32)}, p
+            "zero points must be uint8 or the scales' type",
+            {**good, "zero_points": np.zeros((4, 2), np.int32)},
+            p,
+            arg="zero_points",
+            match="dtype|int32",
         ),
         BadArgument(
-            "out must have the output shape", good, p, bad_out=np.zeros((out_shape[0] + 1, out_shape[1]), out_dtype)
+            "out must have the output shape",
+            good,
+            p,
+            bad_out=np.zeros((out_shape[0] + 1, out_shape[1]), out_dtype),
+            arg="out",
+            match=out_rule,
         ),
-        BadArgument("out must have the output dtype", good, p, bad_out=np.zeros(out_shape, np.float64)),
+        BadArgument(
+            "out must have the output dtype",
+            good,
+            p,
+            bad_out=np.zeros(out_shape, np.float64),
+            arg="out",
+            match=out_dtype.name,
+        ),
     ]
     if with_a:
         bad += [
-            BadArgument("A's last dimension must be K", {**good, "A": good["A"][:, :63].copy()}, p),
-            BadArgument("A must be float32 or float16", {**good, "A": good["A"].astype(np.float64)}, p),
-            BadArgument("bias must be (N,)", {**good, "bias": np.zeros(5, good["A"].dtype)}, p),
+            BadArgument(
+                "A's last dimension must be K",
+                {**good, "A": good["A"][:, :63].copy()},
+                p,
+                arg="A",
+                match="last dimension|K = 64",
+            ),
+            BadArgument(
+                "A must be float32 or float16",
+                {**good, "A": good["A"].astype(np.float64)},
+                p,
+                arg="A",
+                match="float32 or float16|float64",
+            ),
+            BadArgument(
+                "bias must be (N,)",
+                {**good, "bias": np.zeros(5, good["A"].dtype)},
+                p,
+                arg="bias",
+                match=r"shape|\(4,\)",
+            ),
         ]
     return bad
 
 
+# ------------------------------------------------------------------------------------ device ABI
+
+ZP_KIND = Enum(
+    "zp_kind",
+    (
+        ("none", 0, "zero_points null: 2^(bits-1)"),
+        ("packed", 1, "uint8 (N, ceil(k_blocks*bits/8)), low bits first: fp32((q - z) * s)"),
+        ("float", 2, "scales' dtype (N, k_blocks), ORT's form fp32(q*s) + fp32(-s*z)"),
+        ("scalar", 3, "one float32 value, the kernel form fp32(fp32(q - z) * s)"),
+    ),
+)
+
+
+def _bind_weights(a: dict[str, Any]) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """(layout, pointer bindings, scalars) of B / scales / zero_points, by the oracle's own checks."""
+    B, scales, zp, form = a["B"], a["scales"], a["zero_points"], a["form"]
+    if a["g_idx"] is not None:
+        raise Declined("g_idx: the ABI has no g_idx (deprecated in ORT)")
+    lay = check_nbits_args(
+        B, scales, zp, None, K=a["K"], N=a["N"], bits=a["bits"], block_size=a["block_size"], form=form
+    )
+    if scales.shape != (lay.N, lay.k_blocks):
+        raise Declined(f"scales: the ABI passes them as (N, k_blocks), got {scales.shape}")
+    if zp is None:
+        kind, zbind = "none", None
+    elif zp.dtype == np.uint8:
+        kind, zbind = "packed", ("zero_points", np.dtype(np.uint8))
+    elif form == "kernel" and zp.size == 1:
+        kind, zbind = "scalar", ("zero_points", np.dtype(np.float32))
+    elif form == "kernel":
+        raise Declined("zero_points: the ABI has no per-block zero points in the kernel form")
+    else:
+        kind, zbind = "float", ("zero_points", scales.dtype)
+    tensors = {"B": ("B", np.dtype(np.uint8)), "scales": ("scales", scales.dtype), "zero_points": zbind}
+    sizes = {"K": lay.K, "N": lay.N, "bits": lay.bits, "block_size": lay.block_size, "zp_kind": ZP_KIND[kind]}
+    return lay, tensors, sizes
+
+
+def _matmul_bind(args: tuple, kwargs: Any) -> Bound:
+    c = call_arguments(matmul_nbits, args, kwargs)
+    lay, tensors, sizes = _bind_weights(c)
+    a = check_a(c["A"], c["bias"], lay)
+    if c["accuracy_level"] not in (0, 1, 2, 3, 4):
+        raise ArgumentError(f"accuracy_level: must be 0..4, got {c['accuracy_level']!r}")
+    if c["scales"].dtype != a.dtype:
+        raise Declined(f"scales: the ABI passes them in A's dtype {a.dtype}, got {c['scales'].dtype}")
+    M = int(np.prod(a.shape[:-1], dtype=np.int64))
+    bias = ("bias", a.dtype) if c["bias"] is not None else None
+    scalars = {"M": M, **sizes, "a_dtype": dtype_code(a.dtype), "accuracy_level": c["accuracy_level"]}
+    return Bound({"A": ("A", a.dtype), **tensors, "bias": bias}, (*a.shape[:-1], lay.N), a.dtype, scalars, M * lay.N)
+
+
+def _dequant_bind(args: tuple, kwargs: Any) -> Bound:
+    c = call_arguments(dequantize_nbits, args, kwargs)
+    lay, tensors, sizes = _bind_weights(c)
+    scalars = {**sizes, "s_dtype": dtype_code(c["scales"].dtype)}
+    return Bound(tensors, (lay.N, lay.K), np.dtype(np.float32), scalars, lay.N * lay.K)
+
+
+_NOTES = (
+    "B: the value q at K index k of column n is field j = k % block_size of blob B[n, k / block_size]: "
+    "bits [j*bits, j*bits + bits) counted from bit 0 of the blob's byte 0 (low bits first; 3-bit fields may "
+    "straddle bytes); the last block is padded and its padding never read",
+    "zero_points packed (zp_kind packed): field kb of row n, packed the same way; default (none): 2^(bits-1)",
+    "w = fp32((q - z) * s) for integer zero points, fp32(q*s) + fp32(-s*z) for float ones (ORT's two roundings), "
+    "fp32(fp32(q - z) * s) for the scalar kind",
+)
+_WEIGHT_ARGS = (
+    In(
+        "B",
+        "unsigned char",
+        "uint8",
+        "(N, k_blocks, block_size * bits / 8)",
+        "column n's K values, low bits first; the last block padded",
+    ),
+    In("scales", "void", "a_dtype | s_dtype", "(N, k_blocks)"),
+    In("zero_points", "void", "by zp_kind", "(see zp_kind)", optional=True),
+)
+_WEIGHT_SIZES = (
+    I64("K", "reduction length (k_blocks = ceil(K / block_size))"),
+    I64("N", "output columns (rows of B)"),
+    I64("bits", "2, 3, 4 or 8"),
+    I64("block_size", "a power of two >= 16"),
+    I64("zp_kind", "how zero_points is given", ZP_KIND),
+)
+MATMUL_ABI = Abi(
+    (
+        In("A", "void", "float16 | float32 (a_dtype)", "(M, K)"),
+        *_WEIGHT_ARGS,
+        In("bias", "void", "A's dtype", "(N,)", optional=True),
+        Out("Y", "void", "A's dtype", "(M, N)"),
+        I64("M", "rows of A (the product of its leading dimensions)"),
+        *_WEIGHT_SIZES,
+        I64("a_dtype", "A, scales, bias and Y element type", DTYPE),
+        I64("accuracy_level", "0-4; 4: ORT's int8 activation path (integer zero points)"),
+    ),
+    _matmul_bind,
+    "com.microsoft.MatMulNBits: Y = A @ dequant(B)^T (+ bias)",
+    "M * N outputs",
+    lanes=32,
+    notes=(
+        *_NOTES,
+        "Y[m, n] = sum_k A[m, k] w[n, k] (+ bias[n]): fp32 sums in any order (checked within a K-derived bound), "
+        "fp16 Y rounded once; accuracy_level 4 with integer zero points: ORT's int8 activations "
+        "(qconform.oracles.ort.matmul_nbits)",
+    ),
+)
+DEQUANT_ABI = Abi(
+    (
+        *_WEIGHT_ARGS,
+        Out("Y", "float", "float32", "(N, K)"),
+        *_WEIGHT_SIZES,
+        I64("s_dtype", "scales' element type (float zero points share it)", DTYPE),
+    ),
+    _dequant_bind,
+    "MatMulNBits weight dequantization: W (N, K) float32",
+    "N * K outputs",
+    notes=(*_NOTES, "Y[n, k] = w[n, k], bit-exact"),
+)
 
 
 def _nbits_op(with_a: bool) -> OpSpec:
@@ -222,6 +403,7 @@ def _nbits_op(with_a: bool) -> OpSpec:
         validate=validating(matmul_nbits if with_a else dequantize_nbits, _matmul_call if with_a else _dequant_call),
         bad_arguments=lambda lf: _nbits_bad(leaf_params(leaves, lf), with_a),
         decode=lambda y, params: y,
+        abi=MATMUL_ABI if with_a else DEQUANT_ABI,
         check=Check("rel_l2", 1e-5, "fp32 accumulation order is the implementation's", tol_for=_matmul_tol)
         if with_a
         else Check("exact", 0.0, "dequantization is elementwise: bits must match"),
@@ -246,8 +428,6 @@ def _with_k(case: Case) -> Case:
     """Put K in the case params: the packed B does not say where the last block's padding starts."""
     K = case.shape[1] if len(case.shape) == 3 else case.shape[0]
     return Case(case.op, case.leaf, case.seed, case.shape, case.pattern, {**case.params, "K": K})
-
-
 
 
 MATMUL_NBITS = _nbits_op(True)

@@ -8,10 +8,12 @@ from typing import Any
 import numpy as np
 from hypothesis import strategies as st
 
+from qconform.ops.abi import DTYPE, F32, I64, Abi, Bound, In, Out, call_arguments, dtype_code
 from qconform.ops.ort._common import leaf_params, validating
 from qconform.ops.spec import BadArgument, Case, Check, Leaf, OpSpec
 from qconform.oracles.ort import qswiglu
 from qconform.oracles.ort.qswiglu import STEPS as SWIGLU_STEPS
+from qconform.oracles.ort.qswiglu import check_activations, check_qparams
 
 SWIGLU_LEAVES = (Leaf("Xu16_Yu16", {"dtype": "uint16"}), Leaf("Xu8_Yu8", {"dtype": "uint8"}))
 
@@ -45,12 +47,74 @@ def _swiglu_bad(leaf: str) -> list[BadArgument]:
     good = _swiglu_inputs(Case("qswiglu", leaf, 4, (2, 64), "normal"))
     other = np.uint8 if p["dtype"] == "uint16" else np.uint16
     return [
-        BadArgument("gate_q must have the activation type", {**good, "gate_q": good["gate_q"].astype(other)}, p),
-        BadArgument("up_q must have gate_q's shape", {**good, "up_q": good["up_q"][:, :63].copy()}, p),
-        BadArgument("scales must be per-tensor scalars", {**good, "sig_scale": np.ones(2, np.float32)}, p),
-        BadArgument("zero points must have the activation type", {**good, "out_zp": np.array(1, np.int32)}, p),
-        BadArgument("out must have the input shape", good, p, bad_out=np.zeros((2, 65), np.dtype(p["dtype"]))),
+        BadArgument(
+            "gate_q must have the activation type",
+            {**good, "gate_q": good["gate_q"].astype(other)},
+            p,
+            arg="gate_q",
+            match=p["dtype"],
+        ),
+        BadArgument(
+            "up_q must have gate_q's shape", {**good, "up_q": good["up_q"][:, :63].copy()}, p, arg="up_q", match="shape"
+        ),
+        BadArgument(
+            "scales must be per-tensor scalars",
+            {**good, "sig_scale": np.ones(2, np.float32)},
+            p,
+            arg="sig_scale",
+            match="scalar|per-tensor",
+        ),
+        BadArgument(
+            "zero points must have the activation type",
+            {**good, "out_zp": np.array(1, np.int32)},
+            p,
+            arg="out_zp",
+            match=p["dtype"],
+        ),
+        # the device launcher words it "out: must be uint16(2, 64), got ...": the expected shape is in both
+        BadArgument(
+            "out must have the input shape",
+            good,
+            p,
+            bad_out=np.zeros((2, 65), np.dtype(p["dtype"])),
+            arg="out",
+            match=r"shape|\(2, 64\)",
+        ),
     ]
+
+
+def _swiglu_bind(args: tuple, kwargs: Any) -> Bound:
+    c = call_arguments(qswiglu, args, kwargs)
+    gate, up = c["gate_q"], c["up_q"]
+    dtype = check_activations(gate, up, c["dtype"])
+    q = check_qparams({f"{k}_{w}": c[f"{k}_{w}"] for k in SWIGLU_STEPS for w in ("scale", "zp")}, dtype)
+    scalars: dict[str, int | float] = {"n": int(gate.size)}
+    for step in SWIGLU_STEPS:
+        scale, zp = q[step]
+        scalars[f"{step}_scale"] = float(scale)
+        scalars[f"{step}_zp"] = int(zp)
+    scalars["dtype"] = dtype_code(dtype)
+    tensors = {"gate_q": ("gate_q", dtype), "up_q": ("up_q", dtype)}
+    return Bound(tensors, gate.shape, dtype, scalars, int(gate.size))
+
+
+SWIGLU_ABI = Abi(
+    (
+        In("gate_q", "void", "dtype", "(n,) any shape, C order"),
+        In("up_q", "void", "dtype", "like gate_q"),
+        Out("Y", "void", "dtype", "like gate_q"),
+        I64("n", "elements"),
+        *(
+            arg
+            for step in SWIGLU_STEPS
+            for arg in (F32(f"{step}_scale", f"per-tensor scale of {step}"), I64(f"{step}_zp", "its zero point"))
+        ),
+        I64("dtype", "uint8 or uint16 codes", DTYPE),
+    ),
+    _swiglu_bind,
+    "quantized SwiGLU: Q(Q/DQ(Q/DQ(Sigmoid(g)) * g) * u), every tensor per-tensor quantized",
+    "n outputs",
+)
 
 
 QSWIGLU = OpSpec(
@@ -78,6 +142,7 @@ QSWIGLU = OpSpec(
     validate=validating(qswiglu, _swiglu_call),
     bad_arguments=_swiglu_bad,
     decode=lambda y, params: y,
+    abi=SWIGLU_ABI,
     check=Check("steps", 1.0, "sigmoid's last-ulp accuracy is the runtime's: one output step allowed, counted"),
     input_names=("gate_q", "up_q", *(f"{k}_{w}" for k in SWIGLU_STEPS for w in ("scale", "zp"))),
     logical_dtypes={"gate_q": "{dtype}", "up_q": "{dtype}", "y": "{dtype}"},

@@ -9,9 +9,7 @@
  * Launch ABI (the same for a user's hip: kernel, README "Kernel ABIs"):
  *   extern "C" __global__ void k(const void* in, void* out, long long n_blocks)
  *   blockDim.x = THREADS, gridDim.x = ceil(n_blocks * LANES / THREADS)
- * with (LANES, THREADS) per kernel in qconform/device/kernels.py.
- *
- * Mutant hooks (tests/device_mutants): QK_Q8K_ROUND, QK_COOP_TIE_LOWER. */
+ * with (LANES, THREADS) per kernel in qconform/device/kernels.py. */
 #include "qk_portable.h"
 
 #define QK8_0 32
@@ -30,14 +28,10 @@ __device__ __forceinline__ int qk_nearest_int_x86(float f, float src) {
     return (int)(qk_bits(v) & 0x7FFFFFu) - 0x400000;
 }
 
-#ifndef QK_Q8K_ROUND
-#define QK_Q8K_ROUND qk_nearest_int_x86
-#endif
-
 /* one Q8_K value: MIN(127, nearest_int(iscale * x)) as int8 (two's-complement wrap) */
 __device__ __forceinline__ int qk_q8_k_value(float iscale, float x) {
     float p = qk_ftz(QK_FMUL(iscale, qk_ftz(x)));
-    int q = QK_Q8K_ROUND(p, x);
+    int q = qk_nearest_int_x86(p, x);
     return (int)(qk_i8)(q < 127 ? q : 127);
 }
 
@@ -170,10 +164,6 @@ qk_q8_k_quant_ref(const void* in, void* out, qk_i64 n_blocks) {
  * reference's first strict max. Group sums (bsums) are reduced over lane quads; results are
  * staged in shared memory for one coalesced store. LANES = 8, THREADS <= 256 (a multiple of 8).
  * Out-of-range groups still take part in every shuffle and barrier. */
-#ifndef QK_COOP_TIE_LOWER
-#define QK_COOP_TIE_LOWER(mine, other) ((other) < (mine))
-#endif
-
 __device__ __forceinline__ void qk_q8_k_quant_coop_body(const void* in, void* out, qk_i64 n_blocks) {
     __shared__ uint4 ys4[32 * Q8_K_BYTES / 16];  /* the CTA's results: 256 threads / 8 lanes */
     qk_u8* ys = (qk_u8*)ys4;
@@ -201,7 +191,7 @@ __device__ __forceinline__ void qk_q8_k_quant_coop_body(const void* in, void* ou
         float oa = QK_SHFL_XOR(amax, m, 8);
         float om = QK_SHFL_XOR(mx, m, 8);
         int oi = QK_SHFL_XOR(idx, m, 8);
-        if (oa > amax || (oa == amax && QK_COOP_TIE_LOWER(idx, oi))) { amax = oa; mx = om; idx = oi; }
+        if (oa > amax || (oa == amax && oi < idx)) { amax = oa; mx = om; idx = oi; }
     }
     const bool zero = amax == 0.0f;
     const float iscale = zero ? 0.0f : qk_ftz(QK_FDIV(-127.0f, mx));

@@ -1,14 +1,14 @@
 /* ONNX Runtime quantized-weight family: GatherBlockQuantized.
- * Semantics: qconform.oracles.ort; shared device functions in ort_common.h. Kernels take plain
- * pointer and int arguments (CuPy launches them; qconform.device.ort says how). */
+ * Semantics: qconform.oracles.ort; shared device functions in ort_common.h. The kernel takes its
+ * op's declared ABI (qconform_abi.h). */
 #include "ort_common.h"
 
 /* ------------------------------------------------------------------ GatherBlockQuantized */
-#define DT_UINT8 0
-#define DT_INT4 1
-#define DT_UINT4 2
-#define DT_E4M3FN 3
-#define DT_E5M2 4
+#define DT_UINT8 QCONFORM_DATA_TYPE_UINT8
+#define DT_INT4 QCONFORM_DATA_TYPE_INT4
+#define DT_UINT4 QCONFORM_DATA_TYPE_UINT4
+#define DT_E4M3FN QCONFORM_DATA_TYPE_FLOAT8E4M3FN
+#define DT_E5M2 QCONFORM_DATA_TYPE_FLOAT8E5M2
 
 /* fp8 codes -> float, exact (OCP/ONNX: e4m3fn bias 7, no inf, NaN = S.1111.111; e5m2 bias 15) */
 __device__ __forceinline__ float qk_fp8(qk_u8 c, int e5m2) {
@@ -24,12 +24,16 @@ __device__ __forceinline__ float qk_fp8(qk_u8 c, int e5m2) {
     return sign ? -v : v;
 }
 
-extern "C" __global__ void __launch_bounds__(256)
-qk_gather_block_quantized(const qk_u8* data, const qk_i64* indices, const void* scales, const qk_u8* zp, void* out,
-                          int rows, int cols, int n_idx, int bits, int bs, int n_blocks, int dtype, int has_zp,
-                          int s16, int row_bytes, int zp_row_bytes) {
+/* the op's declared ABI (qconform abi gather_block_quantized), one thread per output element */
+extern "C" __global__ void __launch_bounds__(256) qk_gather_block_quantized(QCONFORM_GATHER_BLOCK_QUANTIZED_PARAMS) {
+    const qk_u8* zp = zero_points;
+    void* out = Y;
+    const int bs = (int)block_size, dtype = (int)data_type, has_zp = zero_points != 0;
+    const int s16 = y_dtype == QCONFORM_DTYPE_FLOAT16;
+    const qk_i64 n_blocks = (cols + block_size - 1) / block_size;
+    const qk_i64 row_bytes = cols * bits / 8, zp_row_bytes = (n_blocks * bits + 7) / 8;
     const qk_i64 t = qk_global_thread();
-    if (t >= (qk_i64)n_idx * cols) return;
+    if (t >= n_indices * cols) return;
     const qk_i64 i = t / cols;
     const int c = (int)(t - i * cols), blk = c / bs;
     qk_i64 r = indices[i];
@@ -42,8 +46,8 @@ qk_gather_block_quantized(const qk_u8* data, const qk_i64* indices, const void* 
     } else {
         int d, z;
         if (dtype == DT_UINT8) {
-            d = qk_field(data + r * row_bytes, bits, c);
-            z = has_zp ? qk_field(zp + r * zp_row_bytes, bits, blk) : (1 << (bits - 1));
+            d = qk_field(data + r * row_bytes, (int)bits, c);
+            z = has_zp ? qk_field(zp + r * zp_row_bytes, (int)bits, blk) : (1 << (bits - 1));
         } else {
             d = qk_field(data, 4, r * cols + c);
             z = has_zp ? qk_field(zp, 4, r * n_blocks + blk) : 0;

@@ -1,18 +1,19 @@
 /* ONNX Runtime quantized-weight family: MatMulNBits dequantization, the per-output GEMV and the accuracy_level 4 int8 path.
- * Semantics: qconform.oracles.ort; shared device functions in ort_common.h. Kernels take plain
- * pointer and int arguments (CuPy launches them; qconform.device.ort says how). */
+ * Semantics: qconform.oracles.ort; shared device functions in ort_common.h. qk_nbits_dequant takes its
+ * op's declared ABI; the others plain pointer and int arguments (qconform.device.ort says how). */
 #include "ort_common.h"
 
-/* W (N, K) fp32, one thread per element */
-extern "C" __global__ void __launch_bounds__(256)
-qk_nbits_dequant(const qk_u8* B, const void* scales, const void* zp, float zps, float* out, int K, int N, int bits,
-                 int bs, int k_blocks, int blob, int zp_bytes, int zp_kind, int s16, int z16) {
+/* W (N, K) fp32, one thread per element; the op's declared ABI (qconform abi dequantize_nbits) */
+extern "C" __global__ void __launch_bounds__(256) qk_nbits_dequant(QCONFORM_DEQUANTIZE_NBITS_PARAMS) {
     const qk_i64 t = qk_global_thread();
-    if (t >= (qk_i64)N * K) return;
+    if (t >= N * K) return;
+    const int bs = (int)block_size, k_blocks = (int)((K + block_size - 1) / block_size);
+    const int blob = bs * (int)bits / 8, zp_bytes = (k_blocks * (int)bits + 7) / 8, s16 = s_dtype == QCONFORM_DTYPE_FLOAT16;
+    const float zps = zp_kind == ZP_SCALAR ? ((const float*)zero_points)[0] : 0.0f;
     const qk_i64 n = t / K;
     const int k = (int)(t - n * K), kb = k / bs;
-    const qk_block_q b = qk_block(scales, zp, zps, n, kb, k_blocks, bits, zp_bytes, zp_kind, s16, z16);
-    out[t] = qk_weight(b, qk_field(B + (n * k_blocks + kb) * blob, bits, k - kb * bs));
+    const qk_block_q b = qk_block(scales, zero_points, zps, n, kb, k_blocks, (int)bits, zp_bytes, (int)zp_kind, s16, s16);
+    Y[t] = qk_weight(b, qk_field(B + (n * k_blocks + kb) * blob, (int)bits, k - kb * bs));
 }
 
 /* Y (M, N) = A (M, K) @ W^T (+ bias): a group of 32 lanes per output element (width-32 shuffles:

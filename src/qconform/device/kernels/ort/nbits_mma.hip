@@ -110,12 +110,8 @@ __device__ __forceinline__ void qk_unpack_sz(qk_u32 v, float zconst, int zp_kind
     *c = -*s * (zp_kind == ZP_PACKED ? (float)(v >> 16) : zconst);
 }
 
-/* the block of chunk c: c >> cpb_shift, blocks of 64 << cpb_shift (mutant hook QK_MUT_MMA_LAST_SCALE:
- * the last chunk reads the previous block's scale and zero point) */
+/* the block of chunk c (of n_chunks): c >> cpb_shift, blocks of 64 << cpb_shift */
 __device__ __forceinline__ int qk_chunk_block(int c, int cpb_shift, int n_chunks) {
-#ifdef QK_MUT_MMA_LAST_SCALE
-    if (c == n_chunks - 1 && (c >> cpb_shift) > 0) return (c >> cpb_shift) - 1;
-#endif
     return c >> cpb_shift;
 }
 
@@ -165,13 +161,8 @@ __device__ __forceinline__ void qk_load_chunk(qk_u32 w[R][2][BITS / 2], qk_u32 s
     for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-#ifdef QK_DIAG_NO_LOADS /* bench diagnostic: made-up weights, scale 1, no global loads (wrong results) */
-            for (int i = 0; i < BITS / 2; ++i) w[r][h][i] = (qk_u32)(c * 0x9E3779B9u) ^ (qk_u32)(rows[r][h] + i);
-            sz[r][h] = 0x3C00u;
-#else
             qk_load_words<BITS>(w[r][h], wrow[r][h], c, t);
             sz[r][h] = qk_load_sz(scales, zp, rows[r][h], kb, k_blocks, BITS, zp_bytes, zp_kind);
-#endif
         }
 }
 
@@ -246,11 +237,7 @@ __device__ __forceinline__ void qk_nbits_mma(const qk_u16* A, const qk_u8* B, co
                         for (int m = 0; m < 4; ++m) {
                             int p[2], q[2];
                             qk_slot_pairs<BITS>(m, p, q);
-#ifdef QK_MUT_MMA_SLOT_SWAP /* mutant: activation pair in the other order than the weights' */
-                            bf[tg][m][0] = qk_act_pair(act[tg], p[1], p[0]);
-#else
                             bf[tg][m][0] = qk_act_pair(act[tg], p[0], p[1]);
-#endif
                             bf[tg][m][1] = qk_act_pair(act[tg], q[0], q[1]);
                         }
                     }
@@ -270,13 +257,6 @@ __device__ __forceinline__ void qk_nbits_mma(const qk_u16* A, const qk_u8* B, co
                         for (int tg = 0; tg < T; ++tg)
                             qk_load_act(act[tg], A, tok0 + 8 * tg + g, M, K, (c + 1) * 64 + 16 * t, a_vec);
                     }
-#ifdef QK_DIAG_LOADS_ONLY /* bench diagnostic: the loads and a trivial use of them, no arithmetic */
-#pragma unroll
-                    for (int r = 0; r < R; ++r)
-                        acc[r * T * 4] += (float)(wc[r][0][0] ^ wc[r][1][WPR - 1] ^ szc[r][0] ^ szc[r][1] ^
-                                                  bf[0][0][0]);
-                    (void)zconst;
-#else
                     const qk_u32 ones[4] = {0x3C003C00u, 0x3C003C00u, 0x3C003C00u, 0x3C003C00u};
                     float asum[T][4];
 #pragma unroll
@@ -312,7 +292,6 @@ __device__ __forceinline__ void qk_nbits_mma(const qk_u16* A, const qk_u8* B, co
                                 x = fmaf(cc[i >> 1], asum[tg][i & 1], x);
                             }
                     }
-#endif
                 }
             }
         }
@@ -328,11 +307,7 @@ __device__ __forceinline__ void qk_nbits_mma(const qk_u16* A, const qk_u8* B, co
 #pragma unroll
         for (int i = 0; i < NACC; ++i) {
             float v = red[i * 32 + lane];
-#ifdef QK_MUT_MMA_DROP_LAST_WARP /* mutant: the last K split's partial sums never added */
-            for (int k = 1; k < wk_n - 1; ++k) v += red[(k * NACC + i) * 32 + lane];
-#else
             for (int k = 1; k < wk_n; ++k) v += red[(k * NACC + i) * 32 + lane];
-#endif
             acc[i] = v;
         }
     }

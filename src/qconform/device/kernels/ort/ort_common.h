@@ -9,10 +9,12 @@
 #define QK_ORT_COMMON_H
 #include "qk_portable.h"
 
-#define ZP_DEFAULT 0
-#define ZP_PACKED 1
-#define ZP_FLOAT 2
-#define ZP_SCALAR 3
+#include "qconform_abi.h" /* the enum codes, generated from the catalogue */
+
+#define ZP_DEFAULT QCONFORM_ZP_KIND_NONE
+#define ZP_PACKED QCONFORM_ZP_KIND_PACKED
+#define ZP_FLOAT QCONFORM_ZP_KIND_FLOAT
+#define ZP_SCALAR QCONFORM_ZP_KIND_SCALAR
 
 __device__ __forceinline__ float qk_load_f(const void* p, qk_i64 i, int is_f16) {
     return is_f16 ? __half2float(((const __half*)p)[i]) : ((const float*)p)[i];

@@ -1,6 +1,6 @@
 /* ONNX Runtime quantized-weight family: the quantized SwiGLU chain, fused and its unfused steps.
- * Semantics: qconform.oracles.ort; shared device functions in ort_common.h. Kernels take plain
- * pointer and int arguments (CuPy launches them; qconform.device.ort says how). */
+ * Semantics: qconform.oracles.ort; shared device functions in ort_common.h. The fused kernel takes
+ * its op's declared ABI (qconform_abi.h); the unfused steps plain arguments. */
 #include "ort_common.h"
 
 /* ------------------------------------------------------------------------ quantized SwiGLU */
@@ -17,17 +17,17 @@ __device__ __forceinline__ void qk_store_q(void* p, qk_i64 i, int v, int is16) {
     else ((qk_u8*)p)[i] = (qk_u8)v;
 }
 
-/* the whole chain per element; p = {gate_s, up_s, sig_s, silu_s, out_s}, z likewise */
-extern "C" __global__ void __launch_bounds__(256)
-qk_qswiglu_fused(const void* gate, const void* up, void* out, qk_i64 n, float gs, int gz, float us, int uz, float ss,
-                 int sz, float hs, int hz, float os, int oz, int hi, int is16) {
+/* the whole chain per element, the op's declared ABI (qconform abi qswiglu) */
+extern "C" __global__ void __launch_bounds__(256) qk_qswiglu_fused(QCONFORM_QSWIGLU_PARAMS) {
     const qk_i64 t = qk_global_thread();
     if (t >= n) return;
-    const float g = qk_dequantize(qk_load_q(gate, t, is16), gs, gz);
-    const float u = qk_dequantize(qk_load_q(up, t, is16), us, uz);
-    const float sd = qk_dequantize(qk_quantize(qk_sigmoid(g), ss, sz, 0, hi), ss, sz);
-    const float hd = qk_dequantize(qk_quantize(qk_ftz(QK_FMUL(g, sd)), hs, hz, 0, hi), hs, hz);
-    qk_store_q(out, t, qk_quantize(qk_ftz(QK_FMUL(hd, u)), os, oz, 0, hi), is16);
+    const int is16 = dtype == QCONFORM_DTYPE_UINT16, hi = is16 ? 65535 : 255;
+    const float g = qk_dequantize(qk_load_q(gate_q, t, is16), gate_scale, (int)gate_zp);
+    const float u = qk_dequantize(qk_load_q(up_q, t, is16), up_scale, (int)up_zp);
+    const float sd = qk_dequantize(qk_quantize(qk_sigmoid(g), sig_scale, (int)sig_zp, 0, hi), sig_scale, (int)sig_zp);
+    const float h = qk_ftz(QK_FMUL(g, sd));
+    const float hd = qk_dequantize(qk_quantize(h, silu_scale, (int)silu_zp, 0, hi), silu_scale, (int)silu_zp);
+    qk_store_q(Y, t, qk_quantize(qk_ftz(QK_FMUL(hd, u)), out_scale, (int)out_zp, 0, hi), is16);
 }
 
 /* the unfused steps: DQ to fp32, Q(Sigmoid(x)), and Q(a * b) */

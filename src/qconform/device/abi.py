@@ -1,0 +1,134 @@
+"""Call a user's kernel (``hip:``) or C launcher (``so:``) with an op's declared ABI
+(``qconform.ops.abi``): check every rule on host stand-ins of the device arrays (the catalogue's
+``bind``, which runs the oracle's own validators), check the ``out`` buffer, convert the inputs the
+ABI passes in another dtype, then launch with the op's default geometry or the user's override.
+Nothing is launched and nothing written when a rule is broken.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass, field
+from typing import Any
+
+import cupy
+import numpy as np
+
+from qconform.device.launch import CUPY, launch_kernel
+from qconform.device.registry import Launch
+from qconform.errors import ArgumentError, Declined
+from qconform.ops import OpSpec
+from qconform.ops.abi import Abi, Bound, call_arguments
+
+SMALL = 64  # device arrays up to this many elements are copied to the host for validation (scalars)
+
+
+def shadow(name: str, a: Any) -> Any:
+    """A host stand-in with a device array's dtype and shape: the values themselves for small
+    arrays (per-tensor scales and zero points are checked by value), an untouched allocation
+    otherwise (the validators read dtypes and shapes only). Host values pass through."""
+    if not isinstance(a, cupy.ndarray):
+        return a  # None, host values (attributes, shapes); a host array is refused by the binding below
+    if not a.flags.c_contiguous:
+        raise ArgumentError(f"{name}: must be C-contiguous")
+    if a.size <= SMALL:
+        return cupy.asnumpy(a)
+    return np.empty(a.shape, a.dtype)
+
+
+@dataclass
+class AbiCall:
+    """An op call bound to its ABI: the argument values in order and the output array."""
+
+    op: str
+    bound: Bound
+    out: Any
+    pointers: list[Any] = field(default_factory=list)  # device arrays (None: null), output included
+    scalars: list[Any] = field(default_factory=list)  # np.int64 / np.float32 in ABI order
+
+    def kernel_args(self) -> tuple:
+        null = np.uint64(0)
+        return (*(null if p is None else p for p in self.pointers), *self.scalars)
+
+    def c_args(self, stream: int) -> tuple:
+        ptrs = (0 if p is None else p.data.ptr for p in self.pointers)
+        return (*ptrs, *(s.item() for s in self.scalars), stream)
+
+
+def bind_call(op: OpSpec, args: tuple, kwargs: dict[str, Any], out: Any = None) -> AbiCall:
+    """Bind a call of ``op``'s oracle on device arrays to ``op.abi``: check every rule on host
+    stand-ins (ArgumentError), Declined where the ABI cannot express the call, check or allocate
+    ``out``; inputs the ABI passes in another dtype are converted."""
+    named = call_arguments(op.oracle, args, kwargs)
+    host_args = tuple(shadow(name, v) for name, v in zip(named, args, strict=False))
+    host_kwargs = {k: shadow(k, v) for k, v in kwargs.items()}
+    bound = op.abi.bind(host_args, host_kwargs)
+    arrays = [v for v in named.values() if isinstance(v, cupy.ndarray)]
+    result = _out_buffer(out, bound, arrays)
+    call = AbiCall(op.name, bound, result)
+    for arg in op.abi.pointers:
+        if arg.kind == "out":
+            call.pointers.append(result)
+            continue
+        src = bound.tensors.get(arg.name)
+        if src is None:
+            call.pointers.append(None)
+            continue
+        key, dtype = src
+        a = named[key]
+        if not isinstance(a, cupy.ndarray):
+            raise ArgumentError(f"{key}: must be a cupy.ndarray (a device pointer), got {type(a).__name__}")
+        call.pointers.append(a if a.dtype == dtype else cupy.ascontiguousarray(a.astype(dtype)))
+    for arg, value in op.abi.values(bound):
+        call.scalars.append(np.int64(value) if arg.kind == "i64" else np.float32(value))
+    return call
+
+
+def run_abi(op: OpSpec, kernel: Any, launch: Launch, args: tuple, kwargs: dict[str, Any], out: Any = None) -> Any:
+    """One call of ``op`` with the oracle's call shape on CuPy arrays through a kernel of its ABI."""
+    return launch_hip(op, kernel, launch, bind_call(op, args, kwargs, out))
+
+
+def _out_buffer(out: Any, bound: Bound, inputs: list[Any]) -> Any:
+    if out is None:
+        return cupy.empty(bound.out_shape, bound.out_dtype)
+    if not isinstance(out, cupy.ndarray):
+        raise ArgumentError(f"out: must be a cupy.ndarray, got {type(out).__name__}")
+    if out.dtype != bound.out_dtype or out.shape != tuple(bound.out_shape):
+        raise ArgumentError(
+            f"out: must be {np.dtype(bound.out_dtype)}{tuple(bound.out_shape)}, got {out.dtype}{out.shape}"
+        )
+    if not out.flags.c_contiguous:
+        raise ArgumentError("out: must be C-contiguous")
+    if any(CUPY.may_share_memory(out, a) for a in inputs):
+        raise ArgumentError("out: must not overlap an input")
+    return out
+
+
+def check_requires(launch: Launch, call: AbiCall) -> None:
+    """Decline the case when the user's ``requires=`` predicate is false on its ABI scalars."""
+    if launch.requires is None:
+        return
+    names = {k: v for k, v in call.bound.scalars.items()}
+    try:
+        ok = eval(launch.requires, {"__builtins__": {}}, names)  # noqa: S307 - the user's own expression
+    except Exception as exc:
+        raise ArgumentError(f"requires: cannot evaluate {launch.requires!r} on {names}: {exc}") from exc
+    if not ok:
+        raise Declined(f"requires {launch.requires} (false for {names})")
+
+
+def launch_hip(op: OpSpec, kernel: Any, launch: Launch, call: AbiCall, stream: Any = None) -> Any:
+    """Launch ``kernel`` with the bound arguments; zero work launches nothing."""
+    check_requires(launch, call)
+    if call.bound.work == 0 and launch.grid is None:
+        return call.out
+    grid, threads = launch.shape(op.abi, call.bound.work)
+    launch_kernel(op.name, kernel, grid, threads, call.kernel_args(), stream, shared_mem=launch.smem)
+    return call.out
+
+
+def c_argtypes(abi: Abi) -> list[Any]:
+    """ctypes argument types of a ``so:`` launcher for ``abi``: pointers, scalars, the stream."""
+    kinds = {"in": ctypes.c_void_p, "out": ctypes.c_void_p, "i64": ctypes.c_longlong, "f32": ctypes.c_float}
+    return [kinds[a.kind] for a in abi.args] + [ctypes.c_void_p]
