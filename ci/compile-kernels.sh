@@ -42,19 +42,22 @@ compile() {  # label, command...
   n=$((n + 1))
 }
 
-# patched sources: tmp/patched/<mutant>/<file>, beside copies of the headers of the shipped file's folder
+# patched sources: tmp/patched/<mutant>/<file>, beside copies of the headers of the shipped file's folder;
+# built as the suite and the bench load them: the launcher's MatMulNBits shapes only (-DQK_MMA_DEFAULT_ONLY)
 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" python3 tests/device_catalogue.py --write-sources "$tmp/patched" \
   >/dev/null
 # -Wno-pass-failed: on AMD the matrix-unit GEMM runs qk_mma_16816's shuffle form, and clang may
 # decline to fully unroll the prefill shape's loop nest (code size): a speed matter, not a wrong result.
 for src in "$KERNELS"/*/*.hip tests/device_mutants/*.hip "$tmp"/patched/*/*.hip; do
+  defs=""
+  case "$src" in "$tmp"/patched/*) defs="-DQK_MMA_DEFAULT_ONLY" ;; esac
   if [ "$amd" = 1 ]; then
     for arch in gfx90a gfx1030; do
-      compile "$src for $arch" hipcc --genco --offload-arch="$arch" -Werror -Wall -Wno-pass-failed $INCLUDES \
+      compile "$src for $arch" hipcc --genco --offload-arch="$arch" -Werror -Wall -Wno-pass-failed $INCLUDES $defs \
         -o "$tmp/k.co" "$src"
     done
   fi
-  compile "$src for sm_90" nvcc -cubin -arch=sm_90 -Werror all-warnings $INCLUDES -x cu -o "$tmp/k.cubin" "$src"
+  compile "$src for sm_90" nvcc -cubin -arch=sm_90 -Werror all-warnings $INCLUDES $defs -x cu -o "$tmp/k.cubin" "$src"
 done
 for src in examples/so_launcher/*.cu; do
   if [ "$amd" = 1 ]; then

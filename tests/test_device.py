@@ -15,6 +15,7 @@ from qconform.properties.suite import run_leaf
 
 pytestmark = pytest.mark.device
 
+
 def _own_kernels() -> list[tuple[str, str, str]]:
     """(impl, op, leaf) for every leaf of every op qconform ships a kernel for (from the registry
     and the catalogue: a new op is picked up by being registered); ``cupy:<variant>`` for ops with
@@ -37,7 +38,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return build_all(tmp_path_factory.mktemp("so"))
 
 
-@pytest.mark.parametrize("impl_name,op_name,leaf", OWN, ids=["-".join(x) for x in OWN])
+@pytest.mark.parametrize("impl_name,op_name,leaf", OWN, ids=[f"{get_op(x[1]).family}-" + "-".join(x) for x in OWN])
 def test_own_kernel_passes_every_property(impl_name: str, op_name: str, leaf: str) -> None:
     """Every property at coverage 2 (1 for the ONNX Runtime family: its cases are larger), cold
     input sets on each cold op's first leaf (the others share its kernels)."""
@@ -162,3 +163,68 @@ def test_qswiglu_fused_equals_unfused_and_counts_steps(dtype: str) -> None:
     limit = 1.2e-7 / float(kw["sig_scale"]) / 8
     assert limit < (1e-3 if dtype == "uint16" else 4e-6)
     assert moved <= limit * diff.size, f"{moved} of {diff.size} outputs one step off: more than sigmoid error explains"
+
+
+def _device_py(fn, ops):
+    """A device ``py:`` implementation around ``fn`` (CuPy arrays in and out)."""
+    from qconform.impls.device import load_device_impl
+
+    fn.__qconform_device__ = True
+    return load_device_impl(f"py:{fn.__name__}", tuple(ops), False, fn)
+
+
+def test_device_py_dropin_gets_every_device_property() -> None:
+    """Our own gather launcher as a device py: drop-in passes every property (device arrays in and
+    out, poisoned out on the device, repeat calls, pending error); a twin that leaves the last
+    output row unwritten fails writes_every_output, one that returns a host array is a FAIL."""
+    import cupy
+
+    from qconform.device.ort import gather_block_quantized
+
+    def gather_ok(*args, **kwargs):
+        return gather_block_quantized(*args, **kwargs)
+
+    def gather_partial(*args, out=None, **kwargs):
+        full = gather_block_quantized(*args, **kwargs)
+        out[:-1] = full[:-1]
+        return out
+
+    def gather_host(*args, **kwargs):
+        return cupy.asnumpy(gather_block_quantized(*args, **kwargs))
+
+    op = get_op("gather_block_quantized")
+    leaf = op.leaves[0].name
+    for fn, broken in ((gather_ok, None), (gather_partial, "writes_every_output"), (gather_host, "matches_oracle")):
+        impl = _device_py(fn, [op.name])
+        prepared = [Prepared.from_case(op, c, impl.ftz) for c in op.cases(leaf, 1)]
+        result = run_leaf(impl, op, leaf, prepared, repeat_calls=9)
+        failed = {o.prop for o in result.failed}
+        if broken is None:
+            assert result.verdict == "PASS", [o.detail for o in result.failed][:3]
+        else:
+            assert broken in failed, (fn.__name__, failed)
+
+
+@pytest.mark.parametrize("op_name", [op.name for op in CATALOGUE.values() if op.family == "ort"])
+def test_own_abi_kernels_load_as_hip_user_kernels(op_name: str) -> None:
+    """Every ONNX Runtime op through ``hip:``: the kernels of ours that take their op's declared
+    ABI pass as user kernels; matmul_nbits (whose own kernels take launcher arguments) runs the
+    worked example. Either way the generic binder and launch geometry are what is checked."""
+    from qconform.device.registry import KERNELS
+    from qconform.impls import load_impl
+
+    op = get_op(op_name)
+    abi_kernels = {
+        "dequantize_nbits": "qk_nbits_dequant",
+        "gather_block_quantized": "qk_gather_block_quantized",
+        "fake_quantize": "qk_fake_quantize",
+        "qswiglu": "qk_qswiglu_fused",
+    }
+    if op_name not in abi_kernels:
+        pytest.skip("no kernel of ours takes this op's ABI: the worked example covers it (tests/user_kernels.py)")
+    k = next(k for k in KERNELS if k.symbol == abi_kernels[op_name])
+    impl = load_impl(f"hip:{k.path}:{k.symbol}", [op_name])
+    for lf in op.leaves:
+        prepared = [Prepared.from_case(op, c, impl.ftz) for c in op.cases(lf.name, 1)]
+        result = run_leaf(impl, op, lf.name, prepared, repeat_calls=9, cold=False)
+        assert result.verdict == "PASS", (lf.name, [o.detail for o in result.failed][:3])

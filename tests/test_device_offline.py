@@ -1,15 +1,17 @@
 """The device backend's parts that need no GPU: the kernel registry and launch geometry, the
-hip: spec parser, the so: build command, the runtime-library scan, and every symbol the
-registry and the device mutants name existing in its source."""
+hip: spec parser, the so: build command, the runtime-library scan, every symbol the
+registry and the device mutants name existing in its source, and the mutants' and the bench
+diagnostics' patches applying to the shipped kernels, which carry no hooks."""
 
 from __future__ import annotations
 
 import re
 
 import pytest
-from device_catalogue import ALL
+from device_catalogue import ALL, write_sources
 
 from qconform.device.errstate import mapped_runtimes
+from qconform.device.patch import Patch, PatchError, apply_edits
 from qconform.device.registry import (
     COMMON_DIR,
     KERNEL_DIR,
@@ -57,7 +59,7 @@ def test_every_registered_kernel_exists_in_its_source() -> None:
 
 def test_every_device_mutant_symbol_exists() -> None:
     for m in ALL:
-        text = m.path().read_text()
+        text = m.patch().text() if m.edits else m.path().read_text()
         if m.is_ort:
             text += (COMMON_DIR / "qk_portable.h").read_text()
             for define in m.options.split():
@@ -67,6 +69,72 @@ def test_every_device_mutant_symbol_exists() -> None:
         else:
             included = text + "".join(k.path.read_text() for k in KERNELS if f'"{k.source}"' in text)
             assert m.symbol in _kernel_symbols(included), m.name
+
+
+HOOK_TOKENS = ("QK_MUT_", "QK_DIAG_", "QK_Q8K_ROUND", "QK_COOP_TIE_LOWER")
+
+
+def test_shipped_kernels_carry_no_mutant_or_diagnostic_hooks() -> None:
+    """Mutants and diagnostic builds are patches held by the tests and the bench (DESIGN.md)."""
+    sources = [p for p in sorted(KERNEL_DIR.rglob("*")) if p.suffix in (".hip", ".h", ".cu", ".cuh")]
+    assert any(p.name == "nbits_mma.hip" for p in sources) and any(p.name == "q8_quant.hip" for p in sources)
+    for path in sources:
+        text = path.read_text()
+        for token in HOOK_TOKENS:
+            assert token not in text, f"{path.relative_to(KERNEL_DIR)}: {token}"
+
+
+def _patches() -> list[tuple[str, Patch]]:
+    """(name, patch) of every patched source, in the order ``--write-sources`` writes them."""
+    from qconform.bench.diagnostics import DIAGNOSTICS
+
+    return [(m.name, m.patch()) for m in ALL if m.edits] + [(f"bench {n}", p) for n, _, p in DIAGNOSTICS]
+
+
+def test_every_patch_applies_once_to_the_shipped_kernel() -> None:
+    """Each device mutant given as a patch, and each bench diagnostic build, patches a shipped kernel
+    whose current text holds every original snippet exactly once, and changes it: a kernel edit that
+    breaks a patch fails here instead of the mutant silently testing the shipped kernel."""
+    patches = _patches()
+    assert {m.name for m in ALL if m.edits} >= {
+        "ties away from zero",
+        "coop ties to the higher index",
+        "mma GEMV: last chunk reads the previous block's scale",
+        "mma GEMV: activation pairs in swapped K slots",
+        "mma GEMV: last K split not added",
+    }
+    for name, patch in patches:
+        assert patch.source.resolve().is_relative_to(KERNEL_DIR.resolve()), name
+        shipped = patch.source.read_text()
+        for original, replacement in patch.edits:
+            assert shipped.count(original) == 1, f"{name}: {original!r}"
+            assert replacement != original, name
+        text = patch.text()
+        assert text != shipped, name
+        assert not any(token in text for token in ("QK_MUT_", "QK_DIAG_")), name
+    for m in ALL:  # the -D options left are build options of the shipped kernels, not hooks
+        assert all(o in ("-DQK_MMA_DEFAULT_ONLY", "-DQK_MMA_EMULATE") for o in m.options.split() if o.startswith("-D"))
+
+
+def test_patch_rules_and_written_sources(tmp_path) -> None:
+    """A snippet found 0 or 2 times is an error; --write-sources writes each patched kernel as a
+    complete file beside copies of its folder's headers (the loader's -I of the source's folder)."""
+    with pytest.raises(PatchError, match="occurs 0 times"):
+        apply_edits("a b", (("c", "d"),))
+    with pytest.raises(PatchError, match="occurs 2 times"):
+        apply_edits("a a", (("a", "d"),))
+    assert apply_edits("a b", (("a", "c"), ("c b", "e"))) == "e"
+    written = write_sources(tmp_path)
+    patches = _patches()
+    assert len(written) == len(patches) == len({path.parent for path in written})
+    for path, (name, patch) in zip(written, patches, strict=True):
+        assert path.name == patch.source.name and path.read_text() == patch.text(), name
+        for header in patch.source.parent.glob("*.h"):
+            assert (path.parent / header.name).read_bytes() == header.read_bytes(), name
+    no_loads = dict(patches)["bench no_loads"]
+    with Patch(KERNEL_DIR / "ort/nbits_mma.hip", no_loads.edits).materialised() as path:
+        assert path.read_text() == no_loads.text() and (path.parent / "ort_common.h").is_file()
+    assert not path.exists()
 
 
 def test_geometry_grid_rule() -> None:

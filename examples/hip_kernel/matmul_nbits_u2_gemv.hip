@@ -9,8 +9,9 @@
  * What it declines: everything else (other bit widths, accuracy_level 4's int8 activations); the
  * user says so on the command line, and those cases are counted as declined, not failed:
  *
- *   qconform run --ops matmul_nbits --leaf Xfp16_Wu2_Yfp16,Xfp32_Wu2_Yfp32 \
+ *   qconform run --ops matmul_nbits --leaf Xfp16_Wu2_Yfp16 \
  *     --impl 'hip:examples/hip_kernel/matmul_nbits_u2_gemv.hip:matmul_nbits_u2_gemv:requires=bits==2 and accuracy_level<4'
+ * (the same for Xfp32_Wu2_Yfp32; without --leaf the other bit widths show SKIP: every case declined)
  *
  * Geometry: the op's default (qconform abi matmul_nbits): work = M * N outputs, 32 lanes each,
  * 256 threads per CTA, gridDim.x = ceil(M * N * 32 / 256). So one group of 32 consecutive

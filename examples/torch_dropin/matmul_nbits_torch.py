@@ -34,6 +34,10 @@ Zero points (``qconform abi matmul_nbits``):
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
+import os
+from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
@@ -167,6 +171,36 @@ def _host_standin(a: Any) -> Any:
     return np.empty(tuple(a.shape), dtype)
 
 
+@functools.cache
+def _torch_runtime() -> tuple[Any, str] | None:
+    """(ctypes handle, GetLastError's name) of the shared CUDA/HIP runtime that PyTorch's kernels
+    report through (the libcudart / libamdhip64 of PyTorch's own installation, mapped into this
+    process), or None where PyTorch links it statically."""
+    root = str(Path(torch.__file__).resolve().parent.parent)  # site-packages: torch/, nvidia/
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split(maxsplit=5)
+        path = fields[5] if len(fields) == 6 else ""
+        name = os.path.basename(path)
+        if path.startswith(root) and name.startswith(("libcudart.so", "libamdhip64.so")):
+            lib = ctypes.CDLL(path)
+            get = "hipGetLastError" if name.startswith("libamdhip64") else "cudaGetLastError"
+            getattr(lib, get).restype = ctypes.c_int
+            return lib, get
+    return None
+
+
+def clear_pending_runtime_error() -> None:
+    """PyTorch checks the runtime's last-error slot (cudaGetLastError) after each kernel it
+    launches and raises for whatever is pending there, including an error its caller left
+    behind: that would make this call fail for someone else's error. So the drop-in takes the
+    slot over on entry and clears it: by design, and reported by qconform's pending-error
+    property as a WARNING (the caller's error is gone), not as a failure."""
+    runtime = _torch_runtime()
+    if runtime is not None:
+        lib, get = runtime
+        getattr(lib, get)()
+
+
 @contextlib.contextmanager
 def ieee_fp32_matmul() -> Iterator[None]:
     """fp32 matrix products in IEEE fp32 (TF32 off) inside the block; the caller's setting restored."""
@@ -219,6 +253,7 @@ def matmul_nbits(
         raise qconform.Declined("int8 activations not implemented")
     if g_idx is not None:
         raise qconform.Declined("g_idx not implemented")
+    clear_pending_runtime_error()
 
     def dev(a: Any) -> Any:
         return None if a is None else torch.as_tensor(a, device="cuda")  # CuPy -> torch, no copy

@@ -211,6 +211,15 @@ def cmd_golden(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    if args.families:
+        print(" ".join(dict.fromkeys(op.family for op in CATALOGUE.values())))
+        return EXIT_OK
+    if args.names:
+        chosen = [op.name for op in CATALOGUE.values() if args.family in (None, op.family)]
+        if not chosen:
+            raise UsageError(f"--family: no op of family {args.family!r}")
+        print(",".join(chosen))
+        return EXIT_OK
     print("Ops:")
     for op in CATALOGUE.values():
         for lf in op.leaves:
@@ -341,6 +350,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.set_defaults(fn=cmd_bench)
 
     ls = sub.add_parser("list", help="ops, leaves and implementations")
+    ls.add_argument("--names", action="store_true", help="only the op names, comma-separated (for scripts)")
+    ls.add_argument("--family", help="with --names: only this family's ops")
+    ls.add_argument("--families", action="store_true", help="only the family names, space-separated")
     ls.set_defaults(fn=cmd_list)
 
     a = sub.add_parser("abi", help="an op's device ABI for hip: kernels and so: launchers (C prototype, arguments)")

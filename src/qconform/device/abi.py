@@ -20,20 +20,21 @@ from qconform.errors import ArgumentError, Declined
 from qconform.ops import OpSpec
 from qconform.ops.abi import Abi, Bound, call_arguments
 
-SMALL = 64  # device arrays up to this many elements are copied to the host for validation (scalars)
+SMALL_BYTES = 1 << 20  # device arrays up to this size are copied to the host for validation
 
 
 def shadow(name: str, a: Any) -> Any:
-    """A host stand-in with a device array's dtype and shape: the values themselves for small
-    arrays (per-tensor scales and zero points are checked by value), an untouched allocation
-    otherwise (the validators read dtypes and shapes only). Host values pass through."""
+    """A host stand-in with a device array's dtype and shape for the oracle's validators: a copy
+    of small arrays (scales, zero points and indices are checked by value), zeros for large ones
+    (weights and activations: only their dtype and shape are checked; zero pages cost nothing).
+    Host values pass through."""
     if not isinstance(a, cupy.ndarray):
         return a  # None, host values (attributes, shapes); a host array is refused by the binding below
     if not a.flags.c_contiguous:
         raise ArgumentError(f"{name}: must be C-contiguous")
-    if a.size <= SMALL:
+    if a.nbytes <= SMALL_BYTES:
         return cupy.asnumpy(a)
-    return np.empty(a.shape, a.dtype)
+    return np.zeros(a.shape, a.dtype)
 
 
 @dataclass
@@ -94,10 +95,10 @@ def _out_buffer(out: Any, bound: Bound, inputs: list[Any]) -> Any:
         return cupy.empty(bound.out_shape, bound.out_dtype)
     if not isinstance(out, cupy.ndarray):
         raise ArgumentError(f"out: must be a cupy.ndarray, got {type(out).__name__}")
-    if out.dtype != bound.out_dtype or out.shape != tuple(bound.out_shape):
-        raise ArgumentError(
-            f"out: must be {np.dtype(bound.out_dtype)}{tuple(bound.out_shape)}, got {out.dtype}{out.shape}"
-        )
+    if out.dtype != bound.out_dtype:
+        raise ArgumentError(f"out: dtype must be {np.dtype(bound.out_dtype)}, got {out.dtype}")
+    if out.shape != tuple(bound.out_shape):
+        raise ArgumentError(f"out: shape must be {tuple(bound.out_shape)}, got {out.shape}")
     if not out.flags.c_contiguous:
         raise ArgumentError("out: must be C-contiguous")
     if any(CUPY.may_share_memory(out, a) for a in inputs):

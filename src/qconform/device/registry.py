@@ -19,6 +19,11 @@ from qconform.errors import ArgumentError
 KERNEL_DIR = Path(__file__).parent / "kernels"
 COMMON_DIR = KERNEL_DIR / "common"  # headers every kernel may include (on the include path)
 MAX_GRID_X = 2**31 - 1
+# per-SM limits of the NVIDIA parts the matrix-unit kernel is tuned on (sm_80 .. sm_90)
+MAX_CTAS_PER_SM = 32
+MAX_WARPS_PER_SM = 64
+REGS_PER_SM = 65536
+REG_ALLOC_UNIT = 8  # registers per thread are allocated in multiples of this
 
 
 @dataclass(frozen=True)
@@ -192,7 +197,8 @@ class MmaShape:
         best = 1
         for wk in (2, 4, 8):
             warps = wk * self.wi
-            per_sm = min(32, 64 // warps, 65536 // (-(-regs // 8) * 8 * 32 * warps))
+            per_thread = -(-regs // REG_ALLOC_UNIT) * REG_ALLOC_UNIT
+            per_sm = min(MAX_CTAS_PER_SM, MAX_WARPS_PER_SM // warps, REGS_PER_SM // (per_thread * 32 * warps))
             one_wave = -(-items // self.wi) <= per_sm * sms
             if one_wave and items * wk <= self.warps_per_sm * sms and n_chunks >= 2 * wk * self.p:
                 best = wk

@@ -20,7 +20,7 @@ class Leaf:
     params: dict[str, Any] = field(default_factory=dict)
 
 
-SHAPE_PARAMS = ("K", "rows", "cols")  # params that repeat the shape: left out of case ids
+SHAPE_PARAMS = ("K", "rows", "cols")  # default params that repeat the shape: left out of case ids
 
 
 @dataclass(frozen=True)
@@ -33,12 +33,14 @@ class Case:
     shape: tuple[int, ...]
     pattern: str
     params: dict[str, Any] = field(default_factory=dict)
+    # the op's params that repeat the shape (left out of the id); not part of the case's identity
+    shape_params: tuple[str, ...] = field(default=SHAPE_PARAMS, compare=False, repr=False)
 
     @property
     def id(self) -> str:
         """``pattern-shape-seed``, then the params that are not the shape again (``bs=64,zp=none``)."""
         dims = "x".join(str(d) for d in self.shape)
-        extra = ",".join(f"{k}={v}" for k, v in sorted(self.params.items()) if k not in SHAPE_PARAMS)
+        extra = ",".join(f"{k}={v}" for k, v in sorted(self.params.items()) if k not in self.shape_params)
         return f"{self.pattern}-{dims}-s{self.seed}" + (f"-{extra}" if extra else "")
 
     def to_json(self) -> str:
@@ -128,7 +130,6 @@ class OpSpec:
     leaves: tuple[Leaf, ...]
     oracle: Callable[..., np.ndarray]
     call_args: Callable[[dict[str, np.ndarray], dict[str, Any]], tuple[tuple, dict]]
-    output_spec: Callable[[dict[str, np.ndarray], dict[str, Any]], tuple[tuple[int, ...], np.dtype]]
     make_inputs: Callable[[Case], dict[str, np.ndarray]]
     cases: Callable[[str, int], list[Case]]
     strategy: Callable[[str], Any]
@@ -139,12 +140,12 @@ class OpSpec:
     check: Check = Check()
     input_names: tuple[str, ...] = ("x",)
     output_name: str = "y"
-    doc: str = ""
     locate: Callable[[dict[str, Any], tuple[int, ...]], str] | None = None
     # what each tensor holds, for golden metadata; formatted with the case params ("{qtype}")
     logical_dtypes: dict[str, str] = field(default_factory=dict)
-    # (leaf, rows, seed) -> a "normal" case of ``rows`` rows at a wide LLM row width: the device
-    # checks size cold input sets and never-seen shapes with it
+    # (leaf, size, seed) -> a realistic case that grows with ``size``, the op's own growth unit (rows
+    # at a wide LLM row width, output columns of a layer, tokens, experts): the device checks size
+    # the cold input sets from its measured bytes per unit, and draw never-seen shapes from it
     sized_case: Callable[[str, int, int], Case] | None = None
     # device checks add input sets larger than the L2 cache (weights read cold) to the repeat
     # rotation and match them against the oracle

@@ -24,7 +24,9 @@ from qconform.properties.checks import (
 
 REPEAT_SETS = 3
 COLD_SETS = 3
-_FRESH_ROWS = itertools.count()
+COLD_SEED = 7000  # seeds of the cold input sets: 7000, 7001, ...
+FRESH_SEED = 9000  # seed of the never-seen shape of the pending-error property
+_FRESH_SIZES = itertools.count()
 
 
 @dataclass
@@ -78,28 +80,29 @@ def _repeat_sets(prepared: Sequence[Prepared]) -> list[Prepared]:
     return list(seen.values())[:REPEAT_SETS]
 
 
-def _rows_for_bytes(op: OpSpec, leaf: str, n_bytes: int) -> int:
-    """Rows of ``op.sized_case`` whose inputs hold ``n_bytes`` (a fixed part, such as one
-    activation row beside the weights, measured from 1 and 2 rows)."""
+def _size_for_bytes(op: OpSpec, leaf: str, n_bytes: int) -> int:
+    """The size (the op's own growth unit) of ``op.sized_case`` whose inputs hold ``n_bytes``,
+    from the bytes its inputs measure at sizes 1 and 2 (a fixed part, such as one activation row
+    beside the weights, apart)."""
 
-    def size(rows: int) -> int:
-        return sum(a.nbytes for a in op.make_inputs(op.sized_case(leaf, rows, 0)).values())
+    def size(units: int) -> int:
+        return sum(a.nbytes for a in op.make_inputs(op.sized_case(leaf, units, 0)).values())
 
     one, two = size(1), size(2)
-    per_row = max(1, two - one)
-    return max(1, -(-(n_bytes - (one - per_row)) // per_row))
+    per_unit = max(1, two - one)
+    return max(1, -(-(n_bytes - (one - per_unit)) // per_unit))
 
 
 def cold_sets(impl: Implementation, op: OpSpec, leaf: str) -> list[Prepared]:
     """COLD_SETS input sets, each larger than the implementation's last-level cache."""
-    rows = _rows_for_bytes(op, leaf, impl.l2_bytes + impl.l2_bytes // 8)
-    return [Prepared.from_case(op, op.sized_case(leaf, rows, 7000 + i), impl.ftz) for i in range(COLD_SETS)]
+    size = _size_for_bytes(op, leaf, impl.l2_bytes + impl.l2_bytes // 8)
+    return [Prepared.from_case(op, op.sized_case(leaf, size, COLD_SEED + i), impl.ftz) for i in range(COLD_SETS)]
 
 
 def fresh_shape(impl: Implementation, op: OpSpec, leaf: str) -> Prepared:
-    """A case whose shape no other check in this process has used (odd row counts from 3 upward
-    at the op's wide row width; the generated cases use other widths or even counts)."""
-    return Prepared.from_case(op, op.sized_case(leaf, 2 * next(_FRESH_ROWS) + 3, 9000), impl.ftz)
+    """A case whose shape no other check in this process has used (odd sizes from 3 upward of the
+    op's sized case; the generated cases use other shapes)."""
+    return Prepared.from_case(op, op.sized_case(leaf, 2 * next(_FRESH_SIZES) + 3, FRESH_SEED), impl.ftz)
 
 
 def run_leaf(

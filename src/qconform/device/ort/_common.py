@@ -56,8 +56,10 @@ def out_buffer(out: Any, shape: tuple[int, ...], dtype: np.dtype, *inputs: Any) 
         return cupy.empty(shape, dtype)
     if not isinstance(out, cupy.ndarray):
         raise ArgumentError(f"out: must be a cupy.ndarray, got {type(out).__name__}")
-    if out.dtype != dtype or out.shape != tuple(shape):
-        raise ArgumentError(f"out: must be {np.dtype(dtype)}{tuple(shape)}, got {out.dtype}{out.shape}")
+    if out.dtype != dtype:
+        raise ArgumentError(f"out: dtype must be {np.dtype(dtype)}, got {out.dtype}")
+    if out.shape != tuple(shape):
+        raise ArgumentError(f"out: shape must be {tuple(shape)}, got {out.shape}")
     contiguous(out=out)
     if any(isinstance(a, cupy.ndarray) and CUPY.may_share_memory(out, a) for a in inputs):
         raise ArgumentError("out: must not overlap an input")

@@ -268,7 +268,6 @@ def _quant_op(qtype: str) -> OpSpec:
         leaves=(Leaf(leaf, {"qtype": qtype}),),
         oracle=quantize,
         call_args=lambda inputs, params: ((inputs["x"], params["qtype"]), {}),
-        output_spec=lambda inputs, params: (check_quantize_args(inputs["x"], params["qtype"])[1], np.dtype(np.uint8)),
         make_inputs=_quant_inputs,
         cases=lambda lf, coverage: _cases(name, lf, block, tuple(PATTERNS), coverage),
         strategy=lambda lf: _strategy(name, lf, tuple(PATTERNS)),
@@ -281,7 +280,6 @@ def _quant_op(qtype: str) -> OpSpec:
         locate=_locate_byte,
         logical_dtypes={"x": "float32", "y": "ggml {qtype} blocks (raw bytes)"},
         sized_case=lambda lf, rows, seed: Case(name, lf, seed, (rows, WIDE_ROW), "normal"),
-        doc=f"ggml quantize_row_{qtype.lower()[:1]}{qtype[1:]}_ref: float32 rows -> {qtype} blocks",
     )
 
 
@@ -296,10 +294,6 @@ def _dequant_op(qtype: str) -> OpSpec:
         leaves=(Leaf(leaf, {"qtype": qtype}),),
         oracle=dequantize,
         call_args=lambda inputs, params: ((inputs["data"], params["qtype"]), {}),
-        output_spec=lambda inputs, params: (
-            check_dequantize_args(inputs["data"], params["qtype"])[1],
-            np.dtype(np.float32),
-        ),
         make_inputs=_dequant_inputs,
         cases=lambda lf, coverage: _cases(name, lf, block, patterns, coverage),
         strategy=lambda lf: _strategy(name, lf, patterns),
@@ -312,7 +306,6 @@ def _dequant_op(qtype: str) -> OpSpec:
         locate=_locate_value,
         logical_dtypes={"data": "ggml {qtype} blocks (raw bytes)", "y": "float32"},
         sized_case=lambda lf, rows, seed: Case(name, lf, seed, (rows, WIDE_ROW), "normal"),
-        doc=f"ggml dequantize_row_{qtype.lower()[:1]}{qtype[1:]}: {qtype} blocks -> float32 rows",
     )
 
 

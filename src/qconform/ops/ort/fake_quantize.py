@@ -195,7 +195,6 @@ FAKE_QUANTIZE = OpSpec(
     leaves=FQ_LEAVES,
     oracle=fake_quantize,
     call_args=_fq_call,
-    output_spec=lambda inputs, params: (inputs["x"].shape, inputs["scale"].dtype),
     make_inputs=_fq_inputs,
     cases=_fq_cases,
     strategy=lambda lf: st.builds(
@@ -212,7 +211,6 @@ FAKE_QUANTIZE = OpSpec(
     check=Check("exact", 0.0, "true fp32 division, half-to-even, one multiply: bits must match"),
     input_names=("x", "scale", "zero_point"),
     logical_dtypes={"zero_point": "{dtype} (logical values)"},
-    doc="ONNX QuantizeLinear -> DequantizeLinear fused (opset 21, ORT CPU arithmetic)",
     cold_repeat=False,
     sized_case=lambda lf, rows, seed: Case("fake_quantize", lf, seed, (rows, 14336), "ties", {"granularity": "axis"}),
 )

@@ -219,7 +219,6 @@ GATHER = OpSpec(
     leaves=GATHER_LEAVES,
     oracle=gather_block_quantized,
     call_args=_gather_call,
-    output_spec=lambda inputs, params: ((len(inputs["indices"]), params["cols"]), inputs["scales"].dtype),
     make_inputs=_gather_inputs,
     cases=_gather_cases,
     strategy=lambda lf: st.builds(
@@ -245,7 +244,6 @@ GATHER = OpSpec(
     check=Check("exact", 0.0, "one integer subtraction and one fp32 multiply per element, one fp16 rounding"),
     input_names=("data", "indices", "scales", "zero_points"),
     logical_dtypes={"data": "{data_type} codes (raw bytes)", "y": "float16"},
-    doc="com.microsoft.GatherBlockQuantized (ORT 1.31+ CPU)",
     cold_repeat=False,
     sized_case=lambda lf, rows, seed: Case(
         "gather_block_quantized",

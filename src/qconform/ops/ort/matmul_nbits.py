@@ -172,10 +172,17 @@ def _nbits_bad(leaf_params: dict[str, Any], with_a: bool) -> list[BadArgument]:
             arg="block_size",
             match=">= ?16|at least 16",
         ),
-        BadArgument("B must be (N, k_blocks, blob_size)", {**good, "B": good["B"][:, :1]}, p, arg="B", match="shape"),
+        # slices copied: a strided view would also break a device launcher's C-contiguity rule
+        BadArgument(
+            "B must be (N, k_blocks, blob_size)", {**good, "B": good["B"][:, :1].copy()}, p, arg="B", match="shape"
+        ),
         BadArgument("B must be uint8", {**good, "B": good["B"].view(np.int8)}, p, arg="B", match="uint8"),
         BadArgument(
-            "scales must be (N, k_blocks)", {**good, "scales": good["scales"][:, :1]}, p, arg="scales", match="shape"
+            "scales must be (N, k_blocks)",
+            {**good, "scales": good["scales"][:, :1].copy()},
+            p,
+            arg="scales",
+            match="shape",
         ),
         BadArgument(
             "scales must be float",
@@ -384,19 +391,12 @@ def _nbits_op(with_a: bool) -> OpSpec:
             with_a,
         )
 
-    def output_spec(inputs: dict[str, Any], params: dict[str, Any]) -> tuple[tuple[int, ...], np.dtype]:
-        K, N = _kn_from_inputs(inputs, params)
-        if with_a:
-            return (*inputs["A"].shape[:-1], N), inputs["A"].dtype
-        return (N, K), np.dtype(np.float32)
-
     return OpSpec(
         name=name,
         family="ort",
         leaves=leaves,
         oracle=matmul_nbits if with_a else dequantize_nbits,
         call_args=_matmul_call if with_a else _dequant_call,
-        output_spec=output_spec,
         make_inputs=make_inputs,
         cases=lambda lf, coverage: [_with_k(c) for c in _nbits_cases(name, lf, coverage, with_a)],
         strategy=lambda lf: _nbits_strategy(name, lf, with_a).map(_with_k),
@@ -409,7 +409,6 @@ def _nbits_op(with_a: bool) -> OpSpec:
         else Check("exact", 0.0, "dequantization is elementwise: bits must match"),
         input_names=("A", "B", "scales", "zero_points", "bias") if with_a else ("B", "scales", "zero_points"),
         logical_dtypes={"B": "uint{bits} packed along K, low bits first", "zero_points": "uint{bits} packed or float"},
-        doc="com.microsoft.MatMulNBits (ORT x86 CPU)" if with_a else "MatMulNBits weight dequantization",
         cold_repeat=with_a,
         sized_case=lambda lf, rows, seed: _with_k(
             Case(

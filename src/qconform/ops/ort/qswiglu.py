@@ -123,7 +123,6 @@ QSWIGLU = OpSpec(
     leaves=SWIGLU_LEAVES,
     oracle=qswiglu,
     call_args=_swiglu_call,
-    output_spec=lambda inputs, params: (inputs["gate_q"].shape, inputs["gate_q"].dtype),
     make_inputs=_swiglu_inputs,
     cases=lambda lf, coverage: [
         Case("qswiglu", lf, 80 + i, shape, "normal")
@@ -146,7 +145,6 @@ QSWIGLU = OpSpec(
     check=Check("steps", 1.0, "sigmoid's last-ulp accuracy is the runtime's: one output step allowed, counted"),
     input_names=("gate_q", "up_q", *(f"{k}_{w}" for k in SWIGLU_STEPS for w in ("scale", "zp"))),
     logical_dtypes={"gate_q": "{dtype}", "up_q": "{dtype}", "y": "{dtype}"},
-    doc="quantized SwiGLU: DQ, Sigmoid, Q/DQ, Mul, Q/DQ, Mul, Q (per-tensor)",
     cold_repeat=False,
     sized_case=lambda lf, rows, seed: Case("qswiglu", lf, seed, (rows, 14336), "normal"),
 )
