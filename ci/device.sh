@@ -3,10 +3,11 @@
 # checks (pytest -m device: every kernel through every property; the conformance run of every
 # op of the catalogue; the device mutants; the worked user kernels and their wrong twins) and
 # times (each kernel against the measured copy bandwidth), then prints the tables last.
-#   bash ci/device.sh [all|check|time] [FAMILY]
-# check / time: only the checks / only the timings (two device calls of under 10 minutes each);
-# FAMILY (ggml, ort, ...: `qconform list --families`) limits the conformance run and pytest's own
-# kernels to one family. Logs and tables land under $OUT (default /tmp/qconform-device).
+#   bash ci/device.sh [all|check|mutants|time] [FAMILY]
+# check: pytest -m device and the conformance run; mutants: the device mutants and the worked user
+# kernels with their twins; time: the throughput table (each part well under one 10-minute device
+# call); FAMILY (ggml, ort, ...: `qconform list --families`) limits check to one family.
+# Logs and tables land under $OUT (default /tmp/qconform-device).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-ci}"
@@ -15,16 +16,17 @@ mkdir -p "$OUT"
 PY="${PYTHON:-python3}"
 STAGE="${1:-all}"
 FAMILY="${2:-}"
-case "$STAGE" in all | check | time) ;; *) echo "usage: ci/device.sh [all|check|time] [FAMILY]" >&2; exit 2 ;; esac
+case "$STAGE" in all | check | mutants | time) ;; *) echo "usage: ci/device.sh [all|check|mutants|time] [FAMILY]" >&2; exit 2 ;; esac
+part() { [ "$STAGE" = all ] || [ "$STAGE" = "$1" ]; }
 FAMILIES=$("$PY" -m qconform list --families) || exit 2
 if [ -n "$FAMILY" ]; then
   case " $FAMILIES " in *" $FAMILY "*) FAMILIES="$FAMILY" ;; *) echo "ci/device.sh: no family $FAMILY (have: $FAMILIES)" >&2; exit 2 ;; esac
 fi
 status=0
 
-if [ "$STAGE" != time ]; then
-  # the mutants and the user kernels run once, below (their scripts print tables): not again in pytest
-  filter="not test_device_mutant"
+if part check; then
+  # the mutants and the user kernels run in their own part (their scripts print tables): not in pytest
+  filter="not test_device_mutant and not test_user_kernel"
   [ -n "$FAMILY" ] && filter="$filter and ($FAMILY or not own_kernel)"
   "$PY" -m pytest -m device -q -p no:cacheprovider -k "$filter" tests/test_device.py >"$OUT/pytest.log" 2>&1 || status=1
   tail -n 3 "$OUT/pytest.log"
@@ -36,25 +38,27 @@ if [ "$STAGE" != time ]; then
   if [ -z "$FAMILY" ]; then
     "$PY" -m qconform run --impl cupy:ref --ops q8_k_quant --coverage 2 --format markdown --out "$OUT/cupy-ref.md" \
       >"$OUT/run-cupy-ref.log" 2>&1 || status=1
-    "$PY" tests/device_catalogue.py >"$OUT/mutants.md" 2>&1 || status=1
-    "$PY" tests/user_kernels.py >"$OUT/user-kernels.md" 2>&1 || status=1
   fi
 fi
-if [ "$STAGE" != check ]; then
+if part mutants; then
+  "$PY" tests/device_catalogue.py >"$OUT/mutants.md" 2>&1 || status=1
+  "$PY" tests/user_kernels.py >"$OUT/user-kernels.md" 2>&1 || status=1
+fi
+if part time; then
   "$PY" -m qconform.bench.device >"$OUT/bench.md" 2>&1 || status=1
 fi
 
 echo
 show() { echo "== $1 =="; cat "$OUT/$2"; }
-if [ "$STAGE" != time ]; then
+if part check; then
   for fam in $FAMILIES; do
     show "conformance: family $fam (--impl cupy, coverage 2; cold sets in pytest)" "cupy-$fam.md"
   done
-  if [ -z "$FAMILY" ]; then
-    show "conformance: --impl cupy:ref" cupy-ref.md
-    show "device mutants and controls" mutants.md
-    show "worked user kernels (hip:, so:, device py:) and their wrong twins" user-kernels.md
-  fi
+  [ -z "$FAMILY" ] && show "conformance: --impl cupy:ref" cupy-ref.md
 fi
-[ "$STAGE" != check ] && show "throughput" bench.md
+if part mutants; then
+  show "device mutants and controls" mutants.md
+  show "worked user kernels (hip:, so:, device py:) and their wrong twins" user-kernels.md
+fi
+part time && show "throughput" bench.md
 exit $status

@@ -23,7 +23,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     skip = pytest.mark.skip(reason=f"no GPU: {why}")
     for item in items:
-        if "device" in item.keywords:
+        if item.get_closest_marker("device") is not None:
             item.add_marker(skip)
 
 

@@ -1,5 +1,7 @@
 """DESIGN.md's import rules: formats import nothing of ours; oracles import only formats (and the
-error types); neither imports CuPy, hypothesis or pytest; imports point downwards."""
+error types), one family never another; neither imports CuPy, hypothesis or pytest; the property
+engine reaches implementations only through their protocol (never the device layer); the device
+layer imports ops, the oracles' validators and itself, never the property engine or the CLI."""
 
 from __future__ import annotations
 
@@ -12,10 +14,12 @@ import qconform
 
 PKG = Path(qconform.__file__).parent
 FORBIDDEN = {"cupy", "hypothesis", "pytest"}
-ALLOWED = {  # layer -> the qconform subpackages it may import
+ALLOWED = {  # layer -> the qconform modules it may import (a module and everything under it)
     "formats": set(),
     "oracles": {"formats", "errors", "oracles"},
     "ops": {"formats", "errors", "oracles", "ops"},
+    "properties": {"formats", "errors", "ops", "properties", "impls.protocol"},
+    "device": {"formats", "errors", "oracles", "ops", "device"},
 }
 
 
@@ -29,13 +33,21 @@ def _imports(path: Path) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("layer", sorted(ALLOWED))
+@pytest.mark.parametrize("layer", sorted(ALLOWED), ids=[f"layer-{name}" for name in sorted(ALLOWED)])
 def test_layer_imports(layer: str) -> None:
     for path in (PKG / layer).rglob("*.py"):
         for name in _imports(path):
             top, _, rest = name.partition(".")
-            if layer != "ops":
+            if layer in ("formats", "oracles"):
                 assert top not in FORBIDDEN, f"{path.relative_to(PKG)} imports {name}"
-            if top == "qconform":
-                sub = rest.partition(".")[0]
-                assert sub in ALLOWED[layer], f"{path.relative_to(PKG)} imports {name}"
+            if top == "qconform" and rest:
+                ok = any(rest == a or rest.startswith(a + ".") for a in ALLOWED[layer])
+                assert ok, f"{path.relative_to(PKG)} imports {name}"
+
+
+def test_one_oracle_family_never_imports_another() -> None:
+    for family in (p for p in (PKG / "oracles").iterdir() if p.is_dir() and p.name != "__pycache__"):
+        for path in family.rglob("*.py"):
+            for name in _imports(path):
+                if name.startswith("qconform.oracles."):
+                    assert name.split(".")[2] == family.name, f"{path.relative_to(PKG)} imports {name}"
