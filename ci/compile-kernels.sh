@@ -32,14 +32,24 @@ if ! install_hipcc; then
 fi
 command -v nvcc >/dev/null || { echo "compile-kernels: nvcc not found" >&2; exit 1; }
 
-compile() {  # label, command...
-  local label=$1; shift
-  if ! "$@" >"$tmp/log" 2>&1; then
-    echo "compile-kernels: FAILED $label" >&2
-    cat "$tmp/log" >&2
-    exit 1
-  fi
+JOBS=$(nproc 2>/dev/null || echo 2)
+fail=0
+compile() {  # label, command... : run in the background, JOBS at a time, each with its own output file
+  local label=$1 a args=()
+  shift
+  for a in "$@"; do
+    case "$a" in "$tmp"/k.* | "$tmp"/l.*) a="$tmp/job$n.${a##*.}" ;; esac
+    args+=("$a")
+  done
+  (
+    if ! "${args[@]}" >"$tmp/job$n.log" 2>&1; then
+      echo "compile-kernels: FAILED $label" >&2
+      cat "$tmp/job$n.log" >&2
+      exit 1
+    fi
+  ) &
   n=$((n + 1))
+  if [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; then wait -n || fail=1; fi
 }
 
 # patched sources: tmp/patched/<mutant>/<file>, beside copies of the headers of the shipped file's folder;
@@ -80,4 +90,6 @@ for src in examples/hip_kernel/*.hip; do  # the worked user hip: kernels (tests/
   fi
   compile "$src for sm_90" nvcc -cubin -arch=sm_90 -Werror all-warnings $INCLUDES -x cu -o "$tmp/k.cubin" "$src"
 done
+for pid in $(jobs -p); do wait "$pid" || fail=1; done
+[ "$fail" = 0 ] || { echo "compile-kernels: a compile FAILED (log above)" >&2; exit 1; }
 echo "compile-kernels: $n compiles passed ($([ "$amd" = 1 ] && echo "gfx90a, gfx1030 and sm_90" || echo "sm_90 only: AMD SKIPPED"))"

@@ -26,12 +26,13 @@ def test_default_run_checks_what_the_host_has(capsys) -> None:
     assert "Op  " in out and "Verdict" in out and "Suite (ms)" in out and "max relL2" in out
     head = out.splitlines()[1]
     if found:
-        from qconform.impls.device import DEVICE_OPS
+        from qconform.impls import load_impl
 
         assert out.startswith(f"GPU found ({why}): checking qconform's device kernels (--impl cupy)")
         assert "No GPU device found" not in out
         assert "| impl: cupy |" in head and head.endswith("cases: coverage 1")
-        ops = [op for op in CATALOGUE.values() if op.name in DEVICE_OPS]
+        cupy_impl = load_impl("cupy")
+        ops = [op for op in CATALOGUE.values() if cupy_impl.applies_to(op)]
     else:
         assert out.startswith(f"No GPU device found ({why}): checking the oracle against the committed golden set.")
         assert "| impl: oracle |" in head and head.endswith(f"cases: golden {default_set_dir()}")

@@ -17,7 +17,7 @@ from typing import Any
 
 import cupy
 
-from qconform.device.registry import COMMON_DIR
+from qconform.device.registry import COMMON_DIR, KERNEL_DIR
 from qconform.errors import ArgumentError, DeviceError
 
 _MODULES: dict[tuple[str, tuple[str, ...], str], Any] = {}
@@ -66,9 +66,10 @@ def device_info(device: int | None = None) -> DeviceInfo:
 
 
 def _dependencies(source: Path) -> list[Path]:
-    """What a source may include: the common headers (``kernels/common``) and the headers and
-    sources beside it."""
-    return sorted({*COMMON_DIR.glob("*.h"), *source.parent.glob("*.h"), *source.parent.glob("*.hip")})
+    """What a source may include: every shipped header and kernel source (``kernels/common``,
+    ``kernels/<family>/``: a test source may include a shipped one) and the files beside it."""
+    shipped = {*KERNEL_DIR.glob("*/*.h"), *KERNEL_DIR.glob("*/*.hip")}
+    return sorted({*shipped, *source.parent.glob("*.h"), *source.parent.glob("*.hip")})
 
 
 def source_hash(source: Path, code: str) -> str:
@@ -80,12 +81,13 @@ def source_hash(source: Path, code: str) -> str:
 
 
 def load_module(source: Path, options: tuple[str, ...] = ()) -> Any:
-    """A RawModule for ``source`` (a .hip/.cu file), ``kernels/common`` and its own folder on the include path."""
+    """A RawModule for ``source`` (a .hip/.cu file); on the include path: ``kernels/common``
+    (``qk_portable.h``, ``qconform_abi.h``), ``kernels/`` (``"ggml/q8_quant.hip"``) and its own folder."""
     source = Path(source).resolve()
     if not source.is_file():
         raise ArgumentError(f"source: no such kernel file {str(source)!r}")
     code = source.read_text()
-    opts = (f"-I{COMMON_DIR}", f"-I{source.parent}", *options)
+    opts = (f"-I{COMMON_DIR}", f"-I{KERNEL_DIR}", f"-I{source.parent}", *options)
     key = (source_hash(source, code), opts, device_info().arch)
     if key not in _MODULES:
         module = cupy.RawModule(code=code, options=opts)

@@ -164,9 +164,10 @@ def rejects_bad_arguments(impl: Implementation, op: OpSpec, leaf: str) -> Outcom
     """Property 4: each rule-breaking call raises ValueError/TypeError (qconform.ArgumentError is a
     ValueError) for the rule it breaks -- the message names the argument and matches the rule's
     pattern (``BadArgument.arg`` / ``match``) -- and leaves every caller buffer -- inputs and
-    ``out`` -- byte for byte as it was."""
+    ``out`` -- byte for byte as it was. A bad call the implementation declines (NotImplementedError,
+    qconform.Declined) is counted, not passed; one that declines every bad call is n/a."""
     result = functools.partial(Outcome, "rejects_bad_arguments", op.name, leaf, None)
-    checked = 0
+    checked = declined_calls = 0
     for bad in op.bad_arguments(leaf):
         try:
             op.validate(bad.inputs, bad.params, bad.bad_out)
@@ -187,6 +188,7 @@ def rejects_bad_arguments(impl: Implementation, op: OpSpec, leaf: str) -> Outcom
             out.view(np.uint8).fill(POISONS[0])
         before = _snapshot(bad.inputs)
         out_before = None if out is None else out.tobytes()
+        declines = False
         try:
             impl.run(op, leaf, bad.inputs, bad.params, out=out)
         except (ValueError, TypeError) as exc:
@@ -194,14 +196,20 @@ def rejects_bad_arguments(impl: Implementation, op: OpSpec, leaf: str) -> Outcom
             if why is not None:
                 got = f"{type(exc).__name__}({str(exc)!r})"
                 return result(False, f"'{bad.rule}': rejected for another reason: {why}; raised {got}")
+        except NotImplementedError:  # qconform.Declined: a call it does not handle (a decode-only
+            declines = True  # kernel given two rows): counted, neither passed nor failed
         except Exception as exc:
             return result(False, f"'{bad.rule}': {_raised(exc)} (expected ValueError/ArgumentError)")
         else:
             return result(False, f"accepted a call where {bad.rule}")
         if _snapshot(bad.inputs) != before or (out is not None and out.tobytes() != out_before):
             return result(False, f"'{bad.rule}': raised, but a caller buffer was modified")
-        checked += 1
-    return result(True, f"{checked} bad calls rejected, buffers untouched")
+        checked += not declines
+        declined_calls += declines
+    if declined_calls and not checked:
+        return result(None, f"n/a: the implementation declines every bad call ({declined_calls})")
+    extra = f"; {declined_calls} declined" if declined_calls else ""
+    return result(True, f"{checked} bad calls rejected for their rule, buffers untouched{extra}")
 
 
 def survives_pending_error(impl: Implementation, op: OpSpec, fresh: Prepared | None) -> Outcome:
