@@ -57,9 +57,14 @@ class DeviceMutant:
         return re.sub(r"[^a-z0-9]+", "-", self.name.lower()).strip("-")
 
     def path(self) -> Path:
-        """The source file (for a patched mutant, the shipped kernel it patches)."""
+        """The source file (for a patched mutant, the shipped kernel it patches: the one the
+        imported qconform runs, in a source checkout or an installed wheel alike)."""
+        from qconform.device.registry import KERNEL_DIR
+
         if self.is_ort:
-            return REPO / "src/qconform/device/kernels" / self.source
+            return KERNEL_DIR / self.source
+        if self.source.startswith(Q8_QUANT.rsplit("ggml/", 1)[0]):
+            return KERNEL_DIR / self.source.removeprefix(Q8_QUANT.rsplit("ggml/", 1)[0])
         return (REPO / self.source) if "/" in self.source else MUTANT_DIR / self.source
 
     def patch(self) -> Patch | None:
