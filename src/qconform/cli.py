@@ -4,20 +4,30 @@ environment error."""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import zlib
 from pathlib import Path
 from typing import Any, Sequence
 
 import qconform
 from qconform.device.registry import KERNELS
 from qconform.errors import ArgumentError
-from qconform.impls import BUILTIN_IMPLS, DEVICE_IMPLS, Implementation, OracleImpl, device_available, load_impl
+from qconform.impls import (
+    BUILTIN_IMPLS,
+    DEVICE_IMPLS,
+    CallableImpl,
+    Implementation,
+    OracleImpl,
+    device_available,
+    load_impl,
+)
 from qconform.ops import CATALOGUE, Case, OpSpec, get_op
 from qconform.properties.checks import DEFAULT_REPEAT_CALLS, Prepared
 from qconform.properties.suite import LeafResult, run_leaf
-from qconform.report import RENDERERS, render
+from qconform.report import MAX_FAILURES_SHOWN, RENDERERS, TextStream, render
 
-EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 class UsageError(Exception):
@@ -37,8 +47,49 @@ def _selected(impl: Implementation, ops: list[str] | None, leaf: str | None) -> 
     chosen = [get_op(n) for n in ops] if ops else [op for op in CATALOGUE.values() if impl.applies_to(op)]
     pairs = [(op, lf.name) for op in chosen for lf in op.leaves if leaf in (None, lf.name)]
     if not pairs:
-        raise UsageError(f"no (op, leaf) selected (ops={ops}, leaf={leaf})")
+        valid = ", ".join(lf.name for op in chosen for lf in op.leaves)
+        raise UsageError(f"--leaf: no leaf {leaf!r} in {', '.join(op.name for op in chosen)}; leaves: {valid}")
     return pairs
+
+
+def find_case(text: str, ops: list[str] | None, leaf: str | None) -> tuple[OpSpec, Case]:
+    """A case from ``--case``: its JSON (which names its op), or its id, looked up among the
+    cases of every coverage of the selected ops and leaf."""
+    if text.lstrip().startswith("{"):
+        try:
+            case = Case.from_json(text)
+            op = get_op(case.op)
+            op.leaf(case.leaf)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise UsageError(f"--case: not a case ({type(exc).__name__}: {exc})") from exc
+        if ops and case.op not in ops:
+            raise UsageError(f"--case is for op {case.op}, not {', '.join(ops)}")
+        return op, case
+    for op in [get_op(n) for n in ops] if ops else CATALOGUE.values():
+        for lf in op.leaves:
+            if leaf not in (None, lf.name):
+                continue
+            for coverage in (1, 2, 3):
+                for case in op.cases(lf.name, coverage):
+                    if case.id == text:
+                        return op, case
+    raise UsageError(f"--case: no case with id {text!r} in the selected ops (pass its JSON, or --ops/--leaf)")
+
+
+def _check_out_path(out: str | None) -> None:
+    """``--out`` must be writable before a long run starts (its results would be lost)."""
+    if out and not Path(out).resolve().parent.is_dir():
+        raise UsageError(f"--out: the folder of {out!r} does not exist")
+
+
+def _golden_integrity(golden_dir: Path, integrity: Any) -> tuple[Any, Any]:
+    """A golden set's integrity findings; a missing or unreadable manifest is a usage error."""
+    if not (golden_dir / "MANIFEST.json").is_file():
+        raise UsageError(f"{golden_dir} has no MANIFEST.json")
+    try:
+        return integrity(golden_dir)
+    except (ValueError, KeyError, TypeError, OSError) as exc:
+        raise UsageError(f"{golden_dir}/MANIFEST.json is unreadable ({type(exc).__name__}: {exc})") from exc
 
 
 class Progress:
@@ -55,9 +106,12 @@ class Progress:
             sys.stderr.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {self.done}/{self.total} {self.label[:50]:50}")
             sys.stderr.flush()
 
-    def close(self) -> None:
+    def clear(self) -> None:
         if self.enabled:
             sys.stderr.write("\r" + " " * 100 + "\r")
+            sys.stderr.flush()
+
+    close = clear
 
 
 def _emit(text: str, out: str | None) -> None:
@@ -74,14 +128,27 @@ def _run_prepared(
     repeat_calls: int,
     show_progress: bool,
     cold: bool = True,
-) -> list[LeafResult]:
+    on_leaf: Any = None,
+) -> tuple[list[LeafResult], bool]:
+    """Run every leaf; ``on_leaf(result)`` as each finishes. (results, interrupted): Ctrl-C stops
+    the run and keeps what finished."""
     progress = Progress(sum(len(p) for _, _, p in groups), show_progress)
-    results = []
-    for op, leaf, prepared in groups:
-        progress.label = f"{op.name} {leaf}"
-        results.append(run_leaf(impl, op, leaf, prepared, repeat_calls=repeat_calls, progress=progress.step, cold=cold))
+    results: list[LeafResult] = []
+    try:
+        for k, (op, leaf, prepared) in enumerate(groups):
+            progress.label = f"{op.name} {leaf}"
+            if not progress.enabled:  # a CI log: a line per leaf as it starts
+                print(f"[{k + 1}/{len(groups)}] {op.name} {leaf}: {len(prepared)} cases", file=sys.stderr, flush=True)
+            r = run_leaf(impl, op, leaf, prepared, repeat_calls=repeat_calls, progress=progress.step, cold=cold)
+            results.append(r)
+            progress.clear()
+            if on_leaf is not None:
+                on_leaf(r)
+    except KeyboardInterrupt:
+        progress.close()
+        return results, True
     progress.close()
-    return results
+    return results, False
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -90,6 +157,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from qconform.golden.verify import integrity
 
     ops = _op_names(args.ops)
+    _check_out_path(args.out)
+    _parse_shard(args.shard) if args.shard else None
     found, why = device_available()
     context: dict[str, Any] = {"qconform": qconform.__version__}
     golden_dir = Path(args.golden) if args.golden else None
@@ -105,27 +174,16 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise UsageError("no golden set found; pass --golden DIR or --impl")
         context["device"] = f"none ({why})"
     else:
-        impl = load_impl(args.impl, ops)
+        impl = _isolated(load_impl(args.impl, ops), args, ops)
         context["device"] = _device_line() if impl.on_device else ("found, not used" if found else f"none ({why})")
     context["impl"] = impl.name
 
     if args.case:
-        if not ops or len(ops) != 1:
-            raise UsageError("--case needs exactly one op in --ops")
-        op = get_op(ops[0])
-        try:
-            case = Case.from_json(args.case)
-            op.leaf(case.leaf)
-        except (ValueError, KeyError, TypeError) as exc:
-            raise UsageError(f"--case: not a case of {op.name} ({type(exc).__name__}: {exc})") from exc
-        if case.op != op.name:
-            raise UsageError(f"--case is for op {case.op}, not {op.name}")
+        op, case = find_case(args.case, ops, args.leaf)
         groups = [(op, case.leaf, [Prepared.from_case(op, case, impl.ftz)])]
         context["cases"] = f"replay {case.id}"
     elif golden_dir is not None:
-        if not (golden_dir / "MANIFEST.json").is_file():
-            raise UsageError(f"--golden: {golden_dir} has no MANIFEST.json")
-        findings, intact = integrity(golden_dir)
+        findings, intact = _golden_integrity(golden_dir, integrity)
         for f in findings:
             print(f"GOLDEN {f.kind.upper()} {f.path}: {f.detail}", file=sys.stderr)
         if findings:
@@ -150,12 +208,65 @@ def cmd_run(args: argparse.Namespace) -> int:
         context["cases"] = f"coverage {args.coverage}"
     if not groups:
         raise UsageError("nothing to run for this selection")
-    results = _run_prepared(impl, groups, args.repeat_calls, args.format == "text" and not args.out, not args.no_cold)
-    _emit(render(results, args.format, context), args.out)
+    groups = shard(groups, args.shard)
+    if not groups:
+        print(f"shard {args.shard}: no leaf falls to this shard", file=sys.stderr)
+        return EXIT_OK
+    if args.coverage == 3 and not args.case and golden_dir is None:
+        n = sum(len(p) for _, _, p in groups)
+        print(f"coverage 3: {n} cases over {len(groups)} leaves (the full LLM shapes)", file=sys.stderr, flush=True)
+    max_failures = None if args.all_failures else args.max_failures
+    stream = None
+    if args.format == "text" and not args.out:
+        stream = TextStream(_stdout_write, context, [(op.name, leaf) for op, leaf, _ in groups], impl.arch)
+    progress = args.format == "text" and not args.out
+    results, interrupted = _run_prepared(
+        impl, groups, args.repeat_calls, progress, not args.no_cold, stream.row if stream else None
+    )
+    note = f"interrupted after {len(results)} of {len(groups)} leaves" if interrupted else ""
+    if stream is not None:
+        stream.end(results, max_failures, note)
+    else:
+        extra = {"interrupted": note} if note else {}
+        _emit(render(results, args.format, {**context, **extra}, max_failures), args.out)
+    if interrupted:
+        return EXIT_INTERRUPTED
     if all(r.verdict == "SKIP" for r in results):
-        print(f"{impl.name} implements none of the selected ops; pass --ops", file=sys.stderr)
+        why = "declined every case" if any(r.declined for r in results) else "implements none of the selected ops"
+        print(f"{impl.name} {why}: nothing ran", file=sys.stderr)
         return EXIT_USAGE
     return EXIT_FAIL if any(r.verdict == "FAIL" for r in results) else EXIT_OK
+
+
+def _isolated(impl: Implementation, args: argparse.Namespace, ops: list[str] | None) -> Implementation:
+    """A user's CPU drop-in runs in a worker process under ``--timeout`` (a hang or a crash is a
+    failure of that case, not of the run), unless ``--in-process``."""
+    from qconform.impls.worker import WorkerImpl
+
+    if isinstance(impl, CallableImpl) and not isinstance(impl, OracleImpl) and not args.in_process:
+        return WorkerImpl(impl, args.impl, ops, args.timeout)  # type: ignore[return-value]
+    return impl
+
+
+def _stdout_write(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def shard(groups: list[Any], spec: str | None) -> list[Any]:
+    """``--shard i/n``: the leaves whose (op, leaf) hash falls to shard i of n (1-based): a
+    deterministic split any CI matrix can spread over runners, every leaf in exactly one shard."""
+    if spec is None:
+        return groups
+    i, n = _parse_shard(spec)
+    return [g for g in groups if zlib.crc32(f"{g[0].name}/{g[1]}".encode()) % n == i - 1]
+
+
+def _parse_shard(spec: str) -> tuple[int, int]:
+    i, sep, n = spec.partition("/")
+    if not sep or not i.isdigit() or not n.isdigit() or not 1 <= int(i) <= int(n):
+        raise UsageError(f"--shard: must be i/n with 1 <= i <= n, got {spec!r}")
+    return int(i), int(n)
 
 
 def _device_line() -> str:
@@ -169,10 +280,14 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     from qconform.fuzz import fuzz
 
     op = get_op(args.op)
-    leaf = args.leaf or op.leaves[0].name
-    op.leaf(leaf)
-    impl = load_impl(args.impl, [op.name])
-    return fuzz(impl, op, leaf, examples=args.examples, seed=args.seed, save_dir=Path(args.save))
+    leaves = [lf.name for lf in op.leaves]
+    if args.leaf is not None and args.leaf not in leaves:
+        raise UsageError(f"--leaf: {op.name} has no leaf {args.leaf!r}; leaves: {', '.join(leaves)}")
+    impl = _isolated(load_impl(args.impl, [op.name]), args, [op.name])
+    status = EXIT_OK
+    for leaf in [args.leaf] if args.leaf else leaves:
+        status = max(status, fuzz(impl, op, leaf, examples=args.examples, seed=args.seed, save_dir=Path(args.save)))
+    return status
 
 
 def cmd_golden(args: argparse.Namespace) -> int:
@@ -185,6 +300,8 @@ def cmd_golden(args: argparse.Namespace) -> int:
             for op, leaf in _selected(OracleImpl(), ops, None)
         ]
         out = Path(args.out)
+        if (out / "MANIFEST.json").exists() and not args.force:
+            raise UsageError(f"{out} already holds a golden set; pass --force to overwrite it")
         command = f"qconform golden generate --out {args.out} --coverage {args.coverage}"
         manifest = write_set(
             out, leaves, coverage=args.coverage, command=command + "".join(f" --ops {o}" for o in ops or [])
@@ -197,7 +314,12 @@ def cmd_golden(args: argparse.Namespace) -> int:
     if not (set_dir / "MANIFEST.json").is_file():
         raise UsageError(f"{set_dir} has no MANIFEST.json")
     impl = load_impl(args.impl) if args.impl else OracleImpl()
-    report = verify_set(set_dir, impl)
+    try:
+        report = verify_set(set_dir, impl)
+    except (ValueError, KeyError, TypeError) as exc:
+        if isinstance(exc, ArgumentError):
+            raise
+        raise UsageError(f"{set_dir}/MANIFEST.json is unreadable ({type(exc).__name__}: {exc})") from exc
     if report.oracle_sources_changed:
         print("note: the oracle sources changed since this set was generated")
     for f in report.findings:
@@ -292,6 +414,25 @@ def cmd_abi(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    """``qconform report merge``: one table from JSON reports (shards, runners, architectures)."""
+    from qconform.report import from_json
+
+    results, contexts = [], []
+    for name in args.files:
+        try:
+            data = json.loads(Path(name).read_text())
+            results += from_json(data)
+            contexts.append(data.get("context", {}))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise UsageError(f"{name}: not a qconform JSON report ({type(exc).__name__}: {exc})") from exc
+    _check_out_path(args.out)
+    impls = sorted({r.impl for r in results})
+    context = {"merged": f"{len(args.files)} reports", "impl": ", ".join(impls)}
+    _emit(render(results, args.format, context), args.out)
+    return EXIT_FAIL if any(r.verdict == "FAIL" for r in results) else EXIT_OK
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from qconform.bench.ggml_quant import bench_q8_0
 
@@ -299,63 +440,106 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's help with its default, where it has one."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default in (None, False, argparse.SUPPRESS) or not action.help:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="qconform", description=__doc__)
+    fmt = _HelpFormatter
+    p = argparse.ArgumentParser(prog="qconform", description=__doc__, formatter_class=fmt)
     p.add_argument("--version", action="version", version=f"qconform {qconform.__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)
 
-    r = sub.add_parser("run", help="run the conformance suite and print the table")
+    r = sub.add_parser(
+        "run",
+        help="run the conformance suite and print the table",
+        description="Run every property of the selected ops and leaves; rows print as each leaf finishes. "
+        "Exit status: 0 all passed, 1 a failure, 2 a usage or environment error (or nothing ran), "
+        "130 interrupted (the partial table is printed).",
+        formatter_class=fmt,
+    )
     r.add_argument(
         "--impl",
         help="oracle | oracle-numpy | py:module:callable | cupy[:coop|:ref] | hip:file.hip:symbol[:lanes=N]"
         "[:threads=N][:grid=N][:smem=N][:opt=FLAG][:requires=EXPR] | so:lib.so:symbol[:requires=EXPR] "
         "(the op's ABI: qconform abi OP; default: cupy if a GPU is found, else the oracle against the golden set)",
     )
-    r.add_argument("--ops", action="append", help="ops to run (comma-separated or repeated)")
-    r.add_argument("--leaf", help="only this leaf")
-    r.add_argument("--coverage", type=int, choices=(1, 2, 3), default=2)
+    r.add_argument("--ops", action="append", help="ops to run (comma-separated or repeated; default: all it covers)")
+    r.add_argument("--leaf", help="only this leaf (default: every leaf)")
+    r.add_argument("--coverage", type=int, choices=(1, 2, 3), default=2, help="1 quick, 2 CI, 3 full LLM shapes")
     r.add_argument("--golden", help="run the cases of this golden set instead of generated ones")
-    r.add_argument("--case", help="replay one case, given as the JSON that fuzz prints")
-    r.add_argument("--repeat-calls", type=_positive, default=DEFAULT_REPEAT_CALLS)
+    r.add_argument(
+        "--case", help="replay one case: its JSON (as a failure's replay line prints it) or its id (with --ops/--leaf)"
+    )
+    r.add_argument(
+        "--repeat-calls", type=_positive, default=DEFAULT_REPEAT_CALLS, help="calls of the repeatability property"
+    )
     r.add_argument(
         "--no-cold", action="store_true", help="on a device, skip the extra input sets larger than the L2 cache"
     )
-    r.add_argument("--format", choices=tuple(RENDERERS), default="text")
-    r.add_argument("--out", help="write the report to this file")
+    r.add_argument("--format", choices=tuple(RENDERERS), default="text", help="report format")
+    r.add_argument("--out", help="write the report to this file (its folder must exist)")
+    r.add_argument(
+        "--max-failures", type=_positive, default=MAX_FAILURES_SHOWN, help="failure lines shown per leaf"
+    )
+    r.add_argument("--all-failures", action="store_true", help="show every failure line")
+    r.add_argument("--shard", metavar="I/N", help="run only shard I of N (a deterministic split by op and leaf)")
+    _isolation_options(r)
     r.set_defaults(fn=cmd_run)
 
-    f = sub.add_parser("fuzz", help="search for an input where an implementation differs from the oracle")
-    f.add_argument("--op", required=True)
-    f.add_argument("--leaf")
-    f.add_argument("--impl", default="oracle")
-    f.add_argument("--examples", type=_positive, default=500)
-    f.add_argument("--seed", type=int, default=0)
+    f = sub.add_parser(
+        "fuzz", help="search for an input where an implementation differs from the oracle", formatter_class=fmt
+    )
+    f.add_argument("--op", required=True, help="the op to fuzz")
+    f.add_argument("--leaf", help="the leaf (default: every leaf of the op, one after the other)")
+    f.add_argument("--impl", default="oracle", help="the implementation (as qconform run --impl)")
+    f.add_argument("--examples", type=_positive, default=500, help="hypothesis examples per leaf")
+    f.add_argument("--seed", type=int, default=0, help="hypothesis seed")
     f.add_argument("--save", default="fuzz-failures", help="directory for the failing case's golden set")
+    _isolation_options(f)
     f.set_defaults(fn=cmd_fuzz)
 
-    g = sub.add_parser("golden", help="generate or verify golden vectors")
+    g = sub.add_parser("golden", help="generate or verify golden vectors", formatter_class=fmt)
     gsub = g.add_subparsers(dest="golden_cmd", required=True)
-    gg = gsub.add_parser("generate")
-    gg.add_argument("--out", required=True)
-    gg.add_argument("--ops", action="append")
-    gg.add_argument("--coverage", type=int, choices=(1, 2, 3), default=1)
-    gv = gsub.add_parser("verify")
-    gv.add_argument("dir")
-    gv.add_argument("--impl")
+    gg = gsub.add_parser("generate", help="write a golden set from the oracle", formatter_class=fmt)
+    gg.add_argument("--out", required=True, help="the set's directory")
+    gg.add_argument("--ops", action="append", help="ops to include (default: every op)")
+    gg.add_argument("--coverage", type=int, choices=(1, 2, 3), default=1, help="which cases")
+    gg.add_argument("--force", action="store_true", help="overwrite an existing set")
+    gv = gsub.add_parser(
+        "verify", help="check a set's checksums, then replay it with an implementation", formatter_class=fmt
+    )
+    gv.add_argument("dir", help="the set's directory (holds MANIFEST.json)")
+    gv.add_argument("--impl", help="the implementation to replay with (default: the oracle)")
     g.set_defaults(fn=cmd_golden)
 
-    b = sub.add_parser("bench", help="oracle throughput against gguf-py")
-    b.add_argument("--mb", type=_positive, default=64)
-    b.add_argument("--repeats", type=_positive, default=3)
+    b = sub.add_parser("bench", help="oracle throughput against gguf-py", formatter_class=fmt)
+    b.add_argument("--mb", type=_positive, default=64, help="input size in MiB")
+    b.add_argument("--repeats", type=_positive, default=3, help="timed runs (the median is printed)")
     b.set_defaults(fn=cmd_bench)
 
-    ls = sub.add_parser("list", help="ops, leaves and implementations")
+    rp = sub.add_parser("report", help="join JSON reports (shards, runners, architectures)", formatter_class=fmt)
+    rsub = rp.add_subparsers(dest="report_cmd", required=True)
+    rm = rsub.add_parser("merge", help="one table from several `qconform run --format json` files", formatter_class=fmt)
+    rm.add_argument("files", nargs="+", help="JSON report files")
+    rm.add_argument("--format", choices=tuple(RENDERERS), default="text", help="report format")
+    rm.add_argument("--out", help="write the merged report to this file")
+    rp.set_defaults(fn=cmd_report)
+
+    ls = sub.add_parser("list", help="ops, leaves and implementations", formatter_class=fmt)
     ls.add_argument("--names", action="store_true", help="only the op names, comma-separated (for scripts)")
     ls.add_argument("--family", help="with --names: only this family's ops")
     ls.add_argument("--families", action="store_true", help="only the family names, space-separated")
     ls.set_defaults(fn=cmd_list)
 
-    a = sub.add_parser("abi", help="an op's device ABI for hip: kernels and so: launchers (C prototype, arguments)")
+    a = sub.add_parser(
+        "abi", help="an op's device ABI for hip: kernels and so: launchers (prototype, arguments)", formatter_class=fmt
+    )
     a.add_argument("op", nargs="?", help="the op (default: list every op's ABI macro)")
     a.add_argument(
         "--header",
@@ -366,6 +550,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a.set_defaults(fn=cmd_abi)
     return p
+
+
+def _isolation_options(parser: argparse.ArgumentParser) -> None:
+    from qconform.impls.worker import DEFAULT_TIMEOUT_S
+
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT_S,
+        help="seconds one call of a py: drop-in may take (it runs in a worker process; a hang or a crash fails "
+        "that case and the run goes on)",
+    )
+    parser.add_argument("--in-process", action="store_true", help="call a py: drop-in in this process (debugging)")
 
 
 def _positive(text: str) -> int:

@@ -2,8 +2,8 @@
 Loadable: ``py:module:callable`` or ``py:path/to/file.py:callable`` -- a drop-in replacement for an
 op's oracle function (same arguments, same return; ``out=`` is passed when the callable accepts it).
 The ops a ``py:`` callable applies to: ``--ops``, else its ``__qconform_ops__`` attribute, else
-the ops its name mentions (``guess_ops``); for guessed ops, one whose first call raises is skipped
-as not applicable. An op whose first call raises NotImplementedError is always skipped.
+the ops its name mentions (``guess_ops``). A case it does not handle raises ``qconform.Declined``
+(any NotImplementedError): counted as declined. Any other exception is a failure of that case.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class CallableImpl:
         self.name = name
         self.fn = fn
         self.ops = ops
-        self.guessed = guessed  # ops guessed from the name: an op its first call raises on is skipped
+        self.guessed = guessed  # the ops were guessed from the name (reported; no exception is excused)
         self.arch = cpu_arch()
         self.accepts_out = accepts_kwarg(fn, "out")
 

@@ -16,7 +16,7 @@ class Implementation(Protocol):
     arch: str
     accepts_out: bool
     on_device: bool
-    guessed: bool  # the ops it applies to were guessed: a first call that raises means "not this op"
+    guessed: bool  # the ops it applies to were guessed from its name (no exception is excused by it)
     ftz: bool  # computes with fp32 subnormals flushed: compared with the oracles' ftz=True
     l2_bytes: int  # last-level cache the repeat sets must exceed (0 on the CPU)
 

@@ -38,6 +38,7 @@ class LeafResult:
     outcomes: list[Outcome] = field(default_factory=list)
     ms: float = 0.0
     skipped: str | None = None
+    cases: dict[str, str] = field(default_factory=dict)  # case id -> its JSON (the replay of a failure)
 
     @property
     def checked(self) -> list[Outcome]:
@@ -118,14 +119,12 @@ def run_leaf(
     """Match every case, then repeatability, writes-every-output, bad arguments, pending error.
     ``ms`` is the wall time after the first call, which carries any JIT compile (still checked)."""
     result = LeafResult(op.name, leaf, impl.arch, impl.name)
+    result.cases.update((p.case.id, p.case.to_json()) for p in prepared)
     t0 = time.perf_counter()
     for i, p in enumerate(prepared):
         outcome = matches_oracle(impl, op, p)
         if i == 0:
             t0 = time.perf_counter()
-        if i == 0 and impl.guessed and outcome.detail.startswith("raised "):
-            result.skipped = f"ops guessed from the name, and the first call {outcome.detail}"
-            return result
         result.outcomes.append(outcome)
         if progress:
             progress()
@@ -136,6 +135,7 @@ def run_leaf(
         sets = _repeat_sets(ran)
         if cold and impl.on_device and impl.l2_bytes and op.cold_repeat:
             big = cold_sets(impl, op, leaf)
+            result.cases.update((p.case.id, p.case.to_json()) for p in big)
             matched = [matches_oracle(impl, op, p) for p in big]
             result.outcomes.extend(matched)
             sets = [*sets, *(p for p, o in zip(big, matched, strict=True) if not declined(o))]
@@ -143,6 +143,8 @@ def run_leaf(
         for p in ran:
             result.outcomes.append(writes_every_output(impl, op, p))
         fresh = fresh_shape(impl, op, leaf) if impl.on_device else None
+        if fresh is not None:
+            result.cases[fresh.case.id] = fresh.case.to_json()
         result.outcomes.append(survives_pending_error(impl, op, fresh))
     if ran or not prepared:
         result.outcomes.append(rejects_bad_arguments(impl, op, leaf))

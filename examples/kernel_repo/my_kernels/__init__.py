@@ -1,0 +1,1 @@
+"""The repository's kernels (here one, a CPU stand-in)."""
