@@ -5,7 +5,7 @@
 # the device mutants (tests/device_mutants and the patched copies of shipped kernels that
 # tests/device_catalogue.py --write-sources writes, with the bench's diagnostic builds) likewise;
 # the so: launcher example is also built as a shared library for both vendors, and the CUDA-only
-# test launchers for NVIDIA. Facts: ../shared/specs/tooling.md B6 (HIP_PLATFORM=amd is required
+# test launchers for NVIDIA. Facts: docs/device-tooling.md B6 (HIP_PLATFORM=amd is required
 # because nvcc is on PATH; Debian's hipcc is 5.2.3 / clang-15).
 set -euo pipefail
 cd "$(dirname "$0")/.."

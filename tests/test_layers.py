@@ -18,8 +18,8 @@ ALLOWED = {  # layer -> the qconform modules it may import (a module and everyth
     "formats": set(),
     "oracles": {"formats", "errors", "oracles"},
     "ops": {"formats", "errors", "oracles", "ops"},
-    "properties": {"formats", "errors", "ops", "properties", "impls.protocol"},
-    "device": {"formats", "errors", "oracles", "ops", "device"},
+    "properties": {"formats", "errors", "guard", "ops", "properties", "impls.protocol"},
+    "device": {"formats", "errors", "guard", "oracles", "ops", "device"},
 }
 
 

@@ -1,4 +1,4 @@
-"""Hand-derived vectors from ggml's reference C (specs/ggml-quants.md sections 1.2, 3.3, 3.5, 8).
+"""Hand-derived vectors from ggml's reference C (docs/ggml-formats.md sections 1.2, 3.3, 3.5, 8).
 
 Every expected value below is worked out from the C source line it names, not from the oracle;
 both twins must produce it.

@@ -3,7 +3,7 @@
 Every test builds a tiny model with ``onnx.helper`` and runs it on the CPU execution provider, with graph
 optimizations off (so the QDQ fusions cannot swap a Q/DQ chain for QLinear* kernels) and one intra-op thread.
 Skipped when onnx or onnxruntime is not installed. The semantics checked are those of
-``specs/ort-ops.md`` sections 1-3 (MatMulNBits, GatherBlockQuantized, QuantizeLinear/DequantizeLinear).
+``docs/ort-ops.md`` sections 1-3 (MatMulNBits, GatherBlockQuantized, QuantizeLinear/DequantizeLinear).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@
  *   AMD:    HIP_PLATFORM=amd hipcc -shared -fPIC --offload-arch=gfx90a -x hip \
  *             -I src/qconform/device/kernels -o libqk_q8_k.so examples/so_launcher/q8_k_launcher.cu
  * `--cudart shared` makes the library use the process's one libcudart.so, so the suite can plant a
- * foreign pending error where this library would see it (specs/tooling.md C2-C4).
+ * foreign pending error where this library would see it (docs/device-tooling.md C2-C4).
  *
  * The error-state rule it follows: launch with cudaLaunchKernel / hipLaunchKernel and return THAT
  * status. Never call cudaGetLastError()/hipGetLastError(): it would return (and swallow) an error

@@ -209,9 +209,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not groups:
         raise UsageError("nothing to run for this selection")
     groups = shard(groups, args.shard)
-    if not groups:
-        print(f"shard {args.shard}: no leaf falls to this shard", file=sys.stderr)
-        return EXIT_OK
+    if args.shard:
+        context["shard"] = f"{args.shard} ({len(groups)} leaves)"
     if args.coverage == 3 and not args.case and golden_dir is None:
         n = sum(len(p) for _, _, p in groups)
         print(f"coverage 3: {n} cases over {len(groups)} leaves (the full LLM shapes)", file=sys.stderr, flush=True)
@@ -231,6 +230,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         _emit(render(results, args.format, {**context, **extra}, max_failures), args.out)
     if interrupted:
         return EXIT_INTERRUPTED
+    if not groups:
+        print(f"shard {args.shard}: no leaf falls to this shard", file=sys.stderr)
+        return EXIT_OK
     if all(r.verdict == "SKIP" for r in results):
         why = "declined every case" if any(r.declined for r in results) else "implements none of the selected ops"
         print(f"{impl.name} {why}: nothing ran", file=sys.stderr)

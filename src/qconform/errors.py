@@ -12,3 +12,7 @@ class DeviceError(RuntimeError):
 class Declined(NotImplementedError):
     """An implementation does not handle this case (a kernel's documented limit): the case is
     counted as declined, never as passed or failed."""
+
+
+class OutOfBoundsWrite(RuntimeError):
+    """A call wrote outside a tensor it was given (into the poisoned guard margins around it)."""

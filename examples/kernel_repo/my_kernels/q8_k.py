@@ -13,6 +13,7 @@ import numpy as np
 
 from qconform.oracles.ggml import quantize as _reference
 
+
 def quantize(x: np.ndarray, qtype: str, out: np.ndarray | None = None) -> np.ndarray:
     """float32 (..., K) -> uint8 (..., K/256*292) Q8_K blocks (ggml's ``quantize_row_q8_K_ref``)."""
     return _reference(x, qtype, out=out)

@@ -1,7 +1,7 @@
 """Device throughput: each kernel on rows of 4096 x 14336 against the measured device-to-device
 copy bandwidth (bytes read + bytes written, both). Cold: the inputs rotate among sets that
 together exceed the L2 several times; launches are queued back to back and timed with events
-(specs/tooling.md F3), the median over repetitions reported."""
+(docs/device-tooling.md F3), the median over repetitions reported."""
 
 from __future__ import annotations
 

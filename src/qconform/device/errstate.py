@@ -1,6 +1,6 @@
 """Plant, peek at and clear a pending runtime error in the runtime library a launcher shares.
 
-specs/tooling.md C: CuPy launches through the driver API and never reads the runtime's last-error
+docs/device-tooling.md C: CuPy launches through the driver API and never reads the runtime's last-error
 slot; on CUDA it links cudart statically, so a pending error can only be planted through the
 ``libcudart.so`` a user's ``--cudart shared`` library maps (or a hook the library exports), on ROCm
 through ``libamdhip64.so``. ``cudaMalloc(NULL, 1)`` / ``hipMalloc(NULL, 1)`` fails with

@@ -1,6 +1,6 @@
 """Launch one kernel through CuPy (the driver API) on a stream and check that launch's own status.
 Launchers never read or clear the runtime's last-error slot (CuPy's launches do not touch it:
-specs/tooling.md C2), so a caller's pending error stays the caller's."""
+docs/device-tooling.md C2), so a caller's pending error stays the caller's."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 NVRTC on NVIDIA, hiprtc on ROCm (CuPy maps ``backend="nvrtc"`` to hiprtc). Modules are cached per
 (source hash, options, arch); the hash covers the source, every header in ``kernels/`` and the
 headers beside the source, so an edited include recompiles. CuPy adds ``-ftz=true`` (NVIDIA) or
-``-fcuda-flush-denormals-to-zero`` (HIP) and it cannot be undone (specs/tooling.md A1, 0.5): the
+``-fcuda-flush-denormals-to-zero`` (HIP) and it cannot be undone (docs/device-tooling.md A1, 0.5): the
 kernels flush explicitly and are compared with the oracles' ``ftz=True``.
 """
 

@@ -3,7 +3,7 @@
 
 NVIDIA: ``nvcc --cudart shared`` so the library shares the process's one ``libcudart.so`` (the
 pending-error property plants its error there; a static cudart would give the library a private
-slot: specs/tooling.md C2). AMD: ``hipcc`` (every HIP library shares ``libamdhip64.so``).
+slot: docs/device-tooling.md C2). AMD: ``hipcc`` (every HIP library shares ``libamdhip64.so``).
 """
 
 from __future__ import annotations

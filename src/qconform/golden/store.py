@@ -2,7 +2,7 @@
 
 Each file holds the inputs and oracle outputs of a list of cases as tensors named
 ``<case id>/<input or output name>``, stored in their exact bytes (float32 and uint8 natively;
-bf16/fp8 would be stored as U16/U8 bit patterns, specs/tooling.md E1), and in its metadata the
+bf16/fp8 would be stored as U16/U8 bit patterns, docs/device-tooling.md E1), and in its metadata the
 op, the leaf, and each case's seed, shape, pattern and params as JSON. The manifest records the
 sha256 of every file, of its header and of every tensor's byte range, so a changed byte is named
 by file and tensor, and provenance: qconform version, a hash of the oracle sources, the

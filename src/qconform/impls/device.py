@@ -18,6 +18,7 @@ from typing import Any, Callable
 import cupy
 import numpy as np
 
+from qconform import guard
 from qconform.device import errstate
 from qconform.device.abi import bind_call, c_argtypes, check_requires, run_abi
 from qconform.device.ggml.q8_quant import run_op
@@ -86,10 +87,12 @@ class DeviceImpl:
         params: dict[str, Any],
         out: np.ndarray | None = None,
     ) -> np.ndarray:
-        dev = {k: to_device(v) for k, v in inputs.items()}
-        dev_out = to_device(out)
+        guards: dict[str, tuple[Any, Any]] = {}
+        dev = {k: _upload_guarded(k, v, guards) for k, v in inputs.items()}
+        dev_out = None if out is None else _upload_guarded("out", out, guards)
         result = self.launch(op, dev, params, dev_out)
         synchronize(op.name)
+        guard.check(guards)
         _mirror_inputs(inputs, dev)
         host = cupy.asnumpy(result)
         if out is None:
@@ -116,6 +119,15 @@ class DeviceImpl:
         """(status, detail) of a deliberately bad call at the ABI level; None where the ABI can't
         express one (our launchers reject bad calls before any launch)."""
         return None
+
+
+def _upload_guarded(name: str, a: Any, guards: dict[str, tuple[Any, Any]]) -> Any:
+    """A C-contiguous array uploaded inside a guarded device allocation (qconform.guard: a write
+    outside it is caught after the call); anything else as ``to_device`` uploads it."""
+    if isinstance(a, np.ndarray) and a.ndim and a.flags.c_contiguous:
+        guards[name] = guard.guarded_copy(a, cupy)
+        return guards[name][1]
+    return to_device(a)
 
 
 class DeviceBits:

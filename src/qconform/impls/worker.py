@@ -6,7 +6,8 @@ The worker loads the same ``--impl`` string; each call sends the inputs, params 
 (poison included) and gets back the result, plus whatever the call did to the inputs and to
 ``out`` (copied into the caller's arrays even when the call raised, so the properties see every
 write). Exceptions come back by kind: ArgumentError, ValueError, TypeError and NotImplementedError
-(a decline) as themselves, anything else as a RuntimeError naming the original type.
+(a decline) and OutOfBoundsWrite as themselves, anything else as a RuntimeError naming the
+original type. The worker puts the inputs and ``out`` in guard regions of its own (qconform.guard).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from qconform.errors import ArgumentError, Declined
+from qconform import guard
+from qconform.errors import ArgumentError, Declined, OutOfBoundsWrite
 from qconform.impls.protocol import Implementation
 from qconform.ops import CATALOGUE, OpSpec
 
@@ -47,15 +49,25 @@ def _serve(conn: Any, spec: str, ops: list[str] | None) -> None:
             del bait
             conn.send(None)
             continue
-        op_name, leaf, packed, params, out = msg
+        op_name, leaf, packed, params, out_sent = msg
         inputs = {k: _unpack(v) for k, v in packed.items()}
+        guards = {k: guard.guarded_copy(v) for k, v in inputs.items() if isinstance(v, np.ndarray) and v.ndim}
+        guards = {k: g for k, g in guards.items() if inputs[k].flags.c_contiguous}
+        inputs.update({k: view for k, (_, view) in guards.items()})
+        out = None
+        if out_sent is not None:
+            guards["out"] = guard.guarded_copy(out_sent)
+            out = guards["out"][1]
         before = {k: v.tobytes() for k, v in inputs.items() if isinstance(v, np.ndarray)}
         try:
             result = impl.run(CATALOGUE[op_name], leaf, inputs, params, out=out)
+            guard.check(guards)
             reply: tuple = ("ok", np.asarray(result) if out is None else None)
         except BaseException as exc:  # noqa: BLE001 - every failure goes back to the parent
             kind = (
-                "argument"
+                "guard"
+                if isinstance(exc, OutOfBoundsWrite)
+                else "argument"
                 if isinstance(exc, ArgumentError)
                 else "value"
                 if isinstance(exc, ValueError)
@@ -92,6 +104,7 @@ _EXCEPTIONS: dict[str, Callable[[str, str], BaseException]] = {
     "value": lambda name, msg: ValueError(msg),
     "type": lambda name, msg: TypeError(msg),
     "declined": lambda name, msg: Declined(msg),
+    "guard": lambda name, msg: OutOfBoundsWrite(msg),
     "other": lambda name, msg: RuntimeError(f"{name}: {msg}"),
 }
 
@@ -145,6 +158,8 @@ class WorkerImpl:
                 raise CallTimeout(f"no result within {self.timeout:g} s (--timeout): the worker was killed")
             reply, changed, out_back = self._conn.recv()
         except (EOFError, BrokenPipeError, ConnectionResetError) as exc:
+            if self._proc is not None:
+                self._proc.join(5)  # the exit code is known once the process is reaped
             code = self._proc.exitcode if self._proc is not None else None
             self._stop()
             how = f"signal {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"

@@ -15,6 +15,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from qconform import guard
 from qconform.errors import ArgumentError
 from qconform.impls.protocol import Implementation
 from qconform.ops import Case, OpSpec
@@ -83,18 +84,27 @@ def matches_oracle(impl: Implementation, op: OpSpec, p: Prepared) -> Outcome:
     """Property 1: the output equals the oracle's (exact or relL2), and the inputs are left untouched."""
     result = functools.partial(Outcome, "matches_oracle", op.name, p.case.leaf, p.case.id)
     before = _snapshot(p.inputs)
+    guards = _guarded_inputs(p.inputs)
+    inputs = {k: guards[k][1] if k in guards else v for k, v in p.inputs.items()}
     t0 = time.perf_counter()
     try:
-        got = impl.run(op, p.case.leaf, p.inputs, p.params)
+        got = impl.run(op, p.case.leaf, inputs, p.params)
+        guard.check(guards)
     except NotImplementedError as exc:  # qconform.Declined, a so: launcher's DECLINED status
         return result(None, f"{DECLINED}{type(exc).__name__}: {exc}")
     except Exception as exc:
         return result(False, _raised(exc), math.nan)
     ms = (time.perf_counter() - t0) * 1e3
     c = compare(op, p.params, got, p.want)
-    if c.ok and _snapshot(p.inputs) != before:
+    if c.ok and _snapshot(inputs) != before:
         return result(False, "modified its inputs", c.rel_l2, ms)
     return result(c.ok, c.detail, c.rel_l2, ms)
+
+
+def _guarded_inputs(inputs: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """Guarded copies of the array inputs (qconform.guard): a read is harmless, a write outside
+    an input is caught by its margins, a write inside it by the inputs-untouched check."""
+    return {k: guard.guarded_copy(v) for k, v in inputs.items() if isinstance(v, np.ndarray) and v.ndim}
 
 
 def repeatable(
@@ -148,9 +158,10 @@ def writes_every_output(impl: Implementation, op: OpSpec, p: Prepared) -> Outcom
     for poison in POISONS:
         try:
             if impl.accepts_out:
-                got = np.empty(p.want.shape, p.want.dtype)
+                buf, got = guard.guarded_empty(p.want.shape, p.want.dtype)
                 got.view(np.uint8).fill(poison)
                 impl.run(op, p.case.leaf, p.inputs, p.params, out=got)
+                guard.check({"out": (buf, got)})
             else:
                 got = _call_after_poisoning_the_allocator(impl, op, p, poison)
         except NotImplementedError as exc:
@@ -216,7 +227,7 @@ def rejects_bad_arguments(impl: Implementation, op: OpSpec, leaf: str) -> Outcom
 
 
 def survives_pending_error(impl: Implementation, op: OpSpec, fresh: Prepared | None) -> Outcome:
-    """Property 5 (specs/tooling.md C4): with a foreign, non-sticky error pending in the runtime
+    """Property 5 (docs/device-tooling.md C4): with a foreign, non-sticky error pending in the runtime
     slot the implementation reports through, the first call of a never-seen shape succeeds with the
     right output and leaves the error pending (a call that clears it is reported as a warning,
     not failed); a deliberately bad call, where the ABI can express one, reports its own error."""

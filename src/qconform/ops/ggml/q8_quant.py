@@ -54,7 +54,7 @@ def _cases(op: str, leaf: str, block: int, patterns: tuple[str, ...], coverage: 
 
 
 def _strategy(op: str, leaf: str, patterns: tuple[str, ...]) -> Any:
-    """Structure and a seed from hypothesis, bulk values from numpy (specs/tooling.md D3)."""
+    """Structure and a seed from hypothesis, bulk values from numpy (docs/device-tooling.md D3)."""
     block = FORMATS[leaf_qtype(leaf)].block_size
     return st.builds(
         lambda pattern, rows, blocks, seed: Case(op, leaf, seed, (rows, blocks * block), pattern),

@@ -1,6 +1,6 @@
 """ONNX Runtime quantized-weight family: oracles with the ONNX ops' argument and attribute names.
 
-Each module states its source (../shared/specs/ort-ops.md and the ORT code it cites) and its
+Each module states its source (docs/ort-ops.md and the ORT code it cites) and its
 rounding: ``matmul_nbits`` (MatMulNBits, its dequantization in ORT's and a kernel's form, the
 int8 activation path), ``gather_block_quantized``, ``qdq`` (QuantizeLinear, DequantizeLinear,
 fake quantization), ``qswiglu`` (the quantized SwiGLU chain), ``packing`` (low-bits-first).

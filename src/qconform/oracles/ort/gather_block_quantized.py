@@ -1,6 +1,6 @@
 """com.microsoft.GatherBlockQuantized: gather rows of a blockwise-quantized table, dequantized.
 
-Source: ../shared/specs/ort-ops.md section 2 (ORT 1.31 schema; gather_block_quantized.cc;
+Source: docs/ort-ops.md section 2 (ORT 1.31 schema; gather_block_quantized.cc;
 experiments, all exact).
 - uint8 data, bits 2/4/8: values packed along the last axis, low bits first; quantize_axis must
   be the last axis and gather_axis 0; zero points packed per row along the blocks, default

@@ -1,6 +1,6 @@
 """com.microsoft.MatMulNBits: blockwise n-bit weights along K, as ONNX Runtime's x86 CPU computes.
 
-Source: ../shared/specs/ort-ops.md section 1 (ORT 1.30/1.31 schema, experiments, and
+Source: docs/ort-ops.md section 1 (ORT 1.30/1.31 schema, experiments, and
 contrib_ops/cpu/quantization/matmul_nbits.cc, mlas q4_dq.cpp, sqnbitgemm_kernel_avx2.cpp).
 
 Layout: B (N, k_blocks, block_size*bits/8) uint8, column n's values along K packed low bits first;

@@ -2,7 +2,7 @@
 
 Element ``j`` of a packed row sits at bit offset ``j * bits`` of the row's little-endian bit
 stream: for bits 2/4/8 that is byte ``j // (8 // bits)``, bit ``(j % (8 // bits)) * bits``
-(ort-ops.md 1.2: MatMulNBits B and zero points, GatherBlockQuantized uint8 data; ONNX int4/uint4
+(docs/ort-ops.md 1.2: MatMulNBits B and zero points, GatherBlockQuantized uint8 data; ONNX int4/uint4
 flat packing is the same rule on the flattened tensor). bits = 3 follows the same stream rule
 (elements may straddle bytes). The last byte is padded; the padding is ignored on unpack.
 """

@@ -1,6 +1,6 @@
 """ONNX QuantizeLinear / DequantizeLinear (opset 21+) and fake quantization, as ORT's CPU computes.
 
-Source: ../shared/specs/ort-ops.md section 3 (onnx Operators.md v21-v25, ORT CPU experiments).
+Source: docs/ort-ops.md section 3 (onnx Operators.md v21-v25, ORT CPU experiments).
   Q:  y = clip(rint(fp32(x) / fp32(scale)) + zp, lo, hi)   true fp32 division (not a multiply by
       the reciprocal), rint = round half to even; fp16 x and scale are computed in fp32.
   DQ: y = fp32(q - zp) * fp32(scale), rounded once to the scale's type.

@@ -1,6 +1,6 @@
 /* qk_portable.h: the one portability layer every qconform kernel is written against, so each
  * kernel is one source for hiprtc / hipcc (AMD) and NVRTC / nvcc (NVIDIA).
- * Facts: ../shared/specs/tooling.md B1-B5 (CuPy RawModule, HIP warp builtins, fp16/bf16 RNE,
+ * Facts: docs/device-tooling.md B1-B5 (CuPy RawModule, HIP warp builtins, fp16/bf16 RNE,
  * integer dot products); ROCm/HIP amd_warp_functions.h (__shfl_xor, no mask), HIP docs
  * hip_cpp_language_extensions.rst (wave64 on gfx8/gfx9 only), llama.cpp ggml-cuda/vendors/hip.h.
  * Rules: every helper is __device__ __forceinline__, no std::, no <cstdint> (NVRTC and hiprtc
