@@ -75,7 +75,7 @@ HOOK_TOKENS = ("QK_MUT_", "QK_DIAG_", "QK_Q8K_ROUND", "QK_COOP_TIE_LOWER")
 
 
 def test_shipped_kernels_carry_no_mutant_or_diagnostic_hooks() -> None:
-    """Mutants and diagnostic builds are patches held by the tests and the bench (DESIGN.md)."""
+    """Mutants and diagnostic builds are patches held by the tests and the bench (docs/architecture.md)."""
     sources = [p for p in sorted(KERNEL_DIR.rglob("*")) if p.suffix in (".hip", ".h", ".cu", ".cuh")]
     assert any(p.name == "nbits_mma.hip" for p in sources) and any(p.name == "q8_quant.hip" for p in sources)
     for path in sources:

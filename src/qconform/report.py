@@ -1,4 +1,4 @@
-"""Render leaf results as text, markdown, json or junit (DESIGN.md, Reports)."""
+"""Render leaf results as text, markdown, json or junit (docs/architecture.md, Reports)."""
 
 from __future__ import annotations
 

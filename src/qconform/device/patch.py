@@ -1,6 +1,6 @@
 """Kernel variants as text patches of a shipped source: the device mutants (tests/device_catalogue.py)
 and the bench's diagnostic builds (qconform.bench.diagnostics). Shipped kernels carry no mutant or
-diagnostic hooks (DESIGN.md, Device kernels); a variant is the shipped file with exact snippets
+diagnostic hooks (docs/architecture.md, Device kernels); a variant is the shipped file with exact snippets
 replaced, each of which must occur exactly once in it, so a kernel edit that moves or changes a
 snippet fails loudly (tests/test_device_offline.py) instead of silently testing the shipped kernel.
 

@@ -1,4 +1,4 @@
-"""The five properties of DESIGN.md, as functions any Implementation can be run through.
+"""The five properties (docs/architecture.md, Properties), as functions any Implementation can be run through.
 
 Each returns an ``Outcome``: ``ok`` True / False, or None when the property does not apply (the
 pending-error property on a CPU implementation, writes-every-output for a callable that takes no
