@@ -12,6 +12,7 @@ from qconform.properties.profiles import load_profile
 TESTS = Path(__file__).parent
 REPO = TESTS.parent
 sys.path.insert(0, str(TESTS))
+sys.path.insert(0, str(REPO / "examples"))  # my_kernels: the README's drop-ins
 load_profile()
 
 

@@ -1,7 +1,8 @@
-"""The import rules of docs/architecture.md (Layers): formats import nothing of ours; oracles import only formats (and the
-error types), one family never another; neither imports CuPy, hypothesis or pytest; the property
-engine reaches implementations only through their protocol (never the device layer); the device
-layer imports ops, the oracles' validators and itself, never the property engine or the CLI."""
+"""The import rules of docs/architecture.md (Layers): formats import nothing of ours; oracles
+import only formats (and the error types), one family never another; neither imports CuPy,
+hypothesis or pytest; the property engine reaches implementations only through their protocol
+(never the device layer); the device layer imports ops, the oracles' validators and itself,
+never the property engine or the CLI."""
 
 from __future__ import annotations
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import sys
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -120,8 +121,13 @@ def test_an_implementation_that_cannot_load_is_a_collection_error(pytester: pyte
     result.stdout.fnmatch_lines(["*ERROR collecting qconform*", "qconform: impl: no such file 'missing.py'"])
 
 
-def test_the_example_kernel_repo_runs_with_its_own_config(pytester: pytest.Pytester) -> None:
+def test_the_example_kernel_repo_runs_with_its_own_config(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     shutil.copytree(EXAMPLE, pytester.path, dirs_exist_ok=True)
+    # its tests import its package my_kernels: not the README's examples/my_kernels.py (mutants.py)
+    for name in [m for m in sys.modules if m == "my_kernels" or m.startswith("my_kernels.")]:
+        monkeypatch.delitem(sys.modules, name)
     result = _run(pytester)  # the options come from its pytest.ini addopts
     n_items = len(OP.leaves) * len(PROPERTIES)
     result.assert_outcomes(passed=1 + n_items - len(OP.leaves), skipped=len(OP.leaves))

@@ -133,10 +133,12 @@ class QconformSession:
             raise QconformCollector.CollectError(f"qconform: {exc}") from exc
         for t in targets:
             if not t.pairs:
-                chosen = ", ".join(dict.fromkeys(op.name for op in self._chosen(t))) or "none"
+                chosen = self._chosen(t)
+                names = ", ".join(op.name for op in chosen) or "none"
+                leaves = ", ".join(lf.name for op in chosen for lf in op.leaves) or "none"
                 raise QconformCollector.CollectError(
-                    f"qconform: --qconform-impl {t.spec}: no (op, leaf) selected "
-                    f"(ops: {chosen}; --qconform-leaf {self.leaf})"
+                    f"qconform: --qconform-impl {t.spec}: no (op, leaf) selected: --qconform-leaf {self.leaf} "
+                    f"is not a leaf of {names} (leaves: {leaves})"
                 )
         return targets
 
