@@ -335,7 +335,7 @@ class QconformItem(pytest.Item):
             first = declined[0]
             return (
                 f"{head}: declined {len(declined)} of {len(outcomes)} cases "
-                f"(first: case {first.case}, {first.detail[len(DECLINED):]})"
+                f"(first: case {first.case}, {first.detail[len(DECLINED) :]})"
             )
         n_declined = len(result.declined)
         counted = f" [{n_declined} cases declined]" if n_declined else ""
