@@ -122,6 +122,20 @@ def _emit(text: str, out: str | None) -> None:
         sys.stdout.write(text)
 
 
+class LazyCases:
+    """A leaf's cases, their inputs and oracle outputs generated only when the leaf runs (a
+    coverage-3 run holds one leaf's inputs in memory, not every leaf's)."""
+
+    def __init__(self, op: OpSpec, cases: list[Case], ftz: bool) -> None:
+        self.op, self.cases, self.ftz = op, cases, ftz
+
+    def __len__(self) -> int:
+        return len(self.cases)
+
+    def __iter__(self) -> Any:
+        return (Prepared.from_case(self.op, c, self.ftz) for c in self.cases)
+
+
 def _run_prepared(
     impl: Implementation,
     groups: list[tuple[OpSpec, str, list[Prepared]]],
@@ -139,7 +153,9 @@ def _run_prepared(
             progress.label = f"{op.name} {leaf}"
             if not progress.enabled:  # a CI log: a line per leaf as it starts
                 print(f"[{k + 1}/{len(groups)}] {op.name} {leaf}: {len(prepared)} cases", file=sys.stderr, flush=True)
-            r = run_leaf(impl, op, leaf, prepared, repeat_calls=repeat_calls, progress=progress.step, cold=cold)
+            cases = list(prepared)  # generated now: one leaf's inputs in memory at a time
+            r = run_leaf(impl, op, leaf, cases, repeat_calls=repeat_calls, progress=progress.step, cold=cold)
+            del cases
             results.append(r)
             progress.clear()
             if on_leaf is not None:
@@ -202,7 +218,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         context["cases"] = f"golden {golden_dir}"
     else:
         groups = [
-            (op, leaf, [Prepared.from_case(op, c, impl.ftz) for c in op.cases(leaf, args.coverage)])
+            (op, leaf, LazyCases(op, op.cases(leaf, args.coverage), impl.ftz))
             for op, leaf in _selected(impl, ops, args.leaf)
         ]
         context["cases"] = f"coverage {args.coverage}"
