@@ -212,48 +212,35 @@ def _same_qtype(op: str, qtype: str, given: str) -> None:
         raise ArgumentError(f"qtype: {op} takes {qtype}, got {given}")
 
 
-def _quant_abi(name: str, qtype: str) -> Abi:
-    """``(x, y, n_blocks)``: one work item per format block."""
+def _block_abi(name: str, qtype: str, quant: bool) -> Abi:
+    """``(x, y, n_blocks)`` (quantize) or ``(data, y, n_blocks)`` (dequantize): one work item per
+    format block, the op's oracle checking every rule."""
     fmt = FORMATS[qtype]
+    src, oracle, check = ("x", quantize, check_quantize_args) if quant else ("data", dequantize, check_dequantize_args)
+    src_dtype, out_dtype = (np.float32, np.uint8) if quant else (np.uint8, np.float32)
+    per_item = fmt.block_size if quant else fmt.type_size  # elements of the input per block
 
     def bind(args: tuple, kwargs: Any) -> Bound:
-        a = call_arguments(quantize, args, kwargs)
-        got, shape = check_quantize_args(a["x"], a["qtype"])
+        a = call_arguments(oracle, args, kwargs)
+        got, shape = check(a[src], a["qtype"])
         _same_qtype(name, qtype, got.name)
-        n = a["x"].size // fmt.block_size
-        return Bound({"x": ("x", np.dtype(np.float32))}, shape, np.dtype(np.uint8), {"n_blocks": n}, n)
+        n = a[src].size // per_item
+        return Bound({src: (src, np.dtype(src_dtype))}, shape, np.dtype(out_dtype), {"n_blocks": n}, n)
 
+    blocks = f"{qtype} blocks"
+    rows = f"(rows, width), width % {fmt.block_size} == 0"
+    packed = f"(rows, width / {fmt.block_size} * {fmt.type_size}): {blocks}"
+    ref = f"{qtype.lower()[:1]}{qtype[1:]}"
     return Abi(
         (
-            In("x", "float", "float32", f"(rows, width), width % {fmt.block_size} == 0"),
-            Out("y", "unsigned char", "uint8", f"(rows, width / {fmt.block_size} * {fmt.type_size}): {qtype} blocks"),
-            I64("n_blocks", f"{qtype} blocks to write: x.size / {fmt.block_size}"),
+            In(src, "float" if quant else "unsigned char", np.dtype(src_dtype).name, rows if quant else packed),
+            Out("y", "unsigned char" if quant else "float", np.dtype(out_dtype).name, packed if quant else rows),
+            I64("n_blocks", f"{blocks} to {'write' if quant else 'read'}: {src}.size / {per_item}"),
         ),
         bind,
-        f"ggml quantize_row_{qtype.lower()[:1]}{qtype[1:]}_ref: float32 rows -> {qtype} blocks",
-        "n_blocks",
-    )
-
-
-def _dequant_abi(name: str, qtype: str) -> Abi:
-    """``(data, y, n_blocks)``: one work item per format block."""
-    fmt = FORMATS[qtype]
-
-    def bind(args: tuple, kwargs: Any) -> Bound:
-        a = call_arguments(dequantize, args, kwargs)
-        got, shape = check_dequantize_args(a["data"], a["qtype"])
-        _same_qtype(name, qtype, got.name)
-        n = a["data"].size // fmt.type_size
-        return Bound({"data": ("data", np.dtype(np.uint8))}, shape, np.dtype(np.float32), {"n_blocks": n}, n)
-
-    return Abi(
-        (
-            In("data", "unsigned char", "uint8", f"(rows, n * {fmt.type_size}): {qtype} blocks"),
-            Out("y", "float", "float32", f"(rows, n * {fmt.block_size})"),
-            I64("n_blocks", f"{qtype} blocks to read: data.size / {fmt.type_size}"),
-        ),
-        bind,
-        f"ggml dequantize_row_{qtype.lower()[:1]}{qtype[1:]}: {qtype} blocks -> float32 rows",
+        f"ggml quantize_row_{ref}_ref: float32 rows -> {blocks}"
+        if quant
+        else f"ggml dequantize_row_{ref}: {blocks} -> float32 rows",
         "n_blocks",
     )
 
@@ -274,7 +261,7 @@ def _quant_op(qtype: str) -> OpSpec:
         validate=lambda inputs, params, out=None: check_quantize_args(inputs["x"], params["qtype"], out),
         bad_arguments=_quant_bad,
         decode=lambda y, params: dequantize(y, params["qtype"]),
-        abi=_quant_abi(name, qtype),
+        abi=_block_abi(name, qtype, quant=True),
         check=EXACT,
         input_names=("x",),
         locate=_locate_byte,
@@ -300,7 +287,7 @@ def _dequant_op(qtype: str) -> OpSpec:
         validate=lambda inputs, params, out=None: check_dequantize_args(inputs["data"], params["qtype"], out),
         bad_arguments=_dequant_bad,
         decode=lambda y, params: y,
-        abi=_dequant_abi(name, qtype),
+        abi=_block_abi(name, qtype, quant=False),
         check=EXACT,
         input_names=("data",),
         locate=_locate_value,
