@@ -252,3 +252,18 @@ def test_arrays_in_the_guard_regions_are_aligned() -> None:
     buf[guard.MARGIN + view.nbytes + 2] = 0
     want = "wrote 1 bytes past the end of out (first at offset +2 after its last byte)"
     assert guard.violation(buf, view, "out") == want
+
+
+def test_workers_split_the_run_and_print_one_table(dropins: Path, capsys) -> None:
+    """--workers N: N processes, one shard each, one merged table in catalogue order, the same
+    verdicts and exit status as one process."""
+    ops = ["--ops", "q8_0_quant,q8_k_quant,fake_quantize"]
+    code1, one, _ = _run(capsys, "--impl", "oracle", *ops, "--workers", "1")
+    code3, three, _ = _run(capsys, "--impl", "oracle", *ops, "--workers", "3")
+    row = r"^(\w+)\s+(\w+)\s+cpu\S+\s+(\d+)\s+(\d+)\s+\d+\s+\S+\s+(\w+)$"
+    rows = [re.findall(row, out, re.M) for out in (one, three)]
+    assert code1 == code3 == 0 and sorted(rows[0]) == sorted(rows[1]) and len(rows[0]) == 9
+    assert "workers: 3" in three
+    code, out, _ = _run(capsys, "--impl", f"py:{dropins}:returns_garbage", "--workers", "2")
+    assert code == 1 and "FAIL q8_0_quant" in out and "replay: qconform run" in out
+    assert main(["run", "--workers", "0"]) == 2 and "--workers" in capsys.readouterr().err

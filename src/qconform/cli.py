@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import zlib
 from pathlib import Path
@@ -176,6 +177,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     _check_out_path(args.out)
     _parse_shard(args.shard) if args.shard else None
     found, why = device_available()
+    workers = _workers(args, found)
+    if workers > 1:
+        return run_in_workers(args, workers, on_device=found and (args.impl is None or _is_device(args.impl)))
     context: dict[str, Any] = {"qconform": qconform.__version__}
     golden_dir = Path(args.golden) if args.golden else None
     if args.impl is None and found:
@@ -264,6 +268,90 @@ def _isolated(impl: Implementation, args: argparse.Namespace, ops: list[str] | N
     if isinstance(impl, CallableImpl) and not isinstance(impl, OracleImpl) and not args.in_process:
         return WorkerImpl(impl, args.impl, ops, args.timeout)  # type: ignore[return-value]
     return impl
+
+
+def _is_device(spec: str) -> bool:
+    return spec == "cupy" or spec.startswith(("cupy:", "hip:", "so:"))
+
+
+def _workers(args: argparse.Namespace, gpu_found: bool) -> int:
+    """``--workers``: a number, or ``auto`` (one per visible GPU for a device run, else 1)."""
+    if args.workers == "auto":
+        if not gpu_found or args.case or args.shard or not (args.impl is None or _is_device(args.impl)):
+            return 1
+        import cupy
+
+        return int(cupy.cuda.runtime.getDeviceCount())
+    if not args.workers.isdigit() or int(args.workers) < 1:
+        raise UsageError(f"--workers: a positive number or auto, got {args.workers!r}")
+    if int(args.workers) > 1 and (args.shard or args.case):
+        raise UsageError("--workers splits the run into shards itself: not with --shard or --case")
+    return int(args.workers)
+
+
+def run_in_workers(args: argparse.Namespace, n: int, on_device: bool) -> int:
+    """Run shard i/n in worker process i (pinned to GPU i-1 on a device run), then print the
+    merged table: each worker writes a JSON report, ``qconform report merge`` style."""
+    import subprocess
+    import tempfile
+
+    from qconform.report import from_json
+
+    argv = [a for a in ARGV if a != "--all-failures"]
+    argv = _drop_options(argv, ("--workers", "--format", "--out", "--max-failures"))
+    visible = "HIP_VISIBLE_DEVICES" if on_device and _hip() else "CUDA_VISIBLE_DEVICES"
+    with tempfile.TemporaryDirectory() as tmp:
+        procs = []
+        for i in range(1, n + 1):
+            report = Path(tmp) / f"shard{i}.json"
+            env = {**os.environ, **({visible: str(i - 1)} if on_device else {})}
+            cmd = [sys.executable, "-m", "qconform", *argv, "--shard", f"{i}/{n}", "--workers", "1"]
+            cmd += ["--format", "json", "--out", str(report)]
+            procs.append((report, subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)))
+        results: list[LeafResult] = []
+        for report, proc in procs:
+            code = proc.wait()
+            if code in (EXIT_USAGE, EXIT_INTERRUPTED) or not report.is_file():
+                return code if code else EXIT_USAGE
+            results += from_json(json.loads(report.read_text()))
+    results.sort(key=_catalogue_order)
+    context = {"qconform": qconform.__version__, "workers": f"{n}" + (" (one per GPU)" if on_device else "")}
+    context["impl"] = ", ".join(sorted({r.impl for r in results}))
+    max_failures = None if args.all_failures else args.max_failures
+    _emit(render(results, args.format, context, max_failures), args.out)
+    if all(r.verdict == "SKIP" for r in results):
+        return EXIT_USAGE
+    return EXIT_FAIL if any(r.verdict == "FAIL" for r in results) else EXIT_OK
+
+
+def _catalogue_order(r: LeafResult) -> tuple[int, int]:
+    names = list(CATALOGUE)
+    if r.op not in CATALOGUE:
+        return len(names), 0
+    leaves = [lf.name for lf in CATALOGUE[r.op].leaves]
+    return names.index(r.op), leaves.index(r.leaf) if r.leaf in leaves else len(leaves)
+
+
+def _drop_options(argv: list[str], names: tuple[str, ...]) -> list[str]:
+    """``argv`` without the given options and their values (``--name value`` or ``--name=value``)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a in names:
+            skip = True
+            continue
+        if a.split("=", 1)[0] in names:
+            continue
+        out.append(a)
+    return out
+
+
+def _hip() -> bool:
+    import cupy
+
+    return bool(cupy.cuda.runtime.is_hip)
 
 
 def _stdout_write(text: str) -> None:
@@ -445,6 +533,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise UsageError(f"{name}: not a qconform JSON report ({type(exc).__name__}: {exc})") from exc
     _check_out_path(args.out)
+    results.sort(key=_catalogue_order)
     impls = sorted({r.impl for r in results})
     context = {"merged": f"{len(args.files)} reports", "impl": ", ".join(impls)}
     _emit(render(results, args.format, context), args.out)
@@ -507,6 +596,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--all-failures", action="store_true", help="show every failure line")
     r.add_argument("--shard", metavar="I/N", help="run only shard I of N (a deterministic split by op and leaf)")
+    r.add_argument(
+        "--workers",
+        default="auto",
+        help="run the leaves in N worker processes (shards, one table); auto: one per visible GPU on a device run, "
+        "else 1",
+    )
     _isolation_options(r)
     r.set_defaults(fn=cmd_run)
 
@@ -590,8 +685,12 @@ def _positive(text: str) -> int:
     return value
 
 
+ARGV: list[str] = []  # the command line being run (workers rerun it with their shard)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    ARGV[:] = list(sys.argv[1:] if argv is None else argv)
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
