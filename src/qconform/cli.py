@@ -21,6 +21,7 @@ from qconform.impls import (
     Implementation,
     OracleImpl,
     device_available,
+    gpu_count,
     load_impl,
 )
 from qconform.ops import CATALOGUE, Case, OpSpec, get_op
@@ -279,9 +280,7 @@ def _workers(args: argparse.Namespace, gpu_found: bool) -> int:
     if args.workers == "auto":
         if not gpu_found or args.case or args.shard or not (args.impl is None or _is_device(args.impl)):
             return 1
-        import cupy
-
-        return int(cupy.cuda.runtime.getDeviceCount())
+        return max(1, gpu_count())
     if not args.workers.isdigit() or int(args.workers) < 1:
         raise UsageError(f"--workers: a positive number or auto, got {args.workers!r}")
     if int(args.workers) > 1 and (args.shard or args.case):

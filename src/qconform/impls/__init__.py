@@ -17,6 +17,7 @@ __all__ = [
     "OracleImpl",
     "cpu_arch",
     "device_available",
+    "gpu_count",
     "guess_ops",
     "load_impl",
 ]
@@ -35,6 +36,16 @@ def device_available() -> tuple[bool, str]:
     if n < 1:
         return False, "CuPy found no device"
     return True, f"{n} device(s)"
+
+
+def gpu_count() -> int:
+    """The GPUs CuPy sees (0 without CuPy or a device)."""
+    try:
+        import cupy
+
+        return int(cupy.cuda.runtime.getDeviceCount())
+    except Exception:  # ImportError, or a broken CUDA/ROCm install
+        return 0
 
 
 def _need_device(spec: str) -> None:
