@@ -6,8 +6,10 @@ prints the partial table and exits 130; failures come with a replay command that
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import sys
 import textwrap
 from pathlib import Path
 
@@ -267,3 +269,52 @@ def test_workers_split_the_run_and_print_one_table(dropins: Path, capsys) -> Non
     code, out, _ = _run(capsys, "--impl", f"py:{dropins}:returns_garbage", "--workers", "2")
     assert code == 1 and "FAIL q8_0_quant" in out and "replay: qconform run" in out
     assert main(["run", "--workers", "0"]) == 2 and "--workers" in capsys.readouterr().err
+
+
+FAKE_SANITIZER = """#!/usr/bin/env bash
+# a stand-in for NVIDIA compute-sanitizer: runs the command, writes a log like the tool's
+log=""
+while [ "$1" != "${1#-}" ]; do
+  case "$1" in --log-file) log=$2; shift 2 ;; --tool | --print-limit) shift 2 ;; *) shift ;; esac
+done
+"$@"
+status=$?
+{
+  echo "========= COMPUTE-SANITIZER"
+  if [ -n "$FAKE_SANITIZER_ERRORS" ]; then
+    echo "========= Invalid __global__ write of size 4 bytes"
+    echo "=========     at qk_q8_0_quant+0x70"
+    echo "========= ERROR SUMMARY: 2 errors"
+  else
+    echo "========= ERROR SUMMARY: 0 errors"
+  fi
+} >"$log"
+exit $status
+"""
+
+
+@pytest.mark.parametrize("errors", [False, True])
+def test_sanitize_reports_the_tools_findings_per_leaf(tmp_path: Path, monkeypatch, capsys, errors: bool) -> None:
+    """--sanitize runs each leaf under compute-sanitizer (here a stand-in with the tool's log
+    format) and turns its ERROR SUMMARY into the leaf's sanitizer outcome."""
+    tool = tmp_path / "bin" / "compute-sanitizer"
+    tool.parent.mkdir()
+    tool.write_text(FAKE_SANITIZER)
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tool.parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(sys.path))
+    if errors:
+        monkeypatch.setenv("FAKE_SANITIZER_ERRORS", "1")
+    code, out, _ = _run(capsys, "--impl", "oracle", "--ops", "q8_0_quant", "--sanitize", "memcheck")
+    if errors:
+        assert code == 1
+        assert "FAIL q8_0_quant Xfp32_Yq8_0 sanitizer: compute-sanitizer --tool memcheck: 2 errors: " in out
+        assert "Invalid __global__ write of size 4 bytes" in out
+    else:
+        assert code == 0 and re.search(r"^q8_0_quant .* PASS$", out, re.M), out
+
+
+def test_sanitize_without_the_tool_is_a_usage_error(monkeypatch, capsys) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert main(["run", "--impl", "oracle", "--sanitize", "memcheck"]) == 2
+    assert "compute-sanitizer is not installed" in capsys.readouterr().err

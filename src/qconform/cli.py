@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import zlib
 from pathlib import Path
@@ -178,6 +179,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     _check_out_path(args.out)
     _parse_shard(args.shard) if args.shard else None
     found, why = device_available()
+    if args.sanitize:
+        return run_sanitized(args, ops)
     workers = _workers(args, found)
     if workers > 1:
         return run_in_workers(args, workers, on_device=found and (args.impl is None or _is_device(args.impl)))
@@ -321,6 +324,64 @@ def run_in_workers(args: argparse.Namespace, n: int, on_device: bool) -> int:
     if all(r.verdict == "SKIP" for r in results):
         return EXIT_USAGE
     return EXIT_FAIL if any(r.verdict == "FAIL" for r in results) else EXIT_OK
+
+
+SANITIZER = "compute-sanitizer"
+
+
+def run_sanitized(args: argparse.Namespace, ops: list[str] | None) -> int:
+    """``--sanitize TOOL``: each selected leaf is run in its own process under NVIDIA's
+    compute-sanitizer (memcheck, racecheck, initcheck, synccheck); what the tool reports for that
+    leaf's calls becomes a ``sanitizer`` outcome of the leaf (FAIL with the first findings), beside
+    the leaf's own verdicts. Findings are per leaf: a sanitizer reports kernels and threads, not
+    the suite's cases (replay a failing case with --case under the tool to narrow it)."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    from qconform.properties.checks import Outcome
+    from qconform.report import from_json
+
+    tool = shutil.which(SANITIZER)
+    if tool is None:
+        raise UsageError(f"--sanitize: {SANITIZER} is not installed (it comes with the CUDA toolkit)")
+    impl_spec = args.impl or "cupy"
+    impl = load_impl(impl_spec, ops)
+    pairs = shard(_selected(impl, ops, args.leaf), args.shard)
+    base = _drop_options(list(ARGV), ("--sanitize", "--workers", "--format", "--out", "--ops", "--leaf", "--shard"))
+    base = [a for a in base if a != "--all-failures"]
+    results: list[LeafResult] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for k, (op, leaf) in enumerate(pairs):
+            report, log = Path(tmp) / f"{k}.json", Path(tmp) / f"{k}.log"
+            print(f"[{k + 1}/{len(pairs)}] {op.name} {leaf} under {SANITIZER} --tool {args.sanitize}", file=sys.stderr)
+            cmd = [tool, "--tool", args.sanitize, "--log-file", str(log), "--print-limit", "20"]
+            cmd += [sys.executable, "-m", "qconform", *base, "--ops", op.name, "--leaf", leaf, "--workers", "1"]
+            cmd += ["--format", "json", "--out", str(report)]
+            subprocess.run(cmd, stdout=subprocess.DEVNULL, check=False)
+            if not report.is_file():
+                raise UsageError(f"--sanitize: the run of {op.name} {leaf} under {SANITIZER} wrote no report")
+            (r,) = from_json(json.loads(report.read_text())) or [LeafResult(op.name, leaf, impl.arch, impl.name)]
+            r.outcomes.append(Outcome("sanitizer", op.name, leaf, None, *sanitizer_findings(log, args.sanitize)))
+            results.append(r)
+    context = {"qconform": qconform.__version__, "impl": impl.name, "sanitizer": f"{SANITIZER} --tool {args.sanitize}"}
+    max_failures = None if args.all_failures else args.max_failures
+    _emit(render(results, args.format, context, max_failures), args.out)
+    return EXIT_FAIL if any(r.verdict == "FAIL" for r in results) else EXIT_OK
+
+
+def sanitizer_findings(log: Path, tool: str) -> tuple[bool, str]:
+    """(ok, detail) from a compute-sanitizer log: its ERROR SUMMARY and the first findings."""
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    summary = re.search(r"ERROR SUMMARY: (\d+) error", text)
+    if summary is None:
+        return False, f"{SANITIZER} --tool {tool} printed no ERROR SUMMARY (did the run start?)"
+    n = int(summary.group(1))
+    if n == 0:
+        return True, f"{SANITIZER} --tool {tool}: 0 errors"
+    lines = [ln.strip("= ").strip() for ln in text.splitlines() if ln.startswith("=========")]
+    findings = [ln for ln in lines if ln and not ln.startswith(("COMPUTE-SANITIZER", "ERROR SUMMARY"))]
+    return False, f"{SANITIZER} --tool {tool}: {n} errors: " + " | ".join(findings[:6])
 
 
 def _catalogue_order(r: LeafResult) -> tuple[int, int]:
@@ -595,6 +656,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--all-failures", action="store_true", help="show every failure line")
     r.add_argument("--shard", metavar="I/N", help="run only shard I of N (a deterministic split by op and leaf)")
+    r.add_argument(
+        "--sanitize",
+        choices=("memcheck", "racecheck", "initcheck", "synccheck"),
+        help="run each leaf under NVIDIA compute-sanitizer with this tool and report its findings per leaf",
+    )
     r.add_argument(
         "--workers",
         default="auto",
