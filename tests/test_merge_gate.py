@@ -318,3 +318,14 @@ def test_sanitize_without_the_tool_is_a_usage_error(monkeypatch, capsys) -> None
     monkeypatch.setenv("PATH", "/nonexistent")
     assert main(["run", "--impl", "oracle", "--sanitize", "memcheck"]) == 2
     assert "compute-sanitizer is not installed" in capsys.readouterr().err
+
+
+def test_coverage_3_states_its_size_and_refuses_what_does_not_fit(monkeypatch, capsys) -> None:
+    """Before a coverage-3 run: the case count and the largest case's inputs; on a machine whose
+    memory cannot hold that case, a usage error before anything runs."""
+    real = os.sysconf
+    monkeypatch.setattr(os, "sysconf", lambda name: 1 if name == "SC_PHYS_PAGES" else real(name))
+    assert main(["run", "--impl", "oracle", "--coverage", "3", "--ops", "q8_0_dequant"]) == 2
+    err = capsys.readouterr().err
+    assert re.search(r"coverage 3: \d+ cases over 1 leaves; the largest, q8_0_dequant Xq8_0_Yfp32 case \S+", err)
+    assert "coverage 3 needs about" in err and "run it on a larger machine" in err

@@ -236,8 +236,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.shard:
         context["shard"] = f"{args.shard} ({len(groups)} leaves)"
     if args.coverage == 3 and not args.case and golden_dir is None:
-        n = sum(len(p) for _, _, p in groups)
-        print(f"coverage 3: {n} cases over {len(groups)} leaves (the full LLM shapes)", file=sys.stderr, flush=True)
+        coverage_3_plan(groups)
     max_failures = None if args.all_failures else args.max_failures
     stream = None
     if args.format == "text" and not args.out:
@@ -412,6 +411,33 @@ def _hip() -> bool:
     import cupy
 
     return bool(cupy.cuda.runtime.is_hip)
+
+
+OVERHEAD = 6  # peak memory per input byte while a case runs (measured: 1.6 GB for the 257 MiB lm_head case)
+
+
+def coverage_3_plan(groups: list[Any]) -> None:
+    """Before a coverage-3 run: its size, its largest case (by its inputs' bytes, among the cases
+    coverage 3 adds), and whether that fits this machine's memory (one leaf's cases are held at a
+    time, so the largest case is what bounds the run)."""
+    n = sum(len(p) for _, _, p in groups)
+    largest, where = 0, ""
+    for op, leaf, lazy in groups:
+        smaller = {c.id for c in op.cases(leaf, 2)}
+        for case in [c for c in getattr(lazy, "cases", []) if c.id not in smaller]:
+            size = sum(a.nbytes for a in op.make_inputs(case).values())
+            if size > largest:
+                largest, where = size, f"{op.name} {leaf} case {case.id}"
+    need = largest * OVERHEAD
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 0
+    print(
+        f"coverage 3: {n} cases over {len(groups)} leaves; the largest, {where}, holds {largest / 2**20:.0f} MiB of "
+        f"inputs (about {need / 2**30:.1f} GiB while it runs; this machine has {total / 2**30:.0f} GiB)",
+        file=sys.stderr,
+        flush=True,
+    )
+    if total and need > total:
+        raise UsageError(f"coverage 3 needs about {need / 2**30:.1f} GiB for {where}: run it on a larger machine")
 
 
 def _stdout_write(text: str) -> None:
