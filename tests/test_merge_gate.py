@@ -329,3 +329,12 @@ def test_coverage_3_states_its_size_and_refuses_what_does_not_fit(monkeypatch, c
     err = capsys.readouterr().err
     assert re.search(r"coverage 3: \d+ cases over 1 leaves; the largest, q8_0_dequant Xq8_0_Yfp32 case \S+", err)
     assert "coverage 3 needs about" in err and "run it on a larger machine" in err
+
+
+@pytest.mark.parametrize(
+    "argv", [["runn"], ["run", "--tpyo"], ["run", "--coverage", "7"], ["golden"], ["run", "--repeat-calls", "0"]]
+)
+def test_mistyped_commands_and_flags_exit_2_with_one_line(argv: list, capsys) -> None:
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith("qconform: error: ") and len(err.strip().splitlines()) == 1 and "--help)" in err

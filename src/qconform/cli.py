@@ -633,6 +633,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line (``qconform: error: ...``) and exit 2; subcommands alike."""
+
+    def error(self, message: str) -> Any:  # argparse's signature: it never returns
+        where = self.prog.removeprefix("qconform").strip()
+        self.exit(EXIT_USAGE, f"qconform: error: {where + ': ' if where else ''}{message} ({self.prog} --help)\n")
+
+
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Every option's help with its default, where it has one."""
 
@@ -644,7 +652,7 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 def build_parser() -> argparse.ArgumentParser:
     fmt = _HelpFormatter
-    p = argparse.ArgumentParser(prog="qconform", description=__doc__, formatter_class=fmt)
+    p = _Parser(prog="qconform", description=__doc__, formatter_class=fmt)
     p.add_argument("--version", action="version", version=f"qconform {qconform.__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)
 
