@@ -32,6 +32,16 @@ def guarded_copy(a: Any, xp: Any = np) -> tuple[Any, Any]:
     return buf, view
 
 
+def guarded_inputs(arrays: dict[str, Any], xp: Any = np) -> dict[str, tuple[Any, Any]]:
+    """Guarded copies (``xp``: where they live) of the C-contiguous arrays among ``arrays``; a
+    strided one (a bad argument) and a 0-d one are left to be passed as they are."""
+    return {
+        k: guarded_copy(v, xp)
+        for k, v in arrays.items()
+        if isinstance(v, np.ndarray) and v.ndim and v.flags.c_contiguous
+    }
+
+
 def violation(buf: Any, view: Any, name: str) -> str | None:
     """What was written into the margins around ``view`` (None: nothing)."""
     n = view.nbytes

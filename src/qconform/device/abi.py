@@ -64,8 +64,7 @@ def bind_call(op: OpSpec, args: tuple, kwargs: dict[str, Any], out: Any = None) 
     host_args = tuple(shadow(name, v) for name, v in zip(named, args, strict=False))
     host_kwargs = {k: shadow(k, v) for k, v in kwargs.items()}
     bound = op.abi.bind(host_args, host_kwargs)
-    arrays = [v for v in named.values() if isinstance(v, cupy.ndarray)]
-    result = _out_buffer(out, bound, arrays)
+    result = out_buffer(out, bound.out_shape, bound.out_dtype, *named.values())
     call = AbiCall(op.name, bound, result)
     for arg in op.abi.pointers:
         if arg.kind == "out":
@@ -90,18 +89,20 @@ def run_abi(op: OpSpec, kernel: Any, launch: Launch, args: tuple, kwargs: dict[s
     return launch_hip(op, kernel, launch, bind_call(op, args, kwargs, out))
 
 
-def _out_buffer(out: Any, bound: Bound, inputs: list[Any]) -> Any:
+def out_buffer(out: Any, shape: tuple[int, ...], dtype: Any, *inputs: Any) -> Any:
+    """``out`` checked (a C-contiguous CuPy array of this shape and dtype, overlapping no input),
+    or a new one when it is None."""
     if out is None:
-        return cupy.empty(bound.out_shape, bound.out_dtype)
+        return cupy.empty(shape, dtype)
     if not isinstance(out, cupy.ndarray):
         raise ArgumentError(f"out: must be a cupy.ndarray, got {type(out).__name__}")
-    if out.dtype != bound.out_dtype:
-        raise ArgumentError(f"out: dtype must be {np.dtype(bound.out_dtype)}, got {out.dtype}")
-    if out.shape != tuple(bound.out_shape):
-        raise ArgumentError(f"out: shape must be {tuple(bound.out_shape)}, got {out.shape}")
+    if out.dtype != dtype:
+        raise ArgumentError(f"out: dtype must be {np.dtype(dtype)}, got {out.dtype}")
+    if out.shape != tuple(shape):
+        raise ArgumentError(f"out: shape must be {tuple(shape)}, got {out.shape}")
     if not out.flags.c_contiguous:
         raise ArgumentError("out: must be C-contiguous")
-    if any(CUPY.may_share_memory(out, a) for a in inputs):
+    if any(isinstance(a, cupy.ndarray) and CUPY.may_share_memory(out, a) for a in inputs):
         raise ArgumentError("out: must not overlap an input")
     return out
 

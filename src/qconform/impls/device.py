@@ -87,9 +87,9 @@ class DeviceImpl:
         params: dict[str, Any],
         out: np.ndarray | None = None,
     ) -> np.ndarray:
-        guards: dict[str, tuple[Any, Any]] = {}
-        dev = {k: _upload_guarded(k, v, guards) for k, v in inputs.items()}
-        dev_out = None if out is None else _upload_guarded("out", out, guards)
+        guards = guard.guarded_inputs({**inputs, "out": out}, cupy)  # inputs and out in guarded device memory
+        dev = {k: guards[k][1] if k in guards else to_device(v) for k, v in inputs.items()}
+        dev_out = guards["out"][1] if "out" in guards else to_device(out)
         result = self.launch(op, dev, params, dev_out)
         synchronize(op.name)
         guard.check(guards)
@@ -119,15 +119,6 @@ class DeviceImpl:
         """(status, detail) of a deliberately bad call at the ABI level; None where the ABI can't
         express one (our launchers reject bad calls before any launch)."""
         return None
-
-
-def _upload_guarded(name: str, a: Any, guards: dict[str, tuple[Any, Any]]) -> Any:
-    """A C-contiguous array uploaded inside a guarded device allocation (qconform.guard: a write
-    outside it is caught after the call); anything else as ``to_device`` uploads it."""
-    if isinstance(a, np.ndarray) and a.ndim and a.flags.c_contiguous:
-        guards[name] = guard.guarded_copy(a, cupy)
-        return guards[name][1]
-    return to_device(a)
 
 
 class DeviceBits:

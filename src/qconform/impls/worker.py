@@ -51,8 +51,7 @@ def _serve(conn: Any, spec: str, ops: list[str] | None) -> None:
             continue
         op_name, leaf, packed, params, out_sent = msg
         inputs = {k: _unpack(v) for k, v in packed.items()}
-        guards = {k: guard.guarded_copy(v) for k, v in inputs.items() if isinstance(v, np.ndarray) and v.ndim}
-        guards = {k: g for k, g in guards.items() if inputs[k].flags.c_contiguous}
+        guards = guard.guarded_inputs(inputs)
         inputs.update({k: view for k, (_, view) in guards.items()})
         out = None
         if out_sent is not None:
@@ -64,22 +63,20 @@ def _serve(conn: Any, spec: str, ops: list[str] | None) -> None:
             guard.check(guards)
             reply: tuple = ("ok", np.asarray(result) if out is None else None)
         except BaseException as exc:  # noqa: BLE001 - every failure goes back to the parent
-            kind = (
-                "guard"
-                if isinstance(exc, OutOfBoundsWrite)
-                else "argument"
-                if isinstance(exc, ArgumentError)
-                else "value"
-                if isinstance(exc, ValueError)
-                else "type"
-                if isinstance(exc, TypeError)
-                else "declined"
-                if isinstance(exc, NotImplementedError)
-                else "other"
-            )
+            kind = next((k for cls, k in _KINDS if isinstance(exc, cls)), "other")
             reply = ("raised", kind, type(exc).__name__, str(exc))
         changed = {k: v for k, v in inputs.items() if isinstance(v, np.ndarray) and v.tobytes() != before[k]}
         conn.send((reply, changed, out))
+
+
+# how an exception travels back (the first class that matches), and what the parent raises for it
+_KINDS = (
+    (OutOfBoundsWrite, "guard"),
+    (ArgumentError, "argument"),
+    (ValueError, "value"),
+    (TypeError, "type"),
+    (NotImplementedError, "declined"),
+)
 
 
 def _pack(a: Any) -> Any:

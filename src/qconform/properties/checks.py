@@ -84,7 +84,7 @@ def matches_oracle(impl: Implementation, op: OpSpec, p: Prepared) -> Outcome:
     """Property 1: the output equals the oracle's (exact or relL2), and the inputs are left untouched."""
     result = functools.partial(Outcome, "matches_oracle", op.name, p.case.leaf, p.case.id)
     before = _snapshot(p.inputs)
-    guards = _guarded_inputs(p.inputs)
+    guards = guard.guarded_inputs(p.inputs)  # a write outside an input: caught by its margins
     inputs = {k: guards[k][1] if k in guards else v for k, v in p.inputs.items()}
     t0 = time.perf_counter()
     try:
@@ -99,12 +99,6 @@ def matches_oracle(impl: Implementation, op: OpSpec, p: Prepared) -> Outcome:
     if c.ok and _snapshot(inputs) != before:
         return result(False, "modified its inputs", c.rel_l2, ms)
     return result(c.ok, c.detail, c.rel_l2, ms)
-
-
-def _guarded_inputs(inputs: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
-    """Guarded copies of the array inputs (qconform.guard): a read is harmless, a write outside
-    an input is caught by its margins, a write inside it by the inputs-untouched check."""
-    return {k: guard.guarded_copy(v) for k, v in inputs.items() if isinstance(v, np.ndarray) and v.ndim}
 
 
 def repeatable(

@@ -3,10 +3,9 @@ one launch per kernel (recorded instead by ``bound`` for timing), extra compile 
 overriding kernel sources (the device mutants and the bench's diagnostic builds: patched copies of
 a shipped kernel, qconform.device.patch).
 
-Every rule is checked before any launch by the oracles' own validators, run on zero-stride numpy
-stand-ins of the device arrays (dtype and shape are what they check; value-range rules that
-cannot reach device memory out of bounds are left to the kernels' definitions), plus
-C-contiguity of every device array and the ``out`` buffer's shape and dtype.
+Every rule is checked before any launch by the oracles' own validators, run on host stand-ins
+of the device arrays (``qconform.device.abi.shadow``), plus C-contiguity of every device array
+and the ``out`` buffer (``qconform.device.abi.out_buffer``).
 """
 
 from __future__ import annotations
@@ -17,10 +16,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 import cupy
-import numpy as np
 
 from qconform.device.abi import bind_call
-from qconform.device.launch import CUPY, launch_kernel
+from qconform.device.launch import launch_kernel
 from qconform.device.loader import get_kernel
 from qconform.device.registry import KERNEL_DIR, Geometry, Launch, check_grid
 from qconform.errors import ArgumentError
@@ -28,15 +26,6 @@ from qconform.ops import OpSpec
 
 SOURCES = KERNEL_DIR / "ort"
 THREADS = 256
-
-
-def shadow(a: Any) -> Any:
-    """A numpy stand-in with a device array's dtype and shape (no copy of the data)."""
-    if a is None or isinstance(a, (np.ndarray, np.generic)):
-        return a
-    if not isinstance(a, cupy.ndarray):
-        raise ArgumentError(f"arguments must be cupy.ndarray, got {type(a).__name__}")
-    return np.broadcast_to(np.zeros((), a.dtype), a.shape)
 
 
 def contiguous(**arrays: Any) -> None:
@@ -49,21 +38,6 @@ def contiguous(**arrays: Any) -> None:
             raise ArgumentError(f"{name}: must be a cupy.ndarray, got {type(a).__name__}")
         if not a.flags.c_contiguous:
             raise ArgumentError(f"{name}: must be C-contiguous")
-
-
-def out_buffer(out: Any, shape: tuple[int, ...], dtype: np.dtype, *inputs: Any) -> Any:
-    if out is None:
-        return cupy.empty(shape, dtype)
-    if not isinstance(out, cupy.ndarray):
-        raise ArgumentError(f"out: must be a cupy.ndarray, got {type(out).__name__}")
-    if out.dtype != dtype:
-        raise ArgumentError(f"out: dtype must be {np.dtype(dtype)}, got {out.dtype}")
-    if out.shape != tuple(shape):
-        raise ArgumentError(f"out: shape must be {tuple(shape)}, got {out.shape}")
-    contiguous(out=out)
-    if any(isinstance(a, cupy.ndarray) and CUPY.may_share_memory(out, a) for a in inputs):
-        raise ArgumentError("out: must not overlap an input")
-    return out
 
 
 _BIND: list[list[tuple[Any, int, int, int, tuple]]] = []  # launches recorded by bound(), not run

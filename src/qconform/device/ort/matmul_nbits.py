@@ -9,19 +9,11 @@ from typing import Any
 import cupy
 import numpy as np
 
-from qconform.device.ort._common import (
-    contiguous,
-    kernel_of,
-    launch,
-    launch_abi,
-    launch_grid,
-    out_buffer,
-    shadow,
-    sm_count,
-)
+from qconform.device.abi import out_buffer, shadow
+from qconform.device.ort._common import contiguous, kernel_of, launch, launch_abi, launch_grid, sm_count
 from qconform.device.registry import MMA_SHAPES
 from qconform.errors import ArgumentError
-from qconform.ops.ort.matmul_nbits import DEQUANTIZE_NBITS, ZP_KIND
+from qconform.ops.ort.matmul_nbits import DEQUANTIZE_NBITS, ZP_KIND, zero_point_kind
 from qconform.oracles.ort.matmul_nbits import check_a, check_nbits_args
 
 ZP_DEFAULT, ZP_PACKED, ZP_FLOAT, ZP_SCALAR = (ZP_KIND[k] for k in ("none", "packed", "float", "scalar"))
@@ -59,12 +51,13 @@ def _launch_mma(bits: int, M: int, lay: Any, ptrs: tuple, zps: Any, kind: Any, h
 
 
 def _zp_args(zero_points: Any, lay, form: str, B: Any) -> tuple[Any, float, int, int]:
-    """(zp pointer, scalar zp, kind, zp is fp16)."""
-    if zero_points is None:
+    """(zp pointer, scalar zp, kind, zp is fp16), by the ABI's zero_point_kind."""
+    kind = zero_point_kind(zero_points, form)
+    if kind == "none":
         return B, 0.0, ZP_DEFAULT, 0
-    if zero_points.dtype == np.uint8:
+    if kind == "packed":
         return zero_points, 0.0, ZP_PACKED, 0
-    if form == "kernel" and zero_points.size == 1:
+    if kind == "scalar":
         return B, float(cupy.asnumpy(zero_points).reshape(())), ZP_SCALAR, 0
     return zero_points, 0.0, ZP_FLOAT, int(zero_points.dtype == np.float16)
 
@@ -74,7 +67,15 @@ def _nbits_args(B, scales, zero_points, g_idx, K, N, bits, block_size, form):
         raise ArgumentError("g_idx: the device kernels do not implement g_idx (deprecated in ORT)")
     contiguous(B=B, scales=scales, zero_points=zero_points)
     lay = check_nbits_args(
-        shadow(B), shadow(scales), shadow(zero_points), None, K=K, N=N, bits=bits, block_size=block_size, form=form
+        shadow("B", B),
+        shadow("scales", scales),
+        shadow("zero_points", zero_points),
+        None,
+        K=K,
+        N=N,
+        bits=bits,
+        block_size=block_size,
+        form=form,
     )
     zp, zps, kind, z16 = _zp_args(zero_points, lay, form, B)
     common = (
@@ -120,7 +121,7 @@ def matmul_nbits(
         raise ArgumentError(f"accuracy_level: must be 0..4, got {accuracy_level!r}")
     lay, zp, zps, common, s16, z16 = _nbits_args(B, scales, zero_points, g_idx, K, N, bits, block_size, form)
     contiguous(A=A, bias=bias)
-    a = check_a(shadow(A), shadow(bias), lay)
+    a = check_a(shadow("A", A), shadow("bias", bias), lay)
     if a.dtype != scales.dtype:
         raise ArgumentError(f"scales: dtype must be A's {a.dtype}, got {scales.dtype}")
     M = int(np.prod(a.shape[:-1], dtype=np.int64))

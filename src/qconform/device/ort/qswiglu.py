@@ -7,7 +7,8 @@ from typing import Any
 import cupy
 import numpy as np
 
-from qconform.device.ort._common import contiguous, launch, launch_abi, out_buffer
+from qconform.device.abi import out_buffer
+from qconform.device.ort._common import contiguous, launch, launch_abi
 from qconform.ops.ort.qswiglu import QSWIGLU
 from qconform.oracles.ort.qdq import QTYPES
 from qconform.oracles.ort.qswiglu import check_activations, check_qparams

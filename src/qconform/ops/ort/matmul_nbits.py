@@ -262,6 +262,21 @@ ZP_KIND = Enum(
 )
 
 
+def zero_point_kind(zero_points: Any, form: str) -> str:
+    """How ``zero_points`` is given, as the ABI and qconform's kernels take it (``ZP_KIND``):
+    none, packed uint8, float per block (ORT's form), or one scalar (the kernel form). Per-block
+    zero points in the kernel form have no kernel: Declined."""
+    if zero_points is None:
+        return "none"
+    if zero_points.dtype == np.uint8:
+        return "packed"
+    if form == "kernel" and zero_points.size == 1:
+        return "scalar"
+    if form == "kernel":
+        raise Declined("zero_points: no kernel takes per-block zero points in the kernel form")
+    return "float"
+
+
 def _bind_weights(a: dict[str, Any]) -> tuple[Any, dict[str, Any], dict[str, Any]]:
     """(layout, pointer bindings, scalars) of B / scales / zero_points, by the oracle's own checks."""
     B, scales, zp, form = a["B"], a["scales"], a["zero_points"], a["form"]
@@ -272,16 +287,9 @@ def _bind_weights(a: dict[str, Any]) -> tuple[Any, dict[str, Any], dict[str, Any
     )
     if scales.shape != (lay.N, lay.k_blocks):
         raise Declined(f"scales: the ABI passes them as (N, k_blocks), got {scales.shape}")
-    if zp is None:
-        kind, zbind = "none", None
-    elif zp.dtype == np.uint8:
-        kind, zbind = "packed", ("zero_points", np.dtype(np.uint8))
-    elif form == "kernel" and zp.size == 1:
-        kind, zbind = "scalar", ("zero_points", np.dtype(np.float32))
-    elif form == "kernel":
-        raise Declined("zero_points: the ABI has no per-block zero points in the kernel form")
-    else:
-        kind, zbind = "float", ("zero_points", scales.dtype)
+    kind = zero_point_kind(zp, form)
+    zdtype = {"packed": np.dtype(np.uint8), "scalar": np.dtype(np.float32), "float": scales.dtype}.get(kind)
+    zbind = None if zdtype is None else ("zero_points", zdtype)
     tensors = {"B": ("B", np.dtype(np.uint8)), "scales": ("scales", scales.dtype), "zero_points": zbind}
     sizes = {"K": lay.K, "N": lay.N, "bits": lay.bits, "block_size": lay.block_size, "zp_kind": ZP_KIND[kind]}
     return lay, tensors, sizes
