@@ -315,14 +315,11 @@ def run_in_workers(args: argparse.Namespace, n: int, on_device: bool) -> int:
             if code in (EXIT_USAGE, EXIT_INTERRUPTED) or not report.is_file():
                 return code if code else EXIT_USAGE
             results += from_json(json.loads(report.read_text()))
-    results.sort(key=_catalogue_order)
     context = {"qconform": qconform.__version__, "workers": f"{n}" + (" (one per GPU)" if on_device else "")}
-    context["impl"] = ", ".join(sorted({r.impl for r in results}))
-    max_failures = None if args.all_failures else args.max_failures
-    _emit(render(results, args.format, context, max_failures), args.out)
+    _emit_results(results, args, context)
     if all(r.verdict == "SKIP" for r in results):
         return EXIT_USAGE
-    return EXIT_FAIL if any(r.verdict == "FAIL" for r in results) else EXIT_OK
+    return _status(results)
 
 
 SANITIZER = "compute-sanitizer"
@@ -363,10 +360,8 @@ def run_sanitized(args: argparse.Namespace, ops: list[str] | None) -> int:
             (r,) = from_json(json.loads(report.read_text())) or [LeafResult(op.name, leaf, impl.arch, impl.name)]
             r.outcomes.append(Outcome("sanitizer", op.name, leaf, None, *sanitizer_findings(log, args.sanitize)))
             results.append(r)
-    context = {"qconform": qconform.__version__, "impl": impl.name, "sanitizer": f"{SANITIZER} --tool {args.sanitize}"}
-    max_failures = None if args.all_failures else args.max_failures
-    _emit(render(results, args.format, context, max_failures), args.out)
-    return EXIT_FAIL if any(r.verdict == "FAIL" for r in results) else EXIT_OK
+    _emit_results(results, args, {"qconform": qconform.__version__, "sanitizer": f"{SANITIZER} --tool {args.sanitize}"})
+    return _status(results)
 
 
 def sanitizer_findings(log: Path, tool: str) -> tuple[bool, str]:
@@ -381,6 +376,19 @@ def sanitizer_findings(log: Path, tool: str) -> tuple[bool, str]:
     lines = [ln.strip("= ").strip() for ln in text.splitlines() if ln.startswith("=========")]
     findings = [ln for ln in lines if ln and not ln.startswith(("COMPUTE-SANITIZER", "ERROR SUMMARY"))]
     return False, f"{SANITIZER} --tool {tool}: {n} errors: " + " | ".join(findings[:6])
+
+
+def _emit_results(results: list[LeafResult], args: argparse.Namespace, context: dict[str, Any]) -> None:
+    """The table of results gathered from several runs (workers, sanitizer runs, merged reports):
+    in catalogue order, the implementations they name in the context line."""
+    results.sort(key=_catalogue_order)
+    context = {**context, "impl": ", ".join(sorted({r.impl for r in results}))}
+    max_failures = None if getattr(args, "all_failures", False) else getattr(args, "max_failures", MAX_FAILURES_SHOWN)
+    _emit(render(results, args.format, context, max_failures), args.out)
+
+
+def _status(results: list[LeafResult]) -> int:
+    return EXIT_FAIL if any(r.verdict == "FAIL" for r in results) else EXIT_OK
 
 
 def _catalogue_order(r: LeafResult) -> tuple[int, int]:
@@ -610,20 +618,16 @@ def cmd_report(args: argparse.Namespace) -> int:
     """``qconform report merge``: one table from JSON reports (shards, runners, architectures)."""
     from qconform.report import from_json
 
-    results, contexts = [], []
+    results: list[LeafResult] = []
     for name in args.files:
         try:
             data = json.loads(Path(name).read_text())
             results += from_json(data)
-            contexts.append(data.get("context", {}))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise UsageError(f"{name}: not a qconform JSON report ({type(exc).__name__}: {exc})") from exc
     _check_out_path(args.out)
-    results.sort(key=_catalogue_order)
-    impls = sorted({r.impl for r in results})
-    context = {"merged": f"{len(args.files)} reports", "impl": ", ".join(impls)}
-    _emit(render(results, args.format, context), args.out)
-    return EXIT_FAIL if any(r.verdict == "FAIL" for r in results) else EXIT_OK
+    _emit_results(results, args, {"merged": f"{len(args.files)} reports"})
+    return _status(results)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

@@ -8,6 +8,7 @@ import shlex
 from typing import Any, Sequence
 from xml.sax.saxutils import escape, quoteattr
 
+from qconform.properties.checks import DECLINED
 from qconform.properties.suite import LeafResult
 
 COLUMNS = ("Op", "Leaf", "Arch", "Cases", "Failed", "Suite (ms)", "max relL2", "Verdict")
@@ -53,7 +54,7 @@ def _failure_lines(results: Sequence[LeafResult], max_failures: int | None = MAX
             first = r.declined[0]
             lines.append(
                 f"DECLINED {r.op} {r.leaf}: ran {r.ran}/{n}, declined {len(r.declined)} "
-                f"(first: case {first.case}, {first.detail[len('declined: '):]})"
+                f"(first: case {first.case}, {first.detail[len(DECLINED):]})"
             )
         shown = r.failed if max_failures is None else r.failed[:max_failures]
         for o in shown:

@@ -11,6 +11,7 @@ from typing import Callable, Sequence
 from qconform.impls.protocol import Implementation
 from qconform.ops import OpSpec
 from qconform.properties.checks import (
+    DECLINED,
     DEFAULT_REPEAT_CALLS,
     Outcome,
     Prepared,
@@ -130,7 +131,7 @@ def run_leaf(
             progress()
     ran = [p for p, o in zip(prepared, result.outcomes, strict=True) if not declined(o)]
     if not ran and prepared:
-        result.skipped = f"declined every case ({result.outcomes[0].detail[len('declined: '):]})"
+        result.skipped = f"declined every case ({result.outcomes[0].detail[len(DECLINED):]})"
     if ran:
         sets = _repeat_sets(ran)
         if cold and impl.on_device and impl.l2_bytes and op.cold_repeat:
