@@ -3,10 +3,10 @@
 # checks (pytest -m device: every kernel through every property; the conformance run of every
 # op of the catalogue; the device mutants; the worked user kernels and their wrong twins) and
 # times (each kernel against the measured copy bandwidth), then prints the tables last.
-#   bash ci/device.sh [all|check|mutants|time] [FAMILY]
-# check: pytest -m device and the conformance run; mutants: the device mutants and the worked user
-# kernels with their twins; time: the throughput table (each part well under one 10-minute device
-# call); FAMILY (ggml, ort, ...: `qconform list --families`) limits check to one family.
+#   bash ci/device.sh [all|check|mutants|users|time] [FAMILY]
+# check: pytest -m device and the conformance run; mutants: the device mutants and controls;
+# users: the worked user kernels with their wrong twins; time: the throughput table (each part
+# well under one 10-minute device call); FAMILY (ggml, ort, ...: `qconform list --families`) limits check to one family.
 # Logs and tables land under $OUT (default /tmp/qconform-device).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -16,7 +16,7 @@ mkdir -p "$OUT"
 PY="${PYTHON:-python3}"
 STAGE="${1:-all}"
 FAMILY="${2:-}"
-case "$STAGE" in all | check | mutants | time) ;; *) echo "usage: ci/device.sh [all|check|mutants|time] [FAMILY]" >&2; exit 2 ;; esac
+case "$STAGE" in all | check | mutants | users | time) ;; *) echo "usage: ci/device.sh [all|check|mutants|users|time] [FAMILY]" >&2; exit 2 ;; esac
 part() { [ "$STAGE" = all ] || [ "$STAGE" = "$1" ]; }
 FAMILIES=$("$PY" -m qconform list --families) || exit 2
 if [ -n "$FAMILY" ]; then
@@ -42,6 +42,8 @@ if part check; then
 fi
 if part mutants; then
   "$PY" tests/device_catalogue.py >"$OUT/mutants.md" 2>&1 || status=1
+fi
+if part users; then
   "$PY" tests/user_kernels.py >"$OUT/user-kernels.md" 2>&1 || status=1
 fi
 if part time; then
@@ -56,8 +58,8 @@ if part check; then
   done
   [ -z "$FAMILY" ] && show "conformance: --impl cupy:ref" cupy-ref.md
 fi
-if part mutants; then
-  show "device mutants and controls" mutants.md
+part mutants && show "device mutants and controls" mutants.md
+if part users; then
   show "worked user kernels (hip:, so:, device py:) and their wrong twins" user-kernels.md
 fi
 part time && show "throughput" bench.md
