@@ -255,7 +255,7 @@ def run_mutant(m: DeviceMutant, built: dict[str, Path], coverage: int = 1):
     with m.loaded_source() as source:
         impl = load_impl(impl_spec(m, built, source), [m.op])
         leaf = m.leaf or op.leaves[0].name
-        prepared = [Prepared.from_case(op, c, impl.ftz) for c in op.cases(leaf, max(coverage, m.coverage))]
+        prepared = [Prepared.from_case(op, c, impl) for c in op.cases(leaf, max(coverage, m.coverage))]
         if not m.is_ort:
             return run_leaf(impl, op, leaf, prepared)
         from qconform.device import ort as ort_launch

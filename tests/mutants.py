@@ -67,6 +67,34 @@ def q8_0_ties_to_even(x: np.ndarray, qtype: str, out: np.ndarray | None = None) 
 q8_0_ties_to_even.__qconform_ops__ = ("q8_0_quant",)
 
 
+def q8_0_approx_reciprocal(x: np.ndarray, qtype: str, out: np.ndarray | None = None) -> np.ndarray:
+    """``id = 1/d`` one ulp off (a fast reciprocal such as rcp.approx: within an ulp, not
+    correctly rounded): the fp32 neighbour on the other side of the exact 1/d, wherever 1/d is not
+    an fp32 value (a power-of-two d keeps its exact reciprocal). The named case that sees it:
+    ``ties_npot`` (tests/test_ties_npot.py); ``ties`` has only power-of-two d."""
+    from qconform.oracles.ggml.rounding import roundf_to_int8
+
+    fmt, _ = check_quantize_args(x, qtype, out)
+    if fmt.name != "Q8_0":
+        raise NotImplementedError(f"this mutant only quantizes Q8_0, not {qtype}")
+    y = quantize(x, qtype, out=out)  # d, and every block this mutant leaves alone
+    blocks = y.reshape(-1).view(Q8_0.dtype)
+    xb = x.reshape(-1, 32)
+    with np.errstate(all="ignore"):
+        amax = np.abs(xb).max(axis=1)
+        d = amax / np.float32(127)
+        idd = np.float32(1) / d
+        err = idd.astype(np.float64) * d.astype(np.float64) - 1.0  # exact: 24 x 24 bits
+        other = np.nextafter(idd, np.where(err > 0, np.float32(0), np.float32(np.inf)))
+        qs = roundf_to_int8(xb * other[:, None])
+    hit = np.isfinite(xb).all(axis=1) & (d != 0) & np.isfinite(idd) & (err != 0)
+    blocks["qs"][hit] = qs[hit]
+    return y
+
+
+q8_0_approx_reciprocal.__qconform_ops__ = ("q8_0_quant",)
+
+
 def q8_0_dequant_fp16_math(data: np.ndarray, qtype: str, out: np.ndarray | None = None) -> np.ndarray:
     """Multiplies in fp16 and widens the product: off by fp16 rounding."""
     y = dequantize(data, qtype, out=out)
@@ -202,6 +230,24 @@ def fake_quantize_half_away(x, scale, zero_point=None, *, axis=1, block_size=0, 
     if out is not None:
         out[...] = y
         return out
+    return y
+
+
+@_for("fake_quantize", "Xfp32_Qu8_Yfp32")
+def fake_quantize_times_reciprocal(x, scale, zero_point=None, *, axis=1, block_size=0, dtype="uint8", out=None):
+    """Quantizes rint(x * fp32(1/s)) where ONNX divides, rint(x / s): the same wherever 1/s is
+    exact (power-of-two scales, pattern ``ties``), not at the ties of ``ties_npot``."""
+    from qconform.oracles.ort.qdq import QTYPES, expand_param
+
+    y = ort.fake_quantize(x, scale, zero_point, axis=axis, block_size=block_size, dtype=dtype, out=out)  # the checks
+    _, lo, hi = QTYPES[dtype]
+    s = expand_param(scale, x.shape, axis, block_size, "scale").astype(np.float32)
+    z = 0 if zero_point is None else expand_param(zero_point, x.shape, axis, block_size, "zero_point").astype(int)
+    with np.errstate(all="ignore"):
+        v = (x.astype(np.float32) * (np.float32(1) / s)).astype(np.float32).astype(np.float64)
+    v = np.where(np.isnan(v), 0.0, np.clip(np.rint(v), -(2.0**40), 2.0**40))
+    q = np.clip(v.astype(np.int64) + z, lo, hi)
+    y[...] = ((q - z).astype(np.float32) * s).astype(np.float32).astype(y.dtype)
     return y
 
 

@@ -47,7 +47,7 @@ def test_own_kernel_passes_every_property(impl_name: str, op_name: str, leaf: st
     impl = load_impl(impl_name)
     op = get_op(op_name)
     cold = op.cold_repeat and leaf == op.leaves[0].name
-    prepared = [Prepared.from_case(op, c, impl.ftz) for c in op.cases(leaf, 2 if op.family == "ggml" else 1)]
+    prepared = [Prepared.from_case(op, c, impl) for c in op.cases(leaf, 2 if op.family == "ggml" else 1)]
     result = run_leaf(impl, op, leaf, prepared, repeat_calls=129 if cold else 33, cold=cold)
     assert result.verdict == "PASS", [o.detail for o in result.failed][:3]
     assert not result.declined, "qconform's own kernels handle every case"
@@ -196,7 +196,7 @@ def test_device_py_dropin_gets_every_device_property() -> None:
     leaf = op.leaves[0].name
     for fn, broken in ((gather_ok, None), (gather_partial, "writes_every_output"), (gather_host, "matches_oracle")):
         impl = _device_py(fn, [op.name])
-        prepared = [Prepared.from_case(op, c, impl.ftz) for c in op.cases(leaf, 1)]
+        prepared = [Prepared.from_case(op, c, impl) for c in op.cases(leaf, 1)]
         result = run_leaf(impl, op, leaf, prepared, repeat_calls=9)
         failed = {o.prop for o in result.failed}
         if broken is None:
@@ -225,6 +225,6 @@ def test_own_abi_kernels_load_as_hip_user_kernels(op_name: str) -> None:
     k = next(k for k in KERNELS if k.symbol == abi_kernels[op_name])
     impl = load_impl(f"hip:{k.path}:{k.symbol}", [op_name])
     for lf in op.leaves:
-        prepared = [Prepared.from_case(op, c, impl.ftz) for c in op.cases(lf.name, 1)]
+        prepared = [Prepared.from_case(op, c, impl) for c in op.cases(lf.name, 1)]
         result = run_leaf(impl, op, lf.name, prepared, repeat_calls=9, cold=False)
         assert result.verdict == "PASS", (lf.name, [o.detail for o in result.failed][:3])

@@ -18,8 +18,8 @@ FORBIDDEN = {"cupy", "hypothesis", "pytest"}
 ALLOWED = {  # layer -> the qconform modules it may import (a module and everything under it)
     "formats": set(),
     "oracles": {"formats", "errors", "oracles"},
-    "ops": {"formats", "errors", "oracles", "ops"},
-    "properties": {"formats", "errors", "guard", "ops", "properties", "impls.protocol"},
+    "ops": {"formats", "errors", "oracles", "ops", "contracts", "readings"},
+    "properties": {"formats", "errors", "guard", "ops", "properties", "impls.protocol", "contracts", "readings"},
     "device": {"formats", "errors", "guard", "oracles", "ops", "device"},
 }
 

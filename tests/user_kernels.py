@@ -149,7 +149,7 @@ def run_entry(e: UserKernel, built: dict[str, Path], coverage: int = 2, cold: bo
     impl = load_impl(e.impl_spec(built), [e.op])
     results = []
     for leaf in e.leaves:
-        prepared = [Prepared.from_case(op, c, impl.ftz) for c in op.cases(leaf, coverage)]
+        prepared = [Prepared.from_case(op, c, impl) for c in op.cases(leaf, coverage)]
         results.append(run_leaf(impl, op, leaf, prepared, cold=cold and e.cold and e.expect == "PASS"))
     return results
 

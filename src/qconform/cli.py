@@ -129,14 +129,14 @@ class LazyCases:
     """A leaf's cases, their inputs and oracle outputs generated only when the leaf runs (a
     coverage-3 run holds one leaf's inputs in memory, not every leaf's)."""
 
-    def __init__(self, op: OpSpec, cases: list[Case], ftz: bool) -> None:
-        self.op, self.cases, self.ftz = op, cases, ftz
+    def __init__(self, op: OpSpec, cases: list[Case], impl: Implementation) -> None:
+        self.op, self.cases, self.impl = op, cases, impl
 
     def __len__(self) -> int:
         return len(self.cases)
 
     def __iter__(self) -> Any:
-        return (Prepared.from_case(self.op, c, self.ftz) for c in self.cases)
+        return (Prepared.from_case(self.op, c, self.impl) for c in self.cases)
 
 
 def _run_prepared(
@@ -187,24 +187,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     context: dict[str, Any] = {"qconform": qconform.__version__}
     golden_dir = Path(args.golden) if args.golden else None
     if args.impl is None and found:
-        impl: Implementation = load_impl("cupy")
+        impl: Implementation = load_impl("cupy", contract=args.contract)
         print(f"GPU found ({why}): checking qconform's device kernels (--impl cupy) on {impl.arch}.", flush=True)
         context["device"] = _device_line()
     elif args.impl is None:
         print(f"No GPU device found ({why}): checking the oracle against the committed golden set.", flush=True)
-        impl = OracleImpl()
+        impl = load_impl("oracle", contract=args.contract)
         golden_dir = golden_dir or default_set_dir()
         if golden_dir is None:
             raise UsageError("no golden set found; pass --golden DIR or --impl")
         context["device"] = f"none ({why})"
     else:
-        impl = _isolated(load_impl(args.impl, ops), args, ops)
+        impl = _isolated(load_impl(args.impl, ops, args.contract), args, ops)
         context["device"] = _device_line() if impl.on_device else ("found, not used" if found else f"none ({why})")
     context["impl"] = impl.name
+    context["contract"] = str(impl.contract)
 
     if args.case:
         op, case = find_case(args.case, ops, args.leaf)
-        groups = [(op, case.leaf, [Prepared.from_case(op, case, impl.ftz)])]
+        groups = [(op, case.leaf, [Prepared.from_case(op, case, impl)])]
         context["cases"] = f"replay {case.id}"
     elif golden_dir is not None:
         findings, intact = _golden_integrity(golden_dir, integrity)
@@ -226,7 +227,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         context["cases"] = f"golden {golden_dir}"
     else:
         groups = [
-            (op, leaf, LazyCases(op, op.cases(leaf, args.coverage), impl.ftz))
+            (op, leaf, LazyCases(op, op.cases(leaf, args.coverage), impl))
             for op, leaf in _selected(impl, ops, args.leaf)
         ]
         context["cases"] = f"coverage {args.coverage}"
@@ -271,6 +272,16 @@ def _isolated(impl: Implementation, args: argparse.Namespace, ops: list[str] | N
     if isinstance(impl, CallableImpl) and not isinstance(impl, OracleImpl) and not args.in_process:
         return WorkerImpl(impl, args.impl, ops, args.timeout)  # type: ignore[return-value]
     return impl
+
+
+def _contract_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--contract",
+        help="what the implementation relaxes from the upstream reference, KEY=VALUE,...: accumulate=fp32|fp16|bf16, "
+        "chain=N|K/D, storage=exact|fp16|bf16, ftz=as-built|on|off|either, nan=reference|ieee|unsupported, "
+        "division=exact|Nulp, level4=either|int8|float, bound=probabilistic|worst-case (docs/contracts.md; "
+        "default strict)",
+    )
 
 
 def _is_device(spec: str) -> bool:
@@ -342,7 +353,7 @@ def run_sanitized(args: argparse.Namespace, ops: list[str] | None) -> int:
     if tool is None:
         raise UsageError(f"--sanitize: {SANITIZER} is not installed (it comes with the CUDA toolkit)")
     impl_spec = args.impl or "cupy"
-    impl = load_impl(impl_spec, ops)
+    impl = load_impl(impl_spec, ops, args.contract)
     pairs = shard(_selected(impl, ops, args.leaf), args.shard)
     base = _drop_options(list(ARGV), ("--sanitize", "--workers", "--format", "--out", "--ops", "--leaf", "--shard"))
     base = [a for a in base if a != "--all-failures"]
@@ -483,7 +494,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     leaves = [lf.name for lf in op.leaves]
     if args.leaf is not None and args.leaf not in leaves:
         raise UsageError(f"--leaf: {op.name} has no leaf {args.leaf!r}; leaves: {', '.join(leaves)}")
-    impl = _isolated(load_impl(args.impl, [op.name]), args, [op.name])
+    impl = _isolated(load_impl(args.impl, [op.name], args.contract), args, [op.name])
     status = EXIT_OK
     for leaf in [args.leaf] if args.leaf else leaves:
         status = max(status, fuzz(impl, op, leaf, examples=args.examples, seed=args.seed, save_dir=Path(args.save)))
@@ -513,7 +524,7 @@ def cmd_golden(args: argparse.Namespace) -> int:
     set_dir = Path(args.dir)
     if not (set_dir / "MANIFEST.json").is_file():
         raise UsageError(f"{set_dir} has no MANIFEST.json")
-    impl = load_impl(args.impl) if args.impl else OracleImpl()
+    impl = load_impl(args.impl or "oracle", contract=args.contract)
     try:
         report = verify_set(set_dir, impl)
     except (ValueError, KeyError, TypeError) as exc:
@@ -526,7 +537,8 @@ def cmd_golden(args: argparse.Namespace) -> int:
         print(f"{f.kind.upper()} {f.path}: {f.detail}")
     verdict = "OK" if report.ok else "FAILED"
     print(
-        f"golden verify {set_dir}: {report.files} files, {report.cases} cases replayed with {report.impl}, "
+        f"golden verify {set_dir}: {report.files} files, {report.cases} cases replayed with {report.impl} "
+        f"(contract {report.contract}), "
         f"{len(report.findings)} problems: {verdict}"
     )
     return EXIT_OK if report.ok else EXIT_FAIL
@@ -706,6 +718,7 @@ def build_parser() -> argparse.ArgumentParser:
         "else 1",
     )
     _isolation_options(r)
+    _contract_option(r)
     r.set_defaults(fn=cmd_run)
 
     f = sub.add_parser(
@@ -718,6 +731,7 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--seed", type=int, default=0, help="hypothesis seed")
     f.add_argument("--save", default="fuzz-failures", help="directory for the failing case's golden set")
     _isolation_options(f)
+    _contract_option(f)
     f.set_defaults(fn=cmd_fuzz)
 
     g = sub.add_parser("golden", help="generate or verify golden vectors", formatter_class=fmt)
@@ -732,6 +746,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gv.add_argument("dir", help="the set's directory (holds MANIFEST.json)")
     gv.add_argument("--impl", help="the implementation to replay with (default: the oracle)")
+    _contract_option(gv)
     g.set_defaults(fn=cmd_golden)
 
     b = sub.add_parser("bench", help="oracle throughput against gguf-py", formatter_class=fmt)

@@ -45,7 +45,7 @@ def find_failure(impl: Implementation, op: OpSpec, leaf: str, *, examples: int, 
     @settings(max_examples=examples, database=None, derandomize=False, print_blob=False)
     @given(op.strategy(leaf))
     def probe(case: Case) -> None:
-        p = Prepared.from_case(op, case, impl.ftz)
+        p = Prepared.from_case(op, case, impl)
         for check in (matches_oracle, writes_every_output, _repeats):
             o = check(impl, op, p)
             if o.ok is False:

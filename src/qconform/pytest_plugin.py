@@ -210,7 +210,7 @@ class QconformSession:
 
         assert t.impl is not None
         try:
-            prepared = [Prepared.from_case(op, c, t.impl.ftz) for c in op.cases(leaf, self.coverage)]
+            prepared = [Prepared.from_case(op, c, t.impl) for c in op.cases(leaf, self.coverage)]
             result = run_leaf(t.impl, op, leaf, prepared, repeat_calls=self.repeat_calls or DEFAULT_REPEAT_CALLS)
         except Exception as exc:
             self._results[key] = exc

@@ -39,7 +39,8 @@ def replay_command(r: LeafResult, case_id: str | None) -> str | None:
     case = r.cases.get(case_id or "")
     if case is None:
         return None
-    return f"qconform run --impl {shlex.quote(r.impl)} --case {shlex.quote(case)}"
+    contract = f" --contract {shlex.quote(r.contract)}" if r.contract != "strict" else ""
+    return f"qconform run --impl {shlex.quote(r.impl)}{contract} --case {shlex.quote(case)}"
 
 
 def _failure_lines(results: Sequence[LeafResult], max_failures: int | None = MAX_FAILURES_SHOWN) -> list[str]:
@@ -112,6 +113,7 @@ def as_json(results: Sequence[LeafResult], context: dict[str, Any], max_failures
             "leaf": r.leaf,
             "arch": r.arch,
             "impl": r.impl,
+            "contract": r.contract,
             "cases": len(r.checked),
             "failed": len(r.failed),
             "suite_ms": round(r.ms, 3),
@@ -217,7 +219,15 @@ def from_json(data: dict[str, Any]) -> list[LeafResult]:
 
     out = []
     for row in data["rows"]:
-        r = LeafResult(row["op"], row["leaf"], row["arch"], row["impl"], ms=row["suite_ms"], skipped=row["skipped"])
+        r = LeafResult(
+            row["op"],
+            row["leaf"],
+            row["arch"],
+            row["impl"],
+            ms=row["suite_ms"],
+            skipped=row["skipped"],
+            contract=row.get("contract", "strict"),
+        )
         for o in row["outcomes"]:
             rel = o["rel_l2"] if o["rel_l2"] is not None else math.nan
             r.outcomes.append(Outcome(o["property"], r.op, r.leaf, o["case"], o["ok"], o["detail"], rel, o["ms"]))

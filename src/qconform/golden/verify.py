@@ -14,7 +14,7 @@ import numpy as np
 from qconform.golden.store import MANIFEST, decode_leaf, oracle_source_hash, read_manifest, sha256
 from qconform.impls import Implementation, OracleImpl
 from qconform.properties.checks import Prepared
-from qconform.properties.compare import compare, same_elements
+from qconform.properties.compare import same_elements
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,7 @@ class Finding:
 class VerifyReport:
     set_dir: Path
     impl: str
+    contract: str = "strict"
     files: int = 0
     cases: int = 0
     findings: list[Finding] = field(default_factory=list)
@@ -92,7 +93,7 @@ def integrity(set_dir: Path) -> tuple[list[Finding], dict[str, bytes]]:
 def verify_set(set_dir: Path, impl: Implementation | None = None) -> VerifyReport:
     """Hashes, then a replay of ``impl`` (the oracle by default) on every intact file's cases."""
     impl = impl or OracleImpl()
-    report = VerifyReport(set_dir, impl.name)
+    report = VerifyReport(set_dir, impl.name, str(impl.contract))
     report.oracle_sources_changed = read_manifest(set_dir).get("oracle_source_sha256") != oracle_source_hash()
     report.findings, intact = integrity(set_dir)
     report.files = len(intact) + len({f.path for f in report.findings if f.kind == "corrupt"})
@@ -118,7 +119,7 @@ def _replay(report: VerifyReport, impl: Implementation, op, p: Prepared, path: s
             Finding("drift", path, f"case {p.case.id}: {impl.name} raised {type(exc).__name__}: {exc}")
         )
         return
-    c = compare(op, p.params, got, p.want)
+    c = p.verify(op, got)
     if not c.ok:
         summary = diff_summary(op, p.params, np.asarray(got), p.want)
         report.findings.append(

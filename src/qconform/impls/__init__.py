@@ -4,6 +4,7 @@ one from an ``--impl`` string: ``oracle``, ``oracle-numpy``, ``py:`` (``cpu``), 
 
 from __future__ import annotations
 
+from qconform.contracts import Contract, parse_contract
 from qconform.errors import ArgumentError
 from qconform.impls.cpu import CallableImpl, OracleImpl, guess_ops, load_python_callable, ops_for_callable
 from qconform.impls.protocol import Implementation, cpu_arch
@@ -54,10 +55,29 @@ def _need_device(spec: str) -> None:
         raise ArgumentError(f"impl: {spec} needs a GPU and CuPy: {why}")
 
 
-def load_impl(spec: str, ops: list[str] | None = None) -> Implementation:
+CONTRACT_OPTION = ":contract="
+
+
+def load_impl(spec: str, ops: list[str] | None = None, contract: str | Contract | None = None) -> Implementation:
     """Resolve an ``--impl`` string. A ``py:`` callable with ``__qconform_device__ = True`` is a
     device drop-in (device arrays in and out); ``hip:``/``so:`` cover ``--ops``, else the ops their
-    symbol names (an error when it names none)."""
+    symbol names (an error when it names none). The implementation's numeric contract: what a
+    ``py:`` callable declares (``__qconform_contract__``), then a ``:contract=KEY=VALUE,...``
+    option ending the string, then ``contract`` (``--contract``), each on top of the last."""
+    body, _, declared = spec.partition(CONTRACT_OPTION)
+    impl = _load(body, ops)
+    own = getattr(getattr(impl, "fn", None), "__qconform_contract__", None)
+    impl.contract = (
+        parse_contract(own, f"{body}: __qconform_contract__")
+        .merged(parse_contract(declared, "impl: contract"))
+        .merged(parse_contract(contract, "--contract"))
+    )
+    if declared:
+        impl.name = spec
+    return impl
+
+
+def _load(spec: str, ops: list[str] | None) -> Implementation:
     if spec == "oracle":
         return OracleImpl("numba")
     if spec == "oracle-numpy":
@@ -104,4 +124,5 @@ DEVICE_IMPLS = (
     "hip:file.hip:symbol[:lanes=N][:threads=N][:grid=N][:smem=N][:opt=FLAG][:requires=EXPR]",
     "so:lib.so:symbol[:requires=EXPR]",
     "py:module:callable (with __qconform_device__ = True)",
+    "any of them + :contract=KEY=VALUE,... (the numeric contract: docs/contracts.md)",
 )

@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from qconform.contracts import STRICT
 from qconform.errors import ArgumentError
 from qconform.impls.protocol import cpu_arch
 from qconform.ops import CATALOGUE, OpSpec
@@ -27,8 +28,9 @@ class CallableImpl:
     """Runs an oracle-shaped function: ``fn(*op.call_args(inputs, params), out=out?)``."""
 
     on_device = False
-    ftz = False
+    ftz: bool | None = False
     l2_bytes = 0
+    contract = STRICT
 
     def __init__(
         self, name: str, fn: Callable[..., np.ndarray], ops: tuple[str, ...] | None, guessed: bool = False

@@ -19,6 +19,7 @@ import cupy
 import numpy as np
 
 from qconform import guard
+from qconform.contracts import STRICT
 from qconform.device import errstate
 from qconform.device.abi import bind_call, c_argtypes, check_requires, run_abi
 from qconform.device.ggml.q8_quant import run_op
@@ -62,7 +63,8 @@ class DeviceImpl:
     on_device = True
     accepts_out = True
     guessed = False
-    ftz = True  # CuPy compiles device code with flush-to-zero on both vendors
+    ftz: bool | None = True  # CuPy compiles device code with flush-to-zero on both vendors
+    contract = STRICT
 
     def __init__(self, name: str, ops: tuple[str, ...] | None, guessed: bool = False) -> None:
         info = device_info()
@@ -182,7 +184,10 @@ class SharedLibImpl(DeviceImpl):
     the op's declared ABI and the current stream (``int symbol(QCONFORM_<OP>_PARAMS, void* stream)``),
     returning the status of its own launch: 0 success, ``QCONFORM_STATUS_DECLINED`` (801, the
     vendors' NotSupported) for a case it does not handle, anything else a DeviceError naming the op
-    and the code. Arguments are checked here, by the op's rules, before the call."""
+    and the code. Arguments are checked here, by the op's rules, before the call. Its build flags
+    are unknown, so flush-to-zero is too (``ftz=as-built`` accepts either)."""
+
+    ftz = None
 
     def __init__(self, spec: str, ops: tuple[str, ...], guessed: bool) -> None:
         super().__init__(spec, ops, guessed)
@@ -243,7 +248,9 @@ class DevicePyImpl(DeviceImpl):
     anything with ``__cuda_array_interface__`` or ``__dlpack__``: ``torch.as_tensor(x,
     device="cuda")`` reads a CuPy array, and a torch tensor comes back through either protocol).
     With ``out=`` given, ``out`` is the result (write into it). The device is synchronized after
-    each call (the callable may use its own streams)."""
+    each call (the callable may use its own streams). Its flush-to-zero mode is unknown."""
+
+    ftz = None
 
     def __init__(self, name: str, fn: Any, ops: tuple[str, ...], guessed: bool) -> None:
         super().__init__(name, ops, guessed)

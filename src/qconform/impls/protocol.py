@@ -8,6 +8,7 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
+from qconform.contracts import Contract
 from qconform.ops import OpSpec
 
 
@@ -17,7 +18,8 @@ class Implementation(Protocol):
     accepts_out: bool
     on_device: bool
     guessed: bool  # the ops it applies to were guessed from its name (no exception is excused by it)
-    ftz: bool  # computes with fp32 subnormals flushed: compared with the oracles' ftz=True
+    ftz: bool | None  # fp32 subnormals flushed (compared with the oracles' ftz=True); None: unknown
+    contract: Contract  # the declared numerics it is checked against (qconform.contracts)
     l2_bytes: int  # last-level cache the repeat sets must exceed (0 on the CPU)
 
     def applies_to(self, op: OpSpec) -> bool: ...

@@ -113,7 +113,7 @@ class WorkerImpl:
     def __init__(self, inner: Implementation, spec: str, ops: list[str] | None, timeout: float) -> None:
         self.inner = inner
         self.spec, self.ops, self.timeout = spec, ops, timeout
-        for attr in ("name", "arch", "accepts_out", "on_device", "guessed", "ftz", "l2_bytes"):
+        for attr in ("name", "arch", "accepts_out", "on_device", "guessed", "ftz", "l2_bytes", "contract"):
             setattr(self, attr, getattr(inner, attr))
         self._proc: Any = None
         self._conn: Any = None

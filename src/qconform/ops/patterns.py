@@ -1,8 +1,9 @@
 """Float32 input patterns for block quantizers: bulk data from a seed, specials placed per block.
 
 Every pattern is a function ``(rng, rows, width, block) -> float32 (rows, width)``. The special
-patterns put in each block what a quantizer's edge rules are about: exact .5 ties after scaling,
-equal |x| with opposite signs (first-occurrence rule), all-zero and -0.0 blocks, a single outlier,
+patterns put in each block what a quantizer's edge rules are about: exact .5 ties after scaling
+(``ties``: power-of-two scales; ``ties_npot``: scales that are not, with values on and next to
+the ties of the reference's own fp32 products), equal |x| with opposite signs (first-occurrence rule), all-zero and -0.0 blocks, a single outlier,
 +-FLT_MAX, subnormals, NaN and +-inf, NaN payloads (which reach ggml's ``nearest_int`` and its
 127 clamp).
 """
@@ -51,6 +52,59 @@ def ties(rng: np.random.Generator, rows: int, width: int, block: int) -> np.ndar
     pos = rng.integers(block, size=len(b))
     sign = rng.choice([-1.0, 1.0], size=len(b))
     b[np.arange(len(b)), pos] = (sign * 127.0 * 2.0 ** e[:, 0]).astype(np.float32)
+    return x
+
+
+F32_127_OVER_64_MANTISSA = 0x7E0000  # fp32 mantissa field of 127/64: amax = 127 * 2^e, a power-of-two d
+
+
+def _bits_step(v: np.ndarray, steps: np.ndarray) -> np.ndarray:
+    """Positive normal fp32 ``v`` moved by ``steps`` ulps (adjacent floats have adjacent bits)."""
+    return (v.view(np.int32) + steps.astype(np.int32)).view(np.float32)
+
+
+def ties_npot(rng: np.random.Generator, rows: int, width: int, block: int) -> np.ndarray:
+    """Rounding ties under scales that are not powers of two.
+
+    Each block's max |x| is ``m * 2^e`` with a random fp32 mantissa that is never 127/64, so no
+    scale of the block is a power of two: ``d = amax/127`` and ``id = 1/d`` (Q8_0,
+    ``quantize_row_q8_0_ref``) and ``iscale = -127/max`` (Q8_K, ``quantize_row_q8_K_ref``) are
+    rounded quotients, not exact ones (``ties`` has only exact ones, where an approximate
+    division or reciprocal that errs by less than one ulp returns the same value). Every other
+    value is placed against the fp32 product the reference computes, even positions for Q8_0's
+    ``x * id`` (roundf: ties away from zero), odd ones for Q8_K's ``iscale * x`` (nearest_int:
+    ties to even): a tie ``t = k + 0.5`` (0 <= k <= 126) and the point where the fp32 product
+    stops rounding to the integer the tie rounds to (half an ulp from ``t``); ``x`` is the fp32
+    value whose exact product lies nearest that point on a random side, so the fp32 product is
+    the tie itself or its neighbour one ulp away, on both sides of it. A scale off by an ulp or
+    two moves such products across the point: a quantizer with an approximate ``amax/127``,
+    ``1/d`` or ``-127/max`` rounds some of them to another integer (tests/test_ties_npot.py)."""
+    x = np.empty((rows, width), np.float32)
+    b = _blocks(x, block)
+    n = len(b)
+    amax = (rng.uniform(1.0, 2.0, n) * 2.0 ** rng.integers(-10, 11, n)).astype(np.float32)
+    pot = (amax.view(np.int32) & 0x7FFFFF) == F32_127_OVER_64_MANTISSA
+    amax[pot] = np.nextafter(amax[pot], np.float32(np.inf))
+    # the scales as the references compute them, in fp32 (numpy float32 ops round once each)
+    idd = np.float32(1.0) / (amax / np.float32(127.0))  # Q8_0: 1/fp32(amax/127)
+    iscale = np.float32(127.0) / amax  # |Q8_K iscale| = |-127/max| (the sign only flips the product)
+    scale = np.where(np.arange(block) % 2 == 0, idd[:, None], iscale[:, None]).astype(np.float64)
+    t = rng.integers(0, 127, size=b.shape) + 0.5  # |tie|: k + 0.5 is exact in fp32
+    t32 = t.astype(np.float32)
+    # roundf sends every tie up (away from zero); nearest_int sends k + 0.5 up when k is odd
+    up = (np.arange(block) % 2 == 0) | (np.floor(t).astype(np.int64) % 2 == 1)
+    other = np.where(up, np.nextafter(t32, np.float32(0)), np.nextafter(t32, np.float32(np.inf)))
+    edge = (t + other.astype(np.float64)) / 2  # where the fp32 product stops rounding to the tie's integer
+    below = rng.random(b.shape) < 0.5
+    x0 = (edge / scale).astype(np.float32)
+    cand = np.stack([_bits_step(x0, np.full(b.shape, i)) for i in range(-2, 3)], axis=-1)
+    prod = cand.astype(np.float64) * scale[..., None]  # exact: 24 x 24 bits fit a float64
+    side = np.where(below[..., None], prod < edge[..., None], prod > edge[..., None])
+    near = np.where(side, np.abs(prod - edge[..., None]), np.inf).argmin(axis=-1)
+    mag = np.take_along_axis(cand, near[..., None], axis=-1)[..., 0]
+    b[...] = mag * rng.choice(np.array([-1.0, 1.0], np.float32), size=b.shape)
+    pos = rng.integers(block, size=n)
+    b[np.arange(n), pos] = amax * rng.choice(np.array([-1.0, 1.0], np.float32), size=n)
     return x
 
 
@@ -139,7 +193,9 @@ def mixed(rng: np.random.Generator, rows: int, width: int, block: int) -> np.nda
     """Each block drawn from a randomly chosen pattern."""
     x = np.empty((rows, width), np.float32)
     b = _blocks(x, block)
-    choices = [p for name, p in PATTERNS.items() if name != "mixed"]
+    # the patterns mixed has drawn from since it was written: a new pattern stays out, so that
+    # the mixed cases (and the golden sets storing them) keep their values
+    choices = [PATTERNS[name] for name in MIXED_FROM]
     for i in range(len(b)):
         b[i] = choices[rng.integers(len(choices))](rng, 1, block, block)[0]
     return x
@@ -150,6 +206,7 @@ PATTERNS: dict[str, Pattern] = {
     "uniform": uniform,
     "zero_block": zero_block,
     "ties": ties,
+    "ties_npot": ties_npot,
     "equal_abs": equal_abs,
     "outlier": outlier,
     "extreme": extreme,
@@ -159,6 +216,19 @@ PATTERNS: dict[str, Pattern] = {
     "nan_payload": nan_payload,
     "mixed": mixed,
 }
+MIXED_FROM = (
+    "normal",
+    "uniform",
+    "zero_block",
+    "ties",
+    "equal_abs",
+    "outlier",
+    "extreme",
+    "subnormal",
+    "nan",
+    "inf",
+    "nan_payload",
+)
 
 
 def make_values(pattern: str, seed: int, rows: int, width: int, block: int) -> np.ndarray:

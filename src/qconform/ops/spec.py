@@ -81,6 +81,8 @@ class Check:
     ``rel_l2``: ||out - ref|| / ||ref|| <= ``tol`` with NaN positions equal; ``reason`` says why.
     ``steps``: integer outputs within ``tol`` quantization steps; the differing elements counted.
     ``tol_for(params)``, when given, derives the tolerance from the case (K, the output dtype).
+    ``bound``: every element within its own bound, derived from the data and the implementation's
+    numeric contract (``OpSpec.numerics`` gives the error model: ``qconform.properties.bounds``).
     """
 
     kind: str = "exact"
@@ -150,6 +152,9 @@ class OpSpec:
     # device checks add input sets larger than the L2 cache (weights read cold) to the repeat
     # rotation and match them against the oracle
     cold_repeat: bool = True
+    # (inputs, params, contract, ftz) -> the readings of the op the contract accepts, each a
+    # qconform.properties.expect.Expected; None: the oracle's output is the one reading
+    numerics: Callable[..., list[Any]] | None = None
 
     def leaf(self, name: str) -> Leaf:
         for leaf in self.leaves:

@@ -10,16 +10,19 @@ from __future__ import annotations
 import functools
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 import numpy as np
 
 from qconform import guard
+from qconform.contracts import STRICT, Contract
 from qconform.errors import ArgumentError
 from qconform.impls.protocol import Implementation
 from qconform.ops import Case, OpSpec
-from qconform.properties.compare import compare
+from qconform.properties.compare import Comparison, compare
+from qconform.properties.expect import expectations, has_nan
+from qconform.readings import Expected
 
 POISONS = (0xA5, 0x5A)
 DEFAULT_REPEAT_CALLS = 129
@@ -39,30 +42,59 @@ class Outcome:
 
 @dataclass(frozen=True)
 class Prepared:
-    """A case with its inputs, params and the oracle's output."""
+    """A case with its inputs, params and what an implementation's output may be: ``want`` is the
+    oracle's output (the strict reference, as the implementation flushes subnormals), ``expected``
+    every reading its numeric contract accepts (``qconform.properties.expect``)."""
 
     case: Case
     inputs: dict[str, np.ndarray]
     params: dict[str, Any]
     want: np.ndarray
+    expected: tuple[Expected, ...] = ()
+    contract: Contract = STRICT
 
     @classmethod
-    def from_inputs(cls, op: OpSpec, case: Case, inputs: dict[str, np.ndarray], ftz: bool = False) -> "Prepared":
-        """``ftz``: the oracle flushes fp32 subnormals, as a device compiled by CuPy does."""
+    def from_inputs(
+        cls, op: OpSpec, case: Case, inputs: dict[str, np.ndarray], impl: Implementation | None = None
+    ) -> "Prepared":
+        """The readings ``impl``'s contract accepts (the strict reference, flush-to-zero as it is
+        built, without an ``impl``)."""
         params = op.params(case)
-        args, kwargs = op.call_args(inputs, params)
-        if ftz:
-            kwargs = {**kwargs, "ftz": True}
-        return cls(case, inputs, params, op.oracle(*args, **kwargs))
+        contract = impl.contract if impl is not None else STRICT
+        built = impl.ftz if impl is not None else False
+        expected = expectations(op, inputs, params, contract, built)
+        return cls(case, inputs, params, expected[0].want, expected, contract)
 
     @classmethod
-    def from_case(cls, op: OpSpec, case: Case, ftz: bool = False) -> "Prepared":
-        return cls.from_inputs(op, case, op.make_inputs(case), ftz)
+    def from_case(cls, op: OpSpec, case: Case, impl: Implementation | None = None) -> "Prepared":
+        return cls.from_inputs(op, case, op.make_inputs(case), impl)
 
     def for_impl(self, op: OpSpec, impl: Implementation) -> "Prepared":
-        """This case as ``impl`` must reproduce it: stored outputs are the plain oracle's, a
-        flush-to-zero device is compared with the oracle's ftz=True on the same inputs."""
-        return Prepared.from_inputs(op, self.case, self.inputs, ftz=True) if impl.ftz else self
+        """This stored case as ``impl`` must reproduce it: the readings of its contract, with the
+        stored output as the plain strict reference (so the oracle is checked against it)."""
+        p = Prepared.from_inputs(op, self.case, self.inputs, impl)
+        expected = tuple(replace(e, want=self.want) if e.plain else e for e in p.expected)
+        return replace(p, want=expected[0].want, expected=expected)
+
+    def verify(self, op: OpSpec, got: Any) -> Comparison:
+        """``got`` against every accepted reading: the first that it matches, else the failure
+        against the first reading (naming the others it does not match either)."""
+        readings = self.expected or (Expected("reference", self.want, plain=True),)
+        results = [compare(op, self.params, got, e.want, e, self.contract) for e in readings]
+        for e, c in zip(readings, results, strict=True):
+            if c.ok:
+                return c if len(readings) == 1 else replace(c, detail=f"{c.detail} ({e.label})")
+        if len(readings) == 1:
+            return results[0]
+        others = "; ".join(f"not {e.label} either" for e in readings[1:])
+        return replace(results[0], detail=f"{readings[0].label}: {results[0].detail} ({others})")
+
+    @property
+    def excluded(self) -> str | None:
+        """Why the contract leaves this case out (nan=unsupported and a NaN input), else None."""
+        if self.contract.nan == "unsupported" and has_nan(self.inputs):
+            return "by contract (nan=unsupported): an input holds NaN"
+        return None
 
 
 def _raised(exc: BaseException) -> str:
@@ -83,6 +115,8 @@ def _snapshot(arrays: dict[str, Any]) -> dict[str, bytes]:
 def matches_oracle(impl: Implementation, op: OpSpec, p: Prepared) -> Outcome:
     """Property 1: the output equals the oracle's (exact or relL2), and the inputs are left untouched."""
     result = functools.partial(Outcome, "matches_oracle", op.name, p.case.leaf, p.case.id)
+    if p.excluded:
+        return result(None, f"{DECLINED}{p.excluded}")
     before = _snapshot(p.inputs)
     guards = guard.guarded_inputs(p.inputs)  # a write outside an input: caught by its margins
     inputs = {k: guards[k][1] if k in guards else v for k, v in p.inputs.items()}
@@ -95,7 +129,7 @@ def matches_oracle(impl: Implementation, op: OpSpec, p: Prepared) -> Outcome:
     except Exception as exc:
         return result(False, _raised(exc), math.nan)
     ms = (time.perf_counter() - t0) * 1e3
-    c = compare(op, p.params, got, p.want)
+    c = p.verify(op, got)
     if c.ok and _snapshot(inputs) != before:
         return result(False, "modified its inputs", c.rel_l2, ms)
     return result(c.ok, c.detail, c.rel_l2, ms)
@@ -149,6 +183,8 @@ def writes_every_output(impl: Implementation, op: OpSpec, p: Prepared) -> Outcom
     oracle's. An implementation without ``out=`` is called with the allocator poisoned instead."""
     result = functools.partial(Outcome, "writes_every_output", op.name, p.case.leaf, p.case.id)
     how = "out" if impl.accepts_out else "allocator"
+    if p.excluded:
+        return result(None, f"{DECLINED}{p.excluded}")
     for poison in POISONS:
         try:
             if impl.accepts_out:
@@ -162,7 +198,7 @@ def writes_every_output(impl: Implementation, op: OpSpec, p: Prepared) -> Outcom
             return result(None, f"{DECLINED}{type(exc).__name__}: {exc}")
         except Exception as exc:
             return result(False, _raised(exc))
-        c = compare(op, p.params, got, p.want)
+        c = p.verify(op, got)
         if not c.ok:
             return result(False, f"{how} poisoned with 0x{poison:02X}: {c.detail}", c.rel_l2)
     return result(True, f"every element written ({how} poisoned with 0xA5, 0x5A)")
@@ -246,7 +282,7 @@ def survives_pending_error(impl: Implementation, op: OpSpec, fresh: Prepared | N
             return result(None, f"n/a: the implementation declines the fresh-shape case ({exc})")
         except Exception as exc:
             return result(False, f"with a foreign {name} pending ({slot.where}) the call failed: {_raised(exc)}")
-        c = compare(op, fresh.params, got, fresh.want)
+        c = fresh.verify(op, got)
         if not c.ok:
             return result(False, f"with a foreign {name} pending the output is wrong: {c.detail}", c.rel_l2)
         after = slot.peek()

@@ -8,7 +8,9 @@ from typing import Any
 
 import numpy as np
 
+from qconform.contracts import STRICT, Contract
 from qconform.ops import OpSpec
+from qconform.properties.bounds import check_bound
 
 
 @dataclass(frozen=True)
@@ -50,8 +52,17 @@ def _fmt(v: Any, dtype: np.dtype) -> str:
     return repr(v)
 
 
-def compare(op: OpSpec, params: dict[str, Any], got: Any, want: np.ndarray) -> Comparison:
-    """Check ``got`` against the oracle output ``want``; the detail names the first difference."""
+def compare(
+    op: OpSpec,
+    params: dict[str, Any],
+    got: Any,
+    want: np.ndarray,
+    expected: Any = None,
+    contract: Contract = STRICT,
+) -> Comparison:
+    """Check ``got`` against the oracle output ``want``; the detail names the first difference.
+    ``expected`` (a ``qconform.properties.expect.Expected``): its error model bounds a ``bound``
+    op's elements under ``contract``; its mask leaves elements unchecked."""
     if not isinstance(got, np.ndarray):
         return Comparison(False, f"returned {type(got).__name__}, not a numpy array", math.nan)
     if got.dtype != want.dtype or got.shape != want.shape:
@@ -62,7 +73,16 @@ def compare(op: OpSpec, params: dict[str, Any], got: Any, want: np.ndarray) -> C
         err = rel_l2(op.decode(got, params), op.decode(want, params))
     except Exception:  # undecodable output: relL2 is not defined
         err = math.nan
+    if op.check.kind == "bound":
+        model = getattr(expected, "model", None)
+        if model is None:
+            raise AssertionError(f"catalogue bug: {op.name} checks bounds but gave no error model")
+        b = check_bound(got, want, model, contract, getattr(expected, "ftz", False), lambda v: _fmt(v, want.dtype))
+        return Comparison(b.ok, b.detail, err)
     same = same_elements(got, want)
+    mask = getattr(expected, "mask", None)
+    if mask is not None:
+        same = same | mask
     if op.check.kind == "exact":
         if same.all():
             return Comparison(True, "exact", 0.0)

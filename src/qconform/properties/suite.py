@@ -40,6 +40,7 @@ class LeafResult:
     ms: float = 0.0
     skipped: str | None = None
     cases: dict[str, str] = field(default_factory=dict)  # case id -> its JSON (the replay of a failure)
+    contract: str = "strict"  # the numeric contract checked against (qconform.contracts)
 
     @property
     def checked(self) -> list[Outcome]:
@@ -98,13 +99,13 @@ def _size_for_bytes(op: OpSpec, leaf: str, n_bytes: int) -> int:
 def cold_sets(impl: Implementation, op: OpSpec, leaf: str) -> list[Prepared]:
     """COLD_SETS input sets, each larger than the implementation's last-level cache."""
     size = _size_for_bytes(op, leaf, impl.l2_bytes + impl.l2_bytes // 8)
-    return [Prepared.from_case(op, op.sized_case(leaf, size, COLD_SEED + i), impl.ftz) for i in range(COLD_SETS)]
+    return [Prepared.from_case(op, op.sized_case(leaf, size, COLD_SEED + i), impl) for i in range(COLD_SETS)]
 
 
 def fresh_shape(impl: Implementation, op: OpSpec, leaf: str) -> Prepared:
     """A case whose shape no other check in this process has used (odd sizes from 3 upward of the
     op's sized case; the generated cases use other shapes)."""
-    return Prepared.from_case(op, op.sized_case(leaf, 2 * next(_FRESH_SIZES) + 3, FRESH_SEED), impl.ftz)
+    return Prepared.from_case(op, op.sized_case(leaf, 2 * next(_FRESH_SIZES) + 3, FRESH_SEED), impl)
 
 
 def run_leaf(
@@ -119,7 +120,7 @@ def run_leaf(
 ) -> LeafResult:
     """Match every case, then repeatability, writes-every-output, bad arguments, pending error.
     ``ms`` is the wall time after the first call, which carries any JIT compile (still checked)."""
-    result = LeafResult(op.name, leaf, impl.arch, impl.name)
+    result = LeafResult(op.name, leaf, impl.arch, impl.name, contract=str(getattr(impl, "contract", "strict")))
     result.cases.update((p.case.id, p.case.to_json()) for p in prepared)
     t0 = time.perf_counter()
     for i, p in enumerate(prepared):

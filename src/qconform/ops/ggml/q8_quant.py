@@ -26,7 +26,12 @@ EXACT = Check("exact", 0.0, "ggml's scalar reference is deterministic and blockw
 
 def _cases(op: str, leaf: str, block: int, patterns: tuple[str, ...], coverage: int) -> list[Case]:
     """coverage 1: one row of three LLM widths, one block, many rows, each special pattern once;
-    2: every LLM width, more rows and seeds; 3: full-size rows and several seeds per pattern."""
+    2: every LLM width, more rows and seeds; 3: full-size rows and several seeds per pattern.
+
+    core: shapes production kernels accept, beside those (pattern ``normal``, seeds 400..407; 2
+    at coverage 1, 8 from coverage 2): 1..8, 16, 32 or 64 rows (tokens) of widths that are
+    multiples of 256 (every block size here). The patterns include ``ties_npot`` (ties under
+    scales that are not powers of two: an approximate division or reciprocal fails it)."""
     out: list[Case] = []
 
     def add(pattern: str, rows: int, width: int, seed: int) -> None:
@@ -47,6 +52,11 @@ def _cases(op: str, leaf: str, block: int, patterns: tuple[str, ...], coverage: 
     if coverage >= 2:
         add("mixed", 8, 4096, 7)
         add("normal", 3, block * 3, 11)  # a few blocks, odd row count
+    core = [(8, 2048), (32, 1024)]  # (rows, width)
+    if coverage >= 2:
+        core += [(2, 4096), (5, 2560), (6, 768), (7, 1024), (16, 512), (64, 256)]
+    for i, (rows, width) in enumerate(core):
+        add("normal", rows, width, 400 + i)
     if coverage >= 3:
         add("normal", 32, 14336, 21)
         add("mixed", 16, 8192, 22)

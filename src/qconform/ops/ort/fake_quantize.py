@@ -22,13 +22,27 @@ FQ_LEAVES = tuple(
 GRANULARITIES = ("tensor", "axis", "block")
 
 
-def _fq_params(shape: tuple[int, ...], gran: str, dtype: str, act: np.dtype, rng: np.random.Generator):
-    """(scale, zero point) of the granularity; scales powers of two times (1 + a little) so that
-    exact .5 ties after the division occur in the data below."""
+# Mantissas of the scales that are not powers of two (pattern ``ties_npot``): short (x = (k + 0.5)
+# * s stays exact in fp32, and in fp16 for small k), and fp32(1/m) errs by 0.75, 0.875, -0.9375
+# and -0.625 units of 2^-24 relative, so x * fp32(1/s) leaves the tie x / s = k + 0.5 (for
+# k + 0.5 = m_t * 2^E: when |error| * m_t > 2^-24) and rint then goes the other way for half of them
+NPOT_MANTISSAS = np.array([1.75, 1.875, 1.90625, 1.28125])
+
+
+def _fq_params(
+    shape: tuple[int, ...], gran: str, dtype: str, act: np.dtype, rng: np.random.Generator, npot: bool = False
+):
+    """(scale, zero point) of the granularity; scales powers of two so that exact .5 ties after
+    the division occur in the data below, where dividing by s and multiplying by 1/s agree. With
+    ``npot`` the scales are a power of two times a mantissa of ``NPOT_MANTISSAS``: the ties stay
+    exact for a true division, and a kernel that multiplies by 1/s misses some of them."""
     np_dtype, lo, hi = QTYPES[dtype]
     rows, cols = shape
     pshape = {"tensor": (), "axis": (cols,), "block": (rows, -(-cols // 32))}[gran]
-    scale = (2.0 ** rng.integers(-8, -2, pshape)).astype(act)
+    scale = 2.0 ** rng.integers(-8, -2, pshape)
+    if npot:
+        scale = scale * NPOT_MANTISSAS[rng.integers(len(NPOT_MANTISSAS), size=pshape)]
+    scale = scale.astype(act)
     zp = rng.integers(lo, hi + 1, pshape).astype(np_dtype) if hi - lo > 1 else None
     zp = np.clip(zp, lo + (hi - lo) // 4, hi - (hi - lo) // 4).astype(np_dtype) if zp is not None else None
     return scale, zp
@@ -39,15 +53,20 @@ def _fq_inputs(case: Case) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(case.seed)
     act = ACTS[p["act"]]
     _, lo, hi = QTYPES[p["dtype"]]
-    scale, zp = _fq_params(case.shape, p["granularity"], p["dtype"], act, rng)
+    npot = case.pattern == "ties_npot"
+    scale, zp = _fq_params(case.shape, p["granularity"], p["dtype"], act, rng, npot)
     s = (
         np.broadcast_to(scale.astype(np.float64), case.shape)
         if p["granularity"] != "block"
         else np.repeat(scale.astype(np.float64), 32, axis=1)[:, : case.shape[1]]
     )
     k = rng.integers(lo - 3, hi + 3, case.shape).astype(np.float64)
-    tie = rng.random(case.shape) < 0.3  # x = (k + 0.5) * s: exact ties of the division
+    tie = rng.random(case.shape) < (0.6 if npot else 0.3)  # x = (k + 0.5) * s: exact ties of the division
     x = ((k + np.where(tie, 0.5, rng.uniform(-0.5, 0.5, case.shape))) * s).astype(act)
+    if npot and act == np.float32:  # a quarter of the ties one ulp up, a quarter one ulp down:
+        # x / s then lies an ulp or two beside the tie (an fp16 ulp would move it far from it)
+        step = rng.choice(np.array([-1, 0, 0, 1]), case.shape) * tie
+        x = np.where(step != 0, np.nextafter(x, np.where(step > 0, np.inf, -np.inf).astype(act)), x)
     out = {"x": x, "scale": scale}
     if zp is not None:
         out["zero_point"] = zp
@@ -61,14 +80,26 @@ def _fq_call(inputs: dict[str, Any], params: dict[str, Any]) -> tuple[tuple, dic
 
 
 def _fq_cases(leaf: str, coverage: int) -> list[Case]:
+    """Every granularity on (rows, cols): coverage 1 small and a ragged last block, 2 a 64 x 4096
+    layer and 3 x 1000, 3 512 x 14336; pattern ``ties`` (power-of-two scales: exact ties).
+
+    core: shapes production kernels accept, beside those (pattern ``ties``, seeds 400..404; 2 at
+    coverage 1, 5 from coverage 2): 1..8, 16, 32 or 64 rows, cols a multiple of 128 (and of the
+    32-value block). ``ties_npot`` (seeds 500..503; 2 at coverage 1, 4 from coverage 2): the
+    same ties under scales that are not powers of two, where x / s and x * (1/s) differ."""
     shapes = (
         [(4, 96), (16, 200)]
         + ([(64, 4096), (3, 1000)] if coverage >= 2 else [])
         + ([(512, 14336)] if coverage >= 3 else [])
     )
+    core = [(1, 128), (8, 256)] + ([(16, 512), (32, 1024), (64, 256)] if coverage >= 2 else [])
+    npot = [(16, 200), (8, 256)] + ([(1, 128), (64, 1024)] if coverage >= 2 else [])
+    sets = [(70 + i, "ties", shape) for i, shape in enumerate(shapes)]
+    sets += [(400 + i, "ties", shape) for i, shape in enumerate(core)]
+    sets += [(500 + i, "ties_npot", shape) for i, shape in enumerate(npot)]
     return [
-        Case("fake_quantize", leaf, 70 + i, shape, "ties", {"granularity": g})
-        for i, shape in enumerate(shapes)
+        Case("fake_quantize", leaf, seed, shape, pattern, {"granularity": g})
+        for seed, pattern, shape in sets
         for g in GRANULARITIES
     ]
 

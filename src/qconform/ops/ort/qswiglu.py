@@ -42,6 +42,23 @@ def _swiglu_call(inputs: dict[str, Any], params: dict[str, Any]) -> tuple[tuple,
     return (inputs["gate_q"], inputs["up_q"]), {**kw, "dtype": params["dtype"]}
 
 
+def _swiglu_cases(leaf: str, coverage: int) -> list[Case]:
+    """Activations (tokens, FFN width): coverage 1 one token and a ragged width, 2 a 64 x 14336
+    prefill, 3 512 tokens.
+
+    core: shapes production kernels accept, beside those (pattern ``core``, seeds 400..404; 1 at
+    coverage 1, 5 from coverage 2): 1..8, 16, 32 or 64 tokens, widths a multiple of 128."""
+    shapes = (
+        [(1, 4096), (4, 1000)]
+        + ([(64, 14336)] if coverage >= 2 else [])
+        + ([(512, 14336)] if coverage >= 3 else [])
+    )
+    core = [(8, 2048)] + ([(16, 1024), (32, 512), (3, 4096), (64, 256)] if coverage >= 2 else [])
+    return [Case("qswiglu", leaf, 80 + i, shape, "normal") for i, shape in enumerate(shapes)] + [
+        Case("qswiglu", leaf, 400 + i, shape, "core") for i, shape in enumerate(core)
+    ]
+
+
 def _swiglu_bad(leaf: str) -> list[BadArgument]:
     p = dict(leaf_params(SWIGLU_LEAVES, leaf))
     good = _swiglu_inputs(Case("qswiglu", leaf, 4, (2, 64), "normal"))
@@ -124,14 +141,7 @@ QSWIGLU = OpSpec(
     oracle=qswiglu,
     call_args=_swiglu_call,
     make_inputs=_swiglu_inputs,
-    cases=lambda lf, coverage: [
-        Case("qswiglu", lf, 80 + i, shape, "normal")
-        for i, shape in enumerate(
-            [(1, 4096), (4, 1000)]
-            + ([(64, 14336)] if coverage >= 2 else [])
-            + ([(512, 14336)] if coverage >= 3 else [])
-        )
-    ],
+    cases=_swiglu_cases,
     strategy=lambda lf: st.builds(
         lambda seed, rows, cols: Case("qswiglu", lf, seed, (rows, cols), "normal"),
         seed=st.integers(0, 2**32 - 1),

@@ -275,3 +275,97 @@ def _int8_product(
     s = scales.astype(np.float32).reshape(lay.N, lay.k_blocks)
     scale = (sa[:, None, :] * s[None, :, :]).astype(np.float32)  # fp32(sa * s)
     return (scale.astype(np.float64) * dots.astype(np.float64)).sum(axis=2)
+
+
+@dataclass(frozen=True)
+class ProductTerms:
+    """One reading of Y = A @ W^T (+ bias), for error bounds (``qconform.properties.bounds``):
+    ``ref`` the reference's arithmetic done exactly in float64 (before Y's rounding), ``mag`` =
+    sum |terms|, ``store_mag`` = sum |a| (|z s| + 2 |w|) (``_weights64``), ``n_terms`` the terms per
+    output (rounded products and sums a kernel may perform), ``partials(i)`` the per-K-block
+    partial sums of output ``i`` (row-major over A's rows, then n)."""
+
+    ref: np.ndarray
+    mag: np.ndarray
+    store_mag: np.ndarray
+    n_terms: int
+    partials: object  # Callable[[int, int], np.ndarray]
+
+
+def product_terms(
+    A: np.ndarray,
+    B: np.ndarray,
+    scales: np.ndarray,
+    zero_points: np.ndarray | None = None,
+    g_idx: np.ndarray | None = None,
+    bias: np.ndarray | None = None,
+    *,
+    K: int,
+    N: int,
+    bits: int,
+    block_size: int,
+    accuracy_level: int = 0,
+    form: str = "ort",
+    ort_quirks: bool = False,
+    path: str = "float",
+) -> ProductTerms:
+    """``path="float"``: fp32 activations times the fp32 weights (levels 0-3; what ORT's CUDA
+    provider computes at every level); ``"int8"``: ORT CPU's int8 activations (level 4, integer
+    zero points, no g_idx): sum_b fp32(sa*s) * (integer dot) over k_blocks + 2 rounded terms."""
+    lay = check_nbits_args(B, scales, zero_points, g_idx, K=K, N=N, bits=bits, block_size=block_size, form=form)
+    a32 = check_a(A, bias, lay).astype(np.float32).reshape(-1, lay.K)
+    bias64 = None if bias is None else bias.astype(np.float32).astype(np.float64)
+    if path == "int8":
+        qa, sa = quantize_activations_int8(a32, lay.block_size)
+        q = unpack_bits(B.reshape(lay.N, lay.k_blocks, lay.blob_size), lay.bits, lay.block_size).astype(np.int64)
+        z, _ = _zero_points(zero_points, lay, ignore_packed=False)
+        wz = (q - z.astype(np.int64)[:, :, None]).astype(np.float64)  # (N, kb, bs)
+        qa3 = qa.reshape(len(qa), lay.k_blocks, lay.block_size).astype(np.float64)
+        scale = (sa[:, None, :] * scales.astype(np.float32).reshape(lay.N, lay.k_blocks)[None]).astype(np.float32)
+        dots = np.einsum("mbi,nbi->mnb", qa3, wz)
+        absdots = np.einsum("mbi,nbi->mnb", np.abs(qa3), np.abs(wz))
+        scale64 = scale.astype(np.float64)
+        ref, mag = (scale64 * dots).sum(axis=2), (np.abs(scale64) * absdots).sum(axis=2)
+        store, n_terms = np.zeros_like(ref), lay.k_blocks + 2
+        block_sums = scale64 * dots
+
+        def partials(i: int, n: int) -> np.ndarray:
+            return block_sums[i, n]
+    else:
+        a64 = a32.astype(np.float64)
+        kb = np.asarray(g_idx, dtype=np.int64) if g_idx is not None else np.arange(lay.K) // lay.block_size
+        ref, mag, store = (np.empty((len(a64), lay.N)) for _ in range(3))
+        for n0 in range(0, lay.N, N_CHUNK):  # bounded memory for lm_head-sized N, as the oracle
+            n1 = min(lay.N, n0 + N_CHUNK)
+            w, bound_w = _weights64(B, scales, zero_points, g_idx, lay, n0, n1, form, ort_quirks)
+            ref[:, n0:n1], mag[:, n0:n1] = a64 @ w.T, np.abs(a64) @ np.abs(w).T
+            store[:, n0:n1] = np.abs(a64) @ bound_w.T
+        n_terms = lay.K
+
+        def partials(i: int, n: int) -> np.ndarray:
+            w, _ = _weights64(B, scales, zero_points, g_idx, lay, n, n + 1, form, ort_quirks)
+            return np.bincount(kb, weights=a64[i] * w[0], minlength=int(kb.max(initial=0)) + 1)
+    if bias64 is not None:
+        ref, mag, n_terms = ref + bias64, mag + np.abs(bias64), n_terms + 1
+    shape = (*A.shape[:-1], lay.N)
+    return ProductTerms(ref.reshape(shape), mag.reshape(shape), store.reshape(shape), n_terms, partials)
+
+
+def _weights64(B, scales, zero_points, g_idx, lay: NBitsLayout, n0: int, n1: int, form: str, ort_quirks: bool):
+    """Columns n0..n1 of W in float64, and what holding them and the activations in a narrower
+    type moves, per unit roundoff: |z s| + 2 |w| (z*s rounded, w stored, a converted), with
+    |q s| added for ORT's float-zero-point form fp32(q*s) + fp32(-s*z)."""
+    sub = NBitsLayout(lay.K, n1 - n0, lay.bits, lay.block_size)
+    z = None if zero_points is None else np.asarray(zero_points)
+    if z is not None and z.size > 1:
+        z = z.reshape(lay.N, -1)[n0:n1]
+    s2 = scales.reshape(lay.N, lay.k_blocks)[n0:n1]
+    w = _dequantize(B[n0:n1], s2, z, g_idx, sub, form, ort_quirks).astype(np.float64)
+    z_blocks, z_float = _zero_points(z, sub, ignore_packed=g_idx is not None and ort_quirks)
+    kb = np.asarray(g_idx, dtype=np.int64) if g_idx is not None else np.arange(lay.K) // lay.block_size
+    s = np.abs(s2.astype(np.float64)[:, kb])
+    zz = np.abs(np.asarray(z_blocks, np.float64))
+    moved = (zz if zz.ndim == 0 else zz[:, kb]) * s + 2 * np.abs(w)
+    if form == "ort" and (z_float or g_idx is not None):
+        moved += np.abs(unpack_weights(B[n0:n1], sub).astype(np.float64)) * s
+    return w, moved

@@ -1,0 +1,40 @@
+"""Readings of an op an implementation's output may follow under its numeric contract: an exact
+output (``Expected.want``, optionally masked) or an error model to bound (``ErrorModel``). Used by
+the catalogue's ``numerics`` hooks (``qconform.ops``) and the checks (``qconform.properties``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ErrorModel:
+    """What the bound of one output needs: the float64 reference and its magnitudes."""
+
+    ref: np.ndarray  # float64: the reference's arithmetic done exactly, before the output rounding
+    mag: np.ndarray  # float64: sum of |terms| per output
+    store_mag: np.ndarray  # float64: what rounding the stored weights / activations can move per output
+    n_terms: int  # terms summed per output
+    chain: int  # the natural fp16/bf16 partial-sum chain (the quantization block)
+    out_dtype: np.dtype
+    path: str  # which reading of the op this is ("fp32 activations", "int8 activations (ORT CPU)")
+    # (index, got - ref) -> where the element is, and which K block's partial sum the difference
+    # matches if one does ("row 0, column 3; the difference is -1.00x K block 7's partial sum")
+    diagnose: Callable[[tuple[int, ...], float], str] | None = None
+
+
+@dataclass(frozen=True)
+class Expected:
+    """One accepted reading: ``want`` is the oracle's output under it; ``model`` (bound ops) the
+    float64 reference and magnitudes; ``mask`` the output elements left unchecked; ``plain``: the
+    strict reference with flush-to-zero off (what golden sets store)."""
+
+    label: str
+    want: np.ndarray
+    model: ErrorModel | None = None
+    mask: np.ndarray | None = None
+    ftz: bool = False
+    plain: bool = False
