@@ -47,7 +47,9 @@ def test_default_run_with_a_gpu_checks_the_device_kernels(monkeypatch, capsys) -
 
     asked = []
     monkeypatch.setattr(qconform.cli, "device_available", lambda: (True, "1 device(s)"))
-    monkeypatch.setattr(qconform.cli, "load_impl", lambda spec, ops=None, contract=None: asked.append(spec) or OracleImpl())
+    monkeypatch.setattr(
+        qconform.cli, "load_impl", lambda spec, ops=None, contract=None: asked.append(spec) or OracleImpl()
+    )
     monkeypatch.setattr(qconform.cli, "_device_line", lambda: "a stand-in GPU")
     assert main(["run", "--repeat-calls", "4", "--coverage", "1", "--ops", "q8_0_dequant"]) == 0
     assert asked == ["cupy"]

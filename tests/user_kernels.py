@@ -34,7 +34,7 @@ GATHER_LEAVES = ("Xi64_Wu4_Yfp16", "Xi64_Wu8_Yfp16", "Xi64_Wi4_Yfp16", "Xi64_Wfp
 GEMV_REQUIRES = "bits==2 and accuracy_level<4"
 
 # a matches_oracle failure that names an element: exact checks say "first at [i, j] (...): got X,
-# want Y", tolerance checks "largest difference at [i, j]: got X, want Y"
+# want Y", bound checks "worst at [i, j] (row i, column j): got X, want Y"
 NAMES_ELEMENT = re.compile(r"at \[\d+(?:, \d+)*\][^:]*: got .+, want .+")
 
 

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from qconform.oracles.ort import check_a, check_nbits_args, unpack_bits
-from qconform.oracles.ort._out import check_out, deliver
+from qconform.oracles.ort import unpack_bits
+from qconform.oracles.ort._out import deliver
+from qconform.validators import check_a, check_nbits_args, check_out
 
 LANES = 64  # 32 threads x 2 halves of a half2
 ROWS_AT_ONCE = 16  # bounded memory: (rows, N, 64) fp16 partials

@@ -11,12 +11,14 @@ from typing import Any
 import numpy as np
 from hypothesis import strategies as st
 
+from qconform.contracts import Contract
 from qconform.errors import ArgumentError
 from qconform.formats.ggml import FORMATS
 from qconform.ops.abi import I64, Abi, Bound, In, Out, call_arguments
 from qconform.ops.patterns import PATTERNS, make_values
 from qconform.ops.spec import BadArgument, Case, Check, Leaf, OpSpec
 from qconform.oracles.ggml import check_dequantize_args, check_quantize_args, dequantize, quantize
+from qconform.readings import Expected
 
 LLM_WIDTHS = (2048, 2560, 4096, 5120, 8192, 14336)
 WIDE_ROW = 14336  # an FFN width: a multiple of every block size here
@@ -255,6 +257,29 @@ def _block_abi(name: str, qtype: str, quant: bool) -> Abi:
     )
 
 
+def _quant_numerics(
+    inputs: dict[str, np.ndarray], params: dict[str, Any], contract: Contract, ftz: bool
+) -> list[Expected]:
+    """nan=ieee: the reference's output with each block's max taken as IEEE fmaxf does (a NaN
+    never wins: ggml's MAX macro lets a NaN reset Q8_0's running max; Q8_K's strict compare
+    already skips NaN), and the NaN elements' own bytes -- and Q8_K's block sums over them --
+    unchecked (a device's float-to-int of NaN is its own). Otherwise the reference."""
+    x, qtype = inputs["x"], params["qtype"]
+    nan = np.isnan(x)
+    if contract.nan != "ieee" or not nan.any():
+        return [Expected("reference", quantize(x, qtype, ftz=ftz), plain=True)]
+    fmt = FORMATS[qtype]
+    want = quantize(np.where(nan, np.float32(0), x), qtype, ftz=ftz)
+    marks = np.zeros(want.size // fmt.type_size, fmt.dtype)
+    per_block = nan.reshape(-1, fmt.block_size)
+    marks["qs"][per_block] = -1
+    if "bsums" in fmt.dtype.names:
+        groups = per_block.reshape(len(per_block), marks["bsums"].shape[1], -1).any(axis=2)
+        marks["bsums"][groups] = -1
+    mask = marks.view(np.uint8).reshape(want.shape) != 0
+    return [Expected("IEEE max, NaN elements unchecked", want, mask=mask)]
+
+
 def _quant_op(qtype: str) -> OpSpec:
     name = f"{qtype.lower()}_quant"
     leaf = f"Xfp32_Y{qtype.lower()[:1]}{qtype[1:]}"
@@ -273,6 +298,7 @@ def _quant_op(qtype: str) -> OpSpec:
         decode=lambda y, params: dequantize(y, params["qtype"]),
         abi=_block_abi(name, qtype, quant=True),
         check=EXACT,
+        numerics=_quant_numerics,
         input_names=("x",),
         locate=_locate_byte,
         logical_dtypes={"x": "float32", "y": "ggml {qtype} blocks (raw bytes)"},
