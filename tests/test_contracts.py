@@ -244,3 +244,28 @@ def test_reports_state_the_contract(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert main([*argv, "--repeat-calls", "3", "--max-failures", "1"]) == 1
     text = capsys.readouterr().out
     assert "contract: strict" in text and "rule failed: contract strict" in text
+
+
+@pytest.mark.parametrize("op_name", ["q8_0_quant", "q8_k_quant"])
+def test_approximate_division_fails_strict_on_a_named_case_and_passes_when_declared(op_name: str) -> None:
+    """A fast-math quantizer: its reciprocal 1 ulp off (the oracle's own ``nudge``)."""
+    op = get_op(op_name)
+    leaf = op.leaves[0].name
+
+    def fast(x, qtype, out=None):
+        return quantize(x, qtype, nudge=(0, 1))
+
+    def fast_and_wrong(x, qtype, out=None):  # one quant byte off besides
+        y = fast(x, qtype).copy()
+        y.reshape(-1)[-1] ^= 1
+        return y
+
+    def run(fn, contract: str) -> list:
+        impl = CallableImpl(fn.__name__, fn, (op_name,))
+        impl.contract = parse_contract(contract)
+        return [(c.pattern, matches_oracle(impl, op, Prepared.from_case(op, c, impl))) for c in op.cases(leaf, 2)]
+
+    strict = run(fast, "strict")
+    assert "ties_npot" in {pattern for pattern, o in strict if o.ok is False}
+    assert all(o.ok for _, o in run(fast, "division=1ulp"))
+    assert all(o.ok is False for _, o in run(fast_and_wrong, "division=2ulp"))

@@ -29,7 +29,8 @@ class ErrorModel:
 @dataclass(frozen=True)
 class Expected:
     """One accepted reading: ``want`` is the oracle's output under it; ``model`` (bound ops) the
-    float64 reference and magnitudes; ``mask`` the output elements left unchecked; ``plain``: the
+    float64 reference and magnitudes; ``mask`` the output elements left unchecked; ``accept``
+    the elements a relaxation accepts given the output; ``plain``: the
     strict reference with flush-to-zero off (what golden sets store)."""
 
     label: str
@@ -38,3 +39,6 @@ class Expected:
     mask: np.ndarray | None = None
     ftz: bool = False
     plain: bool = False
+    # got -> the output elements a relaxation accepts as they are (e.g. whole blocks equal to a
+    # candidate of approximate division), each compared exactly otherwise
+    accept: Callable[[np.ndarray], np.ndarray] | None = None

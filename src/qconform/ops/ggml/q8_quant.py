@@ -6,6 +6,7 @@ called as ``fn(x, "Q8_K")`` / ``fn(data, "Q8_K")``, with ``out=`` when it accept
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -260,24 +261,46 @@ def _block_abi(name: str, qtype: str, quant: bool) -> Abi:
 def _quant_numerics(
     inputs: dict[str, np.ndarray], params: dict[str, Any], contract: Contract, ftz: bool
 ) -> list[Expected]:
-    """nan=ieee: the reference's output with each block's max taken as IEEE fmaxf does (a NaN
-    never wins: ggml's MAX macro lets a NaN reset Q8_0's running max; Q8_K's strict compare
-    already skips NaN), and the NaN elements' own bytes -- and Q8_K's block sums over them --
-    unchecked (a device's float-to-int of NaN is its own). Otherwise the reference."""
+    """The reference, relaxed as the contract says. nan=ieee: each block's max taken as IEEE
+    fmaxf does (a NaN never wins: ggml's MAX macro lets a NaN reset Q8_0's running max; Q8_K's
+    strict compare already skips NaN), the NaN elements' own bytes -- and Q8_K's block sums over
+    them -- unchecked (a device's float-to-int of NaN is its own). division=N: a block is also
+    right when it equals the reference computed with its scale's division and reciprocal each up
+    to N ulp off (the oracle's ``nudge``), as one approximate scale per block gives."""
     x, qtype = inputs["x"], params["qtype"]
-    nan = np.isnan(x)
-    if contract.nan != "ieee" or not nan.any():
-        return [Expected("reference", quantize(x, qtype, ftz=ftz), plain=True)]
     fmt = FORMATS[qtype]
-    want = quantize(np.where(nan, np.float32(0), x), qtype, ftz=ftz)
-    marks = np.zeros(want.size // fmt.type_size, fmt.dtype)
+    nan = np.isnan(x)
+    ieee = contract.nan == "ieee" and bool(nan.any())
+    x = np.where(nan, np.float32(0), x) if ieee else x
+    label, mask = ("IEEE max, NaN elements unchecked", _nan_bytes(nan, fmt)) if ieee else ("reference", None)
+    accept = None
+    if contract.division:
+        n = contract.division
+        steps = [(i, j) for i in range(-n, n + 1) for j in range(-n, n + 1) if (i, j) != (0, 0)]
+        candidates = [quantize(x, qtype, ftz=ftz, nudge=step) for step in steps]
+        accept = functools.partial(_blocks_matching, candidates, fmt.type_size)
+        label += f", scale division within {n} ulp"
+    want = quantize(x, qtype, ftz=ftz)
+    return [Expected(label, want, mask=mask, plain=not ieee and not accept, accept=accept)]
+
+
+def _nan_bytes(nan: np.ndarray, fmt: Any) -> np.ndarray:
+    """The output bytes that hold a NaN input's quant, or a Q8_K block sum over one."""
+    marks = np.zeros(nan.size // fmt.block_size, fmt.dtype)
     per_block = nan.reshape(-1, fmt.block_size)
     marks["qs"][per_block] = -1
     if "bsums" in fmt.dtype.names:
-        groups = per_block.reshape(len(per_block), marks["bsums"].shape[1], -1).any(axis=2)
-        marks["bsums"][groups] = -1
-    mask = marks.view(np.uint8).reshape(want.shape) != 0
-    return [Expected("IEEE max, NaN elements unchecked", want, mask=mask)]
+        marks["bsums"][per_block.reshape(len(per_block), marks["bsums"].shape[1], -1).any(axis=2)] = -1
+    return marks.view(np.uint8).reshape(*nan.shape[:-1], fmt.n_bytes(nan.shape[-1])) != 0
+
+
+def _blocks_matching(candidates: list[np.ndarray], type_size: int, got: np.ndarray) -> np.ndarray:
+    """Bytes of every block of ``got`` equal, whole, to the same block of some candidate."""
+    blocks = got.reshape(-1, type_size)
+    ok = np.zeros(len(blocks), bool)
+    for c in candidates:
+        ok |= (blocks == c.reshape(-1, type_size)).all(axis=1)
+    return np.repeat(ok, type_size).reshape(got.shape)
 
 
 def _quant_op(qtype: str) -> OpSpec:

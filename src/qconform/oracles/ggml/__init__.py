@@ -115,14 +115,20 @@ def quantize(
     out: np.ndarray | None = None,
     ftz: bool = False,
     backend: Backend = "numba",
+    nudge: tuple[int, int] = (0, 0),
 ) -> np.ndarray:
-    """Quantize float32 rows to ggml block bytes, bit-exact with ggml's ``quantize_row_*_ref``."""
+    """Quantize float32 rows to ggml block bytes, bit-exact with ggml's ``quantize_row_*_ref``.
+    ``nudge`` (numpy spec only): the block scale's division and reciprocal that many ulp off, as
+    an approximate division may return them (the contract's ``division``)."""
     fmt, shape = check_quantize_args(x, qtype, out)
     mod = _MODULES[fmt.name]
     result = np.empty(shape, np.uint8) if out is None else out
     blocks = fmt.blocks(result)
     values = x.reshape(-1, fmt.block_size)
-    _pick(mod, "quantize", backend)(values, blocks, ftz)
+    if nudge != (0, 0):
+        mod.quantize_blocks_numpy(values, blocks, ftz, nudge)
+    else:
+        _pick(mod, "quantize", backend)(values, blocks, ftz)
     return result
 
 

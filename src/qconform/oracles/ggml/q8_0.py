@@ -19,6 +19,7 @@ from qconform.formats.ftz import flush
 from qconform.formats.ggml import Q8_0
 from qconform.oracles.ggml.rounding import (
     flush_nb,
+    nudge_ulp,
     roundf_to_int8,
     roundf_to_int8_nb,
     scale_blocks_nb,
@@ -30,16 +31,18 @@ F127 = np.float32(127.0)
 ONE = np.float32(1.0)
 
 
-def quantize_blocks_numpy(x: np.ndarray, out: np.ndarray, ftz: bool = False) -> None:
-    """(n, 32) float32 -> ``out``, (n,) Q8_0 structs. The readable spec."""
+def quantize_blocks_numpy(x: np.ndarray, out: np.ndarray, ftz: bool = False, nudge: tuple[int, int] = (0, 0)) -> None:
+    """(n, 32) float32 -> ``out``, (n,) Q8_0 structs. The readable spec. ``nudge`` = (i, j): the
+    division amax/127 returns i ulp off and the reciprocal 1/d j ulp off (approximate division,
+    the contract's ``division``)."""
     x = flush(x, ftz)
     a = np.abs(x)
     amax = np.zeros(len(x), np.float32)
     for j in range(QK):  # the reference's sequential MAX, NaN behaviour included
         amax = np.where(amax > a[:, j], amax, a[:, j])
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        d = flush(amax / F127, ftz)
-        idd = np.where(d != 0, flush(ONE / np.where(d != 0, d, ONE), ftz), np.float32(0))
+        d = flush(nudge_ulp(amax / F127, nudge[0]), ftz)
+        idd = np.where(d != 0, flush(nudge_ulp(ONE / np.where(d != 0, d, ONE), nudge[1]), ftz), np.float32(0))
         prod = flush(x * idd[:, None], ftz)
     out["d"] = fp32_to_fp16_bits(d)
     out["qs"] = roundf_to_int8(prod)

@@ -25,6 +25,7 @@ from qconform.oracles.ggml.rounding import (
     int_to_int8,
     nearest_int,
     nearest_int_nb,
+    nudge_ulp,
     scale_blocks_nb,
 )
 from qconform.oracles.ggml.scan import INF_BITS, abs_bits_max_nb, first_index_of_nb
@@ -38,8 +39,10 @@ ONE = np.float32(1.0)
 TINY_MAX_BITS = np.int32(np.array([2 * 127.0 / np.finfo(np.float32).max], np.float32).view(np.int32)[0])
 
 
-def quantize_blocks_numpy(x: np.ndarray, out: np.ndarray, ftz: bool = False) -> None:
-    """(n, 256) float32 -> ``out``, (n,) Q8_K structs. The readable spec."""
+def quantize_blocks_numpy(x: np.ndarray, out: np.ndarray, ftz: bool = False, nudge: tuple[int, int] = (0, 0)) -> None:
+    """(n, 256) float32 -> ``out``, (n,) Q8_K structs. The readable spec. ``nudge`` = (i, j): the
+    division -127/max returns i ulp off and the reciprocal 1/iscale j ulp off (approximate
+    division, the contract's ``division``)."""
     src = x
     x = flush(x, ftz)
     a = np.abs(x)
@@ -51,9 +54,9 @@ def quantize_blocks_numpy(x: np.ndarray, out: np.ndarray, ftz: bool = False) -> 
         mx = np.where(upd, x[:, j], mx)
     zero = amax == 0
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        iscale = flush(M127 / np.where(zero, ONE, mx), ftz)
+        iscale = flush(nudge_ulp(M127 / np.where(zero, ONE, mx), nudge[0]), ftz)
         prod = flush(iscale[:, None] * x, ftz)
-        d = flush(ONE / iscale, ftz)
+        d = flush(nudge_ulp(ONE / iscale, nudge[1]), ftz)
     qs = int_to_int8(np.minimum(127, nearest_int(prod, src)))
     qs[zero] = 0
     out["d"] = np.where(zero, np.float32(0), d)
