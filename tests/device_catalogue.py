@@ -299,17 +299,16 @@ def main(argv: list[str]) -> int:
         for path in write_sources(args.write_sources):
             print(path)
         return 0
+    print("| device mutant / control | expected | result | |")
+    print("|---|---|---|---|", flush=True)
+    missed = 0
     with tempfile.TemporaryDirectory() as tmp:
         built = build_all(Path(tmp))
-        rows, missed = [], 0
-        for m in ALL:
+        for m in ALL:  # rows stream as each finishes, so a cut-off run still shows them
             ok, what = verdict(m, run_mutant(m, built))
             missed += not ok
             expect = m.caught_by or ("pass, warning" if m.warning else "pass")
-            rows.append(f"| {m.name} | {expect} | {what} | {'ok' if ok else 'UNEXPECTED'} |")
-    print("| device mutant / control | expected | result | |")
-    print("|---|---|---|---|")
-    print("\n".join(rows))
+            print(f"| {m.name} | {expect} | {what} | {'ok' if ok else 'UNEXPECTED'} |", flush=True)
     print(f"mutants and controls as expected: {len(ALL) - missed}/{len(ALL)}")
     return 1 if missed else 0
 

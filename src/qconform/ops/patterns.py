@@ -3,9 +3,9 @@
 Every pattern is a function ``(rng, rows, width, block) -> float32 (rows, width)``. The special
 patterns put in each block what a quantizer's edge rules are about: exact .5 ties after scaling
 (``ties``: power-of-two scales; ``ties_npot``: scales that are not, with values on and next to
-the ties of the reference's own fp32 products), equal |x| with opposite signs (first-occurrence rule), all-zero and -0.0 blocks, a single outlier,
-+-FLT_MAX, subnormals, NaN and +-inf, NaN payloads (which reach ggml's ``nearest_int`` and its
-127 clamp).
+the ties of the reference's own fp32 products), equal |x| with opposite signs (first-occurrence
+rule), all-zero and -0.0 blocks, a single outlier, +-FLT_MAX, subnormals, NaN and +-inf, NaN
+payloads (which reach ggml's ``nearest_int`` and its 127 clamp).
 """
 
 from __future__ import annotations
@@ -74,11 +74,13 @@ def ties_npot(rng: np.random.Generator, rows: int, width: int, block: int) -> np
     value is placed against the fp32 product the reference computes, even positions for Q8_0's
     ``x * id`` (roundf: ties away from zero), odd ones for Q8_K's ``iscale * x`` (nearest_int:
     ties to even): a tie ``t = k + 0.5`` (0 <= k <= 126) and the point where the fp32 product
-    stops rounding to the integer the tie rounds to (half an ulp from ``t``); ``x`` is the fp32
+    stops rounding to the integer the tie rounds to (half an ulp from ``t``, below it for roundf
+    and for the ties nearest_int rounds up, above it for those it rounds down); ``x`` is the fp32
     value whose exact product lies nearest that point on a random side, so the fp32 product is
-    the tie itself or its neighbour one ulp away, on both sides of it. A scale off by an ulp or
-    two moves such products across the point: a quantizer with an approximate ``amax/127``,
-    ``1/d`` or ``-127/max`` rounds some of them to another integer (tests/test_ties_npot.py)."""
+    the tie itself or one or two ulps from it (an x step moves the product by half an ulp to two).
+    A scale off by an ulp or two moves such products across the point: a quantizer with an
+    approximate ``amax/127``, ``1/d`` or ``-127/max`` rounds some of them to another integer
+    (tests/test_ties_npot.py)."""
     x = np.empty((rows, width), np.float32)
     b = _blocks(x, block)
     n = len(b)

@@ -77,7 +77,7 @@ def _gather_cases(leaf: str, coverage: int) -> list[Case]:
         shapes += [(100352, 5120, 32, 128)]
     core = [(128, 512, 1, 32), (256, 1024, 8, 128)]  # (rows, cols, indices, block)
     if coverage >= 2:
-        core += [(512, 2048, 64, 64), (64, 256, 16, 16), (1024, 1024, 32, 128), (2048, 512, 4, 64)]
+        core += [(256, 2048, 64, 64), (64, 256, 16, 16), (512, 1024, 32, 128), (1024, 512, 4, 64)]
     tables = [(50 + i, "normal", shape) for i, shape in enumerate(shapes)]
     tables += [(400 + i, "core", shape) for i, shape in enumerate(core)]
     for seed, pattern, (rows, cols, n, bs) in tables:
