@@ -269,3 +269,20 @@ def test_approximate_division_fails_strict_on_a_named_case_and_passes_when_decla
     assert "ties_npot" in {pattern for pattern, o in strict if o.ok is False}
     assert all(o.ok for _, o in run(fast, "division=1ulp"))
     assert all(o.ok is False for _, o in run(fast_and_wrong, "division=2ulp"))
+
+
+def test_fake_quantize_by_the_reciprocal_passes_only_under_a_division_contract() -> None:
+    sys.path.insert(0, str(Path(__file__).parent))
+    import mutants
+
+    op = get_op("fake_quantize")
+    impl = CallableImpl("recip", mutants.fake_quantize_times_reciprocal, ("fake_quantize",))
+    for contract, failing in (("strict", True), ("division=1ulp", False)):
+        impl.contract = parse_contract(contract)
+        outcomes = [matches_oracle(impl, op, Prepared.from_case(op, c, impl)) for c in op.cases("Xfp32_Qi8_Yfp32", 2)]
+        assert any(o.ok is False for o in outcomes) == failing, contract
+    off = CallableImpl("off", lambda *a, **k: mutants.fake_quantize_times_reciprocal(*a, **k) * 1.5, ("fake_quantize",))
+    off.contract = parse_contract("division=2ulp")
+    assert any(
+        matches_oracle(off, op, Prepared.from_case(op, c, off)).ok is False for c in op.cases("Xfp32_Qi8_Yfp32", 1)
+    )

@@ -42,3 +42,15 @@ class Expected:
     # got -> the output elements a relaxation accepts as they are (e.g. whole blocks equal to a
     # candidate of approximate division), each compared exactly otherwise
     accept: Callable[[np.ndarray], np.ndarray] | None = None
+
+
+def matching_any(candidates: list[np.ndarray], group: int, got: np.ndarray) -> np.ndarray:
+    """The elements of ``got`` in groups of ``group`` (a block's bytes; 1: each element) equal,
+    bit for bit and whole, to the same group of some candidate: the ``accept`` of a relaxation
+    whose readings are a finite set (one approximate scale per block, per element)."""
+    bits = np.dtype(f"u{got.dtype.itemsize}")
+    mine = got.view(bits).reshape(-1, group)
+    ok = np.zeros(len(mine), bool)
+    for c in candidates:
+        ok |= (mine == c.view(bits).reshape(-1, group)).all(axis=1)
+    return np.repeat(ok, group).reshape(got.shape)

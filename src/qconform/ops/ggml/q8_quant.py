@@ -19,7 +19,7 @@ from qconform.ops.abi import I64, Abi, Bound, In, Out, call_arguments
 from qconform.ops.patterns import PATTERNS, make_values
 from qconform.ops.spec import BadArgument, Case, Check, Leaf, OpSpec
 from qconform.oracles.ggml import check_dequantize_args, check_quantize_args, dequantize, quantize
-from qconform.readings import Expected
+from qconform.readings import Expected, matching_any
 
 LLM_WIDTHS = (2048, 2560, 4096, 5120, 8192, 14336)
 WIDE_ROW = 14336  # an FFN width: a multiple of every block size here
@@ -278,7 +278,7 @@ def _quant_numerics(
         n = contract.division
         steps = [(i, j) for i in range(-n, n + 1) for j in range(-n, n + 1) if (i, j) != (0, 0)]
         candidates = [quantize(x, qtype, ftz=ftz, nudge=step) for step in steps]
-        accept = functools.partial(_blocks_matching, candidates, fmt.type_size)
+        accept = functools.partial(matching_any, candidates, fmt.type_size)
         label += f", scale division within {n} ulp"
     want = quantize(x, qtype, ftz=ftz)
     return [Expected(label, want, mask=mask, plain=not ieee and not accept, accept=accept)]
@@ -292,15 +292,6 @@ def _nan_bytes(nan: np.ndarray, fmt: Any) -> np.ndarray:
     if "bsums" in fmt.dtype.names:
         marks["bsums"][per_block.reshape(len(per_block), marks["bsums"].shape[1], -1).any(axis=2)] = -1
     return marks.view(np.uint8).reshape(*nan.shape[:-1], fmt.n_bytes(nan.shape[-1])) != 0
-
-
-def _blocks_matching(candidates: list[np.ndarray], type_size: int, got: np.ndarray) -> np.ndarray:
-    """Bytes of every block of ``got`` equal, whole, to the same block of some candidate."""
-    blocks = got.reshape(-1, type_size)
-    ok = np.zeros(len(blocks), bool)
-    for c in candidates:
-        ok |= (blocks == c.reshape(-1, type_size)).all(axis=1)
-    return np.repeat(ok, type_size).reshape(got.shape)
 
 
 def _quant_op(qtype: str) -> OpSpec:

@@ -3,17 +3,20 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
 from hypothesis import strategies as st
 
+from qconform.contracts import Contract
 from qconform.errors import Declined
 from qconform.ops.abi import DTYPE, I64, Abi, Bound, Enum, In, Out, call_arguments, dtype_code
 from qconform.ops.ort._common import ACTS, leaf_params, validating
 from qconform.ops.spec import BadArgument, Case, Check, Leaf, OpSpec
 from qconform.oracles.ort import check_fake_quantize_args, fake_quantize
 from qconform.oracles.ort.qdq import QTYPES
+from qconform.readings import Expected, matching_any
 
 FQ_LEAVES = tuple(
     Leaf(f"Xfp32_Q{q}_Yfp32", {"dtype": n, "act": "fp32"})
@@ -177,8 +180,10 @@ def _fq_bind(args: tuple, kwargs: Any) -> Bound:
     xs, ss, dtype = check_fake_quantize_args(x, scale, zp, kw["axis"], kw["block_size"], kw["dtype"])
     if xs.ndim != 2 or kw["axis"] % 2 != 1 or ss.dtype != xs.dtype:
         raise Declined("x: the ABI takes 2-D x quantized along axis 1 with scales of x's dtype")
-    gran = "tensor" if ss.ndim == 0 or (ss.shape == (1,) and kw["block_size"] == 0) else (
-        "axis" if kw["block_size"] == 0 else "block"
+    gran = (
+        "tensor"
+        if ss.ndim == 0 or (ss.shape == (1,) and kw["block_size"] == 0)
+        else ("axis" if kw["block_size"] == 0 else "block")
     )
     _, lo, hi = QTYPES[dtype]
     rows, cols = xs.shape
@@ -220,6 +225,20 @@ FQ_ABI = Abi(
 )
 
 
+def _fq_numerics(inputs: dict[str, Any], params: dict[str, Any], contract: Contract, ftz: bool) -> list[Expected]:
+    """The reference; with division=N an element also matches the reference whose quotient x/scale
+    was up to N ulp off before the rounding (a kernel that multiplies by the reciprocal, or
+    divides approximately, lands there)."""
+    args, kwargs = _fq_call(inputs, params)
+    want = fake_quantize(*args, **kwargs, ftz=ftz)
+    if not contract.division:
+        return [Expected("reference", want, plain=True)]
+    n = contract.division
+    candidates = [fake_quantize(*args, **kwargs, ftz=ftz, nudge=k) for k in range(-n, n + 1) if k]
+    accept = functools.partial(matching_any, candidates, 1)
+    return [Expected(f"reference, x/scale within {n} ulp", want, accept=accept)]
+
+
 FAKE_QUANTIZE = OpSpec(
     name="fake_quantize",
     family="ort",
@@ -237,6 +256,7 @@ FAKE_QUANTIZE = OpSpec(
     ),
     validate=validating(fake_quantize, _fq_call),
     bad_arguments=_fq_bad,
+    numerics=_fq_numerics,
     decode=lambda y, params: y,
     abi=FQ_ABI,
     check=Check("exact", 0.0, "true fp32 division, half-to-even, one multiply: bits must match"),

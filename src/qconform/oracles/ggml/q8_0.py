@@ -17,9 +17,9 @@ from numba import njit, prange
 from qconform.formats.fp16 import fp16_bits_to_fp32, fp32_bits_to_fp16_bits_nb, fp32_to_fp16_bits
 from qconform.formats.ftz import flush
 from qconform.formats.ggml import Q8_0
+from qconform.formats.ulp import nudge_ulp
 from qconform.oracles.ggml.rounding import (
     flush_nb,
-    nudge_ulp,
     roundf_to_int8,
     roundf_to_int8_nb,
     scale_blocks_nb,

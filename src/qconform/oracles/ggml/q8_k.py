@@ -19,13 +19,13 @@ from numba import njit, prange
 
 from qconform.formats.ftz import flush
 from qconform.formats.ggml import Q8_K
+from qconform.formats.ulp import nudge_ulp
 from qconform.oracles.ggml.rounding import (
     MAGIC,
     flush_nb,
     int_to_int8,
     nearest_int,
     nearest_int_nb,
-    nudge_ulp,
     scale_blocks_nb,
 )
 from qconform.oracles.ggml.scan import INF_BITS, abs_bits_max_nb, first_index_of_nb

@@ -100,14 +100,3 @@ def scale_blocks_nb(d, qs, y, ftz):
             for j in range(qs.shape[1]):
                 y[i, j] = flush_nb(np.float32(di * np.float32(qs[i, j])), ftz)
 
-
-def nudge_ulp(v: np.ndarray, steps: int) -> np.ndarray:
-    """``v`` moved ``steps`` fp32 ulp (up when positive), finite nonzero values only: what an
-    approximate division or reciprocal may return instead of the correctly rounded one (an
-    approximate 0/x is still 0; inf and NaN stay). ``steps`` = 0: ``v`` unchanged."""
-    out = np.asarray(v, np.float32).copy()
-    move = np.isfinite(out) & (out != 0)
-    toward = np.float32(np.inf if steps > 0 else -np.inf)
-    for _ in range(abs(steps)):
-        out = np.where(move, np.nextafter(out, toward), out).astype(np.float32)
-    return out

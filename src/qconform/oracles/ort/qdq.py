@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from qconform.errors import ArgumentError
+from qconform.formats.ulp import nudge_ulp
 from qconform.oracles.ort._out import check_out, deliver, flushed
 
 QTYPES: dict[str, tuple[np.dtype, int, int]] = {
@@ -102,8 +103,11 @@ def quantize_linear(
     output_dtype: str | None = None,
     out: np.ndarray | None = None,
     ftz: bool = False,
+    nudge: int = 0,
 ) -> np.ndarray:
-    """ONNX QuantizeLinear: fp32/fp16 x -> logical integer values of ``output_dtype``."""
+    """ONNX QuantizeLinear: fp32/fp16 x -> logical integer values of ``output_dtype``. ``nudge``:
+    each quotient x/scale that many fp32 ulp off before the rounding (an approximate division,
+    the contract's ``division``)."""
     x = flushed(_check_float("x", x), ftz)
     y_scale = _check_float("y_scale", y_scale)
     output_dtype = _infer_dtype(output_dtype, y_zero_point)
@@ -113,7 +117,7 @@ def quantize_linear(
     s = expand_param(y_scale, x.shape, axis, block_size, "y_scale").astype(np.float32)
     zz = 0 if z is None else expand_param(z, x.shape, axis, block_size, "y_zero_point").astype(np.int64)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        r = np.rint((x.astype(np.float32) / s).astype(np.float32)).astype(np.float64)
+        r = np.rint(nudge_ulp((x.astype(np.float32) / s).astype(np.float32), nudge)).astype(np.float64)
     r = np.where(np.isnan(r), 0.0, np.clip(r, -(2.0**40), 2.0**40))
     return deliver(np.clip(r.astype(np.int64) + zz, lo, hi).astype(np_dtype), out)
 
@@ -173,9 +177,13 @@ def fake_quantize(
     dtype: str | None = None,
     out: np.ndarray | None = None,
     ftz: bool = False,
+    nudge: int = 0,
 ) -> np.ndarray:
-    """DQ(Q(x)) in one call: ``(clip(rint(x/s) + zp, lo, hi) - zp) * s`` with ONNX's roundings."""
+    """DQ(Q(x)) in one call: ``(clip(rint(x/s) + zp, lo, hi) - zp) * s`` with ONNX's roundings
+    (``nudge``: as ``quantize_linear``)."""
     x, scale, dtype = check_fake_quantize_args(x, scale, zero_point, axis, block_size, dtype)
     check_out(out, x.shape, scale.dtype, x, scale, zero_point)
-    q = quantize_linear(x, scale, zero_point, axis=axis, block_size=block_size, output_dtype=dtype, ftz=ftz)
+    q = quantize_linear(
+        x, scale, zero_point, axis=axis, block_size=block_size, output_dtype=dtype, ftz=ftz, nudge=nudge
+    )
     return dequantize_linear(q, scale, zero_point, axis=axis, block_size=block_size, x_dtype=dtype, out=out, ftz=ftz)
