@@ -38,7 +38,7 @@ def test_matmul_nbits_core_is_kernel_shaped_and_covers_the_knobs() -> None:
     op = CATALOGUE["matmul_nbits"]
     for leaf in op.leaves:
         cov2 = core(op, leaf.name, 2)
-        assert len(core(op, leaf.name, 1)) == 6 and len(cov2) == 20
+        assert len(core(op, leaf.name, 1)) == 3 and len(cov2) == 22
         for c in cov2:
             M, K, N = c.shape
             bs = c.params["block_size"]
@@ -46,7 +46,6 @@ def test_matmul_nbits_core_is_kernel_shaped_and_covers_the_knobs() -> None:
         assert {c.shape[0] for c in cov2} == TOKENS
         assert {c.params["block_size"] for c in cov2} == {16, 32, 64, 128, 256}
         assert {c.params["zp"] for c in cov2} == {"none", "packed", "float", "uniform", "scalar"}
-        assert {c.params["zp"] for c in core(op, leaf.name, 1)} == {"none", "packed", "float", "uniform", "scalar"}
         assert any(c.params.get("bias") for c in core(op, leaf.name, 1))
         level4 = [c for c in cov2 if c.params.get("accuracy_level") == 4]
         assert level4 and all(c.params["zp"] in ("none", "packed") for c in level4)  # ORT's int8 path

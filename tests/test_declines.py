@@ -76,3 +76,23 @@ def test_run_exit_status_when_every_case_is_declined(tmp_path, capsys) -> None:
     code = main(["run", "--impl", f"py:{mod}:matmul_nbits", "--ops", "matmul_nbits", "--leaf", LEAF, "--coverage", "1"])
     assert code != 0
     assert "declined every case" in capsys.readouterr().out
+
+
+def test_a_py_callables_declared_predicate_declines_per_case() -> None:
+    """``__qconform_requires__`` over the op's ABI scalars, like hip:/so: ``requires=``: the cases
+    where it is false are declined and counted; the bad calls still reach the callable."""
+    from qconform.properties.checks import matches_oracle, rejects_bad_arguments
+
+    op = get_op("matmul_nbits")
+
+    def gated(*args, **kwargs):
+        return matmul_nbits(*args, **kwargs)
+
+    gated.__qconform_requires__ = "bits == 4 and K % 128 == 0 and M <= 8"
+    impl = CallableImpl("gated", gated, ("matmul_nbits",))
+    outcomes = [matches_oracle(impl, op, Prepared.from_case(op, c, impl)) for c in op.cases("Xfp16_Wu4_Yfp16", 2)]
+    ran = [o for o in outcomes if o.ok is not None]
+    declined = [o for o in outcomes if o.ok is None]
+    assert ran and declined and all(o.ok for o in ran)
+    assert all("requires bits == 4 and K % 128 == 0" in o.detail for o in declined)
+    assert rejects_bad_arguments(impl, op, "Xfp16_Wu4_Yfp16").ok

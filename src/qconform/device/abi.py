@@ -16,9 +16,9 @@ import numpy as np
 
 from qconform.device.launch import CUPY, launch_kernel
 from qconform.device.registry import Launch
-from qconform.errors import ArgumentError, Declined
+from qconform.errors import ArgumentError
 from qconform.ops import OpSpec
-from qconform.ops.abi import Abi, Bound, call_arguments
+from qconform.ops.abi import Abi, Bound, call_arguments, check_predicate
 
 SMALL_BYTES = 1 << 20  # device arrays up to this size are copied to the host for validation
 
@@ -56,14 +56,20 @@ class AbiCall:
         return (*ptrs, *(s.item() for s in self.scalars), stream)
 
 
+def host_standins(op: OpSpec, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+    """A call of ``op``'s oracle on device arrays, with host stand-ins (dtype and shape, no data)."""
+    named = call_arguments(op.oracle, args, kwargs)
+    return tuple(shadow(name, v) for name, v in zip(named, args, strict=False)), {
+        k: shadow(k, v) for k, v in kwargs.items()
+    }
+
+
 def bind_call(op: OpSpec, args: tuple, kwargs: dict[str, Any], out: Any = None) -> AbiCall:
     """Bind a call of ``op``'s oracle on device arrays to ``op.abi``: check every rule on host
     stand-ins (ArgumentError), Declined where the ABI cannot express the call, check or allocate
     ``out``; inputs the ABI passes in another dtype are converted."""
     named = call_arguments(op.oracle, args, kwargs)
-    host_args = tuple(shadow(name, v) for name, v in zip(named, args, strict=False))
-    host_kwargs = {k: shadow(k, v) for k, v in kwargs.items()}
-    bound = op.abi.bind(host_args, host_kwargs)
+    bound = op.abi.bind(*host_standins(op, args, kwargs))
     result = out_buffer(out, bound.out_shape, bound.out_dtype, *named.values())
     call = AbiCall(op.name, bound, result)
     for arg in op.abi.pointers:
@@ -109,15 +115,8 @@ def out_buffer(out: Any, shape: tuple[int, ...], dtype: Any, *inputs: Any) -> An
 
 def check_requires(launch: Launch, call: AbiCall) -> None:
     """Decline the case when the user's ``requires=`` predicate is false on its ABI scalars."""
-    if launch.requires is None:
-        return
-    names = {k: v for k, v in call.bound.scalars.items()}
-    try:
-        ok = eval(launch.requires, {"__builtins__": {}}, names)  # noqa: S307 - the user's own expression
-    except Exception as exc:
-        raise ArgumentError(f"requires: cannot evaluate {launch.requires!r} on {names}: {exc}") from exc
-    if not ok:
-        raise Declined(f"requires {launch.requires} (false for {names})")
+    if launch.requires is not None:
+        check_predicate(launch.requires, call.bound.scalars)
 
 
 def launch_hip(op: OpSpec, kernel: Any, launch: Launch, call: AbiCall, stream: Any = None) -> Any:

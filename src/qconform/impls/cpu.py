@@ -22,6 +22,7 @@ from qconform.contracts import STRICT
 from qconform.errors import ArgumentError
 from qconform.impls.protocol import cpu_arch
 from qconform.ops import CATALOGUE, OpSpec
+from qconform.ops.abi import check_declared_predicate
 
 
 class CallableImpl:
@@ -57,6 +58,7 @@ class CallableImpl:
         out: np.ndarray | None = None,
     ) -> np.ndarray:
         args, kwargs = op.call_args(inputs, params)
+        check_declared_predicate(self.fn, op.abi, args, kwargs)
         if out is not None:
             if not self.accepts_out:
                 raise ArgumentError(f"out: implementation {self.name} does not accept out=")

@@ -21,7 +21,7 @@ import numpy as np
 from qconform import guard
 from qconform.contracts import STRICT
 from qconform.device import errstate
-from qconform.device.abi import bind_call, c_argtypes, check_requires, run_abi
+from qconform.device.abi import bind_call, c_argtypes, check_requires, host_standins, run_abi
 from qconform.device.ggml.q8_quant import run_op
 from qconform.device.loader import device_info, get_kernel
 from qconform.device.ort import DEVICE_FUNCTIONS as ORT_FUNCTIONS
@@ -29,7 +29,7 @@ from qconform.device.registry import KERNELS, VARIANTS, parse_impl_spec
 from qconform.errors import ArgumentError, Declined, DeviceError
 from qconform.impls.cpu import accepts_kwarg
 from qconform.ops import CATALOGUE, OpSpec
-from qconform.ops.abi import STATUS_DECLINED
+from qconform.ops.abi import STATUS_DECLINED, check_declared_predicate
 
 CUPY_OPS = (*dict.fromkeys(k.op for k in KERNELS), *ORT_FUNCTIONS)  # ops qconform's own kernels cover
 
@@ -259,6 +259,13 @@ class DevicePyImpl(DeviceImpl):
 
     def launch(self, op: OpSpec, dev_inputs: dict[str, Any], params: dict[str, Any], dev_out: Any) -> Any:
         args, kwargs = op.call_args(dev_inputs, params)
+        if getattr(self.fn, "__qconform_requires__", None):  # its declared predicate, on host stand-ins
+            try:
+                host = host_standins(op, args, kwargs)
+            except (ArgumentError, TypeError, ValueError):  # a bad call: the callable's to reject
+                host = None
+            if host is not None:
+                check_declared_predicate(self.fn, op.abi, *host)
         if dev_out is not None:
             if not self.accepts_out:
                 raise ArgumentError(f"out: implementation {self.name} does not accept out=")

@@ -21,6 +21,8 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from qconform.errors import ArgumentError, Declined
+
 HEADER_NAME = "qconform_abi.h"  # in device/kernels/common: on every kernel's include path
 STATUS_OK = 0
 STATUS_DECLINED = 801  # cudaErrorNotSupported == hipErrorNotSupported: "this launcher does not handle this case"
@@ -243,3 +245,28 @@ def header(catalogue: Mapping[str, Any]) -> str:
         lines.append("")
     lines.append("#endif /* QCONFORM_ABI_H */")
     return "\n".join(lines) + "\n"
+
+
+def check_predicate(expr: str, scalars: Mapping[str, Any]) -> None:
+    """Decline (``qconform.Declined``) when an implementation's declared predicate over the ABI's
+    scalars (``requires=`` / ``__qconform_requires__``: ``"bits == 4 and K % 128 == 0"``) is false."""
+    names = dict(scalars)
+    try:
+        ok = eval(expr, {"__builtins__": {}}, names)  # noqa: S307 - the user's own expression
+    except Exception as exc:
+        raise ArgumentError(f"requires: cannot evaluate {expr!r} on {names}: {exc}") from exc
+    if not ok:
+        raise Declined(f"requires {expr} (false for {names})")
+
+
+def check_declared_predicate(fn: Any, abi: "Abi", args: tuple, kwargs: Mapping[str, Any]) -> None:
+    """A ``py:`` callable's ``__qconform_requires__`` on the call's ABI scalars; a call that does
+    not bind (a bad argument) is left to the callable's own validators."""
+    expr = getattr(fn, "__qconform_requires__", None)
+    if not expr:
+        return
+    try:
+        scalars = abi.bind(args, kwargs).scalars
+    except (ArgumentError, Declined, TypeError, ValueError):
+        return
+    check_predicate(expr, scalars)

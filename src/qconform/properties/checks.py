@@ -78,16 +78,19 @@ class Prepared:
 
     def verify(self, op: OpSpec, got: Any) -> Comparison:
         """``got`` against every accepted reading: the first that it matches, else the failure
-        against the first reading (naming the others it does not match either)."""
+        against the first reading (naming the others it does not match either) and the rule."""
         readings = self.expected or (Expected("reference", self.want, plain=True),)
         results = [compare(op, self.params, got, e.want, e, self.contract) for e in readings]
         for e, c in zip(readings, results, strict=True):
             if c.ok:
                 return c if len(readings) == 1 else replace(c, detail=f"{c.detail} ({e.label})")
-        if len(readings) == 1:
-            return results[0]
-        others = "; ".join(f"not {e.label} either" for e in readings[1:])
-        return replace(results[0], detail=f"{readings[0].label}: {results[0].detail} ({others})")
+        first = results[0]
+        detail = first.detail if len(readings) == 1 else f"{readings[0].label}: {first.detail}"
+        if len(readings) > 1:
+            detail += " (" + "; ".join(f"not {e.label} either" for e in readings[1:]) + ")"
+        if op.check.kind != "bound":  # a bound failure states its rule and contract itself
+            detail += f"; rule failed: {op.check.reason} (contract {self.contract})"
+        return replace(first, detail=detail)
 
     @property
     def excluded(self) -> str | None:

@@ -55,9 +55,9 @@ def _cases(op: str, leaf: str, block: int, patterns: tuple[str, ...], coverage: 
     if coverage >= 2:
         add("mixed", 8, 4096, 7)
         add("normal", 3, block * 3, 11)  # a few blocks, odd row count
-    core = [(8, 2048), (32, 1024)]  # (rows, width)
+    core = [(8, 256), (16, 256)]  # (rows, width)
     if coverage >= 2:
-        core += [(2, 4096), (5, 2560), (6, 768), (7, 1024), (16, 512), (64, 256)]
+        core += [(2, 4096), (5, 2560), (6, 768), (7, 1024), (32, 1024), (64, 256)]
     for i, (rows, width) in enumerate(core):
         add("normal", rows, width, 400 + i)
     if coverage >= 3:

@@ -86,17 +86,17 @@ def _fq_cases(leaf: str, coverage: int) -> list[Case]:
     """Every granularity on (rows, cols): coverage 1 small and a ragged last block, 2 a 64 x 4096
     layer and 3 x 1000, 3 512 x 14336; pattern ``ties`` (power-of-two scales: exact ties).
 
-    core: shapes production kernels accept, beside those (pattern ``ties``, seeds 400..404; 2 at
+    core: shapes production kernels accept, beside those (pattern ``ties``, seeds 400..404; 1 at
     coverage 1, 5 from coverage 2): 1..8, 16, 32 or 64 rows, cols a multiple of 128 (and of the
-    32-value block). ``ties_npot`` (seeds 500..503; 2 at coverage 1, 4 from coverage 2): the
+    32-value block). ``ties_npot`` (seeds 500..502; 1 at coverage 1, 3 from coverage 2): the
     same ties under scales that are not powers of two, where x / s and x * (1/s) differ."""
     shapes = (
         [(4, 96), (16, 200)]
         + ([(64, 4096), (3, 1000)] if coverage >= 2 else [])
         + ([(512, 14336)] if coverage >= 3 else [])
     )
-    core = [(1, 128), (8, 256)] + ([(16, 512), (32, 1024), (64, 256)] if coverage >= 2 else [])
-    npot = [(16, 200), (8, 256)] + ([(1, 128), (64, 1024)] if coverage >= 2 else [])
+    core = [(4, 128)] + ([(1, 128), (16, 512), (32, 1024), (64, 256)] if coverage >= 2 else [])
+    npot = [(4, 128)] + ([(16, 200), (64, 1024)] if coverage >= 2 else [])
     sets = [(70 + i, "ties", shape) for i, shape in enumerate(shapes)]
     sets += [(400 + i, "ties", shape) for i, shape in enumerate(core)]
     sets += [(500 + i, "ties_npot", shape) for i, shape in enumerate(npot)]

@@ -93,12 +93,13 @@ def _nbits_cases(op: str, leaf: str, coverage: int, with_a: bool) -> list[Case]:
     (5120x17920, 17920x5120, 5120x5120; M = 1 and 2048) and the 100352x5120 lm_head at M = 1.
 
     core: shapes production kernels accept, beside the edge shapes above (pattern ``core``,
-    seeds 400..419; 6 at coverage 1, 20 from coverage 2): N in 64..256 (multiples of 8 and 16),
-    K in 256..1024 (multiples of 128 and of the block), blocks 16..256, M = 1..8, 16, 32, 64,
-    every zero-point kind, bias, accuracy_level 4. ONNX Runtime's CUDA GEMVs take only such
-    shapes (microsoft/onnxruntime contrib_ops/cuda/quantization: ``TryMatMul4Bits`` in
-    matmul_4bits.cu refuses ``n % 8 != 0 || k % 8 != 0 || m > 1`` and dispatches blocks 16, 32,
-    64, 128; ``TryMatMul8Bits`` in matmul_8bits.cu also wants ``256 % block_size == 0`` and
+    seeds 400..421; 3 small ones at coverage 1 (2 without A: the output is N x K floats), 22
+    from coverage 2): N in 16..256 (multiples of 8 and 16), K in 256..1024 (multiples of 128
+    and of the block), blocks 16..256, M = 1..8, 16, 32, 64, every zero-point kind, bias,
+    accuracy_level 4. ONNX Runtime's CUDA GEMVs take only such shapes (microsoft/onnxruntime
+    contrib_ops/cuda/quantization: ``TryMatMul4Bits`` in matmul_4bits.cu refuses
+    ``n % 8 != 0 || k % 8 != 0 || m > 1`` and dispatches blocks 16, 32, 64, 128;
+    ``TryMatMul8Bits`` in matmul_8bits.cu also wants ``256 % block_size == 0`` and
     ``k % block_size == 0``); the edge cases are where such a kernel declines."""
     out: list[Case] = []
 
@@ -119,8 +120,10 @@ def _nbits_cases(op: str, leaf: str, coverage: int, with_a: bool) -> list[Case]:
             add((7, 512, 16), 200, block_size=64, zp="none", bias=True)
             add((7, 500, 16), 201, block_size=32, zp="packed", accuracy_level=4)
             add((1, 512, 16), 202, block_size=64, zp="none", accuracy_level=4)
-    core = (  # (M, K, N, block, zero point, matmul-only params); the first 6 at coverage 1
-        (1, 256, 64, 32, "none", {}),
+    core = (  # (M, K, N, block, zero point, matmul-only params); the first 3 at coverage 1
+        (1, 256, 16, 32, "packed", {}),
+        (8, 256, 16, 128, "float", {}),
+        (4, 256, 32, 64, "none", {"bias": True}),
         (1, 512, 128, 64, "packed", {}),
         (2, 1024, 64, 128, "float", {}),
         (4, 256, 128, 16, "uniform", {}),
@@ -142,7 +145,7 @@ def _nbits_cases(op: str, leaf: str, coverage: int, with_a: bool) -> list[Case]:
         (8, 768, 128, 256, "packed", {}),
     )
     seen = set()
-    for i, (M, K, N, bs, zp, extra) in enumerate(core[: 6 if coverage == 1 else None]):
+    for i, (M, K, N, bs, zp, extra) in enumerate(core[: (3 if with_a else 2) if coverage == 1 else None]):
         if with_a:
             add((M, K, N), 400 + i, "core", block_size=bs, zp=zp, **extra)
         elif zp != "scalar" and (K, N, bs, zp) not in seen:  # the weights alone: no scalar kind, no A

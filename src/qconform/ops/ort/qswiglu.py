@@ -53,7 +53,7 @@ def _swiglu_cases(leaf: str, coverage: int) -> list[Case]:
         + ([(64, 14336)] if coverage >= 2 else [])
         + ([(512, 14336)] if coverage >= 3 else [])
     )
-    core = [(8, 2048)] + ([(16, 1024), (32, 512), (3, 4096), (64, 256)] if coverage >= 2 else [])
+    core = [(8, 512)] + ([(16, 1024), (32, 512), (3, 4096), (64, 256)] if coverage >= 2 else [])
     return [Case("qswiglu", leaf, 80 + i, shape, "normal") for i, shape in enumerate(shapes)] + [
         Case("qswiglu", leaf, 400 + i, shape, "core") for i, shape in enumerate(core)
     ]
