@@ -39,7 +39,18 @@ QTYPES = {  # name: (onnx type, numpy type of the logical values, lo, hi)
     "int16": (TP.INT16, np.int16, -32768, 32767),
     "uint4": (TP.UINT4, np.uint8, 0, 15),
     "int4": (TP.INT4, np.int8, -8, 7),
+    "uint2": (TP.UINT2, np.uint8, 0, 3),  # ONNX opset 25; ONNX Runtime 1.32 runs them on the CPU
+    "int2": (TP.INT2, np.int8, -2, 1),
 }
+
+
+def _sub_byte(dtype: str) -> bool:
+    """A 4- or 2-bit type: fed and read through a Cast, its initializers packed by onnx.helper."""
+    return dtype in ("int4", "uint4", "int2", "uint2")
+
+
+def _opset(dtype: str) -> int:
+    return 25 if dtype in ("int2", "uint2") else 21
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -67,7 +78,8 @@ def _init(name: str, arr: np.ndarray):
 
 
 def _init_4bit(name: str, logical: np.ndarray, dtype: str):
-    """An int4/uint4 initializer from logical values (onnx.helper packs them, low nibble first)."""
+    """An int4/uint4 (or int2/uint2) initializer from logical values (onnx.helper packs them, low
+    bits first)."""
     return helper.make_tensor(name, QTYPES[dtype][0], list(logical.shape), logical.reshape(-1).astype(int).tolist())
 
 
@@ -517,7 +529,7 @@ def _expand(p: np.ndarray, shape, axis: int, block: int) -> np.ndarray:
 def _qdq_param_inits(dtype: str, scale, zp, prefix: str):
     inits = [_init(prefix + "s", scale)]
     if zp is not None:
-        inits.append(_init_4bit(prefix + "z", zp, dtype) if dtype.endswith("4") else _init(prefix + "z", zp))
+        inits.append(_init_4bit(prefix + "z", zp, dtype) if _sub_byte(dtype) else _init(prefix + "z", zp))
     return inits, [prefix + "s"] + ([prefix + "z"] if zp is not None else [])
 
 
@@ -550,14 +562,15 @@ def test_quantize_linear_is_ort(dtype: str, gran: str, with_zp: bool, xdt) -> No
     elem, npt, _, _ = QTYPES[dtype]
     nodes = [_q_node(dtype, ["x"] + pnames, "q", axis, block, zp is not None)]
     out_elem = elem
-    if dtype.endswith("4"):
-        out_elem = TP.INT8 if dtype == "int4" else TP.UINT8
+    if _sub_byte(dtype):
+        out_elem = TP.INT8 if dtype.startswith("int") else TP.UINT8
         nodes.append(helper.make_node("Cast", ["q"], ["y"], to=out_elem))
     else:
         nodes[0].output[0] = "y"
-    theirs = _session(nodes, [_vi("x", ELEM[xdt], list(x.shape))], [_vi("y", out_elem, list(x.shape))], inits).run(
-        None, {"x": x}
-    )[0]
+    sess = _session(
+        nodes, [_vi("x", ELEM[xdt], list(x.shape))], [_vi("y", out_elem, list(x.shape))], inits, _opset(dtype)
+    )
+    theirs = sess.run(None, {"x": x})[0]
     ours = quantize_linear(x, scale, zp, axis=axis, block_size=block, output_dtype=dtype)
     assert ours.dtype == npt and theirs.dtype == npt
     bad = np.argwhere(ours != theirs)
@@ -579,14 +592,14 @@ def test_dequantize_linear_is_ort(dtype: str, gran: str, with_zp: bool, sdt) -> 
     xq.reshape(-1)[:2] = (lo, hi)
     inits, pnames = _qdq_param_inits(dtype, scale, zp, "d")
     nodes, feed_elem, src = [], elem, "x"
-    if dtype.endswith("4"):
-        feed_elem = TP.INT8 if dtype == "int4" else TP.UINT8
+    if _sub_byte(dtype):
+        feed_elem = TP.INT8 if dtype.startswith("int") else TP.UINT8
         nodes.append(helper.make_node("Cast", ["x"], ["x4"], to=elem))
         src = "x4"
     nodes.append(helper.make_node("DequantizeLinear", [src] + pnames, ["y"], axis=axis, block_size=block))
-    sess = _session(nodes, [_vi("x", feed_elem, list(xq.shape))], [_vi("y", ELEM[sdt], list(xq.shape))], inits)
-    theirs = sess.run(None, {"x": xq})[0]
-    ours = dequantize_linear(xq, scale, zp, axis=axis, block_size=block, x_dtype=dtype if dtype.endswith("4") else None)
+    ins, outs = [_vi("x", feed_elem, list(xq.shape))], [_vi("y", ELEM[sdt], list(xq.shape))]
+    theirs = _session(nodes, ins, outs, inits, _opset(dtype)).run(None, {"x": xq})[0]
+    ours = dequantize_linear(xq, scale, zp, axis=axis, block_size=block, x_dtype=dtype if _sub_byte(dtype) else None)
     _assert_same_bits(ours, theirs, (dtype, gran))
 
 
@@ -623,8 +636,8 @@ def test_fake_quantize_is_ort_q_then_dq(dtype: str, gran: str, with_zp: bool, xd
         _q_node(dtype, ["x"] + pnames, "q", axis, block, zp is not None),
         helper.make_node("DequantizeLinear", ["q"] + pnames, ["y"], axis=axis, block_size=block),
     ]
-    sess = _session(nodes, [_vi("x", ELEM[xdt], list(x.shape))], [_vi("y", ELEM[xdt], list(x.shape))], inits)
-    theirs = sess.run(None, {"x": x})[0]
+    ins, outs = [_vi("x", ELEM[xdt], list(x.shape))], [_vi("y", ELEM[xdt], list(x.shape))]
+    theirs = _session(nodes, ins, outs, inits, _opset(dtype)).run(None, {"x": x})[0]
     ours = fake_quantize(x, scale, zp, axis=axis, block_size=block, dtype=dtype)
     _assert_same_bits(ours, theirs, (dtype, gran))
 

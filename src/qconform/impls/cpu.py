@@ -58,7 +58,7 @@ class CallableImpl:
         out: np.ndarray | None = None,
     ) -> np.ndarray:
         args, kwargs = op.call_args(inputs, params)
-        check_declared_predicate(self.fn, op.abi, args, kwargs)
+        check_declared_predicate(self.function(op), op.abi, args, kwargs)
         if out is not None:
             if not self.accepts_out:
                 raise ArgumentError(f"out: implementation {self.name} does not accept out=")

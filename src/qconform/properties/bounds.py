@@ -132,8 +132,9 @@ def check_bound(
     where = f" ({m.diagnose(at, float(g[at] - m.ref[at]))})" if m.diagnose else ""
     detail = (
         f"{n_bad} of {got.size} elements exceed their bound ({m.path}); worst at {list(at)}{where}: "
-        f"got {fmt(got[at])}, want {fmt(want[at])}, float64 reference {m.ref[at]!r}; |got - ref| {diff[at]:.3g} > "
-        f"bound {bound[at]:.3g} = {b.describe(m, contract)} ({worst:.3g}x); rule failed: contract {contract}"
+        f"got {fmt(got[at])}, want {fmt(want[at])}, float64 reference {float(m.ref[at])!r}; "
+        f"|got - ref| {diff[at]:.3g} > bound {bound[at]:.3g} = {b.describe(m, contract)} ({worst:.3g}x); "
+        f"rule failed: contract {contract}"
     )
     if n_bad < max(2, ISOLATED * got.size):
         return BoundCheck(False, f"{detail}; isolated ({n_bad} element(s)): a rounding habit would show on many", worst)

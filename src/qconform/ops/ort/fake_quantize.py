@@ -20,7 +20,16 @@ from qconform.readings import Expected, matching_any
 
 FQ_LEAVES = tuple(
     Leaf(f"Xfp32_Q{q}_Yfp32", {"dtype": n, "act": "fp32"})
-    for q, n in (("u8", "uint8"), ("i8", "int8"), ("u16", "uint16"), ("i16", "int16"), ("u4", "uint4"), ("i4", "int4"))
+    for q, n in (
+        ("u8", "uint8"),
+        ("i8", "int8"),
+        ("u16", "uint16"),
+        ("i16", "int16"),
+        ("u4", "uint4"),
+        ("i4", "int4"),
+        ("u2", "uint2"),
+        ("i2", "int2"),
+    )
 ) + (Leaf("Xfp16_Qu8_Yfp16", {"dtype": "uint8", "act": "fp16"}),)
 GRANULARITIES = ("tensor", "axis", "block")
 

@@ -19,6 +19,9 @@ GATHER_LEAVES = (
     Leaf("Xi64_Wu8_Yfp16", {"data_type": "uint8", "bits": 8}),
     Leaf("Xi64_Wi4_Yfp16", {"data_type": "int4", "bits": 4}),
     Leaf("Xi64_Wfp8_Yfp16", {"data_type": "float8e4m3fn", "bits": 8}),
+    Leaf("Xi64_Wu2_Yfp16", {"data_type": "uint8", "bits": 2}),
+    Leaf("Xi64_Wuint4_Yfp16", {"data_type": "uint4", "bits": 4}),
+    Leaf("Xi64_Wfp8e5m2_Yfp16", {"data_type": "float8e5m2", "bits": 8}),
 )
 
 
@@ -38,13 +41,16 @@ def _gather_inputs(case: Case) -> dict[str, np.ndarray]:
         inputs["data"] = rng.integers(0, 256, (rows, cols * bits // 8), dtype=np.uint8)
         if p.get("zp"):
             inputs["zero_points"] = rng.integers(0, 256, (rows, -(-nb * bits // 8)), dtype=np.uint8)
-    elif dt == "int4":
+    elif dt in ("int4", "uint4"):
         inputs["data"] = rng.integers(0, 256, -(-rows * cols // 2), dtype=np.uint8)
         if p.get("zp"):
             inputs["zero_points"] = rng.integers(0, 256, -(-rows * nb // 2), dtype=np.uint8)
     else:
         codes = rng.integers(0, 256, (rows, cols), dtype=np.uint8)
-        codes[(codes & 0x7F) == 0x7F] = 0x38  # no NaN codes: 1.0 instead
+        if dt == "float8e5m2":  # no inf / NaN codes (exponent 31): 1.0 instead
+            codes[(codes & 0x7C) == 0x7C] = 0x3C
+        else:
+            codes[(codes & 0x7F) == 0x7F] = 0x38  # no NaN codes: 1.0 instead
         inputs["data"] = codes
     return inputs
 
@@ -57,7 +63,7 @@ def _gather_call(inputs: dict[str, Any], params: dict[str, Any]) -> tuple[tuple,
         "quantize_axis": 1,
         "data_type": params["data_type"],
     }
-    if params["data_type"] == "int4":
+    if params["data_type"] in ("int4", "uint4"):
         kw["data_shape"] = (params["rows"], params["cols"])
     return (inputs["data"], inputs["indices"], inputs["scales"], inputs.get("zero_points")), kw
 

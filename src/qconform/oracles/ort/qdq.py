@@ -7,9 +7,10 @@ Source: docs/ort-ops.md section 3 (onnx Operators.md v21-v25, ORT CPU experiment
   fake_quantize(x) = DQ(Q(x)) with the same scale and zero point.
 Granularity from the scale's shape: a scalar -> per tensor; 1-D of length D[axis] -> per axis;
 the rank of x with ceil(D[axis]/block_size) along axis -> blocked (the last block may be partial).
-Values are logical: uint4 as uint8 in [0, 15], int4 as int8 in [-8, 7] (the packing of a 4-bit
-tensor is ``packing.pack_bits`` on the flattened values). A NaN input has no integer image in the
-spec; the oracle maps it to the zero point.
+Values are logical: uint4 as uint8 in [0, 15], int4 as int8 in [-8, 7], uint2 as uint8 in
+[0, 3], int2 as int8 in [-2, 1] (the 2-bit types are ONNX opset 25; ONNX Runtime 1.32 runs them
+on the CPU; a 4- or 2-bit tensor packs as ``packing.pack_bits`` on the flattened values). A NaN
+input has no integer image in the spec; the oracle maps it to the zero point.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ QTYPES: dict[str, tuple[np.dtype, int, int]] = {
     "int16": (np.dtype(np.int16), -32768, 32767),
     "uint4": (np.dtype(np.uint8), 0, 15),
     "int4": (np.dtype(np.int8), -8, 7),
+    "uint2": (np.dtype(np.uint8), 0, 3),
+    "int2": (np.dtype(np.int8), -2, 1),
 }
 FLOAT_TYPES = (np.dtype(np.float32), np.dtype(np.float16))
 
