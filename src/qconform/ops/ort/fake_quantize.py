@@ -35,10 +35,12 @@ GRANULARITIES = ("tensor", "axis", "block")
 
 
 # Mantissas of the scales that are not powers of two (pattern ``ties_npot``): short (x = (k + 0.5)
-# * s stays exact in fp32, and in fp16 for small k), and fp32(1/m) errs by 0.75, 0.875, -0.9375
-# and -0.625 units of 2^-24 relative, so x * fp32(1/s) leaves the tie x / s = k + 0.5 (for
-# k + 0.5 = m_t * 2^E: when |error| * m_t > 2^-24) and rint then goes the other way for half of them
-NPOT_MANTISSAS = np.array([1.75, 1.875, 1.90625, 1.28125])
+# * s stays exact in fp32, and in fp16 for small k), and fp32(1/m) errs by +0.875, +0.96875,
+# -0.9375 and -0.765625 units of 2^-24 relative, so x * fp32(1/s) leaves the tie x / s = k + 0.5
+# when |error| * m_t > 2^-24 (k + 0.5 = m_t * 2^E), and rint then goes the other way where the
+# even neighbour is on the other side: up for 2.5 (m_t 1.25) with the first two, down for 1.5
+# with the last two -- so even a 2-bit range has ties that catch it
+NPOT_MANTISSAS = np.array([1.875, 1.96875, 1.90625, 1.796875])
 
 
 def _fq_params(
@@ -67,13 +69,19 @@ def _fq_inputs(case: Case) -> dict[str, np.ndarray]:
     _, lo, hi = QTYPES[p["dtype"]]
     npot = case.pattern == "ties_npot"
     scale, zp = _fq_params(case.shape, p["granularity"], p["dtype"], act, rng, npot)
-    s = (
-        np.broadcast_to(scale.astype(np.float64), case.shape)
-        if p["granularity"] != "block"
-        else np.repeat(scale.astype(np.float64), 32, axis=1)[:, : case.shape[1]]
-    )
+
+    def per_element(a: np.ndarray) -> np.ndarray:  # a scale-shaped parameter, at each element of x
+        a = a.astype(np.float64)
+        if p["granularity"] == "block":
+            return np.repeat(a, 32, axis=1)[:, : case.shape[1]]
+        return np.broadcast_to(a, case.shape)
+
+    s = per_element(scale)
     k = rng.integers(lo - 3, hi + 3, case.shape).astype(np.float64)
     tie = rng.random(case.shape) < (0.6 if npot else 0.3)  # x = (k + 0.5) * s: exact ties of the division
+    if npot:  # ties whose two neighbours q = k + zp, k + 1 + zp are both in range (clipping hides none)
+        z = 0.0 if zp is None else per_element(zp)
+        k = np.where(tie, np.floor(lo - z + rng.random(case.shape) * (hi - lo)), k)
     x = ((k + np.where(tie, 0.5, rng.uniform(-0.5, 0.5, case.shape))) * s).astype(act)
     if npot and act == np.float32:  # a quarter of the ties one ulp up, a quarter one ulp down:
         # x / s then lies an ulp or two beside the tie (an fp16 ulp would move it far from it)
