@@ -72,9 +72,14 @@ def _repeats(impl: Implementation, op: OpSpec, p: Prepared) -> Outcome:
     return Outcome("repeatable", op.name, p.case.leaf, p.case.id, ok, detail)
 
 
+def _contract_flag(impl: Implementation) -> str:
+    contract = str(getattr(impl, "contract", "strict"))
+    return "" if contract == "strict" else f" --contract {shlex.quote(contract)}"
+
+
 def replay_command(impl: Implementation, case: Case) -> str:
     return (
-        f"qconform run --impl {shlex.quote(impl.name)} --ops {case.op} --leaf {case.leaf} "
+        f"qconform run --impl {shlex.quote(impl.name)}{_contract_flag(impl)} --ops {case.op} --leaf {case.leaf} "
         f"--case {shlex.quote(case.to_json())}"
     )
 
@@ -82,7 +87,10 @@ def replay_command(impl: Implementation, case: Case) -> str:
 def fuzz(impl: Implementation, op: OpSpec, leaf: str, *, examples: int, seed: int, save_dir: Path) -> int:
     from qconform.golden import write_set
 
-    print(f"qconform fuzz: {op.name} {leaf}, impl {impl.name}, up to {examples} examples, seed {seed}")
+    print(
+        f"qconform fuzz: {op.name} {leaf}, impl {impl.name}, contract {getattr(impl, 'contract', 'strict')}, "
+        f"up to {examples} examples, seed {seed}"
+    )
     bad = rejects_bad_arguments(impl, op, leaf)
     if bad.ok is False:
         smallest = min(op.cases(leaf, 1), key=lambda c: c.shape[0] * c.shape[-1])
@@ -104,7 +112,7 @@ def fuzz(impl: Implementation, op: OpSpec, leaf: str, *, examples: int, seed: in
     )
     print(f"FAIL (shrunk): case {case.to_json()}")
     print(f"  {failure.prop}: {failure.detail}")
-    verify = f"qconform golden verify {out} --impl {shlex.quote(impl.name)}"
+    verify = f"qconform golden verify {out} --impl {shlex.quote(impl.name)}{_contract_flag(impl)}"
     print(f"saved the case with the oracle's output: {out}/  (replay: {verify})")
     print("replay:")
     print(replay_command(impl, case))
