@@ -286,3 +286,21 @@ def test_fake_quantize_by_the_reciprocal_passes_only_under_a_division_contract()
     assert any(
         matches_oracle(off, op, Prepared.from_case(op, c, off)).ok is False for c in op.cases("Xfp32_Qi8_Yfp32", 1)
     )
+
+
+def test_flush_to_zero_unknown_accepts_either_and_names_the_reading() -> None:
+    """A so: library's flags are unknown (ftz None): a flushing build passes, and so does a
+    non-flushing one; a CPU build (ftz off) that flushes fails on the subnormal case."""
+    op = get_op("q8_k_quant")  # its fp32 d keeps what flushing changes
+    case = next(c for c in op.cases(op.leaves[0].name, 1) if c.pattern == "subnormal")
+
+    def flushing(x, qtype, out=None):
+        return quantize(x, qtype, ftz=True)
+
+    impl = CallableImpl("flushing", flushing, ("q8_k_quant",))
+    assert matches_oracle(impl, op, Prepared.from_case(op, case, impl)).ok is False  # built ftz off
+    impl.ftz = None  # as a so: library: unknown
+    outcome = matches_oracle(impl, op, Prepared.from_case(op, case, impl))
+    assert outcome.ok and "ftz on" in outcome.detail
+    impl.contract = parse_contract("ftz=off")
+    assert matches_oracle(impl, op, Prepared.from_case(op, case, impl)).ok is False
