@@ -80,10 +80,12 @@ class Prepared:
         """``got`` against every accepted reading: the first that it matches, else the failure
         against the first reading (naming the others it does not match either) and the rule."""
         readings = self.expected or (Expected("reference", self.want, plain=True),)
-        results = [compare(op, self.params, got, e.want, e, self.contract) for e in readings]
-        for e, c in zip(readings, results, strict=True):
+        results = []
+        for e in readings:  # the first reading it matches; most outputs match the first
+            c = compare(op, self.params, got, e.want, e, self.contract)
             if c.ok:
                 return c if len(readings) == 1 else replace(c, detail=f"{c.detail} ({e.label})")
+            results.append(c)
         first = results[0]
         detail = first.detail if len(readings) == 1 else f"{readings[0].label}: {first.detail}"
         if len(readings) > 1:
