@@ -53,3 +53,37 @@ def test_benchmark_reports_a_ratio(capsys) -> None:
     results = bench_q8_0(mb=2, repeats=1)
     assert results["ratio"] > 0
     assert "bytes identical: True" in capsys.readouterr().out
+
+
+def test_bench_writes_records_and_compares_them(tmp_path, capsys) -> None:
+    """One JSON record per (kernel, shape) with every run's time and gguf-py timed beside it;
+    --compare prints each record's change, and calls a change inside the runs' spread so."""
+    from qconform.bench.records import BenchRecord, compare, read_records
+    from qconform.cli import main
+
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--mb", "2", "--repeats", "3", "--json", str(out)]) == 0
+    (rec,) = read_records(out)
+    assert rec.verdict == "PASS" and len(rec.times_us) == 3 and rec.bytes == 2 * 2**20 + 2 * 2**20 * 34 // 128
+    assert set(rec.ratios()) == {"gguf-py numpy"} and rec.ratios()["gguf-py numpy"] > 0
+    assert main(["bench", "--mb", "2", "--repeats", "3", "--compare", str(out)]) == 0
+    assert f"{rec.key}: " in capsys.readouterr().out
+    slow = BenchRecord(rec.kernel, rec.shape, rec.device, rec.bytes, 0, (300.0, 310.0), "PASS")
+    fast = BenchRecord(rec.kernel, rec.shape, rec.device, rec.bytes, 0, (100.0, 105.0), "FAIL")
+    assert compare([slow], [fast]) == [f"{rec.key}: 305.0 -> 102.5 us (-66.4%, faster, verdict PASS -> FAIL)"]
+    near = BenchRecord(rec.kernel, rec.shape, rec.device, rec.bytes, 0, (290.0, 320.0), "PASS")
+    assert "within the spread" in compare([slow], [near])[0]
+    assert main(["bench", "--compare", str(tmp_path / "missing.json")]) == 2
+
+
+def test_bench_plot_draws_a_png_or_names_the_missing_extra(tmp_path, capsys) -> None:
+    import importlib.util
+
+    from qconform.cli import main
+
+    png = tmp_path / "roofline.png"
+    code = main(["bench", "--mb", "1", "--repeats", "1", "--plot", str(png)])
+    if importlib.util.find_spec("matplotlib") is None:
+        assert code == 2 and "pip install 'qconform[plot]'" in capsys.readouterr().err
+    else:
+        assert code == 0 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -79,10 +79,10 @@ def find_case(text: str, ops: list[str] | None, leaf: str | None) -> tuple[OpSpe
     raise UsageError(f"--case: no case with id {text!r} in the selected ops (pass its JSON, or --ops/--leaf)")
 
 
-def _check_out_path(out: str | None) -> None:
-    """``--out`` must be writable before a long run starts (its results would be lost)."""
+def _check_out_path(out: str | None, flag: str = "--out") -> None:
+    """An output file's folder must exist before a long run starts (its results would be lost)."""
     if out and not Path(out).resolve().parent.is_dir():
-        raise UsageError(f"--out: the folder of {out!r} does not exist")
+        raise UsageError(f"{flag}: the folder of {out!r} does not exist")
 
 
 def _golden_integrity(golden_dir: Path, integrity: Any) -> tuple[Any, Any]:
@@ -643,9 +643,31 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    """The CPU oracle's throughput against gguf-py, as printed lines and a JSON record per
+    (kernel, shape); ``--compare`` prints the change against an earlier record file."""
     from qconform.bench.ggml_quant import bench_q8_0
+    from qconform.bench.records import compare, plot, read_records, write_records
 
-    bench_q8_0(mb=args.mb, repeats=args.repeats)
+    old = None
+    if args.compare:
+        try:
+            old = read_records(Path(args.compare))
+        except (OSError, ValueError, KeyError) as exc:
+            raise UsageError(f"--compare: cannot read {args.compare}: {exc}") from exc
+    _check_out_path(args.json, "--json")
+    _check_out_path(args.plot, "--plot")
+    records = [bench_q8_0(mb=args.mb, repeats=args.repeats)["record"]]
+    if args.json:
+        write_records(Path(args.json), records)
+        print(f"wrote {len(records)} record(s) to {args.json}")
+    if old is not None:
+        print("\n".join(compare(old, records)))
+    if args.plot:
+        try:
+            plot(records, Path(args.plot))
+        except RuntimeError as exc:
+            raise UsageError(str(exc)) from exc
+        print(f"wrote {args.plot}")
     return EXIT_OK
 
 
@@ -752,6 +774,9 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="oracle throughput against gguf-py", formatter_class=fmt)
     b.add_argument("--mb", type=_positive, default=64, help="input size in MiB")
     b.add_argument("--repeats", type=_positive, default=3, help="timed runs (the median is printed)")
+    b.add_argument("--json", help="write one JSON record per (kernel, shape) to this file")
+    b.add_argument("--compare", metavar="OLD.json", help="print each record's change against this record file")
+    b.add_argument("--plot", metavar="FILE.png", help="draw the records as a roofline (needs matplotlib)")
     b.set_defaults(fn=cmd_bench)
 
     rp = sub.add_parser("report", help="join JSON reports (shards, runners, architectures)", formatter_class=fmt)
