@@ -304,3 +304,26 @@ def test_flush_to_zero_unknown_accepts_either_and_names_the_reading() -> None:
     assert outcome.ok and "ftz on" in outcome.detail
     impl.contract = parse_contract("ftz=off")
     assert matches_oracle(impl, op, Prepared.from_case(op, case, impl)).ok is False
+
+
+def test_accumulation_bounds_follow_the_declared_model() -> None:
+    from qconform.properties.bounds import LAMBDA, accumulation_error, gamma
+
+    u = 2.0**-24
+    strict, worst = STRICT, parse_contract("bound=worst-case")
+    assert accumulation_error(16, 64, strict) == gamma(16, u)  # small n: gamma_n is the tighter
+    assert accumulation_error(5120, 64, strict) == LAMBDA * 5120**0.5 * u < accumulation_error(5120, 64, worst)
+    half = parse_contract("accumulate=fp16")  # chains of the block (64) in fp16, then fp32
+    assert accumulation_error(5120, 64, half) == pytest.approx(
+        gamma(64, 2.0**-11) + gamma(81, u) * (1 + gamma(64, 2.0**-11))
+    )
+    assert accumulation_error(5120, 64, parse_contract("accumulate=fp16,chain=K/64")) == accumulation_error(
+        5120, 80, half
+    )
+    assert accumulation_error(5120, 64, parse_contract("accumulate=bf16,chain=512")) == float("inf")  # 512 u >= 1
+
+
+def test_a_contract_without_a_bound_fails_instead_of_passing_everything() -> None:
+    (p,) = [q for q in _prepared("Xfp16_Wu4_Yfp16", (37, 1000, 50), "accumulate=bf16,chain=512")]
+    c = p.verify(MATMUL, p.want)
+    assert not c.ok and "no error bound holds for bf16 chains of 512" in c.detail

@@ -109,6 +109,14 @@ def check_bound(
     the oracle's output under this reading). The failure names the worst element, its bound and
     the rule, and the declarable relaxation that would explain it, if one does."""
     b = budget(m, contract, ftz)
+    if not math.isfinite(b.e_acc):  # n u >= 1: every output would pass; that is no check
+        length = contract.chain_length(m.n_terms, m.chain)
+        return BoundCheck(
+            False,
+            f"contract {contract}: no error bound holds for {contract.accumulate} chains of {length} products "
+            "(length * unit roundoff >= 1): declare a shorter chain",
+            math.inf,
+        )
     g = got.astype(np.float64)
     finite = np.isfinite(want)
     if not np.array_equal(np.isfinite(g), finite) or not np.array_equal(g[~finite], want[~finite].astype(np.float64)):
