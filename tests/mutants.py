@@ -281,3 +281,45 @@ def matmul_last_block_wrong_scale(
         s[:, -1] = s[:, -2]
     W = ort.dequantize_nbits(B, s, zero_points, g_idx, K=K, N=N, bits=bits, block_size=block_size)
     return _matmul_with_weights(A, W, bias, out)
+
+
+@_for("gather_block_quantized", "Xi64_Wi4_Yfp16")
+def gather_int4_not_sign_extended(data, indices, scales, zero_points=None, *, data_type="uint8", **kw):
+    """Reads int4 codes as unsigned (no sign extension): 0x8..0xF become 8..15, not -8..-1."""
+    ort.gather_block_quantized(data, indices, scales, zero_points, data_type=data_type, **kw)  # its checks
+    unsigned = "uint4" if data_type == "int4" else data_type
+    return ort.gather_block_quantized(data, indices, scales, zero_points, data_type=unsigned, **kw)
+
+
+@_for("gather_block_quantized", "Xi64_Wuint4_Yfp16")
+def gather_uint4_default_zero_point_8(data, indices, scales, zero_points=None, *, data_type="uint8", **kw):
+    """Takes 8 as uint4's default zero point (uint8 data's 2^(bits-1) rule); ORT's is 0."""
+    if data_type == "uint4" and zero_points is None:
+        zero_points = np.full(-(-scales.size // 2), 0x88, np.uint8)
+    return ort.gather_block_quantized(data, indices, scales, zero_points, data_type=data_type, **kw)
+
+
+@_for("gather_block_quantized", "Xi64_Wfp8e5m2_Yfp16")
+def gather_e5m2_read_as_e4m3(data, indices, scales, zero_points=None, *, data_type="uint8", **kw):
+    """Decodes float8e5m2 bytes with the e4m3fn table."""
+    ort.gather_block_quantized(data, indices, scales, zero_points, data_type=data_type, **kw)  # its checks
+    table = "float8e4m3fn" if data_type == "float8e5m2" else data_type
+    return ort.gather_block_quantized(data, indices, scales, zero_points, data_type=table, **kw)
+
+
+@_for("fake_quantize", "Xfp32_Qi2_Yfp32")
+def fake_quantize_int2_wraps(x, scale, zero_point=None, *, axis=1, block_size=0, dtype="uint8", out=None):
+    """Keeps the low 2 bits of an out-of-range int2 code (a bit-field store) where ONNX saturates."""
+    from qconform.oracles.ort.qdq import expand_param
+
+    y = ort.fake_quantize(x, scale, zero_point, axis=axis, block_size=block_size, dtype=dtype, out=out)  # the checks
+    if dtype != "int2":
+        return y
+    s = expand_param(scale, x.shape, axis, block_size, "scale").astype(np.float32)
+    z = 0 if zero_point is None else expand_param(zero_point, x.shape, axis, block_size, "zero_point").astype(int)
+    with np.errstate(all="ignore"):
+        r = np.rint((x.astype(np.float32) / s).astype(np.float32)).astype(np.float64)
+    q = np.where(np.isnan(r), 0, np.clip(r, -(2.0**40), 2.0**40)).astype(np.int64) + z
+    q = ((q + 2) & 3) - 2  # two's complement in 2 bits: 2 -> -2, -3 -> 1
+    y[...] = ((q - z).astype(np.float32) * s).astype(np.float32).astype(y.dtype)
+    return y

@@ -38,6 +38,10 @@ CAUGHT_BY = {
     "fake_quantize_times_reciprocal": VALUE,
     "matmul_skips_last_partial_block": VALUE,
     "matmul_last_block_wrong_scale": VALUE,
+    "gather_int4_not_sign_extended": VALUE,
+    "gather_uint4_default_zero_point_8": VALUE,
+    "gather_e5m2_read_as_e4m3": VALUE,
+    "fake_quantize_int2_wraps": VALUE,
 }
 EXACTLY = {
     "q8_k_ties_away",
