@@ -448,9 +448,9 @@ MATMUL_ABI = Abi(
     lanes=32,
     notes=(
         *_NOTES,
-        "Y[m, n] = sum_k A[m, k] w[n, k] (+ bias[n]): fp32 sums in any order (checked within a K-derived bound), "
-        "fp16 Y rounded once; accuracy_level 4 with integer zero points: ORT's int8 activations "
-        "(qconform.oracles.ort.matmul_nbits)",
+        "Y[m, n] = sum_k A[m, k] w[n, k] (+ bias[n]): fp32 sums in any order (each element within its "
+        "bound from the data and the contract: docs/contracts.md), fp16 Y rounded once; accuracy_level 4 "
+        "with integer zero points: ORT's int8 activations or fp32 ones (qconform.oracles.ort.matmul_nbits)",
     ),
 )
 DEQUANT_ABI = Abi(
