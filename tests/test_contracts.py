@@ -327,3 +327,19 @@ def test_a_contract_without_a_bound_fails_instead_of_passing_everything() -> Non
     (p,) = [q for q in _prepared("Xfp16_Wu4_Yfp16", (37, 1000, 50), "accumulate=bf16,chain=512")]
     c = p.verify(MATMUL, p.want)
     assert not c.ok and "no error bound holds for bf16 chains of 512" in c.detail
+
+
+def test_the_contract_option_may_sit_among_the_other_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    """hip:/so: strings carry other options (requires=, lanes=): the contract is taken out
+    wherever it sits and the rest goes to the loader unchanged."""
+    import qconform.impls as impls
+
+    seen = []
+    monkeypatch.setattr(impls, "_load", lambda spec, ops: seen.append(spec) or impls.OracleImpl())
+    for spec in (
+        "hip:k.hip:gemv:contract=storage=fp16,ftz=off:requires=bits==2:lanes=64",
+        "hip:k.hip:gemv:requires=bits==2:lanes=64:contract=ftz=off,storage=fp16",
+    ):
+        impl = impls.load_impl(spec)
+        assert impl.contract.relaxed() == {"storage": "fp16", "ftz": "off"}
+    assert seen == ["hip:k.hip:gemv:requires=bits==2:lanes=64"] * 2

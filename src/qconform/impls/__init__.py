@@ -63,8 +63,11 @@ def load_impl(spec: str, ops: list[str] | None = None, contract: str | Contract 
     device drop-in (device arrays in and out); ``hip:``/``so:`` cover ``--ops``, else the ops their
     symbol names (an error when it names none). The implementation's numeric contract: what a
     ``py:`` callable declares (``__qconform_contract__``), then a ``:contract=KEY=VALUE,...``
-    option ending the string, then ``contract`` (``--contract``), each on top of the last."""
-    body, _, declared = spec.partition(CONTRACT_OPTION)
+    option anywhere among the string's options, then ``contract`` (``--contract``), each on top
+    of the last."""
+    body, _, rest = spec.partition(CONTRACT_OPTION)
+    declared, colon, tail = rest.partition(":")  # a contract's values hold no ':'
+    body += colon + tail
     impl = _load(body, ops)
     own = getattr(getattr(impl, "fn", None), "__qconform_contract__", None)
     impl.contract = (
