@@ -283,12 +283,24 @@ def matmul_last_block_wrong_scale(
     return _matmul_with_weights(A, W, bias, out)
 
 
-@_for("gather_block_quantized", "Xi64_Wi4_Yfp16")
-def gather_int4_not_sign_extended(data, indices, scales, zero_points=None, *, data_type="uint8", **kw):
-    """Reads int4 codes as unsigned (no sign extension): 0x8..0xF become 8..15, not -8..-1."""
-    ort.gather_block_quantized(data, indices, scales, zero_points, data_type=data_type, **kw)  # its checks
-    unsigned = "uint4" if data_type == "int4" else data_type
-    return ort.gather_block_quantized(data, indices, scales, zero_points, data_type=unsigned, **kw)
+def _gather_read_as(given: str, read_as: str, leaf: str, doc: str):
+    """A gather that decodes ``given`` data as ``read_as`` (after the oracle's own checks)."""
+
+    def gather(data, indices, scales, zero_points=None, *, data_type="uint8", **kw):
+        ort.gather_block_quantized(data, indices, scales, zero_points, data_type=data_type, **kw)  # its checks
+        table = read_as if data_type == given else data_type
+        return ort.gather_block_quantized(data, indices, scales, zero_points, data_type=table, **kw)
+
+    gather.__doc__ = doc
+    return _for("gather_block_quantized", leaf)(gather)
+
+
+gather_int4_not_sign_extended = _gather_read_as(
+    "int4", "uint4", "Xi64_Wi4_Yfp16", "Reads int4 codes as unsigned (no sign extension): 0x8..0xF become 8..15."
+)
+gather_e5m2_read_as_e4m3 = _gather_read_as(
+    "float8e5m2", "float8e4m3fn", "Xi64_Wfp8e5m2_Yfp16", "Decodes float8e5m2 bytes with the e4m3fn table."
+)
 
 
 @_for("gather_block_quantized", "Xi64_Wuint4_Yfp16")
@@ -297,14 +309,6 @@ def gather_uint4_default_zero_point_8(data, indices, scales, zero_points=None, *
     if data_type == "uint4" and zero_points is None:
         zero_points = np.full(-(-scales.size // 2), 0x88, np.uint8)
     return ort.gather_block_quantized(data, indices, scales, zero_points, data_type=data_type, **kw)
-
-
-@_for("gather_block_quantized", "Xi64_Wfp8e5m2_Yfp16")
-def gather_e5m2_read_as_e4m3(data, indices, scales, zero_points=None, *, data_type="uint8", **kw):
-    """Decodes float8e5m2 bytes with the e4m3fn table."""
-    ort.gather_block_quantized(data, indices, scales, zero_points, data_type=data_type, **kw)  # its checks
-    table = "float8e4m3fn" if data_type == "float8e5m2" else data_type
-    return ort.gather_block_quantized(data, indices, scales, zero_points, data_type=table, **kw)
 
 
 @_for("fake_quantize", "Xfp32_Qi2_Yfp32")
