@@ -67,6 +67,19 @@ def q8_0_ties_to_even(x: np.ndarray, qtype: str, out: np.ndarray | None = None) 
 q8_0_ties_to_even.__qconform_ops__ = ("q8_0_quant",)
 
 
+def q8_0_ieee_max(x: np.ndarray, qtype: str, out: np.ndarray | None = None) -> np.ndarray:
+    """The block max by IEEE ``fmaxf`` (a NaN never wins) where ggml's ``MAX`` macro lets a NaN
+    reset the running max: the rest of the reference unchanged (what ``nan=ieee`` accepts)."""
+    fmt, _ = check_quantize_args(x, qtype, out)
+    if fmt.name != "Q8_0":
+        raise NotImplementedError(f"this mutant only quantizes Q8_0, not {qtype}")
+    y = quantize(np.where(np.isnan(x), np.float32(0), x), qtype)
+    return y if out is None else np.copyto(out, y) or out
+
+
+q8_0_ieee_max.__qconform_ops__ = ("q8_0_quant",)
+
+
 def q8_0_approx_reciprocal(x: np.ndarray, qtype: str, out: np.ndarray | None = None) -> np.ndarray:
     """``id = 1/d`` one ulp off (a fast reciprocal such as rcp.approx: within an ulp, not
     correctly rounded): the fp32 neighbour on the other side of the exact 1/d, wherever 1/d is not
