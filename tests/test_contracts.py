@@ -343,3 +343,35 @@ def test_the_contract_option_may_sit_among_the_other_options(monkeypatch: pytest
         impl = impls.load_impl(spec)
         assert impl.contract.relaxed() == {"storage": "fp16", "ftz": "off"}
     assert seen == ["hip:k.hip:gemv:requires=bits==2:lanes=64"] * 2
+
+
+def test_level4_int8_activations_with_an_approximate_inverse(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kernel whose 127/amax is 1 ulp off steps some int8 activation codes: it fails the int8
+    reading strictly and passes under division=1ulp; a wrong kernel still fails under it."""
+    mn = sys.modules["qconform.oracles.ort.matmul_nbits"]
+    exact = mn._activation_products
+
+    def one_ulp_up(a: np.ndarray, block_size: int):
+        prod, sa = exact(a, block_size)
+        return (prod * np.float32(1 + 2.0**-23)).astype(np.float32), sa  # as if inv were 1 ulp up
+
+    def fast(*args, **kwargs):
+        with monkeypatch.context() as m:
+            m.setattr(mn, "_activation_products", one_ulp_up)
+            return matmul_nbits(*args, **kwargs)
+
+    def fast_and_wrong(*args, **kwargs):
+        y = fast(*args, **kwargs).copy()
+        y.reshape(-1)[0] += 0.25
+        return y
+
+    cases = [c for c in MATMUL.cases("Xfp32_Wu4_Yfp32", 2) if c.params.get("accuracy_level") == 4]
+
+    def outcomes(fn, contract: str) -> list:
+        impl = CallableImpl(fn.__name__, fn, ("matmul_nbits",))
+        impl.contract = parse_contract(contract)
+        return [matches_oracle(impl, MATMUL, Prepared.from_case(MATMUL, c, impl)).ok for c in cases]
+
+    assert False in outcomes(fast, "level4=int8")
+    assert all(outcomes(fast, "level4=int8,division=1ulp"))
+    assert not any(outcomes(fast_and_wrong, "level4=int8,division=1ulp"))

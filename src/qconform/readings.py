@@ -24,6 +24,9 @@ class ErrorModel:
     # (index, got - ref) -> where the element is, and which K block's partial sum the difference
     # matches if one does ("row 0, column 3; the difference is -1.00x K block 7's partial sum")
     diagnose: Callable[[tuple[int, ...], float], str] | None = None
+    # float64, absolute: what a declared relaxation moves beyond the roundings (an approximate
+    # division's code steps at MatMulNBits level 4), or None
+    slack: np.ndarray | None = None
 
 
 @dataclass(frozen=True)

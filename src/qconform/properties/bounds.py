@@ -58,7 +58,7 @@ class Budget:
     tiny: float
 
     def bound(self, m: ErrorModel) -> np.ndarray:
-        rounded = self.e_acc * m.mag + self.e_store * m.store_mag
+        rounded = self.e_acc * m.mag + self.e_store * m.store_mag + (0.0 if m.slack is None else m.slack)
         return self.u_out * np.abs(m.ref) + (1 + self.u_out) * rounded + self.tiny
 
     def describe(self, m: ErrorModel, contract: Contract) -> str:
@@ -70,6 +70,8 @@ class Budget:
         parts = [f"{m.out_dtype} output rounding {self.u_out:.3g}*|ref|", f"{acc} {self.e_acc:.3g}*sum|a||w|"]
         if self.e_store:
             parts.append(f"{contract.storage} storage {self.e_store:.3g}*sum|a|(|zs|+2|w|)")
+        if m.slack is not None:
+            parts.append(f"division within {contract.division} ulp (activation codes beside a tie may step)")
         return " + ".join(parts)
 
 

@@ -201,7 +201,7 @@ def _matmul_numerics(
     for path in paths:
         level = {} if path == "int8" else {"accuracy_level": 0}
         want = matmul_nbits(*args, **{**kwargs, **level, "ftz": ftz})
-        terms = product_terms(*args, **kwargs, path=path)
+        terms = product_terms(*args, **kwargs, path=path, division_ulp=contract.division)
         model = ErrorModel(
             terms.ref,
             terms.mag,
@@ -211,6 +211,7 @@ def _matmul_numerics(
             want.dtype,
             PATHS[path],
             _diagnose(terms, want.shape, params),
+            terms.slack,
         )
         plain = path == "int8" or not _int8_path(inputs, params)
         out.append(Expected(PATHS[path], want, model, plain=plain))

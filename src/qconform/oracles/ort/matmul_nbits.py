@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from qconform.errors import ArgumentError
+from qconform.formats.ulp import nudge_ulp
 from qconform.oracles.ort._out import check_out, deliver, flushed
 from qconform.oracles.ort.packing import SUPPORTED_BITS, packed_size, unpack_bits
 
@@ -194,8 +195,8 @@ def check_a(A: object, bias: object, lay: NBitsLayout) -> np.ndarray:
     return a
 
 
-def quantize_activations_int8(a: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """ORT's CompInt8 A quantization: (M, K) fp32 -> (qa (M, kb*bs) int32, sa (M, kb) fp32)."""
+def _activation_products(a: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """ORT's CompInt8 scaling: (fp32(a * inv) (M, kb, bs), sa (M, kb)), the padding zero."""
     m, k = a.shape
     kb = -(-k // block_size)
     padded = np.zeros((m, kb * block_size), np.float32)
@@ -205,8 +206,14 @@ def quantize_activations_int8(a: np.ndarray, block_size: int) -> tuple[np.ndarra
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         sa = (amax / np.float32(127)).astype(np.float32)
         inv = np.where(amax != 0, (np.float32(127) / np.where(amax != 0, amax, 1)).astype(np.float32), np.float32(0))
-        qa = np.clip(np.rint((blocks * inv[:, :, None]).astype(np.float32)), -128, 127)
-    return qa.astype(np.int32).reshape(m, kb * block_size), sa
+        return (blocks * inv[:, :, None]).astype(np.float32), sa
+
+
+def quantize_activations_int8(a: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """ORT's CompInt8 A quantization: (M, K) fp32 -> (qa (M, kb*bs) int32, sa (M, kb) fp32)."""
+    prod, sa = _activation_products(a, block_size)
+    qa = np.clip(np.rint(prod), -128, 127)
+    return qa.astype(np.int32).reshape(len(a), -1), sa
 
 
 def matmul_nbits(
@@ -290,6 +297,7 @@ class ProductTerms:
     store_mag: np.ndarray
     n_terms: int
     partials: object  # Callable[[int, int], np.ndarray]
+    slack: np.ndarray | None = None  # absolute allowance of a declared approximate division
 
 
 def product_terms(
@@ -308,10 +316,14 @@ def product_terms(
     form: str = "ort",
     ort_quirks: bool = False,
     path: str = "float",
+    division_ulp: int = 0,
 ) -> ProductTerms:
     """``path="float"``: fp32 activations times the fp32 weights (levels 0-3; what ORT's CUDA
     provider computes at every level); ``"int8"``: ORT CPU's int8 activations (level 4, integer
-    zero points, no g_idx): sum_b fp32(sa*s) * (integer dot) over k_blocks + 2 rounded terms."""
+    zero points, no g_idx): sum_b fp32(sa*s) * (integer dot) over k_blocks + 2 rounded terms.
+    ``division_ulp`` (int8 path): sa and 127/amax may be that many ulp off (approximate division):
+    ``slack`` then holds what moves -- each code a*inv within that of a rounding boundary may
+    step by one (|fp32(sa*s)| |q - z| each), and the block scales by (2N + 1) u."""
     lay = check_nbits_args(B, scales, zero_points, g_idx, K=K, N=N, bits=bits, block_size=block_size, form=form)
     a32 = check_a(A, bias, lay).astype(np.float32).reshape(-1, lay.K)
     bias64 = None if bias is None else bias.astype(np.float32).astype(np.float64)
@@ -328,6 +340,12 @@ def product_terms(
         ref, mag = (scale64 * dots).sum(axis=2), (np.abs(scale64) * absdots).sum(axis=2)
         store, n_terms = np.zeros_like(ref), lay.k_blocks + 2
         block_sums = scale64 * dots
+        if division_ulp:
+            prod, _ = _activation_products(a32, lay.block_size)
+            steps = division_ulp + 1  # the approximate inverse, then the product's own rounding
+            near = np.rint(nudge_ulp(prod, -steps)) != np.rint(nudge_ulp(prod, steps))
+            flips = np.einsum("mbi,nbi->mnb", near.astype(np.float64), np.abs(wz))
+            slack = (np.abs(scale64) * flips).sum(axis=2) + (2 * division_ulp + 1) * 2.0**-24 * mag
 
         def partials(i: int, n: int) -> np.ndarray:
             return block_sums[i, n]
@@ -348,7 +366,8 @@ def product_terms(
     if bias64 is not None:
         ref, mag, n_terms = ref + bias64, mag + np.abs(bias64), n_terms + 1
     shape = (*A.shape[:-1], lay.N)
-    return ProductTerms(ref.reshape(shape), mag.reshape(shape), store.reshape(shape), n_terms, partials)
+    slack_out = None if path != "int8" or not division_ulp else slack.reshape(shape)
+    return ProductTerms(ref.reshape(shape), mag.reshape(shape), store.reshape(shape), n_terms, partials, slack_out)
 
 
 def _weights64(B, scales, zero_points, g_idx, lay: NBitsLayout, n0: int, n1: int, form: str, ort_quirks: bool):
