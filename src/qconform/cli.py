@@ -393,7 +393,11 @@ def _emit_results(results: list[LeafResult], args: argparse.Namespace, context: 
     """The table of results gathered from several runs (workers, sanitizer runs, merged reports):
     in catalogue order, the implementations they name in the context line."""
     results.sort(key=_catalogue_order)
-    context = {**context, "impl": ", ".join(sorted({r.impl for r in results}))}
+    context = {
+        **context,
+        "impl": ", ".join(sorted({r.impl for r in results})),
+        "contract": ", ".join(sorted({r.contract for r in results})),
+    }
     max_failures = None if getattr(args, "all_failures", False) else getattr(args, "max_failures", MAX_FAILURES_SHOWN)
     _emit(render(results, args.format, context, max_failures), args.out)
 
