@@ -15,7 +15,7 @@ from qconform.ops.abi import DTYPE, I64, Abi, Bound, Enum, In, Out, call_argumen
 from qconform.ops.ort._common import ACTS, leaf_params, validating
 from qconform.ops.spec import BadArgument, Case, Check, Leaf, OpSpec
 from qconform.oracles.ort import check_a, check_nbits_args, dequantize_nbits, matmul_nbits
-from qconform.oracles.ort.matmul_nbits import product_terms
+from qconform.oracles.ort.matmul_nbits import product_terms, uses_int8_activations
 from qconform.readings import ErrorModel, Expected
 
 BITS = (2, 3, 4, 8)
@@ -178,9 +178,8 @@ def _nbits_strategy(op: str, leaf: str, with_a: bool) -> Any:
 
 
 def _int8_path(inputs: dict[str, Any], params: dict[str, Any]) -> bool:
-    """ORT CPU's int8 activations apply: accuracy_level 4, integer zero points (oracle docstring)."""
-    zp = inputs.get("zero_points")
-    return params.get("accuracy_level", 0) == 4 and (zp is None or zp.dtype == np.uint8)
+    """ORT CPU's int8 activations apply to this case (the oracle's own rule)."""
+    return uses_int8_activations(params.get("accuracy_level", 0), inputs.get("zero_points"), None)
 
 
 PATHS = {"int8": "int8 activations (ORT CPU's CompInt8)", "float": "fp32 activations"}
@@ -199,9 +198,8 @@ def _matmul_numerics(
         paths = ("float",)
     out = []
     for path in paths:
-        level = {} if path == "int8" else {"accuracy_level": 0}
-        want = matmul_nbits(*args, **{**kwargs, **level, "ftz": ftz})
-        terms = product_terms(*args, **kwargs, path=path, division_ulp=contract.division)
+        terms = product_terms(*args, **kwargs, path=path, division_ulp=contract.division, ftz=ftz)
+        want = terms.output  # the oracle's Y for this reading
         model = ErrorModel(
             terms.ref,
             terms.mag,

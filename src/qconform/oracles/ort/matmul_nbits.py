@@ -241,47 +241,61 @@ def matmul_nbits(
     if accuracy_level not in (0, 1, 2, 3, 4):
         raise ArgumentError(f"accuracy_level: must be 0..4, got {accuracy_level!r}")
     a32 = a.astype(np.float32).reshape(-1, lay.K)
-    z_is_float = zero_points is not None and np.asarray(zero_points).dtype != np.uint8
-    if accuracy_level == 4 and g_idx is None and not z_is_float:
-        y = _int8_product(a32, B, scales, zero_points, lay)
+    if uses_int8_activations(accuracy_level, zero_points, g_idx):
+        y = _int8_blocks(a32, B, scales, zero_points, lay)[0].sum(axis=2)
     else:
-        y = _fp32_product(a32, B, scales, zero_points, g_idx, lay, form, ort_quirks)
+        y = _fp32_product(a32, B, scales, zero_points, g_idx, lay, form, ort_quirks)[0]
     if bias is not None:
         y = y + bias.astype(np.float32).astype(np.float64)
+    return deliver(_rounded(y, a, lay, ftz), out)
+
+
+def uses_int8_activations(accuracy_level: int, zero_points: object, g_idx: object) -> bool:
+    """ORT CPU's CompInt8 path: accuracy_level 4 with integer zero points and no g_idx."""
+    z_is_float = zero_points is not None and np.asarray(zero_points).dtype != np.uint8
+    return accuracy_level == 4 and g_idx is None and not z_is_float
+
+
+def _rounded(y: np.ndarray, a: np.ndarray, lay: NBitsLayout, ftz: bool) -> np.ndarray:
+    """The float64 product (bias included) as Y: fp32 (flushed with ``ftz``), then A's dtype."""
     with np.errstate(over="ignore"):
-        y32 = flushed(y.astype(np.float32).reshape(*a.shape[:-1], lay.N), ftz)
-    return deliver(y32.astype(a.dtype), out)
+        return flushed(y.astype(np.float32).reshape(*a.shape[:-1], lay.N), ftz).astype(a.dtype)
 
 
 N_CHUNK = 2048  # weight columns dequantized at a time: bounded memory for lm_head-sized N
 
 
-def _fp32_product(a32, B, scales, zero_points, g_idx, lay: NBitsLayout, form: str, ort_quirks: bool) -> np.ndarray:
-    """A @ W^T in float64, W dequantized N_CHUNK columns at a time."""
-    y = np.empty((len(a32), lay.N), np.float64)
+def _fp32_product(
+    a32, B, scales, zero_points, g_idx, lay: NBitsLayout, form: str, ort_quirks: bool, magnitudes: bool = False
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """A @ W^T in float64, W dequantized N_CHUNK columns at a time; with ``magnitudes`` also
+    |A| @ |W|^T and |A| @ moved^T (``_weights64``), else None for both."""
     a64 = a32.astype(np.float64)
-    s2 = scales.reshape(lay.N, lay.k_blocks)
-    z = None if zero_points is None else np.asarray(zero_points)
+    y = np.empty((len(a64), lay.N), np.float64)
+    mag, store = (np.empty_like(y), np.empty_like(y)) if magnitudes else (None, None)
     for n0 in range(0, lay.N, N_CHUNK):
         n1 = min(lay.N, n0 + N_CHUNK)
-        sub = NBitsLayout(lay.K, n1 - n0, lay.bits, lay.block_size)
-        zsub = z if z is None or z.size == 1 else z.reshape(lay.N, -1)[n0:n1]
-        w = _dequantize(B[n0:n1], s2[n0:n1], zsub, g_idx, sub, form, ort_quirks)
-        y[:, n0:n1] = a64 @ w.astype(np.float64).T
-    return y
+        w, moved = _weights64(B, scales, zero_points, g_idx, lay, n0, n1, form, ort_quirks, magnitudes)
+        y[:, n0:n1] = a64 @ w.T
+        if magnitudes:
+            mag[:, n0:n1], store[:, n0:n1] = np.abs(a64) @ np.abs(w).T, np.abs(a64) @ moved.T
+    return y, mag, store
 
 
-def _int8_product(
+def _int8_blocks(
     a32: np.ndarray, B: np.ndarray, scales: np.ndarray, zero_points: object, lay: NBitsLayout
-) -> np.ndarray:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """ORT's CompInt8 terms per block: (fp32(sa * s) * integer dot, |fp32(sa * s)| (M, N, kb), the
+    activation codes (M, kb, bs), the weights' codes q - z (N, kb, bs)), float64 (the integer
+    dots are exact in it)."""
     qa, sa = quantize_activations_int8(a32, lay.block_size)
     q = unpack_bits(B.reshape(lay.N, lay.k_blocks, lay.blob_size), lay.bits, lay.block_size).astype(np.int64)
     z, _ = _zero_points(zero_points, lay, ignore_packed=False)
-    wz = q - z.astype(np.int64)[:, :, None]  # (N, kb, bs); the padding meets zero activations
-    dots = np.einsum("mbi,nbi->mnb", qa.reshape(len(qa), lay.k_blocks, lay.block_size).astype(np.int64), wz)
+    wz = (q - z.astype(np.int64)[:, :, None]).astype(np.float64)  # the padding meets zero activations
+    qa3 = qa.reshape(len(qa), lay.k_blocks, lay.block_size).astype(np.float64)
     s = scales.astype(np.float32).reshape(lay.N, lay.k_blocks)
-    scale = (sa[:, None, :] * s[None, :, :]).astype(np.float32)  # fp32(sa * s)
-    return (scale.astype(np.float64) * dots.astype(np.float64)).sum(axis=2)
+    scale = (sa[:, None, :] * s[None, :, :]).astype(np.float32).astype(np.float64)  # fp32(sa * s)
+    return scale * np.einsum("mbi,nbi->mnb", qa3, wz), np.abs(scale), qa3, wz
 
 
 @dataclass(frozen=True)
@@ -297,6 +311,7 @@ class ProductTerms:
     store_mag: np.ndarray
     n_terms: int
     partials: object  # Callable[[int, int], np.ndarray]
+    output: np.ndarray  # Y as the oracle rounds ``ref`` (this reading's exact output)
     slack: np.ndarray | None = None  # absolute allowance of a declared approximate division
 
 
@@ -317,74 +332,76 @@ def product_terms(
     ort_quirks: bool = False,
     path: str = "float",
     division_ulp: int = 0,
+    ftz: bool = False,
 ) -> ProductTerms:
     """``path="float"``: fp32 activations times the fp32 weights (levels 0-3; what ORT's CUDA
     provider computes at every level); ``"int8"``: ORT CPU's int8 activations (level 4, integer
     zero points, no g_idx): sum_b fp32(sa*s) * (integer dot) over k_blocks + 2 rounded terms.
     ``division_ulp`` (int8 path): sa and 127/amax may be that many ulp off (approximate division):
     ``slack`` then holds what moves -- each code a*inv within that of a rounding boundary may
-    step by one (|fp32(sa*s)| |q - z| each), and the block scales by (2N + 1) u."""
+    step by one (|fp32(sa*s)| |q - z| each), and the block scales by (2N + 1) u. ``output`` is
+    the oracle's Y for this reading (``ftz`` as the oracle's)."""
     lay = check_nbits_args(B, scales, zero_points, g_idx, K=K, N=N, bits=bits, block_size=block_size, form=form)
-    a32 = check_a(A, bias, lay).astype(np.float32).reshape(-1, lay.K)
-    bias64 = None if bias is None else bias.astype(np.float32).astype(np.float64)
+    a = check_a(A, bias, lay)
+    a32 = a.astype(np.float32).reshape(-1, lay.K)
+    slack = None
     if path == "int8":
-        qa, sa = quantize_activations_int8(a32, lay.block_size)
-        q = unpack_bits(B.reshape(lay.N, lay.k_blocks, lay.blob_size), lay.bits, lay.block_size).astype(np.int64)
-        z, _ = _zero_points(zero_points, lay, ignore_packed=False)
-        wz = (q - z.astype(np.int64)[:, :, None]).astype(np.float64)  # (N, kb, bs)
-        qa3 = qa.reshape(len(qa), lay.k_blocks, lay.block_size).astype(np.float64)
-        scale = (sa[:, None, :] * scales.astype(np.float32).reshape(lay.N, lay.k_blocks)[None]).astype(np.float32)
-        dots = np.einsum("mbi,nbi->mnb", qa3, wz)
-        absdots = np.einsum("mbi,nbi->mnb", np.abs(qa3), np.abs(wz))
-        scale64 = scale.astype(np.float64)
-        ref, mag = (scale64 * dots).sum(axis=2), (np.abs(scale64) * absdots).sum(axis=2)
+        block_sums, abs_scale, qa3, wz = _int8_blocks(a32, B, scales, zero_points, lay)
+        ref = block_sums.sum(axis=2)
+        mag = (abs_scale * np.einsum("mbi,nbi->mnb", np.abs(qa3), np.abs(wz))).sum(axis=2)
         store, n_terms = np.zeros_like(ref), lay.k_blocks + 2
-        block_sums = scale64 * dots
         if division_ulp:
             prod, _ = _activation_products(a32, lay.block_size)
             steps = division_ulp + 1  # the approximate inverse, then the product's own rounding
             near = np.rint(nudge_ulp(prod, -steps)) != np.rint(nudge_ulp(prod, steps))
             flips = np.einsum("mbi,nbi->mnb", near.astype(np.float64), np.abs(wz))
-            slack = (np.abs(scale64) * flips).sum(axis=2) + (2 * division_ulp + 1) * 2.0**-24 * mag
+            slack = (abs_scale * flips).sum(axis=2) + (2 * division_ulp + 1) * 2.0**-24 * mag
 
         def partials(i: int, n: int) -> np.ndarray:
             return block_sums[i, n]
     else:
-        a64 = a32.astype(np.float64)
-        kb = np.asarray(g_idx, dtype=np.int64) if g_idx is not None else np.arange(lay.K) // lay.block_size
-        ref, mag, store = (np.empty((len(a64), lay.N)) for _ in range(3))
-        for n0 in range(0, lay.N, N_CHUNK):  # bounded memory for lm_head-sized N, as the oracle
-            n1 = min(lay.N, n0 + N_CHUNK)
-            w, bound_w = _weights64(B, scales, zero_points, g_idx, lay, n0, n1, form, ort_quirks)
-            ref[:, n0:n1], mag[:, n0:n1] = a64 @ w.T, np.abs(a64) @ np.abs(w).T
-            store[:, n0:n1] = np.abs(a64) @ bound_w.T
+        ref, mag, store = _fp32_product(a32, B, scales, zero_points, g_idx, lay, form, ort_quirks, magnitudes=True)
         n_terms = lay.K
+        kb = np.asarray(g_idx, dtype=np.int64) if g_idx is not None else np.arange(lay.K) // lay.block_size
+        a64 = a32.astype(np.float64)
 
         def partials(i: int, n: int) -> np.ndarray:
             w, _ = _weights64(B, scales, zero_points, g_idx, lay, n, n + 1, form, ort_quirks)
             return np.bincount(kb, weights=a64[i] * w[0], minlength=int(kb.max(initial=0)) + 1)
-    if bias64 is not None:
+    if bias is not None:
+        bias64 = bias.astype(np.float32).astype(np.float64)
         ref, mag, n_terms = ref + bias64, mag + np.abs(bias64), n_terms + 1
     shape = (*A.shape[:-1], lay.N)
-    slack_out = None if path != "int8" or not division_ulp else slack.reshape(shape)
-    return ProductTerms(ref.reshape(shape), mag.reshape(shape), store.reshape(shape), n_terms, partials, slack_out)
+    return ProductTerms(
+        ref.reshape(shape),
+        mag.reshape(shape),
+        store.reshape(shape),
+        n_terms,
+        partials,
+        _rounded(ref, a, lay, ftz),
+        None if slack is None else slack.reshape(shape),
+    )
 
 
-def _weights64(B, scales, zero_points, g_idx, lay: NBitsLayout, n0: int, n1: int, form: str, ort_quirks: bool):
-    """Columns n0..n1 of W in float64, and what holding them and the activations in a narrower
-    type moves, per unit roundoff: |z s| + 2 |w| (z*s rounded, w stored, a converted), with
-    |q s| added for ORT's float-zero-point form fp32(q*s) + fp32(-s*z)."""
+def _weights64(
+    B, scales, zero_points, g_idx, lay: NBitsLayout, n0: int, n1: int, form: str, ort_quirks: bool, moved: bool = True
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Columns n0..n1 of W in float64, and (with ``moved``, else None) what holding them and the
+    activations in a narrower type moves, per unit roundoff: |z s| + 2 |w| (z*s rounded, w
+    stored, a converted), with |q s| added for ORT's float-zero-point form fp32(q*s) + fp32(-s*z)."""
     sub = NBitsLayout(lay.K, n1 - n0, lay.bits, lay.block_size)
     z = None if zero_points is None else np.asarray(zero_points)
     if z is not None and z.size > 1:
         z = z.reshape(lay.N, -1)[n0:n1]
     s2 = scales.reshape(lay.N, lay.k_blocks)[n0:n1]
     w = _dequantize(B[n0:n1], s2, z, g_idx, sub, form, ort_quirks).astype(np.float64)
+    if not moved:
+        return w, None
     z_blocks, z_float = _zero_points(z, sub, ignore_packed=g_idx is not None and ort_quirks)
     kb = np.asarray(g_idx, dtype=np.int64) if g_idx is not None else np.arange(lay.K) // lay.block_size
     s = np.abs(s2.astype(np.float64)[:, kb])
     zz = np.abs(np.asarray(z_blocks, np.float64))
-    moved = (zz if zz.ndim == 0 else zz[:, kb]) * s + 2 * np.abs(w)
+    amount = (zz if zz.ndim == 0 else zz[:, kb]) * s + 2 * np.abs(w)
     if form == "ort" and (z_float or g_idx is not None):
-        moved += np.abs(unpack_weights(B[n0:n1], sub).astype(np.float64)) * s
-    return w, moved
+        amount += np.abs(unpack_weights(B[n0:n1], sub).astype(np.float64)) * s
+    return w, amount
