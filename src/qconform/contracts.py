@@ -10,6 +10,7 @@ callable); every report states the contract it checked against. docs/contracts.m
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -84,6 +85,12 @@ class Contract:
 
 
 STRICT = Contract()
+
+
+def contract_flag(contract: object) -> str:
+    """`` --contract ...`` for a replay command line, or '' for the strict default."""
+    text = str(contract)
+    return "" if text == "strict" else f" --contract {shlex.quote(text)}"
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "accumulate": ACCUMULATE,

@@ -13,6 +13,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import seed as hseed
 
+from qconform.contracts import contract_flag
 from qconform.impls.protocol import Implementation
 from qconform.ops import Case, OpSpec
 from qconform.properties.checks import Outcome, Prepared, matches_oracle, rejects_bad_arguments, writes_every_output
@@ -72,15 +73,10 @@ def _repeats(impl: Implementation, op: OpSpec, p: Prepared) -> Outcome:
     return Outcome("repeatable", op.name, p.case.leaf, p.case.id, ok, detail)
 
 
-def _contract_flag(impl: Implementation) -> str:
-    contract = str(getattr(impl, "contract", "strict"))
-    return "" if contract == "strict" else f" --contract {shlex.quote(contract)}"
-
-
 def replay_command(impl: Implementation, case: Case) -> str:
     return (
-        f"qconform run --impl {shlex.quote(impl.name)}{_contract_flag(impl)} --ops {case.op} --leaf {case.leaf} "
-        f"--case {shlex.quote(case.to_json())}"
+        f"qconform run --impl {shlex.quote(impl.name)}{contract_flag(impl.contract)} --ops {case.op} "
+        f"--leaf {case.leaf} --case {shlex.quote(case.to_json())}"
     )
 
 
@@ -88,7 +84,7 @@ def fuzz(impl: Implementation, op: OpSpec, leaf: str, *, examples: int, seed: in
     from qconform.golden import write_set
 
     print(
-        f"qconform fuzz: {op.name} {leaf}, impl {impl.name}, contract {getattr(impl, 'contract', 'strict')}, "
+        f"qconform fuzz: {op.name} {leaf}, impl {impl.name}, contract {impl.contract}, "
         f"up to {examples} examples, seed {seed}"
     )
     bad = rejects_bad_arguments(impl, op, leaf)
@@ -112,7 +108,7 @@ def fuzz(impl: Implementation, op: OpSpec, leaf: str, *, examples: int, seed: in
     )
     print(f"FAIL (shrunk): case {case.to_json()}")
     print(f"  {failure.prop}: {failure.detail}")
-    verify = f"qconform golden verify {out} --impl {shlex.quote(impl.name)}{_contract_flag(impl)}"
+    verify = f"qconform golden verify {out} --impl {shlex.quote(impl.name)}{contract_flag(impl.contract)}"
     print(f"saved the case with the oracle's output: {out}/  (replay: {verify})")
     print("replay:")
     print(replay_command(impl, case))

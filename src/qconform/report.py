@@ -8,6 +8,7 @@ import shlex
 from typing import Any, Sequence
 from xml.sax.saxutils import escape, quoteattr
 
+from qconform.contracts import contract_flag
 from qconform.properties.checks import DECLINED
 from qconform.properties.suite import LeafResult
 
@@ -39,8 +40,7 @@ def replay_command(r: LeafResult, case_id: str | None) -> str | None:
     case = r.cases.get(case_id or "")
     if case is None:
         return None
-    contract = f" --contract {shlex.quote(r.contract)}" if r.contract != "strict" else ""
-    return f"qconform run --impl {shlex.quote(r.impl)}{contract} --case {shlex.quote(case)}"
+    return f"qconform run --impl {shlex.quote(r.impl)}{contract_flag(r.contract)} --case {shlex.quote(case)}"
 
 
 def _failure_lines(results: Sequence[LeafResult], max_failures: int | None = MAX_FAILURES_SHOWN) -> list[str]:
