@@ -67,14 +67,21 @@ def q8_0_ties_to_even(x: np.ndarray, qtype: str, out: np.ndarray | None = None) 
 q8_0_ties_to_even.__qconform_ops__ = ("q8_0_quant",)
 
 
+def ieee_max(x: np.ndarray, qtype: str, out: np.ndarray | None = None) -> np.ndarray:
+    """A block max by IEEE ``fmaxf`` (a NaN never wins) where ggml's Q8_0 ``MAX`` macro lets a NaN
+    reset the running max, NaN elements quantized as 0: the rest of the reference unchanged (what
+    ``nan=ieee`` accepts; Q8_K's strict compare already skips NaN, so there only the NaN bytes differ)."""
+    check_quantize_args(x, qtype, out)
+    y = quantize(np.where(np.isnan(x), np.float32(0), x), qtype)
+    return y if out is None else np.copyto(out, y) or out
+
+
 def q8_0_ieee_max(x: np.ndarray, qtype: str, out: np.ndarray | None = None) -> np.ndarray:
-    """The block max by IEEE ``fmaxf`` (a NaN never wins) where ggml's ``MAX`` macro lets a NaN
-    reset the running max: the rest of the reference unchanged (what ``nan=ieee`` accepts)."""
+    """``ieee_max`` for Q8_0, the format whose reference it breaks."""
     fmt, _ = check_quantize_args(x, qtype, out)
     if fmt.name != "Q8_0":
         raise NotImplementedError(f"this mutant only quantizes Q8_0, not {qtype}")
-    y = quantize(np.where(np.isnan(x), np.float32(0), x), qtype)
-    return y if out is None else np.copyto(out, y) or out
+    return ieee_max(x, qtype, out)
 
 
 q8_0_ieee_max.__qconform_ops__ = ("q8_0_quant",)

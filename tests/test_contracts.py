@@ -26,6 +26,13 @@ HALF = "storage=fp16,accumulate=fp16,chain=K/64"
 MATMUL = get_op("matmul_nbits")
 
 
+def _mutants():
+    sys.path.insert(0, str(Path(__file__).parent))
+    import mutants
+
+    return mutants
+
+
 def test_parse_names_the_key_and_the_rule() -> None:
     c = parse_contract("storage=fp16, accumulate=fp16,chain=K/64,division=2ulp")
     assert (c.storage, c.accumulate, c.chain, c.division) == ("fp16", "fp16", "K/64", 2)
@@ -181,17 +188,11 @@ def test_a_wrong_kernel_fails_even_under_the_relaxed_contract() -> None:
     assert any("contract accumulate=fp16,chain=K/64,storage=fp16" in o.detail for o in outcomes)
 
 
-def _ieee_quantize(x: np.ndarray, qtype: str, out: np.ndarray | None = None) -> np.ndarray:
-    """IEEE fmaxf for the block max (a NaN never wins), NaN elements quantized to 0x7F: not ggml's MAX."""
-    y = quantize(np.where(np.isnan(x), np.float32(0), x), qtype)
-    return y if out is None else np.copyto(out, y) or out
-
-
 @pytest.mark.parametrize("op_name", ["q8_0_quant", "q8_k_quant"])
 def test_nan_policies(op_name: str) -> None:
     op = get_op(op_name)
     leaf = op.leaves[0].name
-    impl = CallableImpl("ieee", _ieee_quantize, (op_name,))
+    impl = CallableImpl("ieee", _mutants().ieee_max, (op_name,))
 
     def run(contract: str) -> list:
         impl.contract = parse_contract(contract)
@@ -210,7 +211,7 @@ def test_a_nan_ieee_kernel_must_still_get_the_other_bytes_right() -> None:
     case = next(c for c in op.cases(op.leaves[0].name, 1) if c.pattern == "nan")
 
     def off_by_one(x, qtype, out=None):
-        y = _ieee_quantize(x, qtype).copy()
+        y = _mutants().ieee_max(x, qtype).copy()
         finite_block = np.flatnonzero(~np.isnan(x.reshape(-1, 32)).any(axis=1))[0]
         y.reshape(-1, 34)[finite_block, 2] ^= 1
         return y
@@ -260,9 +261,7 @@ def test_approximate_division_fails_strict_on_a_named_case_and_passes_when_decla
 
 
 def test_fake_quantize_by_the_reciprocal_passes_only_under_a_division_contract() -> None:
-    sys.path.insert(0, str(Path(__file__).parent))
-    import mutants
-
+    mutants = _mutants()
     op = get_op("fake_quantize")
     impl = CallableImpl("recip", mutants.fake_quantize_times_reciprocal, ("fake_quantize",))
     for contract, failing in (("strict", True), ("division=1ulp", False)):

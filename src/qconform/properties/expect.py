@@ -14,9 +14,9 @@ from qconform.ops import OpSpec
 from qconform.readings import Expected
 
 
-def oracle_output(op: OpSpec, inputs: dict[str, np.ndarray], params: dict[str, Any], ftz: bool, **kw: Any) -> Any:
+def oracle_output(op: OpSpec, inputs: dict[str, np.ndarray], params: dict[str, Any], ftz: bool) -> Any:
     args, kwargs = op.call_args(inputs, params)
-    return op.oracle(*args, **{**kwargs, **kw, **({"ftz": True} if ftz else {})})
+    return op.oracle(*args, **{**kwargs, **({"ftz": True} if ftz else {})})
 
 
 def expectations(
