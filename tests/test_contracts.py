@@ -362,3 +362,21 @@ def test_level4_int8_activations_with_an_approximate_inverse(monkeypatch: pytest
     assert False in outcomes(fast, "level4=int8")
     assert all(outcomes(fast, "level4=int8,division=1ulp"))
     assert not any(outcomes(fast_and_wrong, "level4=int8,division=1ulp"))
+
+
+def test_non_finite_outputs_must_sit_where_the_oracles_do() -> None:
+    from qconform.properties.bounds import check_bound
+
+    p = _prepared("Xfp16_Wu4_Yfp16", (37, 1000, 50))[0]
+    e = p.expected[0]
+    want = e.want.copy()
+    want[2, 3], want[4, 5] = np.nan, np.inf
+    assert check_bound(want.copy(), want, e.model, STRICT, False, str).ok  # the same NaN and inf
+    for bad in (1.0, -np.inf):
+        got = want.copy()
+        got[2, 3] = bad
+        c = check_bound(got, want, e.model, STRICT, False, str)
+        assert not c.ok and "1 non-finite outputs differ; first at [2, 3]" in c.detail
+    got = want.copy()
+    got[0, 0] = np.nan
+    assert "first at [0, 0]" in check_bound(got, want, e.model, STRICT, False, str).detail
