@@ -1,7 +1,7 @@
 """The device backend's parts that need no GPU: the kernel registry and launch geometry, the
 hip: spec parser, the so: build command, the runtime-library scan, every symbol the
-registry and the device mutants name existing in its source, and the mutants' and the bench
-diagnostics' patches applying to the shipped kernels, which carry no hooks."""
+registry and the device mutants name existing in its source, and the mutants' patches applying
+to the shipped kernels, which carry no hooks."""
 
 from __future__ import annotations
 
@@ -33,11 +33,13 @@ def _kernel_symbols(text: str) -> set[str]:
 
 
 def _mma_instances(text: str) -> set[str]:
-    """The matrix-unit kernels a source instantiates through QK_NBITS_MMA(BITS, R, T, P, O)."""
-    return {
-        f"qk_nbits_mma_u{b}_r{r}_t{t}_p{p}_o{o}"
-        for r, t, p, o in re.findall(r"QK_NBITS_MMA\(BITS, (\d+), (\d+), (\d+), (\d+)\)", text)
-        for b in re.findall(r"^QK_NBITS_MMA_BITS\((\d)\)", text, re.M)
+    """The matrix-unit kernels a source instantiates through QK_NBITS_MMA(BITS, R, T, P, O) and
+    QK_NBITS_MMAA(BITS, R, S)."""
+    bits = re.findall(r"^QK_NBITS_MMA_BITS\((\d)\)", text, re.M)
+    general = re.findall(r"QK_NBITS_MMA\(BITS, (\d+), (\d+), (\d+), (\d+)\)", text)
+    ring = re.findall(r"QK_NBITS_MMAA\(BITS, (\d+), (\d+)\)", text)
+    return {f"qk_nbits_mma_u{b}_r{r}_t{t}_p{p}_o{o}" for r, t, p, o in general for b in bits} | {
+        f"qk_nbits_mmaa_u{b}_r{r}_s{s}" for r, s in ring for b in bits
     }
 
 
@@ -86,9 +88,7 @@ def test_shipped_kernels_carry_no_mutant_or_diagnostic_hooks() -> None:
 
 def _patches() -> list[tuple[str, Patch]]:
     """(name, patch) of every patched source, in the order ``--write-sources`` writes them."""
-    from qconform.bench.diagnostics import DIAGNOSTICS
-
-    return [(m.name, m.patch()) for m in ALL if m.edits] + [(f"bench {n}", p) for n, _, p in DIAGNOSTICS]
+    return [(m.name, m.patch()) for m in ALL if m.edits]
 
 
 def test_every_patch_applies_once_to_the_shipped_kernel() -> None:
@@ -131,9 +131,9 @@ def test_patch_rules_and_written_sources(tmp_path) -> None:
         assert path.name == patch.source.name and path.read_text() == patch.text(), name
         for header in patch.source.parent.glob("*.h"):
             assert (path.parent / header.name).read_bytes() == header.read_bytes(), name
-    no_loads = dict(patches)["bench no_loads"]
-    with Patch(KERNEL_DIR / "ort/nbits_mma.hip", no_loads.edits).materialised() as path:
-        assert path.read_text() == no_loads.text() and (path.parent / "ort_common.h").is_file()
+    ring = dict(patches)["ring GEMV: the quad transpose keeps a word"]
+    with Patch(KERNEL_DIR / "ort/nbits_mma.hip", ring.edits).materialised() as path:
+        assert path.read_text() == ring.text() and (path.parent / "ort_common.h").is_file()
     assert not path.exists()
 
 
@@ -213,19 +213,18 @@ def test_mapped_runtimes_reads_the_maps_format() -> None:
 
 def test_every_mma_shape_is_instantiated() -> None:
     """Each MatMulNBits matrix-unit shape the launcher or the bench can pick is compiled."""
-    import re
-
     from qconform.device.registry import KERNEL_DIR, MMA_DECODE_CANDIDATES, MMA_SHAPES
 
     text = (KERNEL_DIR / "ort/nbits_mma.hip").read_text()
-    made = {
-        f"qk_nbits_mma_u{b}_r{r}_t{t}_p{p}_o{o}"
-        for r, t, p, o in re.findall(r"QK_NBITS_MMA\(BITS, (\d+), (\d+), (\d+), (\d+)\)", text)
-        for b in re.findall(r"^QK_NBITS_MMA_BITS\((\d)\)", text, re.M)
-    }
+    made = _mma_instances(text)
     default_only = text[text.index("#define QK_NBITS_MMA_BITS(BITS)") :]
     for shape in MMA_SHAPES.values():  # compiled with -DQK_MMA_DEFAULT_ONLY too
-        assert f"QK_NBITS_MMA(BITS, {shape.r}, {shape.t}, {shape.p}, {shape.o})" in default_only, shape
+        macro = (
+            f"QK_NBITS_MMAA(BITS, {shape.r}, {shape.p})"
+            if shape.ring
+            else f"QK_NBITS_MMA(BITS, {shape.r}, {shape.t}, {shape.p}, {shape.o})"
+        )
+        assert macro in default_only, shape
     for shape in (*MMA_SHAPES.values(), *MMA_DECODE_CANDIDATES):
         for bits in (2, 4):
             assert shape.symbol(bits) in made, shape

@@ -5,27 +5,19 @@ together exceed the L2 several times; launches are queued back to back and timed
 
 from __future__ import annotations
 
-import functools
 import statistics
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass
 
 import cupy
 import numpy as np
 
-from qconform.device import registry
+from qconform.bench.baselines import times
 from qconform.device.ggml.q8_quant import bind, run_kernel
 from qconform.device.loader import device_info, get_kernel
 from qconform.device.registry import GGML_KERNELS, KernelSpec
 from qconform.formats.ggml import FORMATS
 
 MEMCPY_DEVICE_TO_DEVICE = 3
-
-
-def _candidates() -> list[Any]:
-    from qconform.device.registry import MMA_DECODE_CANDIDATES
-
-    return [replace(shape, warps_per_sm=w) for shape in MMA_DECODE_CANDIDATES for w in (16, 32, 48)]
 
 
 @dataclass(frozen=True)
@@ -39,42 +31,9 @@ class Timing:
         return self.bytes_moved / self.seconds / 1e9
 
 
-_SPIN = r"""
-extern "C" __global__ void qk_spin(long long cycles) {
-    const long long t0 = clock64();
-    while (clock64() - t0 < cycles) {}
-}
-"""
-
-
-@functools.cache
-def _spin_kernel() -> Any:
-    return cupy.RawKernel(_SPIN, "qk_spin")
-
-
-def _spin(cycles: int = 20_000_000) -> None:
-    """Keep the GPU busy (~10 ms) while the host queues the timed launches, so that they run back
-    to back and the events time the device, not Python's launch path."""
-    _spin_kernel()((1,), (1,), (np.int64(cycles),))
-
-
 def _median_time(launch, n_sets: int, reps: int, batches: int = 5) -> float:
-    """The median over ``batches`` of the mean time per launch of ``reps`` back-to-back launches
-    (queued behind a spin kernel), the inputs rotating over ``n_sets`` sets."""
-    stream = cupy.cuda.get_current_stream()
-    for i in range(2 * n_sets):  # warm-up: module load, clocks
-        launch(i % n_sets)
-    means = []
-    for _ in range(batches):
-        start, end = cupy.cuda.Event(), cupy.cuda.Event()
-        _spin()
-        start.record(stream)
-        for i in range(reps):
-            launch(i % n_sets)
-        end.record(stream)
-        end.synchronize()
-        means.append(cupy.cuda.get_elapsed_time(start, end) / 1e3 / reps)
-    return statistics.median(means)
+    """The median over ``batches`` of the mean time per launch (``qconform.bench.baselines.times``)."""
+    return statistics.median(times(launch, n_sets, reps, batches))
 
 
 def copy_bandwidth(n_bytes: int = 1 << 30, reps: int = 20) -> Timing:
@@ -141,93 +100,13 @@ def bench_device(rows: int = 4096, width: int = 14336, reps: int = 30) -> list[t
     return rows_out
 
 
-def _nbits_sets(K: int, N: int, bits: int, bs: int, n_sets: int, seed: int) -> list[tuple[Any, Any]]:
-    rng = cupy.random.default_rng(seed)
-    kb = -(-K // bs)
-    return [
-        (
-            rng.integers(0, 256, (N, kb, bs * bits // 8), dtype=cupy.uint8),
-            (rng.random((N, kb), dtype=cupy.float32) * 0.01).astype(cupy.float16),
-        )
-        for _ in range(n_sets)
-    ]
-
-
-def bench_gemv(K: int = 5120, N: int = 17920, reps: int = 50) -> list[tuple[str, Timing, float, float]]:
-    """MatMulNBits decode (M = 1, block 64, default zero point) on K x N with cold weights (sets
-    rotating over 4x the L2): the GEMV against the copy bandwidth, and against
-    dequantize-to-fp16 + cuBLAS (CuPy matmul) on the same sets. fp16 A/Y/scales take the
-    matrix-unit kernel, fp32 the per-output one. The decode split (``MMA_SHAPES``) is tuned here:
-    each candidate's time is printed first."""
-    from qconform.bench.diagnostics import DIAGNOSTICS
-    from qconform.device import ort as ort_launch
-
-    copy = copy_bandwidth()
-    l2 = device_info().l2_bytes
-    bs = 64
-    kw = {"K": K, "N": N, "bits": 2, "block_size": bs}
-    sets = {bits: _nbits_sets(K, N, bits, bs, max(2, -(-4 * l2 // (N * K * bits // 8))), bits) for bits in (2, 4)}
-    rng = cupy.random.default_rng(0)
-    a16 = rng.standard_normal((1, K), dtype=cupy.float32).astype(cupy.float16)
-
-    def time_gemv(bits: int, a: Any) -> tuple[Timing, float]:
-        y = cupy.empty((1, N), a.dtype)
-        calls = [
-            ort_launch.bound(ort_launch.matmul_nbits, a, b, s.astype(a.dtype), **{**kw, "bits": bits}, out=y)
-            for b, s in sets[bits]
-        ]
-        t = _median_time(lambda i: calls[i](), len(calls), reps)
-        b, s = sets[bits][0]
-        timing = Timing(f"u{bits} {a.dtype}", b.nbytes + s.nbytes * a.itemsize // 2 + a.nbytes + y.nbytes, t)
-        return timing, timing.gbps / copy.gbps
-
-    default = registry.MMA_SHAPES["decode"]
-    print(f"decode split candidates, u2 fp16 M=1 {K}x{N} (r x 16 rows, p chunks in flight, warps/SM): us, of copy")
-    for shape in _candidates():
-        registry.MMA_SHAPES["decode"] = shape
-        t, frac = time_gemv(2, a16)
-        wk = f"r={shape.r} p={shape.p} o={shape.o} warps/SM={shape.warps_per_sm}"
-        print(f"  {wk}: {t.seconds * 1e6:.1f} us {frac:.0%}")
-    registry.MMA_SHAPES["decode"] = default
-    print("diagnostics (wrong results, timing only), default shape:")
-    for _, what, patch in DIAGNOSTICS:  # patched copies of nbits_mma.hip (qconform.bench.diagnostics)
-        with (
-            patch.materialised() as source,
-            ort_launch.source_override({"nbits_mma.hip": source}),
-            ort_launch.compile_options("-DQK_MMA_DEFAULT_ONLY"),
-        ):
-            t, frac = time_gemv(2, a16)
-        print(f"  {what}: {t.seconds * 1e6:.1f} us {frac:.0%}")
-
-    out = []
-    print()
-    print(f"| MatMulNBits M=1, {K}x{N}, block 64 | MB read | GEMV us | GB/s | of copy | dequant+cuBLAS us | speed-up |")
-    print("|---|---|---|---|---|---|---|")
-    w32 = cupy.empty((N, K), cupy.float32)
-    for bits, a in ((2, a16), (4, a16), (2, a16.astype(cupy.float32))):
-        timing, frac = time_gemv(bits, a)
-        deqs = [
-            ort_launch.bound(ort_launch.dequantize_nbits, b, s, **{**kw, "bits": bits}, out=w32) for b, s in sets[bits]
-        ]
-
-        def baseline(i: int, deqs=deqs, a=a) -> None:
-            deqs[i]()
-            cupy.matmul(w32.astype(a.dtype), a[0])
-
-        tb = _median_time(baseline, len(deqs), 5, batches=3)
-        ratio = tb / timing.seconds
-        out.append((timing.name, timing, frac, ratio))
-        cells = (timing.name, f"{timing.bytes_moved / 1e6:.1f}", f"{timing.seconds * 1e6:.1f}", f"{timing.gbps:.0f}")
-        print("| " + " | ".join((*cells, f"{frac:.0%}", f"{tb * 1e6:.1f}", f"{ratio:.1f}x")) + " |")
-    return out
-
-
 def bench_prefill(M: int = 2048, K: int = 5120, N: int = 17920, reps: int = 5) -> tuple[float, float]:
     """MatMulNBits prefill (fp16, u2, block 64) against dequantize-to-fp16 + cuBLAS: TFLOP/s
     and the ratio (warm: weights and activations fit the L2 together)."""
+    from qconform.bench.nbits import _weights
     from qconform.device import ort as ort_launch
 
-    ((b, s),) = _nbits_sets(K, N, 2, 64, 1, 7)
+    ((b, s),) = _weights(K, N, 2, 1, 7)
     a = cupy.random.default_rng(1).standard_normal((M, K), dtype=cupy.float32).astype(cupy.float16)
     y = cupy.empty((M, N), cupy.float16)
     kw = {"K": K, "N": N, "bits": 2, "block_size": 64}
@@ -252,5 +131,4 @@ def bench_prefill(M: int = 2048, K: int = 5120, N: int = 17920, reps: int = 5) -
 if __name__ == "__main__":
     np.seterr(all="ignore")
     bench_device()
-    bench_gemv()
     bench_prefill()

@@ -1,8 +1,8 @@
-"""Kernel variants as text patches of a shipped source: the device mutants (tests/device_catalogue.py)
-and the bench's diagnostic builds (qconform.bench.diagnostics). Shipped kernels carry no mutant or
-diagnostic hooks (docs/architecture.md, Device kernels); a variant is the shipped file with exact snippets
-replaced, each of which must occur exactly once in it, so a kernel edit that moves or changes a
-snippet fails loudly (tests/test_device_offline.py) instead of silently testing the shipped kernel.
+"""Kernel variants as text patches of a shipped source: the device mutants (tests/device_catalogue.py).
+Shipped kernels carry no mutant or diagnostic hooks (docs/architecture.md, Device kernels); a
+variant is the shipped file with exact snippets replaced, each of which must occur exactly once in
+it, so a kernel edit that moves or changes a snippet fails loudly (tests/test_device_offline.py)
+instead of silently testing the shipped kernel.
 
 A patched source is written as a complete file beside copies of the headers of its folder: the
 loader puts the source's own folder on the include path (``-I``, and ``#include "x.h"`` looks

@@ -132,7 +132,6 @@ class Launch:
         return grid, threads
 
 
-
 SPEC_OPTIONS = ("lanes", "threads", "grid", "smem", "opt", "requires")
 
 
@@ -184,9 +183,35 @@ class MmaShape:
     wk: int = 0
     wi: int = 1
     warps_per_sm: int = 16
+    # qk_nbits_mmaa: 16-byte weight loads streamed through a shared-memory ring of p stages per
+    # warp, one group of 8 tokens, the default zero point (t = wi = 1, o unused)
+    ring: bool = False
 
     def symbol(self, bits: int) -> str:
+        if self.ring:
+            return f"qk_nbits_mmaa_u{bits}_r{self.r}_s{self.p}"
         return f"qk_nbits_mma_u{bits}_r{self.r}_t{self.t}_p{self.p}_o{self.o}"
+
+    def ring_bytes(self) -> int:
+        """Shared memory of one warp's ring: per stage, 16 R rows x (16 weight + 4 scale) bytes x 4 lanes."""
+        return self.p * self.r * 2 * 32 * 20
+
+    def ring_split(self, items: int, units: int, act_bytes: int, smem_cta: int, smem_sm: int, sms: int) -> int:
+        """The warps per CTA (1, 2, 4, 8) splitting the ring kernel's ``units`` superchunks: the
+        fewest that bring the launch to ``warps_per_sm`` warps per SM (or stop fitting in one wave
+        of CTAs), each warp at least 2 superchunks, the CTA's shared memory within ``smem_cta``;
+        0 if one warp does not fit. (Measured: allowing a second wave for more warps per SM is
+        faster than one wave of fewer, docs/perf-notes.md.)"""
+        best = 0
+        for wk in (1, 2, 4, 8):
+            smem = act_bytes + wk * self.ring_bytes()
+            if smem > smem_cta or (best and units < 2 * wk):
+                break
+            best = wk
+            per_sm = min(MAX_CTAS_PER_SM, MAX_WARPS_PER_SM // wk, smem_sm // (smem + 1024))
+            if items * wk >= self.warps_per_sm * sms or items >= per_sm * sms:
+                break
+        return best
 
     def k_split(self, items: int, n_chunks: int, regs: int, sms: int) -> int:
         """The most warps per item (1, 2, 4, 8) that keeps the launch within ``warps_per_sm``
@@ -206,15 +231,18 @@ class MmaShape:
 
 
 MMA_SHAPES = {
-    "decode": MmaShape(r=2, t=1, p=2, o=1),
+    "decode": MmaShape(r=2, t=1, p=3, ring=True, warps_per_sm=16),
+    "decode_zp": MmaShape(r=2, t=1, p=2, o=1),
     "prefill": MmaShape(r=2, t=4, p=2, o=1, wk=1, wi=4),
 }
 """decode: M <= 8 (one group of 8 tokens); prefill: larger M. The shapes the device suite ran
 (docs/perf-notes.md has the bench's times for every candidate)."""
-MMA_DECODE_CANDIDATES = tuple(
-    MmaShape(r, 1, p, o) for r, p, o in ((2, 2, 1), (2, 2, 3), (2, 4, 2), (4, 2, 2), (1, 4, 4))
+MMA_DECODE_CANDIDATES = (
+    *(MmaShape(r, 1, p, o) for r, p, o in ((2, 2, 1), (2, 2, 3), (2, 4, 2), (4, 2, 2), (1, 4, 4))),
+    *(MmaShape(r, 1, p, ring=True) for r, p in ((2, 4), (2, 3), (2, 2), (1, 4), (1, 6), (4, 2))),
 )
 """The decode shapes the GEMV bench times (each also at several ``warps_per_sm``)."""
+
 
 def _ort(op: str, symbol: str, source: str, doc: str) -> KernelSpec:
     return KernelSpec(op, "cupy", symbol, f"ort/{source}", None, doc)

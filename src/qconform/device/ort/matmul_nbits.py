@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import cupy
@@ -33,7 +34,12 @@ ACT_SMEM_LIMIT = 48 * 1024  # activations staged in shared memory up to this (Cu
 
 def _launch_mma(bits: int, M: int, lay: Any, ptrs: tuple, zps: Any, kind: Any, has_bias: bool, a_vec: bool) -> None:
     """The matrix-unit kernel; ``ptrs`` = (A, B, scales, zero points, bias, Y)."""
-    shape = MMA_SHAPES["decode" if M <= 8 else "prefill"]
+    A, B, scales, zp, bias, y = ptrs
+    ring = MMA_SHAPES["decode"].ring and kind == ZP_DEFAULT and B.data.ptr % 16 == 0 and scales.data.ptr % 4 == 0
+    if M <= 8 and ring:
+        if _launch_ring(bits, M, lay, ptrs, has_bias, a_vec):
+            return
+    shape = MMA_SHAPES["decode_zp" if M <= 8 else "prefill"]
     items = -(-lay.N // (16 * shape.r)) * -(-M // (8 * shape.t))
     n_chunks = -(-lay.K // 64)
     wk = shape.k_split(items, n_chunks, kernel_of(MMA, shape.symbol(bits)).num_regs, sm_count())
@@ -43,11 +49,54 @@ def _launch_mma(bits: int, M: int, lay: Any, ptrs: tuple, zps: Any, kind: Any, h
     red = wk * shape.wi * shape.r * shape.t * 4 * 32 * 4 if wk > 1 else 0
     staged = min(M, 8 * shape.t) * n_chunks * 64 * 2
     act_smem = shape.wi == 1 and staged <= ACT_SMEM_LIMIT
-    A, B, scales, zp, bias, y = ptrs
     sizes = (M, lay.K, lay.N, (lay.block_size // 64).bit_length() - 1, lay.k_blocks, lay.zp_bytes, kind, has_bias)
     flags = (a_vec, act_smem, wk, shape.wi)
     args = (A, B, scales, zp, zps, bias, y, *(np.int32(v) for v in (*sizes, *flags)))
     launch_grid("matmul_nbits", MMA, shape.symbol(bits), grid, 32 * wk * shape.wi, args, max(red, staged * act_smem))
+
+
+RING_ACT_LIMIT = 16 * 1024  # activations staged beside the rings up to this; read from global memory beyond
+
+
+@functools.cache
+def _smem_limits() -> tuple[int, int]:
+    """(shared memory one CTA may use, shared memory per SM) of the current device."""
+    attrs = cupy.cuda.Device().attributes
+    per_cta = attrs.get("MaxSharedMemoryPerBlockOptin", 0) or attrs["MaxSharedMemoryPerBlock"]
+    return int(per_cta), int(attrs.get("MaxSharedMemoryPerMultiprocessor", per_cta))
+
+
+@functools.cache
+def _allow_smem(kernel: Any, n: int) -> bool:
+    """Let ``kernel`` take ``n`` bytes of dynamic shared memory (above the 48 KiB default)."""
+    try:
+        kernel.max_dynamic_shared_size_bytes = n
+    except Exception:  # a runtime without the attribute: the default limit stands
+        return False
+    return True
+
+
+def _launch_ring(bits: int, M: int, lay: Any, ptrs: tuple, has_bias: bool, a_vec: bool) -> bool:
+    """The decode kernel with the weights streamed through shared-memory rings (default zero
+    point); False when one warp's ring does not fit (the caller then takes the general kernel)."""
+    A, B, scales, _, bias, y = ptrs
+    shape = MMA_SHAPES["decode"]
+    n_chunks = -(-lay.K // 64)
+    sc = 8 // bits  # chunks of 64 per superchunk
+    units = -(-n_chunks // sc)
+    act = min(M, 8) * units * sc * 64 * 2
+    act = act if act <= RING_ACT_LIMIT else 0
+    per_cta, per_sm = _smem_limits()
+    items = -(-lay.N // (16 * shape.r))
+    wk = shape.ring_split(items, units, act, per_cta, per_sm, sm_count())
+    kernel = kernel_of(MMA, shape.symbol(bits))
+    smem = max(act + wk * shape.ring_bytes(), wk * shape.r * 4 * 32 * 4)
+    if wk == 0 or (smem > 48 * 1024 and not _allow_smem(kernel, per_cta)):
+        return False
+    sizes = (M, lay.K, lay.N, (lay.block_size // 64).bit_length() - 1, lay.k_blocks, has_bias, a_vec, act, wk)
+    args = (A, B, scales, bias, y, *(np.int32(v) for v in sizes))
+    launch_grid("matmul_nbits", MMA, shape.symbol(bits), items, 32 * wk, args, smem)
+    return True
 
 
 def _zp_args(zero_points: Any, lay, form: str, B: Any) -> tuple[Any, float, int, int]:
@@ -144,7 +193,8 @@ def matmul_nbits(
         return y
     launch(
         "matmul_nbits",
-        GEMV, "qk_nbits_gemv",
+        GEMV,
+        "qk_nbits_gemv",
         M * lay.N * 32,
         (
             A,

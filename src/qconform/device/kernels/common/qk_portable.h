@@ -132,4 +132,48 @@ __device__ __forceinline__ void qk_mma_16816(float d[4], const qk_u32 a[4], cons
 #endif
 }
 
+/* ---------------------------------------------------------------- asynchronous copies */
+/* Global -> shared copies that the thread waits for later (PTX cp.async, sm_80+: "Data Movement
+ * and Conversion Instructions: cp.async"): `bytes` of 16 (qk_cp_async16) or 4 (qk_cp_async4)
+ * from src, the first src_bytes of them read and the rest zero-filled (src_bytes 0: nothing is
+ * read). One qk_cp_async_commit closes a group; qk_cp_async_wait<N> waits until at most N groups
+ * are in flight. Elsewhere (AMD, older NVIDIA) the copy is done at once and the waits do nothing.
+ * A thread that reads back only what it copied needs no barrier. */
+#if defined(QK_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+__device__ __forceinline__ void qk_cp_async16(void* dst, const void* src, int src_bytes) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(a), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void qk_cp_async4(void* dst, const void* src, int src_bytes) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(a), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void qk_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void qk_cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+#else
+__device__ __forceinline__ void qk_cp_async16(void* dst, const void* src, int src_bytes) {
+    const qk_u8* s = (const qk_u8*)src;
+    qk_u32 w[4] = {0u, 0u, 0u, 0u};
+    if (src_bytes == 16) {
+        const uint4 v = *(const uint4*)src;
+        w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
+    } else {
+        for (int i = 0; i < src_bytes; ++i) w[i >> 2] |= (qk_u32)s[i] << (8 * (i & 3));
+    }
+    *(uint4*)dst = make_uint4(w[0], w[1], w[2], w[3]);
+}
+__device__ __forceinline__ void qk_cp_async4(void* dst, const void* src, int src_bytes) {
+    const qk_u8* s = (const qk_u8*)src;
+    qk_u32 w = 0u;
+    for (int i = 0; i < src_bytes; ++i) w |= (qk_u32)s[i] << (8 * i);
+    *(qk_u32*)dst = w;
+}
+__device__ __forceinline__ void qk_cp_async_commit() {}
+template <int N>
+__device__ __forceinline__ void qk_cp_async_wait() {}
+#endif
+
 #endif /* QK_PORTABLE_H */

@@ -326,6 +326,269 @@ __device__ __forceinline__ void qk_nbits_mma(const qk_u16* A, const qk_u8* B, co
             }
 }
 
+/* ------------------------------------ decode on the matrix units, 16-byte weight loads */
+/* The same arithmetic as qk_nbits_mma (one group of 8 tokens), with the weights read 64 bytes
+ * per row and quad: lane t loads bytes 16t..16t+15 of a row's 64-byte "superchunk" (4 chunks of
+ * u2, 2 of u4) in one 16-byte load, and the quad transposes its 4 x 4 words by shuffles so that
+ * each lane again holds, per chunk, the words of its own K slots. Four times the bytes per load
+ * instruction and per register of the ring, so more bytes are in flight per SM. After the
+ * transpose lane t holds word t of each lane's 16 bytes: u2, chunk c: k = 64c + 16t + 0..15 (as
+ * qk_nbits_mma); u4, chunk c: k = 64c + 8t + 0..7 and 64c + 32 + 8t + 0..7 (so its activations
+ * are read from those two places). Each lane loads one chunk's scale of the superchunk and the
+ * quad shares them by shuffle. */
+
+/* lane t's w[c] becomes lane c's w[t], within each group of 4 lanes */
+__device__ __forceinline__ void qk_quad_transpose(qk_u32 w[4], int t) {
+    const bool b1 = (t & 2) != 0, b0 = (t & 1) != 0;
+    const qk_u32 r0 = QK_SHFL_XOR(b1 ? w[0] : w[2], 2, 4), r1 = QK_SHFL_XOR(b1 ? w[1] : w[3], 2, 4);
+    const qk_u32 x0 = b1 ? r0 : w[0], x1 = b1 ? r1 : w[1], x2 = b1 ? w[2] : r0, x3 = b1 ? w[3] : r1;
+    const qk_u32 q0 = QK_SHFL_XOR(b0 ? x0 : x1, 1, 4), q1 = QK_SHFL_XOR(b0 ? x2 : x3, 1, 4);
+    w[0] = b0 ? q0 : x0;
+    w[1] = b0 ? x1 : q0;
+    w[2] = b0 ? q1 : x2;
+    w[3] = b0 ? x3 : q1;
+}
+
+/* 8 + 8 activations of token tok from ka and kb (zeros past K or past M) */
+__device__ __forceinline__ void qk_load_act8x2(qk_u32 h[8], const qk_u16* A, int tok, int M, int K, int ka, int kb,
+                                               int a_vec) {
+#pragma unroll
+    for (int part = 0; part < 2; ++part) {
+        const int k0 = part ? kb : ka;
+        qk_u32* o = h + 4 * part;
+        if (tok >= M || k0 >= K) {
+            o[0] = o[1] = o[2] = o[3] = 0u;
+            continue;
+        }
+        const qk_u16* p = A + (qk_i64)tok * K + k0;
+        if (a_vec && k0 + 8 <= K) {
+            const uint4 v = *(const uint4*)p;
+            o[0] = v.x; o[1] = v.y; o[2] = v.z; o[3] = v.w;
+            continue;
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const qk_u32 lo = k0 + 2 * i < K ? p[2 * i] : 0u, hi = k0 + 2 * i + 1 < K ? p[2 * i + 1] : 0u;
+            o[i] = lo | hi << 16;
+        }
+    }
+}
+
+/* the same out of the staged rows (Kp halves each, zero past K) */
+__device__ __forceinline__ void qk_load_act8x2_smem(qk_u32 h[8], const qk_u16* sA, int tok, int n_tok, int Kp, int ka,
+                                                    int kb) {
+    if (tok >= n_tok) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) h[i] = 0u;
+        return;
+    }
+    const uint4 v0 = *(const uint4*)(sA + tok * Kp + ka), v1 = *(const uint4*)(sA + tok * Kp + kb);
+    h[0] = v0.x; h[1] = v0.y; h[2] = v0.z; h[3] = v0.w;
+    h[4] = v1.x; h[5] = v1.y; h[6] = v1.z; h[7] = v1.w;
+}
+
+/* the fp16 pair (q - z, q - z) of the field under mask at bit p of each half, z folded into the
+ * exact fma (off: the fp16 pair -(2^(10 - p) + z)) */
+__device__ __forceinline__ qk_u32 qk_qz_pair(qk_u32 v, qk_u32 mask, int p, qk_u32 off) {
+    const qk_u32 scale = (qk_u32)(15 - p) << 10;
+    return qk_hfma2((v & mask) | 0x64006400u, scale | scale << 16, off);
+}
+
+template <int BITS>
+__device__ __forceinline__ void qk_weight_pairs_z(const qk_u32 w[BITS / 2], int m, const qk_u32 off[4], qk_u32* P,
+                                                  qk_u32* Q) {
+    if (BITS == 2) {
+        *P = qk_qz_pair(w[0], 0x00030003u << (2 * m), 2 * m, off[m]);
+        *Q = qk_qz_pair(w[0] >> 8, 0x00030003u << (2 * m), 2 * m, off[m]);
+    } else {
+        const int p = (m & 1) * 4;
+        const qk_u32 mask = 0x000F000Fu << p;
+        *P = qk_qz_pair(w[0] >> (8 * (m >> 1)), mask, p, off[m]);
+        *Q = qk_qz_pair(w[BITS / 2 - 1] >> (8 * (m >> 1)), mask, p, off[m]);
+    }
+}
+
+/* Stage j of a warp's ring, per lane: R x 2 weight pieces of 16 bytes, then R x 2 scale words */
+template <int R>
+struct QkRing {
+    qk_u32* base;
+    int lane;
+    __device__ __forceinline__ uint4* piece(int j, int r, int h) const {
+        return (uint4*)base + ((j * R + r) * 2 + h) * 32 + lane;
+    }
+    __device__ __forceinline__ qk_u32* scale(int j, int r, int h, int stages) const {
+        return base + stages * R * 2 * 32 * 4 + ((j * R + r) * 2 + h) * 32 + lane;
+    }
+};
+
+/* copy superchunk s into stage j: each lane its 16 bytes of each row (zeros past the row) and
+ * the 4-byte word holding the scale of chunk SC s + t % SC (zeros past the K chunks) */
+template <int BITS, int R, int S>
+__device__ __forceinline__ void qk_issue_super(const QkRing<R>& ring, int j, const qk_u8* const wrow[R][2],
+                                               const int rows[R][2], const qk_u16* scales, qk_i64 n_scales, int s,
+                                               int t, qk_i64 row_bytes, int n_chunks, int cpb_shift, int k_blocks) {
+    constexpr int SC = 8 / BITS;
+    const qk_i64 off = (qk_i64)s * 64 + 16 * t;
+    const int c = s * SC + t % SC;
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const bool in_row = off + 16 <= row_bytes;
+            qk_cp_async16(ring.piece(j, r, h), wrow[r][h] + (in_row ? off : 0), in_row ? 16 : 0);
+            const qk_i64 i = (qk_i64)rows[r][h] * k_blocks + (c >> cpb_shift), i0 = i & ~(qk_i64)1;
+            const int bytes = c >= n_chunks ? 0 : (i0 + 1 < n_scales ? 4 : 2);
+            qk_cp_async4(ring.scale(j, r, h, S), scales + (bytes ? i0 : 0), bytes);
+        }
+}
+
+/* M <= 8 (one group of 8 tokens), default zero point (2^(BITS-1), folded into the weights), fp16
+ * A / scales / Y: the weights and scales stream through a per-warp ring of S stages in shared
+ * memory (asynchronous copies, S - 1 superchunks in flight per warp), each lane reading back
+ * only what it copied. A CTA owns 16 R rows, its wk_n warps split the superchunks. Shared memory:
+ * the staged activations (act_bytes, 16-byte aligned; 0 when read from global memory), then the
+ * warps' rings, reused for the partial sums. */
+template <int BITS, int R, int S>
+__device__ __forceinline__ void qk_nbits_mmaa(const qk_u16* A, const qk_u8* B, const qk_u16* scales,
+                                              const qk_u16* bias, qk_u16* Y, int M, int K, int N, int cpb_shift,
+                                              int k_blocks, int has_bias, int a_vec, int act_bytes, int wk_n) {
+    extern __shared__ float qk_red[];
+    constexpr int WPR = BITS / 2, NACC = R * 4, SC = 8 / BITS;
+    constexpr int RING_WORDS = S * R * 2 * 32 * 5;
+    const int lane = (int)(threadIdx.x & 31), g = lane >> 2, t = lane & 3;
+    const int wk = (int)(threadIdx.x >> 5);
+    const int row0 = (int)blockIdx.x * 16 * R;
+    const int n_chunks = (K + 63) / 64, n_super = (n_chunks + SC - 1) / SC;
+    const int s_lo = wk * n_super / wk_n, s_hi = (wk + 1) * n_super / wk_n;
+    const qk_i64 row_bytes = (qk_i64)k_blocks * ((64 << cpb_shift) * BITS / 8);
+    const qk_i64 n_scales = (qk_i64)N * k_blocks;
+    const int Kp = n_super * SC * 64, n_tok = min(8, M);
+    qk_u16* sA = (qk_u16*)qk_red;
+    const QkRing<R> ring{(qk_u32*)((char*)qk_red + act_bytes) + wk * RING_WORDS, lane};
+    const int ka = BITS == 2 ? 16 * t : 8 * t, kb = BITS == 2 ? 16 * t + 8 : 32 + 8 * t;
+    qk_u32 zoff[4];
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+        const int p = BITS == 2 ? 2 * m : (m & 1) * 4;
+        const qk_u32 o = qk_fp16_bits(-(float)((1024 >> p) + (1 << (BITS - 1))));
+        zoff[m] = o | o << 16;
+    }
+
+    int rows[R][2];
+    const qk_u8* wrow[R][2];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            rows[r][h] = min(row0 + 16 * r + 8 * h + g, N - 1);
+            wrow[r][h] = B + rows[r][h] * row_bytes;
+        }
+    /* the first S - 1 superchunks start before the activations are staged */
+#pragma unroll
+    for (int j = 0; j < S - 1; ++j) {
+        if (s_lo + j < s_hi)
+            qk_issue_super<BITS, R, S>(ring, j, wrow, rows, scales, n_scales, s_lo + j, t, row_bytes, n_chunks,
+                                       cpb_shift, k_blocks);
+        qk_cp_async_commit();
+    }
+    if (act_bytes) {
+        qk_stage_act(sA, A, 0, n_tok, K, Kp, a_vec);
+        __syncthreads();
+    }
+
+    float acc[NACC];
+#pragma unroll
+    for (int i = 0; i < NACC; ++i) acc[i] = 0.0f;
+
+    for (int s = s_lo, j = 0; s < s_hi; ++s, j = j + 1 == S ? 0 : j + 1) {
+        const int jn = j == 0 ? S - 1 : j - 1; /* the stage read last iteration: refilled S - 1 ahead */
+        if (s + S - 1 < s_hi)
+            qk_issue_super<BITS, R, S>(ring, jn, wrow, rows, scales, n_scales, s + S - 1, t, row_bytes, n_chunks,
+                                       cpb_shift, k_blocks);
+        qk_cp_async_commit();
+        qk_cp_async_wait<S - 1>();
+        qk_u32 ws[R][2][4], sc16[R][2];
+        const int c_own = s * SC + t % SC;
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const uint4 v = *ring.piece(j, r, h);
+                ws[r][h][0] = v.x; ws[r][h][1] = v.y; ws[r][h][2] = v.z; ws[r][h][3] = v.w;
+                const qk_u32 word = *ring.scale(j, r, h, S);
+                const qk_i64 i = (qk_i64)rows[r][h] * k_blocks + (c_own >> cpb_shift);
+                sc16[r][h] = (i & 1) ? word >> 16 : word & 0xFFFFu;
+                qk_quad_transpose(ws[r][h], t);
+            }
+#pragma unroll
+        for (int cc = 0; cc < SC; ++cc) {
+            const int c = s * SC + cc;
+            if (c >= n_chunks) continue; /* (not break: AMD clang then unrolls the loop) */
+            qk_u32 act[8], bf[4][2];
+            if (act_bytes) qk_load_act8x2_smem(act, sA, g, n_tok, Kp, c * 64 + ka, c * 64 + kb);
+            else qk_load_act8x2(act, A, g, M, K, c * 64 + ka, c * 64 + kb, a_vec);
+#pragma unroll
+            for (int m = 0; m < 4; ++m) {
+                int pp[2], qq[2];
+                qk_slot_pairs<BITS>(m, pp, qq);
+                bf[m][0] = qk_act_pair(act, pp[0], pp[1]);
+                bf[m][1] = qk_act_pair(act, qq[0], qq[1]);
+            }
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                /* two chains of two products (m even / odd): half the dependent matrix-unit latency */
+                float d[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+                for (int m = 0; m < 4; ++m) {
+                    qk_u32 a[4];
+                    qk_weight_pairs_z<BITS>(ws[r][0] + cc * WPR, m, zoff, &a[0], &a[2]);
+                    qk_weight_pairs_z<BITS>(ws[r][1] + cc * WPR, m, zoff, &a[1], &a[3]);
+                    qk_mma_16816(d[m & 1], a, bf[m]);
+                }
+                const float s0 = qk_fp16_to_float((qk_u16)QK_SHFL(sc16[r][0], cc, 4));
+                const float s1 = qk_fp16_to_float((qk_u16)QK_SHFL(sc16[r][1], cc, 4));
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+                    acc[r * 4 + i] = fmaf(i < 2 ? s0 : s1, d[0][i] + d[1][i], acc[r * 4 + i]);
+            }
+        }
+    }
+
+    if (wk_n > 1) {
+        qk_cp_async_wait<0>();
+        __syncthreads(); /* every warp is done with its ring and the staged activations */
+#pragma unroll
+        for (int i = 0; i < NACC; ++i) qk_red[(wk * NACC + i) * 32 + lane] = acc[i];
+        __syncthreads();
+        if (wk != 0) return;
+#pragma unroll
+        for (int i = 0; i < NACC; ++i) {
+            float v = qk_red[i * 32 + lane];
+            for (int k = 1; k < wk_n; ++k) v += qk_red[(k * NACC + i) * 32 + lane];
+            acc[i] = v;
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int n = row0 + 16 * r + 8 * (i >> 1) + g, tok = 2 * t + (i & 1);
+            if (n >= N || tok >= M) continue;
+            float v = acc[r * 4 + i];
+            if (has_bias) v += qk_fp16_to_float(bias[n]);
+            Y[(qk_i64)tok * N + n] = __half_as_ushort(qk_half_rn(v));
+        }
+}
+
+/* qk_nbits_mmaa_u{bits}_r{R}_s{S}: M <= 8, default zero point, 16 R rows per CTA, wk_n warps */
+#define QK_NBITS_MMAA(BITS, R, S)                                                                                      \
+    extern "C" __global__ void __launch_bounds__(256) qk_nbits_mmaa_u##BITS##_r##R##_s##S(                             \
+        const qk_u16* A, const qk_u8* B, const qk_u16* scales, const qk_u16* bias, qk_u16* Y, int M, int K, int N,    \
+        int cpb_shift, int k_blocks, int has_bias, int a_vec, int act_bytes, int wk_n) {                               \
+        qk_nbits_mmaa<BITS, R, S>(A, B, scales, bias, Y, M, K, N, cpb_shift, k_blocks, has_bias, a_vec, act_bytes,     \
+                                  wk_n);                                                                               \
+    }
+
 /* the instantiations the launcher picks from: qk_nbits_mma_u{bits}_r{R}_t{T}_p{P}_o{O}, at least O
  * CTAs of 256 threads per SM (registers capped at 65536 / (256 O)) */
 #define QK_NBITS_MMA(BITS, R, T, P, O)                                                                                 \
@@ -342,12 +605,18 @@ __device__ __forceinline__ void qk_nbits_mma(const qk_u16* A, const qk_u8* B, co
 #define QK_NBITS_MMA_CANDIDATES(BITS)
 #else
 #define QK_NBITS_MMA_CANDIDATES(BITS)                                                                                  \
+    QK_NBITS_MMAA(BITS, 2, 4)                                                                                          \
+    QK_NBITS_MMAA(BITS, 2, 2)                                                                                          \
+    QK_NBITS_MMAA(BITS, 1, 4)                                                                                          \
+    QK_NBITS_MMAA(BITS, 1, 6)                                                                                          \
+    QK_NBITS_MMAA(BITS, 4, 2)                                                                                          \
     QK_NBITS_MMA(BITS, 2, 1, 2, 3)                                                                                     \
     QK_NBITS_MMA(BITS, 2, 1, 4, 2)                                                                                     \
     QK_NBITS_MMA(BITS, 4, 1, 2, 2)                                                                                     \
     QK_NBITS_MMA(BITS, 1, 1, 4, 4)
 #endif
 #define QK_NBITS_MMA_BITS(BITS)                                                                                        \
+    QK_NBITS_MMAA(BITS, 2, 3)                                                                                          \
     QK_NBITS_MMA(BITS, 2, 1, 2, 1)                                                                                     \
     QK_NBITS_MMA(BITS, 2, 4, 2, 1)                                                                                     \
     QK_NBITS_MMA_CANDIDATES(BITS)

@@ -1,0 +1,239 @@
+"""MatMulNBits on the device against fair baselines, side by side in one run: for each layer
+shape, bit width and M, the kernel's time spread (min / median / max over batches) beside the
+read-only roofline of its bytes, fp16 cuBLAS on the unquantized weights and a copy-bandwidth
+dequantize + cuBLAS (``qconform.bench.baselines``), and the suite's verdict on the same kernel and
+shape (every output within its bound of the oracle, strict contract). One ``BenchRecord`` per
+(kernel, shape). Decode: fp16 activations, block 64, default zero point, cold weights.
+
+``python -m qconform.bench.nbits [--tune] [--quick] [--json FILE]``: ``--tune`` first times every
+decode candidate (``registry.MMA_DECODE_CANDIDATES`` x warps per SM) on the first shape.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import math
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import cupy
+import numpy as np
+
+from qconform.bench import baselines as bl
+from qconform.bench.records import BenchRecord, write_records
+from qconform.device import registry
+from qconform.device.loader import device_info
+
+# (K, N) of the layers: 5120 x 17920 / 17920 x 5120 (a 14B model's MLP up / down), 4096 x 14336 /
+# 14336 x 4096 (an 8B model's), the 100352-row lm_head over 5120
+SHAPES = ((5120, 17920), (17920, 5120), (4096, 14336), (14336, 4096), (5120, 100352))
+BLOCK = 64
+
+
+def _n_sets(nbytes: int) -> int:
+    return max(2, -(-4 * device_info().l2_bytes // nbytes))
+
+
+def _weights(K: int, N: int, bits: int, n_sets: int, seed: int) -> list[tuple[Any, Any]]:
+    rng = cupy.random.default_rng(seed)
+    kb = -(-K // BLOCK)
+    return [
+        (
+            rng.integers(0, 256, (N, kb, BLOCK * bits // 8), dtype=cupy.uint8),
+            (rng.random((N, kb), dtype=cupy.float32) * 0.01).astype(cupy.float16),
+        )
+        for _ in range(n_sets)
+    ]
+
+
+def _verdict(a: Any, b: Any, s: Any, y: Any, K: int, bits: int) -> str:
+    """The suite's check of this output: within its bound of the oracle under some reading."""
+    from qconform.contracts import STRICT
+    from qconform.ops import CATALOGUE
+    from qconform.properties.compare import compare
+    from qconform.properties.expect import expectations
+
+    op = CATALOGUE["matmul_nbits"]
+    inputs = {"A": cupy.asnumpy(a), "B": cupy.asnumpy(b), "scales": cupy.asnumpy(s)}
+    params = {"K": K, "bits": bits, "block_size": BLOCK}
+    got = cupy.asnumpy(y)
+    details = []
+    for e in expectations(op, inputs, params, STRICT, None):
+        c = compare(op, params, got, e.want, e, STRICT)
+        if c.ok:
+            return "PASS"
+        details.append(c.detail)
+    return "FAIL: " + details[0]
+
+
+def _cublas_fp16(K: int, N: int, M: int, reps: int) -> tuple[str, list[float]]:
+    """fp16 cuBLAS on unquantized (N, K) weights, cold: CuPy's matmul, and torch's linear where
+    torch is installed; the faster of the two."""
+    sets = [
+        cupy.random.default_rng(i).standard_normal((N, K), dtype=cupy.float32).astype(cupy.float16)
+        for i in range(_n_sets(N * K * 2))
+    ]
+    a = cupy.random.default_rng(9).standard_normal((M, K), dtype=cupy.float32).astype(cupy.float16)
+    y = cupy.empty((M, N), cupy.float16)
+    best = ("cupy.matmul", bl.times(lambda i: cupy.matmul(a, sets[i].T, out=y), len(sets), reps))
+    try:
+        import torch
+    except ImportError:
+        return best
+    ta, tw = torch.from_dlpack(a), [torch.from_dlpack(w) for w in sets]
+    ty = torch.from_dlpack(y)
+    mine = bl.times(lambda i: torch.matmul(ta, tw[i].t(), out=ty), len(sets), reps)
+    return ("torch.matmul", mine) if bl.median(mine) < bl.median(best[1]) else best
+
+
+def _time_kernel(a: Any, weights: list[tuple[Any, Any]], K: int, N: int, bits: int, reps: int) -> tuple[list, Any]:
+    from qconform.device import ort as ort_launch
+
+    y = cupy.empty((a.shape[0], N), a.dtype)
+    calls = [
+        ort_launch.bound(ort_launch.matmul_nbits, a, b, s.astype(a.dtype), K=K, N=N, bits=bits, block_size=BLOCK, out=y)
+        for b, s in weights
+    ]
+    ts = bl.times(lambda i: calls[i](), len(calls), reps)
+    calls[0]()
+    return ts, y
+
+
+def _us(ts: list[float]) -> str:
+    return f"{min(ts) * 1e6:.1f} / {bl.median(ts) * 1e6:.1f} / {max(ts) * 1e6:.1f}"
+
+
+def tune(K: int, N: int, reps: int) -> None:
+    """Every decode candidate on one shape, u2 and u4, M = 1: time spread and relL2 against a
+    float64 reference of the same weights (a tuning guard, not the suite's check)."""
+    from qconform.device import ort as ort_launch
+
+    default = dict(registry.MMA_SHAPES)
+    launcher = importlib.import_module("qconform.device.ort.matmul_nbits")  # the module, not its function
+    a = cupy.random.default_rng(0).standard_normal((1, K), dtype=cupy.float32).astype(cupy.float16)
+    print(f"decode candidates, fp16 M=1 {K}x{N} block {BLOCK}: us min / median / max, relL2 vs float64")
+    for bits in (2, 4):
+        weights = _weights(K, N, bits, _n_sets(N * K * bits // 8), bits)
+        b, s = weights[0]
+        w32 = ort_launch.dequantize_nbits(b, s.astype(cupy.float32), K=K, N=N, bits=bits, block_size=BLOCK)
+        ref = w32.astype(cupy.float64) @ a[0].astype(cupy.float64)
+        staged = launcher.RING_ACT_LIMIT
+        for shape, limit in [(c, staged) for c in registry.MMA_DECODE_CANDIDATES] + [
+            (c, 0) for c in registry.MMA_DECODE_CANDIDATES if c.ring
+        ]:
+            launcher.RING_ACT_LIMIT = limit
+            for wps in (8, 16, 32):
+                slot = "decode" if shape.ring else "decode_zp"
+                registry.MMA_SHAPES[slot] = replace(shape, warps_per_sm=wps)
+                if not shape.ring:
+                    registry.MMA_SHAPES["decode"] = replace(default["decode"], ring=False)
+                try:
+                    ts, y = _time_kernel(a, weights, K, N, bits, reps)
+                finally:
+                    registry.MMA_SHAPES.update(default)
+                err = float(cupy.linalg.norm(y[0].astype(cupy.float64) - ref) / cupy.linalg.norm(ref))
+                what = f"ring r={shape.r} stages={shape.p}" if shape.ring else f"r={shape.r} p={shape.p} o={shape.o}"
+                what += "" if limit else ", activations from global memory"
+                print(f"  u{bits} {what} warps/SM={wps}: {_us(ts)}  relL2 {err:.1e}")
+        launcher.RING_ACT_LIMIT = staged
+        for M in (2, 4, 8):
+            am = cupy.random.default_rng(M).standard_normal((M, K), dtype=cupy.float32).astype(cupy.float16)
+            for limit in (staged, 0):
+                launcher.RING_ACT_LIMIT = limit
+                ts, _ = _time_kernel(am, weights, K, N, bits, reps)
+                where = "staged" if limit else "from global memory"
+                print(f"  u{bits} default shape, M={M}, activations {where}: {_us(ts)}")
+            launcher.RING_ACT_LIMIT = staged
+
+
+def bench(shapes=SHAPES, bits_list=(2, 4), ms=(1,), reps: int = 50, verdicts: bool = True) -> list[BenchRecord]:
+    """The decode table (and records) over ``shapes`` x ``bits_list`` x ``ms``."""
+    info = device_info()
+    device = f"{info.name} {info.label}"
+    records: list[BenchRecord] = []
+    print(f"{device}; times in us as min / median / max of 5 batches of {reps} back-to-back cold launches")
+    print(
+        "| K x N | M | bits | kernel us | read-only roofline us | of roofline | fp16 cuBLAS us | speed-up "
+        "| dequant + cuBLAS us | speed-up | verdict |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for K, N in shapes:
+        cublas = {M: _cublas_fp16(K, N, M, reps) for M in ms}
+        for bits in bits_list:
+            weights = _weights(K, N, bits, _n_sets(N * K * bits // 8), bits)
+            deq = bl.dequantize_f16(bits)
+            w16 = cupy.empty((N, K), cupy.float16)
+            for M in ms:
+                a = cupy.random.default_rng(M).standard_normal((M, K), dtype=cupy.float32).astype(cupy.float16)
+                ts, y = _time_kernel(a, weights, K, N, bits, reps)
+                roof = bl.read_roofline([(b, s, a) for b, s in weights], reps)
+                y16 = cupy.empty((M, N), cupy.float16)
+
+                def deq_cublas(i: int, a=a, y16=y16, deq=deq, weights=weights, w16=w16) -> None:
+                    deq(*weights[i], w16)
+                    cupy.matmul(a, w16.T, out=y16)
+
+                tdq = bl.times(deq_cublas, len(weights), max(3, reps // 10))
+                b, s = weights[0]
+                verdict = _verdict(a, b, s, y, K, bits) if verdicts else "not checked"
+                name, tcb = cublas[M]
+                med = bl.median(ts)
+                baselines = {
+                    "read-only roofline": bl.median(roof) * 1e6,
+                    f"fp16 cuBLAS unquantized ({name})": bl.median(tcb) * 1e6,
+                    "copy-bandwidth dequant + cuBLAS": bl.median(tdq) * 1e6,
+                }
+                nbytes = b.nbytes + s.nbytes + a.nbytes + y.nbytes
+                rec = BenchRecord(
+                    f"matmul_nbits u{bits} fp16",
+                    (M, K, N, BLOCK),
+                    device,
+                    nbytes,
+                    2 * M * K * N,
+                    tuple(t * 1e6 for t in ts),
+                    verdict.split(":")[0],
+                    baselines,
+                )
+                records.append(rec)
+                r = rec.ratios()
+                cells = (
+                    f"{K} x {N}",
+                    str(M),
+                    str(bits),
+                    _us(ts),
+                    _us(roof),
+                    f"{bl.median(roof) / med:.0%}",
+                    _us(tcb),
+                    f"{bl.median(tcb) / med:.2f}x",
+                    _us(tdq),
+                    f"{bl.median(tdq) / med:.2f}x",
+                    verdict[:120],
+                )
+                assert math.isclose(r["read-only roofline"], bl.median(roof) / med)
+                print("| " + " | ".join(cells) + " |", flush=True)
+    return records
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m qconform.bench.nbits")
+    p.add_argument("--tune", action="store_true", help="time every decode candidate on the first shape first")
+    p.add_argument("--quick", action="store_true", help="the first shape only, M = 1")
+    p.add_argument("--no-verdict", action="store_true", help="skip the oracle check of each shape")
+    p.add_argument("--json", help="write the records here")
+    args = p.parse_args(argv)
+    np.seterr(all="ignore")
+    if args.tune:
+        tune(*SHAPES[0], reps=50)
+    shapes = SHAPES[:1] if args.quick else SHAPES
+    records = bench(shapes, ms=(1,), verdicts=not args.no_verdict)
+    if not args.quick:
+        records += bench(SHAPES[:1], ms=(2, 4, 8), verdicts=not args.no_verdict)
+    if args.json:
+        write_records(Path(args.json), records)
+    return 0 if all(r.verdict == "PASS" for r in records if args.no_verdict is False) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
