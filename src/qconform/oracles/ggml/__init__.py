@@ -9,6 +9,7 @@ are byte-identical; ``ftz=True`` models a device compiled with flush-to-zero.
 
 from __future__ import annotations
 
+import inspect
 from types import ModuleType
 from typing import Any, Callable, Literal, NamedTuple
 
@@ -16,11 +17,42 @@ import numpy as np
 
 from qconform.errors import ArgumentError
 from qconform.formats.ggml import FORMATS, BlockFormat
-from qconform.oracles.ggml import q8_0, q8_k
+from qconform.oracles.ggml import (
+    iq4_nl,
+    iq4_xs,
+    q2_k,
+    q3_k,
+    q4_0,
+    q4_1,
+    q4_k,
+    q5_0,
+    q5_1,
+    q5_k,
+    q6_k,
+    q8_0,
+    q8_1,
+    q8_k,
+)
 
 Backend = Literal["numba", "numpy"]
+Variant = Literal["ref", "chunk"]
 
-_MODULES: dict[str, ModuleType] = {"Q8_0": q8_0, "Q8_K": q8_k}
+_MODULES: dict[str, ModuleType] = {
+    "Q8_0": q8_0,
+    "Q8_K": q8_k,
+    "Q4_0": q4_0,
+    "Q4_1": q4_1,
+    "Q5_0": q5_0,
+    "Q5_1": q5_1,
+    "Q8_1": q8_1,
+    "IQ4_NL": iq4_nl,
+    "IQ4_XS": iq4_xs,
+    "Q2_K": q2_k,
+    "Q3_K": q3_k,
+    "Q4_K": q4_k,
+    "Q5_K": q5_k,
+    "Q6_K": q6_k,
+}
 
 __all__ = [
     "ArrayKind",
@@ -116,19 +148,25 @@ def quantize(
     ftz: bool = False,
     backend: Backend = "numba",
     nudge: tuple[int, int] = (0, 0),
+    variant: Variant = "ref",
 ) -> np.ndarray:
     """Quantize float32 rows to ggml block bytes, bit-exact with ggml's ``quantize_row_*_ref``.
     ``nudge`` (numpy spec only): the block scale's division and reciprocal that many ulp off, as
-    an approximate division may return them (the contract's ``division``)."""
+    an approximate division may return them (the contract's ``division``).
+    ``variant="chunk"``: ``ggml_quantize_chunk``'s quantizer (no imatrix) where it is not the ref:
+    IQ4_NL's ``quantize_iq4_nl`` (ntry = 7; the ref has ntry = -1)."""
     fmt, shape = check_quantize_args(x, qtype, out)
     mod = _MODULES[fmt.name]
+    what = _variant(mod, fmt, variant)
     result = np.empty(shape, np.uint8) if out is None else out
     blocks = fmt.blocks(result)
     values = x.reshape(-1, fmt.block_size)
     if nudge != (0, 0):
+        if what != "quantize" or "nudge" not in inspect.signature(mod.quantize_blocks_numpy).parameters:
+            raise ArgumentError(f"nudge: not modelled for {fmt.name} (variant {variant!r})")
         mod.quantize_blocks_numpy(values, blocks, ftz, nudge)
     else:
-        _pick(mod, "quantize", backend)(values, blocks, ftz)
+        _pick(mod, what, backend)(values, blocks, ftz)
     return result
 
 
@@ -146,6 +184,16 @@ def dequantize(
     result = np.empty(shape, np.float32) if out is None else out
     _pick(mod, "dequantize", backend)(fmt.blocks(data), result.reshape(-1, fmt.block_size), ftz)
     return result
+
+
+def _variant(mod: ModuleType, fmt: BlockFormat, variant: str) -> str:
+    """The module function family a quantizer variant names: ``quantize`` or ``quantize_chunk``."""
+    if variant == "ref":
+        return "quantize"
+    if variant == "chunk" and hasattr(mod, "quantize_chunk_blocks_numpy"):
+        return "quantize_chunk"
+    having = sorted(name for name, m in _MODULES.items() if hasattr(m, "quantize_chunk_blocks_numpy"))
+    raise ArgumentError(f"variant: must be 'ref', or 'chunk' for {', '.join(having)}; got {variant!r} for {fmt.name}")
 
 
 def _pick(mod: ModuleType, what: str, backend: str):
