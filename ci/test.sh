@@ -11,5 +11,18 @@ PYTHON="${PYTHON:-python3}"
 "$PYTHON" -m pip install --quiet ".[test,upstream,upstream-bnb]"
 "$PYTHON" -m ruff check src tests
 bash ci/compile-kernels.sh
+# ggml's own C from a pinned llama-cpp-python sdist (ci/ggml-lib.sh, docs/ggml-formats.md 0): the
+# C-comparison tests run against it. Without it they skip: a loud warning here, a failure with CI=true.
+ggml_rc=0
+PYTHON="$PYTHON" bash ci/ggml-lib.sh || ggml_rc=$?
+if [ "$ggml_rc" -eq 0 ]; then
+  . build/ggml/env.sh
+elif [ "${CI:-}" = true ]; then
+  echo "ci/test.sh: ci/ggml-lib.sh failed (exit $ggml_rc): CI=true requires ggml's C" >&2
+  exit 1
+else
+  printf '%s\n' "" "!!! WARNING: ci/ggml-lib.sh failed (exit $ggml_rc):" \
+    "!!! the ggml C-comparison tests will SKIP (CI=true makes this an error)" "" >&2
+fi
 export HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-ci}"
 "$PYTHON" -m pytest -n 2 -p no:cacheprovider "$@" tests

@@ -1,17 +1,14 @@
 """Q4_0, Q4_1, Q5_0, Q5_1, Q8_1, IQ4_NL (ref and chunk) and IQ4_XS: layouts, hand-derived vectors,
-numpy/numba twins, argument rules, and ggml's own C when QCONFORM_GGML_LIB names a built
-libggml-base.so (skipped otherwise).
+numpy/numba twins and argument rules. ggml's own C checks them in tests/test_upstream_ggml_c.py
+(when QCONFORM_GGML_LIB names a build of it, as CI's ci/ggml-lib.sh makes).
 
 gguf-py cross-checks the legacy quantizers and the dequantizers (test_upstream_gguf_legacy.py);
-it has no Q8_1 and no IQ4 quantizer, so those rest on the vectors below. Every expected byte is
+it has no Q8_1 and no IQ4 quantizer, so without the C library those rest on the vectors below. Every expected byte is
 worked out from the ggml-org/ggml src/ggml-quants.c function it names, not from the oracle, and
 both twins must produce it.
 """
 
 from __future__ import annotations
-
-import ctypes
-import os
 
 import numpy as np
 import pytest
@@ -253,49 +250,3 @@ def test_variant_and_nudge_arguments() -> None:
         quantize(x, "Q4_0", nudge=(1, 0))
     with pytest.raises(ArgumentError, match="nudge"):
         quantize(x, "IQ4_NL", nudge=(1, 0), variant="chunk")
-
-
-LIB = os.environ.get("QCONFORM_GGML_LIB")
-
-
-@pytest.mark.skipif(not LIB, reason="set QCONFORM_GGML_LIB to a built libggml-base.so")
-@pytest.mark.parametrize("qtype,variant", VARIANTS, ids=lambda v: str(v))
-def test_oracle_is_the_ggml_c_reference(qtype: str, variant: str) -> None:
-    """Every pattern (NaN payloads, inf, subnormals) and random fp32 bit patterns, both twins.
-    ``quantize_row_*_ref`` is called per row, as the CPU backend's from_float is. IQ4_NL's ref leaves
-    the qs of a block with amax < 1e-15 unwritten (stale): those bytes are left out."""
-    lib = ctypes.CDLL(LIB)
-    vp = ctypes.c_void_p
-    fmt = FORMATS[qtype]
-    name = qtype.lower()
-    if variant == "chunk" or qtype == "IQ4_XS":
-        fn = getattr(lib, f"quantize_{name}")
-        fn.argtypes, fn.restype = [vp, vp, ctypes.c_int64, ctypes.c_int64, vp], ctypes.c_size_t
-    else:
-        fn = getattr(lib, f"quantize_row_{name}_ref")
-        fn.argtypes, fn.restype = [vp, vp, ctypes.c_int64], None
-    rows = [make_values(p, 5000 + s, 8, 1024, fmt.block_size) for p in PATTERNS for s in range(4)]
-    bits = np.random.default_rng(123).integers(0, 2**32, size=(16, 1024), dtype=np.uint64).astype(np.uint32)
-    for x in [*rows, bits.view(np.float32)]:
-        theirs = np.zeros((len(x), fmt.n_bytes(x.shape[1])), np.uint8)
-        if variant == "chunk" or qtype == "IQ4_XS":
-            fn(x.ctypes.data, theirs.ctypes.data, x.shape[0], x.shape[1], None)
-        else:
-            for r in range(len(x)):
-                fn(x[r].ctypes.data, theirs[r].ctypes.data, x.shape[1])
-        for backend in BACKENDS:
-            ours = quantize(x, qtype, backend=backend, variant=variant)
-            if qtype == "IQ4_NL" and variant == "ref":
-                xb = x.reshape(-1, 32)
-                tiny = np.where(np.isnan(xb), 0, np.abs(xb)).max(axis=1) < np.float32(1e-15)
-                fmt.blocks(theirs)["qs"][tiny] = fmt.blocks(ours)["qs"][tiny]
-            assert np.array_equal(ours, theirs), (qtype, variant, backend)
-    if qtype != "Q8_1":
-        deq = getattr(lib, f"dequantize_row_{name}")
-        deq.argtypes, deq.restype = [vp, vp, ctypes.c_int64], None
-        data = np.random.default_rng(9).integers(0, 256, size=fmt.n_bytes(8192), dtype=np.uint8)
-        y = np.empty(8192, np.float32)
-        deq(data.ctypes.data, y.ctypes.data, y.size)
-        for backend in BACKENDS:
-            got = dequantize(data[None], qtype, backend=backend)[0]
-            assert ((got.view(np.uint32) == y.view(np.uint32)) | (np.isnan(got) & np.isnan(y))).all(), backend

@@ -5,7 +5,7 @@ gguf-py (gguf/quants.py) quantizes Q4_0, Q4_1, Q5_0 and Q5_1 in numpy and dequan
 IQ4_NL and IQ4_XS; PR #15111 made its quantizers follow the C without FMA. It has no Q8_1 at all
 and no IQ4_NL or IQ4_XS quantizer (``NotImplementedError``), so Q8_1, the IQ4_NL quantizers (ref
 and chunk) and the IQ4_XS quantizer rest on the hand-derived vectors and the twin tests of
-test_ggml_formats_legacy.py (and on its ggml C-library check when QCONFORM_GGML_LIB is set).
+test_ggml_formats_legacy.py (and on ggml's C in test_upstream_ggml_c.py when QCONFORM_GGML_LIB is set).
 
 Left out or narrowed, and why:
 - NaN input: gguf's numpy ``argmax``/``max``/``min`` pick or propagate a NaN where the C's

@@ -5,6 +5,8 @@
 ``GGMLQuantizationType``. Each format's rules are in its module (``q8_0``, ``q8_k``) with the
 upstream source. ``backend="numba"`` (default, fast) and ``backend="numpy"`` (the readable spec)
 are byte-identical; ``ftz=True`` models a device compiled with flush-to-zero.
+``vec_dot`` (vec_dot_generic.py) is ggml's generic CPU dot product of a weight row with an activation row;
+fused.py builds ``matmul_bt_quant`` and the RMSNorm / SiLU*up -> Q8_K epilogues on it.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ from qconform.oracles.ggml import (
     q8_1,
     q8_k,
 )
+from qconform.oracles.ggml.fused import matmul_bt_quant, q8_k_stale_mask, rms_norm_q8_k, silu_mul_q8_k
+from qconform.oracles.ggml.vec_dot_generic import PAIRS as VEC_DOT_PAIRS
+from qconform.oracles.ggml.vec_dot_generic import vec_dot
 
 Backend = Literal["numba", "numpy"]
 Variant = Literal["ref", "chunk"]
@@ -62,6 +67,12 @@ __all__ = [
     "check_quantize_args",
     "check_dequantize_args",
     "resolve_qtype",
+    "vec_dot",
+    "VEC_DOT_PAIRS",
+    "matmul_bt_quant",
+    "rms_norm_q8_k",
+    "silu_mul_q8_k",
+    "q8_k_stale_mask",
 ]
 
 
