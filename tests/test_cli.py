@@ -190,3 +190,15 @@ def test_python_dash_m() -> None:
 def test_console_script() -> None:
     r = subprocess.run(["qconform", "--version"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.startswith("qconform ")
+
+
+def test_bench_where_gpu_without_a_gpu_is_a_usage_error(capsys) -> None:
+    """``qconform bench --where gpu`` on a host without a GPU says so in one line and exits 2
+    (with a GPU it runs the device table: ci/device.sh's time part)."""
+    from qconform.cli import main
+    from qconform.impls import device_available
+
+    if device_available()[0]:
+        pytest.skip("a GPU is present: --where gpu runs the device benchmark")
+    assert main(["bench", "--where", "gpu"]) == 2
+    assert "--where gpu: no GPU device found" in capsys.readouterr().err

@@ -647,8 +647,10 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    """The CPU oracle's throughput against gguf-py, as printed lines and a JSON record per
-    (kernel, shape); ``--compare`` prints the change against an earlier record file."""
+    """With a GPU: qconform's device kernels against their baselines (the MatMulNBits decode table
+    of ``qconform.bench.nbits``); without one: the CPU oracle's throughput against gguf-py. Printed
+    lines and a JSON record per (kernel, shape); ``--compare`` prints the change against an
+    earlier record file."""
     from qconform.bench.ggml_quant import bench_q8_0
     from qconform.bench.records import compare, plot, read_records, write_records
 
@@ -660,7 +662,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise UsageError(f"--compare: cannot read {args.compare}: {exc}") from exc
     _check_out_path(args.json, "--json")
     _check_out_path(args.plot, "--plot")
-    records = [bench_q8_0(mb=args.mb, repeats=args.repeats)["record"]]
+    found, why = device_available()
+    if args.where == "gpu" and not found:
+        raise UsageError(f"--where gpu: no GPU device found ({why})")
+    if found and args.where != "cpu":
+        from qconform.bench.nbits import run_all
+
+        print(f"GPU ({why}): qconform's MatMulNBits decode kernels against their baselines", flush=True)
+        records = run_all(quick=args.quick)
+    else:
+        print(f"CPU ({'--where cpu' if found else why}): the Q8_0 oracle against gguf-py", flush=True)
+        records = [bench_q8_0(mb=args.mb, repeats=args.repeats)["record"]]
     if args.json:
         write_records(Path(args.json), records)
         print(f"wrote {len(records)} record(s) to {args.json}")
@@ -775,7 +787,11 @@ def build_parser() -> argparse.ArgumentParser:
     _contract_option(gv)
     g.set_defaults(fn=cmd_golden)
 
-    b = sub.add_parser("bench", help="oracle throughput against gguf-py", formatter_class=fmt)
+    b = sub.add_parser(
+        "bench", help="device kernels against their baselines (a GPU), else oracle throughput", formatter_class=fmt
+    )
+    b.add_argument("--where", choices=("auto", "gpu", "cpu"), default="auto", help="the benchmarks to run")
+    b.add_argument("--quick", action="store_true", help="device: the first layer shape at M = 1 only")
     b.add_argument("--mb", type=_positive, default=64, help="input size in MiB")
     b.add_argument("--repeats", type=_positive, default=3, help="timed runs (the median is printed)")
     b.add_argument("--json", help="write one JSON record per (kernel, shape) to this file")

@@ -216,6 +216,14 @@ def bench(shapes=SHAPES, bits_list=(2, 4), ms=(1,), reps: int = 50, verdicts: bo
     return records
 
 
+def run_all(quick: bool = False, verdicts: bool = True) -> list[BenchRecord]:
+    """Every layer shape at M = 1, then M = 2, 4, 8 on the first (``quick``: the first at M = 1)."""
+    records = bench(SHAPES[:1] if quick else SHAPES, ms=(1,), verdicts=verdicts)
+    if not quick:
+        records += bench(SHAPES[:1], ms=(2, 4, 8), verdicts=verdicts)
+    return records
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m qconform.bench.nbits")
     p.add_argument("--tune", action="store_true", help="time every decode candidate on the first shape first")
@@ -226,13 +234,10 @@ def main(argv: list[str] | None = None) -> int:
     np.seterr(all="ignore")
     if args.tune:
         tune(*SHAPES[0], reps=50)
-    shapes = SHAPES[:1] if args.quick else SHAPES
-    records = bench(shapes, ms=(1,), verdicts=not args.no_verdict)
-    if not args.quick:
-        records += bench(SHAPES[:1], ms=(2, 4, 8), verdicts=not args.no_verdict)
+    records = run_all(quick=args.quick, verdicts=not args.no_verdict)
     if args.json:
         write_records(Path(args.json), records)
-    return 0 if all(r.verdict == "PASS" for r in records if args.no_verdict is False) else 1
+    return 0 if args.no_verdict or all(r.verdict == "PASS" for r in records) else 1
 
 
 if __name__ == "__main__":
