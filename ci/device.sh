@@ -5,7 +5,7 @@
 # times (each kernel against the measured copy bandwidth), then prints the tables last.
 #   bash ci/device.sh [all|check|mutants|users|time] [FAMILY]
 # check: pytest -m device and the conformance run; mutants: the device mutants and controls;
-# users: the worked user kernels with their wrong twins; time: the throughput table (each part
+# users: the worked user kernels with their wrong twins; time: the throughput tables (each part
 # well under one 10-minute device call); FAMILY (ggml, ort, ...: `qconform list --families`) limits check to one family.
 # Logs and tables land under $OUT (default /tmp/qconform-device).
 set -uo pipefail
@@ -48,6 +48,7 @@ if part users; then
 fi
 if part time; then
   "$PY" -m qconform.bench.device >"$OUT/bench.md" 2>&1 || status=1
+  "$PY" -m qconform.bench.nbits --json "$OUT/bench-nbits.json" >"$OUT/bench-nbits.md" 2>&1 || status=1
 fi
 
 echo
@@ -62,5 +63,8 @@ part mutants && show "device mutants and controls" mutants.md
 if part users; then
   show "worked user kernels (hip:, so:, device py:) and their wrong twins" user-kernels.md
 fi
-part time && show "throughput" bench.md
+if part time; then
+  show "throughput" bench.md
+  show "MatMulNBits decode against its baselines (records: bench-nbits.json)" bench-nbits.md
+fi
 exit $status
