@@ -14,9 +14,10 @@ from qconform.cli import main
 
 
 def test_default_run_checks_what_the_host_has(capsys) -> None:
-    """Without a GPU: the oracle against the newest committed golden set, every leaf. With one: the
-    device kernels (``--impl cupy``) on the cases of every op they implement."""
-    from qconform.golden import default_set_dir
+    """Without a GPU: the oracle against the committed golden sets, every leaf of the catalogue from
+    the newest set holding it. With one: the device kernels (``--impl cupy``) on the cases of
+    every op they implement."""
+    from qconform.golden import default_sets
     from qconform.impls import device_available
     from qconform.ops import CATALOGUE
 
@@ -34,8 +35,8 @@ def test_default_run_checks_what_the_host_has(capsys) -> None:
         cupy_impl = load_impl("cupy")
         ops = [op for op in CATALOGUE.values() if cupy_impl.applies_to(op)]
     else:
-        assert out.startswith(f"No GPU device found ({why}): checking the oracle against the committed golden set.")
-        assert "| impl: oracle |" in head and head.endswith(f"cases: golden {default_set_dir()}")
+        assert out.startswith(f"No GPU device found ({why}): checking the oracle against the committed golden sets.")
+        assert "| impl: oracle |" in head and head.endswith(f"cases: golden {', '.join(map(str, default_sets()))}")
         ops = list(CATALOGUE.values())
     leaves = sum(len(op.leaves) for op in ops)
     assert f"Leaves: {leaves} (0 failed) | Cases:" in out and "(0 failed)\n" in out

@@ -13,10 +13,12 @@ from conftest import REPO
 from safetensors import safe_open
 
 from qconform.cli import main
+from qconform.formats.ggml import FORMATS
 from qconform.golden import default_set_dir, read_manifest, verify_set
 from qconform.golden.store import decode_leaf, layout
 from qconform.golden.verify import locate_changes
 from qconform.impls import load_impl
+from qconform.ops.ggml.q8_quant import leaf_qtype
 
 
 def committed_sets() -> list[Path]:
@@ -65,7 +67,7 @@ def test_files_carry_cases_and_params_in_metadata(set_dir: Path) -> None:
         for p in leaf.prepared:
             assert f"{p.case.id}/{leaf.op.output_name}" in logical
             if leaf.op.family == "ggml":
-                assert p.params["qtype"] in ("Q8_0", "Q8_K")
+                assert p.params["qtype"] == leaf_qtype(leaf.leaf) and p.params["qtype"] in FORMATS
                 assert f"ggml {p.params['qtype']} blocks (raw bytes)" in logical.values()
 
 
@@ -113,8 +115,13 @@ def test_verify_reports_a_flipped_byte_end_to_end(tmp_path, capsys) -> None:
     assert f"GOLDEN CORRUPT {entry['path']}: changed: tensor '{name}'" in capsys.readouterr().err
 
 
+def _newest_holding(path: str) -> Path:
+    return next(d for d in reversed(SETS) if (d / path).is_file())
+
+
 def test_drift_has_a_byte_level_summary(in_tests_dir) -> None:
-    report = verify_set(COMMITTED, load_impl("py:mutants:q8_k_ties_away"))
+    holding = _newest_holding("q8_k_quant/Xfp32_Yq8_K.safetensors")
+    report = verify_set(holding, load_impl("py:mutants:q8_k_ties_away"))
     assert not report.ok and report.cases > 0
     (finding,) = [f for f in report.findings if "ties-" in f.detail]
     assert finding.kind == "drift" and finding.path == "q8_k_quant/Xfp32_Yq8_K.safetensors"

@@ -171,7 +171,7 @@ def _run_prepared(
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from qconform.golden import default_set_dir
+    from qconform.golden import default_sets
     from qconform.golden.store import decode_leaf
     from qconform.golden.verify import integrity
 
@@ -185,16 +185,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     if workers > 1:
         return run_in_workers(args, workers, on_device=found and (args.impl is None or _is_device(args.impl)))
     context: dict[str, Any] = {"qconform": qconform.__version__}
-    golden_dir = Path(args.golden) if args.golden else None
+    golden_dirs = [Path(args.golden)] if args.golden else []
     if args.impl is None and found:
         impl: Implementation = load_impl("cupy", contract=args.contract)
         print(f"GPU found ({why}): checking qconform's device kernels (--impl cupy) on {impl.arch}.", flush=True)
         context["device"] = _device_line()
     elif args.impl is None:
-        print(f"No GPU device found ({why}): checking the oracle against the committed golden set.", flush=True)
+        print(f"No GPU device found ({why}): checking the oracle against the committed golden sets.", flush=True)
         impl = load_impl("oracle", contract=args.contract)
-        golden_dir = golden_dir or default_set_dir()
-        if golden_dir is None:
+        golden_dirs = golden_dirs or default_sets()
+        if not golden_dirs:
             raise UsageError("no golden set found; pass --golden DIR or --impl")
         context["device"] = f"none ({why})"
     else:
@@ -207,24 +207,31 @@ def cmd_run(args: argparse.Namespace) -> int:
         op, case = find_case(args.case, ops, args.leaf)
         groups = [(op, case.leaf, [Prepared.from_case(op, case, impl)])]
         context["cases"] = f"replay {case.id}"
-    elif golden_dir is not None:
-        findings, intact = _golden_integrity(golden_dir, integrity)
-        for f in findings:
-            print(f"GOLDEN {f.kind.upper()} {f.path}: {f.detail}", file=sys.stderr)
-        if findings:
-            print(f"golden set {golden_dir} failed its integrity check", file=sys.stderr)
-            return EXIT_FAIL
-        groups = []
-        for data in intact.values():
-            leaf = decode_leaf(data)
-            if (
-                (ops and leaf.op.name not in ops)
-                or (args.leaf and leaf.leaf != args.leaf)
-                or not impl.applies_to(leaf.op)
-            ):
-                continue
-            groups.append((leaf.op, leaf.leaf, [p.for_impl(leaf.op, impl) for p in leaf.prepared]))
-        context["cases"] = f"golden {golden_dir}"
+    elif golden_dirs:
+        groups, seen = [], set()
+        for one in golden_dirs:  # newest first: each leaf from the newest set holding it
+            findings, intact = _golden_integrity(one, integrity)
+            for f in findings:
+                print(f"GOLDEN {f.kind.upper()} {f.path}: {f.detail}", file=sys.stderr)
+            if findings:
+                print(f"golden set {one} failed its integrity check", file=sys.stderr)
+                return EXIT_FAIL
+            for data in intact.values():
+                leaf = decode_leaf(data)
+                if (
+                    (leaf.op.name, leaf.leaf) in seen
+                    or (ops and leaf.op.name not in ops)
+                    or (args.leaf and leaf.leaf != args.leaf)
+                    or not impl.applies_to(leaf.op)
+                ):
+                    continue
+                seen.add((leaf.op.name, leaf.leaf))
+                groups.append((leaf.op, leaf.leaf, [p.for_impl(leaf.op, impl) for p in leaf.prepared]))
+        order = {
+            (op.name, lf.name): i for i, (op, lf) in enumerate((o, lf) for o in CATALOGUE.values() for lf in o.leaves)
+        }
+        groups.sort(key=lambda g: order.get((g[0].name, g[1]), len(order)))  # catalogue order across sets
+        context["cases"] = f"golden {', '.join(str(d) for d in golden_dirs)}"
     else:
         groups = [
             (op, leaf, LazyCases(op, op.cases(leaf, args.coverage), impl))
@@ -236,7 +243,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     groups = shard(groups, args.shard)
     if args.shard:
         context["shard"] = f"{args.shard} ({len(groups)} leaves)"
-    if args.coverage == 3 and not args.case and golden_dir is None:
+    if args.coverage == 3 and not args.case and not golden_dirs:
         coverage_3_plan(groups)
     max_failures = None if args.all_failures else args.max_failures
     stream = None
@@ -586,7 +593,7 @@ def abi_text(op: OpSpec) -> str:
     lines = [
         f"{op.name}: {a.summary}",
         "",
-        f'C ({A.HEADER_NAME} declares the list as {A.macro_name(op.name)}; enum codes as QCONFORM_<ENUM>_<LABEL>):',
+        f"C ({A.HEADER_NAME} declares the list as {A.macro_name(op.name)}; enum codes as QCONFORM_<ENUM>_<LABEL>):",
         "",
         A.prototypes(op.name, a),
         "",
@@ -739,9 +746,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--format", choices=tuple(RENDERERS), default="text", help="report format")
     r.add_argument("--out", help="write the report to this file (its folder must exist)")
-    r.add_argument(
-        "--max-failures", type=_positive, default=MAX_FAILURES_SHOWN, help="failure lines shown per leaf"
-    )
+    r.add_argument("--max-failures", type=_positive, default=MAX_FAILURES_SHOWN, help="failure lines shown per leaf")
     r.add_argument("--all-failures", action="store_true", help="show every failure line")
     r.add_argument("--shard", metavar="I/N", help="run only shard I of N (a deterministic split by op and leaf)")
     r.add_argument(

@@ -1,7 +1,10 @@
-"""Catalogue entries for ggml activation quantization: q8_k_quant, q8_0_quant and their dequant.
+"""Catalogue entries for ggml block formats: ``<type>_quant`` (float32 rows -> blocks) and
+``<type>_dequant`` (blocks -> float32 rows) for the activation formats Q8_K / Q8_0 (device kernels,
+contracts) and the weight formats of ``WEIGHT_TYPES`` (oracle only so far).
 
 Oracle: ``qconform.oracles.ggml.quantize / dequantize`` (gguf-py call shape). A ``py:`` drop-in is
-called as ``fn(x, "Q8_K")`` / ``fn(data, "Q8_K")``, with ``out=`` when it accepts one.
+called as ``fn(x, "Q8_K")`` / ``fn(data, "Q8_K")``, with ``out=`` when it accepts one. Leaves carry
+ggml's type names (``Xfp32_Yq4_K``, ``Xiq4_nl_Yfp32``).
 """
 
 from __future__ import annotations
@@ -23,13 +26,19 @@ from qconform.readings import Expected, matching_any
 
 LLM_WIDTHS = (2048, 2560, 4096, 5120, 8192, 14336)
 WIDE_ROW = 14336  # an FFN width: a multiple of every block size here
-DEQUANT_EXTRA_PATTERNS = ("random_bytes",)
+DEQUANT_EXTRA_PATTERNS = ("random_bytes", "valid_blocks")  # any bytes; any bytes with finite fp16 scales
+WEIGHT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
+FP16_FIELDS = ("d", "dmin", "m", "s")  # the block fields that hold fp16 scales (ggml-common.h)
 EXACT = Check("exact", 0.0, "ggml's scalar reference is deterministic and blockwise: bytes must match")
 
 
-def _cases(op: str, leaf: str, block: int, patterns: tuple[str, ...], coverage: int) -> list[Case]:
+def _cases(
+    op: str, leaf: str, block: int, patterns: tuple[str, ...], coverage: int, light: bool = False
+) -> list[Case]:
     """coverage 1: one row of three LLM widths, one block, many rows, each special pattern once;
     2: every LLM width, more rows and seeds; 3: full-size rows and several seeds per pattern.
+    ``light`` (the weight formats, which have no device kernel yet): at coverage 1 two widths, 16
+    rows and one core shape, so that their golden leaves stay small.
 
     core: shapes production kernels accept, beside those (pattern ``normal``, seeds 400..407; 2
     at coverage 1, 8 from coverage 2): 1..8, 16, 32 or 64 rows (tokens) of widths that are
@@ -40,11 +49,12 @@ def _cases(op: str, leaf: str, block: int, patterns: tuple[str, ...], coverage: 
     def add(pattern: str, rows: int, width: int, seed: int) -> None:
         out.append(Case(op, leaf, seed, (rows, width), pattern))
 
-    widths = (2048, 4096, 14336) if coverage == 1 else LLM_WIDTHS
+    light = light and coverage == 1
+    widths = (2048, 4096) if light else (2048, 4096, 14336) if coverage == 1 else LLM_WIDTHS
     for i, w in enumerate(widths):
         add("normal", 1 if coverage == 1 else 4, w, 100 + i)
     add("normal", 1, block, 1)  # one block
-    add("uniform", 64, 256, 2)  # many rows
+    add("uniform", 16 if light else 64, 256, 2)  # many rows
     edge_width = max(block, 256) * 2
     seeds = {1: 1, 2: 3, 3: 8}[coverage]
     for pattern in patterns:
@@ -55,7 +65,7 @@ def _cases(op: str, leaf: str, block: int, patterns: tuple[str, ...], coverage: 
     if coverage >= 2:
         add("mixed", 8, 4096, 7)
         add("normal", 3, block * 3, 11)  # a few blocks, odd row count
-    core = [(8, 256), (16, 256)]  # (rows, width)
+    core = [(8, 256)] if light else [(8, 256), (16, 256)]  # (rows, width)
     if coverage >= 2:
         core += [(2, 4096), (5, 2560), (6, 768), (7, 1024), (32, 1024), (64, 256)]
     for i, (rows, width) in enumerate(core):
@@ -78,10 +88,17 @@ def _strategy(op: str, leaf: str, patterns: tuple[str, ...]) -> Any:
     )
 
 
+def ggml_name(qtype: str) -> str:
+    """ggml's own name of a type (``ggml_type_name``): ``Q4_K`` -> ``q4_K``, ``IQ4_NL`` -> ``iq4_nl``."""
+    return qtype.lower().replace("_k", "_K")
+
+
 def leaf_qtype(leaf: str) -> str:
     """The ggml type a leaf name carries: ``Xfp32_Yq8_K`` / ``Xq8_K_Yfp32`` -> ``Q8_K``."""
+    x, _, y = leaf.partition("_Y")
+    token = y if x == "Xfp32" else x[1:]
     for name in FORMATS:
-        if "q" + name[1:] in leaf:
+        if ggml_name(name) == token:
             return name
     raise KeyError(f"leaf {leaf!r} names no ggml type")
 
@@ -95,9 +112,19 @@ def _quant_inputs(case: Case) -> dict[str, np.ndarray]:
 def _dequant_inputs(case: Case) -> dict[str, np.ndarray]:
     fmt = FORMATS[leaf_qtype(case.leaf)]
     rows, width = case.shape
-    if case.pattern == "random_bytes":
+    if case.pattern in ("random_bytes", "valid_blocks"):
         rng = np.random.default_rng(case.seed)
-        return {"data": rng.integers(0, 256, size=(rows, fmt.n_bytes(width)), dtype=np.uint8)}
+        data = rng.integers(0, 256, size=(rows, fmt.n_bytes(width)), dtype=np.uint8)
+        if case.pattern == "valid_blocks":  # finite scales: the format's decoding apart from its quantizer
+            blocks = fmt.blocks(data)
+            for field in fmt.dtype.names:
+                kind = fmt.dtype.fields[field][0]
+                if field in FP16_FIELDS and kind == np.dtype("<u2"):
+                    blocks[field] = (rng.standard_normal(len(blocks)) * 0.01).astype(np.float16).view(np.uint16)
+                elif field == "d" and kind == np.dtype("<f4"):
+                    blocks[field] = rng.standard_normal(len(blocks)).astype(np.float32) * 0.01
+            data = blocks.view(np.uint8).reshape(rows, -1)
+        return {"data": data}
     x = make_values(case.pattern, case.seed, rows, width, fmt.block_size)
     return {"data": quantize(x, fmt.name)}
 
@@ -243,7 +270,7 @@ def _block_abi(name: str, qtype: str, quant: bool) -> Abi:
     blocks = f"{qtype} blocks"
     rows = f"(rows, width), width % {fmt.block_size} == 0"
     packed = f"(rows, width / {fmt.block_size} * {fmt.type_size}): {blocks}"
-    ref = f"{qtype.lower()[:1]}{qtype[1:]}"
+    ref = ggml_name(qtype)
     return Abi(
         (
             In(src, "float" if quant else "unsigned char", np.dtype(src_dtype).name, rows if quant else packed),
@@ -296,7 +323,7 @@ def _nan_bytes(nan: np.ndarray, fmt: Any) -> np.ndarray:
 
 def _quant_op(qtype: str) -> OpSpec:
     name = f"{qtype.lower()}_quant"
-    leaf = f"Xfp32_Y{qtype.lower()[:1]}{qtype[1:]}"
+    leaf = f"Xfp32_Y{ggml_name(qtype)}"
     block = FORMATS[qtype].block_size
     return OpSpec(
         name=name,
@@ -305,14 +332,14 @@ def _quant_op(qtype: str) -> OpSpec:
         oracle=quantize,
         call_args=lambda inputs, params: ((inputs["x"], params["qtype"]), {}),
         make_inputs=_quant_inputs,
-        cases=lambda lf, coverage: _cases(name, lf, block, tuple(PATTERNS), coverage),
+        cases=lambda lf, coverage: _cases(name, lf, block, tuple(PATTERNS), coverage, qtype in WEIGHT_TYPES),
         strategy=lambda lf: _strategy(name, lf, tuple(PATTERNS)),
         validate=lambda inputs, params, out=None: check_quantize_args(inputs["x"], params["qtype"], out),
         bad_arguments=_quant_bad,
         decode=lambda y, params: dequantize(y, params["qtype"]),
         abi=_block_abi(name, qtype, quant=True),
         check=EXACT,
-        numerics=_quant_numerics,
+        numerics=_quant_numerics if qtype in ("Q8_K", "Q8_0") else None,  # nan / division: the Q8 rules
         input_names=("x",),
         locate=_locate_byte,
         logical_dtypes={"x": "float32", "y": "ggml {qtype} blocks (raw bytes)"},
@@ -322,7 +349,7 @@ def _quant_op(qtype: str) -> OpSpec:
 
 def _dequant_op(qtype: str) -> OpSpec:
     name = f"{qtype.lower()}_dequant"
-    leaf = f"X{qtype.lower()[:1]}{qtype[1:]}_Yfp32"
+    leaf = f"X{ggml_name(qtype)}_Yfp32"
     block = FORMATS[qtype].block_size
     patterns = tuple(PATTERNS) + DEQUANT_EXTRA_PATTERNS
     return OpSpec(
@@ -332,7 +359,7 @@ def _dequant_op(qtype: str) -> OpSpec:
         oracle=dequantize,
         call_args=lambda inputs, params: ((inputs["data"], params["qtype"]), {}),
         make_inputs=_dequant_inputs,
-        cases=lambda lf, coverage: _cases(name, lf, block, patterns, coverage),
+        cases=lambda lf, coverage: _cases(name, lf, block, patterns, coverage, qtype in WEIGHT_TYPES),
         strategy=lambda lf: _strategy(name, lf, patterns),
         validate=lambda inputs, params, out=None: check_dequantize_args(inputs["data"], params["qtype"], out),
         bad_arguments=_dequant_bad,
@@ -346,4 +373,11 @@ def _dequant_op(qtype: str) -> OpSpec:
     )
 
 
-OPS: tuple[OpSpec, ...] = (_quant_op("Q8_K"), _quant_op("Q8_0"), _dequant_op("Q8_K"), _dequant_op("Q8_0"))
+OPS: tuple[OpSpec, ...] = (
+    _quant_op("Q8_K"),
+    _quant_op("Q8_0"),
+    _dequant_op("Q8_K"),
+    _dequant_op("Q8_0"),
+    *(_quant_op(t) for t in WEIGHT_TYPES),
+    *(_dequant_op(t) for t in WEIGHT_TYPES),
+)

@@ -76,6 +76,198 @@ typedef int (*qconform_q8_k_dequant_launcher)(QCONFORM_Q8_K_DEQUANT_PARAMS, void
     long long n_blocks
 typedef int (*qconform_q8_0_dequant_launcher)(QCONFORM_Q8_0_DEQUANT_PARAMS, void* stream);
 
+/* q4_0_quant: ggml quantize_row_q4_0_ref: float32 rows -> Q4_0 blocks
+ * work = n_blocks; default lanes = 1, threads = 256: blockDim.x = threads, gridDim.x = ceil(work * lanes / threads) */
+#define QCONFORM_Q4_0_QUANT_PARAMS \
+    const float* x, \
+    unsigned char* y, \
+    long long n_blocks
+typedef int (*qconform_q4_0_quant_launcher)(QCONFORM_Q4_0_QUANT_PARAMS, void* stream);
+
+/* q4_1_quant: ggml quantize_row_q4_1_ref: float32 rows -> Q4_1 blocks
+ * work = n_blocks; default lanes = 1, threads = 256: blockDim.x = threads, gridDim.x = ceil(work * lanes / threads) */
+#define QCONFORM_Q4_1_QUANT_PARAMS \
+    const float* x, \
+    unsigned char* y, \
+    long long n_blocks
+typedef int (*qconform_q4_1_quant_launcher)(QCONFORM_Q4_1_QUANT_PARAMS, void* stream);
+
+/* q5_0_quant: ggml quantize_row_q5_0_ref: float32 rows -> Q5_0 blocks
+ * work = n_blocks; default lanes = 1, threads = 256: blockDim.x = threads, gridDim.x = ceil(work * lanes / threads) */
+#define QCONFORM_Q5_0_QUANT_PARAMS \
+    const float* x, \
+    unsigned char* y, \
+    long long n_blocks
+typedef int (*qconform_q5_0_quant_launcher)(QCONFORM_Q5_0_QUANT_PARAMS, void* stream);
+
+/* q5_1_quant: ggml quantize_row_q5_1_ref: float32 rows -> Q5_1 blocks
+ * work = n_blocks; default lanes = 1, threads = 256: blockDim.x = threads, gridDim.x = ceil(work * lanes / threads) */
+#define QCONFORM_Q5_1_QUANT_PARAMS \
+    const float* x, \
+    unsigned char* y, \
+    long long n_blocks
+typedef int (*qconform_q5_1_quant_launcher)(QCONFORM_Q5_1_QUANT_PARAMS, void* stream);
+
+/* q8_1_quant: ggml quantize_row_q8_1_ref: float32 rows -> Q8_1 blocks
+ * work = n_blocks; default lanes = 1, threads = 256: blockDim.x = threads, gridDim.x = ceil(work * lanes / threads) */
+#define QCONFORM_Q8_1_QUANT_PARAMS \
+    const float* x, \
+    unsigned char* y, \
+    long long n_blocks
+typedef int (*qconform_q8_1_quant_launcher)(QCONFORM_Q8_1_QUANT_PARAMS, void* stream);
+
+/* q2_k_quant: ggml quantize_row_q2_K_ref: float32 rows -> Q2_K blocks
+ * work = n_blocks; default lanes = 1, threads = 256: blockDim.x = threads, gridDim.x = ceil(work * lanes / threads) */
+#define QCONFORM_Q2_K_QUANT_PARAMS \
+    const float* x, \
+    unsigned char* y, \
+    long long n_blocks
+typedef int (*qconform_q2_k_quant_launcher)(QCONFORM_Q2_K_QUANT_PARAMS, void* stream);
+
+/* q3_k_quant: ggml quantize_row_q3_K_ref: float32 rows -> Q3_K blocks
+ * work = n_blocks; default lanes = 1, threads = 256: blockDim.x = threads, gridDim.x = ceil(work * lanes / threads) */
+#define QCONFORM_Q3_K_QUANT_PARAMS \
+    const float* x, \
+    unsigned char* y, \
+    long long n_blocks
+typedef int (*qconform_q3_k_quant_launcher)(QCONFORM_Q3_K_QUANT_PARAMS, void* stream);
+
+/* q4_k_quant: ggml quantize_row_q4_K_ref: float32 rows -> Q4_K blocks
+ * work = n_blocks; default lanes = 1, threads = 256: blockDim.x = threads, gridDim.x = ceil(work * lanes / threads) */
+#define QCONFORM_Q4_K_QUANT_PARAMS \
+    const float* x, \
+    unsigned char* y, \
+    long long n_blocks
+typedef int (*qconform_q4_k_quant_launcher)(QCONFORM_Q4_K_QUANT_PARAMS, void* stream);
+
+/* q5_k_quant: ggml quantize_row_q5_K_ref: float32 rows -> Q5_K blocks
+ * work = n_blocks; default lanes = 1, threads = 256: blockDim.x = threads, gridDim.x = ceil(work * lanes / threads) */
+#define QCONFORM_Q5_K_QUANT_PARAMS \
+    const float* x, \
+    unsigned char* y, \
+    long long n_blocks
+typedef int (*qconform_q5_k_quant_launcher)(QCONFORM_Q5_K_QUANT_PARAMS, void* stream);
+
+/* q6_k_quant: ggml quantize_row_q6_K_ref: float32 rows -> Q6_K blocks
+ * work = n_blocks; default lanes = 1, threads = 256: blockDim.x = threads, gridDim.x = ceil(work * lanes / threads) */
+#define QCONFORM_Q6_K_QUANT_PARAMS \
+    const float* x, \
+    unsigned char* y, \
+    long long n_blocks
+typedef int (*qconform_q6_k_quant_launcher)(QCONFORM_Q6_K_QUANT_PARAMS, void* stream);
+
+/* iq4_nl_quant: ggml quantize_row_iq4_nl_ref: float32 rows -> IQ4_NL blocks
+ * work = n_blocks; default lanes = 1, threads = 256: blockDim.x = threads, gridDim.x = ceil(work * lanes / threads) */
+#define QCONFORM_IQ4_NL_QUANT_PARAMS \
+    const float* x, \
+    unsigned char* y, \
+    long long n_blocks
+typedef int (*qconform_iq4_nl_quant_launcher)(QCONFORM_IQ4_NL_QUANT_PARAMS, void* stream);
+
+/* iq4_xs_quant: ggml quantize_row_iq4_xs_ref: float32 rows -> IQ4_XS blocks
+ * work = n_blocks; default lanes = 1, threads = 256: blockDim.x = threads, gridDim.x = ceil(work * lanes / threads) */
+#define QCONFORM_IQ4_XS_QUANT_PARAMS \
+    const float* x, \
+    unsigned char* y, \
+    long long n_blocks
+typedef int (*qconform_iq4_xs_quant_launcher)(QCONFORM_IQ4_XS_QUANT_PARAMS, void* stream);
+
+/* q4_0_dequant: ggml dequantize_row_q4_0: Q4_0 blocks -> float32 rows
+ * work = n_blocks; default lanes = 1, threads = 256: blockDim.x = threads, gridDim.x = ceil(work * lanes / threads) */
+#define QCONFORM_Q4_0_DEQUANT_PARAMS \
+    const unsigned char* data, \
+    float* y, \
+    long long n_blocks
+typedef int (*qconform_q4_0_dequant_launcher)(QCONFORM_Q4_0_DEQUANT_PARAMS, void* stream);
+
+/* q4_1_dequant: ggml dequantize_row_q4_1: Q4_1 blocks -> float32 rows
+ * work = n_blocks; default lanes = 1, threads = 256: blockDim.x = threads, gridDim.x = ceil(work * lanes / threads) */
+#define QCONFORM_Q4_1_DEQUANT_PARAMS \
+    const unsigned char* data, \
+    float* y, \
+    long long n_blocks
+typedef int (*qconform_q4_1_dequant_launcher)(QCONFORM_Q4_1_DEQUANT_PARAMS, void* stream);
+
+/* q5_0_dequant: ggml dequantize_row_q5_0: Q5_0 blocks -> float32 rows
+ * work = n_blocks; default lanes = 1, threads = 256: blockDim.x = threads, gridDim.x = ceil(work * lanes / threads) */
+#define QCONFORM_Q5_0_DEQUANT_PARAMS \
+    const unsigned char* data, \
+    float* y, \
+    long long n_blocks
+typedef int (*qconform_q5_0_dequant_launcher)(QCONFORM_Q5_0_DEQUANT_PARAMS, void* stream);
+
+/* q5_1_dequant: ggml dequantize_row_q5_1: Q5_1 blocks -> float32 rows
+ * work = n_blocks; default lanes = 1, threads = 256: blockDim.x = threads, gridDim.x = ceil(work * lanes / threads) */
+#define QCONFORM_Q5_1_DEQUANT_PARAMS \
+    const unsigned char* data, \
+    float* y, \
+    long long n_blocks
+typedef int (*qconform_q5_1_dequant_launcher)(QCONFORM_Q5_1_DEQUANT_PARAMS, void* stream);
+
+/* q8_1_dequant: ggml dequantize_row_q8_1: Q8_1 blocks -> float32 rows
+ * work = n_blocks; default lanes = 1, threads = 256: blockDim.x = threads, gridDim.x = ceil(work * lanes / threads) */
+#define QCONFORM_Q8_1_DEQUANT_PARAMS \
+    const unsigned char* data, \
+    float* y, \
+    long long n_blocks
+typedef int (*qconform_q8_1_dequant_launcher)(QCONFORM_Q8_1_DEQUANT_PARAMS, void* stream);
+
+/* q2_k_dequant: ggml dequantize_row_q2_K: Q2_K blocks -> float32 rows
+ * work = n_blocks; default lanes = 1, threads = 256: blockDim.x = threads, gridDim.x = ceil(work * lanes / threads) */
+#define QCONFORM_Q2_K_DEQUANT_PARAMS \
+    const unsigned char* data, \
+    float* y, \
+    long long n_blocks
+typedef int (*qconform_q2_k_dequant_launcher)(QCONFORM_Q2_K_DEQUANT_PARAMS, void* stream);
+
+/* q3_k_dequant: ggml dequantize_row_q3_K: Q3_K blocks -> float32 rows
+ * work = n_blocks; default lanes = 1, threads = 256: blockDim.x = threads, gridDim.x = ceil(work * lanes / threads) */
+#define QCONFORM_Q3_K_DEQUANT_PARAMS \
+    const unsigned char* data, \
+    float* y, \
+    long long n_blocks
+typedef int (*qconform_q3_k_dequant_launcher)(QCONFORM_Q3_K_DEQUANT_PARAMS, void* stream);
+
+/* q4_k_dequant: ggml dequantize_row_q4_K: Q4_K blocks -> float32 rows
+ * work = n_blocks; default lanes = 1, threads = 256: blockDim.x = threads, gridDim.x = ceil(work * lanes / threads) */
+#define QCONFORM_Q4_K_DEQUANT_PARAMS \
+    const unsigned char* data, \
+    float* y, \
+    long long n_blocks
+typedef int (*qconform_q4_k_dequant_launcher)(QCONFORM_Q4_K_DEQUANT_PARAMS, void* stream);
+
+/* q5_k_dequant: ggml dequantize_row_q5_K: Q5_K blocks -> float32 rows
+ * work = n_blocks; default lanes = 1, threads = 256: blockDim.x = threads, gridDim.x = ceil(work * lanes / threads) */
+#define QCONFORM_Q5_K_DEQUANT_PARAMS \
+    const unsigned char* data, \
+    float* y, \
+    long long n_blocks
+typedef int (*qconform_q5_k_dequant_launcher)(QCONFORM_Q5_K_DEQUANT_PARAMS, void* stream);
+
+/* q6_k_dequant: ggml dequantize_row_q6_K: Q6_K blocks -> float32 rows
+ * work = n_blocks; default lanes = 1, threads = 256: blockDim.x = threads, gridDim.x = ceil(work * lanes / threads) */
+#define QCONFORM_Q6_K_DEQUANT_PARAMS \
+    const unsigned char* data, \
+    float* y, \
+    long long n_blocks
+typedef int (*qconform_q6_k_dequant_launcher)(QCONFORM_Q6_K_DEQUANT_PARAMS, void* stream);
+
+/* iq4_nl_dequant: ggml dequantize_row_iq4_nl: IQ4_NL blocks -> float32 rows
+ * work = n_blocks; default lanes = 1, threads = 256: blockDim.x = threads, gridDim.x = ceil(work * lanes / threads) */
+#define QCONFORM_IQ4_NL_DEQUANT_PARAMS \
+    const unsigned char* data, \
+    float* y, \
+    long long n_blocks
+typedef int (*qconform_iq4_nl_dequant_launcher)(QCONFORM_IQ4_NL_DEQUANT_PARAMS, void* stream);
+
+/* iq4_xs_dequant: ggml dequantize_row_iq4_xs: IQ4_XS blocks -> float32 rows
+ * work = n_blocks; default lanes = 1, threads = 256: blockDim.x = threads, gridDim.x = ceil(work * lanes / threads) */
+#define QCONFORM_IQ4_XS_DEQUANT_PARAMS \
+    const unsigned char* data, \
+    float* y, \
+    long long n_blocks
+typedef int (*qconform_iq4_xs_dequant_launcher)(QCONFORM_IQ4_XS_DEQUANT_PARAMS, void* stream);
+
 /* matmul_nbits: com.microsoft.MatMulNBits: Y = A @ dequant(B)^T (+ bias)
  * work = M * N outputs; default lanes = 32, threads = 256: blockDim.x = threads, gridDim.x = ceil(work * lanes / threads) */
 #define QCONFORM_MATMUL_NBITS_PARAMS \
