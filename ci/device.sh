@@ -31,7 +31,8 @@ if part check; then
   "$PY" -m pytest -m device -q -p no:cacheprovider -k "$filter" tests/test_device.py >"$OUT/pytest.log" 2>&1 || status=1
   tail -n 3 "$OUT/pytest.log"
   for fam in $FAMILIES; do  # every op of the catalogue with qconform's kernels, coverage 2
-    ops=$("$PY" -m qconform list --names --family "$fam")
+    ops=$("$PY" -m qconform list --names --with-kernels --family "$fam")
+    if [ -z "$ops" ]; then echo "family $fam: no device kernels of ours yet (oracle only)" >"$OUT/cupy-$fam.md"; continue; fi
     "$PY" -m qconform run --impl cupy --ops "$ops" --coverage 2 --no-cold --format markdown --out "$OUT/cupy-$fam.md" \
       >"$OUT/run-cupy-$fam.log" 2>&1 || status=1
   done

@@ -44,9 +44,10 @@ def _mma_instances(text: str) -> set[str]:
 
 
 def test_every_registered_kernel_exists_in_its_source() -> None:
-    """One registry lists every kernel of every family; each symbol is defined in its source, and
-    every extern "C" kernel of every shipped source is registered."""
-    assert {k.family for k in KERNELS} == {op.family for op in CATALOGUE.values()}
+    """One registry lists every kernel of every family (a family may have none yet: oracle only);
+    each symbol is defined in its source, and every extern "C" kernel of every shipped source is
+    registered."""
+    assert {k.family for k in KERNELS} <= {op.family for op in CATALOGUE.values()}
     for k in KERNELS:
         assert k.op in CATALOGUE
         text = k.path.read_text()

@@ -560,10 +560,15 @@ def cmd_list(args: argparse.Namespace) -> int:
         print(" ".join(dict.fromkeys(op.family for op in CATALOGUE.values())))
         return EXIT_OK
     if args.names:
-        chosen = [op.name for op in CATALOGUE.values() if args.family in (None, op.family)]
-        if not chosen:
+        if args.family is not None and all(op.family != args.family for op in CATALOGUE.values()):
             raise UsageError(f"--family: no op of family {args.family!r}")
-        print(",".join(chosen))
+        with_kernels = {k.op for k in KERNELS}
+        chosen = [
+            op.name
+            for op in CATALOGUE.values()
+            if args.family in (None, op.family) and (not args.with_kernels or op.name in with_kernels)
+        ]
+        print(",".join(chosen))  # empty with --with-kernels when the family has no kernel of ours yet
         return EXIT_OK
     print("Ops:")
     for op in CATALOGUE.values():
@@ -816,6 +821,7 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("--names", action="store_true", help="only the op names, comma-separated (for scripts)")
     ls.add_argument("--family", help="with --names: only this family's ops")
     ls.add_argument("--families", action="store_true", help="only the family names, space-separated")
+    ls.add_argument("--with-kernels", action="store_true", help="with --names: only ops with device kernels")
     ls.set_defaults(fn=cmd_list)
 
     a = sub.add_parser(
