@@ -347,3 +347,323 @@ def fake_quantize_int2_wraps(x, scale, zero_point=None, *, axis=1, block_size=0,
     q = ((q + 2) & 3) - 2  # two's complement in 2 bits: 2 -> -2, -3 -> 1
     y[...] = ((q - z).astype(np.float32) * s).astype(np.float32).astype(y.dtype)
     return y
+
+
+# ------------------------------------------------------------------ bitsandbytes family mutants
+# Each is the catalogue's oracle (qconform.ops.bnb) with one rule broken, run on the leaf it names;
+# a mutant of the CUDA rules declares ``variant=cuda``, the reading it is checked against.
+
+import qconform.ops.bnb.decode as bnb_decode  # noqa: E402
+import qconform.ops.bnb.gemm as bnb_gemm  # noqa: E402
+import qconform.ops.bnb.nested as bnb_nested  # noqa: E402
+import qconform.ops.bnb.quantize as bnb_quantize  # noqa: E402
+from qconform.ops.bnb._common import deliver, from_f32, to_values  # noqa: E402
+from qconform.oracles.bnb.blockwise import cuda_scale, default_scale  # noqa: E402
+from qconform.oracles.bnb.codes import CPU_BOUNDS, NF4, create_dynamic_map  # noqa: E402
+from qconform.oracles.bnb.fourbit import pack_nibbles  # noqa: E402
+
+
+@_for("nf4_decode", "Xnf4_Yfp16")
+def nf4_decode_low_nibble_first(packed, absmax, *, out=None, **kw):
+    """Reads element 2j from the low nibble of byte j (bitsandbytes puts it in the high one)."""
+    swapped = ((packed << 4) | (packed >> 4)).astype(np.uint8)
+    bnb_decode.nf4_decode(packed, absmax, **kw)  # the checks, on the caller's arrays
+    return bnb_decode.nf4_decode(swapped, absmax, out=out, **kw)
+
+
+def _nf4_from_codes(A, blocksize, out, nibbles, variant: str = "cpu") -> np.ndarray:
+    """nf4_quantize's output with the codes ``nibbles(x, blocksize)`` and the variant's absmax."""
+    bnb_quantize.check_quantize_args(A, blocksize, out)
+    y = bnb_quantize.nf4_quantize(A, blocksize, variant=variant)
+    absmax, _ = bnb_quantize.split(y, A.size, blocksize)
+    x = A.reshape(-1).astype(np.float32)
+    q = nibbles(x, blocksize)
+    return deliver(np.concatenate([absmax.astype("<f4").view(np.uint8), pack_nibbles(q.astype(np.uint8))]), out)
+
+
+@_for("nf4_quantize", "Xfp32_Ynf4")
+def nf4_quantize_ties_up(A, blocksize=64, *, out=None):
+    """bitsandbytes' CPU rule with a scaled value on a midpoint going to the upper code (torch.bucketize
+    with right=True) where bitsandbytes' ``bucketize`` sends it to the lower one."""
+
+    def nibbles(x, bs):
+        s, _ = default_scale(x, bs)
+        s = np.append(s, np.float32(0)) if x.size % 2 else s
+        return np.where(np.isnan(s), 15, np.searchsorted(CPU_BOUNDS["nf4"], s, side="right"))
+
+    return _nf4_from_codes(A, blocksize, out, nibbles)
+
+
+@_for("nf4_quantize", "Xfp32_Ynf4")
+def nf4_quantize_midpoint_thresholds(A, blocksize=64, *, out=None):
+    """bitsandbytes' CUDA rule (strict ``>`` trees, NaN -> 0, flush-to-zero) on the exact midpoints of
+    the NF4 table where csrc/kernels.cu ``dQuantizeNF4`` compares with its float32 literals."""
+    code = NF4.astype(np.float64)
+    exact = (code[:-1] + code[1:]) / 2
+
+    def nibbles(x, bs):
+        t, _ = cuda_scale(x, bs, True, None)
+        t = t.reshape(-1)[: x.size + x.size % 2].astype(np.float64)
+        return np.where(np.isnan(t), 0, np.searchsorted(exact, t, side="left"))
+
+    return _nf4_from_codes(A, blocksize, out, nibbles, "cuda")
+
+
+nf4_quantize_midpoint_thresholds.__qconform_contract__ = "variant=cuda"
+
+
+@_for("nested_absmax", "Xu8_Yfp32")
+def nested_offset_before_dequant(qabsmax, absmax2, offset, *, mode="two_round", out=None):
+    """``code8[q] * fl32(absmax2 + offset)``: the offset added to the 8-bit scale before the dequant,
+    where bitsandbytes adds it to the dequantized value."""
+    bnb_nested.check_nested_args(qabsmax, absmax2, offset, mode, out)
+    with np.errstate(invalid="ignore", over="ignore"):
+        scale = (np.repeat(absmax2, 256)[: qabsmax.size] + offset.reshape(-1)[0]).astype(np.float32)
+        y = (create_dynamic_map()[qabsmax.astype(np.int64)] * scale).astype(np.float32)
+    return deliver(y, out)
+
+
+@_for("gemm_4bit", "Xfp16_W4_Yfp16")
+def gemm_bias_after_rounding(A, B, absmax, bias=None, *, out=None, **kw):
+    """Rounds the sum to fp16 and then adds the bias and rounds again (bitsandbytes <= 0.49's
+    ``out += bias`` after ``gemv_4bit``), where the 0.50 op rounds ``sum + bias`` once."""
+    dtype, _, _ = bnb_gemm.check_gemm_args(A, B, absmax, bias, out=out, **kw)
+    y = bnb_gemm.gemm_4bit(A, B, absmax, None, **kw)
+    if bias is not None:
+        with np.errstate(over="ignore", invalid="ignore"):
+            y = from_f32((to_values(y, dtype) + to_values(bias, dtype)).astype(np.float32), dtype).reshape(y.shape)
+    return deliver(y, out)
+
+
+# ----------------------------------------------------------------- ggml keep-quant GEMV and fused Q8_K producers
+# Each is the catalogue's call shape (qconform.ops.ggml.keep_quant) with one rule broken.
+
+import qconform.ops.ggml.keep_quant as keep_quant  # noqa: E402
+from qconform.formats.ggml import Q4_0, Q4_K  # noqa: E402
+from qconform.oracles.ggml import vec_dot  # noqa: E402
+from qconform.oracles.ggml.kquant_search import get_scale_min_k4, pack_scale_min_k4  # noqa: E402
+
+
+def _keep_quant_out(y: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    if out is None:
+        return y
+    out[...] = y
+    return out
+
+
+@_for("matmul_bt_quant", "Wq4_K_Aq8_K_Yfp32")
+def matmul_q4_k_scale_of_next_subblock(W_blocks, qtype, A_fp32, *, fma=False, out=None):
+    """Multiplies sub-block j of each Q4_K block by the 6-bit scale of sub-block (j + 1) % 8 (the
+    mins as ggml reads them): get_scale_min_k4 indexed one off."""
+    wfmt, _, _ = keep_quant.check_matmul_args(W_blocks, qtype, A_fp32, out)
+    if wfmt is not Q4_K:
+        raise NotImplementedError(f"this mutant only reads Q4_K weights, not {qtype}")
+    w = Q4_K.blocks(W_blocks.copy())
+    sc, m = get_scale_min_k4(w["scales"])
+    w["scales"] = pack_scale_min_k4(np.roll(sc, -1, axis=1), m)
+    y = keep_quant.matmul_bt_quant(w.view(np.uint8).reshape(W_blocks.shape), qtype, A_fp32, fma=fma)
+    return _keep_quant_out(y, out)
+
+
+@_for("matmul_bt_quant", "Wq4_0_Aq8_0_Yfp32")
+def matmul_q4_0_nibbles_swapped(W_blocks, qtype, A_fp32, *, fma=False, out=None):
+    """Takes element j of each Q4_0 block from the high nibble of qs[j] and element j + 16 from the
+    low one (ggml: low nibble first)."""
+    wfmt, _, _ = keep_quant.check_matmul_args(W_blocks, qtype, A_fp32, out)
+    if wfmt is not Q4_0:
+        raise NotImplementedError(f"this mutant only reads Q4_0 weights, not {qtype}")
+    w = Q4_0.blocks(W_blocks.copy())
+    w["qs"] = (w["qs"] << 4) | (w["qs"] >> 4)
+    y = keep_quant.matmul_bt_quant(w.view(np.uint8).reshape(W_blocks.shape), qtype, A_fp32, fma=fma)
+    return _keep_quant_out(y, out)
+
+
+@_for("matmul_bt_quant", "Wq8_0_Aq8_0_Yfp32")
+def matmul_blocks_reversed(W_blocks, qtype, A_fp32, *, fma=False, out=None):
+    """Sums the blocks of each row from the last to the first: every term as ggml forms it, fp32
+    sums in another order (caught by the strict contract; what ``order=any`` accepts)."""
+    wfmt, afmt, _ = keep_quant.check_matmul_args(W_blocks, qtype, A_fp32, out)
+    nb = A_fp32.shape[1] // afmt.block_size
+    a = quantize(A_fp32, afmt.name)
+    w_rev = np.ascontiguousarray(W_blocks.reshape(len(W_blocks), nb, -1)[:, ::-1]).reshape(W_blocks.shape)
+    a_rev = np.ascontiguousarray(a.reshape(len(a), nb, -1)[:, ::-1]).reshape(a.shape)
+    y = vec_dot(qtype, w_rev[None, :, :], a_rev[:, None, :], fma=fma)
+    return _keep_quant_out(y, out)
+
+
+@_for("rms_norm_q8_k", "Xfp32_Yfp32_Aq8_K")
+def rms_norm_q8_k_positive_d(x, gamma, eps, out_dtype="float32", *, out=None):
+    """Quantizes the row with iscale = 127/max: d = max/127, positive where ggml's is negative, and
+    every code (and block sum) negated -- the same values, other bytes (ggml maps the max-|x| value
+    to -127)."""
+    y, q = keep_quant.rms_norm_q8_k(x, gamma, eps, out_dtype, out=out)
+    b = Q8_K.blocks(q)
+    b["d"] = np.where(b["d"] == 0, b["d"], -b["d"])  # an all-zero block keeps d = 0
+    b["qs"] = -b["qs"]
+    b["bsums"] = -b["bsums"]
+    q[...] = b.view(np.uint8).reshape(q.shape)
+    return y, q
+
+
+@_for("silu_mul_q8_k", "Xfp32_Ybf16_Aq8_K")
+def silu_mul_q8_k_quantizes_fp32(gate, up, out_dtype="float32", *, out=None):
+    """Stores the row in bfloat16 but quantizes the fp32 value before that rounding, where ggml
+    quantizes the stored row read back."""
+    y, q = keep_quant.silu_mul_q8_k(gate, up, out_dtype, out=out)
+    _, q32 = keep_quant.silu_mul_q8_k(gate, up, "float32")
+    q[...] = q32
+    return y, q
+
+
+# ------------------------------------------------------ GroupQueryAttention and QMoE mutants
+# Each calls the ORT oracle with one of its rules broken (a module function swapped for the call).
+
+import contextlib  # noqa: E402
+import dataclasses  # noqa: E402
+import importlib  # noqa: E402
+
+from qconform.ops.abi import call_arguments  # noqa: E402
+from qconform.oracles.ort.kv_cache import dequantize_kv, expand_kv_scale, quantize_kv  # noqa: E402
+
+_gqa = importlib.import_module("qconform.oracles.ort.group_query_attention")  # the module, not the function
+_moe = importlib.import_module("qconform.oracles.ort.qmoe")
+_key_mask, _scores, _apply_rotary = _gqa._key_mask, _gqa._scores, _gqa.apply_rotary
+_route, _activation = _moe.route, _moe.expert_activation
+
+
+@contextlib.contextmanager
+def _swapped(module, **names):
+    saved = {n: getattr(module, n) for n in names}
+    try:
+        for n, f in names.items():
+            setattr(module, n, f)
+        yield
+    finally:
+        for n, f in saved.items():
+            setattr(module, n, f)
+
+
+def _gqa_with(op: str, leaf: str, doc: str, **swaps):
+    def gqa(*args, **kw):
+        with _swapped(_gqa, **swaps):
+            return _gqa.group_query_attention(*args, **kw)
+
+    gqa.__doc__ = doc
+    return _for(op, leaf)(gqa)
+
+
+def _mask_one_ahead(lay, window):
+    return _key_mask(dataclasses.replace(lay, past_lengths=tuple(p + 1 if p else 0 for p in lay.past_lengths)), window)
+
+
+def _softcap_after_bias(q, k, alpha, softcap, bias, exact):
+    x = _scores(q, k, alpha, 0.0, bias, exact)
+    return x if softcap <= 0 else softcap * np.tanh(x / softcap)
+
+
+gqa_causal_off_by_one_with_past = _gqa_with(
+    "gqa_prefill",
+    "Xfp16_Wfp16_Yfp16",
+    "With a past, query s of a chunk sees key past + s + 1 too (the causal end one key ahead).",
+    _key_mask=_mask_one_ahead,
+)
+gqa_window_of_w_plus_1 = _gqa_with(
+    "gqa_decode",
+    "Xfp16_Wfp16_Yfp16",
+    "local_window_size W attends W + 1 keys (ORT before PR#25927).",
+    _key_mask=lambda lay, window: _key_mask(lay, window + 1 if window > 0 else window),
+)
+gqa_rotary_interleaving_swapped = _gqa_with(
+    "gqa_decode",
+    "Xfp32_Wfp32_Yfp32",
+    "Rotates interleaved pairs where half-split ones are asked, and the reverse.",
+    apply_rotary=lambda x, c, s, p, inter, form: _apply_rotary(x, c, s, p, not inter, form),
+)
+gqa_softcap_after_bias = _gqa_with(
+    "gqa_prefill",
+    "Xfp16_Wi8_Yfp16",
+    "Adds attention_bias before the softcap (ORT caps the scaled scores, then adds the bias).",
+    _scores=_softcap_after_bias,
+)
+
+
+@_for("gqa_decode", "Xfp16_Wi8_Yfp16")
+def gqa_k_quantized_before_rotary(*args, **kw):
+    """Rounds the new K to the cache's grid first, then rotates and stores it (ORT quantizes after rotary)."""
+    a = call_arguments(_gqa.group_query_attention, args, kw)
+    _gqa.check_gqa_args(**{k: v for k, v in a.items() if k != "out"})  # the oracle's rules first
+    key, bits = a["key"], a["kv_cache_bit_width"]
+    if key is not None and bits and a["do_rotary"]:
+        B, S, D = key.shape
+        Nk = a["kv_num_heads"]
+        scale = expand_kv_scale("k_scale", a["k_scale"], a["k_quant_type"], Nk, D // Nk)
+        heads = key.reshape(B, S, Nk, D // Nk).transpose(0, 2, 1, 3)
+        grid = dequantize_kv(quantize_kv(heads, scale, bits), scale, bits)
+        a["key"] = grid.transpose(0, 2, 1, 3).reshape(B, S, D).astype(key.dtype)
+    return _gqa.group_query_attention(**a)
+
+
+def _qmoe_with(op: str, leaf: str, doc: str, **swaps):
+    def qmoe(*args, **kw):
+        with _swapped(_moe, **swaps):
+            return _moe.qmoe(*args, **kw)
+
+    qmoe.__doc__ = doc
+    return _for(op, leaf)(qmoe)
+
+
+def _normalize_honoured(router_probs, k, tie_break="higher", *, op="qmoe", normalize_routing_weights=0, **kw):
+    if op == "qmoe" and kw.get("router_weights") is None and not normalize_routing_weights:
+        op = "moe"  # the full softmax's probabilities of the selected experts, not renormalized
+    return _route(router_probs, k, tie_break, op=op, normalize_routing_weights=normalize_routing_weights, **kw)
+
+
+def _swiglu_broken(kind: str):
+    def activation(h, activation_type, alpha=1.0, beta=0.0, limit=None, precision="reference"):
+        if activation_type != "swiglu":
+            return _activation(h, activation_type, alpha, beta, limit, precision)
+        h = np.array(h, copy=True)
+        if kind == "concatenated":  # gate = the first half, linear = the second: interleave them for the real one
+            n = h.shape[1] // 2
+            h = np.stack([h[:, :n], h[:, n:]], axis=2).reshape(h.shape)
+        if kind == "no beta":
+            beta = 0.0
+        if kind == "limit on the linear half" and limit is not None:
+            h[:, 1::2] = np.clip(h[:, 1::2], -np.float32(limit), np.float32(limit))
+            limit = None
+        return _activation(h, activation_type, alpha, beta, limit, precision)
+
+    return activation
+
+
+@_for("qmoe_ragged_mm", "Xfp16_Wu4_Yfp16")
+def qmoe_ties_to_lower_expert(*args, **kw):
+    """Breaks equal logits toward the lower expert index (ORT's CUDA rule; its CPU takes the higher)."""
+    return _moe.qmoe(*args, **{**kw, "tie_break": "lower"})
+
+
+qmoe_normalize_honoured = _qmoe_with(
+    "qmoe_decode",
+    "Xfp32_Wu4_Yfp32",
+    "Honours normalize_routing_weights=0 (the full softmax's probabilities, not renormalized) where QMoE "
+    "takes a softmax over the k selected logits whatever it says.",
+    route=_normalize_honoured,
+)
+qmoe_swiglu_concatenated = _qmoe_with(
+    "qmoe_decode",
+    "Xfp16_Wu8_Yfp16",
+    "Reads SwiGLU's gate and linear halves as fc1's first and second half (ORT interleaves them).",
+    expert_activation=_swiglu_broken("concatenated"),
+)
+qmoe_swiglu_missing_beta = _qmoe_with(
+    "qmoe_ragged_mm",
+    "Xfp32_Wu4_Yfp32",
+    "Drops activation_beta: g sigmoid(alpha g) l instead of g sigmoid(alpha g) (l + beta).",
+    expert_activation=_swiglu_broken("no beta"),
+)
+qmoe_limit_on_linear_only = _qmoe_with(
+    "qmoe_decode",
+    "Xfp16_Wu4_Yfp16",
+    "Clamps only the linear half by swiglu_limit (ORT also caps the gate: min(g, limit)).",
+    expert_activation=_swiglu_broken("limit on the linear half"),
+)

@@ -13,9 +13,9 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from gqa_bounds import U16, attention_terms, fp16_spacing, output_bound, to_bnsh, to_bsnh
 
 from qconform.errors import ArgumentError
+from qconform.ops.ort.attention_bounds import U16, attention_terms, fp16_spacing, output_bound, to_bnsh, to_bsnh
 from qconform.oracles.ort import defined_output_rows, defined_present_rows, group_query_attention
 from qconform.oracles.ort.kv_cache import dequantize_kv, expand_kv_scale, quantize_kv
 from qconform.oracles.ort.rotary import _fp32_sum, apply_rotary
@@ -393,7 +393,7 @@ PRECISION_CASES = [(F32, 0, -1), (F32, 8, 5), (F16, 0, 5), (F16, 8, -1)]
 
 @pytest.mark.parametrize("dtype,bits,window", PRECISION_CASES)
 def test_reference_is_within_the_bound_of_float64(dtype, bits: int, window: int) -> None:
-    """reference vs the float64 twin: within gqa_bounds' single-implementation bound (fp16 inputs: the
+    """reference vs the float64 twin: within attention_bounds' single-implementation bound (fp16 inputs: the
     rotary output is rounded to fp16 in the reference only, u_op = 2^-11, plus the fp16 output rounding)."""
     inp, attrs = _random_case(dtype, bits=bits, window=window)
     ref = call(group_query_attention, inp, **attrs)

@@ -1,5 +1,5 @@
 """``qconform.oracles.ort.qmoe`` and ``moe_routing`` without onnxruntime: hand-derived tiny cases, the
-reference precision within the derived bound of its float64 twin (tests/qmoe_bounds.py), the kernel-shaped
+reference precision within the derived bound of its float64 twin (qconform.ops.ort.moe_bounds), the kernel-shaped
 precision's rounding points, argument validation, and deliberately broken variants that the hand-derived
 cases catch (ties to the lower index, normalize_routing_weights honoured by QMoE, SwiGLU halves
 concatenated instead of interleaved, a missing +beta, the limit on the linear half only).
@@ -13,9 +13,11 @@ import zlib
 
 import numpy as np
 import pytest
-from qmoe_bounds import qmoe_bound, random_qmoe_case, within
+from qmoe_bounds import within
 
 from qconform.errors import ArgumentError
+from qconform.ops.ort.moe_bounds import qmoe_bound
+from qconform.ops.ort.qmoe import random_qmoe_case
 from qconform.oracles.ort.moe_routing import route
 from qconform.oracles.ort.packing import pack_bits
 from qconform.oracles.ort.qmoe import FcLayout, dequantize_expert, moe, qmoe
@@ -281,7 +283,7 @@ TWIN = [
 
 @pytest.mark.parametrize("dtype,bits,block_size,activation_type,accuracy_level", TWIN)
 def test_reference_within_bound_of_float64(dtype, bits: int, block_size, activation_type: str, accuracy_level) -> None:
-    """The reference precision within the derived bound (tests/qmoe_bounds.py, vs="float64") of the
+    """The reference precision within the derived bound (qconform.ops.ort.moe_bounds, vs="float64") of the
     float64 twin, zero points and biases on, SwiGLU with gpt-oss attributes; the twin returns float64."""
     rng = np.random.default_rng(zlib.crc32(repr((np.dtype(dtype).name, bits, block_size, activation_type)).encode()))
     d = random_qmoe_case(

@@ -5,7 +5,7 @@ execution provider (graph optimizations off, one intra-op thread; a shared KV bu
 binding). What is compared:
 - present_key / present_value: bit for bit on ``defined_present_rows``, and then the whole buffer
   (ORT zero-fills the later rows of separate buffers and leaves a shared buffer's untouched);
-- output and output_qk: within the per-element bound of tests/gqa_bounds.py, derived from fp32
+- output and output_qk: within the per-element bound of qconform.ops.ort.attention_bounds, derived from fp32
   rounding, the head size and the number of keys (plus one fp16 spacing for fp16 outputs). ORT
   accumulates in MLAS's order with MLAS's exp / tanh, so outputs are not bit-exact.
 Semantics: docs/ort-ops.md section 4. Skipped without onnx / onnxruntime.
@@ -17,12 +17,15 @@ import zlib
 
 import numpy as np
 import pytest
-from gqa_bounds import attention_terms, fp16_spacing, output_bound, qk_bound, to_bnsh, to_bsnh
 
 from qconform.errors import ArgumentError
+from qconform.impls import CallableImpl
+from qconform.ops import get_op
+from qconform.ops.ort.attention_bounds import attention_terms, fp16_spacing, output_bound, qk_bound, to_bnsh, to_bsnh
 from qconform.oracles.ort import defined_output_rows, defined_present_rows, group_query_attention
 from qconform.oracles.ort.kv_cache import quantize_kv
 from qconform.oracles.ort.rotary import apply_rotary
+from qconform.properties import Prepared, matches_oracle
 
 ort = pytest.importorskip("onnxruntime")
 onnx = pytest.importorskip("onnx")
@@ -242,7 +245,7 @@ def _assert_within(ours: np.ndarray, theirs: np.ndarray, bound: np.ndarray, what
 @pytest.mark.parametrize("name", list(CASES))
 def test_gqa_matches_ort(name: str, dtype) -> None:
     """Present caches bit-exact (defined rows, then the tail policy), output and output_qk within the
-    derived bound (gqa_bounds.py)."""
+    derived bound (qconform.ops.ort.attention_bounds)."""
     c = CASES[name]
     inp, attrs = make_inputs(c, dtype, seed=zlib.crc32(name.encode()))
     qk, shared = c.get("qk", 0), c.get("shared", False)
@@ -397,3 +400,28 @@ def test_ort_and_the_oracle_reject_the_same_calls(name: str) -> None:
         run_ort(inp, attrs)
     with pytest.raises(ArgumentError, match=f"^{arg}:"):
         run_oracle(inp, attrs)
+
+
+def ort_gqa(*args, out=None, shared_buffer: bool = False, **attrs):
+    """ORT's CPU provider as a ``py:`` implementation of the catalogue's gqa_decode / gqa_prefill
+    (the oracle's argument rules first, as a drop-in must reject bad calls itself)."""
+    group_query_attention(*args, out=out, shared_buffer=shared_buffer, **attrs)
+    inp = {n: a for n, a in zip(INPUTS, args, strict=True) if a is not None}
+    got = tuple(run_ort(inp, attrs, shared=shared_buffer))
+    if out is None:
+        return got
+    for buf, a in zip(out, got, strict=True):
+        buf[...] = a
+    return out
+
+
+@pytest.mark.parametrize("op_name", ["gqa_decode", "gqa_prefill"])
+def test_ort_passes_the_catalogue(op_name: str) -> None:
+    """Every coverage-2 case of every leaf of the catalogue entry: ORT's output within the bound of
+    qconform.ops.ort.attention_bounds (strict contract), its caches exact on the defined rows."""
+    op = get_op(op_name)
+    impl = CallableImpl("ort", ort_gqa, (op_name,))
+    for leaf in op.leaves:
+        for case in op.cases(leaf.name, 2):
+            outcome = matches_oracle(impl, op, Prepared.from_case(op, case, impl))
+            assert outcome.ok, (leaf.name, case.id, outcome.detail)

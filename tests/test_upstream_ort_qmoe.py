@@ -11,8 +11,8 @@ byte"; ``test_zero_point_rows_padded_to_a_byte`` pins the fixed behaviour).
 Routing is compared exactly: a probe model with all-zero weights (scales 0), the identity activation and
 fc2 bias e_j (one-hot) outputs out[t, j] = routing weight of expert j for token t, so the selected set
 (ties included) must be identical and the weights equal to the last bit, except where glibc's expf is one
-ulp from the correctly rounded exp (the oracle's): ``tests/qmoe_bounds.py`` step 1 bounds those. Outputs of
-the full FFN are compared within the per-element bound derived in ``tests/qmoe_bounds.py`` from the
+ulp from the correctly rounded exp (the oracle's): ``qconform.ops.ort.moe_bounds`` step 1 bounds those. Outputs of
+the full FFN are compared within the per-element bound derived in ``qconform.ops.ort.moe_bounds`` from the
 roundings on both sides (fp32 sums in any order, int8 activation codes that may step, fp16 output rounding).
 """
 
@@ -22,12 +22,17 @@ import zlib
 
 import numpy as np
 import pytest
-from qmoe_bounds import U, moe_bound, qmoe_bound, random_moe_case, random_qmoe_case, within
+from qmoe_bounds import random_moe_case, within
 
 from qconform.errors import ArgumentError
+from qconform.impls import CallableImpl
+from qconform.ops import get_op
+from qconform.ops.ort.moe_bounds import U, moe_bound, qmoe_bound
+from qconform.ops.ort.qmoe import random_qmoe_case
 from qconform.oracles.ort.moe_routing import SKIP_QMOE, route
 from qconform.oracles.ort.packing import pack_bits, packed_size
 from qconform.oracles.ort.qmoe import moe, qmoe
+from qconform.properties import Prepared, matches_oracle
 
 ort = pytest.importorskip("onnxruntime")
 onnx = pytest.importorskip("onnx")
@@ -487,3 +492,31 @@ def test_moe_matches_ort(activation_type: str, normalize: int) -> None:
     ref = moe(**d, **attrs)
     ok, frac = within(got, ref, moe_bound(d, attrs))
     assert ok, frac
+
+
+# ---------------------------------------------------------------------------------------------- catalogue
+
+
+def ort_qmoe(*args, out=None, **attrs):
+    """ORT's CPU provider as a ``py:`` implementation of the catalogue's qmoe_decode / qmoe_ragged_mm
+    (weights as initializers; the oracle's argument rules first)."""
+    qmoe(*args, out=out, **attrs)
+    names = ("input", "router_probs", "fc1_experts_weights", "fc1_scales", "fc1_experts_bias", "fc2_experts_weights")
+    names += ("fc2_scales", "fc2_experts_bias", "fc1_zero_points", "fc2_zero_points", "router_weights")
+    got = _run("QMoE", dict(zip(names, args, strict=True)), attrs)
+    if out is None:
+        return got
+    out[...] = got
+    return out
+
+
+@pytest.mark.parametrize("op_name", ["qmoe_decode", "qmoe_ragged_mm"])
+def test_ort_passes_the_catalogue(op_name: str) -> None:
+    """Every coverage-2 case of every leaf of the catalogue entry within the bound of
+    qconform.ops.ort.moe_bounds (strict contract: ORT's int8 activations are one accepted reading)."""
+    op = get_op(op_name)
+    impl = CallableImpl("ort", ort_qmoe, (op_name,))
+    for leaf in op.leaves:
+        for case in op.cases(leaf.name, 2):
+            outcome = matches_oracle(impl, op, Prepared.from_case(op, case, impl))
+            assert outcome.ok, (leaf.name, case.id, outcome.detail)

@@ -286,8 +286,8 @@ def _contract_option(parser: argparse.ArgumentParser) -> None:
         "--contract",
         help="what the implementation relaxes from the upstream reference, KEY=VALUE,...: accumulate=fp32|fp16|bf16, "
         "chain=N|K/D, storage=exact|fp16|bf16, ftz=as-built|on|off|either, nan=reference|ieee|unsupported, "
-        "division=exact|Nulp, level4=either|int8|float, bound=probabilistic|worst-case (docs/contracts.md; "
-        "default strict)",
+        "division=exact|Nulp, level4=either|int8|float, bound=probabilistic|worst-case, variant=cpu|cuda|rocm, "
+        "order=reference|any, fma=off|on|either (docs/contracts.md; default strict)",
     )
 
 

@@ -10,6 +10,7 @@ callable); every report states the contract it checked against. docs/contracts.m
 
 from __future__ import annotations
 
+import math
 import shlex
 from dataclasses import dataclass, fields, replace
 from typing import Any
@@ -22,6 +23,9 @@ FTZ = ("as-built", "on", "off", "either")
 NAN = ("reference", "ieee", "unsupported")
 LEVEL4 = ("either", "int8", "float")
 BOUND = ("probabilistic", "worst-case")
+VARIANT = ("cpu", "cuda", "rocm")  # whose arithmetic a bitsandbytes op follows (qconform.ops.bnb)
+ORDER = ("reference", "any")  # the reduction order of an op whose reference fixes one (ggml's vec_dot)
+FMA = ("off", "on", "either")  # products contracted into adds where the reference C may be (GCC -mfma)
 
 # unit roundoff of each floating type (round to nearest): 2^-(mantissa bits + 1)
 UNIT_ROUNDOFF = {"fp32": 2.0**-24, "fp16": 2.0**-11, "bf16": 2.0**-8}
@@ -41,9 +45,19 @@ class Contract:
     nan: the reference's NaN rules (ggml's MAX macro), IEEE max/min (a NaN never wins; a NaN
         input's own output unchecked), or NaN inputs not supported (such cases declined).
     division: exact, or within ``division`` ulp (approximate division and reciprocal).
-    level4: MatMulNBits accuracy_level 4: either path, ORT CPU's int8 activations, or fp32 ones.
+    level4: MatMulNBits accuracy_level 4 (and QMoE's block-wise weights where ORT's CPU quantizes
+        the activations): either path, ORT CPU's int8 activations, or fp32 ones.
     bound: how fp32 accumulation is bounded: probabilistically (lambda*sqrt(n)*u, Higham & Mary
         2019) or in the worst case (gamma_n = n*u/(1-n*u), Higham 2002 section 3.1).
+    variant: whose arithmetic the bitsandbytes ops are checked against: bitsandbytes' CPU backend
+        (bit-exact against bitsandbytes 0.50.2), its CUDA kernels (fast-math: the float32 literal
+        thresholds, NaN skipped, flush-to-zero; gemm_4bit's SIMT kernel) or ROCm (from the source only).
+    order: an op whose reference fixes its reduction order (ggml's generic vec_dot: matmul_bt_quant)
+        is compared bit for bit in that order (reference), or each output within its bound from the
+        data, fp32 sums in any order (any); the bound ops are checked in any order already.
+    fma: a product feeding an add rounded first (off: the reference C built without FMA), contracted
+        into one fmaf where GCC's -mfma contracts the reference C (on: matmul_bt_quant's vec_dot,
+        silu_mul_q8_k's ggml_v_expf AVX2/NEON and AVX512 branches), or either.
     """
 
     accumulate: str = "fp32"
@@ -54,6 +68,9 @@ class Contract:
     division: int = 0  # ulp; 0 = exact
     level4: str = "either"
     bound: str = "probabilistic"
+    variant: str = "cpu"
+    order: str = "reference"
+    fma: str = "off"
 
     def __str__(self) -> str:
         changed = self.relaxed()
@@ -86,6 +103,28 @@ class Contract:
 
 STRICT = Contract()
 
+LAMBDA = 8.0  # Higham & Mary's lambda of the probabilistic fp32 accumulation bound
+
+
+def gamma(n: int, u: float) -> float:
+    """Higham's gamma_n = n u / (1 - n u); inf where n u >= 1 (no bound holds)."""
+    return n * u / (1 - n * u) if n * u < 1 else math.inf
+
+
+def accumulation_error(n: int, chain: int, contract: Contract) -> float:
+    """Relative error (to sum |terms|) of summing n terms as the contract allows: fp32 in any
+    order, lambda*sqrt(n)*u (Higham & Mary, SIAM J. Sci. Comput. 41(5) 2019, Theorem 3.1) or the
+    worst case gamma_n (Higham 2002, eq. 3.5); fp16/bf16 chains of the declared length (``chain``:
+    the op's natural one), combined in fp32. Ops outside ``properties`` (the attention and MoE
+    bounds of ``qconform.ops``) call it too."""
+    u32 = UNIT_ROUNDOFF["fp32"]
+    if contract.accumulate == "fp32":
+        worst = gamma(n, u32)
+        return worst if contract.bound == "worst-case" else min(worst, LAMBDA * math.sqrt(n) * u32)
+    length = contract.chain_length(n, chain)
+    inner = gamma(length, UNIT_ROUNDOFF[contract.accumulate])
+    return inner + gamma(-(-n // length) + 1, u32) * (1 + inner)
+
 
 def contract_flag(contract: object) -> str:
     """`` --contract ...`` for a replay command line, or '' for the strict default."""
@@ -99,6 +138,9 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "nan": NAN,
     "level4": LEVEL4,
     "bound": BOUND,
+    "variant": VARIANT,
+    "order": ORDER,
+    "fma": FMA,
 }
 
 

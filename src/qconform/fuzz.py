@@ -9,13 +9,13 @@ import shlex
 import sys
 from pathlib import Path
 
-import numpy as np
 from hypothesis import given, settings
 from hypothesis import seed as hseed
 
 from qconform.contracts import contract_flag
 from qconform.impls.protocol import Implementation
 from qconform.ops import Case, OpSpec
+from qconform.ops.spec import result_bytes
 from qconform.properties.checks import Outcome, Prepared, matches_oracle, rejects_bad_arguments, writes_every_output
 from qconform.properties.profiles import load_profile
 
@@ -65,7 +65,7 @@ def find_failure(impl: Implementation, op: OpSpec, leaf: str, *, examples: int, 
 def _repeats(impl: Implementation, op: OpSpec, p: Prepared) -> Outcome:
     """Property 2 on one drawn case: further calls give the first call's bytes."""
     try:
-        outs = [np.asarray(impl.run(op, p.case.leaf, p.inputs, p.params)).tobytes() for _ in range(REPEATS)]
+        outs = [result_bytes(impl.run(op, p.case.leaf, p.inputs, p.params)) for _ in range(REPEATS)]
     except Exception as exc:
         return Outcome("repeatable", op.name, p.case.leaf, p.case.id, False, f"{type(exc).__name__}: {exc}")
     ok = all(o == outs[0] for o in outs)

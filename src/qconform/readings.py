@@ -27,19 +27,23 @@ class ErrorModel:
     # float64, absolute: what a declared relaxation moves beyond the roundings (an approximate
     # division's code steps at MatMulNBits level 4), or None
     slack: np.ndarray | None = None
+    # what ``slack`` is when it is the op's own propagated bound (attention, mixture of experts)
+    # rather than a declared relaxation; named in a failure's bound
+    slack_label: str = ""
 
 
 @dataclass(frozen=True)
 class Expected:
     """One accepted reading: ``want`` is the oracle's output under it; ``model`` (bound ops) the
     float64 reference and magnitudes; ``mask`` the output elements left unchecked; ``accept``
-    the elements a relaxation accepts given the output; ``plain``: the
+    the elements a relaxation accepts given the output (an op with several outputs: ``want`` and
+    ``mask`` are tuples, one entry per output, ``model`` bounds the first); ``plain``: the
     strict reference with flush-to-zero off (what golden sets store)."""
 
     label: str
-    want: np.ndarray
+    want: np.ndarray | tuple[np.ndarray, ...]
     model: ErrorModel | None = None
-    mask: np.ndarray | None = None
+    mask: np.ndarray | tuple[np.ndarray | None, ...] | None = None
     ftz: bool = False
     plain: bool = False
     # got -> the output elements a relaxation accepts as they are (e.g. whole blocks equal to a

@@ -19,6 +19,7 @@ from qconform.device.registry import Launch
 from qconform.errors import ArgumentError
 from qconform.ops import OpSpec
 from qconform.ops.abi import Abi, Bound, call_arguments, check_predicate
+from qconform.ops.spec import output_parts
 
 SMALL_BYTES = 1 << 20  # device arrays up to this size are copied to the host for validation
 
@@ -67,14 +68,20 @@ def host_standins(op: OpSpec, args: tuple, kwargs: dict[str, Any]) -> tuple[tupl
 def bind_call(op: OpSpec, args: tuple, kwargs: dict[str, Any], out: Any = None) -> AbiCall:
     """Bind a call of ``op``'s oracle on device arrays to ``op.abi``: check every rule on host
     stand-ins (ArgumentError), Declined where the ABI cannot express the call, check or allocate
-    ``out``; inputs the ABI passes in another dtype are converted."""
+    ``out`` (a tuple of one buffer per output for an op with several); inputs the ABI passes in
+    another dtype are converted."""
     named = call_arguments(op.oracle, args, kwargs)
     bound = op.abi.bind(*host_standins(op, args, kwargs))
-    result = out_buffer(out, bound.out_shape, bound.out_dtype, *named.values())
-    call = AbiCall(op.name, bound, result)
+    if len(bound.outs) > 1 and out is not None and (not isinstance(out, tuple) or len(out) != len(bound.outs)):
+        raise ArgumentError(f"out: must be a tuple of {len(bound.outs)} buffers ({', '.join(op.output_names)})")
+    given = output_parts(out) if out is not None else (None,) * len(bound.outs)
+    inputs = tuple(named.values())
+    results = [out_buffer(o, shape, dtype, *inputs) for o, (shape, dtype) in zip(given, bound.outs, strict=True)]
+    call = AbiCall(op.name, bound, results[0] if len(results) == 1 else tuple(results))
+    outs = iter(results)
     for arg in op.abi.pointers:
         if arg.kind == "out":
-            call.pointers.append(result)
+            call.pointers.append(next(outs))
             continue
         src = bound.tensors.get(arg.name)
         if src is None:

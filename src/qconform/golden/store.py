@@ -24,6 +24,7 @@ from safetensors.numpy import load
 
 import qconform
 from qconform.ops import Case, OpSpec, get_op
+from qconform.ops.spec import output_parts
 from qconform.properties.checks import Prepared
 
 FILE_FORMAT = "qconform-golden-1"
@@ -103,9 +104,10 @@ def encode_leaf(op: OpSpec, leaf: str, prepared: Iterable[Prepared]) -> bytes:
     cases: list[dict[str, Any]] = []
     for p in prepared:
         present = [n for n in op.input_names if n in p.inputs]  # optional inputs may be absent
-        for name in (*present, op.output_name):
+        stored = {**{n: p.inputs[n] for n in present}, **dict(zip(op.output_names, output_parts(p.want), strict=True))}
+        for name, a in stored.items():
             key = f"{p.case.id}/{name}"
-            tensors[key] = np.ascontiguousarray(p.inputs[name] if name != op.output_name else p.want)
+            tensors[key] = np.ascontiguousarray(a)
             logical[key] = op.logical_dtypes.get(name, str(tensors[key].dtype)).format(**p.params)
         cases.append(json.loads(p.case.to_json()) | {"id": p.case.id})
     meta = {
@@ -115,6 +117,7 @@ def encode_leaf(op: OpSpec, leaf: str, prepared: Iterable[Prepared]) -> bytes:
         "qconform_version": qconform.__version__,
         "inputs": json.dumps(list(op.input_names)),
         "output": op.output_name,
+        **({"outputs": json.dumps(list(op.outputs))} if op.outputs else {}),
         "cases": json.dumps(cases, sort_keys=True),
         "logical_dtypes": json.dumps(logical, sort_keys=True),
     }
@@ -196,11 +199,16 @@ def decode_leaf(data: bytes) -> GoldenLeaf:
     op = get_op(meta["op"])
     tensors = load(data)
     inputs = json.loads(meta["inputs"])
+    outputs = json.loads(meta["outputs"]) if "outputs" in meta else None  # an op with several outputs
     prepared = []
     for c in json.loads(meta["cases"]):
         case = Case.from_dict(c)
         ins = {name: tensors[f"{c['id']}/{name}"] for name in inputs if f"{c['id']}/{name}" in tensors}
-        prepared.append(Prepared(case, ins, op.params(case), tensors[f"{c['id']}/{meta['output']}"]))
+        if outputs:
+            want = tuple(tensors[f"{c['id']}/{name}"] for name in outputs)
+        else:
+            want = tensors[f"{c['id']}/{meta['output']}"]
+        prepared.append(Prepared(case, ins, op.params(case), want))
     return GoldenLeaf(op, meta["leaf"], prepared)
 
 

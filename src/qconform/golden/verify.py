@@ -121,12 +121,14 @@ def _replay(report: VerifyReport, impl: Implementation, op, p: Prepared, path: s
         return
     c = p.verify(op, got)
     if not c.ok:
-        summary = diff_summary(op, p.params, np.asarray(got), p.want)
+        single = isinstance(p.want, np.ndarray)  # a multi-output op's detail names the output
+        summary = diff_summary(op, p.params, np.asarray(got), p.want) if single else ""
+        tensors = op.output_name if single else "{" + ",".join(op.output_names) + "}"
         report.findings.append(
             Finding(
                 "drift",
                 path,
-                f"case {p.case.id}, tensor '{p.case.id}/{op.output_name}': "
+                f"case {p.case.id}, tensor '{p.case.id}/{tensors}': "
                 f"{impl.name} output differs from the stored one: {c.detail}{summary}",
             )
         )

@@ -30,6 +30,7 @@ from qconform.errors import ArgumentError, Declined, DeviceError
 from qconform.impls.cpu import accepts_kwarg
 from qconform.ops import CATALOGUE, OpSpec
 from qconform.ops.abi import STATUS_DECLINED, check_declared_predicate
+from qconform.ops.spec import output_parts
 
 CUPY_OPS = (*dict.fromkeys(k.op for k in KERNELS), *ORT_FUNCTIONS)  # ops qconform's own kernels cover
 
@@ -89,17 +90,20 @@ class DeviceImpl:
         params: dict[str, Any],
         out: np.ndarray | None = None,
     ) -> np.ndarray:
-        guards = guard.guarded_inputs({**inputs, "out": out}, cupy)  # inputs and out in guarded device memory
+        outs = {} if out is None else _out_names(out)
+        guards = guard.guarded_inputs({**inputs, **outs}, cupy)  # inputs and out in guarded device memory
         dev = {k: guards[k][1] if k in guards else to_device(v) for k, v in inputs.items()}
-        dev_out = guards["out"][1] if "out" in guards else to_device(out)
+        dev_outs = tuple(guards[k][1] if k in guards else to_device(v) for k, v in outs.items())
+        dev_out = None if out is None else (dev_outs if isinstance(out, tuple) else dev_outs[0])
         result = self.launch(op, dev, params, dev_out)
         synchronize(op.name)
         guard.check(guards)
         _mirror_inputs(inputs, dev)
-        host = cupy.asnumpy(result)
+        host = tuple(cupy.asnumpy(r) for r in result) if isinstance(result, tuple) else cupy.asnumpy(result)
         if out is None:
             return host
-        out[...] = host
+        for mine, back in zip(output_parts(out), output_parts(host), strict=True):
+            mine[...] = back
         return out
 
     def stage(self, op: OpSpec, leaf: str, inputs: dict[str, Any], params: dict[str, Any]) -> Callable[[], Any]:
@@ -123,16 +127,27 @@ class DeviceImpl:
         return None
 
 
+def _out_names(out: Any) -> dict[str, Any]:
+    """``out`` (a buffer, or a tuple of one per output) by the names its guards report."""
+    parts = output_parts(out)
+    return {"out": parts[0]} if len(parts) == 1 else {f"out {i}": a for i, a in enumerate(parts)}
+
+
 class DeviceBits:
-    """A device output compared by its bits (``==``), without a copy to the host."""
+    """A device output (or tuple of outputs) compared by its bits (``==``), without a copy to the host."""
 
     def __init__(self, a: Any) -> None:
-        self.a = a
+        self.parts = output_parts(a)
 
     def __eq__(self, other: object) -> bool:
-        if not isinstance(other, DeviceBits) or other.a.shape != self.a.shape or other.a.dtype != self.a.dtype:
+        if not isinstance(other, DeviceBits) or len(other.parts) != len(self.parts):
             return False
-        return bool(cupy.array_equal(self.a.view(cupy.uint8), other.a.view(cupy.uint8)))
+        for a, b in zip(self.parts, other.parts, strict=True):
+            if a.shape != b.shape or a.dtype != b.dtype:
+                return False
+            if not bool(cupy.array_equal(a.view(cupy.uint8), b.view(cupy.uint8))):
+                return False
+        return True
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -272,7 +287,9 @@ class DevicePyImpl(DeviceImpl):
             kwargs = {**kwargs, "out": dev_out}
         result = self.fn(*args, **kwargs)
         synchronize_device(op.name)
-        return dev_out if dev_out is not None else as_cupy(result, self.name)
+        if dev_out is not None:
+            return dev_out
+        return tuple(as_cupy(r, self.name) for r in result) if isinstance(result, tuple) else as_cupy(result, self.name)
 
 
 def as_cupy(a: Any, who: str) -> Any:

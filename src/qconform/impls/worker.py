@@ -22,6 +22,7 @@ from qconform import guard
 from qconform.errors import ArgumentError, Declined, OutOfBoundsWrite
 from qconform.impls.protocol import Implementation
 from qconform.ops import CATALOGUE, OpSpec
+from qconform.ops.spec import output_parts, result_bytes
 
 DEFAULT_TIMEOUT_S = 300.0  # per call: generous (a coverage-3 case on a slow CPU), never forever
 
@@ -54,14 +55,18 @@ def _serve(conn: Any, spec: str, ops: list[str] | None) -> None:
         guards = guard.guarded_inputs(inputs)
         inputs.update({k: view for k, (_, view) in guards.items()})
         out = None
-        if out_sent is not None:
-            guards["out"] = guard.guarded_copy(out_sent)
-            out = guards["out"][1]
+        if out_sent is not None:  # one buffer, or a tuple of one per output
+            sent = output_parts(out_sent)
+            names = ["out"] if len(sent) == 1 else [f"out {i}" for i in range(len(sent))]
+            guards.update({name: guard.guarded_copy(a) for name, a in zip(names, sent, strict=True)})
+            views = tuple(guards[name][1] for name in names)
+            out = views if isinstance(out_sent, tuple) else views[0]
         before = {k: v.tobytes() for k, v in inputs.items() if isinstance(v, np.ndarray)}
         try:
             result = impl.run(CATALOGUE[op_name], leaf, inputs, params, out=out)
             guard.check(guards)
-            reply: tuple = ("ok", np.asarray(result) if out is None else None)
+            kept = tuple(np.asarray(a) for a in result) if isinstance(result, (tuple, list)) else np.asarray(result)
+            reply: tuple = ("ok", kept if out is None else None)
         except BaseException as exc:  # noqa: BLE001 - every failure goes back to the parent
             kind = next((k for cls, k in _KINDS if isinstance(exc, cls)), "other")
             reply = ("raised", kind, type(exc).__name__, str(exc))
@@ -164,7 +169,8 @@ class WorkerImpl:
         for k, v in changed.items():
             inputs[k][...] = v
         if out is not None and out_back is not None:
-            out[...] = out_back
+            for mine, back in zip(output_parts(out), output_parts(out_back), strict=True):
+                mine[...] = back
         if reply[0] == "raised":
             _, kind, name, msg = reply
             raise _EXCEPTIONS[kind](name, msg)
@@ -178,7 +184,7 @@ class WorkerImpl:
         self._conn.recv()
 
     def stage(self, op: OpSpec, leaf: str, inputs: dict[str, Any], params: dict[str, Any]) -> Callable[[], Any]:
-        return lambda: np.asarray(self.run(op, leaf, inputs, params)).tobytes()
+        return lambda: result_bytes(self.run(op, leaf, inputs, params))
 
     def error_slot(self) -> tuple[Any, str]:
         return None, "CPU implementation"

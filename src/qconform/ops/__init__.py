@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from qconform.errors import ArgumentError
-from qconform.ops import ggml, ort
+from qconform.ops import bnb, ggml, ort
 from qconform.ops.spec import BadArgument, Case, Check, Leaf, OpSpec
 
-CATALOGUE: dict[str, OpSpec] = {op.name: op for op in (*ggml.OPS, *ort.OPS)}
+CATALOGUE: dict[str, OpSpec] = {op.name: op for op in (*ggml.OPS, *ort.OPS, *bnb.OPS)}
 
 __all__ = ["CATALOGUE", "BadArgument", "Case", "Check", "Leaf", "OpSpec", "get_op"]
 

@@ -114,7 +114,8 @@ class Bound:
 
     ``tensors``: pointer argument -> (the oracle's parameter it comes from, the dtype it is passed
     as) or None (a null pointer); a dtype other than the argument's means the caller converts it
-    first (documented per op in ``Abi.notes``).
+    first (documented per op in ``Abi.notes``). ``out_shape`` / ``out_dtype``: the first output;
+    ``more_outs``: (shape, dtype) of each further one of an op with several, in ABI order.
     """
 
     tensors: dict[str, tuple[str, np.dtype] | None]
@@ -122,6 +123,12 @@ class Bound:
     out_dtype: np.dtype
     scalars: dict[str, int | float]
     work: int
+    more_outs: tuple[tuple[tuple[int, ...], np.dtype], ...] = ()
+
+    @property
+    def outs(self) -> tuple[tuple[tuple[int, ...], np.dtype], ...]:
+        """(shape, dtype) of every output, in ABI order."""
+        return ((tuple(self.out_shape), np.dtype(self.out_dtype)), *self.more_outs)
 
 
 @dataclass(frozen=True)
@@ -144,8 +151,8 @@ class Abi:
     def __post_init__(self) -> None:
         kinds = [a.kind for a in self.args]
         order = {"in": 0, "out": 1, "i64": 2, "f32": 2}
-        if [order[k] for k in kinds] != sorted(order[k] for k in kinds) or kinds.count("out") != 1:
-            raise ValueError("an ABI lists its inputs, then one output, then its scalars")
+        if [order[k] for k in kinds] != sorted(order[k] for k in kinds) or kinds.count("out") < 1:
+            raise ValueError("an ABI lists its inputs, then its outputs (one per op output), then its scalars")
 
     @property
     def enums(self) -> tuple[Enum, ...]:

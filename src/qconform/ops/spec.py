@@ -20,7 +20,8 @@ class Leaf:
     params: dict[str, Any] = field(default_factory=dict)
 
 
-SHAPE_PARAMS = ("K", "rows", "cols")  # default params that repeat the shape: left out of case ids
+# default params that repeat the shape: left out of case ids (num_heads / kv_num_heads: attention)
+SHAPE_PARAMS = ("K", "rows", "cols", "num_heads", "kv_num_heads")
 
 
 @dataclass(frozen=True)
@@ -155,6 +156,14 @@ class OpSpec:
     # (inputs, params, contract, ftz) -> the readings of the op the contract accepts, each a
     # qconform.properties.expect.Expected; None: the oracle's output is the one reading
     numerics: Callable[..., list[Any]] | None = None
+    # an op with several outputs names them here, in the order its oracle returns them (a tuple;
+    # ``out=`` is a tuple of buffers): the first is checked by ``check``, each other exactly, on
+    # the elements its reading's mask leaves checked (``Expected.mask``, one entry per output)
+    outputs: tuple[str, ...] = ()
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return self.outputs or (self.output_name,)
 
     def leaf(self, name: str) -> Leaf:
         for leaf in self.leaves:
@@ -164,3 +173,18 @@ class OpSpec:
 
     def params(self, case: Case) -> dict[str, Any]:
         return {**self.leaf(case.leaf).params, **case.params}
+
+
+def output_parts(result: Any) -> tuple[Any, ...]:
+    """An op's result (or ``out``) as the tuple of its outputs: one array is a 1-tuple."""
+    return tuple(result) if isinstance(result, (tuple, list)) else (result,)
+
+
+def result_bytes(result: Any) -> bytes:
+    """Every output's bytes, in order: equal results give equal bytes."""
+    return b"".join(np.asarray(a).tobytes() for a in output_parts(result))
+
+
+def result_size(result: Any) -> int:
+    """Elements in every output together."""
+    return sum(int(np.asarray(a).size) for a in output_parts(result))

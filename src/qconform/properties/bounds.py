@@ -25,29 +25,14 @@ from typing import Callable
 
 import numpy as np
 
-from qconform.contracts import UNIT_ROUNDOFF, Contract
+from qconform.contracts import LAMBDA, UNIT_ROUNDOFF, Contract, accumulation_error, gamma  # noqa: F401
+from qconform.formats.bf16 import bf16_bits_to_fp32
 from qconform.readings import ErrorModel
 
-LAMBDA = 8.0
 F32_TINY = 2.0**-126
 F32_SUBNORMAL = 2.0**-149
-OUT_HALF_SPACING = {np.dtype(np.float16): 2.0**-25, np.dtype(np.float32): 2.0**-150}
-
-
-def gamma(n: int, u: float) -> float:
-    """Higham's gamma_n = n u / (1 - n u); inf where n u >= 1 (no bound holds)."""
-    return n * u / (1 - n * u) if n * u < 1 else math.inf
-
-
-def accumulation_error(n: int, chain: int, contract: Contract) -> float:
-    """Relative error (to sum |terms|) of summing n terms as the contract allows."""
-    u32 = UNIT_ROUNDOFF["fp32"]
-    if contract.accumulate == "fp32":
-        worst = gamma(n, u32)
-        return worst if contract.bound == "worst-case" else min(worst, LAMBDA * math.sqrt(n) * u32)
-    length = contract.chain_length(n, chain)
-    inner = gamma(length, UNIT_ROUNDOFF[contract.accumulate])
-    return inner + gamma(-(-n // length) + 1, u32) * (1 + inner)
+BF16_BITS = np.dtype(np.uint16)  # a bfloat16 output travels as its uint16 bit patterns (qconform.formats.bf16)
+OUT_HALF_SPACING = {np.dtype(np.float16): 2.0**-25, np.dtype(np.float32): 2.0**-150, BF16_BITS: 2.0**-134}
 
 
 @dataclass(frozen=True)
@@ -67,11 +52,14 @@ class Budget:
             acc += f" (chains of {contract.chain_length(m.n_terms, m.chain)})"
         elif contract.bound == "worst-case":
             acc += " (worst case)"
-        parts = [f"{m.out_dtype} output rounding {self.u_out:.3g}*|ref|", f"{acc} {self.e_acc:.3g}*sum|a||w|"]
-        if self.e_store:
+        parts = [f"{m.out_dtype} output rounding {self.u_out:.3g}*|ref|"]
+        if np.any(m.mag):  # an op whose slack propagates the contract itself has no magnitudes here
+            parts.append(f"{acc} {self.e_acc:.3g}*sum|a||w|")
+        if self.e_store and np.any(m.store_mag):
             parts.append(f"{contract.storage} storage {self.e_store:.3g}*sum|a|(|zs|+2|w|)")
         if m.slack is not None:
-            parts.append(f"division within {contract.division} ulp (activation codes beside a tie may step)")
+            label = m.slack_label or f"division within {contract.division} ulp (activation codes beside a tie may step)"
+            parts.append(label)
         return " + ".join(parts)
 
 
@@ -83,7 +71,12 @@ def budget(m: ErrorModel, contract: Contract, ftz: bool) -> Budget:
 
 
 def _out_type(dtype: np.dtype) -> str:
-    return {np.dtype(np.float16): "fp16", np.dtype(np.float32): "fp32"}[np.dtype(dtype)]
+    return {np.dtype(np.float16): "fp16", np.dtype(np.float32): "fp32", BF16_BITS: "bf16"}[np.dtype(dtype)]
+
+
+def _values(a: np.ndarray) -> np.ndarray:
+    """An output as float64 values (bfloat16 bit patterns widened)."""
+    return (bf16_bits_to_fp32(a) if a.dtype == BF16_BITS else a).astype(np.float64)
 
 
 @dataclass(frozen=True)
@@ -105,11 +98,18 @@ HINTS = (
 
 
 def check_bound(
-    got: np.ndarray, want: np.ndarray, m: ErrorModel, contract: Contract, ftz: bool, fmt: Callable[..., str]
+    got: np.ndarray,
+    want: np.ndarray,
+    m: ErrorModel,
+    contract: Contract,
+    ftz: bool,
+    fmt: Callable[..., str],
+    mask: np.ndarray | None = None,
 ) -> BoundCheck:
     """Every finite element within its bound; non-finite ones where the oracle has them (``want``:
-    the oracle's output under this reading). The failure names the worst element, its bound and
-    the rule, and the declarable relaxation that would explain it, if one does."""
+    the oracle's output under this reading); ``mask``: elements left unchecked. The failure names
+    the worst element, its bound and the rule, and the declarable relaxation that would explain
+    it, if one does."""
     b = budget(m, contract, ftz)
     if not math.isfinite(b.e_acc):  # n u >= 1: every output would pass; that is no check
         length = contract.chain_length(m.n_terms, m.chain)
@@ -119,19 +119,20 @@ def check_bound(
             "(length * unit roundoff >= 1): declare a shorter chain",
             math.inf,
         )
-    g = got.astype(np.float64)
-    w = want.astype(np.float64)
+    g = _values(got)
+    w = _values(want)
     finite = np.isfinite(w)
     with np.errstate(invalid="ignore"):  # non-finite outputs where the oracle has them, the same ones
         same = (g == w) | (np.isnan(g) & np.isnan(w))
-    bad = np.argwhere((np.isfinite(g) != finite) | (~finite & ~same))
+    checked = np.ones(g.shape, bool) if mask is None else ~mask
+    bad = np.argwhere(checked & ((np.isfinite(g) != finite) | (~finite & ~same)))
     if len(bad):
         at = tuple(int(i) for i in bad[0])
         detail = f"{len(bad)} non-finite outputs differ; first at {list(at)}: got {fmt(got[at])}, want {fmt(want[at])}"
         return BoundCheck(False, detail, math.inf)
     bound = b.bound(m)
     with np.errstate(invalid="ignore"):
-        diff = np.where(finite, np.abs(g - m.ref), 0.0)
+        diff = np.where(finite & checked, np.abs(g - m.ref), 0.0)
     ratio = np.where(diff > 0, diff / np.where(bound > 0, bound, F32_SUBNORMAL), 0.0)
     worst = float(ratio.max(initial=0.0))
     if worst <= 1.0:
@@ -147,7 +148,7 @@ def check_bound(
     )
     if got.size >= ISOLATED_MIN and n_bad <= ISOLATED * got.size:
         return BoundCheck(False, f"{detail}; isolated ({n_bad} element(s)): a rounding habit would show on many", worst)
-    return BoundCheck(False, detail + _hint(g, m, contract, ftz, finite), worst)
+    return BoundCheck(False, detail + _hint(g, m, contract, ftz, finite & checked), worst)
 
 
 ISOLATED = 0.01  # at most this share of elements out of bound: no relaxation is hinted

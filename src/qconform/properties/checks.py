@@ -20,6 +20,7 @@ from qconform.contracts import STRICT, Contract
 from qconform.errors import ArgumentError
 from qconform.impls.protocol import Implementation
 from qconform.ops import Case, OpSpec
+from qconform.ops.spec import output_parts, result_bytes
 from qconform.properties.compare import Comparison, compare
 from qconform.properties.expect import expectations, has_nan
 from qconform.readings import Expected
@@ -49,7 +50,7 @@ class Prepared:
     case: Case
     inputs: dict[str, np.ndarray]
     params: dict[str, Any]
-    want: np.ndarray
+    want: Any  # an array, or a tuple of one per output (OpSpec.outputs)
     expected: tuple[Expected, ...] = ()
     contract: Contract = STRICT
 
@@ -90,7 +91,7 @@ class Prepared:
         detail = first.detail if len(readings) == 1 else f"{readings[0].label}: {first.detail}"
         if len(readings) > 1:
             detail += " (" + "; ".join(f"not {e.label} either" for e in readings[1:]) + ")"
-        if op.check.kind != "bound":  # a bound failure states its rule and contract itself
+        if op.check.kind != "bound" and readings[0].model is None:  # a bound failure states its rule itself
             detail += f"; rule failed: {op.check.reason} (contract {self.contract})"
         return replace(first, detail=detail)
 
@@ -174,13 +175,26 @@ def _call_after_poisoning_the_allocator(impl: Implementation, op: OpSpec, p: Pre
     freed block of a size back first (numpy's small-block cache, glibc's bins, and its mmap
     threshold rises to a freed block's size), so an element the call never writes is likely to
     read as the poison. Best effort, for implementations that allocate their own output."""
-    if hasattr(impl, "poison_allocator"):  # an implementation in another process poisons its own
-        impl.poison_allocator(p.want.nbytes, poison)
-    else:
-        bait = np.empty(p.want.shape, p.want.dtype)
-        bait.view(np.uint8).fill(poison)
-        del bait
+    for want in output_parts(p.want):
+        if hasattr(impl, "poison_allocator"):  # an implementation in another process poisons its own
+            impl.poison_allocator(want.nbytes, poison)
+        else:
+            bait = np.empty(want.shape, want.dtype)
+            bait.view(np.uint8).fill(poison)
+            del bait
     return impl.run(op, p.case.leaf, p.inputs, p.params)
+
+
+def _poisoned_out(op: OpSpec, want: Any, poison: int) -> tuple[Any, dict[str, tuple[Any, Any]]]:
+    """``out`` for ``want`` (a buffer, or a tuple of one per output) in guarded allocations, every
+    byte ``poison``; and the guards, named ``out`` or by output."""
+    wants = output_parts(want)
+    names = ("out",) if len(wants) == 1 else tuple(f"out ({name})" for name in op.output_names)
+    guards = {name: guard.guarded_empty(w.shape, w.dtype) for name, w in zip(names, wants, strict=True)}
+    views = [view for _, view in guards.values()]
+    for view in views:
+        view.view(np.uint8).fill(poison)
+    return (views[0] if len(views) == 1 else tuple(views)), guards
 
 
 def writes_every_output(impl: Implementation, op: OpSpec, p: Prepared) -> Outcome:
@@ -193,10 +207,9 @@ def writes_every_output(impl: Implementation, op: OpSpec, p: Prepared) -> Outcom
     for poison in POISONS:
         try:
             if impl.accepts_out:
-                buf, got = guard.guarded_empty(p.want.shape, p.want.dtype)
-                got.view(np.uint8).fill(poison)
+                got, guards = _poisoned_out(op, p.want, poison)
                 impl.run(op, p.case.leaf, p.inputs, p.params, out=got)
-                guard.check({"out": (buf, got)})
+                guard.check(guards)
             else:
                 got = _call_after_poisoning_the_allocator(impl, op, p, poison)
         except NotImplementedError as exc:
@@ -233,10 +246,12 @@ def rejects_bad_arguments(impl: Implementation, op: OpSpec, leaf: str) -> Outcom
         if bad.bad_out is not None:
             if not impl.accepts_out:
                 continue
-            out = bad.bad_out.copy()
-            out.view(np.uint8).fill(POISONS[0])
+            out = tuple(o.copy() for o in output_parts(bad.bad_out))
+            for o in out:
+                o.view(np.uint8).fill(POISONS[0])
+            out = out if isinstance(bad.bad_out, tuple) else out[0]
         before = _snapshot(bad.inputs)
-        out_before = None if out is None else out.tobytes()
+        out_before = None if out is None else result_bytes(out)
         declines = False
         try:
             impl.run(op, leaf, bad.inputs, bad.params, out=out)
@@ -251,7 +266,7 @@ def rejects_bad_arguments(impl: Implementation, op: OpSpec, leaf: str) -> Outcom
             return result(False, f"'{bad.rule}': {_raised(exc)} (expected ValueError/ArgumentError)")
         else:
             return result(False, f"accepted a call where {bad.rule}")
-        if _snapshot(bad.inputs) != before or (out is not None and out.tobytes() != out_before):
+        if _snapshot(bad.inputs) != before or (out is not None and result_bytes(out) != out_before):
             return result(False, f"'{bad.rule}': raised, but a caller buffer was modified")
         checked += not declines
         declined_calls += declines

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -62,7 +62,11 @@ def compare(
 ) -> Comparison:
     """Check ``got`` against the oracle output ``want``; the detail names the first difference.
     ``expected`` (a ``qconform.properties.expect.Expected``): its error model bounds a ``bound``
-    op's elements under ``contract``; its mask leaves elements unchecked."""
+    op's elements under ``contract`` (any op's reading that carries one: matmul_bt_quant under
+    ``order=any``); its mask leaves elements unchecked. An op with several
+    outputs: ``want`` is a tuple, each output checked (``_compare_outputs``)."""
+    if isinstance(want, tuple):
+        return _compare_outputs(op, params, got, want, expected, contract)
     if not isinstance(got, np.ndarray):
         return Comparison(False, f"returned {type(got).__name__}, not a numpy array", math.nan)
     if got.dtype != want.dtype or got.shape != want.shape:
@@ -73,11 +77,13 @@ def compare(
         err = rel_l2(op.decode(got, params), op.decode(want, params))
     except Exception:  # undecodable output: relL2 is not defined
         err = math.nan
-    if op.check.kind == "bound":
-        model = getattr(expected, "model", None)
+    model = getattr(expected, "model", None)
+    if op.check.kind == "bound" or model is not None:  # an exact op's reading under a relaxed order bounds too
         if model is None:
             raise AssertionError(f"catalogue bug: {op.name} checks bounds but gave no error model")
-        b = check_bound(got, want, model, contract, getattr(expected, "ftz", False), lambda v: _fmt(v, want.dtype))
+        mask = getattr(expected, "mask", None)
+        fmt = lambda v: _fmt(v, want.dtype)  # noqa: E731
+        b = check_bound(got, want, model, contract, getattr(expected, "ftz", False), fmt, mask)
         return Comparison(b.ok, b.detail, err)
     same = same_elements(got, want)
     mask, accept = getattr(expected, "mask", None), getattr(expected, "accept", None)
@@ -107,6 +113,44 @@ def compare(
     if not math.isnan(err) and err <= tol:
         return Comparison(True, f"relL2 {err:.3g} <= {tol:.3g}", err)
     return Comparison(False, f"relL2 {err:.3g} > {tol:.3g} ({op.check.reason}){_largest(op, params, got, want)}", err)
+
+
+def _compare_outputs(
+    op: OpSpec, params: dict[str, Any], got: Any, want: tuple, expected: Any, contract: Contract
+) -> Comparison:
+    """Each output of a multi-output op: the first as ``op.check`` says, every other exactly, each
+    on the elements its mask (``expected.mask``, a tuple) leaves checked. relL2: the first's."""
+    names = op.output_names
+    if not isinstance(got, (tuple, list)) or len(got) != len(want):
+        what = f"{len(got)} outputs" if isinstance(got, (tuple, list)) else type(got).__name__
+        return Comparison(False, f"returned {what}, expected a tuple of {len(want)}: {', '.join(names)}", math.nan)
+    masks = getattr(expected, "mask", None) or (None,) * len(want)
+    first = compare(op, params, got[0], want[0], replace(expected, mask=masks[0]) if expected else None, contract)
+    failed = [] if first.ok else [f"{names[0]}: {first.detail}"]
+    for name, g, w, mask in zip(names[1:], got[1:], want[1:], masks[1:], strict=True):
+        detail = _exact_output(g, w, mask)
+        if detail:
+            failed.append(f"{name}: {detail}")
+    if failed:
+        return Comparison(False, "; ".join(failed), first.rel_l2)
+    return Comparison(True, f"{first.detail}; {', '.join(names[1:])} exact", first.rel_l2)
+
+
+def _exact_output(got: Any, want: np.ndarray, mask: np.ndarray | None) -> str:
+    """'' when ``got`` equals ``want`` wherever ``mask`` (True: unchecked) allows, else what differs."""
+    if not isinstance(got, np.ndarray) or got.dtype != want.dtype or got.shape != want.shape:
+        what = f"{got.dtype}{list(got.shape)}" if isinstance(got, np.ndarray) else type(got).__name__
+        return f"returned {what}, expected {want.dtype}{list(want.shape)}"
+    same = same_elements(got, want) | (False if mask is None else mask)
+    if same.all():
+        return ""
+    bad = np.argwhere(~same)
+    first = tuple(int(i) for i in bad[0])
+    checked = want.size if mask is None else int((~mask).sum())
+    return (
+        f"{len(bad)} of {checked} checked values differ; first at {list(first)}: "
+        f"got {_fmt(got[first], want.dtype)}, want {_fmt(want[first], want.dtype)}"
+    )
 
 
 def _largest(op: OpSpec, params: dict[str, Any], got: np.ndarray, want: np.ndarray) -> str:

@@ -10,6 +10,7 @@ from typing import Callable, Sequence
 
 from qconform.impls.protocol import Implementation
 from qconform.ops import OpSpec
+from qconform.ops.spec import result_size
 from qconform.properties.checks import (
     DECLINED,
     DEFAULT_REPEAT_CALLS,
@@ -78,7 +79,7 @@ class LeafResult:
 def _repeat_sets(prepared: Sequence[Prepared]) -> list[Prepared]:
     """The smallest cases of distinct shapes: cheap to call many times, each a new shape."""
     seen: dict[tuple[int, ...], Prepared] = {}
-    for p in sorted(prepared, key=lambda p: p.want.size):
+    for p in sorted(prepared, key=lambda p: result_size(p.want)):
         seen.setdefault(p.case.shape, p)
     return list(seen.values())[:REPEAT_SETS]
 

@@ -94,9 +94,16 @@ def ggml_name(qtype: str) -> str:
 
 
 def leaf_qtype(leaf: str) -> str:
-    """The ggml type a leaf name carries: ``Xfp32_Yq8_K`` / ``Xq8_K_Yfp32`` -> ``Q8_K``."""
+    """The ggml type a leaf name carries: ``Xfp32_Yq8_K`` / ``Xq8_K_Yfp32`` -> ``Q8_K``; a GEMV's
+    weight type (``Wq4_K_Aq8_K_Yfp32`` -> ``Q4_K``); a fused producer's activation type
+    (``Xfp32_Ybf16_Aq8_K`` -> ``Q8_K``)."""
     x, _, y = leaf.partition("_Y")
-    token = y if x == "Xfp32" else x[1:]
+    if x.startswith("W"):
+        token = x[1:].partition("_A")[0]
+    elif "_A" in y:
+        token = y.partition("_A")[2]
+    else:
+        token = y if x == "Xfp32" else x[1:]
     for name in FORMATS:
         if ggml_name(name) == token:
             return name
@@ -116,17 +123,24 @@ def _dequant_inputs(case: Case) -> dict[str, np.ndarray]:
         rng = np.random.default_rng(case.seed)
         data = rng.integers(0, 256, size=(rows, fmt.n_bytes(width)), dtype=np.uint8)
         if case.pattern == "valid_blocks":  # finite scales: the format's decoding apart from its quantizer
-            blocks = fmt.blocks(data)
-            for field in fmt.dtype.names:
-                kind = fmt.dtype.fields[field][0]
-                if field in FP16_FIELDS and kind == np.dtype("<u2"):
-                    blocks[field] = (rng.standard_normal(len(blocks)) * 0.01).astype(np.float16).view(np.uint16)
-                elif field == "d" and kind == np.dtype("<f4"):
-                    blocks[field] = rng.standard_normal(len(blocks)).astype(np.float32) * 0.01
-            data = blocks.view(np.uint8).reshape(rows, -1)
+            data = finite_scales(fmt, data, rng)
         return {"data": data}
     x = make_values(case.pattern, case.seed, rows, width, fmt.block_size)
     return {"data": quantize(x, fmt.name)}
+
+
+def finite_scales(fmt: Any, data: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Random block bytes ``data`` (rows, bytes) with every scale field finite: each fp16 ``d`` /
+    ``dmin`` / ``m`` / ``s`` drawn as fp16(0.01 * N(0, 1)), an fp32 ``d`` as fp32(N(0, 1)) * 0.01;
+    every other byte (quants, packed sub-block scales) left as drawn."""
+    blocks = fmt.blocks(data)
+    for field in fmt.dtype.names:
+        kind = fmt.dtype.fields[field][0]
+        if field in FP16_FIELDS and kind == np.dtype("<u2"):
+            blocks[field] = (rng.standard_normal(len(blocks)) * 0.01).astype(np.float16).view(np.uint16)
+        elif field == "d" and kind == np.dtype("<f4"):
+            blocks[field] = rng.standard_normal(len(blocks)).astype(np.float32) * 0.01
+    return blocks.view(np.uint8).reshape(data.shape)
 
 
 def _quant_bad(leaf: str) -> list[BadArgument]:

@@ -65,6 +65,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from qconform.errors import ArgumentError
+from qconform.oracles.ort._out import check_out
 from qconform.oracles.ort.kv_cache import (
     QUANT_TYPES,
     cache_dtype,
@@ -553,9 +554,11 @@ def group_query_attention(
     shared_buffer: bool = False,
     precision: str = "reference",
     output_qk: int = 0,
+    out: tuple[np.ndarray, ...] | None = None,
 ) -> tuple[np.ndarray, ...]:
     """com.microsoft.GroupQueryAttention (module docstring): (output, present_key, present_value)
-    plus output_qk when ``output_qk`` is 1/True (scores before softmax) or 2 (after).
+    plus output_qk when ``output_qk`` is 1/True (scores before softmax) or 2 (after); ``out``: a
+    tuple of buffers for them (checked before any work), filled and returned.
 
     Inputs and attributes carry ONNX Runtime's names; arrays are numpy (query/key/value/caches/
     bias/sink fp32 or fp16, caches int8 / packed uint8 when quantized, seqlens_k and position_ids
@@ -570,6 +573,7 @@ def group_query_attention(
         precision=precision, output_qk=output_qk,
     )  # fmt: skip
     B, S, N, Nk, H = lay.batch, lay.sequence_length, lay.num_heads, lay.kv_num_heads, lay.head_size
+    _check_outs(out, lay, precision, output_qk, query, key, value, past_key, past_value)
     exact = precision == "float64"
     if lay.packed:
         key, value = query[..., N * H : (N + Nk) * H], query[..., (N + Nk) * H :]
@@ -611,19 +615,49 @@ def group_query_attention(
         sink = np.zeros(N)
 
     if precision == "kernel":
-        out = _kernel_attention(q, k_att, v_att, mask, alpha, cap, bias, sink)
+        att = _kernel_attention(q, k_att, v_att, mask, alpha, cap, bias, sink)
         qk = None
     else:
         x = _scores(q, k_att, alpha, cap, bias, exact)
         p = _softmax(x, mask, sink, exact)
-        out = np.einsum("bnst,bnth->bnsh", p, v_att)
-        out = out if exact else _f32(out)
+        att = np.einsum("bnst,bnth->bnsh", p, v_att)
+        att = att if exact else _f32(att)
         qk = None
         if output_qk:
             qk = np.where(mask, x if output_qk == 1 else p, 0.0)[..., : lay.total_sequence_length]
             qk = qk if exact else qk.astype(lay.dtype)
     out_dtype = np.float64 if exact else lay.dtype
     with np.errstate(over="ignore"):
-        output = out.transpose(0, 2, 1, 3).reshape(B, S, N * H).astype(out_dtype)
-    result = (output, present_k, present_v)
-    return result + (qk,) if output_qk else result
+        output = att.transpose(0, 2, 1, 3).reshape(B, S, N * H).astype(out_dtype)
+    result = (output, present_k, present_v) + ((qk,) if output_qk else ())
+    if out is None:
+        return result
+    for buf, r in zip(out, result, strict=True):
+        buf[...] = r
+    return out
+
+
+def output_shapes(lay: GQALayout, precision: str = "reference", output_qk: int = 0) -> tuple:
+    """((shape, dtype), ...) of output, present_key, present_value (and output_qk) for a layout."""
+    dtype = np.dtype(np.float64) if precision == "float64" else lay.dtype
+    cache = (lay.batch, lay.kv_num_heads, lay.present_sequence_length, lay.cache_head_size)
+    shapes = [
+        ((lay.batch, lay.sequence_length, lay.num_heads * lay.head_size), dtype),
+        (cache, lay.cache_dtype),
+        (cache, lay.cache_dtype),
+    ]
+    if output_qk:
+        shapes.append(((lay.batch, lay.num_heads, lay.sequence_length, lay.total_sequence_length), dtype))
+    return tuple(shapes)
+
+
+def _check_outs(out: object, lay: GQALayout, precision: str, output_qk: int, *inputs: object) -> None:
+    if out is None:
+        return
+    shapes = output_shapes(lay, precision, output_qk)
+    names = ("output", "present_key", "present_value", "output_qk")[: len(shapes)]
+    if not isinstance(out, tuple) or len(out) != len(shapes):
+        got = type(out).__name__
+        raise ArgumentError(f"out: must be a tuple of {len(shapes)} arrays ({', '.join(names)}), got {got}")
+    for i, (buf, (shape, dtype)) in enumerate(zip(out, shapes, strict=True)):
+        check_out(buf, shape, dtype, *inputs, *out[:i])

@@ -78,6 +78,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from qconform.errors import ArgumentError
+from qconform.oracles.ort._out import check_out
 from qconform.oracles.ort.matmul_nbits import quantize_activations_int8
 from qconform.oracles.ort.moe_routing import SKIP_QMOE, exp_fp32, route
 from qconform.oracles.ort.packing import packed_size, unpack_bits
@@ -518,12 +519,14 @@ def qmoe(
     precision: str = "reference",
     rounding: dict | None = None,
     constant_weights: bool = True,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """com.microsoft.QMoE's output (the input's shape and dtype; float64 with precision="float64").
     Arguments and attributes as the ONNX op names them (see the module docstring for the layout and
     each precision's roundings). ``tie_break``: the routing's rule for equal logits ("higher": ORT
     CPU). ``constant_weights``: weights, scales and zero points are initializers, which ORT's int8
-    activation path needs (graph inputs keep it on fp32 activations)."""
+    activation path needs (graph inputs keep it on fp32 activations). ``out``: a buffer for the
+    output (checked before any work), filled and returned."""
     lay = check_qmoe_args(
         input,
         router_probs,
@@ -553,6 +556,9 @@ def qmoe(
     if constant_weights not in (True, False):
         raise ArgumentError(f"constant_weights: must be True or False, got {constant_weights!r}")
     r = _kernel_rounding(rounding, precision, lay.fc1.block_size)
+    arrays = (input, router_probs, fc1_experts_weights, fc1_scales, fc1_experts_bias, fc2_experts_weights)
+    arrays += (fc2_scales, fc2_experts_bias, fc1_zero_points, fc2_zero_points, router_weights)
+    check_out(out, lay.shape, np.dtype(np.float64) if precision == "float64" else lay.dtype, *arrays)
     idx, w = route(
         router_probs,
         int(k),
@@ -581,7 +587,11 @@ def qmoe(
     act = (activation_type, activation_alpha, activation_beta, swiglu_limit)
     x = input.reshape(lay.tokens, lay.hidden)
     terms = _ffn(x, idx, w, SKIP_QMOE, fc1, fc2, act, precision, r)
-    return _finish(terms, lay.shape, lay.dtype, precision)
+    y = _finish(terms, lay.shape, lay.dtype, precision)
+    if out is None:
+        return y
+    out[...] = y
+    return out
 
 
 def check_moe_args(

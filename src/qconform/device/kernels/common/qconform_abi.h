@@ -26,6 +26,20 @@
 #define QCONFORM_DTYPE_INT32 7
 #define QCONFORM_DTYPE_INT64 8
 
+/* enum ggml_type */
+#define QCONFORM_GGML_TYPE_Q4_0 2 /* 32 values in 18 bytes */
+#define QCONFORM_GGML_TYPE_Q4_1 3 /* 32 values in 20 bytes */
+#define QCONFORM_GGML_TYPE_Q5_0 6 /* 32 values in 22 bytes */
+#define QCONFORM_GGML_TYPE_Q5_1 7 /* 32 values in 24 bytes */
+#define QCONFORM_GGML_TYPE_Q8_0 8 /* 32 values in 34 bytes */
+#define QCONFORM_GGML_TYPE_IQ4_NL 20 /* 32 values in 18 bytes */
+#define QCONFORM_GGML_TYPE_Q2_K 10 /* 256 values in 84 bytes */
+#define QCONFORM_GGML_TYPE_Q3_K 11 /* 256 values in 110 bytes */
+#define QCONFORM_GGML_TYPE_Q4_K 12 /* 256 values in 144 bytes */
+#define QCONFORM_GGML_TYPE_Q5_K 13 /* 256 values in 176 bytes */
+#define QCONFORM_GGML_TYPE_Q6_K 14 /* 256 values in 210 bytes */
+#define QCONFORM_GGML_TYPE_IQ4_XS 23 /* 256 values in 136 bytes */
+
 /* enum zp_kind */
 #define QCONFORM_ZP_KIND_NONE 0 /* zero_points null: 2^(bits-1) */
 #define QCONFORM_ZP_KIND_PACKED 1 /* uint8 (N, ceil(k_blocks*bits/8)), low bits first: fp32((q - z) * s) */
@@ -43,6 +57,26 @@
 #define QCONFORM_GRANULARITY_TENSOR 0 /* one scale (and zero point) */
 #define QCONFORM_GRANULARITY_AXIS 1 /* one per column: cols values */
 #define QCONFORM_GRANULARITY_BLOCK 2 /* one per block of block_size columns of a row: (rows, ceil(cols / block_size)) */
+
+/* enum kv_quant */
+#define QCONFORM_KV_QUANT_NONE 0 /* float caches of the query's dtype */
+#define QCONFORM_KV_QUANT_PER_TENSOR 1 /* k_scale / v_scale: one float32 each */
+#define QCONFORM_KV_QUANT_PER_CHANNEL 2 /* k_scale / v_scale: kv_num_heads * head_size float32 each */
+
+/* enum moe_activation */
+#define QCONFORM_MOE_ACTIVATION_RELU 0 /* max(h, 0) */
+#define QCONFORM_MOE_ACTIVATION_GELU 1 /* the tanh form */
+#define QCONFORM_MOE_ACTIVATION_SILU 2 /* h sigmoid(h) */
+#define QCONFORM_MOE_ACTIVATION_IDENTITY 3 /* h */
+#define QCONFORM_MOE_ACTIVATION_SWIGLU 4 /* g sigmoid(alpha g) (l + beta), (g, l) = (h[2i], h[2i+1]), clamped by swiglu_limit */
+
+/* enum nested_mode */
+#define QCONFORM_NESTED_MODE_TWO_ROUND 0 /* fl32(fl32(code8[q] * absmax2) + offset): dequantize_4bit, the Python paths */
+#define QCONFORM_NESTED_MODE_FMA 1 /* fmaf(code8[q], absmax2, offset): the fused CUDA SIMT GEMM */
+
+/* enum quant_type */
+#define QCONFORM_QUANT_TYPE_NF4 0 /* NormalFloat4 */
+#define QCONFORM_QUANT_TYPE_FP4 1 /* bitsandbytes' FP4 (not OCP E2M1) */
 
 /* q8_k_quant: ggml quantize_row_q8_K_ref: float32 rows -> Q8_K blocks
  * work = n_blocks; default lanes = 1, threads = 256: blockDim.x = threads, gridDim.x = ceil(work * lanes / threads) */
@@ -268,6 +302,43 @@ typedef int (*qconform_iq4_nl_dequant_launcher)(QCONFORM_IQ4_NL_DEQUANT_PARAMS, 
     long long n_blocks
 typedef int (*qconform_iq4_xs_dequant_launcher)(QCONFORM_IQ4_XS_DEQUANT_PARAMS, void* stream);
 
+/* matmul_bt_quant: ggml keep-quant linear layer: Y = W @ quantize(A)^T with ggml's generic vec_dot
+ * work = M * N outputs; default lanes = 32, threads = 256: blockDim.x = threads, gridDim.x = ceil(work * lanes / threads) */
+#define QCONFORM_MATMUL_BT_QUANT_PARAMS \
+    const unsigned char* W_blocks, \
+    const float* A_fp32, \
+    float* Y, \
+    long long M, \
+    long long N, \
+    long long K, \
+    long long qtype
+typedef int (*qconform_matmul_bt_quant_launcher)(QCONFORM_MATMUL_BT_QUANT_PARAMS, void* stream);
+
+/* rms_norm_q8_k: ggml RMSNorm * gamma stored in out_dtype, then its Q8_K bytes
+ * work = rows * K outputs (by default a 256-thread block per Q8_K block); default lanes = 1, threads = 256: blockDim.x = threads, gridDim.x = ceil(work * lanes / threads) */
+#define QCONFORM_RMS_NORM_Q8_K_PARAMS \
+    const float* x, \
+    const float* gamma, \
+    void* y, \
+    unsigned char* y_q8_k, \
+    long long rows, \
+    long long K, \
+    long long out_dtype, \
+    float eps
+typedef int (*qconform_rms_norm_q8_k_launcher)(QCONFORM_RMS_NORM_Q8_K_PARAMS, void* stream);
+
+/* silu_mul_q8_k: ggml SiLU(gate) * up stored in out_dtype, then its Q8_K bytes
+ * work = rows * K outputs (by default a 256-thread block per Q8_K block); default lanes = 1, threads = 256: blockDim.x = threads, gridDim.x = ceil(work * lanes / threads) */
+#define QCONFORM_SILU_MUL_Q8_K_PARAMS \
+    const float* gate, \
+    const float* up, \
+    void* y, \
+    unsigned char* y_q8_k, \
+    long long rows, \
+    long long K, \
+    long long out_dtype
+typedef int (*qconform_silu_mul_q8_k_launcher)(QCONFORM_SILU_MUL_Q8_K_PARAMS, void* stream);
+
 /* matmul_nbits: com.microsoft.MatMulNBits: Y = A @ dequant(B)^T (+ bias)
  * work = M * N outputs; default lanes = 32, threads = 256: blockDim.x = threads, gridDim.x = ceil(work * lanes / threads) */
 #define QCONFORM_MATMUL_NBITS_PARAMS \
@@ -354,5 +425,226 @@ typedef int (*qconform_fake_quantize_launcher)(QCONFORM_FAKE_QUANTIZE_PARAMS, vo
     long long out_zp, \
     long long dtype
 typedef int (*qconform_qswiglu_launcher)(QCONFORM_QSWIGLU_PARAMS, void* stream);
+
+/* gqa_decode: com.microsoft.GroupQueryAttention: output and the present KV caches (docs/ort-ops.md section 4)
+ * work = B * S * N * H outputs; default lanes = 1, threads = 256: blockDim.x = threads, gridDim.x = ceil(work * lanes / threads) */
+#define QCONFORM_GQA_DECODE_PARAMS \
+    const void* query, \
+    const void* key, \
+    const void* value, \
+    const void* past_key, \
+    const void* past_value, \
+    const int* seqlens_k, \
+    const void* cos_cache, \
+    const void* sin_cache, \
+    const long long* position_ids, \
+    const void* attention_bias, \
+    const void* head_sink, \
+    const float* k_scale, \
+    const float* v_scale, \
+    void* output, \
+    void* present_key, \
+    void* present_value, \
+    long long batch, \
+    long long sequence_length, \
+    long long num_heads, \
+    long long kv_num_heads, \
+    long long head_size, \
+    long long past_sequence_length, \
+    long long total_sequence_length, \
+    long long present_sequence_length, \
+    long long first_prompt, \
+    long long packed_qkv, \
+    long long rotary_dim, \
+    long long rotary_interleaved, \
+    long long bias_batch, \
+    long long bias_heads, \
+    long long local_window_size, \
+    long long smooth_softmax, \
+    long long kv_cache_bit_width, \
+    long long kv_quant, \
+    long long shared_buffer, \
+    long long dtype, \
+    float scale, \
+    float softcap
+typedef int (*qconform_gqa_decode_launcher)(QCONFORM_GQA_DECODE_PARAMS, void* stream);
+
+/* gqa_prefill: com.microsoft.GroupQueryAttention: output and the present KV caches (docs/ort-ops.md section 4)
+ * work = B * S * N * H outputs; default lanes = 1, threads = 256: blockDim.x = threads, gridDim.x = ceil(work * lanes / threads) */
+#define QCONFORM_GQA_PREFILL_PARAMS \
+    const void* query, \
+    const void* key, \
+    const void* value, \
+    const void* past_key, \
+    const void* past_value, \
+    const int* seqlens_k, \
+    const void* cos_cache, \
+    const void* sin_cache, \
+    const long long* position_ids, \
+    const void* attention_bias, \
+    const void* head_sink, \
+    const float* k_scale, \
+    const float* v_scale, \
+    void* output, \
+    void* present_key, \
+    void* present_value, \
+    long long batch, \
+    long long sequence_length, \
+    long long num_heads, \
+    long long kv_num_heads, \
+    long long head_size, \
+    long long past_sequence_length, \
+    long long total_sequence_length, \
+    long long present_sequence_length, \
+    long long first_prompt, \
+    long long packed_qkv, \
+    long long rotary_dim, \
+    long long rotary_interleaved, \
+    long long bias_batch, \
+    long long bias_heads, \
+    long long local_window_size, \
+    long long smooth_softmax, \
+    long long kv_cache_bit_width, \
+    long long kv_quant, \
+    long long shared_buffer, \
+    long long dtype, \
+    float scale, \
+    float softcap
+typedef int (*qconform_gqa_prefill_launcher)(QCONFORM_GQA_PREFILL_PARAMS, void* stream);
+
+/* qmoe_decode: com.microsoft.QMoE: sum over the top-k experts of w * fc2(act(fc1(x))) (docs/ort-ops.md section 5)
+ * work = tokens * H outputs; default lanes = 32, threads = 256: blockDim.x = threads, gridDim.x = ceil(work * lanes / threads) */
+#define QCONFORM_QMOE_DECODE_PARAMS \
+    const void* input, \
+    const void* router_probs, \
+    const unsigned char* fc1_experts_weights, \
+    const void* fc1_scales, \
+    const void* fc1_experts_bias, \
+    const unsigned char* fc2_experts_weights, \
+    const void* fc2_scales, \
+    const void* fc2_experts_bias, \
+    const unsigned char* fc1_zero_points, \
+    const unsigned char* fc2_zero_points, \
+    const void* router_weights, \
+    void* output, \
+    long long tokens, \
+    long long hidden_size, \
+    long long inter_size, \
+    long long num_experts, \
+    long long k, \
+    long long expert_weight_bits, \
+    long long block_size, \
+    long long activation_type, \
+    long long normalize_routing_weights, \
+    long long accuracy_level, \
+    long long dtype, \
+    float activation_alpha, \
+    float activation_beta, \
+    float swiglu_limit
+typedef int (*qconform_qmoe_decode_launcher)(QCONFORM_QMOE_DECODE_PARAMS, void* stream);
+
+/* qmoe_ragged_mm: com.microsoft.QMoE: sum over the top-k experts of w * fc2(act(fc1(x))) (docs/ort-ops.md section 5)
+ * work = tokens * H outputs; default lanes = 32, threads = 256: blockDim.x = threads, gridDim.x = ceil(work * lanes / threads) */
+#define QCONFORM_QMOE_RAGGED_MM_PARAMS \
+    const void* input, \
+    const void* router_probs, \
+    const unsigned char* fc1_experts_weights, \
+    const void* fc1_scales, \
+    const void* fc1_experts_bias, \
+    const unsigned char* fc2_experts_weights, \
+    const void* fc2_scales, \
+    const void* fc2_experts_bias, \
+    const unsigned char* fc1_zero_points, \
+    const unsigned char* fc2_zero_points, \
+    const void* router_weights, \
+    void* output, \
+    long long tokens, \
+    long long hidden_size, \
+    long long inter_size, \
+    long long num_experts, \
+    long long k, \
+    long long expert_weight_bits, \
+    long long block_size, \
+    long long activation_type, \
+    long long normalize_routing_weights, \
+    long long accuracy_level, \
+    long long dtype, \
+    float activation_alpha, \
+    float activation_beta, \
+    float swiglu_limit
+typedef int (*qconform_qmoe_ragged_mm_launcher)(QCONFORM_QMOE_RAGGED_MM_PARAMS, void* stream);
+
+/* nf4_quantize: bitsandbytes quantize_4bit (quant_type=nf4, no nested statistics): A -> absmax, NF4 codes
+ * work = n_blocks; default lanes = 1, threads = 256: blockDim.x = threads, gridDim.x = ceil(work * lanes / threads) */
+#define QCONFORM_NF4_QUANTIZE_PARAMS \
+    const void* A, \
+    unsigned char* y, \
+    long long n, \
+    long long blocksize, \
+    long long n_blocks, \
+    long long a_dtype
+typedef int (*qconform_nf4_quantize_launcher)(QCONFORM_NF4_QUANTIZE_PARAMS, void* stream);
+
+/* fp4_quantize: bitsandbytes quantize_4bit (quant_type=fp4, no nested statistics): A -> absmax, FP4 codes
+ * work = n_blocks; default lanes = 1, threads = 256: blockDim.x = threads, gridDim.x = ceil(work * lanes / threads) */
+#define QCONFORM_FP4_QUANTIZE_PARAMS \
+    const void* A, \
+    unsigned char* y, \
+    long long n, \
+    long long blocksize, \
+    long long n_blocks, \
+    long long a_dtype
+typedef int (*qconform_fp4_quantize_launcher)(QCONFORM_FP4_QUANTIZE_PARAMS, void* stream);
+
+/* nf4_decode: bitsandbytes dequantize_4bit (quant_type=nf4): packed codes, absmax -> (rows, cols)
+ * work = rows * cols outputs; default lanes = 1, threads = 256: blockDim.x = threads, gridDim.x = ceil(work * lanes / threads) */
+#define QCONFORM_NF4_DECODE_PARAMS \
+    const unsigned char* packed, \
+    const float* absmax, \
+    void* y, \
+    long long rows, \
+    long long cols, \
+    long long blocksize, \
+    long long y_dtype
+typedef int (*qconform_nf4_decode_launcher)(QCONFORM_NF4_DECODE_PARAMS, void* stream);
+
+/* fp4_decode: bitsandbytes dequantize_4bit (quant_type=fp4): packed codes, absmax -> (rows, cols)
+ * work = rows * cols outputs; default lanes = 1, threads = 256: blockDim.x = threads, gridDim.x = ceil(work * lanes / threads) */
+#define QCONFORM_FP4_DECODE_PARAMS \
+    const unsigned char* packed, \
+    const float* absmax, \
+    void* y, \
+    long long rows, \
+    long long cols, \
+    long long blocksize, \
+    long long y_dtype
+typedef int (*qconform_fp4_decode_launcher)(QCONFORM_FP4_DECODE_PARAMS, void* stream);
+
+/* nested_absmax: bitsandbytes nested statistics (compress_statistics=True): 8-bit codes, absmax2, offset -> float32 absmax
+ * work = n_blocks outputs; default lanes = 1, threads = 256: blockDim.x = threads, gridDim.x = ceil(work * lanes / threads) */
+#define QCONFORM_NESTED_ABSMAX_PARAMS \
+    const unsigned char* qabsmax, \
+    const float* absmax2, \
+    float* y, \
+    long long n_blocks, \
+    long long mode, \
+    float offset
+typedef int (*qconform_nested_absmax_launcher)(QCONFORM_NESTED_ABSMAX_PARAMS, void* stream);
+
+/* gemm_4bit: bitsandbytes gemm_4bit (matmul_4bit): C = A @ dequantize_4bit(W)^T + bias
+ * work = M * N outputs; default lanes = 32, threads = 256: blockDim.x = threads, gridDim.x = ceil(work * lanes / threads) */
+#define QCONFORM_GEMM_4BIT_PARAMS \
+    const void* A, \
+    const unsigned char* B, \
+    const float* absmax, \
+    const void* bias, \
+    void* C, \
+    long long M, \
+    long long N, \
+    long long K, \
+    long long blocksize, \
+    long long quant_type, \
+    long long a_dtype
+typedef int (*qconform_gemm_4bit_launcher)(QCONFORM_GEMM_4BIT_PARAMS, void* stream);
 
 #endif /* QCONFORM_ABI_H */

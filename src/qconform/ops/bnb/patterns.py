@@ -1,0 +1,124 @@
+"""Input patterns of the bitsandbytes catalogue entries: every array is built with numpy from a seed.
+
+Values to quantize (``values``): the shared block patterns of ``qconform.ops.patterns`` (normal,
+zero_block, nan, inf, subnormal, ...) over the flattened input, and ``midpoints``, where the rules of
+the bitsandbytes backends disagree (docs/bnb-4bit.md 2.3): each block's max |x| is a power of two
+2^e, so ``x * (1/absmax)`` and ``x / absmax`` are exact, and every other value is 2^e times one of
+the thresholds a backend compares the scaled value with -- the float32 midpoints of the CPU path
+(``torch.bucketize``: a tie goes to the lower code), the float32 literal thresholds of the CUDA
+trees (strict ``>``), the two float32 values around each exact midpoint -- or one step of the input
+type beside it. fp16/bf16 inputs round these values to their type first (their significands are too
+short to hold most thresholds), so exact ties occur in the float32 leaves.
+
+Packed weights and scales (``weights``): ``random`` (random bytes: every code, FP4's -0 code 8 and
+the pad nibble; scales 10^U(-3, 3)), ``quantized`` (a normal weight quantized by the oracle), and
+``special_absmax`` (random codes under scales that separate the backends: 0, -0, NaN, +-inf, fp32
+subnormals and products that are (flush-to-zero), 1e5 (fp16 overflow), bf16 rounding ties).
+
+Nested statistics (``nested``): ``quantized`` (a realistic absmax nested by the oracle), ``random``
+(random 8-bit codes) and ``special`` (second-level scales 0, NaN, inf, subnormal, huge;
+offset 0, so that a subnormal product is the output and flush-to-zero shows).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from qconform.ops.bnb._common import from_f32
+from qconform.ops.patterns import PATTERNS, make_values
+from qconform.oracles.bnb import quantize_4bit, quantize_blockwise
+from qconform.oracles.bnb.codes import CODES, CPU_BOUNDS, FP4_CUDA_THRESHOLDS, NF4_CUDA_THRESHOLDS
+
+VALUE_PATTERNS = (*PATTERNS, "midpoints")
+WEIGHT_PATTERNS = ("random", "quantized", "special_absmax")
+NESTED_PATTERNS = ("quantized", "random", "special")
+F32 = np.float32
+
+
+def thresholds(quant_type: str) -> np.ndarray:
+    """Every threshold some backend compares a scaled value in [-1, 1] with, float32, sorted."""
+    code = np.sort(CODES[quant_type].astype(np.float64))
+    exact = (code[:-1] + code[1:]) / 2
+    below = exact.astype(F32)
+    above = np.nextafter(below, np.where(below < exact, F32(np.inf), F32(-np.inf))).astype(F32)
+    cuda = NF4_CUDA_THRESHOLDS if quant_type == "nf4" else np.concatenate([FP4_CUDA_THRESHOLDS, -FP4_CUDA_THRESHOLDS])
+    t = np.unique(np.concatenate([CPU_BOUNDS[quant_type], cuda, below, above]).astype(F32))
+    return t[np.abs(t) < 1]
+
+
+def _step(carrier: np.ndarray, steps: np.ndarray) -> np.ndarray:
+    """Move each element of a float carrier by ``steps`` representable values (zeros stay)."""
+    bits = carrier.view(f"u{carrier.dtype.itemsize}")
+    moved = (bits.astype(np.int64) + np.where(carrier != 0, steps, 0)).astype(bits.dtype)
+    return moved.view(carrier.dtype)
+
+
+def midpoints(rng: np.random.Generator, n: int, bs: int, quant_type: str, dtype: str) -> np.ndarray:
+    """See the module docstring: blocks of 2^e times the thresholds (and a step beside them)."""
+    nb = -(-n // bs)
+    t = thresholds(quant_type)
+    scale = np.ldexp(F32(1), rng.integers(-8, 9, size=(nb, 1))).astype(F32)
+    v = (t[rng.integers(len(t), size=(nb, bs))] * scale).astype(F32)
+    x = from_f32(v, dtype).reshape(nb, bs)
+    x = _step(x, rng.integers(-1, 2, size=(nb, bs)))
+    sizes = np.minimum(bs, n - np.arange(nb) * bs)
+    where = (rng.random(nb) * sizes).astype(np.int64)
+    top = (scale[:, 0] * rng.choice(np.array([-1, 1], F32), size=nb)).astype(F32)
+    x[np.arange(nb), where] = from_f32(top, dtype)
+    return x.reshape(-1)[:n]
+
+
+def values(pattern: str, seed: int, n: int, bs: int, quant_type: str, dtype: str) -> np.ndarray:
+    """``n`` values of ``dtype``'s carrier (flat) for a pattern; blocks of ``bs`` over the flattening."""
+    if pattern == "midpoints":
+        return midpoints(np.random.default_rng(seed), n, bs, quant_type, dtype)
+    nb = -(-n // bs)
+    x = make_values(pattern, seed, 1, nb * bs, bs).reshape(-1)[:n]
+    return from_f32(x, dtype)
+
+
+def _scales(rng: np.random.Generator, nb: int) -> np.ndarray:
+    return (10.0 ** rng.uniform(-3, 3, nb)).astype(F32)
+
+
+SPECIAL_ABSMAX = np.array([0.0, -0.0, np.nan, np.inf, -np.inf, 3e-39, 1e-38, 2e-38, 1e5, -2.5, np.finfo(F32).max], F32)
+
+
+def weights(pattern: str, seed: int, n: int, bs: int, quant_type: str) -> tuple[np.ndarray, np.ndarray]:
+    """(packed uint8 ``(n + 1) // 2``, float32 absmax ``(ceil(n / bs),)``) for a pattern."""
+    rng = np.random.default_rng(seed)
+    nb = -(-n // bs)
+    if pattern == "quantized":
+        w = (rng.standard_normal(n) * 10.0 ** rng.uniform(-2, 1)).astype(F32)
+        packed, state = quantize_4bit(w, bs, False, quant_type)
+        return packed.reshape(-1), state.absmax
+    packed = rng.integers(0, 256, (n + 1) // 2, dtype=np.uint8)
+    absmax = _scales(rng, nb)
+    if pattern == "special_absmax":
+        pick = rng.random(nb) < 0.6
+        absmax[pick] = SPECIAL_ABSMAX[rng.integers(len(SPECIAL_ABSMAX), size=int(pick.sum()))]
+        ties = rng.random(nb) < 0.2  # bf16 rounding ties: low 16 bits 0x8000 (any code times 1.0 keeps them)
+        bits = absmax.view(np.uint32)
+        bits[ties] = (rng.integers(0x3C00, 0x4400, int(ties.sum())).astype(np.uint32) << 16) | np.uint32(0x8000)
+    return packed, absmax
+
+
+def nested(pattern: str, seed: int, n_blocks: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(uint8 codes ``(n_blocks,)``, float32 absmax2 ``(ceil(n_blocks / 256),)``, float32 0-d offset)."""
+    rng = np.random.default_rng(seed)
+    nb2 = -(-n_blocks // 256)
+    if pattern == "quantized":
+        absmax = (np.abs(rng.standard_normal(n_blocks)) * 2.5 + 0.5).astype(F32) * F32(10.0 ** rng.uniform(-3, 1))
+        offset = F32(np.mean(absmax, dtype=np.float64))
+        q8, state = quantize_blockwise((absmax - offset).astype(F32), blocksize=256)
+        return q8, state.absmax, np.array(offset, F32)
+    q8 = rng.integers(0, 256, n_blocks, dtype=np.uint8)
+    absmax2 = _scales(rng, nb2)
+    offset = F32(rng.standard_normal() * 10.0 ** rng.uniform(-3, 1))
+    if pattern == "special":
+        absmax2 = np.resize(np.array([0.0, 3e-33, np.nan, np.inf, 1e-39, 3e38, -1.5, 0.25], F32), nb2)
+        absmax2 = rng.permutation(absmax2).astype(F32)
+        absmax2[0] = F32(3e-33)  # the codes nearest 0 times it are subnormal: with offset 0 flush-to-zero shows
+        q8[:4] = np.array([126, 128, 127, 125], np.uint8)[: min(4, n_blocks)]
+        offset = F32(0.0)
+    return q8, absmax2, np.array(offset, F32)
