@@ -231,6 +231,25 @@ def test_every_mma_shape_is_instantiated() -> None:
             assert shape.symbol(bits) in made, shape
 
 
+def test_ring_split_for_the_bench_shapes() -> None:
+    """The ring decode kernel's K split (H200: 132 SMs, 227 KiB per CTA, 228 KiB per SM; r=2 s=3:
+    7680 bytes of ring per warp): 5120 x 17920 u2 (560 items, 20 superchunks, 10 KiB staged
+    activations) takes 4 warps (2240 >= 16 x 132 warps; the CTAs then no longer fit one wave,
+    which the bench measured faster than 2); 17920 x 5120 (160 items, 70 superchunks, activations
+    not staged) takes 8;
+    a short K stops at 2 superchunks per warp; a ring that cannot fit one warp gives 0 (the
+    launcher then takes the general kernel)."""
+    from qconform.device.registry import MMA_SHAPES, MmaShape
+
+    shape = MMA_SHAPES["decode"]
+    assert shape.ring and shape.ring_bytes() == 3 * 2 * 2 * 32 * 20
+    per_cta, per_sm = 227 * 1024, 228 * 1024
+    assert shape.ring_split(560, 20, 10240, per_cta, per_sm, 132) == 4
+    assert shape.ring_split(160, 70, 0, per_cta, per_sm, 132) == 8  # 35 KiB of activations: read from L2
+    assert shape.ring_split(160, 5, 0, per_cta, per_sm, 132) == 2  # 5 superchunks: 2 per warp at most
+    assert MmaShape(r=2, t=1, p=64, ring=True).ring_split(560, 20, 10240, 48 * 1024, per_sm, 132) == 0
+
+
 def test_mma_k_split_keeps_one_wave() -> None:
     """The decode K split for 5120 x 17920 (r=2: 560 items of 32 rows, 80 chunks) on 132 SMs:
     with 126 registers (rounded to 128) a CTA of 2 warps fits 8 per SM (1056 >= 560 CTAs) and of 4
