@@ -31,22 +31,36 @@ __device__ __forceinline__ void qk_slot_pairs(int m, int p[2], int q[2]) {
     else { p[0] = m; p[1] = 4 + m; q[0] = 8 + m; q[1] = 12 + m; }
 }
 
-/* the exact fp16 pair (q_lo, q_hi) of the field under mask, at bit position p of each half */
-__device__ __forceinline__ qk_u32 qk_q_pair(qk_u32 v, qk_u32 mask, int p) {
-    const qk_u32 scale = (qk_u32)(15 - p) << 10, offset = 0x8000u | ((qk_u32)(25 - p) << 10);
-    return qk_hfma2((v & mask) | 0x64006400u, scale | scale << 16, offset | offset << 16);
+/* the fp16 offset pairs -(2^(10 - p) + z) of mma m's field position p (u2: p = 2m, u4: p = 4 (m & 1)):
+ * with them qk_q_pair leaves q - z, exactly (z = 0: q itself) */
+template <int BITS>
+__device__ __forceinline__ void qk_fold_offsets(int z, qk_u32 off[4]) {
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+        const int p = BITS == 2 ? 2 * m : (m & 1) * 4;
+        const qk_u32 o = qk_fp16_bits(-(float)((1024 >> p) + z));
+        off[m] = o | o << 16;
+    }
+}
+
+/* the exact fp16 pair (q_lo - z, q_hi - z) of the field under mask at bit p of each half: 1024 +
+ * q 2^p from the 0x6400 magic, times 2^-p plus the offset pair off in one exact fma */
+__device__ __forceinline__ qk_u32 qk_q_pair(qk_u32 v, qk_u32 mask, int p, qk_u32 off) {
+    const qk_u32 scale = (qk_u32)(15 - p) << 10;
+    return qk_hfma2((v & mask) | 0x64006400u, scale | scale << 16, off);
 }
 
 template <int BITS>
-__device__ __forceinline__ void qk_weight_pairs(const qk_u32 w[BITS / 2], int m, qk_u32* P, qk_u32* Q) {
+__device__ __forceinline__ void qk_weight_pairs(const qk_u32 w[BITS / 2], int m, const qk_u32 off[4], qk_u32* P,
+                                                qk_u32* Q) {
     if (BITS == 2) {
-        *P = qk_q_pair(w[0], 0x00030003u << (2 * m), 2 * m);
-        *Q = qk_q_pair(w[0] >> 8, 0x00030003u << (2 * m), 2 * m);
+        *P = qk_q_pair(w[0], 0x00030003u << (2 * m), 2 * m, off[m]);
+        *Q = qk_q_pair(w[0] >> 8, 0x00030003u << (2 * m), 2 * m, off[m]);
     } else {
         const int p = (m & 1) * 4;
         const qk_u32 mask = 0x000F000Fu << p;
-        *P = qk_q_pair(w[0] >> (8 * (m >> 1)), mask, p);
-        *Q = qk_q_pair(w[BITS / 2 - 1] >> (8 * (m >> 1)), mask, p);
+        *P = qk_q_pair(w[0] >> (8 * (m >> 1)), mask, p, off[m]);
+        *Q = qk_q_pair(w[BITS / 2 - 1] >> (8 * (m >> 1)), mask, p, off[m]);
     }
 }
 
@@ -55,25 +69,43 @@ __device__ __forceinline__ qk_u32 qk_act_pair(const qk_u32 h[8], int x, int y) {
     return QK_BYTE_PERM(h[x >> 1], h[y >> 1], ((x & 1) ? 0x32u : 0x10u) | ((y & 1) ? 0x7600u : 0x5400u));
 }
 
-/* 16 activations of token tok from k0 (zeros past K or past M); 16-byte loads when a_vec */
-__device__ __forceinline__ void qk_load_act(qk_u32 h[8], const qk_u16* A, int tok, int M, int K, int k0, int a_vec) {
-    if (tok >= M || k0 >= K) {
+/* a lane's 16 activations of token tok: 8 from ka, 8 from kb (zeros past K or past M); 16-byte
+ * loads when a_vec */
+__device__ __forceinline__ void qk_load_act(qk_u32 h[8], const qk_u16* A, int tok, int M, int K, int ka, int kb,
+                                               int a_vec) {
+#pragma unroll
+    for (int part = 0; part < 2; ++part) {
+        const int k0 = part ? kb : ka;
+        qk_u32* o = h + 4 * part;
+        if (tok >= M || k0 >= K) {
+            o[0] = o[1] = o[2] = o[3] = 0u;
+            continue;
+        }
+        const qk_u16* p = A + (qk_i64)tok * K + k0;
+        if (a_vec && k0 + 8 <= K) {
+            const uint4 v = *(const uint4*)p;
+            o[0] = v.x; o[1] = v.y; o[2] = v.z; o[3] = v.w;
+            continue;
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const qk_u32 lo = k0 + 2 * i < K ? p[2 * i] : 0u, hi = k0 + 2 * i + 1 < K ? p[2 * i + 1] : 0u;
+            o[i] = lo | hi << 16;
+        }
+    }
+}
+
+/* the same out of the staged rows (Kp halves each, zero past K) */
+__device__ __forceinline__ void qk_load_act_smem(qk_u32 h[8], const qk_u16* sA, int tok, int n_tok, int Kp, int ka,
+                                                    int kb) {
+    if (tok >= n_tok) {
 #pragma unroll
         for (int i = 0; i < 8; ++i) h[i] = 0u;
         return;
     }
-    const qk_u16* p = A + (qk_i64)tok * K + k0;
-    if (a_vec && k0 + 16 <= K) {
-        const uint4 v0 = ((const uint4*)p)[0], v1 = ((const uint4*)p)[1];
-        h[0] = v0.x; h[1] = v0.y; h[2] = v0.z; h[3] = v0.w;
-        h[4] = v1.x; h[5] = v1.y; h[6] = v1.z; h[7] = v1.w;
-        return;
-    }
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        const qk_u32 lo = k0 + 2 * i < K ? p[2 * i] : 0u, hi = k0 + 2 * i + 1 < K ? p[2 * i + 1] : 0u;
-        h[i] = lo | hi << 16;
-    }
+    const uint4 v0 = *(const uint4*)(sA + tok * Kp + ka), v1 = *(const uint4*)(sA + tok * Kp + kb);
+    h[0] = v0.x; h[1] = v0.y; h[2] = v0.z; h[3] = v0.w;
+    h[4] = v1.x; h[5] = v1.y; h[6] = v1.z; h[7] = v1.w;
 }
 
 /* one row's words for chunk c, lane t */
@@ -113,20 +145,6 @@ __device__ __forceinline__ void qk_unpack_sz(qk_u32 v, float zconst, int zp_kind
 /* the block of chunk c (of n_chunks): c >> cpb_shift, blocks of 64 << cpb_shift */
 __device__ __forceinline__ int qk_chunk_block(int c, int cpb_shift, int n_chunks) {
     return c >> cpb_shift;
-}
-
-/* 16 activations of row tok (of n_tok staged rows) from k0 out of shared memory: rows of Kp
- * halves, zero past K */
-__device__ __forceinline__ void qk_load_act_smem(qk_u32 h[8], const qk_u16* sA, int tok, int n_tok, int Kp, int k0) {
-    if (tok >= n_tok) {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) h[i] = 0u;
-        return;
-    }
-    const uint4* p = (const uint4*)(sA + tok * Kp + k0);
-    const uint4 v0 = p[0], v1 = p[1];
-    h[0] = v0.x; h[1] = v0.y; h[2] = v0.z; h[3] = v0.w;
-    h[4] = v1.x; h[5] = v1.y; h[6] = v1.z; h[7] = v1.w;
 }
 
 /* the CTA copies rows tok0 .. tok0 + n_tok of A into shared memory, Kp halves each, zeros past K */
@@ -191,6 +209,8 @@ __device__ __forceinline__ void qk_nbits_mma(const qk_u16* A, const qk_u8* B, co
         __syncthreads();
     }
     const float zconst = zp_kind == ZP_SCALAR ? zps : (float)(1 << (BITS - 1));
+    qk_u32 qoff[4]; /* q itself: the zero point is applied through sum(a) */
+    qk_fold_offsets<BITS>(0, qoff);
 
     int rows[R][2];
     const qk_u8* wrow[R][2];
@@ -216,7 +236,7 @@ __device__ __forceinline__ void qk_nbits_mma(const qk_u16* A, const qk_u8* B, co
         if (!act_smem) {
 #pragma unroll
             for (int tg = 0; tg < T; ++tg)
-                qk_load_act(act[tg], A, tok0 + 8 * tg + g, M, K, c_lo * 64 + 16 * t, a_vec);
+                qk_load_act(act[tg], A, tok0 + 8 * tg + g, M, K, c_lo * 64 + 16 * t, c_lo * 64 + 16 * t + 8, a_vec);
         }
 
         for (int cb = c_lo; cb < c_hi; cb += P) {
@@ -229,7 +249,7 @@ __device__ __forceinline__ void qk_nbits_mma(const qk_u16* A, const qk_u8* B, co
                     if (act_smem) {
 #pragma unroll
                         for (int tg = 0; tg < T; ++tg)
-                            qk_load_act_smem(act[tg], sA, 8 * tg + g, n_tok, Kp, c * 64 + 16 * t);
+                            qk_load_act_smem(act[tg], sA, 8 * tg + g, n_tok, Kp, c * 64 + 16 * t, c * 64 + 16 * t + 8);
                     }
 #pragma unroll
                     for (int tg = 0; tg < T; ++tg) {
@@ -253,9 +273,10 @@ __device__ __forceinline__ void qk_nbits_mma(const qk_u16* A, const qk_u8* B, co
                         qk_load_chunk<BITS, R>(w[j], sz[j], wrow, rows, scales, zp, c + P, t, cpb_shift, n_chunks,
                                                k_blocks, zp_bytes, zp_kind);
                     if (!act_smem && c + 1 < c_hi) {
+                        const int k0 = (c + 1) * 64 + 16 * t;
 #pragma unroll
                         for (int tg = 0; tg < T; ++tg)
-                            qk_load_act(act[tg], A, tok0 + 8 * tg + g, M, K, (c + 1) * 64 + 16 * t, a_vec);
+                            qk_load_act(act[tg], A, tok0 + 8 * tg + g, M, K, k0, k0 + 8, a_vec);
                     }
                     const qk_u32 ones[4] = {0x3C003C00u, 0x3C003C00u, 0x3C003C00u, 0x3C003C00u};
                     float asum[T][4];
@@ -278,8 +299,8 @@ __device__ __forceinline__ void qk_nbits_mma(const qk_u16* A, const qk_u8* B, co
 #pragma unroll
                         for (int m = 0; m < 4; ++m) {
                             qk_u32 a[4];
-                            qk_weight_pairs<BITS>(wc[r][0], m, &a[0], &a[2]);
-                            qk_weight_pairs<BITS>(wc[r][1], m, &a[1], &a[3]);
+                            qk_weight_pairs<BITS>(wc[r][0], m, qoff, &a[0], &a[2]);
+                            qk_weight_pairs<BITS>(wc[r][1], m, qoff, &a[1], &a[3]);
 #pragma unroll
                             for (int tg = 0; tg < T; ++tg) qk_mma_16816(d[tg], a, bf[tg][m]);
                         }
@@ -330,8 +351,7 @@ __device__ __forceinline__ void qk_nbits_mma(const qk_u16* A, const qk_u8* B, co
 /* The same arithmetic as qk_nbits_mma (one group of 8 tokens), with the weights read 64 bytes
  * per row and quad: lane t loads bytes 16t..16t+15 of a row's 64-byte "superchunk" (4 chunks of
  * u2, 2 of u4) in one 16-byte load, and the quad transposes its 4 x 4 words by shuffles so that
- * each lane again holds, per chunk, the words of its own K slots. Four times the bytes per load
- * instruction and per register of the ring, so more bytes are in flight per SM. After the
+ * each lane again holds, per chunk, the words of its own K slots. After the
  * transpose lane t holds word t of each lane's 16 bytes: u2, chunk c: k = 64c + 16t + 0..15 (as
  * qk_nbits_mma); u4, chunk c: k = 64c + 8t + 0..7 and 64c + 32 + 8t + 0..7 (so its activations
  * are read from those two places). Each lane loads one chunk's scale of the superchunk and the
@@ -347,65 +367,6 @@ __device__ __forceinline__ void qk_quad_transpose(qk_u32 w[4], int t) {
     w[1] = b0 ? x1 : q0;
     w[2] = b0 ? q1 : x2;
     w[3] = b0 ? x3 : q1;
-}
-
-/* 8 + 8 activations of token tok from ka and kb (zeros past K or past M) */
-__device__ __forceinline__ void qk_load_act8x2(qk_u32 h[8], const qk_u16* A, int tok, int M, int K, int ka, int kb,
-                                               int a_vec) {
-#pragma unroll
-    for (int part = 0; part < 2; ++part) {
-        const int k0 = part ? kb : ka;
-        qk_u32* o = h + 4 * part;
-        if (tok >= M || k0 >= K) {
-            o[0] = o[1] = o[2] = o[3] = 0u;
-            continue;
-        }
-        const qk_u16* p = A + (qk_i64)tok * K + k0;
-        if (a_vec && k0 + 8 <= K) {
-            const uint4 v = *(const uint4*)p;
-            o[0] = v.x; o[1] = v.y; o[2] = v.z; o[3] = v.w;
-            continue;
-        }
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const qk_u32 lo = k0 + 2 * i < K ? p[2 * i] : 0u, hi = k0 + 2 * i + 1 < K ? p[2 * i + 1] : 0u;
-            o[i] = lo | hi << 16;
-        }
-    }
-}
-
-/* the same out of the staged rows (Kp halves each, zero past K) */
-__device__ __forceinline__ void qk_load_act8x2_smem(qk_u32 h[8], const qk_u16* sA, int tok, int n_tok, int Kp, int ka,
-                                                    int kb) {
-    if (tok >= n_tok) {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) h[i] = 0u;
-        return;
-    }
-    const uint4 v0 = *(const uint4*)(sA + tok * Kp + ka), v1 = *(const uint4*)(sA + tok * Kp + kb);
-    h[0] = v0.x; h[1] = v0.y; h[2] = v0.z; h[3] = v0.w;
-    h[4] = v1.x; h[5] = v1.y; h[6] = v1.z; h[7] = v1.w;
-}
-
-/* the fp16 pair (q - z, q - z) of the field under mask at bit p of each half, z folded into the
- * exact fma (off: the fp16 pair -(2^(10 - p) + z)) */
-__device__ __forceinline__ qk_u32 qk_qz_pair(qk_u32 v, qk_u32 mask, int p, qk_u32 off) {
-    const qk_u32 scale = (qk_u32)(15 - p) << 10;
-    return qk_hfma2((v & mask) | 0x64006400u, scale | scale << 16, off);
-}
-
-template <int BITS>
-__device__ __forceinline__ void qk_weight_pairs_z(const qk_u32 w[BITS / 2], int m, const qk_u32 off[4], qk_u32* P,
-                                                  qk_u32* Q) {
-    if (BITS == 2) {
-        *P = qk_qz_pair(w[0], 0x00030003u << (2 * m), 2 * m, off[m]);
-        *Q = qk_qz_pair(w[0] >> 8, 0x00030003u << (2 * m), 2 * m, off[m]);
-    } else {
-        const int p = (m & 1) * 4;
-        const qk_u32 mask = 0x000F000Fu << p;
-        *P = qk_qz_pair(w[0] >> (8 * (m >> 1)), mask, p, off[m]);
-        *Q = qk_qz_pair(w[BITS / 2 - 1] >> (8 * (m >> 1)), mask, p, off[m]);
-    }
 }
 
 /* Stage j of a warp's ring, per lane: R x 2 weight pieces of 16 bytes, then R x 2 scale words */
@@ -466,13 +427,8 @@ __device__ __forceinline__ void qk_nbits_mmaa(const qk_u16* A, const qk_u8* B, c
     qk_u16* sA = (qk_u16*)qk_red;
     const QkRing<R> ring{(qk_u32*)((char*)qk_red + act_bytes) + wk * RING_WORDS, lane};
     const int ka = BITS == 2 ? 16 * t : 8 * t, kb = BITS == 2 ? 16 * t + 8 : 32 + 8 * t;
-    qk_u32 zoff[4];
-#pragma unroll
-    for (int m = 0; m < 4; ++m) {
-        const int p = BITS == 2 ? 2 * m : (m & 1) * 4;
-        const qk_u32 o = qk_fp16_bits(-(float)((1024 >> p) + (1 << (BITS - 1))));
-        zoff[m] = o | o << 16;
-    }
+    qk_u32 zoff[4]; /* q - z, the default zero point folded in */
+    qk_fold_offsets<BITS>(1 << (BITS - 1), zoff);
 
     int rows[R][2];
     const qk_u8* wrow[R][2];
@@ -525,8 +481,8 @@ __device__ __forceinline__ void qk_nbits_mmaa(const qk_u16* A, const qk_u8* B, c
             const int c = s * SC + cc;
             if (c >= n_chunks) continue; /* (not break: AMD clang then unrolls the loop) */
             qk_u32 act[8], bf[4][2];
-            if (act_bytes) qk_load_act8x2_smem(act, sA, g, n_tok, Kp, c * 64 + ka, c * 64 + kb);
-            else qk_load_act8x2(act, A, g, M, K, c * 64 + ka, c * 64 + kb, a_vec);
+            if (act_bytes) qk_load_act_smem(act, sA, g, n_tok, Kp, c * 64 + ka, c * 64 + kb);
+            else qk_load_act(act, A, g, M, K, c * 64 + ka, c * 64 + kb, a_vec);
 #pragma unroll
             for (int m = 0; m < 4; ++m) {
                 int pp[2], qq[2];
@@ -541,8 +497,8 @@ __device__ __forceinline__ void qk_nbits_mmaa(const qk_u16* A, const qk_u8* B, c
 #pragma unroll
                 for (int m = 0; m < 4; ++m) {
                     qk_u32 a[4];
-                    qk_weight_pairs_z<BITS>(ws[r][0] + cc * WPR, m, zoff, &a[0], &a[2]);
-                    qk_weight_pairs_z<BITS>(ws[r][1] + cc * WPR, m, zoff, &a[1], &a[3]);
+                    qk_weight_pairs<BITS>(ws[r][0] + cc * WPR, m, zoff, &a[0], &a[2]);
+                    qk_weight_pairs<BITS>(ws[r][1] + cc * WPR, m, zoff, &a[1], &a[3]);
                     qk_mma_16816(d[m & 1], a, bf[m]);
                 }
                 const float s0 = qk_fp16_to_float((qk_u16)QK_SHFL(sc16[r][0], cc, 4));
