@@ -13,11 +13,13 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from hypothesis import strategies as st
 
 from qconform.contracts import Contract
 from qconform.errors import ArgumentError
 from qconform.formats.bf16 import bf16_bits_to_fp32, fp32_to_bf16_bits
 from qconform.formats.ftz import F32_MIN_NORMAL
+from qconform.ops.spec import Case
 from qconform.oracles.bnb import BLOCKSIZES, DTYPES
 
 CARRIER = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16), "bfloat16": np.dtype(np.uint16)}
@@ -152,3 +154,31 @@ __all__ = [
     "subnormal",
     "to_values",
 ]
+
+
+# (rows, cols, blocksize) of the kernel-shaped core cases of quantize and decode (the first one only
+# at coverage 1): 1..64 rows of weights, blocksizes 64..256
+CORE_SHAPES = [(4, 128, 64)] + [
+    (1, 4096, 64), (2, 2048, 128), (3, 1024, 256), (5, 512, 64), (6, 768, 128),
+    (7, 256, 256), (8, 4096, 64), (16, 512, 128), (32, 256, 64), (64, 256, 256),
+]  # fmt: skip
+
+
+def with_shape(case: Case) -> Case:
+    """rows and cols in the params (left out of the id): the decoder and locator need n."""
+    rows, cols = case.shape
+    return Case(case.op, case.leaf, case.seed, case.shape, case.pattern, {**case.params, "rows": rows, "cols": cols})
+
+
+def shape_strategy(op: str, leaf: str, patterns: tuple[str, ...]) -> Any:
+    """Structure and a seed from hypothesis, the values from numpy (docs/device-tooling.md D3)."""
+    return st.builds(
+        lambda pattern, rows, cols, bs, seed: with_shape(
+            Case(op, leaf, seed, (rows, cols), pattern, {"blocksize": bs})
+        ),
+        pattern=st.sampled_from(patterns),
+        rows=st.integers(1, 4),
+        cols=st.integers(1, 600),
+        bs=st.sampled_from(BLOCKSIZES[:4]),
+        seed=st.integers(0, 2**32 - 1),
+    )

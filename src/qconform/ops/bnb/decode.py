@@ -16,13 +16,13 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from hypothesis import strategies as st
 
 from qconform.contracts import Contract
 from qconform.ops.abi import DTYPE, I64, Abi, Bound, In, Out, call_arguments
 from qconform.ops.bnb import patterns
 from qconform.ops.bnb._common import (
     CARRIER,
+    CORE_SHAPES,
     DTYPES,
     check_absmax,
     check_blocksize,
@@ -33,8 +33,10 @@ from qconform.ops.bnb._common import (
     deliver,
     from_f32,
     positive_int,
+    shape_strategy,
     subnormal,
     to_values,
+    with_shape,
 )
 from qconform.ops.spec import BadArgument, Case, Check, Leaf, OpSpec
 from qconform.oracles.bnb import BLOCKSIZES, VARIANTS, QuantState, dequantize_4bit, get_4bit_type
@@ -114,11 +116,6 @@ def _call(inputs: dict[str, Any], params: dict[str, Any]) -> tuple[tuple, dict]:
     return (inputs["packed"], inputs["absmax"]), kw
 
 
-def _with_shape(case: Case) -> Case:
-    rows, cols = case.shape
-    return Case(case.op, case.leaf, case.seed, case.shape, case.pattern, {**case.params, "rows": rows, "cols": cols})
-
-
 def _cases(op: str, leaf: str, coverage: int) -> list[Case]:
     """coverage 1 (small: the golden set): random codes (FP4's -0 code 8 included) on an even and an
     odd last dimension (3 x 333: bitsandbytes' CPU backend switches to its Python path, code 8 +0),
@@ -131,7 +128,7 @@ def _cases(op: str, leaf: str, coverage: int) -> list[Case]:
     out: list[Case] = []
 
     def add(pattern: str, shape: tuple[int, int], seed: int, bs: int) -> None:
-        out.append(_with_shape(Case(op, leaf, seed, shape, pattern, {"blocksize": bs})))
+        out.append(with_shape(Case(op, leaf, seed, shape, pattern, {"blocksize": bs})))
 
     add("random", (2, 256), 1, 64)
     add("random", (3, 333), 2, 128)
@@ -148,26 +145,9 @@ def _cases(op: str, leaf: str, coverage: int) -> list[Case]:
         add("quantized", (4096, 14336), 310, 64)
         for s in range(8):
             add("special_absmax", (16, 1024), 1100 + s, (32, 64, 128, 256)[s % 4])
-    core = [(4, 128, 64)] + [
-        (1, 4096, 64), (2, 2048, 128), (3, 1024, 256), (5, 512, 64), (6, 768, 128),
-        (7, 256, 256), (8, 4096, 64), (16, 512, 128), (32, 256, 64), (64, 256, 256),
-    ]  # fmt: skip
-    for i, (rows, cols, bs) in enumerate(core[: 1 if coverage == 1 else None]):
+    for i, (rows, cols, bs) in enumerate(CORE_SHAPES[: 1 if coverage == 1 else None]):
         add("quantized", (rows, cols), 400 + i, bs)
     return out
-
-
-def _strategy(op: str, leaf: str) -> Any:
-    return st.builds(
-        lambda pattern, rows, cols, bs, seed: _with_shape(
-            Case(op, leaf, seed, (rows, cols), pattern, {"blocksize": bs})
-        ),
-        pattern=st.sampled_from(patterns.WEIGHT_PATTERNS),
-        rows=st.integers(1, 4),
-        cols=st.integers(1, 600),
-        bs=st.sampled_from(BLOCKSIZES[:4]),
-        seed=st.integers(0, 2**32 - 1),
-    )
 
 
 def _bad(dtype: str, quant_type: str) -> list[BadArgument]:
@@ -298,7 +278,7 @@ def _op(name: str, oracle: Any) -> OpSpec:
         call_args=_call,
         make_inputs=make_inputs,
         cases=lambda lf, coverage: _cases(name, lf, coverage),
-        strategy=lambda lf: _strategy(name, lf),
+        strategy=lambda lf: shape_strategy(name, lf, patterns.WEIGHT_PATTERNS),
         validate=lambda inputs, params, out=None: check_decode_args(
             inputs["packed"], inputs["absmax"], *(params[k] for k in ("rows", "cols", "blocksize", "dtype")), out
         ),
@@ -314,7 +294,7 @@ def _op(name: str, oracle: Any) -> OpSpec:
             "absmax": "float32 per block of {blocksize}",
             "y": "{dtype} (bfloat16 as uint16 bits)",
         },
-        sized_case=lambda lf, rows, seed: _with_shape(Case(name, lf, seed, (rows, 4096), "random", {"blocksize": 64})),
+        sized_case=lambda lf, rows, seed: with_shape(Case(name, lf, seed, (rows, 4096), "random", {"blocksize": 64})),
         numerics=numerics,
     )
 

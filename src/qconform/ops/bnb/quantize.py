@@ -17,13 +17,13 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from hypothesis import strategies as st
 
 from qconform.contracts import Contract
 from qconform.ops.abi import DTYPE, I64, Abi, Bound, In, Out, call_arguments
 from qconform.ops.bnb import patterns
 from qconform.ops.bnb._common import (
     CARRIER,
+    CORE_SHAPES,
     check_blocksize,
     check_out,
     choice,
@@ -31,7 +31,9 @@ from qconform.ops.bnb._common import (
     deliver,
     flush_carrier,
     input_dtype,
+    shape_strategy,
     subnormal,
+    with_shape,
 )
 from qconform.ops.spec import BadArgument, Case, Check, Leaf, OpSpec
 from qconform.oracles.bnb import BLOCKSIZES, VARIANTS, quantize_4bit
@@ -126,12 +128,6 @@ def _locate(params: dict[str, Any], index: tuple[int, ...]) -> str:
     return f"packed byte {j}: elements {2 * j} (high nibble), {2 * j + 1} (low nibble) of block {2 * j // bs}"
 
 
-def _with_shape(case: Case) -> Case:
-    """rows and cols in the params (left out of the id): the decoder and locator need n."""
-    rows, cols = case.shape
-    return Case(case.op, case.leaf, case.seed, case.shape, case.pattern, {**case.params, "rows": rows, "cols": cols})
-
-
 def _cases(op: str, leaf: str, coverage: int) -> list[Case]:
     """coverage 1 (small: the golden set): a ragged width (1000 at blocksize 64: a partial block),
     an odd n (3 x 333: the pad nibble), one partial block of 4096, and the disagreement patterns
@@ -146,7 +142,7 @@ def _cases(op: str, leaf: str, coverage: int) -> list[Case]:
     out: list[Case] = []
 
     def add(pattern: str, shape: tuple[int, int], seed: int, bs: int) -> None:
-        out.append(_with_shape(Case(op, leaf, seed, shape, pattern, {"blocksize": bs})))
+        out.append(with_shape(Case(op, leaf, seed, shape, pattern, {"blocksize": bs})))
 
     add("normal", (1, 1000), 1, 64)
     add("normal", (3, 333), 2, 128)
@@ -168,27 +164,9 @@ def _cases(op: str, leaf: str, coverage: int) -> list[Case]:
         for s in range(8):
             add("midpoints", (8, 4096), 1300 + s, (64, 128, 256, 4096)[s % 4])
             add("nan", (4, 1024), 1400 + s, 64)
-    core = [(4, 128, 64)] + [
-        (1, 4096, 64), (2, 2048, 128), (3, 1024, 256), (5, 512, 64), (6, 768, 128),
-        (7, 256, 256), (8, 4096, 64), (16, 512, 128), (32, 256, 64), (64, 256, 256),
-    ]  # fmt: skip
-    for i, (rows, cols, bs) in enumerate(core[: 1 if coverage == 1 else None]):
+    for i, (rows, cols, bs) in enumerate(CORE_SHAPES[: 1 if coverage == 1 else None]):
         add("normal", (rows, cols), 400 + i, bs)
     return out
-
-
-def _strategy(op: str, leaf: str) -> Any:
-    """Structure and a seed from hypothesis, the values from numpy (docs/device-tooling.md D3)."""
-    return st.builds(
-        lambda pattern, rows, cols, bs, seed: _with_shape(
-            Case(op, leaf, seed, (rows, cols), pattern, {"blocksize": bs})
-        ),
-        pattern=st.sampled_from(patterns.VALUE_PATTERNS),
-        rows=st.integers(1, 4),
-        cols=st.integers(1, 600),
-        bs=st.sampled_from(BLOCKSIZES[:4]),
-        seed=st.integers(0, 2**32 - 1),
-    )
 
 
 def _bad(leaf: str, dtype: str) -> list[BadArgument]:
@@ -299,7 +277,7 @@ def _op(name: str, oracle: Any) -> OpSpec:
         call_args=lambda inputs, params: ((inputs["A"], params["blocksize"]), {}),
         make_inputs=make_inputs,
         cases=lambda lf, coverage: _cases(name, lf, coverage),
-        strategy=lambda lf: _strategy(name, lf),
+        strategy=lambda lf: shape_strategy(name, lf, patterns.VALUE_PATTERNS),
         validate=lambda inputs, params, out=None: check_quantize_args(inputs["A"], params["blocksize"], out),
         bad_arguments=lambda lf: _bad(lf, next(x.params["dtype"] for x in leaves if x.name == lf)),
         decode=lambda y, params: _decode(qt, y, params),
@@ -312,7 +290,7 @@ def _op(name: str, oracle: Any) -> OpSpec:
             "A": "{dtype} (bfloat16 as uint16 bits)",
             "y": f"float32 absmax per block of {{blocksize}}, then {qt.upper()} codes (2 per byte, high nibble first)",
         },
-        sized_case=lambda lf, rows, seed: _with_shape(Case(name, lf, seed, (rows, 4096), "normal", {"blocksize": 64})),
+        sized_case=lambda lf, rows, seed: with_shape(Case(name, lf, seed, (rows, 4096), "normal", {"blocksize": 64})),
         numerics=numerics,
     )
 
