@@ -103,10 +103,10 @@ def bench_device(rows: int = 4096, width: int = 14336, reps: int = 30) -> list[t
 def bench_prefill(M: int = 2048, K: int = 5120, N: int = 17920, reps: int = 5) -> tuple[float, float]:
     """MatMulNBits prefill (fp16, u2, block 64) against dequantize-to-fp16 + cuBLAS: TFLOP/s
     and the ratio (warm: weights and activations fit the L2 together)."""
-    from qconform.bench.nbits import _weights
+    from qconform.bench.nbits import weight_sets
     from qconform.device import ort as ort_launch
 
-    ((b, s),) = _weights(K, N, 2, 1, 7)
+    ((b, s),) = weight_sets(K, N, 2, 1, 7)
     a = cupy.random.default_rng(1).standard_normal((M, K), dtype=cupy.float32).astype(cupy.float16)
     y = cupy.empty((M, N), cupy.float16)
     kw = {"K": K, "N": N, "bits": 2, "block_size": 64}

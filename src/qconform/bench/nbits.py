@@ -35,7 +35,8 @@ def _n_sets(nbytes: int) -> int:
     return max(2, -(-4 * device_info().l2_bytes // nbytes))
 
 
-def _weights(K: int, N: int, bits: int, n_sets: int, seed: int) -> list[tuple[Any, Any]]:
+def weight_sets(K: int, N: int, bits: int, n_sets: int, seed: int) -> list[tuple[Any, Any]]:
+    """``n_sets`` random (B, fp16 scales) pairs of a K x N, block-64 MatMulNBits weight (the prefill bench's too)."""
     rng = cupy.random.default_rng(seed)
     kb = -(-K // BLOCK)
     return [
@@ -114,7 +115,7 @@ def tune(K: int, N: int, reps: int) -> None:
     a = cupy.random.default_rng(0).standard_normal((1, K), dtype=cupy.float32).astype(cupy.float16)
     print(f"decode candidates, fp16 M=1 {K}x{N} block {BLOCK}: us min / median / max, relL2 vs float64")
     for bits in (2, 4):
-        weights = _weights(K, N, bits, _n_sets(N * K * bits // 8), bits)
+        weights = weight_sets(K, N, bits, _n_sets(N * K * bits // 8), bits)
         b, s = weights[0]
         w32 = ort_launch.dequantize_nbits(b, s.astype(cupy.float32), K=K, N=N, bits=bits, block_size=BLOCK)
         ref = w32.astype(cupy.float64) @ a[0].astype(cupy.float64)
@@ -161,7 +162,7 @@ def bench(shapes=SHAPES, bits_list=(2, 4), ms=(1,), reps: int = 50, verdicts: bo
     for K, N in shapes:
         cublas = {M: _cublas_fp16(K, N, M, reps) for M in ms}
         for bits in bits_list:
-            weights = _weights(K, N, bits, _n_sets(N * K * bits // 8), bits)
+            weights = weight_sets(K, N, bits, _n_sets(N * K * bits // 8), bits)
             deq = bl.dequantize_f16(bits)
             w16 = cupy.empty((N, K), cupy.float16)
             for M in ms:
