@@ -281,7 +281,7 @@ def run_mutant(m: DeviceMutant, built: dict[str, Path], coverage: int = 1):
             return run_leaf(impl, op, leaf, prepared)
         from qconform.device import ort as ort_launch
 
-        override = {Path(m.source).name: source} if m.edits else {}
+        override = {m.source: source} if m.edits else {}
         with ort_launch.compile_options(*m.options.split()), ort_launch.source_override(override):
             return run_leaf(impl, op, leaf, prepared)
 

@@ -244,8 +244,13 @@ MMA_DECODE_CANDIDATES = (
 """The decode shapes the GEMV bench times (each also at several ``warps_per_sm``)."""
 
 
+def function_kernel(family: str, op: str, symbol: str, source: str, doc: str) -> KernelSpec:
+    """A kernel a family's function launcher runs with its own arguments (``geometry`` None)."""
+    return KernelSpec(op, "cupy", symbol, f"{family}/{source}", None, doc)
+
+
 def _ort(op: str, symbol: str, source: str, doc: str) -> KernelSpec:
-    return KernelSpec(op, "cupy", symbol, f"ort/{source}", None, doc)
+    return function_kernel("ort", op, symbol, source, doc)
 
 
 def _mma_symbols() -> tuple[KernelSpec, ...]:

@@ -22,9 +22,9 @@ from qconform import guard
 from qconform.contracts import STRICT
 from qconform.device import errstate
 from qconform.device.abi import bind_call, c_argtypes, check_requires, host_standins, run_abi
+from qconform.device.functions import DEVICE_FUNCTIONS
 from qconform.device.ggml.q8_quant import run_op
 from qconform.device.loader import device_info, get_kernel
-from qconform.device.ort import DEVICE_FUNCTIONS as ORT_FUNCTIONS
 from qconform.device.registry import KERNELS, VARIANTS, parse_impl_spec
 from qconform.errors import ArgumentError, Declined, DeviceError
 from qconform.impls.cpu import accepts_kwarg
@@ -32,7 +32,7 @@ from qconform.ops import CATALOGUE, OpSpec
 from qconform.ops.abi import STATUS_DECLINED, check_declared_predicate
 from qconform.ops.spec import output_parts
 
-CUPY_OPS = (*dict.fromkeys(k.op for k in KERNELS), *ORT_FUNCTIONS)  # ops qconform's own kernels cover
+CUPY_OPS = (*dict.fromkeys(k.op for k in KERNELS), *DEVICE_FUNCTIONS)  # ops qconform's own kernels cover
 
 
 def to_device(a: Any) -> Any:
@@ -171,9 +171,9 @@ class CupyImpl(DeviceImpl):
         self.variant = variant
 
     def launch(self, op: OpSpec, dev_inputs: dict[str, Any], params: dict[str, Any], dev_out: Any) -> Any:
-        if op.name in ORT_FUNCTIONS:  # the oracle's call shape on device arrays
+        if op.name in DEVICE_FUNCTIONS:  # the oracle's call shape on device arrays
             args, kwargs = op.call_args(dev_inputs, params)
-            return ORT_FUNCTIONS[op.name](*args, **kwargs, out=dev_out)
+            return DEVICE_FUNCTIONS[op.name](*args, **kwargs, out=dev_out)
         return run_op(op.name, dev_inputs, params, dev_out, variant=self.variant)
 
 

@@ -1,7 +1,12 @@
-"""The ggml family's launchers (CuPy arrays, the oracles' call shapes)."""
+"""The ggml family's launchers (CuPy arrays, the oracles' call shapes): the block-format kernels
+through their op's ABI (``q8_quant``), the others as functions (``DEVICE_FUNCTIONS``)."""
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 from qconform.device.ggml.q8_quant import dequantize, quantize
 
-__all__ = ["dequantize", "quantize"]
+DEVICE_FUNCTIONS: dict[str, Callable[..., Any]] = {}
+
+__all__ = ["DEVICE_FUNCTIONS", "dequantize", "quantize"]

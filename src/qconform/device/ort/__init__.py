@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from qconform.device.ort._common import bound, compile_options, source_override
+from qconform.device.launchers import bound, compile_options, source_override
 from qconform.device.ort.fake_quantize import fake_quantize
 from qconform.device.ort.gather_block_quantized import gather_block_quantized
 from qconform.device.ort.matmul_nbits import dequantize_nbits, matmul_nbits

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from qconform.device.ort._common import launch_abi
+from qconform.device.launchers import launch_abi
 from qconform.ops.ort.fake_quantize import FAKE_QUANTIZE
 
 
 def fake_quantize(x: Any, scale: Any, zero_point: Any = None, *, out: Any = None, **attributes: Any) -> Any:
     """DQ(Q(x)) on the device: ``attributes`` are the oracle's (axis, block_size, dtype)."""
-    return launch_abi(FAKE_QUANTIZE, "fake_quantize.hip", "qk_fake_quantize", (x, scale, zero_point), attributes, out)
+    args = (x, scale, zero_point)
+    return launch_abi(FAKE_QUANTIZE, "ort/fake_quantize.hip", "qk_fake_quantize", args, attributes, out)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from qconform.device.ort._common import launch_abi
+from qconform.device.launchers import launch_abi
 from qconform.ops.ort.gather_block_quantized import GATHER
 
 
@@ -17,4 +17,4 @@ def gather_block_quantized(
     """Gather then dequantize on the device: ``attributes`` are the oracle's (bits, block_size,
     gather_axis, quantize_axis, data_type, data_shape, out_of_range); int32 indices are widened."""
     args = (data, indices, scales, zero_points)
-    return launch_abi(GATHER, "gather_block_quantized.hip", "qk_gather_block_quantized", args, attributes, out)
+    return launch_abi(GATHER, "ort/gather_block_quantized.hip", "qk_gather_block_quantized", args, attributes, out)

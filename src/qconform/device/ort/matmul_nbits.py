@@ -11,15 +11,15 @@ import cupy
 import numpy as np
 
 from qconform.device.abi import out_buffer, shadow
-from qconform.device.ort._common import contiguous, kernel_of, launch, launch_abi, launch_grid, sm_count
+from qconform.device.launchers import contiguous, kernel_of, launch, launch_abi, launch_grid, sm_count
 from qconform.device.registry import MMA_SHAPES
 from qconform.errors import ArgumentError
 from qconform.ops.ort.matmul_nbits import DEQUANTIZE_NBITS, ZP_KIND, zero_point_kind
 from qconform.oracles.ort.matmul_nbits import check_a, check_nbits_args
 
 ZP_DEFAULT, ZP_PACKED, ZP_FLOAT, ZP_SCALAR = (ZP_KIND[k] for k in ("none", "packed", "float", "scalar"))
-GEMV = "nbits_gemv.hip"
-MMA = "nbits_mma.hip"
+GEMV = "ort/nbits_gemv.hip"
+MMA = "ort/nbits_mma.hip"
 
 
 def _mma_ok(B: Any, bits: int, block_size: int, a16: bool, zp_kind: int, z16: int) -> bool:

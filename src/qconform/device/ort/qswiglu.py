@@ -8,12 +8,12 @@ import cupy
 import numpy as np
 
 from qconform.device.abi import out_buffer
-from qconform.device.ort._common import contiguous, launch, launch_abi
+from qconform.device.launchers import contiguous, launch, launch_abi
 from qconform.ops.ort.qswiglu import QSWIGLU
 from qconform.oracles.ort.qdq import QTYPES
 from qconform.oracles.ort.qswiglu import check_activations, check_qparams
 
-SOURCE = "qswiglu.hip"
+SOURCE = "ort/qswiglu.hip"
 
 
 def qswiglu(gate_q, up_q, *, dtype="uint16", out=None, fused=True, **qparams):

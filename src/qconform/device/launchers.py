@@ -1,4 +1,4 @@
-"""What the ONNX Runtime family's launchers share: checks of device arrays, the ``out`` buffer,
+"""What every family's function launchers share: checks of device arrays, the ``out`` buffer,
 one launch per kernel (recorded instead by ``bound`` for timing), extra compile options and
 overriding kernel sources (the device mutants and the bench's diagnostic builds: patched copies of
 a shipped kernel, qconform.device.patch).
@@ -24,7 +24,6 @@ from qconform.device.registry import KERNEL_DIR, Geometry, Launch, check_grid
 from qconform.errors import ArgumentError
 from qconform.ops import OpSpec
 
-SOURCES = KERNEL_DIR / "ort"
 THREADS = 256
 
 
@@ -42,7 +41,7 @@ def contiguous(**arrays: Any) -> None:
 
 _BIND: list[list[tuple[Any, int, int, int, tuple]]] = []  # launches recorded by bound(), not run
 OPTIONS: tuple[str, ...] = ()  # extra compile options, set through compile_options()
-OVERRIDES: dict[str, Path] = {}  # kernels/ort/<name> -> the file loaded instead, set through source_override()
+OVERRIDES: dict[str, Path] = {}  # kernels/<family>/<name> -> the file loaded instead, set through source_override()
 
 
 @contextlib.contextmanager
@@ -60,14 +59,14 @@ def compile_options(*options: str) -> Iterator[None]:
 
 @contextlib.contextmanager
 def source_override(sources: Mapping[str, Path]) -> Iterator[None]:
-    """Inside the block, load ``kernels/ort/<name>`` from ``sources[name]`` instead, e.g.
-    ``source_override({"nbits_mma.hip": path})`` with a patched copy written by
+    """Inside the block, load ``kernels/<family>/<name>`` from ``sources["<family>/<name>"]``
+    instead, e.g. ``source_override({"ort/nbits_mma.hip": path})`` with a patched copy written by
     ``qconform.device.patch.Patch`` (its folder holds copies of the headers beside the original).
     Kernels are cached per path, so a path must name one text for the process."""
     global OVERRIDES
     for name in sources:
-        if not (SOURCES / name).is_file():
-            raise ArgumentError(f"source_override: no kernel {name!r} in {SOURCES}")
+        if not (KERNEL_DIR / name).is_file():
+            raise ArgumentError(f"source_override: no kernel {name!r} in {KERNEL_DIR}")
     saved, OVERRIDES = OVERRIDES, {**OVERRIDES, **{name: Path(path) for name, path in sources.items()}}
     try:
         yield
@@ -91,8 +90,9 @@ def launch_grid(op: str, source: str, symbol: str, grid: int, threads: int, args
 
 
 def kernel_of(source: str, symbol: str) -> Any:
-    """``symbol`` of ``kernels/ort/<source>`` (or of its override), built with the current extra options."""
-    return get_kernel(OVERRIDES.get(source, SOURCES / source), symbol, OPTIONS)
+    """``symbol`` of ``kernels/<source>`` (``"ort/nbits_mma.hip"``, or its override), built with the
+    current extra options."""
+    return get_kernel(OVERRIDES.get(source, KERNEL_DIR / source), symbol, OPTIONS)
 
 
 def bound(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[[], None]:
