@@ -27,12 +27,13 @@ MUTANT_DIR = HERE / "device_mutants"
 REPO = HERE.parent
 Q8_QUANT = "src/qconform/device/kernels/ggml/q8_quant.hip"
 Edits = tuple[tuple[str, str], ...]  # (exact original snippet, its replacement), in order
+OWN_FAMILIES = ("ort", "ggml", "bnb")  # kernels/<family>/: the function launchers' sources
 
 
 @dataclass(frozen=True)
 class DeviceMutant:
     name: str
-    source: str  # file in tests/device_mutants, a repo path, or "ort/nbits_mma.hip" (qconform's own)
+    source: str  # file in tests/device_mutants, a repo path, or "ort/nbits_mma.hip" (a function launcher's)
     symbol: str
     options: str  # the hip: geometry suffix; -D build options of an ORT kernel; "" for so: launchers
     op: str
@@ -47,10 +48,11 @@ class DeviceMutant:
         return self.source.endswith(".cu")
 
     @property
-    def is_ort(self) -> bool:
-        """qconform's own ORT kernels (--impl cupy) compiled with ``options`` (-D build options),
-        ``source`` loaded from its patched copy when the row has ``edits``."""
-        return self.source == "ort/nbits_mma.hip"
+    def is_own(self) -> bool:
+        """A kernel of qconform's function launchers (``"ort/nbits_mma.hip"``, ``"ggml/..."``: --impl
+        cupy) compiled with ``options`` (-D build options), ``source`` loaded from its patched copy
+        when the row has ``edits``."""
+        return self.source.split("/")[0] in OWN_FAMILIES
 
     @property
     def slug(self) -> str:
@@ -61,7 +63,7 @@ class DeviceMutant:
         imported qconform runs, in a source checkout or an installed wheel alike)."""
         from qconform.device.registry import KERNEL_DIR
 
-        if self.is_ort:
+        if self.is_own:
             return KERNEL_DIR / self.source
         if self.source.startswith(Q8_QUANT.rsplit("ggml/", 1)[0]):
             return KERNEL_DIR / self.source.removeprefix(Q8_QUANT.rsplit("ggml/", 1)[0])
@@ -243,7 +245,7 @@ ALL = HIP_MUTANTS + SO_MUTANTS + ORT_MUTANTS
 def impl_spec(m: DeviceMutant, built: dict[str, Path], source: Path | None = None) -> str:
     """The --impl string for a mutant; ``built`` maps so: sources to their compiled libraries,
     ``source`` is the hip: file to load (default ``m.path()``; a patched mutant's copy)."""
-    if m.is_ort:
+    if m.is_own:
         return "cupy"
     if m.is_so:
         return f"so:{built[m.source]}:{m.symbol}"
@@ -277,12 +279,12 @@ def run_mutant(m: DeviceMutant, built: dict[str, Path], coverage: int = 1):
         impl = load_impl(impl_spec(m, built, source), [m.op])
         leaf = m.leaf or op.leaves[0].name
         prepared = [Prepared.from_case(op, c, impl) for c in op.cases(leaf, max(coverage, m.coverage))]
-        if not m.is_ort:
+        if not m.is_own:
             return run_leaf(impl, op, leaf, prepared)
-        from qconform.device import ort as ort_launch
+        from qconform.device import launchers
 
         override = {m.source: source} if m.edits else {}
-        with ort_launch.compile_options(*m.options.split()), ort_launch.source_override(override):
+        with launchers.compile_options(*m.options.split()), launchers.source_override(override):
             return run_leaf(impl, op, leaf, prepared)
 
 

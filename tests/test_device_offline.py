@@ -63,7 +63,7 @@ def test_every_registered_kernel_exists_in_its_source() -> None:
 def test_every_device_mutant_symbol_exists() -> None:
     for m in ALL:
         text = m.patch().text() if m.edits else m.path().read_text()
-        if m.is_ort:
+        if m.is_own:
             text += (COMMON_DIR / "qk_portable.h").read_text()
             for define in m.options.split():
                 assert define.startswith("-D") and define[2:] in text, m.name

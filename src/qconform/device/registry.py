@@ -273,5 +273,9 @@ ORT_KERNELS: tuple[KernelSpec, ...] = (
     _ort("qswiglu", "qk_step_sigmoid_quantize", "qswiglu.hip", "unfused step: Q(Sigmoid)"),
     _ort("qswiglu", "qk_step_mul_quantize", "qswiglu.hip", "unfused step: Q(a * b)"),
 )
-KERNELS: tuple[KernelSpec, ...] = (*GGML_KERNELS, *ORT_KERNELS, *_mma_symbols())
+GGML_FUNCTION_KERNELS: tuple[KernelSpec, ...] = ()
+"""The ggml family's kernels its function launchers run (``qconform.device.ggml.DEVICE_FUNCTIONS``)."""
+BNB_KERNELS: tuple[KernelSpec, ...] = ()
+"""The bitsandbytes family's kernels (``qconform.device.bnb``)."""
+KERNELS: tuple[KernelSpec, ...] = (*GGML_KERNELS, *GGML_FUNCTION_KERNELS, *BNB_KERNELS, *ORT_KERNELS, *_mma_symbols())
 """Every kernel qconform ships (an offline test checks each symbol exists in its source)."""
