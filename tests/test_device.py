@@ -22,11 +22,13 @@ def _own_kernels() -> list[tuple[str, str, str]]:
     several kernels of their ABI."""
     out = []
     for op in CATALOGUE.values():
-        if op.name not in {k.op for k in KERNELS}:
+        specs = [k for k in KERNELS if k.op == op.name]
+        if not specs:
             continue
+        covered = set().union(*(k.leaves or [lf.name for lf in op.leaves] for k in specs))
         variants = sorted({k.variant for k in GGML_KERNELS if k.op == op.name})
         for impl in ["cupy", *(f"cupy:{v}" for v in variants[1:] if len(variants) > 1)]:
-            out += [(impl, op.name, lf.name) for lf in op.leaves]
+            out += [(impl, op.name, lf.name) for lf in op.leaves if lf.name in covered]
     return out
 
 

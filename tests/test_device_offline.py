@@ -60,6 +60,15 @@ def test_every_registered_kernel_exists_in_its_source() -> None:
             assert (source, symbol) in registered, f"{source}: {symbol} is not in the registry"
 
 
+def test_kernels_name_leaves_of_their_op() -> None:
+    """A kernel that covers only some of its op's leaves names them (the device suite runs those, the
+    launcher declines the others); every kernel of one op names the same leaves."""
+    for k in KERNELS:
+        if k.leaves is not None:
+            assert k.leaves and set(k.leaves) <= {lf.name for lf in CATALOGUE[k.op].leaves}, k.symbol
+            assert {j.leaves for j in KERNELS if j.op == k.op} == {k.leaves}, k.op
+
+
 def test_every_device_mutant_symbol_exists() -> None:
     for m in ALL:
         text = m.patch().text() if m.edits else m.path().read_text()

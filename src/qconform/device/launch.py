@@ -15,16 +15,28 @@ CUPY = ArrayKind(cupy.ndarray, "cupy.ndarray", cupy.may_share_memory)
 
 
 def launch_kernel(
-    op: str, kernel: Any, grid: int, threads: int, args: tuple, stream: Any = None, shared_mem: int = 0
+    op: str,
+    kernel: Any,
+    grid: int | tuple[int, ...],
+    threads: int,
+    args: tuple,
+    stream: Any = None,
+    shared_mem: int = 0,
 ) -> None:
-    """One launch on ``stream`` (default: the current one); CuPy's status for this launch, if it
-    failed, becomes a DeviceError naming ``op``. The runtime's last-error slot is not touched."""
+    """One launch on ``stream`` (default: the current one) of ``grid`` CTAs (an int, or (x, y[, z]));
+    CuPy's status for this launch, if it failed, becomes a DeviceError naming ``op``. The runtime's
+    last-error slot is not touched."""
     stream = cupy.cuda.get_current_stream() if stream is None else stream
     try:
         with stream:
-            kernel((grid,), (threads,), args, shared_mem=shared_mem)
+            kernel(grid_dims(grid), (threads,), args, shared_mem=shared_mem)
     except cupy.cuda.driver.CUDADriverError as exc:
         raise DeviceError(f"{op}: launching {kernel.name}<<<{grid}, {threads}>>> failed: {exc}") from exc
+
+
+def grid_dims(grid: int | tuple[int, ...]) -> tuple[int, ...]:
+    """A launch's grid as CuPy takes it: ``(x,)`` for an int."""
+    return grid if isinstance(grid, tuple) else (grid,)
 
 
 def check_aligned(name: str, a: Any, align: int) -> None:

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator, Mapping
 import cupy
 
 from qconform.device.abi import bind_call
-from qconform.device.launch import launch_kernel
+from qconform.device.launch import grid_dims, launch_kernel
 from qconform.device.loader import get_kernel
 from qconform.device.registry import KERNEL_DIR, Geometry, Launch, check_grid
 from qconform.errors import ArgumentError
@@ -81,7 +81,9 @@ def launch(op: str, source: str, symbol: str, n_threads: int, args: tuple) -> No
     launch_grid(op, source, symbol, check_grid(op, n_threads, Geometry(1, THREADS)), THREADS, args)
 
 
-def launch_grid(op: str, source: str, symbol: str, grid: int, threads: int, args: tuple, shared_mem: int = 0) -> None:
+def launch_grid(
+    op: str, source: str, symbol: str, grid: int | tuple[int, ...], threads: int, args: tuple, shared_mem: int = 0
+) -> None:
     kernel = kernel_of(source, symbol)
     if _BIND:
         _BIND[-1].append((kernel, grid, threads, shared_mem, args))
@@ -107,7 +109,7 @@ def bound(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[[], Non
 
     def replay() -> None:
         for kernel, grid, threads, shared_mem, kargs in launches:
-            kernel((grid,), (threads,), kargs, shared_mem=shared_mem)
+            kernel(grid_dims(grid), (threads,), kargs, shared_mem=shared_mem)
 
     return replay
 

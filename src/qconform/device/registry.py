@@ -43,6 +43,7 @@ class KernelSpec:
     source: str  # file under kernels/: <family>/<file>
     geometry: Geometry | None  # None: launched by its family's launcher with its own arguments
     doc: str
+    leaves: tuple[str, ...] | None = None  # the op's leaves it covers (None: every leaf; the others are declined)
 
     @property
     def path(self) -> Path:
@@ -244,9 +245,11 @@ MMA_DECODE_CANDIDATES = (
 """The decode shapes the GEMV bench times (each also at several ``warps_per_sm``)."""
 
 
-def function_kernel(family: str, op: str, symbol: str, source: str, doc: str) -> KernelSpec:
+def function_kernel(
+    family: str, op: str, symbol: str, source: str, doc: str, leaves: tuple[str, ...] | None = None
+) -> KernelSpec:
     """A kernel a family's function launcher runs with its own arguments (``geometry`` None)."""
-    return KernelSpec(op, "cupy", symbol, f"{family}/{source}", None, doc)
+    return KernelSpec(op, "cupy", symbol, f"{family}/{source}", None, doc, leaves)
 
 
 def _ort(op: str, symbol: str, source: str, doc: str) -> KernelSpec:
@@ -273,7 +276,26 @@ ORT_KERNELS: tuple[KernelSpec, ...] = (
     _ort("qswiglu", "qk_step_sigmoid_quantize", "qswiglu.hip", "unfused step: Q(Sigmoid)"),
     _ort("qswiglu", "qk_step_mul_quantize", "qswiglu.hip", "unfused step: Q(a * b)"),
 )
-GGML_FUNCTION_KERNELS: tuple[KernelSpec, ...] = ()
+KEEP_QUANT_LEAVES = ("Wq4_K_Aq8_K_Yfp32", "Wq5_K_Aq8_K_Yfp32", "Wq6_K_Aq8_K_Yfp32", "Wq8_0_Aq8_0_Yfp32")
+GGML_FUNCTION_KERNELS: tuple[KernelSpec, ...] = (
+    *(
+        function_kernel("ggml", "matmul_bt_quant", f"qk_kq_gemv_{t}", "keep_quant.hip", doc, KEEP_QUANT_LEAVES)
+        for t, doc in (
+            ("q4_k", "8 threads per weight row, one per fp32 lane of the generic order, dp4a per 32-value segment"),
+            ("q5_k", "as q4_k, the fifth bit from qh"),
+            ("q6_k", "as q4_k, two dp4a per segment (16-value scales)"),
+            ("q8_0", "8 threads per weight row, dp4a and a width-8 shuffle sum per block"),
+        )
+    ),
+    function_kernel(
+        "ggml",
+        "matmul_bt_quant",
+        "qk_q8_k_lanes",
+        "keep_quant.hip",
+        "Q8_K quants regrouped per lane",
+        KEEP_QUANT_LEAVES,
+    ),
+)
 """The ggml family's kernels its function launchers run (``qconform.device.ggml.DEVICE_FUNCTIONS``)."""
 BNB_KERNELS: tuple[KernelSpec, ...] = ()
 """The bitsandbytes family's kernels (``qconform.device.bnb``)."""

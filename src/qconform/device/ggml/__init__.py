@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from qconform.device.ggml.keep_quant import matmul_bt_quant
 from qconform.device.ggml.q8_quant import dequantize, quantize
 
-DEVICE_FUNCTIONS: dict[str, Callable[..., Any]] = {}
+DEVICE_FUNCTIONS: dict[str, Callable[..., Any]] = {
+    "matmul_bt_quant": matmul_bt_quant,
+}
 
-__all__ = ["DEVICE_FUNCTIONS", "dequantize", "quantize"]
+__all__ = ["DEVICE_FUNCTIONS", "dequantize", "matmul_bt_quant", "quantize"]

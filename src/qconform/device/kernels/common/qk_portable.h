@@ -72,6 +72,25 @@ __device__ __forceinline__ __half qk_half_rn(float v) { return __float2half_rn(v
 /* bytes of the 8-byte {y:x} selected by the nibbles of s: CUDA __byte_perm, HIP __byte_perm */
 #define QK_BYTE_PERM(x, y, s) __byte_perm((x), (y), (s))
 
+/* c + the dot product of the four signed bytes of a and b (exact; no saturation): NVIDIA dp4a
+ * (sm_61+); AMD v_dot4_i32_i8 (__builtin_amdgcn_sdot4 without clamp) on the targets that have it
+ * (gfx906/908/90a/94x, gfx1011/1012/103x: LLVM's AMDGPU dot1/dot7 instructions; RDNA3 and later only
+ * have the mixed-sign sudot4, used with both operands signed); four integer multiply-adds elsewhere. */
+__device__ __forceinline__ int qk_dp4a(int a, int b, int c) {
+#if defined(QK_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 610
+    return __dp4a(a, b, c);
+#elif defined(QK_HIP) && (defined(__gfx906__) || defined(__gfx908__) || defined(__gfx90a__) || \
+    defined(__gfx940__) || defined(__gfx941__) || defined(__gfx942__) || defined(__gfx1011__) || \
+    defined(__gfx1012__) || defined(__gfx1030__) || defined(__gfx1031__) || defined(__gfx1032__))
+    return __builtin_amdgcn_sdot4(a, b, c, false);
+#elif defined(QK_HIP) && (defined(__gfx1100__) || defined(__gfx1101__) || defined(__gfx1102__))
+    return __builtin_amdgcn_sudot4(true, a, true, b, c, false);
+#else
+    for (int k = 0; k < 32; k += 8) c += ((a << (24 - k)) >> 24) * ((b << (24 - k)) >> 24);
+    return c;
+#endif
+}
+
 /* the index of this thread in the launch, 64-bit (grids of more than 2^31 threads) */
 __device__ __forceinline__ qk_i64 qk_global_thread() {
     return (qk_i64)blockIdx.x * (qk_i64)blockDim.x + (qk_i64)threadIdx.x;
