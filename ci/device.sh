@@ -6,7 +6,8 @@
 #   bash ci/device.sh [all|check|mutants|users|time] [FAMILY]
 # check: pytest -m device and the conformance run; mutants: the device mutants and controls;
 # users: the worked user kernels with their wrong twins; time: the throughput tables (each part
-# well under one 10-minute device call); FAMILY (ggml, ort, ...: `qconform list --families`) limits check to one family.
+# well under one 10-minute device call); FAMILY (ggml, ort, ...: `qconform list --families`) limits check and time
+# to one family.
 # Logs and tables land under $OUT (default /tmp/qconform-device).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -49,7 +50,16 @@ if part users; then
 fi
 if part time; then
   "$PY" -m qconform.bench.device >"$OUT/bench.md" 2>&1 || status=1
-  "$PY" -m qconform.bench.nbits --json "$OUT/bench-nbits.json" >"$OUT/bench-nbits.md" 2>&1 || status=1
+  if [ -z "$FAMILY" ] || [ "$FAMILY" = ort ]; then
+    "$PY" -m qconform.bench.nbits --json "$OUT/bench-nbits.json" >"$OUT/bench-nbits.md" 2>&1 || status=1
+  else
+    echo "(family $FAMILY: not run)" >"$OUT/bench-nbits.md"
+  fi
+  if [ -z "$FAMILY" ] || [ "$FAMILY" = ggml ]; then
+    "$PY" -m qconform.bench.ggml_gemv --json "$OUT/bench-ggml-gemv.json" >"$OUT/bench-ggml-gemv.md" 2>&1 || status=1
+  else
+    echo "(family $FAMILY: not run)" >"$OUT/bench-ggml-gemv.md"
+  fi
 fi
 
 echo
@@ -67,5 +77,6 @@ fi
 if part time; then
   show "throughput" bench.md
   show "MatMulNBits decode against its baselines (records: bench-nbits.json)" bench-nbits.md
+  show "ggml keep-quant GEMV against its baselines (records: bench-ggml-gemv.json)" bench-ggml-gemv.md
 fi
 exit $status

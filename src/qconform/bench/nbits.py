@@ -31,7 +31,7 @@ SHAPES = ((5120, 17920), (17920, 5120), (4096, 14336), (14336, 4096), (5120, 100
 BLOCK = 64
 
 
-def _n_sets(nbytes: int) -> int:
+def n_sets_for(nbytes: int) -> int:
     return max(2, -(-4 * device_info().l2_bytes // nbytes))
 
 
@@ -68,12 +68,12 @@ def _verdict(a: Any, b: Any, s: Any, y: Any, K: int, bits: int) -> str:
     return "FAIL: " + details[0]
 
 
-def _cublas_fp16(K: int, N: int, M: int, reps: int) -> tuple[str, list[float]]:
+def cublas_fp16(K: int, N: int, M: int, reps: int) -> tuple[str, list[float]]:
     """fp16 cuBLAS on unquantized (N, K) weights, cold: CuPy's matmul, and torch's linear where
     torch is installed; the faster of the two."""
     sets = [
         cupy.random.default_rng(i).standard_normal((N, K), dtype=cupy.float32).astype(cupy.float16)
-        for i in range(_n_sets(N * K * 2))
+        for i in range(n_sets_for(N * K * 2))
     ]
     a = cupy.random.default_rng(9).standard_normal((M, K), dtype=cupy.float32).astype(cupy.float16)
     y = cupy.empty((M, N), cupy.float16)
@@ -115,7 +115,7 @@ def tune(K: int, N: int, reps: int) -> None:
     a = cupy.random.default_rng(0).standard_normal((1, K), dtype=cupy.float32).astype(cupy.float16)
     print(f"decode candidates, fp16 M=1 {K}x{N} block {BLOCK}: us min / median / max, relL2 vs float64")
     for bits in (2, 4):
-        weights = weight_sets(K, N, bits, _n_sets(N * K * bits // 8), bits)
+        weights = weight_sets(K, N, bits, n_sets_for(N * K * bits // 8), bits)
         b, s = weights[0]
         w32 = ort_launch.dequantize_nbits(b, s.astype(cupy.float32), K=K, N=N, bits=bits, block_size=BLOCK)
         ref = w32.astype(cupy.float64) @ a[0].astype(cupy.float64)
@@ -160,9 +160,9 @@ def bench(shapes=SHAPES, bits_list=(2, 4), ms=(1,), reps: int = 50, verdicts: bo
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for K, N in shapes:
-        cublas = {M: _cublas_fp16(K, N, M, reps) for M in ms}
+        cublas = {M: cublas_fp16(K, N, M, reps) for M in ms}
         for bits in bits_list:
-            weights = weight_sets(K, N, bits, _n_sets(N * K * bits // 8), bits)
+            weights = weight_sets(K, N, bits, n_sets_for(N * K * bits // 8), bits)
             deq = bl.dequantize_f16(bits)
             w16 = cupy.empty((N, K), cupy.float16)
             for M in ms:

@@ -14,6 +14,10 @@ from qconform.oracles.ggml import ArrayKind
 CUPY = ArrayKind(cupy.ndarray, "cupy.ndarray", cupy.may_share_memory)
 
 
+RECORDING: list[list[tuple[Any, tuple[int, ...], int, int, tuple]]] = []
+"""Launches recorded instead of run while ``qconform.device.launchers.bound`` binds a call."""
+
+
 def launch_kernel(
     op: str,
     kernel: Any,
@@ -26,6 +30,9 @@ def launch_kernel(
     """One launch on ``stream`` (default: the current one) of ``grid`` CTAs (an int, or (x, y[, z]));
     CuPy's status for this launch, if it failed, becomes a DeviceError naming ``op``. The runtime's
     last-error slot is not touched."""
+    if RECORDING:
+        RECORDING[-1].append((kernel, grid_dims(grid), threads, shared_mem, args))
+        return
     stream = cupy.cuda.get_current_stream() if stream is None else stream
     try:
         with stream:

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator, Mapping
 import cupy
 
 from qconform.device.abi import bind_call
-from qconform.device.launch import grid_dims, launch_kernel
+from qconform.device.launch import RECORDING, launch_kernel
 from qconform.device.loader import get_kernel
 from qconform.device.registry import KERNEL_DIR, Geometry, Launch, check_grid
 from qconform.errors import ArgumentError
@@ -39,7 +39,6 @@ def contiguous(**arrays: Any) -> None:
             raise ArgumentError(f"{name}: must be C-contiguous")
 
 
-_BIND: list[list[tuple[Any, int, int, int, tuple]]] = []  # launches recorded by bound(), not run
 OPTIONS: tuple[str, ...] = ()  # extra compile options, set through compile_options()
 OVERRIDES: dict[str, Path] = {}  # kernels/<family>/<name> -> the file loaded instead, set through source_override()
 
@@ -84,11 +83,7 @@ def launch(op: str, source: str, symbol: str, n_threads: int, args: tuple) -> No
 def launch_grid(
     op: str, source: str, symbol: str, grid: int | tuple[int, ...], threads: int, args: tuple, shared_mem: int = 0
 ) -> None:
-    kernel = kernel_of(source, symbol)
-    if _BIND:
-        _BIND[-1].append((kernel, grid, threads, shared_mem, args))
-        return
-    launch_kernel(op, kernel, grid, threads, args, shared_mem=shared_mem)
+    launch_kernel(op, kernel_of(source, symbol), grid, threads, args, shared_mem=shared_mem)
 
 
 def kernel_of(source: str, symbol: str) -> Any:
@@ -101,15 +96,15 @@ def bound(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[[], Non
     """Check and bind one call of a launcher once; the returned function replays its kernel
     launches with nothing else on the host path (for timing: the checks cost more host time than
     a decode GEMV takes on the device)."""
-    _BIND.append([])
+    RECORDING.append([])
     try:
         fn(*args, **kwargs)
     finally:
-        launches = _BIND.pop()
+        launches = RECORDING.pop()
 
     def replay() -> None:
         for kernel, grid, threads, shared_mem, kargs in launches:
-            kernel(grid_dims(grid), (threads,), kargs, shared_mem=shared_mem)
+            kernel(grid, (threads,), kargs, shared_mem=shared_mem)
 
     return replay
 

@@ -1,0 +1,121 @@
+"""ggml's keep-quant GEMV (``matmul_bt_quant``) on the device against its baselines, side by side in
+one run: for each weight type and layer shape at M = 1, the kernel's time spread (min / median /
+max over batches; the activation quantization included) beside the read-only roofline of its bytes
+(weights and activations read once), fp16 cuBLAS on unquantized weights of the same shape and the
+read-only roofline of those fp16 weights (``qconform.bench.baselines``), and whether the output is
+bit-identical to the oracle (generic vec_dot order) on the same input. Targets (issue text): the
+kernel at >= 80% of its roofline, and its speed-up over cuBLAS at least 0.8 x the ratio of the two
+rooflines. One ``BenchRecord`` per (type, shape); weights are random blocks with finite scales.
+
+``python -m qconform.bench.ggml_gemv [--quick] [--json FILE]``
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import cupy
+import numpy as np
+
+from qconform.bench import baselines as bl
+from qconform.bench.nbits import cublas_fp16, n_sets_for
+from qconform.bench.records import BenchRecord, write_records
+from qconform.device.loader import device_info
+from qconform.formats.ggml import FORMATS
+
+SHAPES = ((8192, 8192), (4096, 14336))  # (K, N): a 70B-class square projection, an 8B model's MLP up
+TYPES = ("Q4_K", "Q5_K", "Q6_K", "Q8_0")
+TARGET_ROOFLINE = 0.8
+TARGET_CUBLAS = 0.8  # of the ratio of the fp16 and the quantized rooflines
+
+
+def _weights(qtype: str, K: int, N: int, n_sets: int) -> list[Any]:
+    from qconform.ops.ggml.q8_quant import finite_scales
+
+    fmt = FORMATS[qtype]
+    out = []
+    for i in range(n_sets):
+        rng = np.random.default_rng(100 + i)
+        data = rng.integers(0, 256, (N, fmt.n_bytes(K)), dtype=np.uint8)
+        out.append(cupy.asarray(finite_scales(fmt, data, rng)))
+    return out
+
+
+def _exact(W: Any, qtype: str, A: Any, y: Any) -> str:
+    from qconform.oracles.ggml import matmul_bt_quant
+
+    want = matmul_bt_quant(cupy.asnumpy(W), qtype, cupy.asnumpy(A))
+    got = cupy.asnumpy(y)
+    if np.array_equal(got.view(np.uint32), want.view(np.uint32)):
+        return "PASS"
+    bad = int(np.sum(got.view(np.uint32) != want.view(np.uint32)))
+    return f"FAIL: {bad} of {got.size} outputs differ from the generic order"
+
+
+def bench(shapes=SHAPES, types=TYPES, reps: int = 50) -> list[BenchRecord]:
+    from qconform.device.ggml import matmul_bt_quant
+    from qconform.device.launchers import bound
+
+    device = device_info().label
+    records = []
+    print(
+        "| type | K x N | us min / med / max | roofline us | of roofline | fp16 cuBLAS us | x cuBLAS "
+        "| allowed x (0.8 x roofline ratio) | bit-exact | verdict |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for K, N in shapes:
+        A = cupy.asarray(np.random.default_rng(7).standard_normal((1, K)).astype(np.float32))
+        fp16 = [
+            cupy.random.default_rng(i).standard_normal((N, K), dtype=cupy.float32).astype(cupy.float16)
+            for i in range(n_sets_for(N * K * 2))
+        ]
+        roof16 = bl.median(bl.read_roofline([(w, A) for w in fp16], reps))
+        del fp16
+        cub_name, cub = cublas_fp16(K, N, 1, reps)
+        for qtype in types:
+            sets = _weights(qtype, K, N, n_sets_for(N * FORMATS[qtype].n_bytes(K)))
+            y = cupy.empty((1, N), cupy.float32)
+            calls = [bound(matmul_bt_quant, W, qtype, A, out=y) for W in sets]
+            ts = bl.times(lambda i, c=calls: c[i](), len(calls), reps)
+            calls[0]()
+            exact = _exact(sets[0], qtype, A, y)
+            roof = bl.median(bl.read_roofline([(w, A) for w in sets], reps))
+            nbytes = sets[0].nbytes + A.nbytes
+            rec = BenchRecord(
+                f"matmul_bt_quant {qtype}",
+                (1, K, N),
+                device,
+                nbytes,
+                2 * K * N,
+                tuple(t * 1e6 for t in ts),
+                exact,
+                {"read-only roofline": roof * 1e6, f"fp16 {cub_name}": bl.median(cub) * 1e6},
+            )
+            records.append(rec)
+            med = bl.median(ts)
+            of_roof, x_cub, allowed = roof / med, bl.median(cub) / med, TARGET_CUBLAS * roof16 / roof
+            ok = exact == "PASS" and of_roof >= TARGET_ROOFLINE and x_cub >= allowed
+            lo, hi = min(ts), max(ts)
+            print(
+                f"| {qtype} | {K} x {N} | {lo * 1e6:.1f} / {med * 1e6:.1f} / {hi * 1e6:.1f} | {roof * 1e6:.1f} "
+                f"| {of_roof:.0%} | {bl.median(cub) * 1e6:.1f} | {x_cub:.2f}x | {allowed:.2f}x | {exact} "
+                f"| {'PASS' if ok else 'below target'} |"
+            )
+    return records
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m qconform.bench.ggml_gemv")
+    p.add_argument("--quick", action="store_true", help="the first shape, Q4_K and Q8_0, fewer repeats")
+    p.add_argument("--json", type=Path, help="write the BenchRecords here")
+    a = p.parse_args(argv)
+    records = bench(SHAPES[:1], ("Q4_K", "Q8_0"), 20) if a.quick else bench()
+    if a.json:
+        write_records(a.json, records)
+    return 0 if all(r.verdict == "PASS" for r in records) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
