@@ -47,12 +47,34 @@ def test_q8_0_quantize_accepts_gguf_enum() -> None:
     assert np.array_equal(quantize(x, Q8_0), quantize(x, "Q8_0"))
 
 
-def test_benchmark_reports_a_ratio(capsys) -> None:
-    from qconform.bench.ggml_quant import bench_q8_0
+@pytest.mark.parametrize("hide_c", [False, True], ids=["c-if-found", "c-hidden"])
+def test_benchmark_table_structure_and_agreement(hide_c: bool, monkeypatch, capsys) -> None:
+    """The CPU bench at a tiny size (no timing asserted): a row and a BenchRecord per (op, type),
+    every side timed ``repeats`` times, and the oracle's output equal to gguf-py's (and to ggml's
+    C where ci/ggml-lib.sh's library is found) on the benchmarked input; without the library, a
+    line that says how to build it."""
+    from qconform.bench import ggml_quant
+    from qconform.bench.ggml_quant import GGUF, ROWS, C, bench_ggml
 
-    results = bench_q8_0(mb=2, repeats=1)
-    assert results["ratio"] > 0
-    assert "bytes identical: True" in capsys.readouterr().out
+    if hide_c:
+        monkeypatch.setattr(ggml_quant, "find_ggml_lib", lambda: None)
+    results = bench_ggml(mb=1, repeats=2, width=1024)
+    rows, records = results["rows"], results["records"]
+    assert [(r["op"], r["qtype"]) for r in rows] == list(ROWS) and len(records) == len(ROWS)
+    sides = {GGUF} | ({C} if results["lib"] is not None else set())
+    for row, rec in zip(rows, records, strict=True):
+        assert row["agree"] == dict.fromkeys(sides, True), (row["qtype"], row["agree"])
+        assert set(row["times"]) == {"oracle"} | sides and all(len(t) == 2 for t in row["times"].values())
+        assert set(row["ratio"]) == sides and all(lo <= med <= hi for lo, med, hi in row["ratio"].values())
+        assert all(lo <= med <= hi for lo, med, hi in row["MBps"].values())
+        assert rec.verdict == "PASS" and rec.shape == (256, 1024) and len(rec.times_us) == 2
+        assert set(rec.baselines) == sides and rec.kernel.startswith(row["qtype"].lower())
+    assert records[0].key == "q4_k_dequant oracle (numba) 256x1024"
+    assert records[2].bytes == 2**20 + 2**20 * 34 // 128  # Q8_0: float32 in, 34 bytes per 32 values out
+    out = capsys.readouterr().out
+    assert out.count("gguf=yes") == len(ROWS) and "gguf=NO" not in out and "C=NO" not in out
+    if results["lib"] is None:
+        assert "ggml C reference: not found (bash ci/ggml-lib.sh" in out
 
 
 def test_bench_writes_records_and_compares_them(tmp_path, capsys) -> None:
@@ -63,9 +85,11 @@ def test_bench_writes_records_and_compares_them(tmp_path, capsys) -> None:
 
     out = tmp_path / "bench.json"
     assert main(["bench", "--mb", "2", "--repeats", "3", "--json", str(out)]) == 0
-    (rec,) = read_records(out)
+    recs = read_records(out)
+    assert [r.kernel.split()[0] for r in recs] == ["q4_k_dequant", "q6_k_dequant", "q8_0_quant", "q4_0_quant"]
+    rec = recs[2]
     assert rec.verdict == "PASS" and len(rec.times_us) == 3 and rec.bytes == 2 * 2**20 + 2 * 2**20 * 34 // 128
-    assert set(rec.ratios()) == {"gguf-py numpy"} and rec.ratios()["gguf-py numpy"] > 0
+    assert "gguf-py numpy" in rec.ratios() and rec.ratios()["gguf-py numpy"] > 0
     assert main(["bench", "--mb", "2", "--repeats", "3", "--compare", str(out)]) == 0
     assert f"{rec.key}: " in capsys.readouterr().out
     slow = BenchRecord(rec.kernel, rec.shape, rec.device, rec.bytes, 0, (300.0, 310.0), "PASS")

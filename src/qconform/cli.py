@@ -660,10 +660,11 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """With a GPU: qconform's device kernels against their baselines (the MatMulNBits decode table
-    of ``qconform.bench.nbits``); without one: the CPU oracle's throughput against gguf-py. Printed
+    of ``qconform.bench.nbits``); without one: the CPU oracle's throughput against gguf-py and
+    ggml's C (``qconform.bench.ggml_quant``: Q4_K/Q6_K dequantize, Q8_0/Q4_0 quantize). Printed
     lines and a JSON record per (kernel, shape); ``--compare`` prints the change against an
     earlier record file."""
-    from qconform.bench.ggml_quant import bench_q8_0
+    from qconform.bench.ggml_quant import bench_ggml
     from qconform.bench.records import compare, plot, read_records, write_records
 
     old = None
@@ -683,8 +684,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"GPU ({why}): qconform's MatMulNBits decode kernels against their baselines", flush=True)
         records = run_all(quick=args.quick)
     else:
-        print(f"CPU ({'--where cpu' if found else why}): the Q8_0 oracle against gguf-py", flush=True)
-        records = [bench_q8_0(mb=args.mb, repeats=args.repeats)["record"]]
+        print(f"CPU ({'--where cpu' if found else why}): the ggml oracle against gguf-py and ggml's C", flush=True)
+        records = bench_ggml(mb=args.mb, repeats=args.repeats)["records"]
     if args.json:
         write_records(Path(args.json), records)
         print(f"wrote {len(records)} record(s) to {args.json}")
@@ -802,8 +803,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b.add_argument("--where", choices=("auto", "gpu", "cpu"), default="auto", help="the benchmarks to run")
     b.add_argument("--quick", action="store_true", help="device: the first layer shape at M = 1 only")
-    b.add_argument("--mb", type=_positive, default=64, help="input size in MiB")
-    b.add_argument("--repeats", type=_positive, default=3, help="timed runs (the median is printed)")
+    b.add_argument("--mb", type=_positive, default=128, help="CPU: float32 input size in MiB")
+    b.add_argument("--repeats", type=_positive, default=5, help="CPU: timed runs of each side (min/median/max printed)")
     b.add_argument("--json", help="write one JSON record per (kernel, shape) to this file")
     b.add_argument("--compare", metavar="OLD.json", help="print each record's change against this record file")
     b.add_argument("--plot", metavar="FILE.png", help="draw the records as a roofline (needs matplotlib)")

@@ -15,12 +15,23 @@ The shared rules (float -> int8 on x86-64, nibble order) are in ``legacy``.
 from __future__ import annotations
 
 import numpy as np
+from numba import njit, prange
 
-from qconform.formats.fp16 import fp16_bits_to_fp32, fp32_to_fp16_bits
+from qconform.formats.fp16 import fp16_bits_to_fp32, fp32_bits_to_fp16_bits_nb, fp32_to_fp16_bits
 from qconform.formats.ggml import Q4_0
 from qconform.oracles.ggml import legacy
+from qconform.oracles.ggml.rounding import flush_nb
+from qconform.oracles.ggml.scan import INF_BITS, abs_bits_max_nb, first_index_of_nb
 
 BITS = 4
+QK = Q4_0.block_size
+HALF = QK // 2
+QS = 2  # byte offset of qs in the block
+CHUNK = 1024  # blocks per parallel task
+NEG8 = np.float32(-8.0)
+BIAS = np.float32(8.5)
+ONE = np.float32(1.0)
+ZERO = np.float32(0.0)
 
 
 def quantize_blocks_numpy(x: np.ndarray, out: np.ndarray, ftz: bool = False) -> None:
@@ -36,11 +47,63 @@ def dequantize_blocks_numpy(blocks: np.ndarray, y: np.ndarray, ftz: bool = False
     y[...] = legacy.dequantize_symmetric(q, fp16_bits_to_fp32(blocks["d"]), 8, ftz)
 
 
+@njit(cache=True, inline="always")
+def _code_nb(v, idd):
+    """MIN(15, (int8_t)(v*id + 8.5f)) as the stored byte (no ftz): fp32 ops, branch-free."""
+    b = legacy.trunc_byte_nb(np.float32(np.float32(v * idd) + BIAS))
+    return min(15, (b ^ 0x80) - 0x80) & 0xFF
+
+
+@njit(cache=True, inline="always")
+def _quantize_block_general(x, i, raw, ftz):
+    """The reference loop (legacy.symmetric_nb at 4 bits): NaN-aware first strict max, the ftz
+    flushes. Returns d."""
+    amax = ZERO
+    mx = ZERO
+    for j in range(QK):
+        v = flush_nb(x[i, j], ftz)
+        if abs(v) > amax:
+            amax = abs(v)
+            mx = v
+    d = flush_nb(np.float32(mx / NEG8), ftz)
+    idd = flush_nb(np.float32(ONE / d), ftz) if d != 0 else ZERO
+    for j in range(HALF):
+        q0 = legacy._symmetric_code(x[i, j], idd, BIAS, 15, ftz)
+        q1 = legacy._symmetric_code(x[i, j + HALF], idd, BIAS, 15, ftz)
+        raw[i, QS + j] = np.uint8((q0 | (q1 << 4)) & 0xFF)
+    return d
+
+
+@njit(cache=True, parallel=True)
+def _quantize_nb(x, xbits, raw, ftz):
+    """NaN-free blocks without ftz: the max |x| as an integer max of the bit patterns and its first
+    index (scan.py; all-zero blocks keep max = +0 as the reference's loop does), then a code loop
+    that vectorizes; other blocks take the reference's loop. d goes in as fp16 bits."""
+    n = x.shape[0]
+    for c in prange((n + CHUNK - 1) // CHUNK):
+        lo, hi = c * CHUNK, min(n, (c + 1) * CHUNK)
+        d = np.empty(hi - lo, np.float32)
+        dbits = d.view(np.uint32)
+        for i in range(lo, hi):
+            top = abs_bits_max_nb(xbits, i)
+            if ftz or top > INF_BITS:
+                d[i - lo] = _quantize_block_general(x, i, raw, ftz)
+                continue
+            mx = x[i, first_index_of_nb(xbits, i, top)] if top != 0 else ZERO
+            di = np.float32(mx / NEG8)
+            idd = np.float32(ONE / di) if di != 0 else ZERO
+            for j in range(HALF):
+                raw[i, QS + j] = np.uint8((_code_nb(x[i, j], idd) | (_code_nb(x[i, j + HALF], idd) << 4)) & 0xFF)
+            d[i - lo] = di
+        for i in range(lo, hi):
+            h = fp32_bits_to_fp16_bits_nb(dbits[i - lo])
+            raw[i, 0] = np.uint8(h & 0xFF)
+            raw[i, 1] = np.uint8(h >> 8)
+
+
 def quantize_blocks_numba(x: np.ndarray, out: np.ndarray, ftz: bool = False) -> None:
     """(n, 32) float32 -> ``out``, (n,) Q4_0 structs; the fast twin of the numpy spec."""
-    d = np.empty(len(x), np.float32)
-    legacy.symmetric_nb(x, out.view(np.uint8).reshape(len(x), Q4_0.type_size), d, BITS, 2, ftz)
-    out["d"] = fp32_to_fp16_bits(d)
+    _quantize_nb(x, x.view(np.int32), out.view(np.uint8).reshape(len(x), Q4_0.type_size), ftz)
 
 
 def dequantize_blocks_numba(blocks: np.ndarray, y: np.ndarray, ftz: bool = False) -> None:

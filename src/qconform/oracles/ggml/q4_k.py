@@ -113,7 +113,10 @@ def dequantize_blocks_numpy(blocks: np.ndarray, y: np.ndarray, ftz: bool = False
 
 
 D, DMIN, SCALES, QS = 0, 2, 4, 16  # byte offsets in the block (Q5_K's first three are the same)
-CHUNK = 32  # blocks per parallel task
+CHUNK = 32  # blocks per parallel task (quantize)
+# every fp16 bit pattern's float32 (fp16_bits_to_fp32, NaN payloads kept): the numba dequantizers'
+# d and dmin, as ggml's CPU backend reads them from ggml_table_f32_f16
+F16_TO_F32 = fp16_bits_to_fp32(np.arange(1 << 16, dtype=np.uint16))
 
 
 @njit(cache=True, error_model="numpy")
@@ -181,20 +184,31 @@ def quantize_blocks_numba(x: np.ndarray, out: np.ndarray, ftz: bool = False) -> 
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
-def _dequantize_nb(raw, d, dmin, y, ftz):
-    n = raw.shape[0]
-    for c in prange((n + CHUNK - 1) // CHUNK):
-        for i in range(c * CHUNK, min(n, (c + 1) * CHUNK)):
-            for j in range(8):
-                sc, m = get_scale_min_k4_nb(j, raw[i], SCALES)
-                d1 = mul_nb(d[i], sc, ftz)
-                m1 = mul_nb(dmin[i], m, ftz)
+def _dequantize_nb(raw, f16, y, ftz):
+    """Per block, per pair of sub-blocks 2c, 2c+1 (the low and high nibbles of qs[32c:32c+32]):
+    y = (d*sc)*q - dmin*m. Without ftz the inner loop is plain fp32 arithmetic (no contraction:
+    numba does not fuse without fastmath), which LLVM vectorizes."""
+    for i in prange(raw.shape[0]):
+        di = f16[np.int32(raw[i, D]) | (np.int32(raw[i, D + 1]) << 8)]
+        mi = f16[np.int32(raw[i, DMIN]) | (np.int32(raw[i, DMIN + 1]) << 8)]
+        for c in range(4):
+            sc0, m0 = get_scale_min_k4_nb(2 * c, raw[i], SCALES)
+            sc1, m1 = get_scale_min_k4_nb(2 * c + 1, raw[i], SCALES)
+            d0, d1 = mul_nb(di, sc0, ftz), mul_nb(di, sc1, ftz)
+            n0, n1 = mul_nb(mi, m0, ftz), mul_nb(mi, m1, ftz)
+            if ftz:
                 for k in range(32):
-                    q = (np.int32(raw[i, QS + 32 * (j >> 1) + k]) >> (4 * (j & 1))) & 0xF
-                    y[i, 32 * j + k] = sub_nb(mul_nb(d1, q, ftz), m1, ftz)
+                    b = np.int32(raw[i, QS + 32 * c + k])
+                    y[i, 64 * c + k] = sub_nb(mul_nb(d0, b & 0xF, ftz), n0, ftz)
+                    y[i, 64 * c + 32 + k] = sub_nb(mul_nb(d1, b >> 4, ftz), n1, ftz)
+            else:
+                for k in range(32):
+                    b = raw[i, QS + 32 * c + k]
+                    y[i, 64 * c + k] = d0 * np.float32(b & np.uint8(0xF)) - n0
+                    y[i, 64 * c + 32 + k] = d1 * np.float32(b >> np.uint8(4)) - n1
 
 
 def dequantize_blocks_numba(blocks: np.ndarray, y: np.ndarray, ftz: bool = False) -> None:
     """(n,) Q4_K structs -> ``y``, (n, 256) float32; the fast twin."""
     raw = blocks.view(np.uint8).reshape(len(blocks), Q4_K.type_size)
-    _dequantize_nb(raw, fp16_bits_to_fp32(blocks["d"]), fp16_bits_to_fp32(blocks["dmin"]), y, ftz)
+    _dequantize_nb(raw, F16_TO_F32, y, ftz)

@@ -37,6 +37,7 @@ from qconform.oracles.ggml.kquant_search import (
     nearest_int_k,
     nearest_int_k_nb,
 )
+from qconform.oracles.ggml.q4_k import F16_TO_F32
 from qconform.oracles.ggml.rounding import int_to_int8
 
 QK = Q6_K.block_size
@@ -78,7 +79,7 @@ def dequantize_blocks_numpy(blocks: np.ndarray, y: np.ndarray, ftz: bool = False
 
 
 QL, QH, SCALES, D = 0, 128, 192, 208  # byte offsets in the block
-CHUNK = 64  # blocks per parallel task
+CHUNK = 64  # blocks per parallel task (quantize)
 
 
 @njit(cache=True, error_model="numpy")
@@ -131,23 +132,43 @@ def quantize_blocks_numba(x: np.ndarray, out: np.ndarray, ftz: bool = False) -> 
     _quantize_nb(flush(x, ftz), out.view(np.uint8).reshape(len(x), Q6_K.type_size), ftz)
 
 
+@njit(cache=True, inline="always")
+def _scale_nb(raw, i, at, d, ftz):
+    """d * (int8_t)scales[at - SCALES], in fp32."""
+    sc = np.int32(raw[i, at])
+    return mul_nb(d, sc - 256 if sc > 127 else sc, ftz)
+
+
 @njit(cache=True, parallel=True, error_model="numpy")
-def _dequantize_nb(raw, d, y, ftz):
-    n = raw.shape[0]
-    for c in prange((n + CHUNK - 1) // CHUNK):
-        for i in range(c * CHUNK, min(n, (c + 1) * CHUNK)):
-            for g in range(16):
-                sc = np.int32(raw[i, SCALES + g])
-                dl = mul_nb(d[i], sc - 256 if sc > 127 else sc, ftz)
-                for t in range(16):
-                    e = 16 * g + t
-                    h, k, lo = e >> 7, (e >> 5) & 3, e & 31
-                    lo4 = (np.int32(raw[i, QL + 64 * h + 32 * (k & 1) + lo]) >> (4 * (k >> 1))) & 0xF
-                    hi2 = (np.int32(raw[i, QH + 32 * h + lo]) >> (2 * k)) & 3
-                    y[i, e] = mul_nb(dl, (lo4 | (hi2 << 4)) - 32, ftz)
+def _dequantize_nb(raw, f16, y, ftz):
+    """Per block, half h and group t of 16: the four elements 128h + 32k + 16t + u (k = 0..3,
+    u < 16) share qh[32h + 16t + u] and one of two ql bytes; y = (d*sc)*q. Without ftz the
+    inner loop is plain fp32 arithmetic (no contraction without fastmath), which LLVM vectorizes."""
+    for i in prange(raw.shape[0]):
+        di = f16[np.int32(raw[i, D]) | (np.int32(raw[i, D + 1]) << 8)]
+        for h in range(2):
+            for t in range(2):
+                g = SCALES + 8 * h + t
+                d0, d1 = _scale_nb(raw, i, g, di, ftz), _scale_nb(raw, i, g + 2, di, ftz)
+                d2, d3 = _scale_nb(raw, i, g + 4, di, ftz), _scale_nb(raw, i, g + 6, di, ftz)
+                e, a, b, m = 128 * h + 16 * t, QL + 64 * h + 16 * t, QL + 64 * h + 32 + 16 * t, QH + 32 * h + 16 * t
+                if ftz:
+                    for u in range(16):
+                        lo, hi, qh = np.int32(raw[i, a + u]), np.int32(raw[i, b + u]), np.int32(raw[i, m + u])
+                        y[i, e + u] = mul_nb(d0, ((lo & 0xF) | ((qh & 3) << 4)) - 32, ftz)
+                        y[i, e + 32 + u] = mul_nb(d1, ((hi & 0xF) | (((qh >> 2) & 3) << 4)) - 32, ftz)
+                        y[i, e + 64 + u] = mul_nb(d2, ((lo >> 4) | (((qh >> 4) & 3) << 4)) - 32, ftz)
+                        y[i, e + 96 + u] = mul_nb(d3, ((hi >> 4) | ((qh >> 6) << 4)) - 32, ftz)
+                else:
+                    for u in range(16):
+                        lo, hi, qh = np.int32(raw[i, a + u]), np.int32(raw[i, b + u]), np.int32(raw[i, m + u])
+                        y[i, e + u] = d0 * np.float32(((lo & 0xF) | ((qh & 3) << 4)) - 32)
+                        y[i, e + 32 + u] = d1 * np.float32(((hi & 0xF) | (((qh >> 2) & 3) << 4)) - 32)
+                        y[i, e + 64 + u] = d2 * np.float32(((lo >> 4) | (((qh >> 4) & 3) << 4)) - 32)
+                        y[i, e + 96 + u] = d3 * np.float32(((hi >> 4) | ((qh >> 6) << 4)) - 32)
 
 
 def dequantize_blocks_numba(blocks: np.ndarray, y: np.ndarray, ftz: bool = False) -> None:
     """(n,) Q6_K structs -> ``y``, (n, 256) float32; the fast twin."""
     raw = blocks.view(np.uint8).reshape(len(blocks), Q6_K.type_size)
-    _dequantize_nb(raw, fp16_bits_to_fp32(blocks["d"]), y, ftz)
+    _dequantize_nb(raw, F16_TO_F32, y, ftz)
