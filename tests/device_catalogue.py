@@ -26,6 +26,7 @@ HERE = Path(__file__).parent
 MUTANT_DIR = HERE / "device_mutants"
 REPO = HERE.parent
 Q8_QUANT = "src/qconform/device/kernels/ggml/q8_quant.hip"
+DEQUANT = "src/qconform/device/kernels/ggml/dequant.hip"
 Edits = tuple[tuple[str, str], ...]  # (exact original snippet, its replacement), in order
 OWN_FAMILIES = ("ort", "ggml", "bnb")  # kernels/<family>/: the function launchers' sources
 
@@ -93,6 +94,20 @@ Q8K_TIES_AWAY: Edits = (
 # the cooperative amax reduction breaks equal-|x| ties toward the higher index, so the sign of d
 # flips when the largest |x| occurs with both signs in different lanes
 Q8K_COOP_TIES_HIGH: Edits = (("(oa == amax && oi < idx)", "(oa == amax && oi > idx)"),)
+# Q4_K: sub-blocks 4..7 take the low 4 bits of their scale from the min's nibble of s[j+8]
+# (get_scale_min_k4's j >= 4 branch reading the wrong half)
+Q4K_SCALE_WRONG_HALF: Edits = (("r.sc_hi = (c & 0xF) | ((a >> 6) << 4);", "r.sc_hi = (c >> 4) | ((a >> 6) << 4);"),)
+# Q4_0: values 0..15 from the high nibbles and 16..31 from the low ones
+Q40_NIBBLES_SWAPPED: Edits = (
+    (
+        "y[l] = qk_q4_0_four(d, q);\n    y[l + 4] = qk_q4_0_four(d, q >> 4);",
+        "y[l] = qk_q4_0_four(d, q >> 4);\n    y[l + 4] = qk_q4_0_four(d, q);",
+    ),
+)
+# Q6_K: the 6-bit code offset by 31 instead of 32
+Q6K_OFFSET_31: Edits = (("& 0x3Fu) - 32)", "& 0x3Fu) - 31)"),)
+# Q6_K: the two high bits of value k taken from qh bits 2k+1, 2k+2 (one bit too high)
+Q6K_QH_SHIFT: Edits = (("(((qh >> (2 * k)) & 0x03030303u) << 4)", "(((qh >> (2 * k + 1)) & 0x03030303u) << 4)"),)
 
 
 HIP_MUTANTS = (
@@ -140,6 +155,55 @@ HIP_MUTANTS = (
         ":lanes=8:threads=64",
         "q8_k_quant",
         None,
+    ),
+    DeviceMutant(
+        "Q4_K dequant: scale of sub-blocks 4..7 from the min's nibble",
+        DEQUANT,
+        "qk_q4_k_dequant",
+        ":lanes=32",
+        "q4_k_dequant",
+        "matches_oracle",
+        leaf="Xq4_K_Yfp32",
+        edits=Q4K_SCALE_WRONG_HALF,
+    ),
+    DeviceMutant(
+        "Q4_0 dequant: nibbles swapped",
+        DEQUANT,
+        "qk_q4_0_dequant",
+        ":lanes=4",
+        "q4_0_dequant",
+        "matches_oracle",
+        leaf="Xq4_0_Yfp32",
+        edits=Q40_NIBBLES_SWAPPED,
+    ),
+    DeviceMutant(
+        "Q6_K dequant: offset 31",
+        DEQUANT,
+        "qk_q6_k_dequant",
+        ":lanes=32",
+        "q6_k_dequant",
+        "matches_oracle",
+        leaf="Xq6_K_Yfp32",
+        edits=Q6K_OFFSET_31,
+    ),
+    DeviceMutant(
+        "Q6_K dequant: high bits one qh bit too high",
+        DEQUANT,
+        "qk_q6_k_dequant",
+        ":lanes=32",
+        "q6_k_dequant",
+        "matches_oracle",
+        leaf="Xq6_K_Yfp32",
+        edits=Q6K_QH_SHIFT,
+    ),
+    DeviceMutant(
+        "control: Q4_K dequant kernel as a hip: kernel",
+        DEQUANT,
+        "qk_q4_k_dequant",
+        ":lanes=32:threads=256",
+        "q4_k_dequant",
+        None,
+        leaf="Xq4_K_Yfp32",
     ),
 )
 SO_MUTANTS = (
@@ -239,7 +303,83 @@ ORT_MUTANTS = (
     _mma("control: portable mma (shuffles), u2", None, define="-DQK_MMA_EMULATE"),
     _mma("control: portable mma (shuffles), u4", None, define="-DQK_MMA_EMULATE", leaf="Xfp16_Wu4_Yfp16"),
 )
-ALL = HIP_MUTANTS + SO_MUTANTS + ORT_MUTANTS
+
+# bnb/decode.hip (nf4_decode, fp4_decode; --impl cupy). Coverage 1 has random codes in every case,
+# an odd width (3 x 333) and a blocksize that does not divide n (999 values in blocks of 128).
+# element 2j read from the low nibble and 2j + 1 from the high one
+BNB_NIBBLES_SWAPPED: Edits = (
+    ("(i & 1) ? (int)(byte & 0x0Fu) : (int)(byte >> 4)", "(i & 1) ? (int)(byte >> 4) : (int)(byte & 0x0Fu)"),
+)
+# a partial last block scaled by the previous block's absmax
+BNB_LAST_BLOCK_SCALE: Edits = (
+    (
+        "const qk_i64 blk = i / blocksize;",
+        "const qk_i64 blk = i / blocksize\n"
+        "        - (i >= blocksize && n % blocksize != 0 && i / blocksize == (n - 1) / blocksize);",
+    ),
+)
+# fp16 output rounded toward zero instead of to nearest even
+BNB_FP16_TRUNCATED: Edits = (("qk_fp16_bits(qk_float(v))", "__half_as_ushort(__float2half_rz(qk_float(v)))"),)
+
+
+def _bnb(name: str, op: str, leaf: str, edits: Edits) -> DeviceMutant:
+    return DeviceMutant(name, "bnb/decode.hip", "", "", op, "matches_oracle", leaf=leaf, edits=edits)
+
+
+BNB_MUTANTS = (
+    _bnb("nf4 decode: nibbles swapped", "nf4_decode", "Xnf4_Yfp32", BNB_NIBBLES_SWAPPED),
+    _bnb("fp4 decode: partial last block takes the previous scale", "fp4_decode", "Xfp4_Yfp32", BNB_LAST_BLOCK_SCALE),
+    _bnb("nf4 decode: fp16 by truncation", "nf4_decode", "Xnf4_Yfp16", BNB_FP16_TRUNCATED),
+)
+# ggml/fused.hip (rms_norm_q8_k, silu_mul_q8_k; --impl cupy)
+# the fused epilogue quantizes the fp32 value instead of the bfloat16 value it stored
+FUSED_Q8K_OF_FP32: Edits = (("back = qk_float((qk_u32)h << 16);", "back = v;"),)
+# RMSNorm's sum of squares accumulated in fp32 (each thread's terms and the CTA's reduction); at
+# coverage 2: coverage 1's rows are 256 wide, one term per thread and a tree that often rounds
+# to the same mean
+RMS_SUM_FP32: Edits = (("p.sum = __dadd_rn(p.sum, sum);", "p.sum = (double)QK_FADD((float)p.sum, (float)sum);"),)
+
+
+# ggml/keep_quant.hip (matmul_bt_quant; --impl cupy): the generic order's lane sum reversed; a
+# Q6_K segment's bytes 0, 1 scaled by scales[2s + 1]; sums[l] += d * aux as one fmaf (the strict
+# contract is fma=off)
+KQ_LANES_REVERSED: Edits = (("y = QK_FADD(y, QK_SHFL(sums[m], k, 8));", "y = QK_FADD(y, QK_SHFL(sums[m], 7 - k, 8));"),)
+KQ_Q6_SCALE: Edits = (
+    (
+        "aux[m][l] += sc0 * qk_dp4a(q & 0x0000FFFF, (int)a[l], 0);",
+        "aux[m][l] += sc1 * qk_dp4a(q & 0x0000FFFF, (int)a[l], 0);",
+    ),
+)
+KQ_LANE_FMA: Edits = (
+    (
+        "sums[m] = QK_FADD(sums[m], QK_FMUL(d, __int2float_rn(sm.u.red.aux[m][fr][fl][jj])));",
+        "sums[m] = fmaf(d, __int2float_rn(sm.u.red.aux[m][fr][fl][jj]), sums[m]);",
+    ),
+)
+
+
+def _fused(name: str, op: str, leaf: str, edits: Edits, coverage: int = 1) -> DeviceMutant:
+    return DeviceMutant(name, "ggml/fused.hip", "", "", op, "matches_oracle", leaf=leaf, coverage=coverage, edits=edits)
+
+
+GGML_FN_MUTANTS = (
+    _fused(
+        "fused epilogue: Q8_K of the fp32 value, not the stored bf16",
+        "silu_mul_q8_k",
+        "Xfp32_Ybf16_Aq8_K",
+        FUSED_Q8K_OF_FP32,
+    ),
+    _fused("rms_norm_q8_k: sum of squares in fp32", "rms_norm_q8_k", "Xfp32_Yfp32_Aq8_K", RMS_SUM_FP32, 2),
+    *(
+        DeviceMutant(name, "ggml/keep_quant.hip", "", "", "matmul_bt_quant", "matches_oracle", leaf=leaf, edits=edits)
+        for name, leaf, edits in (
+            ("keep-quant GEMV: the 8 fp32 lanes added in reverse order", "Wq4_K_Aq8_K_Yfp32", KQ_LANES_REVERSED),
+            ("keep-quant GEMV: Q6_K's first half-segment takes the second's scale", "Wq6_K_Aq8_K_Yfp32", KQ_Q6_SCALE),
+            ("keep-quant GEMV: the lane chain contracted into an FMA", "Wq5_K_Aq8_K_Yfp32", KQ_LANE_FMA),
+        )
+    ),
+)
+ALL = HIP_MUTANTS + SO_MUTANTS + ORT_MUTANTS + BNB_MUTANTS + GGML_FN_MUTANTS
 
 
 def impl_spec(m: DeviceMutant, built: dict[str, Path], source: Path | None = None) -> str:
@@ -312,7 +452,9 @@ def main(argv: list[str]) -> int:
 
     parser = argparse.ArgumentParser(description="Run the device mutants and controls (a GPU), or write sources.")
     parser.add_argument("--write-sources", metavar="DIR", type=Path, help="only write the patched kernel sources")
-    parser.add_argument("--only", metavar="TEXT", help="only the rows whose name contains TEXT")
+    parser.add_argument(
+        "--only", metavar="TEXT", action="append", help="only the rows whose name contains TEXT (repeatable: any)"
+    )
     args = parser.parse_args(argv)
     if args.write_sources is not None:
         for path in write_sources(args.write_sources):
@@ -321,7 +463,7 @@ def main(argv: list[str]) -> int:
     print("| device mutant / control | expected | result | |")
     print("|---|---|---|---|", flush=True)
     missed = 0
-    rows = [m for m in ALL if args.only is None or args.only in m.name]
+    rows = [m for m in ALL if args.only is None or any(text in m.name for text in args.only)]
     with tempfile.TemporaryDirectory() as tmp:
         built = build_all(Path(tmp))
         for m in rows:  # rows stream as each finishes, so a cut-off run still shows them

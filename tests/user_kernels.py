@@ -1,8 +1,9 @@
 """The worked user kernels (examples/) run as a user would run them, each beside its wrong twin:
-a `hip:` GEMV for matmul_nbits, a `so:` launcher for gather_block_quantized and a PyTorch device
-`py:` drop-in for matmul_nbits. A correct kernel must PASS every selected leaf with at least one
-case run (declined cases only where its entry declares them); a twin must FAIL with
-matches_oracle, and that failure must name an element (``at [i, j] ...: got X, want Y``).
+a `hip:` GEMV for matmul_nbits, a `hip:` Q4_0 dequantizer, a `so:` launcher for
+gather_block_quantized and a PyTorch device `py:` drop-in for matmul_nbits. A correct kernel must
+PASS every selected leaf with at least one case run (declined cases only where its entry declares
+them); a twin must FAIL with matches_oracle, and that failure must name an element
+(``at [i, j] ...: got X, want Y``).
 
     python3 tests/user_kernels.py [--coverage N] [--only NAME] [--no-cold]
         # a GPU: prints a markdown table, exits 1 on any unexpected outcome
@@ -63,6 +64,7 @@ class UserKernel:
 GEMV = "examples/hip_kernel/matmul_nbits_u2_gemv.hip"
 GATHER = "examples/so_launcher/gather_block_quantized_launcher.cu"
 TORCH = "examples/torch_dropin/matmul_nbits_torch.py"
+Q4_0_DEQUANT = "examples/hip_kernel/q4_0_dequant.hip"
 ENTRIES = (
     UserKernel(
         "hip: u2 GEMV",
@@ -83,6 +85,15 @@ ENTRIES = (
         "matches_oracle",
         GEMV_REQUIRES,
         declines=True,
+    ),
+    UserKernel("hip: Q4_0 dequantize", Q4_0_DEQUANT, "q4_0_dequant", "q4_0_dequant", ("Xq4_0_Yfp32",), "PASS"),
+    UserKernel(
+        "hip: Q4_0 dequantize, wrong twin (nibbles swapped)",
+        Q4_0_DEQUANT.replace(".hip", "_wrong.hip"),
+        "q4_0_dequant",
+        "q4_0_dequant",
+        ("Xq4_0_Yfp32",),
+        "matches_oracle",
     ),
     UserKernel(
         "so: gather launcher",

@@ -16,6 +16,7 @@ from qconform.device.ggml.q8_quant import bind, run_kernel
 from qconform.device.loader import device_info, get_kernel
 from qconform.device.registry import GGML_KERNELS, KernelSpec
 from qconform.formats.ggml import FORMATS
+from qconform.ops.ggml.q8_quant import finite_scales
 
 MEMCPY_DEVICE_TO_DEVICE = 3
 
@@ -56,8 +57,13 @@ def _inputs(spec: KernelSpec, rows: int, width: int, seed: int):
     if spec.op.endswith("_quant"):
         return {"x": x}, {"qtype": spec.op.split("_quant")[0].upper()}
     qtype = spec.op.split("_dequant")[0].upper()
-    q = cupy.empty((rows, FORMATS[qtype].n_bytes(width)), cupy.uint8)
-    quant = next(k for k in GGML_KERNELS if k.op == f"{qtype.lower()}_quant")
+    fmt = FORMATS[qtype]
+    quant = next((k for k in GGML_KERNELS if k.op == f"{qtype.lower()}_quant"), None)
+    if quant is None:  # a weight format without a device quantizer: random blocks with finite scales
+        host = np.random.default_rng(seed)
+        data = host.integers(0, 256, (rows, fmt.n_bytes(width)), dtype=np.uint8)
+        return {"data": cupy.asarray(finite_scales(fmt, data, host))}, {"qtype": qtype}
+    q = cupy.empty((rows, fmt.n_bytes(width)), cupy.uint8)
     run_kernel(
         quant.op, get_kernel(quant.path, quant.symbol), quant.geometry, bind(quant.op, {"x": x}, {"qtype": qtype}), q
     )

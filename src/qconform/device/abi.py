@@ -73,7 +73,10 @@ def bind_call(op: OpSpec, args: tuple, kwargs: dict[str, Any], out: Any = None) 
     named = call_arguments(op.oracle, args, kwargs)
     bound = op.abi.bind(*host_standins(op, args, kwargs))
     if len(bound.outs) > 1 and out is not None and (not isinstance(out, tuple) or len(out) != len(bound.outs)):
-        raise ArgumentError(f"out: must be a tuple of {len(bound.outs)} buffers ({', '.join(op.output_names)})")
+        pair = " (a pair)" if len(bound.outs) == 2 else ""
+        raise ArgumentError(
+            f"out: must be a tuple of {len(bound.outs)} buffers{pair}, one per output ({', '.join(op.output_names)})"
+        )
     given = output_parts(out) if out is not None else (None,) * len(bound.outs)
     inputs = tuple(named.values())
     results = [out_buffer(o, shape, dtype, *inputs) for o, (shape, dtype) in zip(given, bound.outs, strict=True)]

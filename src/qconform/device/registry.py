@@ -83,6 +83,38 @@ GGML_KERNELS: tuple[KernelSpec, ...] = (
         "q8_k_dequant", "coop", "qk_q8_k_dequant", "ggml/q8_quant.hip", Geometry(64, 256), "a float4 per thread"
     ),
     KernelSpec("q8_0_dequant", "coop", "qk_q8_0_dequant", "ggml/q8_quant.hip", Geometry(8, 256), "a float4 per thread"),
+    KernelSpec(
+        "q4_0_dequant",
+        "coop",
+        "qk_q4_0_dequant",
+        "ggml/dequant.hip",
+        Geometry(4, 256),
+        "4 lanes per block: 4 bytes of qs each, their low and high nibbles as two float4",
+    ),
+    KernelSpec(
+        "q4_k_dequant",
+        "coop",
+        "qk_q4_k_dequant",
+        "ggml/dequant.hip",
+        Geometry(32, 256),
+        "32 lanes per super-block: two float4 each (sub-blocks j and j + 4)",
+    ),
+    KernelSpec(
+        "q5_k_dequant",
+        "coop",
+        "qk_q5_k_dequant",
+        "ggml/dequant.hip",
+        Geometry(32, 256),
+        "32 lanes per super-block: two float4 each (sub-blocks j and j + 4)",
+    ),
+    KernelSpec(
+        "q6_k_dequant",
+        "coop",
+        "qk_q6_k_dequant",
+        "ggml/dequant.hip",
+        Geometry(32, 256),
+        "32 lanes per super-block: two float4 each (the two 128-value halves)",
+    ),
 )
 
 VARIANTS = tuple(dict.fromkeys(k.variant for k in GGML_KERNELS))
@@ -279,25 +311,33 @@ ORT_KERNELS: tuple[KernelSpec, ...] = (
 KEEP_QUANT_LEAVES = ("Wq4_K_Aq8_K_Yfp32", "Wq5_K_Aq8_K_Yfp32", "Wq6_K_Aq8_K_Yfp32", "Wq8_0_Aq8_0_Yfp32")
 GGML_FUNCTION_KERNELS: tuple[KernelSpec, ...] = (
     *(
-        function_kernel("ggml", "matmul_bt_quant", f"qk_kq_gemv_{t}", "keep_quant.hip", doc, KEEP_QUANT_LEAVES)
-        for t, doc in (
-            ("q4_k", "8 threads per weight row, one per fp32 lane of the generic order, dp4a per 32-value segment"),
-            ("q5_k", "as q4_k, the fifth bit from qh"),
-            ("q6_k", "as q4_k, two dp4a per segment (16-value scales)"),
-            ("q8_0", "8 threads per weight row, dp4a and a width-8 shuffle sum per block"),
+        function_kernel(
+            "ggml",
+            "matmul_bt_quant",
+            f"qk_kq_gemv_{t}_m{mt}",
+            "keep_quant.hip",
+            f"{t}: rows and activations staged through shared memory, a thread's exact dp4a lane sums per block, "
+            f"then the fp32 lane chains in order; {mt} activation rows per CTA",
+            KEEP_QUANT_LEAVES,
+        )
+        for t in ("q4_k", "q5_k", "q6_k", "q8_0")
+        for mt in (1, 2)
+    ),
+    *(
+        function_kernel("ggml", "matmul_bt_quant", symbol, "keep_quant.hip", doc, KEEP_QUANT_LEAVES)
+        for symbol, doc in (
+            ("qk_q8_k_lanes", "Q8_K quants regrouped by lane"),
+            ("qk_q8_0_words", "Q8_0 quants as aligned words, the scale as fp32"),
         )
     ),
-    function_kernel(
-        "ggml",
-        "matmul_bt_quant",
-        "qk_q8_k_lanes",
-        "keep_quant.hip",
-        "Q8_K quants regrouped per lane",
-        KEEP_QUANT_LEAVES,
-    ),
+    function_kernel("ggml", "rms_norm_q8_k", "qk_rms_norm_q8_k", "fused.hip", "a 256-thread CTA per Q8_K block"),
+    function_kernel("ggml", "silu_mul_q8_k", "qk_silu_mul_q8_k", "fused.hip", "a 256-thread CTA per Q8_K block"),
 )
 """The ggml family's kernels its function launchers run (``qconform.device.ggml.DEVICE_FUNCTIONS``)."""
-BNB_KERNELS: tuple[KernelSpec, ...] = ()
+BNB_KERNELS: tuple[KernelSpec, ...] = (
+    function_kernel("bnb", "nf4_decode", "qk_nf4_decode", "decode.hip", "one thread per output: one nibble, one scale"),
+    function_kernel("bnb", "fp4_decode", "qk_fp4_decode", "decode.hip", "one thread per output: one nibble, one scale"),
+)
 """The bitsandbytes family's kernels (``qconform.device.bnb``)."""
 KERNELS: tuple[KernelSpec, ...] = (*GGML_KERNELS, *GGML_FUNCTION_KERNELS, *BNB_KERNELS, *ORT_KERNELS, *_mma_symbols())
 """Every kernel qconform ships (an offline test checks each symbol exists in its source)."""

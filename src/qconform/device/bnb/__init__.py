@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-DEVICE_FUNCTIONS: dict[str, Callable[..., Any]] = {}
+from qconform.device.bnb.decode import fp4_decode, nf4_decode
 
-__all__ = ["DEVICE_FUNCTIONS"]
+DEVICE_FUNCTIONS: dict[str, Callable[..., Any]] = {
+    "nf4_decode": nf4_decode,
+    "fp4_decode": fp4_decode,
+}
+
+__all__ = ["DEVICE_FUNCTIONS", "fp4_decode", "nf4_decode"]

@@ -3,8 +3,10 @@ for Q4_K, Q5_K, Q6_K and Q8_0 weights, bit-identical to the oracle's generic vec
 
 The call's rules are the oracle's, checked before any launch (``bind_call`` on host stand-ins); the
 activation rows are quantized on the device by the Q8_K / Q8_0 quantize kernels (byte-identical to
-ggml's reference quantizers), Q8_K's quants regrouped per fp32 lane (``qk_q8_k_lanes``), then one
-GEMV launch: CTAs of 32 weight rows x up to 8 activation rows. Other weight types are declined.
+ggml's reference quantizers) and regrouped for the GEMV (``qk_q8_k_lanes``, ``qk_q8_0_words``), then
+one GEMV launch: CTAs of 4 weight rows x 1 or 2 activation rows (the kernel's phases are in its
+header). ``W_blocks`` must be 16-byte aligned for Q4_K / Q5_K and 4-byte aligned otherwise. Other
+weight types are declined.
 """
 
 from __future__ import annotations
@@ -16,15 +18,22 @@ import numpy as np
 
 from qconform.device.abi import bind_call
 from qconform.device.ggml.q8_quant import quantize
+from qconform.device.launch import check_aligned
 from qconform.device.launchers import launch_grid
 from qconform.errors import Declined
 from qconform.ops.ggml.keep_quant import MATMUL_BT_QUANT
 from qconform.oracles.ggml.vec_dot_generic import vec_dot_formats
 
 SOURCE = "ggml/keep_quant.hip"
-SYMBOLS = {"Q4_K": "qk_kq_gemv_q4_k", "Q5_K": "qk_kq_gemv_q5_k", "Q6_K": "qk_kq_gemv_q6_k", "Q8_0": "qk_kq_gemv_q8_0"}
-ROWS_PER_CTA, ACT_ROWS_PER_CTA, THREADS = 32, 8, 256
-LANE_WORDS = 64  # qk_q8_k_lanes: int32 words per Q8_K block
+KERNEL_TYPES = {"Q4_K": "q4_k", "Q5_K": "q5_k", "Q6_K": "q6_k", "Q8_0": "q8_0"}
+ROWS_PER_CTA, THREADS = 4, 128  # KQ_R weight rows, a warp each; the regrouping kernels' CTA too
+ACT_WORDS = {"Q8_K": 76, "Q8_0": 12}  # KQ_AK, KQ_A0: words per regrouped activation block
+ACT_TILES = (1, 2)  # activation rows per CTA, the kernel's instantiations (MT)
+
+
+def act_tile(M: int) -> int:
+    """The activation rows a CTA takes: the smallest tile holding M, else the largest."""
+    return next((t for t in ACT_TILES if t >= M), ACT_TILES[-1])
 
 
 def matmul_bt_quant(W_blocks: Any, qtype: str, A_fp32: Any, *, fma: bool = False, out: Any = None) -> Any:
@@ -33,21 +42,22 @@ def matmul_bt_quant(W_blocks: Any, qtype: str, A_fp32: Any, *, fma: bool = False
     ``fma=True`` is declined (the ABI has no such argument)."""
     call = bind_call(MATMUL_BT_QUANT, (W_blocks, qtype, A_fp32), {"fma": fma}, out)
     wfmt, afmt = vec_dot_formats(qtype)
-    if wfmt.name not in SYMBOLS:
-        raise Declined(f"qtype: qconform's device GEMV covers {', '.join(SYMBOLS)}; not {wfmt.name}")
+    if wfmt.name not in KERNEL_TYPES:
+        raise Declined(f"qtype: qconform's device GEMV covers {', '.join(KERNEL_TYPES)}; not {wfmt.name}")
+    check_aligned("W_blocks", W_blocks, 16 if wfmt.type_size % 16 == 0 else 4)
     M, N = call.out.shape
     if M == 0 or N == 0:
         return call.out
     nb = A_fp32.shape[1] // afmt.block_size
     a8 = quantize(A_fp32, afmt.name)
-    grid = (-(-N // ROWS_PER_CTA), -(-M // ACT_ROWS_PER_CTA))
-    sizes = (np.int64(M), np.int64(N), np.int64(nb))
-    op = MATMUL_BT_QUANT.name
-    if wfmt.name == "Q8_0":
-        launch_grid(op, SOURCE, SYMBOLS["Q8_0"], grid, THREADS, (W_blocks, a8, call.out, *sizes))
-        return call.out
-    lanes = cupy.empty(M * nb * LANE_WORDS, cupy.int32)
-    words = M * nb * LANE_WORDS
-    launch_grid(op, SOURCE, "qk_q8_k_lanes", -(-words // THREADS), THREADS, (a8, lanes, np.int64(M * nb)))
-    launch_grid(op, SOURCE, SYMBOLS[wfmt.name], grid, THREADS, (W_blocks, a8, lanes, call.out, *sizes))
+    op, blocks, words = MATMUL_BT_QUANT.name, M * nb, ACT_WORDS[afmt.name]
+    aq = cupy.empty(blocks * words, cupy.uint32)
+    if afmt.name == "Q8_0":
+        launch_grid(op, SOURCE, "qk_q8_0_words", -(-blocks // THREADS), THREADS, (a8, aq, np.int64(blocks)))
+    else:
+        launch_grid(op, SOURCE, "qk_q8_k_lanes", -(-blocks * words // THREADS), THREADS, (a8, aq, np.int64(blocks)))
+    mt = act_tile(M)
+    grid = (-(-M // mt), -(-N // ROWS_PER_CTA))
+    symbol = f"qk_kq_gemv_{KERNEL_TYPES[wfmt.name]}_m{mt}"
+    launch_grid(op, SOURCE, symbol, grid, THREADS, (W_blocks, aq, call.out, np.int64(M), np.int64(N), np.int64(nb)))
     return call.out

@@ -1,6 +1,6 @@
 """Catalogue entries for ggml block formats: ``<type>_quant`` (float32 rows -> blocks) and
 ``<type>_dequant`` (blocks -> float32 rows) for the activation formats Q8_K / Q8_0 (device kernels,
-contracts) and the weight formats of ``WEIGHT_TYPES`` (oracle only so far).
+contracts) and the weight formats of ``WEIGHT_TYPES`` (device dequantize kernels for Q4_0, Q4_K, Q5_K, Q6_K).
 
 Oracle: ``qconform.oracles.ggml.quantize / dequantize`` (gguf-py call shape). A ``py:`` drop-in is
 called as ``fn(x, "Q8_K")`` / ``fn(data, "Q8_K")``, with ``out=`` when it accepts one. Leaves carry
@@ -37,7 +37,7 @@ def _cases(
 ) -> list[Case]:
     """coverage 1: one row of three LLM widths, one block, many rows, each special pattern once;
     2: every LLM width, more rows and seeds; 3: full-size rows and several seeds per pattern.
-    ``light`` (the weight formats, which have no device kernel yet): at coverage 1 two widths, 16
+    ``light`` (the weight formats: their goldens stay small): at coverage 1 two widths, 16
     rows and one core shape, so that their golden leaves stay small.
 
     core: shapes production kernels accept, beside those (pattern ``normal``, seeds 400..407; 2

@@ -5,244 +5,385 @@
  * docs/ggml-formats.md 4), so the result is bit-identical to the generic C built without FMA
  * contraction: every fp32 operation through QK_FMUL / QK_FADD, integers exact in any order.
  *
- * The activation rows are quantized beforehand by the suite's Q8_K / Q8_0 quantize kernels
- * (q8_quant.hip, byte-identical to quantize_row_q8_K_ref / _q8_0_ref); the launcher is
- * qconform/device/ggml/keep_quant.py.
+ * The generic C of the K-quants keeps 8 fp32 lanes, lane l summing, per super-block i,
+ *   aux32[l] = sum over e = l (mod 8) of scale(e) * q8[e] * q[e]      (an exact integer)
+ * then sums[l] += f32(f32(dx * yd) * (float)aux32[l]) over i in order; Q4_K and Q5_K also
+ * sumf -= f32(f32(dmx * yd) * (float)sum_g bsums[g] * min[g / 2]); at the end sumf += sums[0],
+ * ..., sums[7]. Q8_0: sumf += f32((float)sumi * f32(dx * dy)) per block of 32 in order.
  *
- * K-quants (blocks of 256): the generic C keeps 8 fp32 lanes, lane l summing
- *   aux32[l] = sum over e = l (mod 8) of scale(e) * q8[e] * q[e]     (an exact integer)
- * per super-block, then sums[l] += f32(f32(dx * yd) * (float)aux32[l]) across super-blocks, Q4_K
- * and Q5_K also sumf -= f32(f32(dmx * yd) * (float)sum_g bsums[g] * min[g / 2]), and at the end
- * sumf += sums[0], ..., sums[7]. Here a group of 8 threads owns one weight row, thread l owning
- * fp32 lane l: it reads the weight bytes of elements e = 32s + 8r + l (r = 0..3) of each 32-value
- * segment s as one word, so that one qk_dp4a (four products of one lane and one scale) adds a
- * segment's part of aux32[l]; the activations are regrouped the same way once per call
- * (qk_q8_k_lanes). Each thread runs lane l's fp32 chain over the super-blocks in order; the min
- * part (an integer from the 8 threads, added with shuffles of width 8) and the final lane sum
- * are the same in every thread of the group. 32 groups (256 threads) per CTA, up to KQ_MT
- * activation rows per CTA (gridDim.y tiles the rest).
- *
- * Q8_0 (blocks of 32): sumf += f32((float)sumi * f32(dx * dy)) per block in order; thread l of
- * the group dots bytes 4l..4l+3 (qk_dp4a) and the group adds the 8 parts (shuffles, width 8).
- *
- * Wave-size agnostic: every shuffle has width 8; the groups of a CTA past N or M run the same
- * loop on clamped rows and skip only their stores. */
+ * Only the fp32 chains are sequential, so the kernel works in two phases per chunk of KQ_C
+ * blocks of KQ_R weight rows (a CTA of 32 KQ_R threads: warp r = row r, lane j = block j of the
+ * chunk; blockIdx.x tiles the activation rows, MT at a time, blockIdx.y the weight rows):
+ *   staging: warp r copies row r's chunk (contiguous bytes) and the CTA the chunk's regrouped
+ *     activations into shared memory with wide coalesced loads;
+ *   integer phase: thread (r, j) reads block j whole, regroups each 32-value segment's bytes by
+ *     lane (a 4 x 4 byte transpose, QK_BYTE_PERM) so that one qk_dp4a takes four products of one
+ *     lane, and writes the 8 exact aux32 (and the min part, or Q8_0's sumi) of each activation row
+ *     to shared memory;
+ *   fp32 phase: thread (r, l) runs lane l's chain over the chunk's blocks in order (the min /
+ *     Q8_0 chain too, identically in the row's 8 threads), keeping it in registers across chunks;
+ *     at the end the row's 8 threads add their lanes in order (shuffles of width 8: wave-size
+ *     agnostic) and thread 0 stores.
+ * The activations are quantized beforehand by the Q8_K / Q8_0 quantize kernels (q8_quant.hip,
+ * byte-identical to quantize_row_q8_K_ref / _q8_0_ref) and regrouped once per call
+ * (qk_q8_k_lanes, qk_q8_0_words); launcher: qconform/device/ggml/keep_quant.py. */
 #include "qk_portable.h"
 
-#define QK_K 256
 #define Q8_K_BYTES 292
 #define Q8_K_BSUMS 260
 #define Q8_0_BYTES 34
-#define KQ_ROWS 32 /* weight rows per CTA: groups of 8 threads */
-#define KQ_MT 8    /* activation rows per CTA */
+#define KQ_R 4  /* weight rows per CTA: a warp each */
+#define KQ_C 32 /* blocks of a row per chunk: the lanes of a warp */
+#define KQ_AK 76 /* words per regrouped Q8_K block: 64 quants, 8 bsums words, d, 3 unused */
+#define KQ_A0 12 /* words per regrouped Q8_0 block: 8 quants, d, 3 unused */
 #define KQ_LO4 0x0F0F0F0Fu
 
 /* ------------------------------------------------------------------ activation regrouping */
-/* aq word (row m, super-block i, thread l, segment s), at ((m * nb + i) * 64 + 8 l + s), holds the
- * Q8_K quants q8[32 s + 8 r + l] as bytes r = 0..3: thread l reads its 8 words as two 16-byte
- * loads. One thread per word; n_blocks = M * nb. */
+/* A regrouped Q8_K block (KQ_AK words, 304 bytes: an odd number of 16-byte words, so threads
+ * reading consecutive blocks from shared memory hit distinct banks): word 8 s + l holds the quants
+ * q8[32 s + 8 r + l] as bytes r = 0..3; words 64..71 the 16 bsums (int16 pairs, as in the block);
+ * word 72 d. One thread per word; n_blocks = M * nb. */
 extern "C" __global__ void __launch_bounds__(256)
-qk_q8_k_lanes(const qk_u8* a8, int* aq, qk_i64 n_blocks) {
+qk_q8_k_lanes(const qk_u8* a8, qk_u32* aq, qk_i64 n_blocks) {
     const qk_i64 gt = qk_global_thread();
-    const qk_i64 blk = gt >> 6;
+    const qk_i64 blk = gt / KQ_AK;
     if (blk >= n_blocks) return;
-    const int l = (int)((gt >> 3) & 7), s = (int)(gt & 7);
-    const qk_u8* qs = a8 + blk * Q8_K_BYTES + 4 + 32 * s + l;
-    aq[gt] = (int)((qk_u32)qs[0] | ((qk_u32)qs[8] << 8) | ((qk_u32)qs[16] << 16) | ((qk_u32)qs[24] << 24));
+    const int w = (int)(gt - blk * KQ_AK);
+    const qk_u8* b = a8 + blk * Q8_K_BYTES;
+    qk_u32 v = 0u;
+    if (w < 64) {
+        const qk_u8* qs = b + 4 + 32 * (w >> 3) + (w & 7);
+        v = (qk_u32)qs[0] | ((qk_u32)qs[8] << 8) | ((qk_u32)qs[16] << 16) | ((qk_u32)qs[24] << 24);
+    } else if (w < 72) {
+        v = ((const qk_u32*)(b + Q8_K_BSUMS))[w - 64];
+    } else if (w == 72) {
+        v = *(const qk_u32*)b;
+    }
+    aq[gt] = v;
 }
 
-/* bytes p[0], p[8], p[16], p[24] as one word (byte r = p[8 r]) */
-__device__ __forceinline__ qk_u32 kq_column(const qk_u8* p) {
-    return (qk_u32)p[0] | ((qk_u32)p[8] << 8) | ((qk_u32)p[16] << 16) | ((qk_u32)p[24] << 24);
+/* A regrouped Q8_0 block (KQ_A0 words, 48 bytes): the 32 quants as 8 aligned words, word 8 the
+ * fp16 scale as fp32. One thread per block. */
+extern "C" __global__ void __launch_bounds__(256)
+qk_q8_0_words(const qk_u8* a8, qk_u32* aq, qk_i64 n_blocks) {
+    const qk_i64 blk = qk_global_thread();
+    if (blk >= n_blocks) return;
+    const qk_u16* h = (const qk_u16*)(a8 + blk * Q8_0_BYTES);
+    qk_u32* o = aq + blk * KQ_A0;
+    for (int k = 0; k < 8; ++k) o[k] = (qk_u32)h[1 + 2 * k] | ((qk_u32)h[2 + 2 * k] << 16);
+    o[8] = qk_bits(qk_fp16_to_float(h[0]));
+    o[9] = o[10] = o[11] = 0u;
 }
 
-__device__ __forceinline__ float kq_fp16(const qk_u8* p) { return qk_fp16_to_float(*(const qk_u16*)p); }
+/* --------------------------------------------------------------------- staging */
+/* Row r's chunk of blocks [i0, i0 + nc) is contiguous: warp r copies it with consecutive lanes on
+ * consecutive 16-byte (Q4_K 144, Q5_K 176: every block 16-byte aligned) or 4-byte words (Q6_K 210,
+ * Q8_0 34: blocks start 0 or 2 bytes past a word, so the aligned words around the chunk are
+ * copied and its byte 0 sits at (start & 3); a last word reaching past the chunk is copied as 16
+ * bits, so no byte past it is read). */
+template <int TS>
+__device__ __forceinline__ void kq_stage_row(const qk_u8* src, int nbytes, qk_u8* dst, int lane) {
+    if (TS % 16 == 0) {
+        for (int k = lane; k < nbytes / 16; k += 32) ((uint4*)dst)[k] = ((const uint4*)src)[k];
+    } else {
+        const int off = (int)((unsigned long long)src & 3u);
+        const qk_u32* p = (const qk_u32*)(src - off);
+        const int words = (off + nbytes + 3) / 4;
+        const bool short_tail = ((off + nbytes) & 3) != 0;
+        for (int k = lane; k < words; k += 32)
+            ((qk_u32*)dst)[k] = (k == words - 1 && short_tail) ? (qk_u32)*(const qk_u16*)(p + k) : p[k];
+    }
+}
 
-/* ------------------------------------------------------------------ K-quant weight blocks */
-/* One super-block of one weight row as thread l needs it: the 8 segment words (a signed byte
- * per element), the integer scale of each half segment (bytes r = 0, 1 and r = 2, 3: Q6_K's scales
- * cover 16 values, the others' 32), Q4_K/Q5_K's min of sub-block l (thread l's share of the min
- * part), and the fp16 scales. */
-struct kq_block {
-    int q[8];
-    int sc_lo[8], sc_hi[8];
-    int mn;
-    float dx, dmx;
+/* the block at byte b of a staged row, as words from its byte 0 (WORDS * 4 bytes) */
+template <int TS, int WORDS>
+__device__ __forceinline__ void kq_unstage(const qk_u8* row, int b, qk_u32 (&w)[WORDS]) {
+    if (TS % 16 == 0) {
+        const uint4* p = (const uint4*)(row + b);
+#pragma unroll
+        for (int k = 0; k < WORDS / 4; ++k) {
+            const uint4 v = p[k];
+            w[4 * k] = v.x; w[4 * k + 1] = v.y; w[4 * k + 2] = v.z; w[4 * k + 3] = v.w;
+        }
+    } else {
+        const qk_u32* p = (const qk_u32*)(row + (b & ~3));
+        const qk_u32 sel = (b & 3) ? 0x5432u : 0x3210u;
+        qk_u32 prev = p[0];
+#pragma unroll
+        for (int k = 0; k < WORDS; ++k) {
+            const qk_u32 next = p[k + 1];
+            w[k] = QK_BYTE_PERM(prev, next, sel);
+            prev = next;
+        }
+    }
+}
+
+/* 4 x 4 byte transpose: word j of the result holds byte j of a, b, c, d (as bytes 0..3) */
+__device__ __forceinline__ void kq_transpose4(qk_u32 a, qk_u32 b, qk_u32 c, qk_u32 d, qk_u32* out) {
+    const qk_u32 t0 = QK_BYTE_PERM(a, b, 0x5140u), t1 = QK_BYTE_PERM(a, b, 0x7362u);
+    const qk_u32 t2 = QK_BYTE_PERM(c, d, 0x5140u), t3 = QK_BYTE_PERM(c, d, 0x7362u);
+    out[0] = QK_BYTE_PERM(t0, t2, 0x5410u);
+    out[1] = QK_BYTE_PERM(t0, t2, 0x7632u);
+    out[2] = QK_BYTE_PERM(t1, t3, 0x5410u);
+    out[3] = QK_BYTE_PERM(t1, t3, 0x7632u);
+}
+
+/* 32 bytes (8 words) regrouped by lane: col[l] holds bytes 8r + l, r = 0..3 */
+__device__ __forceinline__ void kq_columns(const qk_u32* w, qk_u32 (&col)[8]) {
+    kq_transpose4(w[0], w[2], w[4], w[6], col);
+    kq_transpose4(w[1], w[3], w[5], w[7], col + 4);
+}
+
+__device__ __forceinline__ int kq_byte(const qk_u32* w, int i) { return (int)((w[i >> 2] >> (8 * (i & 3))) & 0xFFu); }
+
+/* ggml-quants.c get_scale_min_k4: the 6-bit scale and min of sub-block j from the 12 bytes */
+__device__ __forceinline__ void kq_scale_min_k4(const qk_u32* sc, int j, int& s, int& m) {
+    if (j < 4) {
+        s = kq_byte(sc, j) & 63;
+        m = kq_byte(sc, j + 4) & 63;
+    } else {
+        s = (kq_byte(sc, j + 4) & 0xF) | ((kq_byte(sc, j - 4) >> 6) << 4);
+        m = (kq_byte(sc, j + 4) >> 4) | ((kq_byte(sc, j) >> 6) << 4);
+    }
+}
+
+/* the 6-bit Q6_K value u of each byte as the signed byte u - 32 (no borrow between bytes:
+ * t = u ^ 32, then bits 6 and 7 set where bit 5 of t is) */
+__device__ __forceinline__ int kq_q6_signed(qk_u32 u) {
+    const qk_u32 t = u ^ 0x20202020u, sign = t & 0x20202020u;
+    return (int)(t | (sign << 1) | (sign << 2));
+}
+
+/* --------------------------------------------------------------------------- shared memory */
+/* The staged weight rows share their space with the integer phase's results (written after every
+ * thread has read its block). aux32 of (row r, lane l, block j) at aux[m][r][l][j]: the integer
+ * phase's writes (32 consecutive j) and the fp32 phase's reads (32 (r, l) at one j, stride 33)
+ * are free of bank conflicts. */
+template <int TS, int AW, int MT>
+struct kq_smem {
+    union {
+        uint4 rows[KQ_R][(KQ_C * TS + 8 + 15) / 16]; /* a staged chunk per row (+ the 4-byte window) */
+        struct {
+            int aux[MT][KQ_R][8][KQ_C + 1];  /* K-quants: aux32 per lane; Q8_0: lane 0 holds sumi */
+            int mins[MT][KQ_R][KQ_C + 1];    /* Q4_K / Q5_K: sum_g bsums[g] * min[g / 2] */
+        } red;
+    } u;
+    uint4 act[MT][KQ_C][AW / 4];  /* the chunk's regrouped activation blocks */
+    float dx[KQ_R][KQ_C + 1], dmx[KQ_R][KQ_C + 1];
 };
 
-/* Q4_K / Q5_K (ggml-common.h block_q4_K {half d; half dmin; u8 scales[12]; u8 qs[128]}, 144 bytes;
- * block_q5_K {half d; half dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]}, 176 bytes): element
- * e = 64c + 32t + ll is nibble t of qs[32c + ll], plus 16 times bit e / 32 of qh[ll] for Q5_K;
- * scale and min of sub-block j = e / 32 from ggml-quants.c get_scale_min_k4. */
-template <int KIND>
-__device__ __forceinline__ void kq_load_k4(const qk_u8* b, int l, kq_block& w) {
-    const int qs_at = KIND == 5 ? 48 : 16;
-    const qk_u8* sc = b + 4;
-    w.dx = kq_fp16(b);
-    w.dmx = kq_fp16(b + 2);
-    qk_u32 hq = 0u;
-    if (KIND == 5) hq = kq_column(b + 16 + l);
+/* ------------------------------------------------------------------ integer phase per type */
+/* Block j of row r against mt activation rows (their regrouped blocks in shared memory): each
+ * lane's exact aux32 (Q4_K / Q5_K: and the min part; Q8_0: sumi) and the block's fp32 scales.
+ * Element e = 32 s + 8 r' + l of segment s sits in byte r' of column word l. */
+template <int TS, int AW, int MT>
+__device__ __forceinline__ void kq_put_aux(const int (&aux)[MT][8], int mt, int r, int j, kq_smem<TS, AW, MT>& sm) {
 #pragma unroll
-    for (int c = 0; c < 4; ++c) {
-        const qk_u32 word = kq_column(b + qs_at + 32 * c + l);
+    for (int m = 0; m < MT; ++m) {
+        if (m >= mt) break;
 #pragma unroll
-        for (int t = 0; t < 2; ++t) {
-            qk_u32 v = (word >> (4 * t)) & KQ_LO4;
-            if (KIND == 5) v |= ((hq >> (2 * c + t)) & 0x01010101u) << 4;
-            w.q[2 * c + t] = (int)v;
-        }
+        for (int l = 0; l < 8; ++l) sm.u.red.aux[m][r][l][j] = aux[m][l];
     }
-#pragma unroll
-    for (int j = 0; j < 8; ++j) w.sc_lo[j] = w.sc_hi[j] = j < 4 ? sc[j] & 63 : (sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4);
-    w.mn = l < 4 ? sc[l + 4] & 63 : (sc[l + 4] >> 4) | ((sc[l] >> 6) << 4);
 }
 
-/* Q6_K (block_q6_K {u8 ql[128]; u8 qh[64]; i8 scales[16]; half d}, 210 bytes): element
- * e = 128h + 32k + ll is (nibble k / 2 of ql[64h + 32(k % 2) + ll]) | (bits 2k, 2k + 1 of
- * qh[32h + ll]) << 4, minus 32; scale scales[e / 16]. The 6-bit value u becomes the signed byte
- * u - 32 without a borrow between bytes: t = u ^ 32, then bits 6 and 7 set where bit 5 of t is. */
-__device__ __forceinline__ void kq_load_q6_k(const qk_u8* b, int l, kq_block& w) {
-    const qk_i8* sc = (const qk_i8*)(b + 192);
-    w.dx = kq_fp16(b + 208);
-    w.dmx = 0.0f;
-    w.mn = 0;
+/* block_q6_K {u8 ql[128]; u8 qh[64]; i8 scales[16]; half d}: element 128h + 32k + ll is
+ * (nibble k / 2 of ql[64h + 32(k % 2) + ll]) | (bits 2k, 2k + 1 of qh[32h + ll]) << 4, minus 32,
+ * scale scales[e / 16]: bytes r' = 0, 1 of a column word take scales[2s], r' = 2, 3 scales[2s + 1] */
+template <int MT>
+__device__ __forceinline__ void kq_integer_q6_k(const qk_u32 (&w)[53], int mt, int r, int j, kq_smem<210, KQ_AK, MT>& sm) {
+    int aux[MT][8];
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int l = 0; l < 8; ++l) aux[m][l] = 0;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        const qk_u32 hi = kq_column(b + 128 + 32 * h + l);
-        const qk_u32 lo0 = kq_column(b + 64 * h + l), lo1 = kq_column(b + 64 * h + 32 + l);
+        qk_u32 hc[8], lc0[8], lc1[8];
+        kq_columns(w + 32 + 8 * h, hc);
+        kq_columns(w + 16 * h, lc0);
+        kq_columns(w + 16 * h + 8, lc1);
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-            const qk_u32 lo = (((k & 1) ? lo1 : lo0) >> (4 * (k >> 1))) & KQ_LO4;
-            const qk_u32 u = lo | (((hi >> (2 * k)) & 0x03030303u) << 4);
-            const qk_u32 t = u ^ 0x20202020u, sign = t & 0x20202020u;
             const int s = 4 * h + k;
-            w.q[s] = (int)(t | (sign << 1) | (sign << 2));
-            w.sc_lo[s] = sc[2 * s];
-            w.sc_hi[s] = sc[2 * s + 1];
-        }
-    }
-}
-
-template <int KIND>
-__device__ __forceinline__ void kq_load(const qk_u8* b, int l, kq_block& w) {
-    if (KIND == 6) kq_load_q6_k(b, l, w);
-    else kq_load_k4<KIND>(b, l, w);
-}
-
-/* aux32[l] of one super-block: the 8 segments' dot products, each times its scale(s) */
-template <int KIND>
-__device__ __forceinline__ int kq_aux(const kq_block& w, const int a[8]) {
-    int aux = 0;
+            const int sc0 = (int)(qk_i8)kq_byte(w + 48, 2 * s), sc1 = (int)(qk_i8)kq_byte(w + 48, 2 * s + 1);
 #pragma unroll
-    for (int s = 0; s < 8; ++s) {
-        if (KIND == 6) {
-            aux += w.sc_lo[s] * qk_dp4a(w.q[s] & 0x0000FFFF, a[s], 0);
-            aux += w.sc_hi[s] * qk_dp4a((int)((qk_u32)w.q[s] & 0xFFFF0000u), a[s], 0);
-        } else {
-            aux += w.sc_lo[s] * qk_dp4a(w.q[s], a[s], 0);
-        }
-    }
-    return aux;
-}
-
-template <int KIND, int TYPE_SIZE>
-__device__ __forceinline__ void kq_gemv(
-    const qk_u8* W, const qk_u8* a8, const int* aq, float* Y, qk_i64 M, qk_i64 N, qk_i64 nb) {
-    const int l = threadIdx.x & 7;
-    const qk_i64 n_raw = (qk_i64)blockIdx.x * KQ_ROWS + (threadIdx.x >> 3);
-    const qk_i64 n = n_raw < N ? n_raw : N - 1;
-    const qk_i64 m0 = (qk_i64)blockIdx.y * KQ_MT;
-    const int mt = (int)(M - m0 < KQ_MT ? M - m0 : KQ_MT);
-    const qk_u8* wrow = W + n * nb * TYPE_SIZE;
-    float sums[KQ_MT], sumf[KQ_MT];
+            for (int m = 0; m < MT; ++m) {
+                if (m >= mt) break;
+                const uint4 a0 = sm.act[m][j][2 * s], a1 = sm.act[m][j][2 * s + 1];
+                const qk_u32 a[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
 #pragma unroll
-    for (int m = 0; m < KQ_MT; ++m) sums[m] = sumf[m] = 0.0f;
-    kq_block w;
-    for (qk_i64 i = 0; i < nb; ++i) {
-        kq_load<KIND>(wrow + i * TYPE_SIZE, l, w);
-#pragma unroll
-        for (int m = 0; m < KQ_MT; ++m) {
-            if (m >= mt) break;
-            const qk_i64 blk = (m0 + m) * nb + i;
-            const float yd = *(const float*)(a8 + blk * Q8_K_BYTES);
-            const uint4* ap = (const uint4*)(aq + blk * 64 + 8 * l);
-            const uint4 a0 = ap[0], a1 = ap[1];
-            const int a[8] = {(int)a0.x, (int)a0.y, (int)a0.z, (int)a0.w, (int)a1.x, (int)a1.y, (int)a1.z, (int)a1.w};
-            const float d = QK_FMUL(w.dx, yd);
-            sums[m] = QK_FADD(sums[m], QK_FMUL(d, __int2float_rn(kq_aux<KIND>(w, a))));
-            if (KIND != 6) { /* sumi = sum_g bsums[g] * min[g / 2]: thread l takes g = 2l, 2l + 1 */
-                const qk_u32 bs = *(const qk_u32*)(a8 + blk * Q8_K_BYTES + Q8_K_BSUMS + 4 * l);
-                int sumi = ((int)(qk_i16)(bs & 0xFFFFu) + (int)(qk_i16)(bs >> 16)) * w.mn;
-                sumi += QK_SHFL_XOR(sumi, 1, 8);
-                sumi += QK_SHFL_XOR(sumi, 2, 8);
-                sumi += QK_SHFL_XOR(sumi, 4, 8);
-                const float dmin = QK_FMUL(w.dmx, yd);
-                sumf[m] = QK_FADD(sumf[m], -QK_FMUL(dmin, __int2float_rn(sumi)));
+                for (int l = 0; l < 8; ++l) {
+                    const qk_u32 lo = ((k & 1 ? lc1[l] : lc0[l]) >> (4 * (k >> 1))) & KQ_LO4;
+                    const int q = kq_q6_signed(lo | (((hc[l] >> (2 * k)) & 0x03030303u) << 4));
+                    aux[m][l] += sc0 * qk_dp4a(q & 0x0000FFFF, (int)a[l], 0);
+                    aux[m][l] += sc1 * qk_dp4a((int)((qk_u32)q & 0xFFFF0000u), (int)a[l], 0);
+                }
             }
         }
     }
+    sm.dx[r][j] = qk_fp16_to_float((qk_u16)(w[52] & 0xFFFFu));
+    kq_put_aux(aux, mt, r, j, sm);
+}
+
+/* block_q4_K {half d; half dmin; u8 scales[12]; u8 qs[128]}, block_q5_K {..., u8 qh[32]; u8 qs[128]}:
+ * element 64c + 32t + ll is nibble t of qs[32c + ll] (+ 16 x bit (2c + t) of qh[ll]), scale and min
+ * of sub-block 2c + t; the min part is sum_g bsums[g] * min[g / 2] over the 16 groups of 16 */
+template <int KIND, int TS, int WORDS, int MT>
+__device__ __forceinline__ void kq_integer_k4(const qk_u32 (&w)[WORDS], int mt, int r, int j, kq_smem<TS, KQ_AK, MT>& sm) {
+    int aux[MT][8];
 #pragma unroll
-    for (int m = 0; m < KQ_MT; ++m) {
-        if (m >= mt) break;
-        float y = sumf[m];
+    for (int m = 0; m < MT; ++m)
 #pragma unroll
-        for (int k = 0; k < 8; ++k) y = QK_FADD(y, QK_SHFL(sums[m], k, 8));
-        if (l == 0 && n_raw < N) Y[(m0 + m) * N + n_raw] = y;
-    }
-}
-
-extern "C" __global__ void __launch_bounds__(256)
-qk_kq_gemv_q4_k(const qk_u8* W, const qk_u8* a8, const int* aq, float* Y, qk_i64 M, qk_i64 N, qk_i64 nb) {
-    kq_gemv<4, 144>(W, a8, aq, Y, M, N, nb);
-}
-
-extern "C" __global__ void __launch_bounds__(256)
-qk_kq_gemv_q5_k(const qk_u8* W, const qk_u8* a8, const int* aq, float* Y, qk_i64 M, qk_i64 N, qk_i64 nb) {
-    kq_gemv<5, 176>(W, a8, aq, Y, M, N, nb);
-}
-
-extern "C" __global__ void __launch_bounds__(256)
-qk_kq_gemv_q6_k(const qk_u8* W, const qk_u8* a8, const int* aq, float* Y, qk_i64 M, qk_i64 N, qk_i64 nb) {
-    kq_gemv<6, 210>(W, a8, aq, Y, M, N, nb);
-}
-
-/* ------------------------------------------------------------------------- Q8_0 x Q8_0 */
-/* block_q8_0 {half d; i8 qs[32]} (34 bytes, so qs is only 2-byte aligned): bytes 4l..4l+3 as
- * two 16-bit loads */
-__device__ __forceinline__ int kq_q8_0_word(const qk_u8* b, int l) {
-    const qk_u16* h = (const qk_u16*)(b + 2 + 4 * l);
-    return (int)((qk_u32)h[0] | ((qk_u32)h[1] << 16));
-}
-
-extern "C" __global__ void __launch_bounds__(256)
-qk_kq_gemv_q8_0(const qk_u8* W, const qk_u8* a8, float* Y, qk_i64 M, qk_i64 N, qk_i64 nb) {
-    const int l = threadIdx.x & 7;
-    const qk_i64 n_raw = (qk_i64)blockIdx.x * KQ_ROWS + (threadIdx.x >> 3);
-    const qk_i64 n = n_raw < N ? n_raw : N - 1;
-    const qk_i64 m0 = (qk_i64)blockIdx.y * KQ_MT;
-    const int mt = (int)(M - m0 < KQ_MT ? M - m0 : KQ_MT);
-    const qk_u8* wrow = W + n * nb * Q8_0_BYTES;
-    float sumf[KQ_MT];
+        for (int l = 0; l < 8; ++l) aux[m][l] = 0;
+    const int qs_at = KIND == 5 ? 12 : 4;
+    qk_u32 hc[8];
+    if (KIND == 5) kq_columns(w + 4, hc);
 #pragma unroll
-    for (int m = 0; m < KQ_MT; ++m) sumf[m] = 0.0f;
-    for (qk_i64 i = 0; i < nb; ++i) {
-        const qk_u8* wb = wrow + i * Q8_0_BYTES;
-        const float dx = kq_fp16(wb);
-        const int wq = kq_q8_0_word(wb, l);
+    for (int c = 0; c < 4; ++c) {
+        qk_u32 col[8];
+        kq_columns(w + qs_at + 8 * c, col);
+        int sc[2], mn;
+        kq_scale_min_k4(w + 1, 2 * c, sc[0], mn);
+        kq_scale_min_k4(w + 1, 2 * c + 1, sc[1], mn);
 #pragma unroll
-        for (int m = 0; m < KQ_MT; ++m) {
+        for (int m = 0; m < MT; ++m) {
             if (m >= mt) break;
-            const qk_u8* ab = a8 + ((m0 + m) * nb + i) * Q8_0_BYTES;
-            int sumi = qk_dp4a(wq, kq_q8_0_word(ab, l), 0);
-            sumi += QK_SHFL_XOR(sumi, 1, 8);
-            sumi += QK_SHFL_XOR(sumi, 2, 8);
-            sumi += QK_SHFL_XOR(sumi, 4, 8);
-            sumf[m] = QK_FADD(sumf[m], QK_FMUL(__int2float_rn(sumi), QK_FMUL(dx, kq_fp16(ab))));
+            const uint4 a0 = sm.act[m][j][4 * c], a1 = sm.act[m][j][4 * c + 1];
+            const uint4 a2 = sm.act[m][j][4 * c + 2], a3 = sm.act[m][j][4 * c + 3];
+            const qk_u32 a[16] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w,
+                                  a2.x, a2.y, a2.z, a2.w, a3.x, a3.y, a3.z, a3.w};
+#pragma unroll
+            for (int t = 0; t < 2; ++t)
+#pragma unroll
+                for (int l = 0; l < 8; ++l) {
+                    qk_u32 q = (col[l] >> (4 * t)) & KQ_LO4;
+                    if (KIND == 5) q |= ((hc[l] >> (2 * c + t)) & 0x01010101u) << 4;
+                    aux[m][l] += sc[t] * qk_dp4a((int)q, (int)a[8 * t + l], 0);
+                }
         }
     }
+    int mins[8];
 #pragma unroll
-    for (int m = 0; m < KQ_MT; ++m) {
+    for (int jj = 0; jj < 8; ++jj) {
+        int s;
+        kq_scale_min_k4(w + 1, jj, s, mins[jj]);
+    }
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
         if (m >= mt) break;
-        if (l == 0 && n_raw < N) Y[(m0 + m) * N + n_raw] = sumf[m];
+        const uint4 b0 = sm.act[m][j][16], b1 = sm.act[m][j][17];
+        const qk_u32 bs[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+        int sumi = 0;
+#pragma unroll
+        for (int g2 = 0; g2 < 8; ++g2) sumi += ((int)(qk_i16)(bs[g2] & 0xFFFFu) + (int)(qk_i16)(bs[g2] >> 16)) * mins[g2];
+        sm.u.red.mins[m][r][j] = sumi;
+    }
+    sm.dx[r][j] = qk_fp16_to_float((qk_u16)(w[0] & 0xFFFFu));
+    sm.dmx[r][j] = qk_fp16_to_float((qk_u16)(w[0] >> 16));
+    kq_put_aux(aux, mt, r, j, sm);
+}
+
+/* block_q8_0 {half d; i8 qs[32]}: sumi = the 32 products (qs starts 2 bytes into the block) */
+template <int MT>
+__device__ __forceinline__ void kq_integer_q8_0(const qk_u32 (&w)[9], int mt, int r, int j, kq_smem<Q8_0_BYTES, KQ_A0, MT>& sm) {
+    int q[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) q[k] = (int)QK_BYTE_PERM(w[k], w[k + 1], 0x5432u);
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+        if (m >= mt) break;
+        const uint4 a0 = sm.act[m][j][0], a1 = sm.act[m][j][1];
+        const qk_u32 a[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+        int sumi = 0;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) sumi = qk_dp4a(q[k], (int)a[k], sumi);
+        sm.u.red.aux[m][r][0][j] = sumi;
+    }
+    sm.dx[r][j] = qk_fp16_to_float((qk_u16)(w[0] & 0xFFFFu));
+}
+
+/* ------------------------------------------------------------------------------- the GEMV */
+/* KIND 4, 5, 6: Q4_K, Q5_K, Q6_K (aq: qk_q8_k_lanes blocks); KIND 0: Q8_0 (aq: qk_q8_0_words
+ * blocks). The fp32 phase runs in the first 8 KQ_R threads (8 consecutive per row). */
+template <int KIND, int TS, int MT>
+__device__ __forceinline__ void kq_gemv(const qk_u8* W, const qk_u32* aq, float* Y, qk_i64 M, qk_i64 N, qk_i64 nb) {
+    constexpr int WORDS = KIND == 4 ? 36 : KIND == 5 ? 44 : KIND == 6 ? 53 : 9;
+    constexpr int AW = KIND == 0 ? KQ_A0 : KQ_AK;
+    constexpr int YD = KIND == 0 ? 8 : 72; /* the activation scale's word */
+    __shared__ kq_smem<TS, AW, MT> sm;
+    const int t = threadIdx.x, r = t >> 5, j = t & 31;
+    const int fr = t >> 3, fl = t & 7; /* fp32 phase (t < 8 KQ_R): row, lane */
+    const qk_i64 m0 = (qk_i64)blockIdx.x * MT, n0 = (qk_i64)blockIdx.y * KQ_R;
+    const int mt = (int)(M - m0 < MT ? M - m0 : MT);
+    const bool row_ok = n0 + r < N;
+    float sums[MT], sumf[MT];
+#pragma unroll
+    for (int m = 0; m < MT; ++m) sums[m] = sumf[m] = 0.0f;
+    for (qk_i64 i0 = 0; i0 < nb; i0 += KQ_C) {
+        const int nc = (int)(nb - i0 < KQ_C ? nb - i0 : KQ_C);
+        const qk_u8* src = W + ((n0 + r) * nb + i0) * TS;
+        qk_u8* row = (qk_u8*)sm.u.rows[r];
+        if (row_ok) kq_stage_row<TS>(src, nc * TS, row, j);
+        for (int m = 0; m < mt; ++m) { /* the chunk's activation blocks, contiguous */
+            const uint4* a = (const uint4*)(aq + ((m0 + m) * nb + i0) * AW);
+            for (int k = t; k < nc * AW / 4; k += 32 * KQ_R) (&sm.act[m][0][0])[k] = a[k];
+        }
+        __syncthreads();
+        const bool valid = row_ok && j < nc;
+        qk_u32 w[WORDS];
+        if (valid) kq_unstage<TS, WORDS>(row, (int)((unsigned long long)src & 3u) * (TS % 16 != 0) + j * TS, w);
+        __syncthreads();
+        if (valid) {
+            if (KIND == 0) kq_integer_q8_0<MT>(*(const qk_u32(*)[9])w, mt, r, j, *(kq_smem<Q8_0_BYTES, KQ_A0, MT>*)&sm);
+            else if (KIND == 6) kq_integer_q6_k<MT>(*(const qk_u32(*)[53])w, mt, r, j, *(kq_smem<210, KQ_AK, MT>*)&sm);
+            else kq_integer_k4<KIND, TS, WORDS, MT>(w, mt, r, j, *(kq_smem<TS, KQ_AK, MT>*)&sm);
+        }
+        __syncthreads();
+        if (t < 8 * KQ_R) {
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                if (m >= mt) break;
+                for (int jj = 0; jj < nc; ++jj) {
+                    const float yd = qk_float(((const qk_u32*)&sm.act[m][jj][0])[YD]);
+                    const float d = QK_FMUL(sm.dx[fr][jj], yd);
+                    if (KIND == 0) {
+                        sumf[m] = QK_FADD(sumf[m], QK_FMUL(__int2float_rn(sm.u.red.aux[m][fr][0][jj]), d));
+                    } else {
+                        sums[m] = QK_FADD(sums[m], QK_FMUL(d, __int2float_rn(sm.u.red.aux[m][fr][fl][jj])));
+                        if (KIND != 6) {
+                            const float dmin = QK_FMUL(sm.dmx[fr][jj], yd);
+                            sumf[m] = QK_FADD(sumf[m], -QK_FMUL(dmin, __int2float_rn(sm.u.red.mins[m][fr][jj])));
+                        }
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+    if (t >= 8 * KQ_R) return;
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+        if (m >= mt) break;
+        float y = sumf[m];
+        if (KIND != 0) {
+#pragma unroll
+            for (int k = 0; k < 8; ++k) y = QK_FADD(y, QK_SHFL(sums[m], k, 8));
+        }
+        if (fl == 0 && n0 + fr < N) Y[(m0 + m) * N + n0 + fr] = y;
     }
 }
+
+/* (type, KIND, type size) x MT activation rows per CTA */
+#define KQ_GEMV(NAME, KIND, TS, MT)                                                                          \
+    extern "C" __global__ void __launch_bounds__(32 * KQ_R) qk_kq_gemv_##NAME##_m##MT(                      \
+        const qk_u8* W, const qk_u32* aq, float* Y, qk_i64 M, qk_i64 N, qk_i64 nb) {                       \
+        kq_gemv<KIND, TS, MT>(W, aq, Y, M, N, nb);                                                           \
+    }
+#define KQ_GEMV_ALL(MT)        \
+    KQ_GEMV(q4_k, 4, 144, MT)  \
+    KQ_GEMV(q5_k, 5, 176, MT)  \
+    KQ_GEMV(q6_k, 6, 210, MT)  \
+    KQ_GEMV(q8_0, 0, Q8_0_BYTES, MT)
+
+KQ_GEMV_ALL(1)
+KQ_GEMV_ALL(2)
