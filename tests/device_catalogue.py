@@ -156,45 +156,22 @@ HIP_MUTANTS = (
         "q8_k_quant",
         None,
     ),
-    DeviceMutant(
-        "Q4_K dequant: scale of sub-blocks 4..7 from the min's nibble",
-        DEQUANT,
-        "qk_q4_k_dequant",
-        ":lanes=32",
-        "q4_k_dequant",
-        "matches_oracle",
-        leaf="Xq4_K_Yfp32",
-        edits=Q4K_SCALE_WRONG_HALF,
-    ),
-    DeviceMutant(
-        "Q4_0 dequant: nibbles swapped",
-        DEQUANT,
-        "qk_q4_0_dequant",
-        ":lanes=4",
-        "q4_0_dequant",
-        "matches_oracle",
-        leaf="Xq4_0_Yfp32",
-        edits=Q40_NIBBLES_SWAPPED,
-    ),
-    DeviceMutant(
-        "Q6_K dequant: offset 31",
-        DEQUANT,
-        "qk_q6_k_dequant",
-        ":lanes=32",
-        "q6_k_dequant",
-        "matches_oracle",
-        leaf="Xq6_K_Yfp32",
-        edits=Q6K_OFFSET_31,
-    ),
-    DeviceMutant(
-        "Q6_K dequant: high bits one qh bit too high",
-        DEQUANT,
-        "qk_q6_k_dequant",
-        ":lanes=32",
-        "q6_k_dequant",
-        "matches_oracle",
-        leaf="Xq6_K_Yfp32",
-        edits=Q6K_QH_SHIFT,
+    *(
+        DeviceMutant(
+            name, DEQUANT, f"qk_{t}_dequant", f":lanes={lanes}", f"{t}_dequant", "matches_oracle", leaf=leaf, edits=e
+        )
+        for name, t, lanes, leaf, e in (
+            (
+                "Q4_K dequant: scale of sub-blocks 4..7 from the min's nibble",
+                "q4_k",
+                32,
+                "Xq4_K_Yfp32",
+                Q4K_SCALE_WRONG_HALF,
+            ),
+            ("Q4_0 dequant: nibbles swapped", "q4_0", 4, "Xq4_0_Yfp32", Q40_NIBBLES_SWAPPED),
+            ("Q6_K dequant: offset 31", "q6_k", 32, "Xq6_K_Yfp32", Q6K_OFFSET_31),
+            ("Q6_K dequant: high bits one qh bit too high", "q6_k", 32, "Xq6_K_Yfp32", Q6K_QH_SHIFT),
+        )
     ),
     DeviceMutant(
         "control: Q4_K dequant kernel as a hip: kernel",
@@ -341,13 +318,17 @@ RMS_SUM_FP32: Edits = (("p.sum = __dadd_rn(p.sum, sum);", "p.sum = (double)QK_FA
 
 
 # ggml/keep_quant.hip (matmul_bt_quant; --impl cupy): the generic order's lane sum reversed; a
-# Q6_K segment's bytes 0, 1 scaled by scales[2s + 1]; sums[l] += d * aux as one fmaf (the strict
-# contract is fma=off)
+# Q6_K segment's two half scales swapped; sums[l] += d * aux as one fmaf (the strict contract is
+# fma=off)
 KQ_LANES_REVERSED: Edits = (("y = QK_FADD(y, QK_SHFL(sums[m], k, 8));", "y = QK_FADD(y, QK_SHFL(sums[m], 7 - k, 8));"),)
 KQ_Q6_SCALE: Edits = (
     (
         "aux[m][l] += sc0 * qk_dp4a(q & 0x0000FFFF, (int)a[l], 0);",
         "aux[m][l] += sc1 * qk_dp4a(q & 0x0000FFFF, (int)a[l], 0);",
+    ),
+    (
+        "aux[m][l] += sc1 * qk_dp4a((int)((qk_u32)q & 0xFFFF0000u), (int)a[l], 0);",
+        "aux[m][l] += sc0 * qk_dp4a((int)((qk_u32)q & 0xFFFF0000u), (int)a[l], 0);",
     ),
 )
 KQ_LANE_FMA: Edits = (
@@ -374,7 +355,7 @@ GGML_FN_MUTANTS = (
         DeviceMutant(name, "ggml/keep_quant.hip", "", "", "matmul_bt_quant", "matches_oracle", leaf=leaf, edits=edits)
         for name, leaf, edits in (
             ("keep-quant GEMV: the 8 fp32 lanes added in reverse order", "Wq4_K_Aq8_K_Yfp32", KQ_LANES_REVERSED),
-            ("keep-quant GEMV: Q6_K's first half-segment takes the second's scale", "Wq6_K_Aq8_K_Yfp32", KQ_Q6_SCALE),
+            ("keep-quant GEMV: Q6_K's half-segment scales swapped", "Wq6_K_Aq8_K_Yfp32", KQ_Q6_SCALE),
             ("keep-quant GEMV: the lane chain contracted into an FMA", "Wq5_K_Aq8_K_Yfp32", KQ_LANE_FMA),
         )
     ),

@@ -156,6 +156,21 @@ def _store_qh(raw, i, off, qh):
         raw[i, off + k] = np.uint8((qh >> (8 * k)) & 0xFF)
 
 
+@njit(cache=True, inline="always")
+def symmetric_scale_nb(x, i, half, ftz):
+    """(d, 1/d) of block i: the reference's first strict max of |x| (a NaN never wins), d =
+    max / -half, and 0 for 1/d when d is 0."""
+    amax = ZERO
+    mx = ZERO
+    for j in range(QK):
+        v = flush_nb(x[i, j], ftz)
+        if abs(v) > amax:
+            amax = abs(v)
+            mx = v
+    d = flush_nb(np.float32(mx / -half), ftz)
+    return d, (flush_nb(np.float32(ONE / d), ftz) if d != 0 else ZERO)
+
+
 @njit(cache=True, parallel=True)
 def symmetric_nb(x, raw, d_out, bits, qs_off, ftz):
     """Q4_0/Q5_0 into ``raw`` (n, type_size) bytes, qh at 2 for Q5; fp32 d into ``d_out``."""
@@ -165,15 +180,7 @@ def symmetric_nb(x, raw, d_out, bits, qs_off, ftz):
     qmax = (1 << bits) - 1
     for c in prange((n + CHUNK - 1) // CHUNK):
         for i in range(c * CHUNK, min(n, (c + 1) * CHUNK)):
-            amax = ZERO
-            mx = ZERO
-            for j in range(QK):
-                v = flush_nb(x[i, j], ftz)
-                if abs(v) > amax:
-                    amax = abs(v)
-                    mx = v
-            d = flush_nb(np.float32(mx / -half), ftz)
-            idd = flush_nb(np.float32(ONE / d), ftz) if d != 0 else ZERO
+            d, idd = symmetric_scale_nb(x, i, half, ftz)
             qh = 0
             for j in range(HALF):
                 q0 = _symmetric_code(x[i, j], idd, bias, qmax, ftz)

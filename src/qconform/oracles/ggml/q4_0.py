@@ -17,10 +17,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from qconform.formats.fp16 import fp16_bits_to_fp32, fp32_bits_to_fp16_bits_nb, fp32_to_fp16_bits
+from qconform.formats.fp16 import fp16_bits_to_fp32, fp32_to_fp16_bits
 from qconform.formats.ggml import Q4_0
 from qconform.oracles.ggml import legacy
-from qconform.oracles.ggml.rounding import flush_nb
+from qconform.oracles.ggml.q8_0 import store_fp16_d_nb
 from qconform.oracles.ggml.scan import INF_BITS, abs_bits_max_nb, first_index_of_nb
 
 BITS = 4
@@ -28,6 +28,7 @@ QK = Q4_0.block_size
 HALF = QK // 2
 QS = 2  # byte offset of qs in the block
 CHUNK = 1024  # blocks per parallel task
+EIGHT = np.float32(8.0)
 NEG8 = np.float32(-8.0)
 BIAS = np.float32(8.5)
 ONE = np.float32(1.0)
@@ -58,15 +59,7 @@ def _code_nb(v, idd):
 def _quantize_block_general(x, i, raw, ftz):
     """The reference loop (legacy.symmetric_nb at 4 bits): NaN-aware first strict max, the ftz
     flushes. Returns d."""
-    amax = ZERO
-    mx = ZERO
-    for j in range(QK):
-        v = flush_nb(x[i, j], ftz)
-        if abs(v) > amax:
-            amax = abs(v)
-            mx = v
-    d = flush_nb(np.float32(mx / NEG8), ftz)
-    idd = flush_nb(np.float32(ONE / d), ftz) if d != 0 else ZERO
+    d, idd = legacy.symmetric_scale_nb(x, i, EIGHT, ftz)
     for j in range(HALF):
         q0 = legacy._symmetric_code(x[i, j], idd, BIAS, 15, ftz)
         q1 = legacy._symmetric_code(x[i, j + HALF], idd, BIAS, 15, ftz)
@@ -95,10 +88,7 @@ def _quantize_nb(x, xbits, raw, ftz):
             for j in range(HALF):
                 raw[i, QS + j] = np.uint8((_code_nb(x[i, j], idd) | (_code_nb(x[i, j + HALF], idd) << 4)) & 0xFF)
             d[i - lo] = di
-        for i in range(lo, hi):
-            h = fp32_bits_to_fp16_bits_nb(dbits[i - lo])
-            raw[i, 0] = np.uint8(h & 0xFF)
-            raw[i, 1] = np.uint8(h >> 8)
+        store_fp16_d_nb(raw, lo, hi, dbits)
 
 
 def quantize_blocks_numba(x: np.ndarray, out: np.ndarray, ftz: bool = False) -> None:

@@ -86,6 +86,15 @@ def _quantize_block(x, xbits, i, raw, ftz):
     return d
 
 
+@njit(cache=True, inline="always")
+def store_fp16_d_nb(raw, lo, hi, dbits):
+    """Blocks lo..hi-1's fp32 d (bit patterns dbits[i - lo]) as fp16 (RNE) into bytes 0, 1 of raw."""
+    for i in range(lo, hi):
+        h = fp32_bits_to_fp16_bits_nb(dbits[i - lo])
+        raw[i, 0] = np.uint8(h & 0xFF)
+        raw[i, 1] = np.uint8(h >> 8)
+
+
 @njit(cache=True, parallel=True)
 def _quantize_nb(x, xbits, raw, ftz):
     n = x.shape[0]
@@ -95,10 +104,7 @@ def _quantize_nb(x, xbits, raw, ftz):
         dbits = d.view(np.uint32)
         for i in range(lo, hi):
             d[i - lo] = _quantize_block(x, xbits, i, raw, ftz)
-        for i in range(lo, hi):
-            h = fp32_bits_to_fp16_bits_nb(dbits[i - lo])
-            raw[i, 0] = np.uint8(h & 0xFF)
-            raw[i, 1] = np.uint8(h >> 8)
+        store_fp16_d_nb(raw, lo, hi, dbits)
 
 
 def quantize_blocks_numba(x: np.ndarray, out: np.ndarray, ftz: bool = False) -> None:
