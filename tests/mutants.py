@@ -636,6 +636,33 @@ def _swiglu_broken(kind: str):
     return activation
 
 
+TUNING_CALLS = 100  # the seed's autotuner sampled tilings on about the first 100 calls of a process
+_tuning_calls = itertools.count()
+_fp32_reference = _moe._fp32_product
+
+
+def _split_k_product(parts: int, a32: np.ndarray, w32: np.ndarray) -> np.ndarray:
+    """a32 @ w32.T with K split into ``parts`` tiles, each tile's sum rounded to fp32 and the tiles
+    added in fp32 (a split-K tiling)."""
+    edges = np.linspace(0, a32.shape[1], parts + 1).astype(int)
+    acc = np.zeros((a32.shape[0], w32.shape[0]), np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        for lo, hi in zip(edges[:-1], edges[1:], strict=True):
+            acc = (acc + _fp32_reference(a32[:, lo:hi], w32[:, lo:hi])).astype(np.float32)
+    return acc
+
+
+@_for("qmoe_decode", "Xfp32_Wu4_Yfp32")
+def qmoe_tuner_samples_first_calls(*args, **kw):
+    """An autotuner that tries a tiling on each of the first 100 calls of the process: each splits the
+    fp32 products' K into 2, 3 or 4 tiles (values within tolerance, bits not the same call to call)."""
+    call = next(_tuning_calls)
+    if call >= TUNING_CALLS:
+        return _moe.qmoe(*args, **kw)
+    with _swapped(_moe, _fp32_product=lambda a32, w32: _split_k_product(2 + call % 3, a32, w32)):
+        return _moe.qmoe(*args, **kw)
+
+
 @_for("qmoe_ragged_mm", "Xfp16_Wu4_Yfp16")
 def qmoe_ties_to_lower_expert(*args, **kw):
     """Breaks equal logits toward the lower expert index (ORT's CUDA rule; its CPU takes the higher)."""

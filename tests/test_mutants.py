@@ -63,6 +63,7 @@ CAUGHT_BY = {
     "qmoe_swiglu_concatenated": VALUE,
     "qmoe_swiglu_missing_beta": VALUE,
     "qmoe_limit_on_linear_only": VALUE,
+    "qmoe_tuner_samples_first_calls": {"repeatable"},
 }
 EXACTLY = {
     "q8_k_ties_away",
@@ -86,6 +87,7 @@ EXACTLY = {
     "matmul_blocks_reversed",
     "rms_norm_q8_k_positive_d",
     "silu_mul_q8_k_quantizes_fp32",
+    "qmoe_tuner_samples_first_calls",
 }
 
 
