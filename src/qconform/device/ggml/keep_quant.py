@@ -20,7 +20,7 @@ from qconform.device.abi import bind_call
 from qconform.device.ggml.q8_quant import quantize
 from qconform.device.launch import check_aligned
 from qconform.device.launchers import launch_grid
-from qconform.errors import Declined
+from qconform.errors import ArgumentError, Declined
 from qconform.ops.ggml.keep_quant import MATMUL_BT_QUANT
 from qconform.oracles.ggml.vec_dot_generic import vec_dot_formats
 
@@ -29,6 +29,7 @@ KERNEL_TYPES = {"Q4_K": "q4_k", "Q5_K": "q5_k", "Q6_K": "q6_k", "Q8_0": "q8_0"}
 ROWS_PER_CTA, THREADS = 4, 128  # KQ_R weight rows, a warp each; the regrouping kernels' CTA too
 ACT_WORDS = {"Q8_K": 76, "Q8_0": 12}  # KQ_AK, KQ_A0: words per regrouped activation block
 ACT_TILES = (1, 2)  # activation rows per CTA, the kernel's instantiations (MT)
+MAX_GRID_Y = 65535  # CUDA's and HIP's limit on gridDim.y: the weight-row blocks
 
 
 def act_tile(M: int) -> int:
@@ -45,7 +46,13 @@ def matmul_bt_quant(W_blocks: Any, qtype: str, A_fp32: Any, *, fma: bool = False
     if wfmt.name not in KERNEL_TYPES:
         raise Declined(f"qtype: qconform's device GEMV covers {', '.join(KERNEL_TYPES)}; not {wfmt.name}")
     check_aligned("W_blocks", W_blocks, 16 if wfmt.type_size % 16 == 0 else 4)
+    check_aligned("A_fp32", A_fp32, 16)  # the activation quantize kernels read float4
     M, N = call.out.shape
+    if -(-N // ROWS_PER_CTA) > MAX_GRID_Y:
+        raise ArgumentError(
+            f"W_blocks: the device GEMV takes at most {MAX_GRID_Y * ROWS_PER_CTA} rows in one call "
+            f"(grid y limit), got {N}; split the rows"
+        )
     if M == 0 or N == 0:
         return call.out
     nb = A_fp32.shape[1] // afmt.block_size
