@@ -16,7 +16,9 @@ import numpy as np
 
 import qconform.oracles.ort as ort
 from qconform.errors import ArgumentError
-from qconform.formats.ggml import Q8_0, Q8_K
+from qconform.formats.bf16 import bf16_bits_to_fp32
+from qconform.formats.fp16 import fp16_bits_to_fp32, fp32_to_fp16_bits
+from qconform.formats.ggml import Q8_0, Q8_1, Q8_K
 from qconform.oracles.ggml import check_quantize_args, dequantize, quantize
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))  # in a worker process too
@@ -694,3 +696,112 @@ qmoe_limit_on_linear_only = _qmoe_with(
     "Clamps only the linear half by swiglu_limit (ORT also caps the gate: min(g, limit)).",
     expert_activation=_swiglu_broken("limit on the linear half"),
 )
+
+
+# ------------------------------------------------------ one mutant per stated rounding / layout rule
+# Each breaks exactly one line of its oracle's docstring, as a wrapper: a knob, a swapped module
+# function, or the oracle's output changed precisely where that rule applies.
+
+_fused = importlib.import_module("qconform.oracles.ggml.fused")
+_rotary = importlib.import_module("qconform.oracles.ort.rotary")
+_store_reread = _fused._store_reread
+
+
+def _only(fmt_name: str, x, qtype: str, out):
+    fmt, _ = check_quantize_args(x, qtype, out)
+    if fmt.name != fmt_name:
+        raise NotImplementedError(f"this mutant only quantizes {fmt_name}, not {qtype}")
+
+
+def q4_0_zero_block_positive_d(x: np.ndarray, qtype: str, out: np.ndarray | None = None) -> np.ndarray:
+    """Stores an all-zero block's d as +0.0 (0x0000), where ggml's ``d = max / -8`` with max = 0.0f
+    gives -0.0 (0x8000); every code the same."""
+    _only("Q4_0", x, qtype, out)
+    y = quantize(x, qtype, out=out)
+    blocks = y.reshape(-1).view(Q4_0.dtype)
+    zero = (x.reshape(-1, 32) == 0).all(axis=1)
+    blocks["d"][zero] = 0
+    return y
+
+
+def q8_1_sum_times_fp16_d(x: np.ndarray, qtype: str, out: np.ndarray | None = None) -> np.ndarray:
+    """``s = fp16((float)sum * h2f(d))``: the block sum times the stored fp16 d, where ggml multiplies
+    by the fp32 d before rounding it (two fp16 roundings instead of one)."""
+    _only("Q8_1", x, qtype, out)
+    y = quantize(x, qtype, out=out)
+    blocks = y.reshape(-1).view(Q8_1.dtype)
+    d16 = fp16_bits_to_fp32(blocks["d"])
+    total = blocks["qs"].astype(np.int64).sum(axis=1).astype(np.float32)
+    with np.errstate(all="ignore"):
+        s = (total * d16).astype(np.float32)
+    hit = np.isfinite(d16) & np.isfinite(s)
+    blocks["s"][hit] = fp32_to_fp16_bits(s[hit])
+    return y
+
+
+_declare(q4_0_zero_block_positive_d, "q4_0_quant")
+_declare(q8_1_sum_times_fp16_d, "q8_1_quant")
+
+
+@_for("matmul_bt_quant", "Wq2_K_Aq8_K_Yfp32")
+def matmul_q2_k_contracted(W_blocks, qtype, A_fp32, *, fma=False, out=None):
+    """Contracts ``sumf += dall*isum - dmin*summs`` into fmaf as GCC's ``-mfma`` does, whatever ``fma``
+    says: the reference build (ggml-base without -mfma) rounds each product on its own."""
+    return keep_quant.matmul_bt_quant(W_blocks, qtype, A_fp32, fma=True, out=out)
+
+
+def _bf16_truncated(x: np.ndarray, rule: str = "rne") -> np.ndarray:
+    return (np.asarray(x, np.float32).view(np.uint32) >> np.uint32(16)).astype(np.uint16)
+
+
+def _store_canonical_nan(y: np.ndarray, out_dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    stored, back = _store_reread(y, out_dtype)
+    if out_dtype == "float32":
+        return stored, back
+    bits = np.where(np.isnan(back), np.uint16(0x7FC0), stored).astype(np.uint16)
+    return bits, bf16_bits_to_fp32(bits)
+
+
+@_for("rms_norm_q8_k", "Xfp32_Ybf16_Aq8_K")
+def rms_norm_q8_k_bf16_truncated(x, gamma, eps, out_dtype="float32", *, out=None):
+    """Stores the row in bfloat16 by dropping the low 16 bits (round toward zero, ``__float2bfloat16_rz``)
+    where ggml's ``ggml_compute_fp32_to_bf16`` rounds to nearest even; quantizes that stored row."""
+    with _swapped(_fused, fp32_to_bf16_bits=_bf16_truncated):
+        return keep_quant.rms_norm_q8_k(x, gamma, eps, out_dtype, out=out)
+
+
+@_for("silu_mul_q8_k", "Xfp32_Ybf16_Aq8_K")
+def silu_mul_q8_k_bf16_canonical_nan(gate, up, out_dtype="float32", *, out=None):
+    """Stores every NaN of the row as the canonical bfloat16 NaN 0x7FC0 (PyTorch's ``rne``), where ggml
+    keeps a NaN's top 16 bits with the quiet bit set (its sign and payload); quantizes that stored row."""
+    with _swapped(_fused, _store_reread=_store_canonical_nan):
+        return keep_quant.silu_mul_q8_k(gate, up, out_dtype, out=out)
+
+
+@_for("nested_absmax", "Xu8_Yfp32")
+def nested_absmax_one_rounding(qabsmax, absmax2, offset, *, mode="two_round", out=None, **kw):
+    """``fmaf(code8[q], absmax2, offset)`` (one rounding) where the two_round mode asked for rounds the
+    product and then the sum (bitsandbytes' Python ``dequantize_4bit``)."""
+    bnb_nested.check_nested_args(qabsmax, absmax2, offset, mode, out)
+    return bnb_nested.nested_absmax(qabsmax, absmax2, offset, mode="fma", out=out, **kw)
+
+
+def _rotate_fusing_b(a, b, c, t, form):
+    if form != "fma":
+        return _rotary_pairs(a, b, c, t, form)
+    a, b, c, t = (np.asarray(v, np.float64) for v in (a, b, c, t))
+    ac = (a * c).astype(np.float32).astype(np.float64)
+    at = (a * t).astype(np.float32).astype(np.float64)
+    return _rotary._fp32_sum(ac, -(b * t)).astype(np.float64), _rotary._fp32_sum(at, b * c).astype(np.float64)
+
+
+_rotary_pairs = _rotary.rotate_pairs
+
+
+@_for("gqa_decode", "Xfp32_Wfp32_Yfp32")
+def gqa_rotary_fuses_the_b_product(*args, **kw):
+    """fp32 rotary with the product of ``a`` rounded and the one of ``b`` fused:
+    a' = fp32(fp32(a*c) - b*t), b' = fp32(fp32(a*t) + b*c), where ORT's AVX2 kernel rounds the
+    product with b and fuses the other (a' = fp32(a*c - fp32(b*t)))."""
+    with _swapped(_rotary, rotate_pairs=_rotate_fusing_b):
+        return _gqa.group_query_attention(*args, **kw)

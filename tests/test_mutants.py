@@ -64,6 +64,13 @@ CAUGHT_BY = {
     "qmoe_swiglu_missing_beta": VALUE,
     "qmoe_limit_on_linear_only": VALUE,
     "qmoe_tuner_samples_first_calls": {"repeatable"},
+    "q4_0_zero_block_positive_d": VALUE,
+    "q8_1_sum_times_fp16_d": VALUE,
+    "matmul_q2_k_contracted": VALUE,
+    "rms_norm_q8_k_bf16_truncated": VALUE,
+    "silu_mul_q8_k_bf16_canonical_nan": VALUE,
+    "nested_absmax_one_rounding": VALUE,
+    "gqa_rotary_fuses_the_b_product": VALUE,
 }
 EXACTLY = {
     "q8_k_ties_away",
@@ -88,6 +95,13 @@ EXACTLY = {
     "rms_norm_q8_k_positive_d",
     "silu_mul_q8_k_quantizes_fp32",
     "qmoe_tuner_samples_first_calls",
+    "q4_0_zero_block_positive_d",
+    "q8_1_sum_times_fp16_d",
+    "matmul_q2_k_contracted",
+    "rms_norm_q8_k_bf16_truncated",
+    "silu_mul_q8_k_bf16_canonical_nan",
+    "nested_absmax_one_rounding",
+    "gqa_rotary_fuses_the_b_product",
 }
 
 
