@@ -805,3 +805,27 @@ def gqa_rotary_fuses_the_b_product(*args, **kw):
     product with b and fuses the other (a' = fp32(a*c - fp32(b*t)))."""
     with _swapped(_rotary, rotate_pairs=_rotate_fusing_b):
         return _gqa.group_query_attention(*args, **kw)
+
+
+def q4_0_ties_to_even(x: np.ndarray, qtype: str, out: np.ndarray | None = None) -> np.ndarray:
+    """Q4_0 codes with exact .5 ties of ``x * id`` rounded to even (``rint``), where ggml truncates
+    ``x * id + 8.5f`` (ties up); every other code, d and the first strict max as the reference."""
+    _only("Q4_0", x, qtype, out)
+    y = quantize(x, qtype, out=out)
+    blocks = y.reshape(-1).view(Q4_0.dtype)
+    xb = x.reshape(-1, 32)
+    with np.errstate(all="ignore"):
+        first = np.argmax(np.abs(np.nan_to_num(xb, nan=0.0)), axis=1)  # the first largest |x|
+        d = (xb[np.arange(len(xb)), first] / np.float32(-8)).astype(np.float32)
+        idd = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
+        v = (xb * idd[:, None]).astype(np.float32)
+        tie = np.isfinite(v) & (v - np.floor(v) == np.float32(0.5)) & ~np.isnan(xb).any(axis=1)[:, None]
+        codes = np.minimum(np.rint(v) + 8, 15)
+    lo, hi = blocks["qs"] & 0xF, blocks["qs"] >> 4
+    lo = np.where(tie[:, :16], codes[:, :16], lo).astype(np.uint8)
+    hi = np.where(tie[:, 16:], codes[:, 16:], hi).astype(np.uint8)
+    blocks["qs"] = lo | (hi << 4)
+    return y
+
+
+_declare(q4_0_ties_to_even, "q4_0_quant")

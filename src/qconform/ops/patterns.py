@@ -42,17 +42,29 @@ def zero_block(rng: np.random.Generator, rows: int, width: int, block: int) -> n
     return x
 
 
-def ties(rng: np.random.Generator, rows: int, width: int, block: int) -> np.ndarray:
-    """|max| = 127 * 2^e and every other value (k + 0.5) * 2^e: exact .5 ties after scaling."""
+def _ties_at(top: int, rng: np.random.Generator, rows: int, width: int, block: int) -> np.ndarray:
+    """|max| = top * 2^e and every other value (k + 0.5) * 2^e, -top <= k < top: with d = max / top
+    a power of two, every x / d lands on an exact .5 tie."""
     x = np.empty((rows, width), np.float32)
     b = _blocks(x, block)
     e = rng.integers(-20, 20, size=(len(b), 1)).astype(np.float64)
-    k = rng.integers(-127, 127, size=b.shape).astype(np.float64)
+    k = rng.integers(-top, top, size=b.shape).astype(np.float64)
     b[...] = ((k + 0.5) * 2.0**e).astype(np.float32)
     pos = rng.integers(block, size=len(b))
     sign = rng.choice([-1.0, 1.0], size=len(b))
-    b[np.arange(len(b)), pos] = (sign * 127.0 * 2.0 ** e[:, 0]).astype(np.float32)
+    b[np.arange(len(b)), pos] = (sign * top * 2.0 ** e[:, 0]).astype(np.float32)
     return x
+
+
+def ties(rng: np.random.Generator, rows: int, width: int, block: int) -> np.ndarray:
+    """|max| = 127 * 2^e and every other value (k + 0.5) * 2^e: exact .5 ties after 8-bit scaling."""
+    return _ties_at(127, rng, rows, width, block)
+
+
+def ties_4bit(rng: np.random.Generator, rows: int, width: int, block: int) -> np.ndarray:
+    """|max| = 8 * 2^e and every other value (k + 0.5) * 2^e, k in -8..7: Q4_0's d = max / -8 is a
+    power of two and every x * id an exact .5 tie (ggml truncates x * id + 8.5: ties up)."""
+    return _ties_at(8, rng, rows, width, block)
 
 
 F32_127_OVER_64_MANTISSA = 0x7E0000  # fp32 mantissa field of 127/64: amax = 127 * 2^e, a power-of-two d
@@ -218,6 +230,8 @@ PATTERNS: dict[str, Pattern] = {
     "nan_payload": nan_payload,
     "mixed": mixed,
 }
+FORMAT_PATTERNS: dict[str, Pattern] = {"ties_4bit": ties_4bit}
+"""Patterns about one format's own scale (outside ``PATTERNS``: only the ops that name them use them)."""
 MIXED_FROM = (
     "normal",
     "uniform",
@@ -237,5 +251,5 @@ def make_values(pattern: str, seed: int, rows: int, width: int, block: int) -> n
     """Deterministic float32 (rows, width) for a named pattern."""
     rng = np.random.default_rng(seed)
     with np.errstate(over="ignore", invalid="ignore"):
-        x = PATTERNS[pattern](rng, rows, width, block)
+        x = (PATTERNS.get(pattern) or FORMAT_PATTERNS[pattern])(rng, rows, width, block)
     return np.ascontiguousarray(x, dtype=np.float32)

@@ -27,6 +27,7 @@ from qconform.readings import Expected, matching_any
 LLM_WIDTHS = (2048, 2560, 4096, 5120, 8192, 14336)
 WIDE_ROW = 14336  # an FFN width: a multiple of every block size here
 DEQUANT_EXTRA_PATTERNS = ("random_bytes", "valid_blocks")  # any bytes; any bytes with finite fp16 scales
+OWN_PATTERNS = {"Q4_0": ("ties_4bit",)}  # quantizer inputs about one format's own scale (patterns.FORMAT_PATTERNS)
 WEIGHT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
 FP16_FIELDS = ("d", "dmin", "m", "s")  # the block fields that hold fp16 scales (ggml-common.h)
 EXACT = Check("exact", 0.0, "ggml's scalar reference is deterministic and blockwise: bytes must match")
@@ -337,6 +338,7 @@ def _nan_bytes(nan: np.ndarray, fmt: Any) -> np.ndarray:
 
 def _quant_op(qtype: str) -> OpSpec:
     name = f"{qtype.lower()}_quant"
+    patterns = tuple(PATTERNS) + OWN_PATTERNS.get(qtype, ())
     leaf = f"Xfp32_Y{ggml_name(qtype)}"
     block = FORMATS[qtype].block_size
     return OpSpec(
@@ -346,8 +348,8 @@ def _quant_op(qtype: str) -> OpSpec:
         oracle=quantize,
         call_args=lambda inputs, params: ((inputs["x"], params["qtype"]), {}),
         make_inputs=_quant_inputs,
-        cases=lambda lf, coverage: _cases(name, lf, block, tuple(PATTERNS), coverage, qtype in WEIGHT_TYPES),
-        strategy=lambda lf: _strategy(name, lf, tuple(PATTERNS)),
+        cases=lambda lf, coverage: _cases(name, lf, block, patterns, coverage, qtype in WEIGHT_TYPES),
+        strategy=lambda lf: _strategy(name, lf, patterns),
         validate=lambda inputs, params, out=None: check_quantize_args(inputs["x"], params["qtype"], out),
         bad_arguments=_quant_bad,
         decode=lambda y, params: dequantize(y, params["qtype"]),
