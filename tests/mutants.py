@@ -19,7 +19,7 @@ from qconform.errors import ArgumentError
 from qconform.formats.bf16 import bf16_bits_to_fp32
 from qconform.formats.fp16 import fp16_bits_to_fp32, fp32_to_fp16_bits
 from qconform.formats.ggml import Q8_0, Q8_1, Q8_K
-from qconform.oracles.ggml import check_quantize_args, dequantize, quantize
+from qconform.oracles.ggml import check_dequantize_args, check_quantize_args, dequantize, quantize
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))  # in a worker process too
 # the README's Q8_K drop-ins (examples/my_kernels.py), each one knob of the same spec
@@ -829,3 +829,19 @@ def q4_0_ties_to_even(x: np.ndarray, qtype: str, out: np.ndarray | None = None) 
 
 
 _declare(q4_0_ties_to_even, "q4_0_quant")
+
+
+def q4_k_dequant_scale_of_next_subblock(data: np.ndarray, qtype: str, out: np.ndarray | None = None) -> np.ndarray:
+    """Dequantizes sub-block j of each Q4_K block with the 6-bit scale of sub-block (j + 1) % 8 (the
+    mins as ggml reads them): get_scale_min_k4 indexed one off."""
+    fmt, _ = check_dequantize_args(data, qtype, out)
+    if fmt is not Q4_K:
+        raise NotImplementedError(f"this mutant only dequantizes Q4_K, not {qtype}")
+    w = Q4_K.blocks(data.copy())
+    sc, m = get_scale_min_k4(w["scales"])
+    w["scales"] = pack_scale_min_k4(np.roll(sc, -1, axis=1), m)
+    y = dequantize(w.view(np.uint8).reshape(data.shape), qtype)
+    return y if out is None else np.copyto(out, y) or out
+
+
+_declare(q4_k_dequant_scale_of_next_subblock, "q4_k_dequant")

@@ -65,6 +65,7 @@ CAUGHT_BY = {
     "qmoe_limit_on_linear_only": VALUE,
     "qmoe_tuner_samples_first_calls": {"repeatable"},
     "q4_0_ties_to_even": VALUE,
+    "q4_k_dequant_scale_of_next_subblock": VALUE,
     "q4_0_zero_block_positive_d": VALUE,
     "q8_1_sum_times_fp16_d": VALUE,
     "matmul_q2_k_contracted": VALUE,
