@@ -453,6 +453,15 @@ def _keep_quant_out(y: np.ndarray, out: np.ndarray | None) -> np.ndarray:
     return out
 
 
+def _q4_k_next_subblock_scales(data: np.ndarray) -> np.ndarray:
+    """Q4_K block bytes (rows, bytes) with sub-block j's 6-bit scale replaced by sub-block (j + 1) % 8's,
+    the mins unchanged."""
+    w = Q4_K.blocks(data.copy())
+    sc, m = get_scale_min_k4(w["scales"])
+    w["scales"] = pack_scale_min_k4(np.roll(sc, -1, axis=1), m)
+    return w.view(np.uint8).reshape(data.shape)
+
+
 @_for("matmul_bt_quant", "Wq4_K_Aq8_K_Yfp32")
 def matmul_q4_k_scale_of_next_subblock(W_blocks, qtype, A_fp32, *, fma=False, out=None):
     """Multiplies sub-block j of each Q4_K block by the 6-bit scale of sub-block (j + 1) % 8 (the
@@ -460,10 +469,7 @@ def matmul_q4_k_scale_of_next_subblock(W_blocks, qtype, A_fp32, *, fma=False, ou
     wfmt, _, _ = keep_quant.check_matmul_args(W_blocks, qtype, A_fp32, out)
     if wfmt is not Q4_K:
         raise NotImplementedError(f"this mutant only reads Q4_K weights, not {qtype}")
-    w = Q4_K.blocks(W_blocks.copy())
-    sc, m = get_scale_min_k4(w["scales"])
-    w["scales"] = pack_scale_min_k4(np.roll(sc, -1, axis=1), m)
-    y = keep_quant.matmul_bt_quant(w.view(np.uint8).reshape(W_blocks.shape), qtype, A_fp32, fma=fma)
+    y = keep_quant.matmul_bt_quant(_q4_k_next_subblock_scales(W_blocks), qtype, A_fp32, fma=fma)
     return _keep_quant_out(y, out)
 
 
@@ -837,10 +843,7 @@ def q4_k_dequant_scale_of_next_subblock(data: np.ndarray, qtype: str, out: np.nd
     fmt, _ = check_dequantize_args(data, qtype, out)
     if fmt is not Q4_K:
         raise NotImplementedError(f"this mutant only dequantizes Q4_K, not {qtype}")
-    w = Q4_K.blocks(data.copy())
-    sc, m = get_scale_min_k4(w["scales"])
-    w["scales"] = pack_scale_min_k4(np.roll(sc, -1, axis=1), m)
-    y = dequantize(w.view(np.uint8).reshape(data.shape), qtype)
+    y = dequantize(_q4_k_next_subblock_scales(data), qtype)
     return y if out is None else np.copyto(out, y) or out
 
 
