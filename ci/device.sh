@@ -37,6 +37,9 @@ if part check; then
     "$PY" -m qconform run --impl cupy --ops "$ops" --coverage 2 --no-cold --format markdown --out "$OUT/cupy-$fam.md" \
       >"$OUT/run-cupy-$fam.log" 2>&1 || status=1
   done
+  if [ -z "$FAMILY" ] || [ "$FAMILY" = bnb ]; then  # the cuda reading's reciprocal table, measured here
+    "$PY" -m qconform.device.bnb.rcp --out "$OUT/rcp-table.npz" >"$OUT/rcp.md" 2>&1 || status=1
+  fi
   if [ -z "$FAMILY" ]; then
     "$PY" -m qconform run --impl cupy:ref --ops q8_k_quant --coverage 2 --format markdown --out "$OUT/cupy-ref.md" \
       >"$OUT/run-cupy-ref.log" 2>&1 || status=1
@@ -69,6 +72,7 @@ if part check; then
     show "conformance: family $fam (--impl cupy, coverage 2; cold sets in pytest)" "cupy-$fam.md"
   done
   [ -z "$FAMILY" ] && show "conformance: --impl cupy:ref" cupy-ref.md
+  { [ -z "$FAMILY" ] || [ "$FAMILY" = bnb ]; } && show "bitsandbytes cuda reading: the device's reciprocal table" rcp.md
 fi
 part mutants && show "device mutants and controls" mutants.md
 if part users; then

@@ -230,3 +230,18 @@ def test_own_abi_kernels_load_as_hip_user_kernels(op_name: str) -> None:
         prepared = [Prepared.from_case(op, c, impl) for c in op.cases(lf.name, 1)]
         result = run_leaf(impl, op, lf.name, prepared, repeat_calls=9, cold=False)
         assert result.verdict == "PASS", (lf.name, [o.detail for o in result.failed][:3])
+
+
+def test_rcp_table_rule_and_sm90_table() -> None:
+    """The device's approximate reciprocal is what the oracle computes from the measured table on
+    values of every exponent and the special values (one table of mantissas scales by 2^k), no
+    difference overflows the table's int8, and on sm_90 the table is the shipped one."""
+    import cupy
+
+    from qconform.device.bnb.rcp import measure
+
+    m = measure()
+    assert not m.overflow
+    assert m.mismatches == 0, f"{m.mismatches} of {m.sampled} values differ from the table's rule"
+    if cupy.cuda.Device().compute_capability == "90":
+        assert m.is_shipped, m.sha256

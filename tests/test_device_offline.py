@@ -16,6 +16,7 @@ from qconform.device.registry import (
     COMMON_DIR,
     KERNEL_DIR,
     KERNELS,
+    TOOL_KERNELS,
     Geometry,
     Launch,
     check_grid,
@@ -59,7 +60,9 @@ def test_every_registered_kernel_exists_in_its_source() -> None:
         assert k.op in CATALOGUE
         text = k.path.read_text()
         assert k.symbol in _kernel_symbols(text) | _mma_instances(text) | _kq_instances(text), k.symbol
-    registered = {(k.source, k.symbol) for k in KERNELS}
+    for source, symbol, _ in TOOL_KERNELS:
+        assert symbol in _kernel_symbols((KERNEL_DIR / source).read_text()), symbol
+    registered = {(k.source, k.symbol) for k in KERNELS} | {(src, sym) for src, sym, _ in TOOL_KERNELS}
     for path in sorted(KERNEL_DIR.glob("*/*.hip")):
         source = str(path.relative_to(KERNEL_DIR))
         code = re.sub(r"/\*.*?\*/|//[^\n]*", "", path.read_text(), flags=re.S)

@@ -339,5 +339,11 @@ BNB_KERNELS: tuple[KernelSpec, ...] = (
     function_kernel("bnb", "fp4_decode", "qk_fp4_decode", "decode.hip", "one thread per output: one nibble, one scale"),
 )
 """The bitsandbytes family's kernels (``qconform.device.bnb``)."""
+TOOL_KERNELS: tuple[tuple[str, str, str], ...] = (
+    ("bnb/rcp.hip", "qk_rcp_table", "the device's approximate reciprocal over [1, 2), as the oracle's int8 table"),
+    ("bnb/rcp.hip", "qk_rcp_scaled", "the device's approximate reciprocal of given floats (the table's rule checked)"),
+)
+"""(source, symbol, doc) of kernels that implement no op: measurements of the device that the
+oracles take as parameters (``qconform.device.bnb.rcp``)."""
 KERNELS: tuple[KernelSpec, ...] = (*GGML_KERNELS, *GGML_FUNCTION_KERNELS, *BNB_KERNELS, *ORT_KERNELS, *_mma_symbols())
 """Every kernel qconform ships (an offline test checks each symbol exists in its source)."""

@@ -9,7 +9,8 @@ ulp off the correctly rounded 1/m in about 13% of cases (measured on sm_90). It 
 
     table[k] = bits(rcp_approx(m_k)) - bits(fl32(1 / m_k)),   m_k = the float32 with bits 0x3F800000 | k.
 
-qconform does not ship that table (it is measured on a GPU). By default the oracle uses the exact IEEE
+qconform does not ship that table (it is measured on a GPU: ``python -m qconform.device.bnb.rcp
+--out table.npz``). By default the oracle uses the exact IEEE
 reciprocal; a caller with a table passes it as ``rcp_table`` (``load_rcp_table`` reads and checks one).
 Special values follow the instruction: rcp(+-0) = +-inf, rcp(+-inf) = +-0, NaN -> NaN, a subnormal
 input is a zero (ftz) and a subnormal result flushes to a zero of the same sign.
