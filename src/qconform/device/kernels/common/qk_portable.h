@@ -72,6 +72,18 @@ __device__ __forceinline__ __half qk_half_rn(float v) { return __float2half_rn(v
 /* bytes of the 8-byte {y:x} selected by the nibbles of s: CUDA __byte_perm, HIP __byte_perm */
 #define QK_BYTE_PERM(x, y, s) __byte_perm((x), (y), (s))
 
+/* (v & mask) | bits in one instruction: written as C with two constants, ptxas emits two LOP3 of
+ * one immediate each (docs/perf-notes.md, session 7: 12% of the u2 decode GEMV's time) */
+__device__ __forceinline__ qk_u32 qk_and_or(qk_u32 v, qk_u32 mask, qk_u32 bits) {
+#if defined(QK_CUDA) && defined(__CUDA_ARCH__)
+    qk_u32 x;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(x) : "r"(v), "r"(mask), "r"(bits));
+    return x;
+#else
+    return (v & mask) | bits;
+#endif
+}
+
 /* c + the dot product of the four signed bytes of a and b (exact; no saturation): NVIDIA dp4a
  * (sm_61+); AMD v_dot4_i32_i8 (__builtin_amdgcn_sdot4 without clamp) on the targets that have it
  * (gfx906/908/90a/94x, gfx1011/1012/103x: LLVM's AMDGPU dot1/dot7 instructions; RDNA3 and later only

@@ -47,7 +47,7 @@ __device__ __forceinline__ void qk_fold_offsets(int z, qk_u32 off[4]) {
  * q 2^p from the 0x6400 magic, times 2^-p plus the offset pair off in one exact fma */
 __device__ __forceinline__ qk_u32 qk_q_pair(qk_u32 v, qk_u32 mask, int p, qk_u32 off) {
     const qk_u32 scale = (qk_u32)(15 - p) << 10;
-    return qk_hfma2((v & mask) | 0x64006400u, scale | scale << 16, off);
+    return qk_hfma2(qk_and_or(v, mask, 0x64006400u), scale | scale << 16, off);
 }
 
 template <int BITS>
@@ -492,20 +492,20 @@ __device__ __forceinline__ void qk_nbits_mmaa(const qk_u16* A, const qk_u8* B, c
             }
 #pragma unroll
             for (int r = 0; r < R; ++r) {
-                /* two chains of two products (m even / odd): half the dependent matrix-unit latency */
-                float d[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+                /* one chain of the 4 products (two chains of two, added after, were 2-3% slower:
+                 * docs/perf-notes.md) */
+                float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
                 for (int m = 0; m < 4; ++m) {
                     qk_u32 a[4];
                     qk_weight_pairs<BITS>(ws[r][0] + cc * WPR, m, zoff, &a[0], &a[2]);
                     qk_weight_pairs<BITS>(ws[r][1] + cc * WPR, m, zoff, &a[1], &a[3]);
-                    qk_mma_16816(d[m & 1], a, bf[m]);
+                    qk_mma_16816(d, a, bf[m]);
                 }
                 const float s0 = qk_fp16_to_float((qk_u16)QK_SHFL(sc16[r][0], cc, 4));
                 const float s1 = qk_fp16_to_float((qk_u16)QK_SHFL(sc16[r][1], cc, 4));
 #pragma unroll
-                for (int i = 0; i < 4; ++i)
-                    acc[r * 4 + i] = fmaf(i < 2 ? s0 : s1, d[0][i] + d[1][i], acc[r * 4 + i]);
+                for (int i = 0; i < 4; ++i) acc[r * 4 + i] = fmaf(i < 2 ? s0 : s1, d[i], acc[r * 4 + i]);
             }
         }
     }
