@@ -263,7 +263,10 @@ RING_SCALE: Edits = (
 # the activation pair of register P in the other order than the weights'
 RING_SLOT_SWAP: Edits = (("bf[m][0] = qk_act_pair(act, pp[0], pp[1]);", "bf[m][0] = qk_act_pair(act, pp[1], pp[0]);"),)
 # the quad's transpose keeps its own word where it should take the partner's
-RING_TRANSPOSE: Edits = (("    w[1] = b0 ? x1 : q0;\n", "    w[1] = b0 ? x1 : x0;\n"),)
+# the quad's transposed words read from the ring without the XOR swizzle the copies were written with
+RING_TRANSPOSE: Edits = (
+    ("32 + qk_ring_slot(lane >> 2, c)) * 4", "32 + 4 * (lane >> 2) + c) * 4"),
+)
 # the last K split's partial sums never added
 RING_DROP_LAST_WARP: Edits = (
     ("for (int k = 1; k < wk_n; ++k) v += qk_red[", "for (int k = 1; k < wk_n - 1; ++k) v += qk_red["),
@@ -275,7 +278,7 @@ ORT_MUTANTS = (
     _mma("mma GEMV: last K split not added", "matches_oracle", edits=MMA_DROP_LAST_WARP, leaf="Xfp16_Wu4_Yfp16"),
     _mma("ring GEMV: a superchunk's last chunk takes the previous scale", "matches_oracle", edits=RING_SCALE),
     _mma("ring GEMV: activation pairs in swapped K slots", "matches_oracle", edits=RING_SLOT_SWAP),
-    _mma("ring GEMV: the quad transpose keeps a word", "matches_oracle", edits=RING_TRANSPOSE),
+    _mma("ring GEMV: the quad transpose reads unswizzled slots", "matches_oracle", edits=RING_TRANSPOSE),
     _mma("ring GEMV: last K split not added", "matches_oracle", edits=RING_DROP_LAST_WARP, leaf="Xfp16_Wu4_Yfp16"),
     _mma("control: portable mma (shuffles), u2", None, define="-DQK_MMA_EMULATE"),
     _mma("control: portable mma (shuffles), u4", None, define="-DQK_MMA_EMULATE", leaf="Xfp16_Wu4_Yfp16"),

@@ -151,7 +151,7 @@ def test_patch_rules_and_written_sources(tmp_path) -> None:
         assert path.name == patch.source.name and path.read_text() == patch.text(), name
         for header in patch.source.parent.glob("*.h"):
             assert (path.parent / header.name).read_bytes() == header.read_bytes(), name
-    ring = dict(patches)["ring GEMV: the quad transpose keeps a word"]
+    ring = dict(patches)["ring GEMV: the quad transpose reads unswizzled slots"]
     with Patch(KERNEL_DIR / "ort/nbits_mma.hip", ring.edits).materialised() as path:
         assert path.read_text() == ring.text() and (path.parent / "ort_common.h").is_file()
     assert not path.exists()
@@ -267,6 +267,19 @@ def test_ring_split_for_the_bench_shapes() -> None:
     assert shape.ring_split(160, 70, 0, per_cta, per_sm, 132) == 8  # 35 KiB of activations: read from L2
     assert shape.ring_split(160, 5, 0, per_cta, per_sm, 132) == 2  # 5 superchunks: 2 per warp at most
     assert MmaShape(r=2, t=1, p=64, ring=True).ring_split(560, 20, 10240, 48 * 1024, per_sm, 132) == 0
+
+
+def test_decode_shape_by_rows_per_sm() -> None:
+    """16-row ring tiles when 32-row ones give an SM fewer than two: on 132 SMs 5120 and 4096 rows
+    (160 and 128 tiles) take the narrow shape, 17920 and 14336 (560, 448) the wide one; the
+    boundary is 264 tiles."""
+    from qconform.device.registry import MMA_SHAPES, decode_shape
+
+    wide, narrow = MMA_SHAPES["decode"], MMA_SHAPES["decode_narrow"]
+    assert (wide.r, narrow.r) == (2, 1) and narrow.ring
+    assert decode_shape(5120, 132) is narrow and decode_shape(4096, 132) is narrow
+    assert decode_shape(17920, 132) is wide and decode_shape(14336, 132) is wide
+    assert decode_shape(264 * 32, 132) is wide and decode_shape(263 * 32, 132) is narrow
 
 
 def test_mma_k_split_keeps_one_wave() -> None:

@@ -265,11 +265,23 @@ class MmaShape:
 
 MMA_SHAPES = {
     "decode": MmaShape(r=2, t=1, p=3, ring=True, warps_per_sm=16),
+    "decode_narrow": MmaShape(r=1, t=1, p=4, ring=True, warps_per_sm=16),
     "decode_zp": MmaShape(r=2, t=1, p=2, o=1),
     "prefill": MmaShape(r=2, t=4, p=2, o=1, wk=1, wi=4),
 }
-"""decode: M <= 8 (one group of 8 tokens); prefill: larger M. The shapes the device suite ran
+"""decode: M <= 8 (one group of 8 tokens); decode_narrow: the same for weights of too few rows to
+give every SM two of decode's tiles (``decode_shape``); prefill: larger M. The shapes the device suite ran
 (docs/perf-notes.md has the bench's times for every candidate)."""
+
+
+def decode_shape(N: int, sms: int) -> MmaShape:
+    """The ring decode shape for N weight rows on ``sms`` SMs: 16-row tiles (decode_narrow) when
+    32-row ones would give fewer than two per SM. Measured on the H200 (docs/perf-notes.md):
+    17920 x 5120 and 14336 x 4096 take 4-14% less time with 16-row tiles, 5120 x 17920 20% more."""
+    wide = MMA_SHAPES["decode"]
+    return MMA_SHAPES["decode_narrow"] if -(-N // (16 * wide.r)) < 2 * sms else wide
+
+
 MMA_DECODE_CANDIDATES = (
     *(MmaShape(r, 1, p, o) for r, p, o in ((2, 2, 1), (2, 2, 3), (2, 4, 2), (4, 2, 2), (1, 4, 4))),
     *(MmaShape(r, 1, p, ring=True) for r, p in ((2, 4), (2, 3), (2, 2), (1, 4), (1, 6), (4, 2))),

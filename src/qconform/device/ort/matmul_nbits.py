@@ -12,7 +12,7 @@ import numpy as np
 
 from qconform.device.abi import out_buffer, shadow
 from qconform.device.launchers import contiguous, kernel_of, launch, launch_abi, launch_grid, sm_count
-from qconform.device.registry import MMA_SHAPES
+from qconform.device.registry import MMA_SHAPES, decode_shape
 from qconform.errors import ArgumentError
 from qconform.ops.ort.matmul_nbits import DEQUANTIZE_NBITS, ZP_KIND, zero_point_kind
 from qconform.oracles.ort.matmul_nbits import check_a, check_nbits_args
@@ -80,7 +80,7 @@ def _launch_ring(bits: int, M: int, lay: Any, ptrs: tuple, has_bias: bool, a_vec
     """The decode kernel with the weights streamed through shared-memory rings (default zero
     point); False when one warp's ring does not fit (the caller then takes the general kernel)."""
     A, B, scales, _, bias, y = ptrs
-    shape = MMA_SHAPES["decode"]
+    shape = decode_shape(lay.N, sm_count())
     n_chunks = -(-lay.K // 64)
     sc = 8 // bits  # chunks of 64 per superchunk
     units = -(-n_chunks // sc)

@@ -207,4 +207,15 @@ template <int N>
 __device__ __forceinline__ void qk_cp_async_wait() {}
 #endif
 
+/* the lanes of a warp meet, and their shared-memory writes (asynchronous copies waited for
+ * included) are visible to each other; an AMD wavefront runs its lanes in lockstep and keeps its
+ * LDS operations in order, so only the compiler is told */
+__device__ __forceinline__ void qk_syncwarp() {
+#if defined(QK_CUDA)
+    __syncwarp();
+#else
+    __builtin_amdgcn_wave_barrier();
+#endif
+}
+
 #endif /* QK_PORTABLE_H */

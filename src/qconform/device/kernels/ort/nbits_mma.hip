@@ -350,24 +350,18 @@ __device__ __forceinline__ void qk_nbits_mma(const qk_u16* A, const qk_u8* B, co
 /* ------------------------------------ decode on the matrix units, 16-byte weight loads */
 /* The same arithmetic as qk_nbits_mma (one group of 8 tokens), with the weights read 64 bytes
  * per row and quad: lane t loads bytes 16t..16t+15 of a row's 64-byte "superchunk" (4 chunks of
- * u2, 2 of u4) in one 16-byte load, and the quad transposes its 4 x 4 words by shuffles so that
- * each lane again holds, per chunk, the words of its own K slots. After the
+ * u2, 2 of u4) in one 16-byte asynchronous copy into the warp's ring, and reads back the quad's
+ * 4 x 4 words transposed (after a warp barrier) so that each lane again holds, per chunk, the
+ * words of its own K slots (shuffles did this before: 3-8% slower, docs/perf-notes.md). After the
  * transpose lane t holds word t of each lane's 16 bytes: u2, chunk c: k = 64c + 16t + 0..15 (as
  * qk_nbits_mma); u4, chunk c: k = 64c + 8t + 0..7 and 64c + 32 + 8t + 0..7 (so its activations
  * are read from those two places). Each lane loads one chunk's scale of the superchunk and the
  * quad shares them by shuffle. */
 
-/* lane t's w[c] becomes lane c's w[t], within each group of 4 lanes */
-__device__ __forceinline__ void qk_quad_transpose(qk_u32 w[4], int t) {
-    const bool b1 = (t & 2) != 0, b0 = (t & 1) != 0;
-    const qk_u32 r0 = QK_SHFL_XOR(b1 ? w[0] : w[2], 2, 4), r1 = QK_SHFL_XOR(b1 ? w[1] : w[3], 2, 4);
-    const qk_u32 x0 = b1 ? r0 : w[0], x1 = b1 ? r1 : w[1], x2 = b1 ? w[2] : r0, x3 = b1 ? w[3] : r1;
-    const qk_u32 q0 = QK_SHFL_XOR(b0 ? x0 : x1, 1, 4), q1 = QK_SHFL_XOR(b0 ? x2 : x3, 1, 4);
-    w[0] = b0 ? q0 : x0;
-    w[1] = b0 ? x1 : q0;
-    w[2] = b0 ? q1 : x2;
-    w[3] = b0 ? x3 : q1;
-}
+/* the 16-byte slot of a ring piece holding lane 4g + c's copy: XOR-swizzled so that the quad
+ * transpose read straight from the ring (lane 4g + t reading word t of the slots of c = 0..3)
+ * touches 32 different banks */
+__device__ __forceinline__ int qk_ring_slot(int g, int c) { return 4 * g + (c ^ ((g >> 1) & 3)); }
 
 /* Stage j of a warp's ring, per lane: R x 2 weight pieces of 16 bytes, then R x 2 scale words */
 template <int R>
@@ -375,7 +369,11 @@ struct QkRing {
     qk_u32* base;
     int lane;
     __device__ __forceinline__ uint4* piece(int j, int r, int h) const {
-        return (uint4*)base + ((j * R + r) * 2 + h) * 32 + lane;
+        return (uint4*)base + ((j * R + r) * 2 + h) * 32 + qk_ring_slot(lane >> 2, lane & 3);
+    }
+    /* word t of quad lane c's piece, for lane 4g + t: the quad transpose, read from shared memory */
+    __device__ __forceinline__ qk_u32 transposed(int j, int r, int h, int c) const {
+        return base[(((j * R + r) * 2 + h) * 32 + qk_ring_slot(lane >> 2, c)) * 4 + (lane & 3)];
     }
     __device__ __forceinline__ qk_u32* scale(int j, int r, int h, int stages) const {
         return base + stages * R * 2 * 32 * 4 + ((j * R + r) * 2 + h) * 32 + lane;
@@ -458,23 +456,24 @@ __device__ __forceinline__ void qk_nbits_mmaa(const qk_u16* A, const qk_u8* B, c
 
     for (int s = s_lo, j = 0; s < s_hi; ++s, j = j + 1 == S ? 0 : j + 1) {
         const int jn = j == 0 ? S - 1 : j - 1; /* the stage read last iteration: refilled S - 1 ahead */
+        qk_syncwarp(); /* the quad read each other's copies of stage jn: all done before it is refilled */
         if (s + S - 1 < s_hi)
             qk_issue_super<BITS, R, S>(ring, jn, wrow, rows, scales, n_scales, s + S - 1, t, row_bytes, n_chunks,
                                        cpb_shift, k_blocks);
         qk_cp_async_commit();
         qk_cp_async_wait<S - 1>();
+        qk_syncwarp(); /* stage j: every lane's copies landed, visible to the quad */
         qk_u32 ws[R][2][4], sc16[R][2];
         const int c_own = s * SC + t % SC;
 #pragma unroll
         for (int r = 0; r < R; ++r)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                const uint4 v = *ring.piece(j, r, h);
-                ws[r][h][0] = v.x; ws[r][h][1] = v.y; ws[r][h][2] = v.z; ws[r][h][3] = v.w;
+#pragma unroll
+                for (int c = 0; c < 4; ++c) ws[r][h][c] = ring.transposed(j, r, h, c);
                 const qk_u32 word = *ring.scale(j, r, h, S);
                 const qk_i64 i = (qk_i64)rows[r][h] * k_blocks + (c_own >> cpb_shift);
                 sc16[r][h] = (i & 1) ? word >> 16 : word & 0xFFFFu;
-                qk_quad_transpose(ws[r][h], t);
             }
 #pragma unroll
         for (int cc = 0; cc < SC; ++cc) {
@@ -563,7 +562,6 @@ __device__ __forceinline__ void qk_nbits_mmaa(const qk_u16* A, const qk_u8* B, c
 #define QK_NBITS_MMA_CANDIDATES(BITS)                                                                                  \
     QK_NBITS_MMAA(BITS, 2, 4)                                                                                          \
     QK_NBITS_MMAA(BITS, 2, 2)                                                                                          \
-    QK_NBITS_MMAA(BITS, 1, 4)                                                                                          \
     QK_NBITS_MMAA(BITS, 1, 6)                                                                                          \
     QK_NBITS_MMAA(BITS, 4, 2)                                                                                          \
     QK_NBITS_MMA(BITS, 2, 1, 2, 3)                                                                                     \
@@ -573,6 +571,7 @@ __device__ __forceinline__ void qk_nbits_mmaa(const qk_u16* A, const qk_u8* B, c
 #endif
 #define QK_NBITS_MMA_BITS(BITS)                                                                                        \
     QK_NBITS_MMAA(BITS, 2, 3)                                                                                          \
+    QK_NBITS_MMAA(BITS, 1, 4)                                                                                          \
     QK_NBITS_MMA(BITS, 2, 1, 2, 1)                                                                                     \
     QK_NBITS_MMA(BITS, 2, 4, 2, 1)                                                                                     \
     QK_NBITS_MMA_CANDIDATES(BITS)
