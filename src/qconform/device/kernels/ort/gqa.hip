@@ -185,7 +185,7 @@ __device__ __forceinline__ float qk_gqa_score(float dot, float alpha, float soft
 /* One CTA per (query row (b, s), split sp of the keys, KV head g, block of up to QK_GQA_HEADS of
  * g's query heads): keys [max(lo, sp chunk), min(L, (sp + 1) chunk)) of the row's causal range
  * [lo, L), L = min(past_b + s + 1, total_b), lo = L - W with a window of W < L keys. Warp w takes
- * keys w, w + warps, ...; lane l channels l, l + QK_WARP, ... (SLOTS of them). Writes the split's
+ * keys in runs of KU; lane l channels l, l + QK_WARP, ... (SLOTS of them). Writes the split's
  * max m, sum of exp(x - m) and unnormalised P V (fp32) per query head. */
 template <int KIND, int SLOTS>
 __device__ __forceinline__ void qk_gqa_attend(const float* qrot, const void* present_key, const void* present_value,
@@ -196,6 +196,8 @@ __device__ __forceinline__ void qk_gqa_attend(const float* qrot, const void* pre
                                               int per_channel, int is16, float alpha, float softcap, int chunk,
                                               int splits) {
     extern __shared__ float qk_gqa_smem[];
+    /* key rows a warp loads before using them: more for 1-byte caches, fewer for wide heads */
+    constexpr int KU = (KIND >= 2 ? 8 : 4) / (SLOTS >= 8 ? 2 : 1);
     const int nw = QK_GQA_THREADS / QK_WARP, warp = (int)threadIdx.x / QK_WARP, lane = (int)threadIdx.x % QK_WARP;
     const int sp = (int)(blockIdx.x % splits);
     const qk_i64 bs = blockIdx.x / splits, b = bs / S, s = bs % S;
@@ -236,30 +238,38 @@ __device__ __forceinline__ void qk_gqa_attend(const float* qrot, const void* pre
     const qk_i64 bias_row = bias_batch ? ((bias_batch == 1 ? 0 : b) * bias_heads) : 0;
     __syncthreads();
 
-    /* scores of the split's keys */
-    for (int i = warp; i < n; i += nw) {
-        const qk_i64 j = k0 + i;
-        const void* krow = kbase + j * row_bytes;
-        float kv[SLOTS];
+    /* scores of the split's keys: warp w takes keys [w KU, w KU + KU), then nw KU further on; the
+     * KU rows are loaded before any is used (loads in flight) */
+    for (int i0 = warp * KU; i0 < n; i0 += nw * KU) {
+        float kv[KU][SLOTS];
 #pragma unroll
-        for (int sl = 0; sl < SLOTS; ++sl) {
-            const int c = lane + sl * QK_WARP;
-            kv[sl] = c < H ? qk_gqa_cache<KIND>(krow, c, ks[sl]) : 0.0f;
-        }
-#pragma unroll
-        for (int h = 0; h < QK_GQA_HEADS; ++h) {
-            if (h >= nh) break;
-            float d = 0.0f;
+        for (int u = 0; u < KU; ++u) {
+            const void* krow = kbase + (k0 + (i0 + u < n ? i0 + u : i0)) * row_bytes;
 #pragma unroll
             for (int sl = 0; sl < SLOTS; ++sl) {
                 const int c = lane + sl * QK_WARP;
-                if (c < H) d = __fmaf_rn(q_s[h * H + c], kv[sl], d);
+                kv[u][sl] = c < H ? qk_gqa_cache<KIND>(krow, c, ks[sl]) : 0.0f;
             }
-            d = qk_gqa_warp_sum(d);
-            if (lane == 0) {
-                const qk_i64 head = bias_heads == 1 ? 0 : h0 + h;
-                const qk_i64 bi = ((bias_row + head) * S + s) * T + j;
-                buf[h * chunk + i] = qk_gqa_score(d, alpha, softcap, bias_batch ? attention_bias : 0, bi, is16);
+        }
+#pragma unroll
+        for (int u = 0; u < KU; ++u) {
+            const int i = i0 + u;
+            if (i >= n) break;
+#pragma unroll
+            for (int h = 0; h < QK_GQA_HEADS; ++h) {
+                if (h >= nh) break;
+                float d = 0.0f;
+#pragma unroll
+                for (int sl = 0; sl < SLOTS; ++sl) {
+                    const int c = lane + sl * QK_WARP;
+                    if (c < H) d = __fmaf_rn(q_s[h * H + c], kv[u][sl], d);
+                }
+                d = qk_gqa_warp_sum(d);
+                if (lane == 0) {
+                    const qk_i64 head = bias_heads == 1 ? 0 : h0 + h;
+                    const qk_i64 bi = ((bias_row + head) * S + s) * T + k0 + i;
+                    buf[h * chunk + i] = qk_gqa_score(d, alpha, softcap, bias_batch ? attention_bias : 0, bi, is16);
+                }
             }
         }
     }
@@ -290,20 +300,27 @@ __device__ __forceinline__ void qk_gqa_attend(const float* qrot, const void* pre
     for (int h = 0; h < QK_GQA_HEADS; ++h)
 #pragma unroll
         for (int sl = 0; sl < SLOTS; ++sl) acc[h][sl] = 0.0f;
-    for (int i = warp; i < n; i += nw) {
-        const void* vrow = vbase + (k0 + i) * row_bytes;
-        float vv[SLOTS];
+    for (int i0 = warp * KU; i0 < n; i0 += nw * KU) {
+        float vv[KU][SLOTS];
 #pragma unroll
-        for (int sl = 0; sl < SLOTS; ++sl) {
-            const int c = lane + sl * QK_WARP;
-            vv[sl] = c < H ? qk_gqa_cache<KIND>(vrow, c, vs[sl]) : 0.0f;
+        for (int u = 0; u < KU; ++u) {
+            const void* vrow = vbase + (k0 + (i0 + u < n ? i0 + u : i0)) * row_bytes;
+#pragma unroll
+            for (int sl = 0; sl < SLOTS; ++sl) {
+                const int c = lane + sl * QK_WARP;
+                vv[u][sl] = c < H ? qk_gqa_cache<KIND>(vrow, c, vs[sl]) : 0.0f;
+            }
         }
 #pragma unroll
-        for (int h = 0; h < QK_GQA_HEADS; ++h) {
-            if (h >= nh) break;
-            const float p = buf[h * chunk + i];
+        for (int u = 0; u < KU; ++u) {
+            if (i0 + u >= n) break;
 #pragma unroll
-            for (int sl = 0; sl < SLOTS; ++sl) acc[h][sl] = __fmaf_rn(p, vv[sl], acc[h][sl]);
+            for (int h = 0; h < QK_GQA_HEADS; ++h) {
+                if (h >= nh) break;
+                const float p = buf[h * chunk + i0 + u];
+#pragma unroll
+                for (int sl = 0; sl < SLOTS; ++sl) acc[h][sl] = __fmaf_rn(p, vv[u][sl], acc[h][sl]);
+            }
         }
     }
     __syncthreads(); /* buf is reused for the warps' partial sums */
