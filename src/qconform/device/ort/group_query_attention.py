@@ -19,6 +19,7 @@ import cupy
 import numpy as np
 
 from qconform.device.abi import bind_call
+from qconform.device.launch import check_aligned
 from qconform.device.launchers import launch, launch_grid
 from qconform.device.loader import device_info
 from qconform.errors import Declined
@@ -58,6 +59,8 @@ def _run(op: OpSpec, args: tuple, kwargs: dict[str, Any], out: Any) -> Any:
     (q, k, v, past_k, past_v, seqlens, cos, sin, pid, bias, sink, k_scale, v_scale, output, pres_k, pres_v) = (
         call.pointers
     )
+    for name, a in (("past_key", past_k), ("past_value", past_v), ("out", pres_k), ("out", pres_v)):
+        check_aligned(name, a, 4)  # the past rows are copied as 32-bit words
     sink_mode = 1 if sink is not None else (2 if sc["smooth_softmax"] == 1 else 0)
     null = np.uint64(0)
     optional = (k, v, cos, sin, bias, sink, k_scale, v_scale)
