@@ -107,7 +107,7 @@ def _sdpa(sets: list[tuple[Any, Any, Any]], reps: int) -> tuple[str, list[float]
 
     N, Nk, _ = HEADS
     views = [
-        tuple(torch.as_tensor(a, device="cuda") for a in (q.reshape(q.shape[0], 1, N, -1).transpose(1, 2), k, v))
+        tuple(torch.as_tensor(a, device="cuda") for a in (q.reshape(q.shape[0], 1, N, -1).swapaxes(1, 2), k, v))
         for q, k, v in sets
     ]
     repeated = [(q, k.repeat_interleave(N // Nk, 1), v.repeat_interleave(N // Nk, 1)) for q, k, v in views]
