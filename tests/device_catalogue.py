@@ -363,7 +363,90 @@ GGML_FN_MUTANTS = (
         )
     ),
 )
-ALL = HIP_MUTANTS + SO_MUTANTS + ORT_MUTANTS + BNB_MUTANTS + GGML_FN_MUTANTS
+# ort/gqa.hip (gqa_decode, gqa_prefill; --impl cupy). Coverage 1 has a chunk of a prefill with a
+# past (5 rows, 4 new tokens, window 3, softcap and a full bias), a decode with interleaved rotary,
+# window 4, softcap and bias, and rotary (half split) on every quantized leaf.
+# the causal limit one key past the query's own when there is a past (a chunk sees a future key)
+GQA_CAUSAL_PAST: Edits = (
+    (
+        "const qk_i64 L = past + s + 1 < total ? past + s + 1 : total;",
+        "const qk_i64 L = past + s + 1 + (past > 0) < total ? past + s + 1 + (past > 0) : total;",
+    ),
+)
+# a local window of W + 1 keys (ORT before PR#25927)
+GQA_WINDOW_W1: Edits = (
+    (
+        "const qk_i64 lo = (window >= 1 && L > window) ? L - window : 0;",
+        "const qk_i64 lo = (window >= 1 && L > window + 1) ? L - window - 1 : 0;",
+    ),
+)
+# rotary pairs of the other layout: interleaved read as half split and back
+GQA_ROTARY_SWAPPED: Edits = (
+    ("    if (interleaved) {\n        p.i = e >> 1;", "    if (!interleaved) {\n        p.i = e >> 1;"),
+    ("p.ib = interleaved ? p.ia + 1 : p.ia + rd / 2;", "p.ib = !interleaved ? p.ia + 1 : p.ia + rd / 2;"),
+)
+# softcap applied to the biased score
+GQA_SOFTCAP_AFTER_BIAS: Edits = (
+    (
+        "    if (softcap > 0.0f) x = QK_FMUL(tanhf(QK_FDIV(x, softcap)), softcap);\n"
+        "    if (bias) x = QK_FADD(x, qk_load_f(bias, bi, is16));",
+        "    if (bias) x = QK_FADD(x, qk_load_f(bias, bi, is16));\n"
+        "    if (softcap > 0.0f) x = QK_FMUL(tanhf(QK_FDIV(x, softcap)), softcap);",
+    ),
+)
+# the combine's split order flips with a call counter (as if the number of splits changed between
+# calls): every output within its bound, the low bits not repeatable. The repeat property's small
+# sets (coverage 1's, up to 9 keys) fit one split; its cold sets (about 14k keys on an H200: 128
+# splits) catch it
+GQA_COMBINE_BY_CALL: Edits = (
+    (
+        "__device__ __forceinline__ float qk_gqa_neg_inf()",
+        "__device__ unsigned qk_gqa_calls;\n__device__ __forceinline__ float qk_gqa_neg_inf()",
+    ),
+    (
+        "    const qk_i64 heads = N + 2 * Nk, half_h = H / 2;\n",
+        "    const qk_i64 heads = N + 2 * Nk, half_h = H / 2;\n    if (t == 0) atomicAdd(&qk_gqa_calls, 1u);\n",
+    ),
+    (
+        "const qk_i64 k = r * splits + sp;",
+        "const qk_i64 k = r * splits + (((qk_gqa_calls >> 2) & 1u) ? splits - 1 - sp : sp);",
+    ),
+)
+# the new K quantized before rotary: the rotation applied to the dequantized codes, then quantized again
+GQA_QUANT_BEFORE_ROTARY: Edits = (
+    (
+        "const float ka = qk_load_f(base, src + p.ia, is16), kb = qk_load_f(base, src + p.ib, is16);",
+        "float ka = qk_load_f(base, src + p.ia, is16), kb = qk_load_f(base, src + p.ib, is16);\n"
+        "            if (bits) {\n"
+        "                const float sa = k_scale[per_channel ? kv * H + p.ia : 0];\n"
+        "                const float sb = k_scale[per_channel ? kv * H + p.ib : 0];\n"
+        "                const int lo = bits == 8 ? -128 : -8, hi = bits == 8 ? 127 : 7;\n"
+        "                ka = QK_FMUL((float)qk_gqa_quantize(ka, QK_FDIV(1.0f, sa), lo, hi), sa);\n"
+        "                kb = QK_FMUL((float)qk_gqa_quantize(kb, QK_FDIV(1.0f, sb), lo, hi), sb);\n"
+        "            }",
+    ),
+)
+
+
+def _gqa(name: str, op: str, leaf: str, edits: Edits, caught_by: str = "matches_oracle") -> DeviceMutant:
+    return DeviceMutant(name, "ort/gqa.hip", "", "", op, caught_by, leaf=leaf, edits=edits)
+
+
+GQA_MUTANTS = (
+    _gqa("gqa: causal limit one key late with a past", "gqa_prefill", "Xfp16_Wfp16_Yfp16", GQA_CAUSAL_PAST),
+    _gqa("gqa: window of W + 1 keys", "gqa_prefill", "Xfp32_Wfp32_Yfp32", GQA_WINDOW_W1),
+    _gqa("gqa: rotary interleaving swapped", "gqa_decode", "Xfp16_Wfp16_Yfp16", GQA_ROTARY_SWAPPED),
+    _gqa("gqa: softcap after the bias", "gqa_decode", "Xfp32_Wfp32_Yfp32", GQA_SOFTCAP_AFTER_BIAS),
+    _gqa(
+        "gqa: split combine order flips with a call counter",
+        "gqa_decode",
+        "Xfp32_Wfp32_Yfp32",
+        GQA_COMBINE_BY_CALL,
+        caught_by="repeatable",
+    ),
+    _gqa("gqa: K cache quantized before rotary", "gqa_decode", "Xfp16_Wi8_Yfp16", GQA_QUANT_BEFORE_ROTARY),
+)
+ALL = HIP_MUTANTS + SO_MUTANTS + ORT_MUTANTS + BNB_MUTANTS + GGML_FN_MUTANTS + GQA_MUTANTS
 
 
 def impl_spec(m: DeviceMutant, built: dict[str, Path], source: Path | None = None) -> str:

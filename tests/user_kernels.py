@@ -1,5 +1,5 @@
 """The worked user kernels (examples/) run as a user would run them, each beside its wrong twin:
-a `hip:` GEMV for matmul_nbits, a `hip:` Q4_0 dequantizer, a `so:` launcher for
+a `hip:` GEMV for matmul_nbits, a `hip:` Q4_0 dequantizer, a naive `hip:` GQA decode, a `so:` launcher for
 gather_block_quantized and a PyTorch device `py:` drop-in for matmul_nbits. A correct kernel must
 PASS every selected leaf with at least one case run (declined cases only where its entry declares
 them); a twin must FAIL with matches_oracle, and that failure must name an element
@@ -65,6 +65,9 @@ GEMV = "examples/hip_kernel/matmul_nbits_u2_gemv.hip"
 GATHER = "examples/so_launcher/gather_block_quantized_launcher.cu"
 TORCH = "examples/torch_dropin/matmul_nbits_torch.py"
 Q4_0_DEQUANT = "examples/hip_kernel/q4_0_dequant.hip"
+GQA_NAIVE = "examples/hip_kernel/gqa_decode_naive.hip"
+GQA_FLOAT_LEAVES = ("Xfp16_Wfp16_Yfp16", "Xfp32_Wfp32_Yfp32")
+GQA_REQUIRES = "kv_cache_bit_width==0"
 ENTRIES = (
     UserKernel(
         "hip: u2 GEMV",
@@ -94,6 +97,27 @@ ENTRIES = (
         "q4_0_dequant",
         ("Xq4_0_Yfp32",),
         "matches_oracle",
+    ),
+    UserKernel(
+        "hip: naive GQA decode",
+        GQA_NAIVE,
+        "gqa_decode_naive",
+        "gqa_decode",
+        GQA_FLOAT_LEAVES,
+        "PASS",
+        GQA_REQUIRES,
+        declines=True,  # the quantized caches' cases (requires=)
+        cold=False,  # one thread per output walking every key: the cold sets' long contexts take minutes
+    ),
+    UserKernel(
+        "hip: naive GQA decode, wrong twin (window of W + 1 keys)",
+        GQA_NAIVE.replace(".hip", "_wrong.hip"),
+        "gqa_decode_naive",
+        "gqa_decode",
+        GQA_FLOAT_LEAVES,
+        "matches_oracle",
+        GQA_REQUIRES,
+        declines=True,
     ),
     UserKernel(
         "so: gather launcher",

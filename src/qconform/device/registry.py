@@ -319,6 +319,20 @@ ORT_KERNELS: tuple[KernelSpec, ...] = (
     _ort("qswiglu", "qk_step_dequantize", "qswiglu.hip", "unfused step: DQ"),
     _ort("qswiglu", "qk_step_sigmoid_quantize", "qswiglu.hip", "unfused step: Q(Sigmoid)"),
     _ort("qswiglu", "qk_step_mul_quantize", "qswiglu.hip", "unfused step: Q(a * b)"),
+    *(
+        _ort(op, symbol, "gqa.hip", doc)
+        for op in ("gqa_decode", "gqa_prefill")
+        for symbol, doc in (
+            ("qk_gqa_append", "rotary of the new Q and K, the new K / V rows into present (quantized)"),
+            ("qk_gqa_copy_past", "present rows [0, past_b) from a separate past buffer"),
+            *(
+                (f"qk_gqa_attend_{kind}_s{slots}", f"split-K attention over a {kind} cache, H <= {slots} lanes' worth")
+                for kind in ("f32", "f16", "i8", "u4")
+                for slots in (2, 4, 8)
+            ),
+            ("qk_gqa_combine", "the splits merged in split order, the sink, the output"),
+        )
+    ),
 )
 KEEP_QUANT_LEAVES = ("Wq4_K_Aq8_K_Yfp32", "Wq5_K_Aq8_K_Yfp32", "Wq6_K_Aq8_K_Yfp32", "Wq8_0_Aq8_0_Yfp32")
 GGML_FUNCTION_KERNELS: tuple[KernelSpec, ...] = (

@@ -8,6 +8,7 @@ from typing import Any, Callable
 from qconform.device.launchers import bound, compile_options, source_override
 from qconform.device.ort.fake_quantize import fake_quantize
 from qconform.device.ort.gather_block_quantized import gather_block_quantized
+from qconform.device.ort.group_query_attention import gqa_decode, gqa_prefill
 from qconform.device.ort.matmul_nbits import dequantize_nbits, matmul_nbits
 from qconform.device.ort.qswiglu import qswiglu
 
@@ -17,6 +18,8 @@ DEVICE_FUNCTIONS: dict[str, Callable[..., Any]] = {
     "gather_block_quantized": gather_block_quantized,
     "fake_quantize": fake_quantize,
     "qswiglu": qswiglu,
+    "gqa_decode": gqa_decode,
+    "gqa_prefill": gqa_prefill,
 }
 
 __all__ = [
@@ -26,6 +29,8 @@ __all__ = [
     "dequantize_nbits",
     "fake_quantize",
     "gather_block_quantized",
+    "gqa_decode",
+    "gqa_prefill",
     "matmul_nbits",
     "qswiglu",
     "source_override",
