@@ -307,6 +307,15 @@ ORT_KERNELS: tuple[KernelSpec, ...] = (
     _ort("qswiglu", "qk_step_dequantize", "qswiglu.hip", "unfused step: DQ"),
     _ort("qswiglu", "qk_step_sigmoid_quantize", "qswiglu.hip", "unfused step: Q(Sigmoid)"),
     _ort("qswiglu", "qk_step_mul_quantize", "qswiglu.hip", "unfused step: Q(a * b)"),
+    *(
+        _ort(op, symbol, "qmoe.hip", doc)
+        for op in ("qmoe_decode", "qmoe_ragged_mm")
+        for symbol, doc in (
+            ("qk_moe_route", "one thread per token: top-k (ties to the higher index) and the mixing weights"),
+            ("qk_moe_fc1", "a lane group per (token, slot, unit): fc1 rows, fp32 dot, activation"),
+            ("qk_moe_fc2", "a lane group per (token, column): fc2 of the k slots, summed in selection order"),
+        )
+    ),
 )
 KEEP_QUANT_LEAVES = ("Wq4_K_Aq8_K_Yfp32", "Wq5_K_Aq8_K_Yfp32", "Wq6_K_Aq8_K_Yfp32", "Wq8_0_Aq8_0_Yfp32")
 GGML_FUNCTION_KERNELS: tuple[KernelSpec, ...] = (

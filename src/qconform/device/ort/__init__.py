@@ -9,6 +9,7 @@ from qconform.device.launchers import bound, compile_options, source_override
 from qconform.device.ort.fake_quantize import fake_quantize
 from qconform.device.ort.gather_block_quantized import gather_block_quantized
 from qconform.device.ort.matmul_nbits import dequantize_nbits, matmul_nbits
+from qconform.device.ort.qmoe import qmoe_decode, qmoe_ragged_mm
 from qconform.device.ort.qswiglu import qswiglu
 
 DEVICE_FUNCTIONS: dict[str, Callable[..., Any]] = {
@@ -17,6 +18,8 @@ DEVICE_FUNCTIONS: dict[str, Callable[..., Any]] = {
     "gather_block_quantized": gather_block_quantized,
     "fake_quantize": fake_quantize,
     "qswiglu": qswiglu,
+    "qmoe_decode": qmoe_decode,
+    "qmoe_ragged_mm": qmoe_ragged_mm,
 }
 
 __all__ = [
@@ -27,6 +30,8 @@ __all__ = [
     "fake_quantize",
     "gather_block_quantized",
     "matmul_nbits",
+    "qmoe_decode",
+    "qmoe_ragged_mm",
     "qswiglu",
     "source_override",
 ]
