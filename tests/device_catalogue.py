@@ -319,6 +319,10 @@ QMOE_MISSING_BETA: Edits = (("qk_ftz(QK_FMUL(swish, qk_ftz(QK_FADD(l, beta))))",
 # swiglu_limit clamps the linear half only (ORT also caps the gate)
 QMOE_LIMIT_LINEAR_ONLY: Edits = (("    g = limit < g ? limit : g;", "    /* the gate left uncapped */"),)
 
+# the dp4a product (block-wise 8-bit, accuracy_level 4) without the zero point's correction: codes
+# times q - 2^(bits-1) where ORT takes q - z
+QMOE_INT8_NO_ZP: Edits = (("            dot += (mid - z) * xsum;\n", "            (void)z;\n"),)
+
 
 def _qmoe(name: str, caught_by: str, op: str, leaf: str, edits: Edits) -> DeviceMutant:
     return DeviceMutant(name, "ort/qmoe.hip", "", "", op, caught_by, leaf=leaf, edits=edits)
@@ -336,6 +340,7 @@ QMOE_MUTANTS = (
     _qmoe("QMoE: SwiGLU without + beta", "matches_oracle", "qmoe_ragged_mm", "Xfp32_Wu4_Yfp32", QMOE_MISSING_BETA),
     _qmoe("QMoE: limit on the linear half only", "matches_oracle", "qmoe_decode", "Xfp16_Wu4_Yfp16",
           QMOE_LIMIT_LINEAR_ONLY),
+    _qmoe("QMoE dp4a: zero points ignored", "matches_oracle", "qmoe_decode", "Xfp16_Wu8_Yfp16", QMOE_INT8_NO_ZP),
 )  # fmt: skip
 
 # bnb/decode.hip (nf4_decode, fp4_decode; --impl cupy). Coverage 1 has random codes in every case,

@@ -6,9 +6,12 @@ index; QMoE's softmax over the k selected logits, or router_weights renormalized
 normalize_routing_weights is 1), fc1 + the activation per (token, slot) into an fp32 scratch, and
 fc2 + the weighted sum of the k experts in selection order (no atomics: repeat calls are
 bit-identical). Weights dequantized exactly as the oracle, fp32 dot products, fp32 intermediates:
-checked under the strict contract. Each token is computed on its own (the ragged op too: correct,
-not a grouped GEMM). The tiling (lanes per output, words per lane step) is a function of the shape
-(``tiling``), never sampled on a call.
+checked under the strict contract. Where ORT's CPU quantizes an fc's input to int8 (block-wise
+weights: 8-bit, or 4-bit at accuracy_level 4; ``uses_int8_activations``), that fc quantizes it as
+ORT does and takes a dp4a product (the contract's "int8 activations (ORT CPU)" reading). Each token
+is computed on its own (the ragged op too: correct, not a grouped GEMM). The tiling (lanes per
+output, words per lane step) is a function of the shape (``tiling``, ``tiling_int8``), never
+sampled on a call.
 
 Declined: block sizes that are not a multiple of 32, rows whose K * bits is not a multiple of 32
 (the kernels read rows as 32-bit words), misaligned arrays, and everything the op's ABI declines
@@ -26,6 +29,7 @@ from qconform.device.launchers import launch_grid
 from qconform.errors import Declined
 from qconform.ops import OpSpec
 from qconform.ops.ort.qmoe import ACTIVATION, QMOE_DECODE, QMOE_RAGGED_MM
+from qconform.oracles.ort.qmoe import FcLayout, uses_int8_activations
 
 SOURCE = "ort/qmoe.hip"
 THREADS = 256
@@ -41,6 +45,12 @@ def tiling(K: int, bits: int) -> tuple[int, int]:
     unroll = next((u for u in (4, 2) if words % u == 0 and words // u >= 8), 1)
     steps = max(1, words // unroll)
     return min(32, 1 << (steps.bit_length() - 1)), unroll
+
+
+def tiling_int8(K: int, block_size: int) -> int:
+    """Lanes per output of the int8 product (a lane takes whole blocks): as many as there are
+    blocks, a power of two, at most 32."""
+    return min(32, 1 << ((K // block_size).bit_length() - 1))
 
 
 def _grid(groups: int, lanes: int) -> int:
@@ -90,19 +100,31 @@ def _qmoe(op: OpSpec, args: tuple, kwargs: dict[str, Any], out: Any) -> Any:
         w += (null if bias is None else bias,)
         return w, (i32(zp_bytes), i32(zp is not None), i32(bias is not None))
 
+    def codes(x: Any, rows: int, K: int, is16: Any, gate: Any) -> tuple[Any, Any]:
+        """ORT's int8 activation codes and scales of x (rows, K), per block of bs."""
+        qx = cupy.empty((rows, K), cupy.int8)
+        sx = cupy.empty((rows, K // bs), cupy.float32)
+        args = (x, qx, sx, gate, np.int64(rows), i32(K), i32(bs), is16)
+        launch_grid(op.name, SOURCE, "qk_moe_quantize", _grid(rows * (K // bs), 1), THREADS, args)
+        return qx, sx
+
     f = 2 if act == SWIGLU else 1
+    level = int(s["accuracy_level"])
+    int8 = [uses_int8_activations(FcLayout(n, K, bits, bs or None), level) for n, K in ((f * inter, H), (H, inter))]
     a = cupy.empty((T * k, inter), cupy.float32)
-    lanes, unroll = tiling(H, bits)
+    lanes, unroll = (tiling_int8(H, bs), 1) if int8[0] else tiling(H, bits)
+    q1 = codes(ptrs["input"], T, H, x16, null) if int8[0] else (null, null)
     w1, flags1 = fc("fc1", f * inter, H)
     attrs = (np.float32(s["activation_alpha"]), np.float32(s["activation_beta"]), np.float32(s["swiglu_limit"]))
     fc1 = (ptrs["input"], sel, wts, *w1, a, i32(T), i32(H), i32(f * inter), i32(inter), i32(k), i32(bits), i32(bs))
-    fc1 += (*flags1, x16, i32(act), *attrs, i32(lanes), i32(unroll))
+    fc1 += (*flags1, x16, i32(act), *attrs, i32(lanes), i32(unroll), *q1)
     launch_grid(op.name, SOURCE, "qk_moe_fc1", _grid(T * k * inter, lanes), THREADS, fc1)
-    lanes, unroll = tiling(inter, bits)
+    lanes, unroll = (tiling_int8(inter, bs), 1) if int8[1] else tiling(inter, bits)
+    q2 = codes(a, T * k, inter, i32(0), wts) if int8[1] else (null, null)
     w2, flags2 = fc("fc2", H, inter)
     y = call.out
     fc2 = (a, sel, wts, *w2, y, i32(T), i32(inter), i32(H), i32(k), i32(bits), i32(bs), *flags2, x16)
-    fc2 += (i32(lanes), i32(unroll))
+    fc2 += (i32(lanes), i32(unroll), *q2)
     launch_grid(op.name, SOURCE, "qk_moe_fc2", _grid(T * H, lanes), THREADS, fc2)
     return y
 

@@ -7,7 +7,9 @@
  * never spans two blocks). Each weight is dequantized exactly as the oracle, fp32((q - z) * s); the
  * dot products accumulate in fp32 (fmaf) in an order fixed by the launch's tiling (lanes per output,
  * words per lane step), which the launcher picks from the shape alone; fc1's output and the
- * activation are held in fp32; the k expert outputs are added in selection order (no atomics). */
+ * activation are held in fp32; the k expert outputs are added in selection order (no atomics).
+ * Where ORT's CPU quantizes an fc's input to int8 (block-wise weights, 8-bit or accuracy_level 4),
+ * the launcher quantizes it as ORT does (qk_moe_quantize) and that fc takes the dp4a product. */
 #include "ort_common.h"
 
 #define QK_MOE_SKIP 1e-8f /* an expert whose weight is <= this is not evaluated (ORT CPU) */
@@ -129,6 +131,80 @@ __device__ __forceinline__ float2 qk_moe_lane_dot(const qk_moe_fc& f, int e, int
     return acc;
 }
 
+/* accuracy_level 4 / 8-bit block-wise weights (ORT's CompInt8 activations, block = bs): this lane's
+ * partial sum over blocks sub, sub + lanes, ... of fp32(sa_b * s_b) * (the exact integer dot of the
+ * activation codes with q - z): dp4a of the codes with q - 2^(bits-1) (an int8), plus
+ * (2^(bits-1) - z) * the codes' sum. qx: (rows, K) int8, sx: (rows, K / bs) fp32 */
+template <int BITS>
+__device__ __forceinline__ float2 qk_moe_lane_dot_i8(const qk_moe_fc& f, int e, int n0, int dn, bool two,
+                                                     const qk_i8* qx, const float* sx, qk_i64 xrow, int sub,
+                                                     int lanes, bool live) {
+    const int per = 32 / BITS, blocks = f.K / f.bs, wpb = f.bs / per, mid = 1 << (BITS - 1);
+    const qk_u32 mask = (1u << BITS) - 1u;
+    float2 acc = make_float2(0.0f, 0.0f);
+    for (int r = 0; r < 1 + (int)two; ++r) {
+        const int n = n0 + r * dn;
+        const qk_i64 rr = (qk_i64)e * f.N + n;
+        const qk_u32* row = (const qk_u32*)(f.w + rr * (qk_i64)(f.K / per) * 4);
+        const qk_u8* zrow = f.z + rr * f.zp_bytes;
+        float a = 0.0f;
+        for (int b = sub; live && b < blocks; b += lanes) {
+            const int z = f.has_zp ? qk_field(zrow, BITS, b) : mid;
+            const int* xq = (const int*)(qx + xrow * f.K + (qk_i64)b * f.bs);
+            int dot = 0, xsum = 0;
+            for (int w = 0; w < wpb; ++w) {
+                const qk_u32 word = row[b * wpb + w];
+#pragma unroll
+                for (int c = 0; c < 32 / BITS; c += 4) {
+                    int wq = 0;
+#pragma unroll
+                    for (int i = 0; i < 4; ++i)
+                        wq |= (((int)((word >> (BITS * (c + i))) & mask) - mid) & 0xFF) << (8 * i);
+                    const int a4 = xq[(w * per + c) >> 2];
+                    dot = qk_dp4a(a4, wq, dot);
+                    xsum = qk_dp4a(a4, 0x01010101, xsum);
+                }
+            }
+            dot += (mid - z) * xsum;
+            const float s = qk_ftz(qk_load_f(f.s, rr * blocks + b, f.s16));
+            a = fmaf(qk_ftz(QK_FMUL(sx[xrow * blocks + b], s)), (float)dot, a);
+        }
+        if (r == 0) acc.x = a;
+        else acc.y = a;
+    }
+    return acc;
+}
+
+__device__ __forceinline__ float2 qk_moe_dot_i8(int bits, const qk_moe_fc& f, int e, int n0, int dn, bool two,
+                                                const qk_i8* qx, const float* sx, qk_i64 xrow, int sub, int lanes,
+                                                bool live) {
+    if (bits == 4) return qk_moe_lane_dot_i8<4>(f, e, n0, dn, two, qx, sx, xrow, sub, lanes, live);
+    if (bits == 8) return qk_moe_lane_dot_i8<8>(f, e, n0, dn, two, qx, sx, xrow, sub, lanes, live);
+    return qk_moe_lane_dot_i8<2>(f, e, n0, dn, two, qx, sx, xrow, sub, lanes, live);
+}
+
+/* ORT's CompInt8 activation quantization, one thread per (row, block of bs): amax, sa = fp32(amax/127),
+ * inv = fp32(127/amax) or 0, code = clamp(rint(fp32(x inv)), -128, 127) (qconform.oracles.ort.
+ * matmul_nbits.quantize_activations_int8). With wts (fc2's input, a row per slot): rows of skipped
+ * slots are left alone (never written by fc1, never read by fc2) */
+extern "C" __global__ void __launch_bounds__(256)
+qk_moe_quantize(const void* x, qk_i8* qx, float* sx, const float* wts, qk_i64 rows, int K, int bs, int x16) {
+    const qk_i64 t = qk_global_thread();
+    const int blocks = K / bs;
+    if (t >= rows * blocks) return;
+    const qk_i64 m = t / blocks;
+    if (wts != 0 && !(wts[m] > QK_MOE_SKIP)) return;
+    const qk_i64 k0 = m * K + (t - m * blocks) * bs;
+    float amax = 0.0f;
+    for (int i = 0; i < bs; ++i) amax = fmaxf(amax, fabsf(qk_ftz(qk_load_f(x, k0 + i, x16))));
+    sx[t] = qk_ftz(QK_FDIV(amax, 127.0f));
+    const float inv = amax != 0.0f ? qk_ftz(QK_FDIV(127.0f, amax)) : 0.0f;
+    for (int i = 0; i < bs; ++i) {
+        const float r = rintf(qk_ftz(QK_FMUL(qk_ftz(qk_load_f(x, k0 + i, x16)), inv)));
+        qx[k0 + i] = (qk_i8)(int)fminf(fmaxf(r, -128.0f), 127.0f);
+    }
+}
+
 /* the group's sum (a butterfly over `lanes` lanes; every lane ends with the same bits), plus the bias */
 __device__ __forceinline__ float qk_moe_reduce(float a, int lanes, const qk_moe_fc& f, qk_i64 bias_at, bool live) {
     for (int off = lanes >> 1; off > 0; off >>= 1) a = QK_FADD(a, QK_SHFL_XOR(a, off, lanes));
@@ -181,7 +257,8 @@ __device__ __forceinline__ float qk_moe_act(int act, float h, float l, float alp
 extern "C" __global__ void __launch_bounds__(256)
 qk_moe_fc1(const void* x, const int* sel, const float* wts, const qk_u8* W, const void* S, const qk_u8* Z,
            const void* Bias, float* A, int T, int K, int N, int units, int k, int bits, int bs, int zp_bytes,
-           int has_zp, int has_bias, int x16, int act, float alpha, float beta, float limit, int lanes, int unroll) {
+           int has_zp, int has_bias, int x16, int act, float alpha, float beta, float limit, int lanes, int unroll,
+           const qk_i8* qx, const float* sx) {
     const qk_i64 g = qk_global_thread() / lanes, pairs = (qk_i64)T * k;
     const int sub = (int)(threadIdx.x & (unsigned)(lanes - 1));
     const qk_i64 p = g / units;
@@ -192,7 +269,8 @@ qk_moe_fc1(const void* x, const int* sel, const float* wts, const qk_u8* W, cons
     const qk_moe_fc f = {W, S, Z, Bias, N, K, bs, zp_bytes, has_zp, has_bias, x16};
     const bool glu = act == QK_MOE_SWIGLU;
     const int r0 = glu ? 2 * u : u, r1 = 2 * u + 1;
-    const float2 acc = qk_moe_dot(bits, f, e, r0, r1 - r0, glu, x, (p / k) * K, x16, sub, lanes, unroll, live);
+    const float2 acc = qx ? qk_moe_dot_i8(bits, f, e, r0, r1 - r0, glu, qx, sx, p / k, sub, lanes, live)
+                          : qk_moe_dot(bits, f, e, r0, r1 - r0, glu, x, (p / k) * K, x16, sub, lanes, unroll, live);
     const float h = qk_moe_reduce(acc.x, lanes, f, (qk_i64)e * N + r0, live);
     const float l = glu ? qk_moe_reduce(acc.y, lanes, f, (qk_i64)e * N + r1, live) : 0.0f;
     if (live && sub == 0) A[p * units + u] = qk_moe_act(act, h, l, alpha, beta, limit);
@@ -203,7 +281,7 @@ qk_moe_fc1(const void* x, const int* sel, const float* wts, const qk_u8* W, cons
 extern "C" __global__ void __launch_bounds__(256)
 qk_moe_fc2(const float* A, const int* sel, const float* wts, const qk_u8* W, const void* S, const qk_u8* Z,
            const void* Bias, void* Y, int T, int K, int N, int k, int bits, int bs, int zp_bytes, int has_zp,
-           int has_bias, int x16, int lanes, int unroll) {
+           int has_bias, int x16, int lanes, int unroll, const qk_i8* qx, const float* sx) {
     const qk_i64 g = qk_global_thread() / lanes;
     const int sub = (int)(threadIdx.x & (unsigned)(lanes - 1));
     const bool inside = g < (qk_i64)T * N;
@@ -217,7 +295,8 @@ qk_moe_fc2(const float* A, const int* sel, const float* wts, const qk_u8* W, con
         const float w = inside ? wts[p] : 0.0f;
         const bool live = inside && w > QK_MOE_SKIP;
         const int e = live ? sel[p] : 0;
-        const float2 acc = qk_moe_dot(bits, f, e, n, 0, false, A, p * K, 0, sub, lanes, unroll, live);
+        const float2 acc = qx ? qk_moe_dot_i8(bits, f, e, n, 0, false, qx, sx, p, sub, lanes, live)
+                              : qk_moe_dot(bits, f, e, n, 0, false, A, p * K, 0, sub, lanes, unroll, live);
         const float y = qk_moe_reduce(acc.x, lanes, f, (qk_i64)e * N + n, live);
         if (live) out = qk_ftz(QK_FADD(out, qk_ftz(QK_FMUL(w, y))));
     }
