@@ -314,7 +314,7 @@ ORT_KERNELS: tuple[KernelSpec, ...] = (
             ("qk_moe_route", "one thread per token: top-k (ties to the higher index) and the mixing weights"),
             ("qk_moe_fc1", "a lane group per (token, slot, unit): fc1 rows, fp32 dot, activation"),
             ("qk_moe_fc2", "a lane group per (token, column): fc2 of the k slots, summed in selection order"),
-            ("qk_moe_quantize", "int8 activations as ORT's CPU (block-wise 8-bit, accuracy_level 4): a thread per block"),
+            ("qk_moe_quantize", "int8 activations as ORT's CPU quantizes them: a thread per block"),
         )
     ),
 )
