@@ -56,9 +56,11 @@ if part time; then
   if [ -z "$FAMILY" ] || [ "$FAMILY" = ort ]; then
     "$PY" -m qconform.bench.nbits --json "$OUT/bench-nbits.json" >"$OUT/bench-nbits.md" 2>&1 || status=1
     "$PY" -m qconform.bench.gqa --json "$OUT/bench-gqa.json" >"$OUT/bench-gqa.md" 2>&1 || status=1
+    "$PY" -m qconform.bench.qmoe --json "$OUT/bench-qmoe.json" >"$OUT/bench-qmoe.md" 2>&1 || status=1
   else
     echo "(family $FAMILY: not run)" >"$OUT/bench-nbits.md"
     echo "(family $FAMILY: not run)" >"$OUT/bench-gqa.md"
+    echo "(family $FAMILY: not run)" >"$OUT/bench-qmoe.md"
   fi
   if [ -z "$FAMILY" ] || [ "$FAMILY" = ggml ]; then
     "$PY" -m qconform.bench.ggml_gemv --json "$OUT/bench-ggml-gemv.json" >"$OUT/bench-ggml-gemv.md" 2>&1 || status=1
@@ -84,6 +86,7 @@ if part time; then
   show "throughput" bench.md
   show "MatMulNBits decode against its baselines (records: bench-nbits.json)" bench-nbits.md
   show "GroupQueryAttention decode against its baselines (records: bench-gqa.json)" bench-gqa.md
+  show "QMoE decode against its baselines (records: bench-qmoe.json)" bench-qmoe.md
   show "ggml keep-quant GEMV against its baselines (records: bench-ggml-gemv.json)" bench-ggml-gemv.md
 fi
 exit $status

@@ -264,9 +264,7 @@ RING_SCALE: Edits = (
 RING_SLOT_SWAP: Edits = (("bf[m][0] = qk_act_pair(act, pp[0], pp[1]);", "bf[m][0] = qk_act_pair(act, pp[1], pp[0]);"),)
 # the quad's transpose keeps its own word where it should take the partner's
 # the quad's transposed words read from the ring without the XOR swizzle the copies were written with
-RING_TRANSPOSE: Edits = (
-    ("32 + qk_ring_slot(lane >> 2, c)) * 4", "32 + 4 * (lane >> 2) + c) * 4"),
-)
+RING_TRANSPOSE: Edits = (("32 + qk_ring_slot(lane >> 2, c)) * 4", "32 + 4 * (lane >> 2) + c) * 4"),)
 # the last K split's partial sums never added
 RING_DROP_LAST_WARP: Edits = (
     ("for (int k = 1; k < wk_n; ++k) v += qk_red[", "for (int k = 1; k < wk_n - 1; ++k) v += qk_red["),
@@ -283,6 +281,68 @@ ORT_MUTANTS = (
     _mma("control: portable mma (shuffles), u2", None, define="-DQK_MMA_EMULATE"),
     _mma("control: portable mma (shuffles), u4", None, define="-DQK_MMA_EMULATE", leaf="Xfp16_Wu4_Yfp16"),
 )
+
+# ort/qmoe.hip (qmoe_decode, qmoe_ragged_mm; --impl cupy). Coverage 1 has a ties case (an unselected
+# logit equal to the k-th largest), SwiGLU with gpt-oss's alpha / beta / limit 7 and with a limit of
+# 0.5 inside unit-size activations, router_weights renormalized and plain softmax routing.
+# a tuner that samples the words-per-lane step on the first 100 calls of the process (the routing
+# kernel counts the calls): the reduction order changes call to call
+QMOE_TUNER_SAMPLES: Edits = (
+    ("#define QK_MOE_SKIP 1e-8f", "__device__ unsigned int qk_moe_calls = 0u;\n#define QK_MOE_SKIP 1e-8f"),
+    (
+        "    if (t >= T) return;\n    const qk_i64 row = t * E",
+        "    if (t >= T) return;\n    if (t == 0) qk_moe_calls += 1u;\n    const qk_i64 row = t * E",
+    ),
+    ("const int step = unroll;", "const int step = qk_moe_calls <= 100u ? 1 + (int)(qk_moe_calls % 3u) : unroll;"),
+)
+# equal logits ranked toward the lower expert index (ORT's CUDA rule; its CPU takes the higher)
+QMOE_TIES_LOWER: Edits = (("return v > bv || (v == bv && e > be);", "return v > bv || (v == bv && e < be);"),)
+# normalize_routing_weights=0 honoured: the full softmax's probabilities of the selected experts
+QMOE_NORMALIZE_HONOURED: Edits = (
+    (
+        "    float s = 0.0f;\n    for (int j = 0; j < k; ++j) s = qk_ftz(QK_FADD(s, wts[o + j]));",
+        "    float s = 0.0f;\n"
+        "    if (!has_rw && !normalize) {\n"
+        "        const float top = qk_load_f(logits, row + sel[o], x16);\n"
+        "        for (int e = 0; e < E; ++e)\n"
+        "            s = qk_ftz(QK_FADD(s, qk_ftz(expf(qk_ftz(QK_FADD(qk_load_f(logits, row + e, x16), -top))))));\n"
+        "    } else {\n"
+        "        for (int j = 0; j < k; ++j) s = qk_ftz(QK_FADD(s, wts[o + j]));\n"
+        "    }",
+    ),
+)
+# SwiGLU's gate and linear halves read as fc1's first and second half (ORT interleaves them)
+QMOE_SWIGLU_CONCATENATED: Edits = (
+    ("const int r0 = glu ? 2 * u : u, r1 = 2 * u + 1;", "const int r0 = u, r1 = u + units;"),
+)
+# activation_beta dropped: g sigmoid(alpha g) l
+QMOE_MISSING_BETA: Edits = (("qk_ftz(QK_FMUL(swish, qk_ftz(QK_FADD(l, beta))))", "qk_ftz(QK_FMUL(swish, l))"),)
+# swiglu_limit clamps the linear half only (ORT also caps the gate)
+QMOE_LIMIT_LINEAR_ONLY: Edits = (("    g = limit < g ? limit : g;", "    /* the gate left uncapped */"),)
+
+# the dp4a product (block-wise 8-bit, accuracy_level 4) without the zero point's correction: codes
+# times q - 2^(bits-1) where ORT takes q - z
+QMOE_INT8_NO_ZP: Edits = (("            dot += (mid - z) * xsum;\n", "            (void)z;\n"),)
+
+
+def _qmoe(name: str, caught_by: str, op: str, leaf: str, edits: Edits) -> DeviceMutant:
+    return DeviceMutant(name, "ort/qmoe.hip", "", "", op, caught_by, leaf=leaf, edits=edits)
+
+
+QMOE_MUTANTS = (
+    _qmoe("QMoE: a tuner samples tilings on the first calls", "repeatable", "qmoe_decode", "Xfp16_Wu4_Yfp16",
+          QMOE_TUNER_SAMPLES),
+    _qmoe("QMoE: ties to the lower expert index", "matches_oracle", "qmoe_ragged_mm", "Xfp16_Wu4_Yfp16",
+          QMOE_TIES_LOWER),
+    _qmoe("QMoE: normalize_routing_weights honoured", "matches_oracle", "qmoe_decode", "Xfp32_Wu4_Yfp32",
+          QMOE_NORMALIZE_HONOURED),
+    _qmoe("QMoE: SwiGLU halves concatenated", "matches_oracle", "qmoe_decode", "Xfp16_Wu8_Yfp16",
+          QMOE_SWIGLU_CONCATENATED),
+    _qmoe("QMoE: SwiGLU without + beta", "matches_oracle", "qmoe_ragged_mm", "Xfp32_Wu4_Yfp32", QMOE_MISSING_BETA),
+    _qmoe("QMoE: limit on the linear half only", "matches_oracle", "qmoe_decode", "Xfp16_Wu4_Yfp16",
+          QMOE_LIMIT_LINEAR_ONLY),
+    _qmoe("QMoE dp4a: zero points ignored", "matches_oracle", "qmoe_decode", "Xfp16_Wu8_Yfp16", QMOE_INT8_NO_ZP),
+)  # fmt: skip
 
 # bnb/decode.hip (nf4_decode, fp4_decode; --impl cupy). Coverage 1 has random codes in every case,
 # an odd width (3 x 333) and a blocksize that does not divide n (999 values in blocks of 128).
@@ -446,7 +506,7 @@ GQA_MUTANTS = (
     ),
     _gqa("gqa: K cache quantized before rotary", "gqa_decode", "Xfp16_Wi8_Yfp16", GQA_QUANT_BEFORE_ROTARY),
 )
-ALL = HIP_MUTANTS + SO_MUTANTS + ORT_MUTANTS + BNB_MUTANTS + GGML_FN_MUTANTS + GQA_MUTANTS
+ALL = HIP_MUTANTS + SO_MUTANTS + ORT_MUTANTS + QMOE_MUTANTS + BNB_MUTANTS + GGML_FN_MUTANTS + GQA_MUTANTS
 
 
 def impl_spec(m: DeviceMutant, built: dict[str, Path], source: Path | None = None) -> str:

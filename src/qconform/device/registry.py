@@ -333,6 +333,16 @@ ORT_KERNELS: tuple[KernelSpec, ...] = (
             ("qk_gqa_combine", "the splits merged in split order, the sink, the output"),
         )
     ),
+    *(
+        _ort(op, symbol, "qmoe.hip", doc)
+        for op in ("qmoe_decode", "qmoe_ragged_mm")
+        for symbol, doc in (
+            ("qk_moe_route", "one thread per token: top-k (ties to the higher index) and the mixing weights"),
+            ("qk_moe_fc1", "a lane group per (token, slot, unit): fc1 rows, fp32 dot, activation"),
+            ("qk_moe_fc2", "a lane group per (token, column): fc2 of the k slots, summed in selection order"),
+            ("qk_moe_quantize", "int8 activations as ORT's CPU quantizes them: a thread per block"),
+        )
+    ),
 )
 KEEP_QUANT_LEAVES = ("Wq4_K_Aq8_K_Yfp32", "Wq5_K_Aq8_K_Yfp32", "Wq6_K_Aq8_K_Yfp32", "Wq8_0_Aq8_0_Yfp32")
 GGML_FUNCTION_KERNELS: tuple[KernelSpec, ...] = (

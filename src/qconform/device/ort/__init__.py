@@ -10,6 +10,7 @@ from qconform.device.ort.fake_quantize import fake_quantize
 from qconform.device.ort.gather_block_quantized import gather_block_quantized
 from qconform.device.ort.group_query_attention import gqa_decode, gqa_prefill
 from qconform.device.ort.matmul_nbits import dequantize_nbits, matmul_nbits
+from qconform.device.ort.qmoe import qmoe_decode, qmoe_ragged_mm
 from qconform.device.ort.qswiglu import qswiglu
 
 DEVICE_FUNCTIONS: dict[str, Callable[..., Any]] = {
@@ -20,6 +21,8 @@ DEVICE_FUNCTIONS: dict[str, Callable[..., Any]] = {
     "qswiglu": qswiglu,
     "gqa_decode": gqa_decode,
     "gqa_prefill": gqa_prefill,
+    "qmoe_decode": qmoe_decode,
+    "qmoe_ragged_mm": qmoe_ragged_mm,
 }
 
 __all__ = [
@@ -32,6 +35,8 @@ __all__ = [
     "gqa_decode",
     "gqa_prefill",
     "matmul_nbits",
+    "qmoe_decode",
+    "qmoe_ragged_mm",
     "qswiglu",
     "source_override",
 ]

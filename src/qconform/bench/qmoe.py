@@ -1,0 +1,191 @@
+"""QMoE decode (``qmoe_decode``, kernels ``ort/qmoe.hip``) on the device against its baselines, side by
+side in one run: per layer shape, one token per call with cold weights (call i routes the token to
+experts i*k .. i*k + k - 1 mod E, so consecutive calls read other experts; the rotation covers
+every expert, several times the L2), the kernel's time spread (min / median / max over batches;
+routing, fc1 + SwiGLU and fc2 + the expert sum included) beside the read-only roofline of the k
+selected experts' bytes (weights, scales and biases read once) and a PyTorch baseline (the same
+experts dequantized once to fp16 outside the timing, then per expert fp16 matmuls, SwiGLU and the
+weighted sum), and whether the kernel's output on the first set is within the catalogue's bound
+(``qconform.ops.ort.qmoe``, strict contract). Targets (issue text): >= 70% of the roofline and
+faster than the PyTorch baseline. PyTorch is imported here only; without it the column says so.
+
+``python -m qconform.bench.qmoe [--quick] [--json FILE]``
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import cupy
+import numpy as np
+
+from qconform.bench import baselines as bl
+from qconform.bench.records import BenchRecord, write_records
+from qconform.device.loader import device_info
+
+# (name, H, I, E, k, block_size, swiglu attributes): gpt-oss-20b's layer and Qwen3-30B-A3B's
+SHAPES = (
+    ("gpt-oss-20b", 2880, 2880, 32, 4, 32, "oss"),
+    ("Qwen3-30B-A3B", 2048, 768, 128, 8, 128, "plain"),
+)
+BITS = 4
+TARGET_ROOFLINE = 0.7
+
+
+def _layer(H: int, inter: int, E: int, bs: int, seed: int) -> dict[str, Any]:
+    """Random 4-bit experts on the device (every byte uniform: two uniform codes), fp16 scales
+    near 2 / (16 sqrt(K)) (unit-size activations), fp16 biases; fc1 interleaves gate and linear."""
+    rng = cupy.random.default_rng(seed)
+    d: dict[str, Any] = {}
+    for name, n, k in (("fc1", 2 * inter, H), ("fc2", H, inter)):
+        d[f"{name}_experts_weights"] = rng.integers(0, 256, (E, n, k * BITS // 8), dtype=cupy.uint8)
+        s = (rng.random((E, n, k // bs), dtype=cupy.float32) + 0.5) * (2.0 / (16 * np.sqrt(k)))
+        d[f"{name}_scales"] = s.astype(cupy.float16)
+        d[f"{name}_experts_bias"] = (rng.standard_normal((E, n), dtype=cupy.float32) * 0.1).astype(cupy.float16)
+    d["input"] = rng.standard_normal((1, H), dtype=cupy.float32).astype(cupy.float16)
+    return d
+
+
+def _logits(E: int, k: int, call: int) -> Any:
+    """One token's logits selecting experts call*k .. call*k + k - 1 (mod E), 6 above the rest."""
+    rng = np.random.default_rng(500 + call)
+    row = rng.standard_normal(E)
+    row[(call * k + np.arange(k)) % E] += 6.0
+    return cupy.asarray(row[None].astype(np.float16))
+
+
+def _experts(E: int, k: int, call: int) -> list[int]:
+    return [int(e) for e in (call * k + np.arange(k)) % E]
+
+
+def _dequantized(layer: dict[str, Any], name: str, e: int, bs: int) -> Any:
+    """fp16 W[e] (N, K) = fp16((q - 8) * s), the default zero point, as cupy."""
+    w = layer[f"{name}_experts_weights"][e]
+    q = cupy.stack([w & 15, w >> 4], axis=-1).reshape(w.shape[0], -1).astype(cupy.float32) - 8.0
+    s = layer[f"{name}_scales"][e].astype(cupy.float32)
+    return (q.reshape(q.shape[0], -1, bs) * s[:, :, None]).reshape(q.shape).astype(cupy.float16)
+
+
+def _selected(layer: dict[str, Any], E: int, k: int, call: int) -> tuple[Any, ...]:
+    """The roofline's buffers of a call: its k experts' fc1 and fc2 weights (consecutive experts, E
+    a multiple of k) and a buffer of their scales' and biases' bytes."""
+    lo = (call * k) % E
+    sl = slice(lo, lo + k)
+    small = sum(layer[f"{n}_{p}"][sl].nbytes for n in ("fc1", "fc2") for p in ("scales", "experts_bias"))
+    return layer["fc1_experts_weights"][sl], layer["fc2_experts_weights"][sl], cupy.empty(small, cupy.uint8)
+
+
+def _torch_baseline(layer, sets, E, k, bs, attrs, reps) -> tuple[str, list[float] | None]:
+    try:
+        import torch
+    except ImportError:
+        return "PyTorch not installed", None
+    t = torch.from_dlpack
+    alpha, beta, limit = attrs["activation_alpha"], attrs["activation_beta"], attrs["swiglu_limit"]
+    deq = {}
+    for e in range(E):  # dequantized once, outside the timing
+        deq[e] = tuple(t(_dequantized(layer, n, e, bs)) for n in ("fc1", "fc2"))
+    b1, b2 = t(layer["fc1_experts_bias"]), t(layer["fc2_experts_bias"])
+    x = t(layer["input"])
+
+    def call(i: int) -> None:
+        logits = t(sets[i]).float()
+        top = torch.topk(logits, k, dim=-1)
+        w = torch.softmax(top.values, dim=-1).half()
+        out = torch.zeros_like(x)
+        for j, e in enumerate(_experts(E, k, i)):
+            W1, W2 = deq[e]
+            h = x @ W1.T + b1[e]
+            g, lin = h[:, 0::2], h[:, 1::2]
+            if limit is not None:
+                g, lin = g.clamp(max=limit), lin.clamp(-limit, limit)
+            y = (g * torch.sigmoid(alpha * g) * (lin + beta)) @ W2.T + b2[e]
+            out += w[:, j : j + 1] * y
+
+    return "PyTorch fp16", bl.times(call, len(sets), reps)
+
+
+def _within_bound(layer: dict[str, Any], logits: Any, params: dict[str, Any], y: Any) -> str:
+    from qconform.contracts import STRICT
+    from qconform.ops.ort.qmoe import qmoe_numerics
+    from qconform.properties.bounds import check_bound
+
+    inputs = {name: cupy.asnumpy(v) for name, v in layer.items()}
+    inputs["router_probs"] = cupy.asnumpy(logits)
+    got = cupy.asnumpy(y)
+    for ex in qmoe_numerics(inputs, params, STRICT, True):
+        r = check_bound(got, ex.want, ex.model, STRICT, True, str)
+        if r.ok:
+            return "PASS"
+        detail = r.detail
+    return f"FAIL: {detail}"
+
+
+def bench(shapes=SHAPES, reps: int = 50, n_calls: int | None = None) -> list[BenchRecord]:
+    from qconform.device.launchers import bound
+    from qconform.device.ort import qmoe_decode
+    from qconform.ops.ort.qmoe import attributes, qmoe_call
+
+    device = device_info().label
+    records = []
+    print(
+        "| layer | H / I / E / k | us min / med / max | roofline us | of roofline | PyTorch us | x PyTorch "
+        "| within bound | verdict |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name, H, inter, E, k, bs, swiglu in shapes:
+        layer = _layer(H, inter, E, bs, 11)
+        params = {"act": "fp16", "bits": BITS, "k": k, "bs": bs, "bias": True, "swiglu": swiglu}
+        attrs = attributes(params)
+        calls_n = n_calls or E // k * 2  # every expert twice
+        sets = [_logits(E, k, i) for i in range(calls_n)]
+        y = cupy.empty((1, H), cupy.float16)
+        calls = []
+        for logits in sets:
+            args, kw = qmoe_call({**layer, "router_probs": logits}, params)
+            calls.append(bound(qmoe_decode, *args, **kw, out=y))
+        ts = bl.times(lambda i, c=calls: c[i](), len(calls), reps)
+        calls[0]()
+        verdict = _within_bound(layer, sets[0], params, y)
+
+        roof_sets = [_selected(layer, E, k, i) for i in range(calls_n)]
+        roof = bl.median(bl.read_roofline(roof_sets, reps))
+        nbytes = sum(b.nbytes for b in roof_sets[0])
+        del roof_sets
+        base_name, base = _torch_baseline(layer, sets, E, k, bs, attrs, reps)
+        med = bl.median(ts)
+        baselines = {"read-only roofline": roof * 1e6}
+        if base is not None:
+            baselines[base_name] = bl.median(base) * 1e6
+        us = tuple(t * 1e6 for t in ts)
+        shape = (1, H, inter, E, k)
+        flops = 6 * k * H * inter
+        records.append(BenchRecord(f"qmoe_decode {name}", shape, device, nbytes, flops, us, verdict, baselines))
+        of_roof = roof / med
+        x_base = bl.median(base) / med if base is not None else float("nan")
+        ok = verdict == "PASS" and of_roof >= TARGET_ROOFLINE and (base is None or x_base > 1.0)
+        base_us = f"{bl.median(base) * 1e6:.1f}" if base is not None else base_name
+        print(
+            f"| {name} | {H} / {inter} / {E} / {k} | {min(ts) * 1e6:.1f} / {med * 1e6:.1f} / {max(ts) * 1e6:.1f} "
+            f"| {roof * 1e6:.1f} | {of_roof:.0%} | {base_us} | {x_base:.2f}x | {verdict} "
+            f"| {'PASS' if ok else 'below target'} |",
+            flush=True,
+        )
+    return records
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m qconform.bench.qmoe")
+    p.add_argument("--quick", action="store_true", help="the first shape, fewer repeats")
+    p.add_argument("--json", type=Path, help="write the BenchRecords here")
+    a = p.parse_args(argv)
+    records = bench(SHAPES[:1], 20) if a.quick else bench()
+    if a.json:
+        write_records(a.json, records)
+    return 0 if all(r.verdict == "PASS" for r in records) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

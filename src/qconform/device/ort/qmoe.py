@@ -1,0 +1,141 @@
+"""Launchers of qmoe_decode and qmoe_ragged_mm (kernels ``ort/qmoe.hip``): com.microsoft.QMoE with
+the oracle's call shape on CuPy arrays (``qconform.oracles.ort.qmoe``, ONNX Runtime's CPU semantics).
+
+Three kernels on the current stream: routing (top-k of the fp32 logits, ties to the higher expert
+index; QMoE's softmax over the k selected logits, or router_weights renormalized only when
+normalize_routing_weights is 1), fc1 + the activation per (token, slot) into an fp32 scratch, and
+fc2 + the weighted sum of the k experts in selection order (no atomics: repeat calls are
+bit-identical). Weights dequantized exactly as the oracle, fp32 dot products, fp32 intermediates:
+checked under the strict contract. Where ORT's CPU quantizes an fc's input to int8 (block-wise
+weights: 8-bit, or 4-bit at accuracy_level 4; ``uses_int8_activations``), that fc quantizes it as
+ORT does and takes a dp4a product (the contract's "int8 activations (ORT CPU)" reading). Each token
+is computed on its own (the ragged op too: correct, not a grouped GEMM). The tiling (lanes per
+output, words per lane step) is a function of the shape (``tiling``, ``tiling_int8``), never
+sampled on a call.
+
+Declined: block sizes that are not a multiple of 32, rows whose K * bits is not a multiple of 32
+(the kernels read rows as 32-bit words), misaligned arrays, and everything the op's ABI declines
+(precision / rounding other than the reference, tie_break "lower")."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import cupy
+import numpy as np
+
+from qconform.device.abi import bind_call
+from qconform.device.launchers import launch_grid
+from qconform.errors import Declined
+from qconform.ops import OpSpec
+from qconform.ops.ort.qmoe import ACTIVATION, QMOE_DECODE, QMOE_RAGGED_MM
+from qconform.oracles.ort.qmoe import FcLayout, uses_int8_activations
+
+SOURCE = "ort/qmoe.hip"
+THREADS = 256
+SWIGLU = ACTIVATION["swiglu"]
+
+
+def tiling(K: int, bits: int) -> tuple[int, int]:
+    """(lanes per output, 32-bit words per lane and step) for rows of K ``bits``-bit values: the
+    largest step of 4, 2, 1 dividing the row's words that leaves each lane >= 8 steps' worth, then
+    as many lanes (a power of two, at most 32) as there are such steps. A function of the shape
+    alone, so every call of a shape reduces in one order."""
+    words = K * bits // 32
+    unroll = next((u for u in (4, 2) if words % u == 0 and words // u >= 8), 1)
+    steps = max(1, words // unroll)
+    return min(32, 1 << (steps.bit_length() - 1)), unroll
+
+
+def tiling_int8(K: int, block_size: int) -> int:
+    """Lanes per output of the int8 product (a lane takes whole blocks): as many as there are
+    blocks, a power of two, at most 32."""
+    return min(32, 1 << ((K // block_size).bit_length() - 1))
+
+
+def _grid(groups: int, lanes: int) -> int:
+    grid = -(-groups * lanes // THREADS)
+    if grid >= 2**31:
+        raise Declined(f"qmoe: {groups} output groups need more than 2^31 - 1 CTAs")
+    return grid
+
+
+def _check_domain(s: dict[str, Any], ptrs: dict[str, Any]) -> None:
+    """Decline what the kernels do not cover (module docstring), before any launch."""
+    bits, bs, H, inter = int(s["expert_weight_bits"]), int(s["block_size"]), int(s["hidden_size"]), int(s["inter_size"])
+    if bs % 32:
+        raise Declined(f"block_size: the kernels take blocks of a multiple of 32 values, got {bs}")
+    for name, K in (("hidden_size", H), ("inter_size", inter)):
+        if K * bits % 32:
+            raise Declined(f"{name}: {K} values of {bits} bits are not whole 32-bit words (rows are read as words)")
+    for name, align in (("input", 16), ("fc1_experts_weights", 4), ("fc2_experts_weights", 4)):
+        if ptrs[name].data.ptr % align:
+            raise Declined(f"{name}: the kernels need a {align}-byte aligned pointer")
+
+
+def _qmoe(op: OpSpec, args: tuple, kwargs: dict[str, Any], out: Any) -> Any:
+    call = bind_call(op, args, kwargs, out)
+    names = [a.name for a in op.abi.pointers]
+    ptrs = dict(zip(names, call.pointers, strict=True))
+    s = call.bound.scalars
+    _check_domain(s, ptrs)
+    T, H, inter, E, k = (int(s[n]) for n in ("tokens", "hidden_size", "inter_size", "num_experts", "k"))
+    if T == 0:
+        return call.out
+    bits, bs, act = int(s["expert_weight_bits"]), int(s["block_size"]), int(s["activation_type"])
+    x16 = np.int32(ptrs["input"].dtype == np.float16)
+    i32 = np.int32
+    null = np.uint64(0)
+    rw = ptrs["router_weights"]
+    sel = cupy.empty((T, k), cupy.int32)
+    wts = cupy.empty((T, k), cupy.float32)
+    route = (ptrs["router_probs"], null if rw is None else rw, sel, wts, i32(T), i32(E), i32(k))
+    route += (i32(s["normalize_routing_weights"]), i32(rw is not None), x16)
+    launch_grid(op.name, SOURCE, "qk_moe_route", _grid(T, 1), THREADS, route)
+
+    def fc(name: str, N: int, K: int) -> tuple:
+        zp, bias = ptrs[f"{name}_zero_points"], ptrs[f"{name}_experts_bias"]
+        zp_bytes = 0 if zp is None else zp.shape[-1]
+        w = (ptrs[f"{name}_experts_weights"], ptrs[f"{name}_scales"], null if zp is None else zp)
+        w += (null if bias is None else bias,)
+        return w, (i32(zp_bytes), i32(zp is not None), i32(bias is not None))
+
+    def codes(x: Any, rows: int, K: int, is16: Any, gate: Any) -> tuple[Any, Any]:
+        """ORT's int8 activation codes and scales of x (rows, K), per block of bs."""
+        qx = cupy.empty((rows, K), cupy.int8)
+        sx = cupy.empty((rows, K // bs), cupy.float32)
+        args = (x, qx, sx, gate, np.int64(rows), i32(K), i32(bs), is16)
+        launch_grid(op.name, SOURCE, "qk_moe_quantize", _grid(rows * (K // bs), 1), THREADS, args)
+        return qx, sx
+
+    f = 2 if act == SWIGLU else 1
+    level = int(s["accuracy_level"])
+    int8 = [uses_int8_activations(FcLayout(n, K, bits, bs or None), level) for n, K in ((f * inter, H), (H, inter))]
+    a = cupy.empty((T * k, inter), cupy.float32)
+    lanes, unroll = (tiling_int8(H, bs), 1) if int8[0] else tiling(H, bits)
+    q1 = codes(ptrs["input"], T, H, x16, null) if int8[0] else (null, null)
+    w1, flags1 = fc("fc1", f * inter, H)
+    attrs = (np.float32(s["activation_alpha"]), np.float32(s["activation_beta"]), np.float32(s["swiglu_limit"]))
+    fc1 = (ptrs["input"], sel, wts, *w1, a, i32(T), i32(H), i32(f * inter), i32(inter), i32(k), i32(bits), i32(bs))
+    fc1 += (*flags1, x16, i32(act), *attrs, i32(lanes), i32(unroll), *q1)
+    launch_grid(op.name, SOURCE, "qk_moe_fc1", _grid(T * k * inter, lanes), THREADS, fc1)
+    lanes, unroll = (tiling_int8(inter, bs), 1) if int8[1] else tiling(inter, bits)
+    q2 = codes(a, T * k, inter, i32(0), wts) if int8[1] else (null, null)
+    w2, flags2 = fc("fc2", H, inter)
+    y = call.out
+    fc2 = (a, sel, wts, *w2, y, i32(T), i32(inter), i32(H), i32(k), i32(bits), i32(bs), *flags2, x16)
+    fc2 += (i32(lanes), i32(unroll), *q2)
+    launch_grid(op.name, SOURCE, "qk_moe_fc2", _grid(T * H, lanes), THREADS, fc2)
+    return y
+
+
+def qmoe_decode(*args: Any, out: Any = None, **kwargs: Any) -> Any:
+    """com.microsoft.QMoE for decode (one token, or any): ``qconform.oracles.ort.qmoe``'s call on
+    CuPy arrays, the output in the input's shape and dtype (``out``: checked before any launch)."""
+    return _qmoe(QMOE_DECODE, args, kwargs, out)
+
+
+def qmoe_ragged_mm(*args: Any, out: Any = None, **kwargs: Any) -> Any:
+    """com.microsoft.QMoE for prefill (tokens routed to ragged groups per expert): the same kernels,
+    each token on its own."""
+    return _qmoe(QMOE_RAGGED_MM, args, kwargs, out)
