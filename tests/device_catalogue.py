@@ -401,6 +401,29 @@ KQ_LANE_FMA: Edits = (
     ),
 )
 
+# the one-chain and Q3_K kernels: Q4_1's min term m * s subtracted instead of added; Q3_K's high-bit
+# mask inverted (4 subtracted where the bit is set); IQ4_NL's table indexed by the other nibble;
+# Q8_1's s from the fp16-rounded d instead of the fp32 d of quantize_row_q8_1_ref
+KQ_Q4_1_MIN_SIGN: Edits = (
+    (
+        "else term = QK_FADD(QK_FMUL(QK_FMUL(dx, dy), fi), QK_FMUL(mx, sy));",
+        "else term = QK_FADD(QK_FMUL(QK_FMUL(dx, dy), fi), -QK_FMUL(mx, sy));",
+    ),
+)
+KQ_Q3_HMASK: Edits = (("high = (hc[l] >> s) & 0x01010101u;", "high = ~(hc[l] >> s) & 0x01010101u;"),)
+KQ_IQ4_NL_NIBBLE: Edits = (
+    (
+        "lo[v] = kq_iq4_lookup(lo[v]);\n            hi[v] = kq_iq4_lookup(hi[v]);",
+        "const qk_u32 lo4 = lo[v];\n            lo[v] = kq_iq4_lookup(hi[v]);\n            hi[v] = kq_iq4_lookup(lo4);",
+    ),
+)
+KQ_Q8_1_S_FP16_D: Edits = (
+    (
+        "const float d = qk_ftz(QK_FDIV(amax, 127.0f));",
+        "const float d = qk_fp16_to_float(qk_fp16_bits(qk_ftz(QK_FDIV(amax, 127.0f))));",
+    ),
+)
+
 
 def _fused(name: str, op: str, leaf: str, edits: Edits, coverage: int = 1) -> DeviceMutant:
     return DeviceMutant(name, "ggml/fused.hip", "", "", op, "matches_oracle", leaf=leaf, coverage=coverage, edits=edits)
@@ -420,6 +443,10 @@ GGML_FN_MUTANTS = (
             ("keep-quant GEMV: the 8 fp32 lanes added in reverse order", "Wq4_K_Aq8_K_Yfp32", KQ_LANES_REVERSED),
             ("keep-quant GEMV: Q6_K's half-segment scales swapped", "Wq6_K_Aq8_K_Yfp32", KQ_Q6_SCALE),
             ("keep-quant GEMV: the lane chain contracted into an FMA", "Wq5_K_Aq8_K_Yfp32", KQ_LANE_FMA),
+            ("keep-quant GEMV: Q4_1's min term subtracted", "Wq4_1_Aq8_1_Yfp32", KQ_Q4_1_MIN_SIGN),
+            ("keep-quant GEMV: Q3_K's high-bit mask inverted", "Wq3_K_Aq8_K_Yfp32", KQ_Q3_HMASK),
+            ("keep-quant GEMV: IQ4_NL's table indexed by the other nibble", "Wiq4_nl_Aq8_0_Yfp32", KQ_IQ4_NL_NIBBLE),
+            ("keep-quant GEMV: Q8_1's s from the fp16 d (Q5_1)", "Wq5_1_Aq8_1_Yfp32", KQ_Q8_1_S_FP16_D),
         )
     ),
 )

@@ -7,7 +7,7 @@ bit-identical to the oracle (generic vec_dot order) on the same input. Targets (
 kernel at >= 80% of its roofline, and its speed-up over cuBLAS at least 0.8 x the ratio of the two
 rooflines. One ``BenchRecord`` per (type, shape); weights are random blocks with finite scales.
 
-``python -m qconform.bench.ggml_gemv [--quick] [--json FILE]``
+``python -m qconform.bench.ggml_gemv [--quick] [--types Q4_0,Q2_K,...] [--json FILE]``
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from qconform.bench.nbits import cublas_fp16, n_sets_for
 from qconform.bench.records import BenchRecord, write_records
 from qconform.device.loader import device_info
 from qconform.formats.ggml import FORMATS
+from qconform.oracles.ggml.vec_dot_generic import PAIRS
 
 SHAPES = ((8192, 8192), (4096, 14336))  # (K, N): a 70B-class square projection, an 8B model's MLP up
 TYPES = ("Q4_K", "Q5_K", "Q6_K", "Q8_0")
@@ -110,8 +111,15 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m qconform.bench.ggml_gemv")
     p.add_argument("--quick", action="store_true", help="the first shape, Q4_K and Q8_0, fewer repeats")
     p.add_argument("--json", type=Path, help="write the BenchRecords here")
+    p.add_argument("--types", help=f"comma-separated weight types (default {','.join(TYPES)}; any of the GEMV's)")
     a = p.parse_args(argv)
-    records = bench(SHAPES[:1], ("Q4_K", "Q8_0"), 20) if a.quick else bench()
+    types = tuple(t.strip().upper() for t in a.types.split(",")) if a.types else None
+    if types and (bad := [t for t in types if t not in PAIRS]):
+        p.error(f"--types: unknown weight type(s) {', '.join(bad)}")
+    if a.quick:
+        records = bench(SHAPES[:1], types or ("Q4_K", "Q8_0"), 20)
+    else:
+        records = bench(types=types or TYPES)
     if a.json:
         write_records(a.json, records)
     return 0 if all(r.verdict == "PASS" for r in records) else 1

@@ -344,7 +344,21 @@ ORT_KERNELS: tuple[KernelSpec, ...] = (
         )
     ),
 )
-KEEP_QUANT_LEAVES = ("Wq4_K_Aq8_K_Yfp32", "Wq5_K_Aq8_K_Yfp32", "Wq6_K_Aq8_K_Yfp32", "Wq8_0_Aq8_0_Yfp32")
+KEEP_QUANT_LEAVES = (
+    "Wq4_K_Aq8_K_Yfp32",
+    "Wq5_K_Aq8_K_Yfp32",
+    "Wq6_K_Aq8_K_Yfp32",
+    "Wq8_0_Aq8_0_Yfp32",
+    "Wq3_K_Aq8_K_Yfp32",
+    "Wq2_K_Aq8_K_Yfp32",
+    "Wiq4_xs_Aq8_K_Yfp32",
+    "Wq4_0_Aq8_0_Yfp32",
+    "Wq4_1_Aq8_1_Yfp32",
+    "Wq5_0_Aq8_0_Yfp32",
+    "Wq5_1_Aq8_1_Yfp32",
+    "Wiq4_nl_Aq8_0_Yfp32",
+)
+KEEP_QUANT_TYPES = ("q4_k", "q5_k", "q6_k", "q8_0", "q3_k", "q2_k", "iq4_xs", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
 GGML_FUNCTION_KERNELS: tuple[KernelSpec, ...] = (
     *(
         function_kernel(
@@ -352,11 +366,12 @@ GGML_FUNCTION_KERNELS: tuple[KernelSpec, ...] = (
             "matmul_bt_quant",
             f"qk_kq_gemv_{t}_m{mt}",
             "keep_quant.hip",
-            f"{t}: rows and activations staged through shared memory, a thread's exact dp4a lane sums per block, "
-            f"then the fp32 lane chains in order; {mt} activation rows per CTA",
+            f"{t}: rows and activations staged through shared memory, a thread's exact dp4a "
+            f"{'lane sums' if t in ('q3_k', 'q4_k', 'q5_k', 'q6_k') else 'sums and fp32 terms'} per block, "
+            f"then the fp32 chains in order; {mt} activation rows per CTA",
             KEEP_QUANT_LEAVES,
         )
-        for t in ("q4_k", "q5_k", "q6_k", "q8_0")
+        for t in KEEP_QUANT_TYPES
         for mt in (1, 2)
     ),
     *(
@@ -364,6 +379,8 @@ GGML_FUNCTION_KERNELS: tuple[KernelSpec, ...] = (
         for symbol, doc in (
             ("qk_q8_k_lanes", "Q8_K quants regrouped by lane"),
             ("qk_q8_0_words", "Q8_0 quants as aligned words, the scale as fp32"),
+            ("qk_q8_k_words", "Q8_K quants as words in element order (Q2_K, IQ4_XS)"),
+            ("qk_q8_1_words", "Q8_1: Q8_0's words plus s = fp16(sum(qs) * d) from the fp32 rows"),
         )
     ),
     function_kernel("ggml", "rms_norm_q8_k", "qk_rms_norm_q8_k", "fused.hip", "a 256-thread CTA per Q8_K block"),

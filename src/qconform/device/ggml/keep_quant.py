@@ -1,12 +1,14 @@
 """Launcher of ``matmul_bt_quant`` (kernels ``ggml/keep_quant.hip``): ggml's keep-quant linear layer
-for Q4_K, Q5_K, Q6_K and Q8_0 weights, bit-identical to the oracle's generic vec_dot order.
+for every weight type with a generic vec_dot (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q2_K .. Q6_K,
+IQ4_XS), bit-identical to the oracle's generic vec_dot order.
 
 The call's rules are the oracle's, checked before any launch (``bind_call`` on host stand-ins); the
 activation rows are quantized on the device by the Q8_K / Q8_0 quantize kernels (byte-identical to
-ggml's reference quantizers) and regrouped for the GEMV (``qk_q8_k_lanes``, ``qk_q8_0_words``), then
-one GEMV launch: CTAs of 4 weight rows x 1 or 2 activation rows (the kernel's phases are in its
-header). ``W_blocks`` must be 16-byte aligned for Q4_K / Q5_K and 4-byte aligned otherwise. Other
-weight types are declined.
+ggml's reference quantizers; Q8_1's quants are Q8_0's) and regrouped for the GEMV (``qk_q8_k_lanes``
+for the 8-lane types Q3_K..Q6_K, ``qk_q8_k_words`` for Q2_K / IQ4_XS, ``qk_q8_0_words``, and
+``qk_q8_1_words``, which adds Q8_1's ``s`` from the fp32 rows), then one GEMV launch: CTAs of 4 weight
+rows x 1 or 2 activation rows (the kernel's phases are in its header). ``W_blocks`` must be 16-byte
+aligned for Q4_K / Q5_K and 4-byte aligned otherwise. Other weight types are declined.
 """
 
 from __future__ import annotations
@@ -25,9 +27,23 @@ from qconform.ops.ggml.keep_quant import MATMUL_BT_QUANT
 from qconform.oracles.ggml.vec_dot_generic import vec_dot_formats
 
 SOURCE = "ggml/keep_quant.hip"
-KERNEL_TYPES = {"Q4_K": "q4_k", "Q5_K": "q5_k", "Q6_K": "q6_k", "Q8_0": "q8_0"}
+KERNEL_TYPES = {
+    "Q4_K": "q4_k",
+    "Q5_K": "q5_k",
+    "Q6_K": "q6_k",
+    "Q8_0": "q8_0",
+    "Q3_K": "q3_k",
+    "Q2_K": "q2_k",
+    "IQ4_XS": "iq4_xs",
+    "Q4_0": "q4_0",
+    "Q4_1": "q4_1",
+    "Q5_0": "q5_0",
+    "Q5_1": "q5_1",
+    "IQ4_NL": "iq4_nl",
+}
+ELEMENT_ORDER = ("Q2_K", "IQ4_XS")  # Q8_K activations in element order (qk_q8_k_words), not by lane
 ROWS_PER_CTA, THREADS = 4, 128  # KQ_R weight rows, a warp each; the regrouping kernels' CTA too
-ACT_WORDS = {"Q8_K": 76, "Q8_0": 12}  # KQ_AK, KQ_A0: words per regrouped activation block
+ACT_WORDS = {"Q8_K": 76, "Q8_0": 12, "Q8_1": 12}  # KQ_AK, KQ_A0: words per regrouped activation block
 ACT_TILES = (1, 2)  # activation rows per CTA, the kernel's instantiations (MT)
 MAX_GRID_Y = 65535  # CUDA's and HIP's limit on gridDim.y: the weight-row blocks
 
@@ -56,13 +72,16 @@ def matmul_bt_quant(W_blocks: Any, qtype: str, A_fp32: Any, *, fma: bool = False
     if M == 0 or N == 0:
         return call.out
     nb = A_fp32.shape[1] // afmt.block_size
-    a8 = quantize(A_fp32, afmt.name)
+    a8 = quantize(A_fp32, "Q8_0" if afmt.name == "Q8_1" else afmt.name)  # Q8_1's quants and d are Q8_0's
     op, blocks, words = MATMUL_BT_QUANT.name, M * nb, ACT_WORDS[afmt.name]
     aq = cupy.empty(blocks * words, cupy.uint32)
     if afmt.name == "Q8_0":
         launch_grid(op, SOURCE, "qk_q8_0_words", -(-blocks // THREADS), THREADS, (a8, aq, np.int64(blocks)))
+    elif afmt.name == "Q8_1":
+        launch_grid(op, SOURCE, "qk_q8_1_words", -(-blocks // THREADS), THREADS, (A_fp32, a8, aq, np.int64(blocks)))
     else:
-        launch_grid(op, SOURCE, "qk_q8_k_lanes", -(-blocks * words // THREADS), THREADS, (a8, aq, np.int64(blocks)))
+        regroup = "qk_q8_k_words" if wfmt.name in ELEMENT_ORDER else "qk_q8_k_lanes"
+        launch_grid(op, SOURCE, regroup, -(-blocks * words // THREADS), THREADS, (a8, aq, np.int64(blocks)))
     mt = act_tile(M)
     grid = (-(-M // mt), -(-N // ROWS_PER_CTA))
     symbol = f"qk_kq_gemv_{KERNEL_TYPES[wfmt.name]}_m{mt}"
