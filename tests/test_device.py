@@ -77,7 +77,7 @@ CUDA_READING = [(op, lf.name) for op in BNB_READINGS for lf in get_op(op).leaves
 
 
 @pytest.mark.parametrize("op_name,leaf", CUDA_READING, ids=["-".join(x) for x in CUDA_READING])
-def test_own_bnb_kernel_passes_under_variant_cuda(op_name: str, leaf: str) -> None:
+def test_own_kernel_bnb_passes_under_variant_cuda(op_name: str, leaf: str) -> None:
     """The bitsandbytes kernels' second reading: ``--impl cupy --contract variant=cuda`` runs the
     CUDA reading (quantize: the literal-threshold trees; gemm_4bit: gemm_4bit_simt's order) and
     passes every property against that reading, at coverage 2."""
@@ -92,7 +92,7 @@ def test_own_bnb_kernel_passes_under_variant_cuda(op_name: str, leaf: str) -> No
 
 
 @pytest.mark.parametrize("leaf", [lf.name for lf in get_op("gemm_4bit").leaves])
-def test_bnb_gemm_simt_is_bit_exact(leaf: str) -> None:
+def test_own_kernel_bnb_gemm_simt_is_bit_exact(leaf: str) -> None:
     """The op checks gemm_4bit within a bound; our SIMT reading must be more: byte for byte the
     oracle's order "simt" (qconform.oracles.bnb.gemm_4bit, bitsandbytes' gemm_4bit_simt) on every
     coverage-2 case it takes, M = 1..64 (row tiles of 1..16), with and without bias."""

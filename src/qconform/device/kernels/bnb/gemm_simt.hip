@@ -110,9 +110,21 @@ __device__ __forceinline__ void qk_gemm_column(const void* A, const qk_u8* B, co
 #pragma unroll
     for (int m = 0; m < MT; ++m) acc[m] = 0.0f;
     const qk_i64 wbase = n * K;
-    for (qk_i64 k0 = (qk_i64)QK_BNB_CHUNK * lane; k0 < K; k0 += QK_BNB_STRIDE) {
-        const uint4 wq = *(const uint4*)(B + ((wbase + k0) >> 1));
-        const float scale = absmax[(wbase + k0) / blocksize]; /* flushed by the fp32 multiply */
+    /* the next chunk's 16 bytes and scale are loaded before this chunk is summed (same order) */
+    qk_i64 k0 = (qk_i64)QK_BNB_CHUNK * lane;
+    uint4 wq_next = make_uint4(0u, 0u, 0u, 0u);
+    float scale_next = 0.0f;
+    if (k0 < K) {
+        wq_next = *(const uint4*)(B + ((wbase + k0) >> 1));
+        scale_next = absmax[(wbase + k0) / blocksize];
+    }
+    for (; k0 < K; k0 += QK_BNB_STRIDE) {
+        const uint4 wq = wq_next;
+        const float scale = scale_next; /* flushed by the fp32 multiply */
+        if (k0 + QK_BNB_STRIDE < K) {
+            wq_next = *(const uint4*)(B + ((wbase + k0 + QK_BNB_STRIDE) >> 1));
+            scale_next = absmax[(wbase + k0 + QK_BNB_STRIDE) / blocksize];
+        }
         const float scale_t = qk_gemm_round<DT>(scale);
         const qk_u32 words[4] = {wq.x, wq.y, wq.z, wq.w};
 #pragma unroll
