@@ -330,6 +330,18 @@ BNB_GEMV_BIAS_AFTER_ROUNDING: Edits = (
 )
 
 
+# bnb/nested.hip (nested_absmax; --impl cupy): the offset added to the 8-bit code before the
+# dequantization, fl32(fl32(code8[q] + offset) * absmax2) (coverage 1: the "quantized" and "random"
+# cases have an offset; "special" has 0)
+BNB_NESTED_OFFSET_FIRST: Edits = (
+    (
+        "const float prod = qk_ftz(QK_FMUL(c, a));\n"
+        "    y[j] = qk_float(qk_f32_bits_of(__dadd_rn(qk_f64_of(prod), qk_f64_of(offset))));",
+        "y[j] = qk_ftz(QK_FMUL(qk_ftz(QK_FADD(c, offset)), a));",
+    ),
+)
+
+
 def _bnb_kernel(
     name: str, source: str, op: str, leaf: str, edits: Edits, contract: str = "", coverage: int = 1
 ) -> DeviceMutant:
@@ -352,6 +364,13 @@ BNB_MUTANTS = (
         "Xfp32_Ynf4",
         BNB_NF4_MIDPOINTS,
         "variant=cuda",
+    ),
+    _bnb_kernel(
+        "nested absmax: offset added before the 8-bit dequantization",
+        "bnb/nested.hip",
+        "nested_absmax",
+        "Xu8_Yfp32",
+        BNB_NESTED_OFFSET_FIRST,
     ),
     _bnb_kernel(
         "4-bit GEMV: low nibble first", "bnb/gemm_simt.hip", "gemm_4bit", "Xfp16_W4_Yfp16", BNB_GEMV_LOW_NIBBLE_FIRST

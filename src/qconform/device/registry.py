@@ -345,6 +345,7 @@ BNB_KERNELS: tuple[KernelSpec, ...] = (
             ("_cuda", "one thread per block: fmaxf, the reciprocal, the literal-threshold tree (variant=cuda)"),
         )
     ),
+    function_kernel("bnb", "nested_absmax", "qk_nested_absmax", "nested.hip", "one thread per 4-bit block"),
     *(
         function_kernel("bnb", "gemm_4bit", f"qk_gemm_4bit{reading}_m{mt}", "gemm_simt.hip", doc)
         for mt in (1, 2, 4, 8, 16)
