@@ -114,6 +114,34 @@ def test_own_kernel_bnb_gemm_simt_is_bit_exact(leaf: str) -> None:
         assert got.tobytes() == want.tobytes(), (c.id, int((got != want).sum()), got.size)
 
 
+BNB_ABI = (
+    ("nf4_quantize", "qk_nf4_quantize", ""),
+    ("fp4_quantize", "qk_fp4_quantize_cuda", "variant=cuda"),
+    ("nested_absmax", "qk_nested_absmax", ""),
+    ("gemm_4bit", "qk_gemm_4bit_m16:requires=K % blocksize == 0", ""),
+    ("gemm_4bit", "qk_gemm_4bit_simt_m16:requires=K % blocksize == 0", "variant=cuda"),
+)
+
+
+@pytest.mark.parametrize("op_name,symbol,contract", BNB_ABI, ids=[f"{o}-{s.split(':')[0]}" for o, s, _ in BNB_ABI])
+def test_own_kernel_bnb_loads_as_hip_user_kernel(op_name: str, symbol: str, contract: str) -> None:
+    """The bitsandbytes kernels take their ops' declared ABI: through ``hip:`` with the op's default
+    geometry (gemm_4bit: M * N groups of 32 lanes, more than the kernel needs; its shapes declined
+    by the user's own predicate) every leaf passes under the reading the symbol computes."""
+    from qconform.device.registry import KERNEL_DIR
+    from qconform.impls import load_impl
+
+    source = {"nf4_quantize": "quantize", "fp4_quantize": "quantize", "nested_absmax": "nested"}.get(
+        op_name, "gemm_simt"
+    )
+    impl = load_impl(f"hip:{KERNEL_DIR / 'bnb' / source}.hip:{symbol}", [op_name], contract or None)
+    op = get_op(op_name)
+    for lf in op.leaves:
+        prepared = [Prepared.from_case(op, c, impl) for c in op.cases(lf.name, 1)]
+        result = run_leaf(impl, op, lf.name, prepared, repeat_calls=9, cold=False)
+        assert result.verdict == "PASS", (lf.name, [o.detail for o in result.failed][:3])
+
+
 @pytest.mark.parametrize("m", ALL, ids=[m.name for m in ALL])
 def test_device_mutant(m: DeviceMutant, built: dict) -> None:
     ok, what = verdict(m, run_mutant(m, built))
