@@ -37,8 +37,13 @@ if part check; then
     "$PY" -m qconform run --impl cupy --ops "$ops" --coverage 2 --no-cold --format markdown --out "$OUT/cupy-$fam.md" \
       >"$OUT/run-cupy-$fam.log" 2>&1 || status=1
   done
-  if [ -z "$FAMILY" ] || [ "$FAMILY" = bnb ]; then  # the cuda reading's reciprocal table, measured here
+  if [ -z "$FAMILY" ] || [ "$FAMILY" = bnb ]; then
+    # the cuda reading's reciprocal table, measured here; the bnb launchers with a second reading:
+    # bitsandbytes' CUDA kernels
     "$PY" -m qconform.device.bnb.rcp --out "$OUT/rcp-table.npz" >"$OUT/rcp.md" 2>&1 || status=1
+    ops=$("$PY" -c "from qconform.device.bnb import DEVICE_FUNCTIONS as F; from qconform.impls.device import takes_variant; print(','.join(k for k, f in F.items() if takes_variant(f)))")
+    "$PY" -m qconform run --impl cupy --contract variant=cuda --ops "$ops" --coverage 2 --no-cold --format markdown \
+      --out "$OUT/cupy-bnb-cuda.md" >"$OUT/run-cupy-bnb-cuda.log" 2>&1 || status=1
   fi
   if [ -z "$FAMILY" ]; then
     "$PY" -m qconform run --impl cupy:ref --ops q8_k_quant --coverage 2 --format markdown --out "$OUT/cupy-ref.md" \
@@ -67,6 +72,11 @@ if part time; then
   else
     echo "(family $FAMILY: not run)" >"$OUT/bench-ggml-gemv.md"
   fi
+  if [ -z "$FAMILY" ] || [ "$FAMILY" = bnb ]; then
+    "$PY" -m qconform.bench.bnb_gemv --json "$OUT/bench-bnb-gemv.json" >"$OUT/bench-bnb-gemv.md" 2>&1 || status=1
+  else
+    echo "(family $FAMILY: not run)" >"$OUT/bench-bnb-gemv.md"
+  fi
 fi
 
 echo
@@ -75,6 +85,9 @@ if part check; then
   for fam in $FAMILIES; do
     show "conformance: family $fam (--impl cupy, coverage 2; cold sets in pytest)" "cupy-$fam.md"
   done
+  if [ -z "$FAMILY" ] || [ "$FAMILY" = bnb ]; then
+    show "conformance: bnb --impl cupy --contract variant=cuda" cupy-bnb-cuda.md
+  fi
   [ -z "$FAMILY" ] && show "conformance: --impl cupy:ref" cupy-ref.md
   { [ -z "$FAMILY" ] || [ "$FAMILY" = bnb ]; } && show "bitsandbytes cuda reading: the device's reciprocal table" rcp.md
 fi
@@ -88,5 +101,6 @@ if part time; then
   show "GroupQueryAttention decode against its baselines (records: bench-gqa.json)" bench-gqa.md
   show "QMoE decode against its baselines (records: bench-qmoe.json)" bench-qmoe.md
   show "ggml keep-quant GEMV against its baselines (records: bench-ggml-gemv.json)" bench-ggml-gemv.md
+  show "bitsandbytes fused 4-bit GEMV against its baselines (records: bench-bnb-gemv.json)" bench-bnb-gemv.md
 fi
 exit $status

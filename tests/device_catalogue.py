@@ -43,6 +43,7 @@ class DeviceMutant:
     leaf: str | None = None  # None: the op's first leaf
     coverage: int = 1
     edits: Edits = ()  # a patch of ``source`` (a shipped kernel): the mutant is the patched copy
+    contract: str = ""  # the implementation's numeric contract (--contract), e.g. variant=cuda
 
     @property
     def is_so(self) -> bool:
@@ -366,10 +367,100 @@ def _bnb(name: str, op: str, leaf: str, edits: Edits) -> DeviceMutant:
     return DeviceMutant(name, "bnb/decode.hip", "", "", op, "matches_oracle", leaf=leaf, edits=edits)
 
 
+# bnb/quantize.hip (nf4_quantize; --impl cupy): the coverage-1 case of pattern "midpoints" (float32
+# leaf) puts 167 scaled values exactly on the CPU path's midpoints and 43 on the 4 NF4 midpoints the
+# CUDA literals miss by one ulp.
+# the CPU reading counts the midpoints <= s: a tie goes to the upper code
+BNB_TIES_UPPER: Edits = (
+    ("q += (double)qk_float(bounds[k]) < s ? 1 : 0;", "q += (double)qk_float(bounds[k]) <= s ? 1 : 0;"),
+)
+# the CUDA reading's NF4 thresholds at the float32 midpoints instead of the literals (k = 0, 8, 12, 14)
+BNB_NF4_MIDPOINTS: Edits = (
+    (
+        "    0xBF591CD9u, 0xBF1C5270u, 0xBEEB8480u, 0xBEADEA76u, 0xBE703CECu, 0xBE0D38BCu, 0xBD3A7871u, 0x3D22FAFFu,\n"
+        "    0x3DF64863u, 0x3E5067E0u, 0x3E9582D4u, 0x3EC753F9u, 0x3F006D03u, 0x3F248DAFu, 0x3F5C89D9u,",
+        "    0xBF591CD8u, 0xBF1C5270u, 0xBEEB8480u, 0xBEADEA76u, 0xBE703CECu, 0xBE0D38BCu, 0xBD3A7871u, 0x3D22FAFFu,\n"
+        "    0x3DF64862u, 0x3E5067E0u, 0x3E9582D4u, 0x3EC753F9u, 0x3F006D04u, 0x3F248DAFu, 0x3F5C89DAu,",
+    ),
+)
+# bnb/gemm_simt.hip (gemm_4bit; --impl cupy): element 2j read from the low nibble and 2j + 1 from the
+# high one; the bias added to the output already rounded to fp16 (bitsandbytes <= 0.49's out += bias:
+# two roundings; the coverage-1 biased cases (1 x 256 x 16, 4 x 256 x 16) have outputs the bias
+# nearly cancels, where the first rounding exceeds the bound; checked offline on the oracle's readings)
+BNB_GEMV_LOW_NIBBLE_FIRST: Edits = (("((e & 1) ? 0 : 4)", "((e & 1) ? 4 : 0)"),)
+BNB_GEMV_BIAS_AFTER_ROUNDING: Edits = (
+    ("if (bias != 0) v = qk_ftz(QK_FADD(v, bv));", "if (bias != 0) v = qk_ftz(QK_FADD(qk_gemm_round<DT>(v), bv));"),
+)
+
+
+# bnb/nested.hip (nested_absmax; --impl cupy): the offset added to the 8-bit code before the
+# dequantization, fl32(fl32(code8[q] + offset) * absmax2) (coverage 1: the "quantized" and "random"
+# cases have an offset; "special" has 0)
+BNB_NESTED_OFFSET_FIRST: Edits = (
+    (
+        "const float prod = qk_ftz(QK_FMUL(c, a));\n"
+        "    y[j] = qk_float(qk_f32_bits_of(__dadd_rn(qk_f64_of(prod), qk_f64_of(offset))));",
+        "y[j] = qk_ftz(QK_FMUL(qk_ftz(QK_FADD(c, offset)), a));",
+    ),
+)
+
+
+def _bnb_kernel(
+    name: str, source: str, op: str, leaf: str, edits: Edits, contract: str = "", coverage: int = 1
+) -> DeviceMutant:
+    return DeviceMutant(
+        name, source, "", "", op, "matches_oracle", leaf=leaf, edits=edits, contract=contract, coverage=coverage
+    )
+
+
 BNB_MUTANTS = (
     _bnb("nf4 decode: nibbles swapped", "nf4_decode", "Xnf4_Yfp32", BNB_NIBBLES_SWAPPED),
     _bnb("fp4 decode: partial last block takes the previous scale", "fp4_decode", "Xfp4_Yfp32", BNB_LAST_BLOCK_SCALE),
     _bnb("nf4 decode: fp16 by truncation", "nf4_decode", "Xnf4_Yfp16", BNB_FP16_TRUNCATED),
+    _bnb_kernel(
+        "nf4 quantize: ties to the upper code (cpu)", "bnb/quantize.hip", "nf4_quantize", "Xfp32_Ynf4", BNB_TIES_UPPER
+    ),
+    _bnb_kernel(
+        "nf4 quantize: thresholds at the float32 midpoints (cuda)",
+        "bnb/quantize.hip",
+        "nf4_quantize",
+        "Xfp32_Ynf4",
+        BNB_NF4_MIDPOINTS,
+        "variant=cuda",
+    ),
+    _bnb_kernel(
+        "nested absmax: offset added before the 8-bit dequantization",
+        "bnb/nested.hip",
+        "nested_absmax",
+        "Xu8_Yfp32",
+        BNB_NESTED_OFFSET_FIRST,
+    ),
+    _bnb_kernel(
+        "4-bit GEMV: low nibble first", "bnb/gemm_simt.hip", "gemm_4bit", "Xfp16_W4_Yfp16", BNB_GEMV_LOW_NIBBLE_FIRST
+    ),
+    _bnb_kernel(
+        "4-bit GEMV: bias added after rounding to fp16",
+        "bnb/gemm_simt.hip",
+        "gemm_4bit",
+        "Xfp16_W4_Yfp16",
+        BNB_GEMV_BIAS_AFTER_ROUNDING,
+    ),
+    _bnb_kernel(
+        "4-bit GEMV (simt): bias added after rounding to bf16",
+        "bnb/gemm_simt.hip",
+        "gemm_4bit",
+        "Xbf16_W4_Ybf16",
+        BNB_GEMV_BIAS_AFTER_ROUNDING,
+        "variant=cuda",
+    ),
+    _bnb_kernel(
+        "4-bit GEMV (simt): low nibble first",
+        "bnb/gemm_simt.hip",
+        "gemm_4bit",
+        "Xfp32_W4_Yfp32",
+        BNB_GEMV_LOW_NIBBLE_FIRST,
+        "variant=cuda",
+    ),
 )
 # ggml/fused.hip (rms_norm_q8_k, silu_mul_q8_k; --impl cupy)
 # the fused epilogue quantizes the fp32 value instead of the bfloat16 value it stored
@@ -570,7 +661,7 @@ def run_mutant(m: DeviceMutant, built: dict[str, Path], coverage: int = 1):
 
     op = get_op(m.op)
     with m.loaded_source() as source:
-        impl = load_impl(impl_spec(m, built, source), [m.op])
+        impl = load_impl(impl_spec(m, built, source), [m.op], m.contract or None)
         leaf = m.leaf or op.leaves[0].name
         prepared = [Prepared.from_case(op, c, impl) for c in op.cases(leaf, max(coverage, m.coverage))]
         if not m.is_own:

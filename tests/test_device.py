@@ -52,7 +52,8 @@ def test_own_kernel_passes_every_property(impl_name: str, op_name: str, leaf: st
     prepared = [Prepared.from_case(op, c, impl) for c in op.cases(leaf, 2 if op.family == "ggml" else 1)]
     result = run_leaf(impl, op, leaf, prepared, repeat_calls=129 if cold else 33, cold=cold)
     assert result.verdict == "PASS", [o.detail for o in result.failed][:3]
-    assert not result.declined, "qconform's own kernels handle every case"
+    declined = {o.case for o in result.declined}
+    assert declined == {c.case.id for c in prepared if not _handles(op_name, c.case)}, "declined only its stated limits"
     props = {o.prop: o for o in result.outcomes}
     assert props["survives_pending_error"].ok is not False, props["survives_pending_error"].detail
     assert "WARNING" not in props["survives_pending_error"].detail
@@ -60,6 +61,85 @@ def test_own_kernel_passes_every_property(impl_name: str, op_name: str, leaf: st
         sized = {c.id for c in op.cases(leaf, 2)}
         extra = [o for o in result.outcomes if o.prop == "matches_oracle" and o.case not in sized]
         assert len(extra) >= 3, "the cold input sets were checked against the oracle"
+
+
+def _handles(op_name: str, case) -> bool:
+    """The cases qconform's own kernels take: all, but gemm_4bit's K % blocksize != 0 (declined)."""
+    if op_name == "gemm_4bit":
+        from qconform.device.bnb.gemm import handles
+
+        return handles(case.params["K"], case.params["blocksize"])
+    return True
+
+
+BNB_READINGS = ("nf4_quantize", "fp4_quantize", "gemm_4bit")  # launchers with a cuda reading (variant)
+CUDA_READING = [(op, lf.name) for op in BNB_READINGS for lf in get_op(op).leaves]
+
+
+@pytest.mark.parametrize("op_name,leaf", CUDA_READING, ids=["-".join(x) for x in CUDA_READING])
+def test_own_kernel_bnb_passes_under_variant_cuda(op_name: str, leaf: str) -> None:
+    """The bitsandbytes kernels' second reading: ``--impl cupy --contract variant=cuda`` runs the
+    CUDA reading (quantize: the literal-threshold trees; gemm_4bit: gemm_4bit_simt's order) and
+    passes every property against that reading, at coverage 2."""
+    from qconform.impls import load_impl
+
+    impl = load_impl("cupy", contract="variant=cuda")
+    op = get_op(op_name)
+    prepared = [Prepared.from_case(op, c, impl) for c in op.cases(leaf, 2)]
+    result = run_leaf(impl, op, leaf, prepared, repeat_calls=9, cold=False)
+    assert result.verdict == "PASS", [o.detail for o in result.failed][:3]
+    assert {o.case for o in result.declined} == {p.case.id for p in prepared if not _handles(op_name, p.case)}
+
+
+@pytest.mark.parametrize("leaf", [lf.name for lf in get_op("gemm_4bit").leaves])
+def test_own_kernel_bnb_gemm_simt_is_bit_exact(leaf: str) -> None:
+    """The op checks gemm_4bit within a bound; our SIMT reading must be more: byte for byte the
+    oracle's order "simt" (qconform.oracles.bnb.gemm_4bit, bitsandbytes' gemm_4bit_simt) on every
+    coverage-2 case it takes, M = 1..64 (row tiles of 1..16), with and without bias."""
+    import cupy
+
+    from qconform.device.bnb import gemm_4bit as launch
+    from qconform.ops.bnb.gemm import gemm_4bit
+
+    op = get_op("gemm_4bit")
+    cases = [c for c in op.cases(leaf, 2) if _handles("gemm_4bit", c)]
+    assert len(cases) >= 20
+    for c in cases:
+        x = op.make_inputs(c)
+        kw = {k: c.params[k] for k in ("K", "blocksize", "quant_type")}
+        want = gemm_4bit(x["A"], x["B"], x["absmax"], x.get("bias"), **kw, variant="cuda")
+        bias = None if x.get("bias") is None else cupy.asarray(x["bias"])
+        args = (cupy.asarray(x["A"]), cupy.asarray(x["B"]), cupy.asarray(x["absmax"]), bias)
+        got = cupy.asnumpy(launch(*args, **kw, variant="cuda"))
+        assert got.tobytes() == want.tobytes(), (c.id, int((got != want).sum()), got.size)
+
+
+BNB_ABI = (
+    ("nf4_quantize", "qk_nf4_quantize", ""),
+    ("fp4_quantize", "qk_fp4_quantize_cuda", "variant=cuda"),
+    ("nested_absmax", "qk_nested_absmax", ""),
+    ("gemm_4bit", "qk_gemm_4bit_m16:requires=K % blocksize == 0", ""),
+    ("gemm_4bit", "qk_gemm_4bit_simt_m16:requires=K % blocksize == 0", "variant=cuda"),
+)
+
+
+@pytest.mark.parametrize("op_name,symbol,contract", BNB_ABI, ids=[f"{o}-{s.split(':')[0]}" for o, s, _ in BNB_ABI])
+def test_own_kernel_bnb_loads_as_hip_user_kernel(op_name: str, symbol: str, contract: str) -> None:
+    """The bitsandbytes kernels take their ops' declared ABI: through ``hip:`` with the op's default
+    geometry (gemm_4bit: M * N groups of 32 lanes, more than the kernel needs; its shapes declined
+    by the user's own predicate) every leaf passes under the reading the symbol computes."""
+    from qconform.device.registry import KERNEL_DIR
+    from qconform.impls import load_impl
+
+    source = {"nf4_quantize": "quantize", "fp4_quantize": "quantize", "nested_absmax": "nested"}.get(
+        op_name, "gemm_simt"
+    )
+    impl = load_impl(f"hip:{KERNEL_DIR / 'bnb' / source}.hip:{symbol}", [op_name], contract or None)
+    op = get_op(op_name)
+    for lf in op.leaves:
+        prepared = [Prepared.from_case(op, c, impl) for c in op.cases(lf.name, 1)]
+        result = run_leaf(impl, op, lf.name, prepared, repeat_calls=9, cold=False)
+        assert result.verdict == "PASS", (lf.name, [o.detail for o in result.failed][:3])
 
 
 @pytest.mark.parametrize("m", ALL, ids=[m.name for m in ALL])

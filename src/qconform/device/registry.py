@@ -390,6 +390,23 @@ GGML_FUNCTION_KERNELS: tuple[KernelSpec, ...] = (
 BNB_KERNELS: tuple[KernelSpec, ...] = (
     function_kernel("bnb", "nf4_decode", "qk_nf4_decode", "decode.hip", "one thread per output: one nibble, one scale"),
     function_kernel("bnb", "fp4_decode", "qk_fp4_decode", "decode.hip", "one thread per output: one nibble, one scale"),
+    *(
+        function_kernel("bnb", f"{qt}_quantize", f"qk_{qt}_quantize{suffix}", "quantize.hip", doc)
+        for qt in ("nf4", "fp4")
+        for suffix, doc in (
+            ("", "one thread per block: max |x|, then the midpoint count (the CPU reading)"),
+            ("_cuda", "one thread per block: fmaxf, the reciprocal, the literal-threshold tree (variant=cuda)"),
+        )
+    ),
+    function_kernel("bnb", "nested_absmax", "qk_nested_absmax", "nested.hip", "one thread per 4-bit block"),
+    *(
+        function_kernel("bnb", "gemm_4bit", f"qk_gemm_4bit{reading}_m{mt}", "gemm_simt.hip", doc)
+        for mt in (1, 2, 4, 8, 16)
+        for reading, doc in (
+            ("", f"32 lanes per column, {mt} rows of A per group: weights rounded once, fmaf sums"),
+            ("_simt", f"32 lanes per column, {mt} rows of A per group: gemm_4bit_simt's order (variant=cuda)"),
+        )
+    ),
 )
 """The bitsandbytes family's kernels (``qconform.device.bnb``)."""
 TOOL_KERNELS: tuple[tuple[str, str, str], ...] = (
