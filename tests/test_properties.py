@@ -178,3 +178,47 @@ def test_compare_exact_float_rules() -> None:
     assert "block 0, value 2" in c.detail
     assert not compare(op, params, want.astype(np.float64), want).ok
     assert not compare(op, params, want[:, :16], want).ok
+
+
+def test_repeatable_compares_the_defined_elements_only() -> None:
+    """GroupQueryAttention's present rows past the valid length are the caller's buffer: repeat
+    calls that leave fresh garbage there are repeatable; a change of one defined element is not."""
+    from qconform.properties.checks import repeatable, undefined_elements
+
+    op = CATALOGUE["gqa_decode"]
+    preps = [Prepared.from_case(op, c) for c in op.cases("Xfp32_Wfp32_Yfp32", 1)]
+    p = next(q for q in preps if any(m is not None and m.any() for m in undefined_elements(q) or ()))
+    rng = np.random.default_rng(0)
+
+    class Fake:
+        """The oracle's outputs, fresh noise on the undefined elements each call; ``flip``: the
+        third call also changes the first output element."""
+
+        def __init__(self, flip: bool) -> None:
+            self.flip, self.calls = flip, 0
+
+        def stage(self, op, leaf, inputs, params):
+            def call():
+                self.calls += 1
+                outs = [np.array(w, copy=True) for w in p.want]
+                for o, m in zip(outs, undefined_elements(p), strict=True):
+                    if m is not None:
+                        o[m] = rng.standard_normal(int(m.sum()))
+                if self.flip and self.calls == 3:
+                    outs[0].reshape(-1)[0] += 1
+                return tuple(outs)
+
+            return call
+
+    assert repeatable(Fake(False), op, [p], calls=6).ok
+    assert repeatable(Fake(True), op, [p], calls=6).ok is False
+
+
+@pytest.mark.parametrize("op", list(CATALOGUE.values()), ids=lambda op: op.name)
+def test_case_inputs_are_c_contiguous(op) -> None:
+    """Every input the catalogue makes is C-contiguous: device launchers take pointers and refuse
+    other layouts (a broadcast view's astype keeps its own memory order)."""
+    for lf in op.leaves:
+        for case in op.cases(lf.name, 1):
+            for name, a in op.make_inputs(case).items():
+                assert not isinstance(a, np.ndarray) or a.flags.c_contiguous, (case.id, name)

@@ -23,7 +23,6 @@ from qconform.errors import ArgumentError
 from qconform.impls.protocol import cpu_arch
 from qconform.ops import CATALOGUE, OpSpec
 from qconform.ops.abi import check_declared_predicate
-from qconform.ops.spec import result_bytes
 
 
 class CallableImpl:
@@ -67,7 +66,7 @@ class CallableImpl:
         return self.function(op)(*args, **kwargs)
 
     def stage(self, op: OpSpec, leaf: str, inputs: dict[str, np.ndarray], params: dict[str, Any]) -> Callable[[], Any]:
-        return lambda: result_bytes(self.run(op, leaf, inputs, params))
+        return lambda: self.run(op, leaf, inputs, params)
 
     def error_slot(self) -> tuple[Any, str]:
         return None, "CPU implementation"

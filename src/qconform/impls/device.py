@@ -140,6 +140,12 @@ class DeviceBits:
     def __init__(self, a: Any) -> None:
         self.parts = output_parts(a)
 
+    def checked(self, masks: tuple[np.ndarray | None, ...]) -> "DeviceBits":
+        """Only the elements ``masks`` (True: unchecked, one per output) leaves checked, flattened."""
+        return DeviceBits(
+            tuple(a if m is None else a[cupy.asarray(~m)] for a, m in zip(self.parts, masks, strict=True))
+        )
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, DeviceBits) or len(other.parts) != len(self.parts):
             return False

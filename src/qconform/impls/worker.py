@@ -22,7 +22,7 @@ from qconform import guard
 from qconform.errors import ArgumentError, Declined, OutOfBoundsWrite
 from qconform.impls.protocol import Implementation
 from qconform.ops import CATALOGUE, OpSpec
-from qconform.ops.spec import output_parts, result_bytes
+from qconform.ops.spec import output_parts
 
 DEFAULT_TIMEOUT_S = 300.0  # per call: generous (a coverage-3 case on a slow CPU), never forever
 
@@ -184,7 +184,7 @@ class WorkerImpl:
         self._conn.recv()
 
     def stage(self, op: OpSpec, leaf: str, inputs: dict[str, Any], params: dict[str, Any]) -> Callable[[], Any]:
-        return lambda: result_bytes(self.run(op, leaf, inputs, params))
+        return lambda: self.run(op, leaf, inputs, params)
 
     def error_slot(self) -> tuple[Any, str]:
         return None, "CPU implementation"

@@ -153,7 +153,8 @@ def make_inputs(op: str, case: Case) -> dict[str, np.ndarray]:
         inp["cos_cache"], inp["sin_cache"] = _rotary(p.get("rd", H), T + offset + 1, act)
         if p.get("pos_ids"):
             first = np.arange(S)[None, :] + (offset if phase == "first" else pasts[:, None] + offset)
-            inp["position_ids"] = np.broadcast_to(first, (B, S)).astype(np.int64)
+            # C order: astype of a broadcast view keeps its memory order (strides (8, 8 B) here)
+            inp["position_ids"] = np.ascontiguousarray(np.broadcast_to(first, (B, S)), dtype=np.int64)
     bias = p.get("bias", "none")
     if bias != "none":
         shape = (B, N, S, T) if bias == "full" else (1, 1, S, T)
