@@ -19,8 +19,6 @@ M = 2..16 within 1.5x of M = 1. One ``BenchRecord`` per (dtype, shape, M).
 
 from __future__ import annotations
 
-import argparse
-from pathlib import Path
 from typing import Any, Callable
 
 import cupy
@@ -28,7 +26,7 @@ import numpy as np
 
 from qconform.bench import baselines as bl
 from qconform.bench.nbits import n_sets_for
-from qconform.bench.records import BenchRecord, write_records
+from qconform.bench.records import BenchRecord, bench_parser, finish
 from qconform.device.loader import device_info
 
 SHAPES = ((4096, 14336), (14336, 4096))  # (K, N)
@@ -190,14 +188,9 @@ def bench(shapes=SHAPES, dtypes=DTYPES, ms=MS, reps: int = 50) -> list[BenchReco
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m qconform.bench.bnb_gemv")
-    p.add_argument("--quick", action="store_true", help="the first shape, fp16, M = 1 and 16, fewer repeats")
-    p.add_argument("--json", type=Path, help="write the BenchRecords here")
-    a = p.parse_args(argv)
+    a = bench_parser("bnb_gemv", "the first shape, fp16, M = 1 and 16, fewer repeats").parse_args(argv)
     records = bench(SHAPES[:1], DTYPES[:1], (1, 16), 20) if a.quick else bench()
-    if a.json:
-        write_records(a.json, records)
-    return 0 if all(r.verdict in ("PASS", "n/a (M=1 checked)") for r in records) else 1
+    return finish(records, a.json, ("PASS", "n/a (M=1 checked)"))
 
 
 if __name__ == "__main__":

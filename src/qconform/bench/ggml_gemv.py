@@ -12,8 +12,6 @@ rooflines. One ``BenchRecord`` per (type, shape); weights are random blocks with
 
 from __future__ import annotations
 
-import argparse
-from pathlib import Path
 from typing import Any
 
 import cupy
@@ -21,7 +19,7 @@ import numpy as np
 
 from qconform.bench import baselines as bl
 from qconform.bench.nbits import cublas_fp16, n_sets_for
-from qconform.bench.records import BenchRecord, write_records
+from qconform.bench.records import BenchRecord, bench_parser, finish
 from qconform.device.loader import device_info
 from qconform.formats.ggml import FORMATS
 from qconform.oracles.ggml.vec_dot_generic import PAIRS
@@ -108,9 +106,7 @@ def bench(shapes=SHAPES, types=TYPES, reps: int = 50) -> list[BenchRecord]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m qconform.bench.ggml_gemv")
-    p.add_argument("--quick", action="store_true", help="the first shape, Q4_K and Q8_0, fewer repeats")
-    p.add_argument("--json", type=Path, help="write the BenchRecords here")
+    p = bench_parser("ggml_gemv", "the first shape, Q4_K and Q8_0, fewer repeats")
     p.add_argument("--types", help=f"comma-separated weight types (default {','.join(TYPES)}; any of the GEMV's)")
     a = p.parse_args(argv)
     types = tuple(t.strip().upper() for t in a.types.split(",")) if a.types else None
@@ -120,9 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         records = bench(SHAPES[:1], types or ("Q4_K", "Q8_0"), 20)
     else:
         records = bench(types=types or TYPES)
-    if a.json:
-        write_records(a.json, records)
-    return 0 if all(r.verdict == "PASS" for r in records) else 1
+    return finish(records, a.json)
 
 
 if __name__ == "__main__":

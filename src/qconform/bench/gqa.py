@@ -18,8 +18,6 @@ bound (``qconform.ops.ort.group_query_attention``), one check per cache type.
 
 from __future__ import annotations
 
-import argparse
-from pathlib import Path
 from typing import Any
 
 import cupy
@@ -27,7 +25,7 @@ import numpy as np
 
 from qconform.bench import baselines as bl
 from qconform.bench.nbits import n_sets_for
-from qconform.bench.records import BenchRecord, write_records
+from qconform.bench.records import BenchRecord, bench_parser, finish
 from qconform.device.loader import device_info
 
 HEADS = (32, 8, 128)  # N, Nk, H: Llama-3-8B
@@ -189,14 +187,8 @@ def bench(batches=BATCHES, pasts=PASTS, reps: int = 50) -> list[BenchRecord]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m qconform.bench.gqa")
-    p.add_argument("--quick", action="store_true", help="batch 1 and 16, past 4k, fewer repeats")
-    p.add_argument("--json", type=Path, help="write the BenchRecords here")
-    a = p.parse_args(argv)
-    records = bench((1, 16), (4096,), 20) if a.quick else bench()
-    if a.json:
-        write_records(a.json, records)
-    return 0 if all(r.verdict == "PASS" for r in records) else 1
+    a = bench_parser("gqa", "batch 1 and 16, past 4k, fewer repeats").parse_args(argv)
+    return finish(bench((1, 16), (4096,), 20) if a.quick else bench(), a.json)
 
 
 if __name__ == "__main__":

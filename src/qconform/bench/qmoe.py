@@ -14,15 +14,13 @@ faster than the PyTorch baseline. PyTorch is imported here only; without it the 
 
 from __future__ import annotations
 
-import argparse
-from pathlib import Path
 from typing import Any
 
 import cupy
 import numpy as np
 
 from qconform.bench import baselines as bl
-from qconform.bench.records import BenchRecord, write_records
+from qconform.bench.records import BenchRecord, bench_parser, finish
 from qconform.device.loader import device_info
 
 # (name, H, I, E, k, block_size, swiglu attributes): gpt-oss-20b's layer and Qwen3-30B-A3B's
@@ -177,14 +175,8 @@ def bench(shapes=SHAPES, reps: int = 50, n_calls: int | None = None) -> list[Ben
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m qconform.bench.qmoe")
-    p.add_argument("--quick", action="store_true", help="the first shape, fewer repeats")
-    p.add_argument("--json", type=Path, help="write the BenchRecords here")
-    a = p.parse_args(argv)
-    records = bench(SHAPES[:1], 20) if a.quick else bench()
-    if a.json:
-        write_records(a.json, records)
-    return 0 if all(r.verdict == "PASS" for r in records) else 1
+    a = bench_parser("qmoe", "the first shape, fewer repeats").parse_args(argv)
+    return finish(bench(SHAPES[:1], 20) if a.quick else bench(), a.json)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ prints the change per record and says when it is inside the spread of either run
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 from dataclasses import asdict, dataclass, field
@@ -66,6 +67,22 @@ class BenchRecord:
 
 def write_records(path: Path, records: list[BenchRecord]) -> None:
     path.write_text(json.dumps({"schema": SCHEMA, "records": [r.to_dict() for r in records]}, indent=1) + "\n")
+
+
+def bench_parser(module: str, quick: str) -> argparse.ArgumentParser:
+    """The command line every device bench takes: ``--quick`` (what it leaves out: ``quick``) and
+    ``--json`` (where to write its records)."""
+    p = argparse.ArgumentParser(prog=f"python -m qconform.bench.{module}")
+    p.add_argument("--quick", action="store_true", help=quick)
+    p.add_argument("--json", type=Path, help="write the BenchRecords here")
+    return p
+
+
+def finish(records: list[BenchRecord], json_path: Path | None, passing: tuple[str, ...] = ("PASS",)) -> int:
+    """Write the records where asked; the exit status: 0 when every verdict is in ``passing``."""
+    if json_path:
+        write_records(json_path, records)
+    return 0 if all(r.verdict in passing for r in records) else 1
 
 
 def read_records(path: Path) -> list[BenchRecord]:
