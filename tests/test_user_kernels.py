@@ -104,6 +104,7 @@ def test_torch_twin_is_wrong_where_its_docstring_says() -> None:
             "examples/so_launcher/gather_block_quantized_launcher.cu",
             "examples/so_launcher/gather_block_quantized_launcher_wrong.cu",
         ),
+        ("examples/so_launcher/qmoe_launcher.cu", "examples/so_launcher/qmoe_launcher_wrong.cu"),
     ],
 )
 def test_twin_source_differs_in_one_marked_line(correct: str, twin: str) -> None:
@@ -125,12 +126,12 @@ def test_table_is_well_formed() -> None:
         assert (REPO / e.source).is_file(), e.source
         op = get_op(e.op)
         assert set(e.leaves) <= {leaf.name for leaf in op.leaves}, e.name
-        assert e.expect in ("PASS", "matches_oracle")
+        assert e.expect in ("PASS", "matches_oracle", "survives_pending_error")
         spec = e.impl_spec({e.source: Path("/lib.so")})
         assert spec.startswith(f"{e.kind}:") and f":{e.symbol}" in spec
     passes = [e for e in ENTRIES if e.expect == "PASS"]
     twins = [e for e in ENTRIES if e.expect != "PASS"]
-    assert len(passes) == len(twins) == 5
+    assert len(passes) == len(twins) == 7
     for e in passes:
         assert any(t.op == e.op and t.kind == e.kind for t in twins), e.name
     op = get_op("matmul_nbits")
@@ -160,6 +161,27 @@ def test_tolerance_failure_names_its_element() -> None:
     bad[1, 5] = 0
     c = compare(gather, q.params, bad, q.want)
     assert not c.ok and re.search(r"first at \[1, 5\]", c.detail) and NAMES_ELEMENT.search(c.detail), c.detail
+
+
+def test_pending_error_twin_needs_the_planted_error() -> None:
+    """A twin expected to fail survives_pending_error is as expected only when that property fails
+    about the foreign error the suite planted; a pass, or a failure for another reason, is not."""
+    from qconform.properties.checks import Outcome
+    from qconform.properties.suite import LeafResult
+
+    (twin, *_) = [e for e in ENTRIES if e.expect == "survives_pending_error"]
+    leaf = twin.leaves[0]
+
+    def result(ok: bool, detail: str) -> LeafResult:
+        r = LeafResult(twin.op, leaf, "sm_90", "so:lib.so:qmoe_launcher")
+        r.outcomes += [Outcome("matches_oracle", twin.op, leaf, "c0", True, "exact")]
+        r.outcomes += [Outcome("survives_pending_error", twin.op, leaf, "fresh", ok, detail)]
+        return r
+
+    planted = "with a foreign cudaErrorInvalidConfiguration pending (libcudart.so.13) the call failed: DeviceError"
+    assert verdict(twin, result(False, planted))[0]
+    assert not verdict(twin, result(True, "status and output unaffected by a foreign error pending"))[0]
+    assert not verdict(twin, result(False, "a deliberately bad call reported success: status 0"))[0]
 
 
 # ------------------------------------------------------------------------------- with a GPU

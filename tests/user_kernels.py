@@ -1,9 +1,10 @@
 """The worked user kernels (examples/) run as a user would run them, each beside its wrong twin:
-a `hip:` GEMV for matmul_nbits, a `hip:` Q4_0 dequantizer, a naive `hip:` GQA decode, a `so:` launcher for
-gather_block_quantized and a PyTorch device `py:` drop-in for matmul_nbits. A correct kernel must
-PASS every selected leaf with at least one case run (declined cases only where its entry declares
-them); a twin must FAIL with matches_oracle, and that failure must name an element
-(``at [i, j] ...: got X, want Y``).
+a `hip:` GEMV for matmul_nbits, a `hip:` Q4_0 dequantizer, a naive `hip:` GQA decode, `so:` launchers for
+gather_block_quantized and for QMoE (qconform's own QMoE kernels behind the C ABI) and a PyTorch
+device `py:` drop-in for matmul_nbits. A correct kernel must PASS every selected leaf with at least
+one case run (declined cases only where its entry declares them); a twin must FAIL with the
+property its entry names: a matches_oracle failure must name an element (``at [i, j] ...: got X,
+want Y``), a survives_pending_error failure must be about the foreign error the suite planted.
 
     python3 tests/user_kernels.py [--coverage N] [--only NAME] [--no-cold]
         # a GPU: prints a markdown table, exits 1 on any unexpected outcome
@@ -68,6 +69,9 @@ Q4_0_DEQUANT = "examples/hip_kernel/q4_0_dequant.hip"
 GQA_NAIVE = "examples/hip_kernel/gqa_decode_naive.hip"
 GQA_FLOAT_LEAVES = ("Xfp16_Wfp16_Yfp16", "Xfp32_Wfp32_Yfp32")
 GQA_REQUIRES = "kv_cache_bit_width==0"
+QMOE = "examples/so_launcher/qmoe_launcher.cu"
+QMOE_LEAVES = ("Xfp16_Wu4_Yfp16", "Xfp16_Wu8_Yfp16", "Xfp32_Wu4_Yfp32")
+QMOE_TWIN = "so: QMoE launcher, wrong twin (returns cudaGetLastError())"
 ENTRIES = (
     UserKernel(
         "hip: u2 GEMV",
@@ -134,6 +138,29 @@ ENTRIES = (
         "gather_block_quantized",
         GATHER_LEAVES,
         "matches_oracle",
+    ),
+    *(
+        UserKernel(
+            f"so: QMoE launcher ({op})",
+            QMOE,
+            "qmoe_launcher",
+            op,
+            QMOE_LEAVES,
+            "PASS",
+            cold=False,  # the same kernels' cold sets run under --impl cupy (tests/test_device.py)
+        )
+        for op in ("qmoe_decode", "qmoe_ragged_mm")
+    ),
+    *(
+        UserKernel(
+            f"{QMOE_TWIN}, {op}",
+            QMOE.replace(".cu", "_wrong.cu"),
+            "qmoe_launcher",
+            op,
+            ("Xfp16_Wu8_Yfp16",),  # every case passes matches_oracle: one leaf shows the pending-error failure
+            "survives_pending_error",
+        )
+        for op in ("qmoe_decode", "qmoe_ragged_mm")
     ),
     UserKernel(
         "py: PyTorch drop-in",
@@ -205,6 +232,11 @@ def verdict(e: UserKernel, result: Any) -> tuple[bool, str]:
     if e.expect not in failed:
         return False, f"{result.verdict}, {e.expect} not failed: {failed} ({counts}) (MISSED)"
     details = [o.detail for o in result.failed if o.prop == e.expect]
+    if e.expect == "survives_pending_error":  # caught for the error the suite planted, not another
+        named = [d for d in details if "foreign" in d]
+        if not named:
+            return False, f"FAIL {failed}, but no {e.expect} detail is about the foreign error: {details[0][:160]}"
+        return True, f"FAIL {failed} ({counts}): {named[0][:160]}"
     named = [d for d in details if NAMES_ELEMENT.search(d)]
     if not named:
         return False, f"FAIL {failed}, but no {e.expect} detail names an element: {details[0][:160]}"
