@@ -183,11 +183,11 @@ def test_compare_exact_float_rules() -> None:
 def test_repeatable_compares_the_defined_elements_only() -> None:
     """GroupQueryAttention's present rows past the valid length are the caller's buffer: repeat
     calls that leave fresh garbage there are repeatable; a change of one defined element is not."""
-    from qconform.properties.checks import repeatable, undefined_elements
+    from qconform.properties.checks import defined_elements, repeatable
 
     op = CATALOGUE["gqa_decode"]
     preps = [Prepared.from_case(op, c) for c in op.cases("Xfp32_Wfp32_Yfp32", 1)]
-    p = next(q for q in preps if any(m is not None and m.any() for m in undefined_elements(q) or ()))
+    p = next(q for q in preps if any(m is not None and not m.all() for m in defined_elements(q) or ()))
     rng = np.random.default_rng(0)
 
     class Fake:
@@ -201,9 +201,9 @@ def test_repeatable_compares_the_defined_elements_only() -> None:
             def call():
                 self.calls += 1
                 outs = [np.array(w, copy=True) for w in p.want]
-                for o, m in zip(outs, undefined_elements(p), strict=True):
+                for o, m in zip(outs, defined_elements(p), strict=True):
                     if m is not None:
-                        o[m] = rng.standard_normal(int(m.sum()))
+                        o[~m] = rng.standard_normal(int((~m).sum()))
                 if self.flip and self.calls == 3:
                     outs[0].reshape(-1)[0] += 1
                 return tuple(outs)

@@ -140,10 +140,10 @@ class DeviceBits:
     def __init__(self, a: Any) -> None:
         self.parts = output_parts(a)
 
-    def checked(self, masks: tuple[np.ndarray | None, ...]) -> "DeviceBits":
-        """Only the elements ``masks`` (True: unchecked, one per output) leaves checked, flattened."""
+    def checked(self, defined: tuple[np.ndarray | None, ...]) -> "DeviceBits":
+        """Only the ``defined`` elements (True; one mask per output, None: all), flattened."""
         return DeviceBits(
-            tuple(a if m is None else a[cupy.asarray(~m)] for a, m in zip(self.parts, masks, strict=True))
+            tuple(a if m is None else a[cupy.asarray(m)] for a, m in zip(self.parts, defined, strict=True))
         )
 
     def __eq__(self, other: object) -> bool:

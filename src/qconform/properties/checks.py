@@ -141,31 +141,30 @@ def matches_oracle(impl: Implementation, op: OpSpec, p: Prepared) -> Outcome:
     return result(c.ok, c.detail, c.rel_l2, ms)
 
 
-def undefined_elements(p: Prepared) -> tuple[np.ndarray | None, ...] | None:
-    """Per output, the elements every reading of ``p`` leaves unchecked (True), or None when each
-    reading checks every element."""
+def defined_elements(p: Prepared) -> tuple[np.ndarray | None, ...] | None:
+    """Per output, the elements some reading of ``p`` checks (True; None for an output every
+    reading checks whole), or None when every reading checks every element."""
     masks = [getattr(e, "mask", None) for e in p.expected]
     if not masks or any(m is None for m in masks):
         return None
     per_output = [m if isinstance(m, tuple) else (m,) for m in masks]
-    out = []
-    for parts in zip(*per_output, strict=True):
-        out.append(
-            None if any(m is None for m in parts) else np.logical_and.reduce([np.asarray(m, bool) for m in parts])
-        )
-    return tuple(out)
+    return tuple(
+        None if any(m is None for m in parts) else ~np.logical_and.reduce([np.asarray(m, bool) for m in parts])
+        for parts in zip(*per_output, strict=True)
+    )
 
 
-def defined_bits(got: Any, unchecked: tuple[np.ndarray | None, ...] | None) -> Any:
+def defined_bits(got: Any, defined: tuple[np.ndarray | None, ...] | None) -> Any:
     """A staged call's output reduced to what repeat calls must reproduce bit for bit: every
-    output's bytes, or only its elements ``unchecked`` leaves checked (a device output stays on
-    the device: ``DeviceBits.checked``)."""
+    output's bytes, or only its ``defined`` elements (a device output stays on the device:
+    ``DeviceBits.checked``)."""
     if hasattr(got, "checked"):
-        return got if unchecked is None else got.checked(unchecked)
-    parts = output_parts(got)
-    masks = unchecked or (None,) * len(parts)
+        return got if defined is None else got.checked(defined)
+    if defined is None:
+        return result_bytes(got)
     return b"".join(
-        (np.asarray(a) if m is None else np.asarray(a)[~m]).tobytes() for a, m in zip(parts, masks, strict=True)
+        (np.asarray(a) if m is None else np.asarray(a)[m]).tobytes()
+        for a, m in zip(output_parts(got), defined, strict=True)
     )
 
 
@@ -183,12 +182,12 @@ def repeatable(
         staged = [impl.stage(op, leaf, p.inputs, p.params) for p in sets]
     except Exception as exc:
         return result(None, False, f"staging the inputs {_raised(exc)}")
-    unchecked = [undefined_elements(p) for p in sets]
+    defined = [defined_elements(p) for p in sets]  # once: the same masks for every call
     first: list[Any] = [None] * len(sets)
     for k in range(calls):
         i = k % len(sets)
         try:
-            got = defined_bits(staged[i](), unchecked[i])
+            got = defined_bits(staged[i](), defined[i])
         except Exception as exc:
             return result(sets[i].case.id, False, f"call {k + 1}: {_raised(exc)}")
         if first[i] is None:
