@@ -691,6 +691,16 @@ def write_sources(directory: Path) -> list[Path]:
     return [m.patch().write(directory / m.slug) for m in ALL if m.edits]
 
 
+def shard(text: str) -> tuple[int, int]:
+    """``"I/N"`` as (I, N), 0 <= I < N, for --shard (the parts of ci/device.sh run side by side)."""
+    import argparse
+
+    index, _, count = text.partition("/")
+    if not (index.isdigit() and count.isdigit() and 0 <= int(index) < int(count)):
+        raise argparse.ArgumentTypeError(f"--shard takes I/N with 0 <= I < N, got {text!r}")
+    return int(index), int(count)
+
+
 def main(argv: list[str]) -> int:
     import argparse
     import tempfile
@@ -699,6 +709,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--write-sources", metavar="DIR", type=Path, help="only write the patched kernel sources")
     parser.add_argument(
         "--only", metavar="TEXT", action="append", help="only the rows whose name contains TEXT (repeatable: any)"
+    )
+    parser.add_argument(
+        "--shard", metavar="I/N", type=shard, default=(0, 1), help="only every N-th row from the I-th (0-based)"
     )
     args = parser.parse_args(argv)
     if args.write_sources is not None:
@@ -709,6 +722,8 @@ def main(argv: list[str]) -> int:
     print("|---|---|---|---|", flush=True)
     missed = 0
     rows = [m for m in ALL if args.only is None or any(text in m.name for text in args.only)]
+    index, count = args.shard
+    rows = rows[index::count]
     with tempfile.TemporaryDirectory() as tmp:
         built = build_all(Path(tmp))
         for m in rows:  # rows stream as each finishes, so a cut-off run still shows them
