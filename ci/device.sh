@@ -27,7 +27,7 @@ status=0
 
 if part check; then
   # the pytest suite (pytest-xdist workers where installed) and each conformance run side by side:
-  # checks, not timings, so they may share the GPU
+  # checks, not timings, so they may share the GPU; each family's run in CHECK_WORKERS shards
   pids=()
   bg() { "$@" & pids+=($!); }
   # the mutants and the user kernels run in their own part (their scripts print tables): not in pytest
@@ -39,8 +39,8 @@ if part check; then
   for fam in $FAMILIES; do  # every op of the catalogue with qconform's kernels, coverage 2
     ops=$("$PY" -m qconform list --names --with-kernels --family "$fam")
     if [ -z "$ops" ]; then echo "family $fam: no device kernels of ours yet (oracle only)" >"$OUT/cupy-$fam.md"; continue; fi
-    bg sh -c '"$0" -m qconform run --impl cupy --ops "$1" --coverage 2 --no-cold --format markdown --out "$OUT/cupy-$2.md" \
-      >"$OUT/run-cupy-$2.log" 2>&1' "$PY" "$ops" "$fam"
+    bg sh -c '"$0" -m qconform run --impl cupy --ops "$1" --coverage 2 --no-cold --workers "$3" --format markdown \
+      --out "$OUT/cupy-$2.md" >"$OUT/run-cupy-$2.log" 2>&1' "$PY" "$ops" "$fam" "${CHECK_WORKERS:-3}"
   done
   if [ -z "$FAMILY" ] || [ "$FAMILY" = bnb ]; then
     # the cuda reading's reciprocal table, measured here; the bnb launchers with a second reading:

@@ -319,11 +319,12 @@ def run_in_workers(args: argparse.Namespace, n: int, on_device: bool) -> int:
     argv = [a for a in ARGV if a != "--all-failures"]
     argv = _drop_options(argv, ("--workers", "--format", "--out", "--max-failures"))
     visible = "HIP_VISIBLE_DEVICES" if on_device and _hip() else "CUDA_VISIBLE_DEVICES"
+    gpus = max(1, gpu_count()) if on_device else 1
     with tempfile.TemporaryDirectory() as tmp:
         procs = []
         for i in range(1, n + 1):
             report = Path(tmp) / f"shard{i}.json"
-            env = {**os.environ, **({visible: str(i - 1)} if on_device else {})}
+            env = {**os.environ, **({visible: str((i - 1) % gpus)} if on_device else {})}
             cmd = [sys.executable, "-m", "qconform", *argv, "--shard", f"{i}/{n}", "--workers", "1"]
             cmd += ["--format", "json", "--out", str(report)]
             procs.append((report, subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)))
@@ -763,8 +764,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--workers",
         default="auto",
-        help="run the leaves in N worker processes (shards, one table); auto: one per visible GPU on a device run, "
-        "else 1",
+        help="run the leaves in N worker processes (shards, one table; on a device run worker i uses GPU i mod the "
+        "GPUs seen); auto: one per visible GPU on a device run, else 1",
     )
     _isolation_options(r)
     _contract_option(r)
