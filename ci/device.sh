@@ -59,7 +59,7 @@ if part check; then
 fi
 if part mutants; then
   # MUTANT_SHARDS processes side by side (each builds its own rows), one table after
-  shards="${MUTANT_SHARDS:-4}" pids=()
+  shards="${MUTANT_SHARDS:-8}" pids=()
   for ((i = 0; i < shards; i++)); do
     "$PY" tests/device_catalogue.py --shard "$i/$shards" >"$OUT/mutants-$i.log" 2>&1 &
     pids+=($!)
