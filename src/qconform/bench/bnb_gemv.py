@@ -212,7 +212,7 @@ def bench_variants(shapes=SHAPES, dtypes=DTYPES, ms=MS, reps: int = 50) -> list[
             new_m1 = None
             for M in ms:
                 a = _activations(M, K, dtype)
-                ys, ts, exact = {}, {}, {}
+                ys, ts = {}, {}
                 for label, options in variants.items():
                     ys[label] = cupy.empty((M, N), CARRIER[dtype])
                     with compile_options(*options):
@@ -223,8 +223,11 @@ def bench_variants(shapes=SHAPES, dtypes=DTYPES, ms=MS, reps: int = 50) -> list[
                         ]  # fmt: skip
                     ts[label] = bl.times(lambda i, c=calls: c[i](), len(calls), reps)
                     calls[0]()
-                    exact[label] = _exact(a, *sets[0], ys[label], K) if M == 1 else "n/a (M=1 checked)"
                 same = "PASS" if cupy.asnumpy(ys["old (v1)"]).tobytes() == cupy.asnumpy(ys["new"]).tobytes() else "FAIL"
+                exact = dict.fromkeys(variants, "n/a (M=1 checked)")
+                if M == 1:  # the oracle once where the outputs agree (4096 x 14336 takes seconds)
+                    exact["new"] = _exact(a, *sets[0], ys["new"], K)
+                    exact["old (v1)"] = exact["new"] if same == "PASS" else _exact(a, *sets[0], ys["old (v1)"], K)
                 roof = bl.median(bl.read_roofline([(p, s, a) for p, s in sets], reps))
                 old, new = bl.median(ts["old (v1)"]), bl.median(ts["new"])
                 new_m1 = new if M == 1 else new_m1
