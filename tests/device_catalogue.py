@@ -384,12 +384,17 @@ BNB_NF4_MIDPOINTS: Edits = (
     ),
 )
 # bnb/gemm_simt.hip (gemm_4bit; --impl cupy): element 2j read from the low nibble and 2j + 1 from the
-# high one; the bias added to the output already rounded to fp16 (bitsandbytes <= 0.49's out += bias:
-# two roundings; the coverage-1 biased cases (1 x 256 x 16, 4 x 256 x 16) have outputs the bias
-# nearly cancels, where the first rounding exceeds the bound; checked offline on the oracle's readings)
-BNB_GEMV_LOW_NIBBLE_FIRST: Edits = (("((e & 1) ? 0 : 4)", "((e & 1) ? 4 : 0)"),)
+# high one, in both decodes (the float32 centroid table's nibble shifts: the cpu reading and the fp32
+# SIMT reading; the fp16 / bf16 SIMT reading's pair table); the bias added to the output already
+# rounded to T (bitsandbytes <= 0.49's out += bias: two roundings; the coverage-1 biased cases
+# (1 x 256 x 16, 4 x 256 x 16) have outputs the bias nearly cancels, where the first rounding exceeds
+# the bound; checked offline on the oracle's readings)
+BNB_GEMV_LOW_NIBBLE_FIRST: Edits = (
+    ("((e & 1) ? 0 : 4)", "((e & 1) ? 4 : 0)"),
+    ("cen_t[e >> 4] | (cen_t[e & 15] << 16)", "cen_t[e & 15] | (cen_t[e >> 4] << 16)"),
+)
 BNB_GEMV_BIAS_AFTER_ROUNDING: Edits = (
-    ("if (bias != 0) v = qk_ftz(QK_FADD(v, bv));", "if (bias != 0) v = qk_ftz(QK_FADD(qk_gemm_round<DT>(v), bv));"),
+    ("if (bias != 0) v = qk_bnb_add(v, bv);", "if (bias != 0) v = qk_bnb_add(qk_gemm_round<DT>(v), bv);"),
 )
 
 
@@ -458,6 +463,14 @@ BNB_MUTANTS = (
         "bnb/gemm_simt.hip",
         "gemm_4bit",
         "Xfp32_W4_Yfp32",
+        BNB_GEMV_LOW_NIBBLE_FIRST,
+        "variant=cuda",
+    ),
+    _bnb_kernel(
+        "4-bit GEMV (simt): low nibble first in the fp16 pairs",
+        "bnb/gemm_simt.hip",
+        "gemm_4bit",
+        "Xfp16_W4_Yfp16",
         BNB_GEMV_LOW_NIBBLE_FIRST,
         "variant=cuda",
     ),

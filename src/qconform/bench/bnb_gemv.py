@@ -14,7 +14,12 @@ Targets (issue text): at M = 1 the kernel at >= 80% of its roofline and faster t
 least 0.8 x the ratio of the two read-only rooflines (cuBLAS's fp16/bf16 weights against ours);
 M = 2..16 within 1.5x of M = 1. One ``BenchRecord`` per (dtype, shape, M).
 
-``python -m qconform.bench.bnb_gemv [--quick] [--json FILE]``
+``--variants``: instead, session 7's kernel (the build option ``-DQK_BNB_GEMM_V1``) and the current
+one side by side in one process, the same cold-weight rotation: each one's spread, the speedup, the
+roofline share, each one bit-identical to the oracle's "simt" order at M = 1 and the two outputs
+byte-identical at every M (``--variants --quick``: the first shape, fp16, M = 1 and 16).
+
+``python -m qconform.bench.bnb_gemv [--quick] [--variants] [--json FILE]``
 """
 
 from __future__ import annotations
@@ -187,9 +192,76 @@ def bench(shapes=SHAPES, dtypes=DTYPES, ms=MS, reps: int = 50) -> list[BenchReco
     return records
 
 
+def bench_variants(shapes=SHAPES, dtypes=DTYPES, ms=MS, reps: int = 50) -> list[BenchRecord]:
+    """Session 7's kernel against the current one (module docstring, ``--variants``)."""
+    from qconform.device.bnb import gemm_4bit
+    from qconform.device.bnb.gemm import V1_OPTION
+    from qconform.device.launchers import bound, compile_options
+
+    device = device_info().label
+    variants = {"old (v1)": (V1_OPTION,), "new": ()}
+    records = []
+    print(
+        "| A | K x N | M | old us min / med / max | new us min / med / max | new x old | roofline us "
+        "| old of roofline | new of roofline | new x M=1 | old bit-exact | new bit-exact | new == old |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for K, N in shapes:
+        sets = _weights(K, N, n_sets_for(N * K // 2))
+        for dtype in dtypes:
+            new_m1 = None
+            for M in ms:
+                a = _activations(M, K, dtype)
+                ys, ts = {}, {}
+                for label, options in variants.items():
+                    ys[label] = cupy.empty((M, N), CARRIER[dtype])
+                    with compile_options(*options):
+                        calls = [
+                            bound(gemm_4bit, a, p, s, K=K, blocksize=BLOCKSIZE, quant_type="nf4", variant="cuda",
+                                  out=ys[label])
+                            for p, s in sets
+                        ]  # fmt: skip
+                    ts[label] = bl.times(lambda i, c=calls: c[i](), len(calls), reps)
+                    calls[0]()
+                same = "PASS" if cupy.asnumpy(ys["old (v1)"]).tobytes() == cupy.asnumpy(ys["new"]).tobytes() else "FAIL"
+                exact = dict.fromkeys(variants, "n/a (M=1 checked)")
+                if M == 1:  # the oracle once where the outputs agree (4096 x 14336 takes seconds)
+                    exact["new"] = _exact(a, *sets[0], ys["new"], K)
+                    exact["old (v1)"] = exact["new"] if same == "PASS" else _exact(a, *sets[0], ys["old (v1)"], K)
+                roof = bl.median(bl.read_roofline([(p, s, a) for p, s in sets], reps))
+                old, new = bl.median(ts["old (v1)"]), bl.median(ts["new"])
+                new_m1 = new if M == 1 else new_m1
+                for label in variants:
+                    verdict = exact[label] if M == 1 else same
+                    records.append(
+                        BenchRecord(
+                            f"gemm_4bit simt nf4 bs{BLOCKSIZE} {dtype} {label}",
+                            (M, K, N),
+                            device,
+                            sets[0][0].nbytes + sets[0][1].nbytes + a.nbytes + ys[label].nbytes,
+                            2 * M * K * N,
+                            tuple(t * 1e6 for t in ts[label]),
+                            verdict if same == "PASS" else f"FAIL: the variants' outputs differ; {verdict}",
+                            {"read-only roofline": roof * 1e6},
+                        )
+                    )
+                spread = {k: f"{min(v) * 1e6:.1f} / {bl.median(v) * 1e6:.1f} / {max(v) * 1e6:.1f}"
+                          for k, v in ts.items()}  # fmt: skip
+                print(
+                    f"| {dtype} | {K} x {N} | {M} | {spread['old (v1)']} | {spread['new']} | {old / new:.2f}x "
+                    f"| {roof * 1e6:.1f} | {roof / old:.0%} | {roof / new:.0%} | {new / new_m1:.2f}x "
+                    f"| {exact['old (v1)']} | {exact['new']} | {same} |",
+                    flush=True,
+                )
+    return records
+
+
 def main(argv: list[str] | None = None) -> int:
-    a = bench_parser("bnb_gemv", "the first shape, fp16, M = 1 and 16, fewer repeats").parse_args(argv)
-    records = bench(SHAPES[:1], DTYPES[:1], (1, 16), 20) if a.quick else bench()
+    parser = bench_parser("bnb_gemv", "the first shape, fp16, M = 1 and 16, fewer repeats")
+    parser.add_argument("--variants", action="store_true", help="session 7's kernel and the current one side by side")
+    a = parser.parse_args(argv)
+    run = bench_variants if a.variants else bench
+    records = run(SHAPES[:1], DTYPES[:1], (1, 16), 20) if a.quick else run()
     return finish(records, a.json, ("PASS", "n/a (M=1 checked)"))
 
 

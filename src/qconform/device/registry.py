@@ -403,8 +403,8 @@ BNB_KERNELS: tuple[KernelSpec, ...] = (
         function_kernel("bnb", "gemm_4bit", f"qk_gemm_4bit{reading}_m{mt}", "gemm_simt.hip", doc)
         for mt in (1, 2, 4, 8, 16)
         for reading, doc in (
-            ("", f"32 lanes per column, {mt} rows of A per group: weights rounded once, fmaf sums"),
-            ("_simt", f"32 lanes per column, {mt} rows of A per group: gemm_4bit_simt's order (variant=cuda)"),
+            ("", f"32 lanes per 2 columns, {mt} rows of A per group: weights rounded once, fmaf sums"),
+            ("_simt", f"32 lanes per 2 columns, {mt} rows of A per group: gemm_4bit_simt's order (variant=cuda)"),
         )
     ),
 )

@@ -1,6 +1,9 @@
 """Launcher of gemm_4bit (kernels ``bnb/gemm_simt.hip``, which take the op's declared ABI: ``qconform
-abi gemm_4bit``): the oracle's call shape on CuPy arrays. One group of 32 lanes per output column and
-tile of MT rows of A (the smallest of 1, 2, 4, 8, 16 holding M, else 16 per tile).
+abi gemm_4bit``): the oracle's call shape on CuPy arrays. One group of 32 lanes per COLS adjacent
+output columns and tile of MT rows of A (the smallest of 1, 2, 4, 8, 16 holding M, else 16 per
+tile), 256 threads per CTA, one CTA per 8 groups. Built with ``V1_OPTION`` (``compile_options``)
+the module is session 7's kernel instead (one column per group, 128 threads): the bench's old
+variant (``qconform.bench.bnb_gemv --variants``).
 
 ``variant`` picks the reading (a ``cupy`` implementation passes its contract's): "cpu" (the default
 contract: weights rounded once to A's dtype, fp32 sums; within the op's bound) or "cuda" (``--contract
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from qconform.device import launchers
 from qconform.device.abi import bind_call
 from qconform.device.launch import check_aligned
 from qconform.device.launchers import launch_grid
@@ -20,8 +24,10 @@ from qconform.ops.bnb.gemm import GEMM_4BIT
 
 SOURCE = "bnb/gemm_simt.hip"
 TILES = (1, 2, 4, 8, 16)  # rows of A per group: the kernel's instantiations (MT)
-THREADS = 128  # 4 groups (output columns) per CTA
+COLS = 2  # output columns per group: the kernel's QK_BNB_COLS
+THREADS = 256  # 8 groups per CTA
 GROUP = 32
+V1_OPTION = "-DQK_BNB_GEMM_V1"  # session 7's kernel: one column per group, 128 threads
 READINGS = {"cpu": "qk_gemm_4bit", "cuda": "qk_gemm_4bit_simt"}
 
 
@@ -33,6 +39,13 @@ def row_tile(M: int) -> int:
 def handles(K: int, blocksize: int) -> bool:
     """The shapes the kernels read: whole blocks per weight row (so 32-value chunks, 16-byte rows)."""
     return K % blocksize == 0
+
+
+def geometry(M: int, N: int) -> tuple[int, int]:
+    """(CTAs, threads) of a launch for the build the current compile options select."""
+    tiles = -(-M // row_tile(M))
+    cols, threads = (N, 128) if V1_OPTION in launchers.OPTIONS else (-(-N // COLS), THREADS)
+    return -(-cols * tiles * GROUP // threads), threads
 
 
 def symbol(variant: str, M: int) -> str:
@@ -64,6 +77,6 @@ def gemm_4bit(
     check_aligned("A", A, 16)
     check_aligned("B", B, 16)
     M, N = call.bound.scalars["M"], call.bound.scalars["N"]
-    groups = N * -(-M // row_tile(M))
-    launch_grid(GEMM_4BIT.name, SOURCE, name, -(-groups * GROUP // THREADS), THREADS, call.kernel_args())
+    grid, threads = geometry(M, N)
+    launch_grid(GEMM_4BIT.name, SOURCE, name, grid, threads, call.kernel_args())
     return call.out
