@@ -286,35 +286,41 @@ ORT_MUTANTS = (
 # ort/qmoe.hip (qmoe_decode, qmoe_ragged_mm; --impl cupy). Coverage 1 has a ties case (an unselected
 # logit equal to the k-th largest), SwiGLU with gpt-oss's alpha / beta / limit 7 and with a limit of
 # 0.5 inside unit-size activations, router_weights renormalized and plain softmax routing.
-# a tuner that samples the words-per-lane step on the first 100 calls of the process (the routing
-# kernel counts the calls): the reduction order changes call to call
+# a tuner that samples the product's form on the first 100 calls of the process (fc2 counts the
+# calls): one call in three multiplies and adds unfused, so the bits change call to call
 QMOE_TUNER_SAMPLES: Edits = (
     ("#define QK_MOE_SKIP 1e-8f", "__device__ unsigned int qk_moe_calls = 0u;\n#define QK_MOE_SKIP 1e-8f"),
     (
-        "    if (t >= T) return;\n    const qk_i64 row = t * E",
-        "    if (t >= T) return;\n    if (t == 0) qk_moe_calls += 1u;\n    const qk_i64 row = t * E",
+        "    const qk_i64 t = blockIdx.y;\n    const int n0 = (int)blockIdx.x * tile;\n",
+        "    const qk_i64 t = blockIdx.y;\n    const int n0 = (int)blockIdx.x * tile;\n"
+        "    if (blockIdx.x == 0 && t == 0 && threadIdx.x == 0) qk_moe_calls += 1u;\n",
     ),
-    ("const int step = unroll;", "const int step = qk_moe_calls <= 100u ? 1 + (int)(qk_moe_calls % 3u) : unroll;"),
+    (
+        "        acc = fmaf(xv[i], w, acc);\n    }\n    return acc;",
+        "        acc = qk_moe_calls <= 100u && qk_moe_calls % 3u == 1u ? QK_FADD(acc, QK_FMUL(xv[i], w))\n"
+        "                                                            : fmaf(xv[i], w, acc);\n    }\n    return acc;",
+    ),
 )
 # equal logits ranked toward the lower expert index (ORT's CUDA rule; its CPU takes the higher)
 QMOE_TIES_LOWER: Edits = (("return v > bv || (v == bv && e > be);", "return v > bv || (v == bv && e < be);"),)
 # normalize_routing_weights=0 honoured: the full softmax's probabilities of the selected experts
 QMOE_NORMALIZE_HONOURED: Edits = (
     (
-        "    float s = 0.0f;\n    for (int j = 0; j < k; ++j) s = qk_ftz(QK_FADD(s, wts[o + j]));",
-        "    float s = 0.0f;\n"
-        "    if (!has_rw && !normalize) {\n"
-        "        const float top = qk_load_f(logits, row + sel[o], x16);\n"
-        "        for (int e = 0; e < E; ++e)\n"
-        "            s = qk_ftz(QK_FADD(s, qk_ftz(expf(qk_ftz(QK_FADD(qk_load_f(logits, row + e, x16), -top))))));\n"
-        "    } else {\n"
-        "        for (int j = 0; j < k; ++j) s = qk_ftz(QK_FADD(s, wts[o + j]));\n"
-        "    }",
+        "                float sum = 0.0f;\n"
+        "                for (int j = 0; j < k; ++j) sum = qk_ftz(QK_FADD(sum, s_w[j]));",
+        "                float sum = 0.0f;\n"
+        "                if (!has_rw && !normalize) {\n"
+        "                    const float top = s_logit[s_sel[0]];\n"
+        "                    for (int e = 0; e < E; ++e)\n"
+        "                        sum = qk_ftz(QK_FADD(sum, qk_ftz(expf(qk_ftz(QK_FADD(s_logit[e], -top))))));\n"
+        "                } else {\n"
+        "                    for (int j = 0; j < k; ++j) sum = qk_ftz(QK_FADD(sum, s_w[j]));\n"
+        "                }",
     ),
 )
 # SwiGLU's gate and linear halves read as fc1's first and second half (ORT interleaves them)
 QMOE_SWIGLU_CONCATENATED: Edits = (
-    ("const int r0 = glu ? 2 * u : u, r1 = 2 * u + 1;", "const int r0 = u, r1 = u + units;"),
+    ("rows[r] = glu ? 2 * unit + half : unit;", "rows[r] = glu ? unit + half * units : unit;"),
 )
 # activation_beta dropped: g sigmoid(alpha g) l
 QMOE_MISSING_BETA: Edits = (("qk_ftz(QK_FMUL(swish, qk_ftz(QK_FADD(l, beta))))", "qk_ftz(QK_FMUL(swish, l))"),)
@@ -323,16 +329,28 @@ QMOE_LIMIT_LINEAR_ONLY: Edits = (("    g = limit < g ? limit : g;", "    /* the 
 
 # the dp4a product (block-wise 8-bit, accuracy_level 4) without the zero point's correction: codes
 # times q - 2^(bits-1) where ORT takes q - z
-QMOE_INT8_NO_ZP: Edits = (("            dot += (mid - z) * xsum;\n", "            (void)z;\n"),)
+QMOE_INT8_NO_ZP: Edits = (
+    (
+        "            const int d = dot[r] + (mid - z) * xsum; /* the exact integer dot with q - z */\n",
+        "            const int d = dot[r];\n            (void)z;\n",
+    ),
+)
+# the routing butterfly keeps a lane's own pick whenever it has one: each pick is lane 0's best
+QMOE_ROUTE_NO_COMPARE: Edits = (
+    ("if (oe >= 0 && (be < 0 || qk_moe_above(ov, oe, bv, be))) {", "if (oe >= 0 && be < 0) {"),
+)
+# the 16-byte load's words taken in the wrong order (the second and third swapped)
+QMOE_VEC_WORDS_SWAPPED: Edits = (
+    ("        out[1] = q.y;\n        out[2] = q.z;\n", "        out[1] = q.z;\n        out[2] = q.y;\n"),
+)
 
-
-def _qmoe(name: str, caught_by: str, op: str, leaf: str, edits: Edits) -> DeviceMutant:
-    return DeviceMutant(name, "ort/qmoe.hip", "", "", op, caught_by, leaf=leaf, edits=edits)
+def _qmoe(name: str, caught_by: str | None, op: str, leaf: str, edits: Edits = (), define: str = "") -> DeviceMutant:
+    return DeviceMutant(name, "ort/qmoe.hip", "", define, op, caught_by, leaf=leaf, edits=edits)
 
 
 QMOE_MUTANTS = (
-    _qmoe("QMoE: a tuner samples tilings on the first calls", "repeatable", "qmoe_decode", "Xfp16_Wu4_Yfp16",
-          QMOE_TUNER_SAMPLES),
+    _qmoe("QMoE: a tuner samples fused or unfused products on the first calls", "repeatable", "qmoe_decode",
+          "Xfp16_Wu4_Yfp16", QMOE_TUNER_SAMPLES),
     _qmoe("QMoE: ties to the lower expert index", "matches_oracle", "qmoe_ragged_mm", "Xfp16_Wu4_Yfp16",
           QMOE_TIES_LOWER),
     _qmoe("QMoE: normalize_routing_weights honoured", "matches_oracle", "qmoe_decode", "Xfp32_Wu4_Yfp32",
@@ -343,6 +361,14 @@ QMOE_MUTANTS = (
     _qmoe("QMoE: limit on the linear half only", "matches_oracle", "qmoe_decode", "Xfp16_Wu4_Yfp16",
           QMOE_LIMIT_LINEAR_ONLY),
     _qmoe("QMoE dp4a: zero points ignored", "matches_oracle", "qmoe_decode", "Xfp16_Wu8_Yfp16", QMOE_INT8_NO_ZP),
+    _qmoe("QMoE decode: routing butterfly without the comparison", "matches_oracle", "qmoe_ragged_mm",
+          "Xfp32_Wu4_Yfp32", QMOE_ROUTE_NO_COMPARE),
+    _qmoe("QMoE decode: 16-byte weight load's words swapped", "matches_oracle", "qmoe_decode", "Xfp16_Wu4_Yfp16",
+          QMOE_VEC_WORDS_SWAPPED),
+    _qmoe("control: QMoE legacy kernels (route, fc1, fc2), u4", None, "qmoe_decode", "Xfp16_Wu4_Yfp16",
+          define="-DQK_MOE_LEGACY"),
+    _qmoe("control: QMoE legacy kernels (route, fc1, fc2), u8 ragged", None, "qmoe_ragged_mm", "Xfp16_Wu8_Yfp16",
+          define="-DQK_MOE_LEGACY"),
 )  # fmt: skip
 
 # bnb/decode.hip (nf4_decode, fp4_decode; --impl cupy). Coverage 1 has random codes in every case,

@@ -139,7 +139,8 @@ def test_every_patch_applies_once_to_the_shipped_kernel() -> None:
         assert text != shipped, name
         assert not any(token in text for token in ("QK_MUT_", "QK_DIAG_")), name
     for m in ALL:  # the -D options left are build options of the shipped kernels, not hooks
-        assert all(o in ("-DQK_MMA_DEFAULT_ONLY", "-DQK_MMA_EMULATE") for o in m.options.split() if o.startswith("-D"))
+        build = ("-DQK_MMA_DEFAULT_ONLY", "-DQK_MMA_EMULATE", "-DQK_MOE_LEGACY")
+        assert all(o in build for o in m.options.split() if o.startswith("-D"))
 
 
 def test_patch_rules_and_written_sources(tmp_path) -> None:

@@ -9,11 +9,14 @@ weighted sum), and whether the kernel's output on the first set is within the ca
 (``qconform.ops.ort.qmoe``, strict contract). Targets (issue text): >= 70% of the roofline and
 faster than the PyTorch baseline. PyTorch is imported here only; without it the column says so.
 
-``python -m qconform.bench.qmoe [--quick] [--json FILE]``
+``python -m qconform.bench.qmoe [--quick] [--json FILE] [--variants decode,legacy]`` (``--variants``:
+the decode path and the legacy kernels, ``-DQK_MOE_LEGACY``, timed side by side on the same cold
+rotation, each output checked against the bound)
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import cupy
@@ -121,62 +124,94 @@ def _within_bound(layer: dict[str, Any], logits: Any, params: dict[str, Any], y:
     return f"FAIL: {detail}"
 
 
-def bench(shapes=SHAPES, reps: int = 50, n_calls: int | None = None) -> list[BenchRecord]:
-    from qconform.device.launchers import bound
+VARIANTS = {"decode": (), "legacy": ("-DQK_MOE_LEGACY",)}  # name -> build options (qconform.device.ort.qmoe)
+
+
+def _time_variant(layer, sets, params, H, options, reps) -> tuple[list[float], float, str]:
+    """The launcher's kernels built with ``options``: seconds per call over the cold rotation, the
+    host's seconds to queue one call (the timing is the device's only while this is shorter), and
+    whether its output on the first set is within the catalogue's bound."""
+    from qconform.device.launchers import bound, compile_options
     from qconform.device.ort import qmoe_decode
-    from qconform.ops.ort.qmoe import attributes, qmoe_call
+    from qconform.ops.ort.qmoe import qmoe_call
+
+    y = cupy.empty((1, H), cupy.float16)
+    calls = []
+    with compile_options(*options):
+        for logits in sets:
+            args, kw = qmoe_call({**layer, "router_probs": logits}, params)
+            calls.append(bound(qmoe_decode, *args, **kw, out=y))
+    ts = bl.times(lambda i, c=calls: c[i](), len(calls), reps)
+    cupy.cuda.get_current_stream().synchronize()
+    t0 = time.perf_counter()
+    for i in range(reps):  # the host's time to queue a call's launches (the spin hides it if shorter)
+        calls[i % len(calls)]()
+    host = (time.perf_counter() - t0) / reps
+    cupy.cuda.get_current_stream().synchronize()
+    calls[0]()
+    return ts, host, _within_bound(layer, sets[0], params, y)
+
+
+def bench(shapes=SHAPES, reps: int = 50, n_calls: int | None = None, variants=("decode",)) -> list[BenchRecord]:
+    from qconform.ops.ort.qmoe import attributes
 
     device = device_info().label
     records = []
     print(
-        "| layer | H / I / E / k | us min / med / max | roofline us | of roofline | PyTorch us | x PyTorch "
-        "| within bound | verdict |"
+        "| layer | variant | H / I / E / k | us min / med / max | host us | roofline us | of roofline | PyTorch us "
+        "| x PyTorch | within bound | verdict |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name, H, inter, E, k, bs, swiglu in shapes:
         layer = _layer(H, inter, E, bs, 11)
         params = {"act": "fp16", "bits": BITS, "k": k, "bs": bs, "bias": True, "swiglu": swiglu}
         attrs = attributes(params)
         calls_n = n_calls or E // k * 2  # every expert twice
         sets = [_logits(E, k, i) for i in range(calls_n)]
-        y = cupy.empty((1, H), cupy.float16)
-        calls = []
-        for logits in sets:
-            args, kw = qmoe_call({**layer, "router_probs": logits}, params)
-            calls.append(bound(qmoe_decode, *args, **kw, out=y))
-        ts = bl.times(lambda i, c=calls: c[i](), len(calls), reps)
-        calls[0]()
-        verdict = _within_bound(layer, sets[0], params, y)
+        timed = {v: _time_variant(layer, sets, params, H, VARIANTS[v], reps) for v in variants}
 
         roof_sets = [_selected(layer, E, k, i) for i in range(calls_n)]
         roof = bl.median(bl.read_roofline(roof_sets, reps))
         nbytes = sum(b.nbytes for b in roof_sets[0])
         del roof_sets
         base_name, base = _torch_baseline(layer, sets, E, k, bs, attrs, reps)
-        med = bl.median(ts)
-        baselines = {"read-only roofline": roof * 1e6}
-        if base is not None:
-            baselines[base_name] = bl.median(base) * 1e6
-        us = tuple(t * 1e6 for t in ts)
-        shape = (1, H, inter, E, k)
-        flops = 6 * k * H * inter
-        records.append(BenchRecord(f"qmoe_decode {name}", shape, device, nbytes, flops, us, verdict, baselines))
-        of_roof = roof / med
-        x_base = bl.median(base) / med if base is not None else float("nan")
-        ok = verdict == "PASS" and of_roof >= TARGET_ROOFLINE and (base is None or x_base > 1.0)
         base_us = f"{bl.median(base) * 1e6:.1f}" if base is not None else base_name
-        print(
-            f"| {name} | {H} / {inter} / {E} / {k} | {min(ts) * 1e6:.1f} / {med * 1e6:.1f} / {max(ts) * 1e6:.1f} "
-            f"| {roof * 1e6:.1f} | {of_roof:.0%} | {base_us} | {x_base:.2f}x | {verdict} "
-            f"| {'PASS' if ok else 'below target'} |",
-            flush=True,
-        )
+        for variant, (ts, host, verdict) in timed.items():
+            med = bl.median(ts)
+            baselines = {"read-only roofline": roof * 1e6}
+            if base is not None:
+                baselines[base_name] = bl.median(base) * 1e6
+            us = tuple(t * 1e6 for t in ts)
+            label = f"qmoe_decode {name}" + ("" if variant == "decode" else f" [{variant}]")
+            flops = 6 * k * H * inter
+            records.append(BenchRecord(label, (1, H, inter, E, k), device, nbytes, flops, us, verdict, baselines))
+            of_roof = roof / med
+            x_base = bl.median(base) / med if base is not None else float("nan")
+            ok = verdict == "PASS" and of_roof >= TARGET_ROOFLINE and (base is None or x_base > 1.0)
+            print(
+                f"| {name} | {variant} | {H} / {inter} / {E} / {k} "
+                f"| {min(ts) * 1e6:.1f} / {med * 1e6:.1f} / {max(ts) * 1e6:.1f} | {host * 1e6:.1f} "
+                f"| {roof * 1e6:.1f} | {of_roof:.0%} | {base_us} | {x_base:.2f}x | {verdict} "
+                f"| {'PASS' if ok else 'below target'} |",
+                flush=True,
+            )
     return records
 
 
 def main(argv: list[str] | None = None) -> int:
-    a = bench_parser("qmoe", "the first shape, fewer repeats").parse_args(argv)
-    return finish(bench(SHAPES[:1], 20) if a.quick else bench(), a.json)
+    p = bench_parser("qmoe", "the first shape, fewer repeats")
+    p.add_argument(
+        "--variants",
+        default="decode",
+        help=f"comma-separated kernel builds timed side by side in one run: {', '.join(VARIANTS)} (default decode)",
+    )
+    a = p.parse_args(argv)
+    variants = tuple(v for v in a.variants.split(",") if v)
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        p.error(f"--variants: unknown {unknown}; known: {', '.join(VARIANTS)}")
+    shapes, reps = (SHAPES[:1], 20) if a.quick else (SHAPES, 50)
+    return finish(bench(shapes, reps, variants=variants), a.json)
 
 
 if __name__ == "__main__":

@@ -1,17 +1,23 @@
 """Launchers of qmoe_decode and qmoe_ragged_mm (kernels ``ort/qmoe.hip``): com.microsoft.QMoE with
 the oracle's call shape on CuPy arrays (``qconform.oracles.ort.qmoe``, ONNX Runtime's CPU semantics).
 
-Three kernels on the current stream: routing (top-k of the fp32 logits, ties to the higher expert
-index; QMoE's softmax over the k selected logits, or router_weights renormalized only when
-normalize_routing_weights is 1), fc1 + the activation per (token, slot) into an fp32 scratch, and
-fc2 + the weighted sum of the k experts in selection order (no atomics: repeat calls are
-bit-identical). Weights dequantized exactly as the oracle, fp32 dot products, fp32 intermediates:
-checked under the strict contract. Where ORT's CPU quantizes an fc's input to int8 (block-wise
-weights: 8-bit, or 4-bit at accuracy_level 4; ``uses_int8_activations``), that fc quantizes it as
-ORT does and takes a dp4a product (the contract's "int8 activations (ORT CPU)" reading). Each token
-is computed on its own (the ragged op too: correct, not a grouped GEMM). The tiling (lanes per
-output, words per lane step) is a function of the shape (``tiling``, ``tiling_int8``), never
-sampled on a call.
+The decode path (the default): two kernels on the current stream where the fc inputs stay fp32.
+``qk_moe_fc1v``: every CTA routes its token itself (top-k of the fp32 logits, ties to the higher
+expert index; QMoE's softmax over the k selected logits, or router_weights renormalized only when
+normalize_routing_weights is 1: the routing kernel's results bit for bit), so nothing waits between
+routing and fc1 and nothing is read back to the host; CTA x 0 of each (token, slot) stores the
+expert and weight for fc2. It computes fc1 + the activation into an fp32 scratch, 4 weight rows a
+task of 1..32 lanes (16-byte loads). ``qk_moe_fc2v``: a tile of output columns for all k slots per
+CTA, the slots' fp32(w * (dot + bias)) added in selection order in shared memory (no atomics: repeat
+calls are bit-identical). With ``-DQK_MOE_LEGACY`` in the build options (``compile_options``; the
+bench's ``--variants``), or past the decode path's limits (E > 512, k > 32, T * k > 65535): the
+three legacy kernels, routing, fc1, fc2. Weights dequantized exactly as the oracle, fp32 dot
+products, fp32 intermediates: checked under the strict contract. Where ORT's CPU quantizes an fc's
+input to int8 (block-wise weights: 8-bit, or 4-bit at accuracy_level 4; ``uses_int8_activations``),
+that fc's input is quantized as ORT does (``qk_moe_quantize``, one more launch each) and the fc
+takes a dp4a product (the contract's "int8 activations (ORT CPU)" reading). Each token is computed
+on its own (the ragged op too: correct, not a grouped GEMM). The tiling is a function of the shape
+(``qconform.device.qmoe_tiling``; legacy: ``tiling``, ``tiling_int8``), never sampled on a call.
 
 Declined: block sizes that are not a multiple of 32, rows whose K * bits is not a multiple of 32
 (the kernels read rows as 32-bit words), misaligned arrays, and everything the op's ABI declines
@@ -24,8 +30,10 @@ from typing import Any
 import cupy
 import numpy as np
 
+from qconform.device import launchers
 from qconform.device.abi import bind_call
 from qconform.device.launchers import launch_grid
+from qconform.device.qmoe_tiling import EMAX, GRID_Y, KMAX, ROWS, chunk_words, fc2_tile, lanes_over
 from qconform.errors import Declined
 from qconform.ops import OpSpec
 from qconform.ops.ort.qmoe import ACTIVATION, QMOE_DECODE, QMOE_RAGGED_MM
@@ -34,6 +42,7 @@ from qconform.oracles.ort.qmoe import FcLayout, uses_int8_activations
 SOURCE = "ort/qmoe.hip"
 THREADS = 256
 SWIGLU = ACTIVATION["swiglu"]
+LEGACY = "-DQK_MOE_LEGACY"  # build option: the routing / fc1 / fc2 kernels before the decode path
 
 
 def tiling(K: int, bits: int) -> tuple[int, int]:
@@ -58,6 +67,14 @@ def _grid(groups: int, lanes: int) -> int:
     if grid >= 2**31:
         raise Declined(f"qmoe: {groups} output groups need more than 2^31 - 1 CTAs")
     return grid
+
+
+def _chunking(K: int, bits: int, bs: int, int8: bool, weights: Any) -> tuple[int, int, int]:
+    """(lanes, words per chunk, whether the weights' pointer takes the chunk's vector load) of one fc
+    of the decode path: the int8 product's lanes take whole blocks."""
+    vw = chunk_words(bs, bits, bs) if int8 else chunk_words(K, bits, bs)
+    lanes = lanes_over(K // bs) if int8 else lanes_over(K * bits // 32 // vw)
+    return lanes, vw, int(weights.data.ptr % (4 * vw) == 0)
 
 
 def _check_domain(s: dict[str, Any], ptrs: dict[str, Any]) -> None:
@@ -91,7 +108,6 @@ def _qmoe(op: OpSpec, args: tuple, kwargs: dict[str, Any], out: Any) -> Any:
     wts = cupy.empty((T, k), cupy.float32)
     route = (ptrs["router_probs"], null if rw is None else rw, sel, wts, i32(T), i32(E), i32(k))
     route += (i32(s["normalize_routing_weights"]), i32(rw is not None), x16)
-    launch_grid(op.name, SOURCE, "qk_moe_route", _grid(T, 1), THREADS, route)
 
     def fc(name: str, N: int, K: int) -> tuple:
         zp, bias = ptrs[f"{name}_zero_points"], ptrs[f"{name}_experts_bias"]
@@ -112,6 +128,25 @@ def _qmoe(op: OpSpec, args: tuple, kwargs: dict[str, Any], out: Any) -> Any:
     level = int(s["accuracy_level"])
     int8 = [uses_int8_activations(FcLayout(n, K, bits, bs or None), level) for n, K in ((f * inter, H), (H, inter))]
     a = cupy.empty((T * k, inter), cupy.float32)
+    if LEGACY not in launchers.OPTIONS and E <= EMAX and k <= KMAX and T * k <= GRID_Y:
+        attrs = (np.float32(s["activation_alpha"]), np.float32(s["activation_beta"]), np.float32(s["swiglu_limit"]))
+        q1 = codes(ptrs["input"], T, H, x16, null) if int8[0] else (null, null)
+        w1, flags1 = fc("fc1", f * inter, H)
+        lanes, vw, vec = _chunking(H, bits, bs, int8[0], ptrs["fc1_experts_weights"])
+        fc1 = (ptrs["input"], ptrs["router_probs"], null if rw is None else rw, sel, wts, *w1, a, i32(E), i32(H))
+        fc1 += (i32(f * inter), i32(inter), i32(k), i32(bits), i32(bs), *flags1, x16, i32(act), *attrs)
+        fc1 += (i32(s["normalize_routing_weights"]), i32(rw is not None), i32(lanes), i32(vw), i32(vec), *q1)
+        tasks = -(-inter // (ROWS // f))
+        launch_grid(op.name, SOURCE, "qk_moe_fc1v", (-(-tasks // (THREADS // lanes)), T * k), THREADS, fc1)
+        q2 = codes(a, T * k, inter, i32(0), wts) if int8[1] else (null, null)
+        w2, flags2 = fc("fc2", H, inter)
+        lanes, vw, vec = _chunking(inter, bits, bs, int8[1], ptrs["fc2_experts_weights"])
+        tile = fc2_tile(H, T, k, lanes)
+        fc2 = (a, sel, wts, *w2, call.out, i32(inter), i32(H), i32(k), i32(bits), i32(bs), *flags2, x16)
+        fc2 += (i32(lanes), i32(vw), i32(vec), i32(tile), *q2)
+        launch_grid(op.name, SOURCE, "qk_moe_fc2v", (-(-H // tile), T), THREADS, fc2)
+        return call.out
+    launch_grid(op.name, SOURCE, "qk_moe_route", _grid(T, 1), THREADS, route)
     lanes, unroll = (tiling_int8(H, bs), 1) if int8[0] else tiling(H, bits)
     q1 = codes(ptrs["input"], T, H, x16, null) if int8[0] else (null, null)
     w1, flags1 = fc("fc1", f * inter, H)

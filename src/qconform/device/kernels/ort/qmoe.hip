@@ -302,3 +302,351 @@ qk_moe_fc2(const float* A, const int* sel, const float* wts, const qk_u8* W, con
     }
     if (inside && sub == 0) qk_store_f(Y, g, out, x16);
 }
+
+/* -------------------------------------------------------------------------------------------------
+ * The decode path (the launcher's default; its build option -DQK_MOE_LEGACY selects the kernels
+ * above). Two launches where the fc inputs stay fp32: qk_moe_fc1v (every CTA routes its token itself,
+ * so no routing kernel runs before it, and CTA x 0 of each (token, slot) writes sel / wts for fc2),
+ * then qk_moe_fc2v (a CTA takes a tile of output columns for all k slots and adds the slots in
+ * selection order in shared memory: no atomics). Work unit: a task of QK_MOE_ROWS weight rows of one
+ * expert, taken by `lanes` consecutive lanes of a 32-lane group (32 on wave32 and wave64 alike, so
+ * the order is the same on both); lane li reads chunks li, li + lanes, ... of `vw` 32-bit words
+ * (16-byte loads for vw 4 where the pointer allows, else the same words one by one: the order does
+ * not depend on the alignment); each row's partial sums are then added by a butterfly over the
+ * lanes. lanes, vw and the fc2 tile are functions of the shape (qconform.device.ort.qmoe). The
+ * weights are dequantized as above, fp32((q - z) * s), with q - z formed exactly as
+ * fp32(2^23 + q) - fp32(2^23 + z) (the byte permute builds 2^23 + q's bits); with fp16 scales the
+ * product is exact and normal (11 by at most 8 significant bits, |s| >= 2^-24), so no flush is needed. */
+
+#define QK_MOE_EMAX 512   /* experts the fused routing holds in shared memory */
+#define QK_MOE_KMAX 32    /* selected experts per token */
+#define QK_MOE_ROWS 4     /* weight rows per task */
+#define QK_MOE_YMAX 2048  /* fc2: (slot, column) outputs per CTA, k * tile */
+#define QK_MOE_GROUP 32   /* lanes of a reduction group */
+
+/* token t's top-k (s_sel, rank order) and mixing weights (s_w): qk_moe_route's results bit for bit.
+ * Group 0 takes each pick as the best of 32 lanes' best eligible logits (lane l scans e = l, l + 32,
+ * ...; a butterfly keeps the better of each pair): (value, index) ordered totally, so it is the serial
+ * scan's pick. The weights: lane 0, qk_moe_route's arithmetic in its order. Called by every thread. */
+__device__ __forceinline__ void qk_moe_route_cta(const void* logits, const void* rw, qk_i64 t, int E, int k,
+                                                 int normalize, int has_rw, int x16, float* s_logit, int* s_sel,
+                                                 float* s_w) {
+    const qk_i64 row = t * E;
+    for (int e = (int)threadIdx.x; e < E; e += (int)blockDim.x) s_logit[e] = qk_load_f(logits, row + e, x16);
+    __syncthreads();
+    if (threadIdx.x < QK_MOE_GROUP) {
+        const int lane = (int)threadIdx.x;
+        float pv = 0.0f;
+        int pe = -1;
+        for (int j = 0; j < k; ++j) {
+            float bv = 0.0f;
+            int be = -1;
+            for (int e = lane; e < E; e += QK_MOE_GROUP) {
+                const float v = s_logit[e];
+                if (pe >= 0 && !qk_moe_above(pv, pe, v, e)) continue;
+                if (be < 0 || qk_moe_above(v, e, bv, be)) {
+                    bv = v;
+                    be = e;
+                }
+            }
+            for (int off = QK_MOE_GROUP / 2; off > 0; off >>= 1) {
+                const float ov = QK_SHFL_XOR(bv, off, QK_MOE_GROUP);
+                const int oe = QK_SHFL_XOR(be, off, QK_MOE_GROUP);
+                if (oe >= 0 && (be < 0 || qk_moe_above(ov, oe, bv, be))) {
+                    bv = ov;
+                    be = oe;
+                }
+            }
+            if (lane == 0) {
+                s_sel[j] = be;
+                s_w[j] = bv;
+            }
+            pv = bv;
+            pe = be;
+        }
+        if (lane == 0) {
+            if (has_rw) {
+                for (int j = 0; j < k; ++j) s_w[j] = qk_load_f(rw, row + s_sel[j], x16);
+            } else {
+                const float vmax = s_w[0];
+                for (int j = 0; j < k; ++j) s_w[j] = qk_ftz(expf(qk_ftz(QK_FADD(s_w[j], -vmax))));
+            }
+            if (!has_rw || normalize) {
+                float sum = 0.0f;
+                for (int j = 0; j < k; ++j) sum = qk_ftz(QK_FADD(sum, s_w[j]));
+                const float inv = sum == 0.0f ? 0.0f : qk_ftz(QK_FDIV(1.0f, sum));
+                for (int j = 0; j < k; ++j) s_w[j] = qk_ftz(QK_FMUL(s_w[j], inv));
+            }
+        }
+    }
+    __syncthreads();
+}
+
+/* V consecutive words from p: one vector load where `vec` says p is 4V-byte aligned, else one by one */
+template <int V>
+__device__ __forceinline__ void qk_moe_load(const qk_u32* p, bool vec, qk_u32* out) {
+    if (V == 4 && vec) {
+        const uint4 q = *(const uint4*)p;
+        out[0] = q.x;
+        out[1] = q.y;
+        out[2] = q.z;
+        out[3] = q.w;
+    } else if (V == 2 && vec) {
+        const uint2 q = *(const uint2*)p;
+        out[0] = q.x;
+        out[1] = q.y;
+    } else {
+#pragma unroll
+        for (int i = 0; i < V; ++i) out[i] = p[i];
+    }
+}
+
+/* acc + sum over the word's values of x * fp32((q - z) * s), in value order; zc = -fp32(2^23 + z) */
+template <int BITS, bool S16>
+__device__ __forceinline__ float qk_moe_word_v(qk_u32 word, const float* xv, float s, float zc, float acc) {
+    const qk_u32 lo = word & 0x0F0F0F0Fu, hi = (word >> 4) & 0x0F0F0F0Fu; /* 4 bits: values 0,2,4,6 / 1,3,5,7 */
+#pragma unroll
+    for (int i = 0; i < 32 / BITS; ++i) {
+        qk_u32 m; /* the bits of fp32(2^23 + q) */
+        if (BITS == 8) m = QK_BYTE_PERM(word, 0x4B000000u, 0x7540u | (qk_u32)i);
+        else if (BITS == 4) m = QK_BYTE_PERM((i & 1) ? hi : lo, 0x4B000000u, 0x7540u | (qk_u32)(i >> 1));
+        else m = qk_and_or(word >> (BITS * i), (1u << BITS) - 1u, 0x4B000000u);
+        const float d = QK_FADD(qk_float(m), zc); /* q - z, exact */
+        const float w = S16 ? QK_FMUL(d, s) : qk_ftz(QK_FMUL(d, s));
+        acc = fmaf(xv[i], w, acc);
+    }
+    return acc;
+}
+
+/* this lane's partial dot products of x (K values from xoff) with rows rows[] of expert e: chunks
+ * li, li + L, ... of V words, each row's values in order */
+template <int BITS, int V, bool S16>
+__device__ __forceinline__ void qk_moe_rows_dot(const qk_moe_fc& f, int e, const int* rows, const void* x,
+                                                qk_i64 xoff, int x16, int li, int L, bool vec, float* acc) {
+    const int per = 32 / BITS, words = f.K / per, chunks = words / V, wpb = f.bs ? f.bs / per : words;
+    const int blocks = f.bs ? f.K / f.bs : 1;
+    qk_i64 rr[QK_MOE_ROWS];
+    const qk_u32* wrow[QK_MOE_ROWS];
+#pragma unroll
+    for (int r = 0; r < QK_MOE_ROWS; ++r) {
+        rr[r] = (qk_i64)e * f.N + rows[r];
+        wrow[r] = (const qk_u32*)(f.w + rr[r] * (qk_i64)words * 4);
+    }
+    for (int c = li; c < chunks; c += L) {
+        const int w0 = c * V, kb = w0 / wpb;
+        qk_u32 wv[QK_MOE_ROWS][4];
+        float s[QK_MOE_ROWS], zc[QK_MOE_ROWS];
+#pragma unroll
+        for (int r = 0; r < QK_MOE_ROWS; ++r) {
+            qk_moe_load<V>(wrow[r] + w0, vec, wv[r]);
+            s[r] = qk_ftz(qk_load_f(f.s, rr[r] * blocks + kb, f.s16));
+            const qk_u8* zrow = f.bs ? f.z + rr[r] * f.zp_bytes : f.z + (qk_i64)e * f.zp_bytes;
+            const float z = f.has_zp ? (float)qk_field(zrow, BITS, f.bs ? kb : rows[r]) : (float)(1 << (BITS - 1));
+            zc[r] = -QK_FADD(8388608.0f, z);
+        }
+#pragma unroll
+        for (int v = 0; v < V; ++v) {
+            float xv[32 / BITS];
+#pragma unroll
+            for (int c4 = 0; c4 < 32 / BITS; c4 += 4) qk_moe_x4(x, xoff + (qk_i64)(w0 + v) * per + c4, x16, xv + c4);
+#pragma unroll
+            for (int r = 0; r < QK_MOE_ROWS; ++r) acc[r] = qk_moe_word_v<BITS, S16>(wv[r][v], xv, s[r], zc[r], acc[r]);
+        }
+    }
+}
+
+/* the int8 product of rows[] (ORT's CompInt8 activations, qk_moe_lane_dot_i8's arithmetic per block):
+ * this lane's blocks li, li + L, ..., each block's words read V at a time */
+template <int BITS, int V>
+__device__ __forceinline__ void qk_moe_rows_dot_i8(const qk_moe_fc& f, int e, const int* rows, const qk_i8* qx,
+                                                   const float* sx, qk_i64 xrow, int li, int L, bool vec, float* acc) {
+    const int per = 32 / BITS, words = f.K / per, blocks = f.K / f.bs, wpb = f.bs / per, mid = 1 << (BITS - 1);
+    const qk_u32 mask = (1u << BITS) - 1u;
+    qk_i64 rr[QK_MOE_ROWS];
+    const qk_u32* wrow[QK_MOE_ROWS];
+#pragma unroll
+    for (int r = 0; r < QK_MOE_ROWS; ++r) {
+        rr[r] = (qk_i64)e * f.N + rows[r];
+        wrow[r] = (const qk_u32*)(f.w + rr[r] * (qk_i64)words * 4);
+    }
+    for (int b = li; b < blocks; b += L) {
+        const int* xq = (const int*)(qx + xrow * f.K + (qk_i64)b * f.bs);
+        int dot[QK_MOE_ROWS], xsum = 0;
+#pragma unroll
+        for (int r = 0; r < QK_MOE_ROWS; ++r) dot[r] = 0;
+        for (int w0 = 0; w0 < wpb; w0 += V) {
+            qk_u32 wv[QK_MOE_ROWS][4];
+#pragma unroll
+            for (int r = 0; r < QK_MOE_ROWS; ++r) qk_moe_load<V>(wrow[r] + b * wpb + w0, vec, wv[r]);
+#pragma unroll
+            for (int v = 0; v < V; ++v) {
+#pragma unroll
+                for (int c = 0; c < 32 / BITS; c += 4) {
+                    const int a4 = xq[((w0 + v) * per + c) >> 2];
+                    xsum = qk_dp4a(a4, 0x01010101, xsum);
+#pragma unroll
+                    for (int r = 0; r < QK_MOE_ROWS; ++r) {
+                        int wq = 0;
+#pragma unroll
+                        for (int i = 0; i < 4; ++i)
+                            wq |= (((int)((wv[r][v] >> (BITS * (c + i))) & mask) - mid) & 0xFF) << (8 * i);
+                        dot[r] = qk_dp4a(a4, wq, dot[r]);
+                    }
+                }
+            }
+        }
+        const float sa = sx[xrow * blocks + b];
+#pragma unroll
+        for (int r = 0; r < QK_MOE_ROWS; ++r) {
+            const int z = f.has_zp ? qk_field(f.z + rr[r] * f.zp_bytes, BITS, b) : mid;
+            const int d = dot[r] + (mid - z) * xsum; /* the exact integer dot with q - z */
+            const float s = qk_ftz(qk_load_f(f.s, rr[r] * blocks + b, f.s16));
+            acc[r] = fmaf(qk_ftz(QK_FMUL(sa, s)), (float)d, acc[r]);
+        }
+    }
+}
+
+/* the task's dot products by the shape's instantiation: bits 2 / 4 / 8, vw 1 / 2 / 4 words a chunk,
+ * fp16 or fp32 scales; the int8 product where qx is given */
+template <int BITS, int V>
+__device__ __forceinline__ void qk_moe_dot_bv(const qk_moe_fc& f, int e, const int* rows, const void* x, qk_i64 xoff,
+                                              int x16, const qk_i8* qx, const float* sx, qk_i64 xrow, int li, int L,
+                                              bool vec, float* acc) {
+    if (qx) qk_moe_rows_dot_i8<BITS, V>(f, e, rows, qx, sx, xrow, li, L, vec, acc);
+    else if (f.s16) qk_moe_rows_dot<BITS, V, true>(f, e, rows, x, xoff, x16, li, L, vec, acc);
+    else qk_moe_rows_dot<BITS, V, false>(f, e, rows, x, xoff, x16, li, L, vec, acc);
+}
+
+template <int BITS>
+__device__ __forceinline__ void qk_moe_dot_b(int vw, const qk_moe_fc& f, int e, const int* rows, const void* x,
+                                             qk_i64 xoff, int x16, const qk_i8* qx, const float* sx, qk_i64 xrow,
+                                             int li, int L, bool vec, float* acc) {
+    if (vw == 4) qk_moe_dot_bv<BITS, 4>(f, e, rows, x, xoff, x16, qx, sx, xrow, li, L, vec, acc);
+    else if (vw == 2) qk_moe_dot_bv<BITS, 2>(f, e, rows, x, xoff, x16, qx, sx, xrow, li, L, vec, acc);
+    else qk_moe_dot_bv<BITS, 1>(f, e, rows, x, xoff, x16, qx, sx, xrow, li, L, vec, acc);
+}
+
+__device__ __forceinline__ void qk_moe_task_dot(int bits, int vw, const qk_moe_fc& f, int e, const int* rows,
+                                                const void* x, qk_i64 xoff, int x16, const qk_i8* qx, const float* sx,
+                                                qk_i64 xrow, int li, int L, bool vec, float* acc) {
+    if (bits == 4) qk_moe_dot_b<4>(vw, f, e, rows, x, xoff, x16, qx, sx, xrow, li, L, vec, acc);
+    else if (bits == 8) qk_moe_dot_b<8>(vw, f, e, rows, x, xoff, x16, qx, sx, xrow, li, L, vec, acc);
+    else qk_moe_dot_b<2>(vw, f, e, rows, x, xoff, x16, qx, sx, xrow, li, L, vec, acc);
+}
+
+/* the sum of a row's partial sums over its L lanes (a butterfly within the 32-lane group; every
+ * lane ends with the same bits); all 32 lanes of the group take part */
+__device__ __forceinline__ float qk_moe_group_sum(float a, int L) {
+    for (int off = L / 2; off >= 1; off /= 2) a = QK_FADD(a, QK_SHFL_XOR(a, off, QK_MOE_GROUP));
+    return a;
+}
+
+/* a row's dot product plus its bias (qk_moe_reduce's rounding) */
+__device__ __forceinline__ float qk_moe_biased(float a, const qk_moe_fc& f, qk_i64 at) {
+    return f.has_bias ? qk_ftz(QK_FADD(a, qk_ftz(qk_load_f(f.b, at, f.s16)))) : a;
+}
+
+/* routing + fc1 + the activation. grid (tiles of tasks, T * k (token, slot) pairs); a task: units
+ * u0 .. u0 + 4 / f - 1 of the pair's expert (f 2 with SwiGLU: unit u's rows 2u gate, 2u + 1
+ * linear). A (T * k, units) fp32; a skipped slot (weight <= 1e-8) is neither computed nor written */
+extern "C" __global__ void __launch_bounds__(256)
+qk_moe_fc1v(const void* x, const void* logits, const void* rw, int* sel, float* wts, const qk_u8* W, const void* S,
+            const qk_u8* Z, const void* Bias, float* A, int E, int K, int N, int units, int k, int bits, int bs,
+            int zp_bytes, int has_zp, int has_bias, int x16, int act, float alpha, float beta, float limit,
+            int normalize, int has_rw, int lanes, int vw, int vec, const qk_i8* qx, const float* sx) {
+    __shared__ float s_logit[QK_MOE_EMAX];
+    __shared__ int s_sel[QK_MOE_KMAX];
+    __shared__ float s_w[QK_MOE_KMAX];
+    const qk_i64 p = blockIdx.y, t = p / k;
+    const int j = (int)(p - t * k);
+    qk_moe_route_cta(logits, rw, t, E, k, normalize, has_rw, x16, s_logit, s_sel, s_w);
+    const int e = s_sel[j];
+    const float w = s_w[j];
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        sel[p] = e;
+        wts[p] = w;
+    }
+    if (!(w > QK_MOE_SKIP)) return; /* the whole CTA: no barrier follows */
+    const qk_moe_fc f = {W, S, Z, Bias, N, K, bs, zp_bytes, has_zp, has_bias, x16};
+    const bool glu = act == QK_MOE_SWIGLU;
+    const int fr = glu ? 2 : 1, per_task = QK_MOE_ROWS / fr;
+    const int lane = (int)(threadIdx.x & (QK_MOE_GROUP - 1)), li = lane & (lanes - 1);
+    const qk_i64 tau = ((qk_i64)blockIdx.x * (blockDim.x / QK_MOE_GROUP) + threadIdx.x / QK_MOE_GROUP) *
+                       (QK_MOE_GROUP / lanes) + lane / lanes;
+    const qk_i64 u0 = tau * per_task;
+    int rows[QK_MOE_ROWS];
+#pragma unroll
+    for (int r = 0; r < QK_MOE_ROWS; ++r) {
+        const int unit = (int)(u0 + r / fr < units ? u0 + r / fr : units - 1), half = r % fr;
+        rows[r] = glu ? 2 * unit + half : unit;
+    }
+    float acc[QK_MOE_ROWS];
+#pragma unroll
+    for (int r = 0; r < QK_MOE_ROWS; ++r) acc[r] = 0.0f;
+    qk_moe_task_dot(bits, vw, f, e, rows, x, t * K, x16, qx, sx, t, li, lanes, vec != 0, acc);
+#pragma unroll
+    for (int r = 0; r < QK_MOE_ROWS; ++r) acc[r] = qk_moe_group_sum(acc[r], lanes);
+    if (li != 0) return;
+#pragma unroll
+    for (int i = 0; i < QK_MOE_ROWS; ++i) { /* row i: unit i (SwiGLU: even i, the gate; i + 1 its linear row) */
+        const int i1 = i + 1 < QK_MOE_ROWS ? i + 1 : i, ui = glu ? i / 2 : i;
+        if ((glu && (i & 1)) || u0 + ui >= units) continue;
+        const float h = qk_moe_biased(acc[i], f, (qk_i64)e * N + rows[i]);
+        const float l = glu ? qk_moe_biased(acc[i1], f, (qk_i64)e * N + rows[i1]) : 0.0f;
+        A[p * units + u0 + ui] = qk_moe_act(act, h, l, alpha, beta, limit);
+    }
+}
+
+/* fc2 + the weighted sum. grid (tiles of `tile` output columns, T tokens); the CTA's tasks (slot j,
+ * 4 columns) go round its 32-lane groups, each column's fp32(dot + bias) into shared memory; then
+ * one thread per column adds the k slots in selection order, each fp32(w * y) (skipped slots add
+ * nothing), and stores the sum once */
+extern "C" __global__ void __launch_bounds__(256)
+qk_moe_fc2v(const float* A, const int* sel, const float* wts, const qk_u8* W, const void* S, const qk_u8* Z,
+            const void* Bias, void* Y, int K, int N, int k, int bits, int bs, int zp_bytes, int has_zp, int has_bias,
+            int x16, int lanes, int vw, int vec, int tile, const qk_i8* qx, const float* sx) {
+    __shared__ float s_y[QK_MOE_YMAX];
+    __shared__ int s_sel[QK_MOE_KMAX];
+    __shared__ float s_w[QK_MOE_KMAX];
+    const qk_i64 t = blockIdx.y;
+    const int n0 = (int)blockIdx.x * tile;
+    if ((int)threadIdx.x < k) {
+        s_sel[threadIdx.x] = sel[t * k + threadIdx.x];
+        s_w[threadIdx.x] = wts[t * k + threadIdx.x];
+    }
+    __syncthreads();
+    const qk_moe_fc f = {W, S, Z, Bias, N, K, bs, zp_bytes, has_zp, has_bias, x16};
+    const int lane = (int)(threadIdx.x & (QK_MOE_GROUP - 1)), li = lane & (lanes - 1);
+    const int slots = (int)(blockDim.x / QK_MOE_GROUP) * (QK_MOE_GROUP / lanes), quads = tile / QK_MOE_ROWS;
+    const int tasks = k * quads, me = (int)(threadIdx.x / QK_MOE_GROUP) * (QK_MOE_GROUP / lanes) + lane / lanes;
+    for (int base = 0; base < tasks; base += slots) { /* the same trip count in every lane */
+        const int tau = base + me < tasks ? base + me : tasks - 1, j = tau / quads, c0 = n0 + (tau - j * quads) * 4;
+        const bool live = base + me < tasks && s_w[j] > QK_MOE_SKIP;
+        const int e = s_sel[j];
+        int rows[QK_MOE_ROWS];
+        float acc[QK_MOE_ROWS];
+#pragma unroll
+        for (int r = 0; r < QK_MOE_ROWS; ++r) {
+            rows[r] = c0 + r < N ? c0 + r : N - 1;
+            acc[r] = 0.0f;
+        }
+        const qk_i64 pj = t * k + j;
+        if (live) qk_moe_task_dot(bits, vw, f, e, rows, A, pj * K, 0, qx, sx, pj, li, lanes, vec != 0, acc);
+#pragma unroll
+        for (int r = 0; r < QK_MOE_ROWS; ++r) acc[r] = qk_moe_group_sum(acc[r], lanes);
+        if (live && li == 0) {
+#pragma unroll
+            for (int r = 0; r < QK_MOE_ROWS; ++r)
+                if (c0 + r < N) s_y[j * tile + c0 - n0 + r] = qk_moe_biased(acc[r], f, (qk_i64)e * N + c0 + r);
+        }
+    }
+    __syncthreads();
+    for (int i = (int)threadIdx.x; i < tile && n0 + i < N; i += (int)blockDim.x) {
+        float out = 0.0f;
+        for (int j = 0; j < k; ++j) {
+            const float w = s_w[j];
+            if (w > QK_MOE_SKIP) out = qk_ftz(QK_FADD(out, qk_ftz(QK_FMUL(w, s_y[j * tile + i]))));
+        }
+        qk_store_f(Y, t * N + n0 + i, out, x16);
+    }
+}

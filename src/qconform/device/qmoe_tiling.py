@@ -1,0 +1,35 @@
+"""The decode path's tiling of the QMoE kernels (``kernels/ort/qmoe.hip``, launcher
+``qconform.device.ort.qmoe``): functions of the shape alone, so every call of a shape adds in one
+order. No CuPy here (offline tests model the kernels' order with these)."""
+
+from __future__ import annotations
+
+THREADS = 256  # threads per CTA: 8 groups of 32 lanes (wave32 and wave64 alike)
+GROUP = 32  # lanes of a reduction group (QK_MOE_GROUP)
+EMAX, KMAX, ROWS, YMAX, GRID_Y = 512, 32, 4, 2048, 65535  # qmoe.hip's QK_MOE_EMAX, _KMAX, _ROWS, _YMAX; grid.y
+
+
+def lanes_over(n: int) -> int:
+    """Lanes per task of the decode path over n chunks (or blocks): the largest power of two <= 32
+    whose last round leaves at most an eighth of n's worth of lanes idle (90 chunks: 32; 24: 8)."""
+    return next((L for L in (32, 16, 8, 4, 2) if (-(-n // L) * L - n) * 8 <= n), 1)
+
+
+def chunk_words(K: int, bits: int, block_size: int) -> int:
+    """32-bit words per chunk of the decode path: 4, 2 or 1, the largest dividing a row's words and
+    a block's (a chunk never spans two blocks)."""
+    words = K * bits // 32
+    block = block_size * bits // 32 if block_size else words
+    return next(v for v in (4, 2, 1) if words % v == 0 and block % v == 0)
+
+
+def fc2_tile(N: int, tokens: int, k: int, lanes: int) -> int:
+    """Output columns per fc2 CTA of the decode path: 4 columns a task, about one task per lane group
+    and slot (k tasks a column quad), doubled while the grid keeps >= 128 CTAs (halving the re-reads
+    of fc1's output), at most 64 and k * tile <= 2048 (the CTA's shared memory)."""
+    m = min(16, max(1, THREADS // lanes // k))
+    while 8 * m <= 64 and 8 * m * k <= YMAX and -(-N // (8 * m)) * tokens >= 128:
+        m *= 2
+    while 4 * m * k > YMAX:
+        m //= 2
+    return 4 * m

@@ -1,0 +1,46 @@
+"""The QMoE decode path's tiling (``qconform.device.qmoe_tiling``): functions of the shape that fit
+the kernels' limits (``kernels/ort/qmoe.hip``), and the bench layers' tilings as docs/perf-notes.md
+states them. Offline (no CuPy)."""
+
+from __future__ import annotations
+
+import pytest
+
+from qconform.device.qmoe_tiling import GROUP, ROWS, THREADS, YMAX, chunk_words, fc2_tile, lanes_over
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 24, 31, 32, 33, 64, 90, 96, 360, 1000])
+def test_lanes_are_a_power_of_two_leaving_at_most_an_eighth_idle(n: int) -> None:
+    lanes = lanes_over(n)
+    assert 1 <= lanes <= GROUP and lanes & (lanes - 1) == 0
+    assert (-(-n // lanes) * lanes - n) * 8 <= n or lanes == 1
+    if lanes < GROUP:  # the next wider one would idle more
+        wider = 2 * lanes
+        assert (-(-n // wider) * wider - n) * 8 > n
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+@pytest.mark.parametrize("K", [16, 32, 96, 176, 768, 2880])
+@pytest.mark.parametrize("bs", [0, 32, 64, 128])
+def test_a_chunk_divides_the_row_and_the_block(bits: int, K: int, bs: int) -> None:
+    if K * bits % 32 or (bs and K % bs):
+        return
+    vw = chunk_words(K, bits, bs)
+    words = K * bits // 32
+    assert vw in (1, 2, 4) and words % vw == 0
+    assert not bs or (bs * bits // 32) % vw == 0
+
+
+@pytest.mark.parametrize("N, tokens, k, lanes", [(2880, 1, 4, 32), (2048, 1, 8, 8), (32, 64, 8, 1), (384, 32, 32, 4)])
+def test_fc2_tile_fits_shared_memory(N: int, tokens: int, k: int, lanes: int) -> None:
+    tile = fc2_tile(N, tokens, k, lanes)
+    assert tile % ROWS == 0 and 4 <= tile <= 64 and k * tile <= YMAX
+    assert THREADS % GROUP == 0
+
+
+def test_bench_layers_tiling() -> None:
+    # gpt-oss-20b: K 2880 u4 block 32 -> 90 chunks of 16 bytes on 32 lanes; fc2 tile 16 (180 CTAs)
+    assert chunk_words(2880, 4, 32) == 4 and lanes_over(90) == 32 and fc2_tile(2880, 1, 4, 32) == 16
+    # Qwen3-30B-A3B: fc1 K 2048 -> 64 chunks, 32 lanes; fc2 K 768 -> 24 chunks, 8 lanes, tile 16
+    assert chunk_words(2048, 4, 128) == 4 and lanes_over(64) == 32
+    assert chunk_words(768, 4, 128) == 4 and lanes_over(24) == 8 and fc2_tile(2048, 1, 8, 8) == 16
