@@ -594,8 +594,8 @@ GQA_COMBINE_BY_CALL: Edits = (
 # the flash kernel's lane groups merged without the shift exp(m_rg - M) of their running max
 GQA_MERGE_UNSHIFTED: Edits = (
     (
-        "const float f = mr == neg_inf ? 0.0f : expf(QK_FADD(mr, -M));",
-        "const float f = mr == neg_inf ? 0.0f : 1.0f;",
+        "const float f = empty ? -1.0f : expf(QK_FADD(mr, -M));",
+        "const float f = empty ? -1.0f : 1.0f;",
     ),
 )
 GQA_QUANT_BEFORE_ROTARY: Edits = (

@@ -351,8 +351,7 @@ __device__ __forceinline__ void qk_gqa_flash(const float* qrot, const void* pres
 #pragma unroll
             for (int u = 1; u < U; ++u) mt = fmaxf(mt, x[u][h]);
             const float mn = fmaxf(m[h], mt);
-            const bool none = mn == neg_inf; /* every score so far -inf: nothing to add */
-            const float c = none ? 1.0f : expf(QK_FADD(m[h], -mn));
+            const float c = mn == neg_inf ? 1.0f : expf(QK_FADD(m[h], -mn)); /* every score so far -inf: 1 */
             if (c != 1.0f) {
                 l[h] = QK_FMUL(l[h], c);
 #pragma unroll
@@ -361,7 +360,7 @@ __device__ __forceinline__ void qk_gqa_flash(const float* qrot, const void* pres
             m[h] = mn;
 #pragma unroll
             for (int u = 0; u < U; ++u) {
-                x[u][h] = none ? 0.0f : expf(QK_FADD(x[u][h], -mn));
+                x[u][h] = x[u][h] == neg_inf ? 0.0f : expf(QK_FADD(x[u][h], -mn)); /* a NaN stays NaN */
                 l[h] = QK_FADD(l[h], x[u][h]);
             }
         }
@@ -378,7 +377,8 @@ __device__ __forceinline__ void qk_gqa_flash(const float* qrot, const void* pres
     }
 
     /* the groups merged in group order: M = max m_rg, f_rg = exp(m_rg - M), l = sum l_rg f_rg,
-     * P V = sum acc_rg f_rg (groups with m_rg = -inf added nothing and are left out) */
+     * P V = sum acc_rg f_rg (groups with m_rg = -inf and l_rg = 0 added nothing and are left out,
+     * f_rg = -1; one that met only NaN scores keeps its NaN) */
     if (active) {
 #pragma unroll
         for (int h = 0; h < HB; ++h) {
@@ -400,10 +400,11 @@ __device__ __forceinline__ void qk_gqa_flash(const float* qrot, const void* pres
         float M = neg_inf, sum = 0.0f;
         for (int r = 0; r < nrg; ++r) M = fmaxf(M, s_m[r * HB + tid]);
         for (int r = 0; r < nrg; ++r) {
-            const float mr = s_m[r * HB + tid];
-            const float f = mr == neg_inf ? 0.0f : expf(QK_FADD(mr, -M));
+            const float mr = s_m[r * HB + tid], lr = s_l[r * HB + tid];
+            const bool empty = mr == neg_inf && lr == 0.0f;
+            const float f = empty ? -1.0f : expf(QK_FADD(mr, -M));
             s_f[r * HB + tid] = f;
-            if (mr != neg_inf) sum = QK_FADD(sum, QK_FMUL(s_l[r * HB + tid], f));
+            if (!empty) sum = QK_FADD(sum, QK_FMUL(lr, f));
         }
         s_stat[tid] = M;
         s_stat[HB + tid] = sum;
@@ -413,8 +414,9 @@ __device__ __forceinline__ void qk_gqa_flash(const float* qrot, const void* pres
         const int h = idx / (int)H, c = idx % (int)H;
         float a = 0.0f;
         for (int r = 0; r < nrg; ++r) {
-            if (s_m[r * HB + h] == neg_inf) continue;
-            a = QK_FADD(a, QK_FMUL(s_acc[(r * HB + h) * H + c], s_f[r * HB + h]));
+            const float f = s_f[r * HB + h];
+            if (f == -1.0f) continue;
+            a = QK_FADD(a, QK_FMUL(s_acc[(r * HB + h) * H + c], f));
         }
         if (KIND >= 2) a = QK_FMUL(a, v_scale[PC ? g * H + c : 0]);
         part_acc[(o + h * splits) * H + c] = a;
