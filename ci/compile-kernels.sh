@@ -77,6 +77,10 @@ for src in "$KERNELS"/*/*.hip tests/device_mutants/*.hip "$tmp"/patched/*/*.hip;
   fi
   compile "$src for sm_90" nvcc -cubin -arch=sm_90 -Werror all-warnings $INCLUDES $defs -x cu -o "$tmp/k.cubin" "$src"
 done
+# the bench's diagnostic build (python -m qconform.bench.gqa --variants flash,legacy): the session-7
+# attention kernels of ort/gqa.hip behind -DQK_GQA_LEGACY, sm_90 only (the bench runs on NVIDIA)
+compile "$KERNELS/ort/gqa.hip -DQK_GQA_LEGACY for sm_90" nvcc -cubin -arch=sm_90 -Werror all-warnings $INCLUDES \
+  -DQK_GQA_LEGACY -x cu -o "$tmp/k.cubin" "$KERNELS/ort/gqa.hip"
 for src in examples/so_launcher/*.cu; do
   if [ "$amd" = 1 ]; then
     compile "$src (shared library) for gfx90a" hipcc -shared -fPIC --offload-arch=gfx90a -x hip -Werror $INCLUDES \

@@ -613,8 +613,8 @@ GQA_SOFTCAP_AFTER_BIAS: Edits = (
 )
 # the combine's split order flips with a call counter (as if the number of splits changed between
 # calls): every output within its bound, the low bits not repeatable. The repeat property's small
-# sets (coverage 1's, up to 9 keys) fit one split; its cold sets (about 14k keys on an H200: 128
-# splits) catch it
+# sets (coverage 1's, up to 9 keys) fit one split; its cold sets (about 14k keys on an H200: 47
+# splits of the flash kernels, 110 of the legacy ones) catch it
 GQA_COMBINE_BY_CALL: Edits = (
     (
         "__device__ __forceinline__ float qk_gqa_neg_inf()",
@@ -625,11 +625,18 @@ GQA_COMBINE_BY_CALL: Edits = (
         "    const qk_i64 heads = N + 2 * Nk, half_h = H / 2;\n    if (t == 0) atomicAdd(&qk_gqa_calls, 1u);\n",
     ),
     (
-        "const qk_i64 k = r * splits + sp;",
-        "const qk_i64 k = r * splits + (((qk_gqa_calls >> 2) & 1u) ? splits - 1 - sp : sp);",
+        "const int sp = sp0 + u;",
+        "const int sp = ((qk_gqa_calls >> 2) & 1u) ? splits - 1 - (sp0 + u) : sp0 + u;",
     ),
 )
 # the new K quantized before rotary: the rotation applied to the dequantized codes, then quantized again
+# the flash kernel's lane groups merged without the shift exp(m_rg - M) of their running max
+GQA_MERGE_UNSHIFTED: Edits = (
+    (
+        "const float f = empty ? -1.0f : expf(QK_FADD(mr, -M));",
+        "const float f = empty ? -1.0f : 1.0f;",
+    ),
+)
 GQA_QUANT_BEFORE_ROTARY: Edits = (
     (
         "const float ka = qk_load_f(base, src + p.ia, is16), kb = qk_load_f(base, src + p.ib, is16);",
@@ -662,6 +669,7 @@ GQA_MUTANTS = (
         caught_by="repeatable",
     ),
     _gqa("gqa: K cache quantized before rotary", "gqa_decode", "Xfp16_Wi8_Yfp16", GQA_QUANT_BEFORE_ROTARY),
+    _gqa("gqa: flash lane groups merged unshifted", "gqa_decode", "Xfp16_Wfp16_Yfp16", GQA_MERGE_UNSHIFTED),
 )
 ALL = HIP_MUTANTS + SO_MUTANTS + ORT_MUTANTS + QMOE_MUTANTS + BNB_MUTANTS + GGML_FN_MUTANTS + GQA_MUTANTS
 

@@ -13,7 +13,10 @@ than the fp16 one. The verdict column is the conformance of the same kernels on 
 sized case (batch 1, past 4096, the same heads): present caches bit-exact, the output within its
 bound (``qconform.ops.ort.group_query_attention``), one check per cache type.
 
-``python -m qconform.bench.gqa [--quick] [--json FILE]``
+``--variants flash,legacy`` times the session-7 attention kernels (built with ``-DQK_GQA_LEGACY``)
+beside the flash kernels on the same cold sets, each variant checked on the catalogue's case.
+
+``python -m qconform.bench.gqa [--quick] [--variants flash,legacy] [--json FILE]``
 """
 
 from __future__ import annotations
@@ -133,14 +136,44 @@ def verify(bits: int, past: int = 4096) -> str:
     return "PASS" if c.ok else f"FAIL: {c.detail}"
 
 
-def bench(batches=BATCHES, pasts=PASTS, reps: int = 50) -> list[BenchRecord]:
+VARIANTS = {"flash": (), "legacy": ("-DQK_GQA_LEGACY",)}  # build options of each attention kernel
+
+
+def _time_variant(sets: list[dict[str, Any]], bits: int, options: tuple[str, ...], reps: int) -> tuple[list, list]:
+    """(seconds per call, the calls' replays and outputs) of one build of the kernels."""
+    from qconform.device.launchers import compile_options
+
+    with compile_options(*options):
+        calls = [_decode_launches(inp, bits) for inp in sets]
+    return bl.times(lambda i: calls[i][0](), len(sets), reps), calls
+
+
+def _spread(ts: list[float]) -> str:
+    return f"{min(ts) * 1e6:.1f} / {bl.median(ts) * 1e6:.1f} / {max(ts) * 1e6:.1f}"
+
+
+def bench(batches=BATCHES, pasts=PASTS, reps: int = 50, variants: tuple[str, ...] = ("flash",)) -> list[BenchRecord]:
+    """The decode table; ``variants`` (keys of VARIANTS, the first the one judged against the
+    targets) timed side by side on the same cold sets, each checked on the catalogue's case."""
+    from qconform.device.launchers import compile_options
+
     device = device_info().label
     N, Nk, H = HEADS
-    checked = {bits: verify(bits) for bits in (0, 8)}
+    checked: dict[tuple[str, int], str] = {}
+    for v in variants:
+        with compile_options(*VARIANTS[v]):
+            for bits in (0, 8):
+                checked[(v, bits)] = verify(bits)
+        print(
+            f"verdict of {v} (the catalogue's sized case, batch 1, past 4096): fp16 cache {checked[(v, 0)]}; "
+            f"int8 cache {checked[(v, 8)]}"
+        )
+    main = variants[0]
     records = []
-    print(f"verdict (the catalogue's sized case, batch 1, past 4096): fp16 cache {checked[0]}; int8 cache {checked[8]}")
-    print("| cache | batch | past | us min / med / max | roofline us | of roofline | SDPA us | x SDPA | verdict |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    others = "".join(f" {v} us min / med / max | {main} vs {v} |" for v in variants[1:])
+    print(f"| cache | batch | past | {main} us min / med / max |{others} roofline us | of roofline | SDPA us | x SDPA "
+          "| verdict |")  # fmt: skip
+    print("|---|---|---|---|" + "---|---|" * (len(variants) - 1) + "---|---|---|---|---|")
     fp16_us: dict[tuple[int, int], float] = {}
     for P in pasts:
         for B in batches:
@@ -148,8 +181,8 @@ def bench(batches=BATCHES, pasts=PASTS, reps: int = 50) -> list[BenchRecord]:
                 kv_bytes = 2 * B * Nk * (P + 1) * H * (1 if bits else 2)
                 n_sets = n_sets_for(kv_bytes)
                 sets = [_inputs(B, P, bits, 10 + i) for i in range(n_sets)]
-                calls = [_decode_launches(inp, bits) for inp in sets]
-                ts = bl.times(lambda i, c=calls: c[i][0](), n_sets, reps)
+                timed = {v: _time_variant(sets, bits, VARIANTS[v], reps) for v in variants}
+                ts, calls = timed[main]
                 roof = bl.median(bl.read_roofline([(c[1][1], c[1][2]) for c in calls], reps))
                 base: dict[str, float] = {"read-only roofline": roof * 1e6}
                 sdpa = None
@@ -160,11 +193,15 @@ def bench(batches=BATCHES, pasts=PASTS, reps: int = 50) -> list[BenchRecord]:
                     base[name] = sdpa * 1e6
                 med = bl.median(ts)
                 flops = 4 * B * N * (P + 1) * H
-                rec = BenchRecord(f"gqa_decode {'int8' if bits else 'fp16'} cache", (B, 1, P, N, Nk, H), device,
-                                  kv_bytes, flops, tuple(t * 1e6 for t in ts), checked[bits], base)  # fmt: skip
-                records.append(rec)
+                label = f"gqa_decode {'int8' if bits else 'fp16'} cache"
+                for v in variants:
+                    vts = timed[v][0]
+                    vlabel = label if v == main else f"{label} ({v})"
+                    rec = BenchRecord(vlabel, (B, 1, P, N, Nk, H), device, kv_bytes, flops,
+                                      tuple(t * 1e6 for t in vts), checked[(v, bits)], base)  # fmt: skip
+                    records.append(rec)
                 of_roof = roof / med
-                ok = checked[bits] == "PASS" and of_roof >= TARGET_ROOFLINE
+                ok = checked[(main, bits)] == "PASS" and of_roof >= TARGET_ROOFLINE
                 if bits:
                     faster = med < fp16_us[(B, P)]
                     ok = ok and faster
@@ -175,20 +212,35 @@ def bench(batches=BATCHES, pasts=PASTS, reps: int = 50) -> list[BenchRecord]:
                     assert sdpa is not None
                     ok = ok and sdpa > med
                     sdpa_cols = f"| {sdpa * 1e6:.1f} ({name}) | {sdpa / med:.2f}x "
+                other_cols = "".join(
+                    f" {_spread(timed[v][0])} | {bl.median(timed[v][0]) / med:.2f}x |" for v in variants[1:]
+                )
                 print(
-                    f"| {'int8' if bits else 'fp16'} | {B} | {P} | {min(ts) * 1e6:.1f} / {med * 1e6:.1f} / "
-                    f"{max(ts) * 1e6:.1f} | {roof * 1e6:.1f} | {of_roof:.0%} {sdpa_cols}"
-                    f"| {'PASS' if ok else 'below target'} |",
+                    f"| {'int8' if bits else 'fp16'} | {B} | {P} | {_spread(ts)} |{other_cols} {roof * 1e6:.1f} | "
+                    f"{of_roof:.0%} {sdpa_cols}| {'PASS' if ok else 'below target'} |",
                     flush=True,
                 )
-                del sets, calls
+                del sets, timed, calls
                 cupy.get_default_memory_pool().free_all_blocks()
     return records
 
 
 def main(argv: list[str] | None = None) -> int:
-    a = bench_parser("gqa", "batch 1 and 16, past 4k, fewer repeats").parse_args(argv)
-    return finish(bench((1, 16), (4096,), 20) if a.quick else bench(), a.json)
+    p = bench_parser("gqa", "batch 1 and 16, past 4k, fewer repeats")
+    p.add_argument(
+        "--variants",
+        default="flash",
+        help=f"comma-separated attention kernels timed side by side, the first judged: {', '.join(VARIANTS)} "
+        "(e.g. flash,legacy: the session-8 flash kernels beside the session-7 ones)",
+    )
+    a = p.parse_args(argv)
+    variants = tuple(v.strip() for v in a.variants.split(",") if v.strip())
+    unknown = [v for v in variants if v not in VARIANTS]
+    if not variants or unknown:
+        p.error(f"--variants: choose from {', '.join(VARIANTS)}, got {a.variants!r}")
+    if a.quick:
+        return finish(bench((1, 16), (4096,), 20, variants), a.json)
+    return finish(bench(variants=variants), a.json)
 
 
 if __name__ == "__main__":

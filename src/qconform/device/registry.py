@@ -326,11 +326,11 @@ ORT_KERNELS: tuple[KernelSpec, ...] = (
             ("qk_gqa_append", "rotary of the new Q and K, the new K / V rows into present (quantized)"),
             ("qk_gqa_copy_past", "present rows [0, past_b) from a separate past buffer"),
             *(
-                (f"qk_gqa_attend_{kind}_s{slots}", f"split-K attention over a {kind} cache, H <= {slots} lanes' worth")
-                for kind in ("f32", "f16", "i8", "u4")
-                for slots in (2, 4, 8)
+                (f"qk_gqa_flash_{kind}_{loads}", f"split-K flash attention over a {kind} cache, {loads} loads")
+                for kind in ("f32", "f16", "i8t", "i8c", "u4t", "u4c")
+                for loads in (("words",) if kind.startswith("u4") else ("wide", "words"))
             ),
-            ("qk_gqa_combine", "the splits merged in split order, the sink, the output"),
+            ("qk_gqa_combine", "a CTA per output row: the splits merged in split order, the sink"),
         )
     ),
     *(

@@ -5,9 +5,13 @@ strict contract's bound (fp32 scores, softmax and P V; ``qconform.ops.ort.attent
 
 Three steps on the current stream: ``qk_gqa_append`` (rotary of the new Q and K, the new K / V
 rows into present, quantized for an int8 / 4-bit cache), ``qk_gqa_copy_past`` (present rows
-[0, past_b) from the past; skipped when present is the past buffer), ``qk_gqa_attend_*`` (one CTA
-per query row, split of the keys, KV head and block of its query heads) and ``qk_gqa_combine``
-(the splits merged in split order). The number of splits is a function of the shape alone.
+[0, past_b) from the past; skipped when present is the past buffer), ``qk_gqa_flash_*`` (one CTA
+per query row, split of the keys, KV head and block of 4 of its query heads: each K / V row read
+once for the block, 16-byte loads, an online softmax per lane group) and ``qk_gqa_combine``
+(one CTA per output row: the splits merged in split order). The number of splits is a function
+of the shape alone.
+Built with ``-DQK_GQA_LEGACY`` (``qconform.device.launchers.compile_options``) the session-7
+attention kernels ``qk_gqa_attend_*`` run instead (the bench's side-by-side timing).
 Declined: output_qk, precision other than "reference", head_size > 8 warps' lanes.
 """
 
@@ -18,6 +22,7 @@ from typing import Any
 import cupy
 import numpy as np
 
+from qconform.device import launchers
 from qconform.device.abi import bind_call
 from qconform.device.launch import check_aligned
 from qconform.device.launchers import launch, launch_grid
@@ -27,17 +32,23 @@ from qconform.ops import OpSpec
 from qconform.ops.ort.group_query_attention import GQA_DECODE, GQA_PREFILL
 
 SOURCE = "ort/gqa.hip"
+LEGACY = "-DQK_GQA_LEGACY"  # the build option selecting the session-7 attention kernels
 THREADS = 128  # QK_GQA_THREADS
-HEADS = 8  # QK_GQA_HEADS: query heads of one KV head per attention CTA
+HB = 4  # QK_GQA_HB: query heads of one KV head per flash CTA
+# flash kernels: cache kind -> (32-bit words a lane loads per row, keys a lane group loads per tile)
+FLASH = {"f32": (8, 2), "f16": (4, 4), "i8t": (2, 8), "i8c": (2, 4), "u4t": (1, 8), "u4c": (1, 4)}
+FLASH_CTAS = 384  # the splits bring a launch to about this many CTAs (3 resident per SM on an H200)
+MAX_SPLITS = 512  # QK_GQA_MAX_SPLITS: the most splits qk_gqa_combine takes (flash_splits gives <= FLASH_CTAS)
+HEADS = 8  # legacy QK_GQA_HEADS
 CACHE_KINDS = {(0, "float32"): "f32", (0, "float16"): "f16", (8, ""): "i8", (4, ""): "u4"}
-TARGET_CTAS = 1024  # the splits bring a decode launch to about this many CTAs
-MAX_CHUNK = 1024  # keys of one split (its scores are held in shared memory)
-KEY_ALIGN = 32  # a split's keys start at a multiple of this
+TARGET_CTAS = 1024  # legacy: the splits bring a decode launch to about this many CTAs
+MAX_CHUNK = 1024  # legacy: keys of one split (its scores are held in shared memory)
+KEY_ALIGN = 32  # legacy: a split's keys start at a multiple of this
 
 
 def splits_for(rows: int, total: int) -> tuple[int, int]:
-    """(keys per split, splits) for ``rows`` CTAs per split and ``total`` keys: a function of the
-    shape alone (never of timing), about TARGET_CTAS CTAs, at most MAX_CHUNK keys a split."""
+    """Legacy kernels: (keys per split, splits) for ``rows`` CTAs per split and ``total`` keys: a
+    function of the shape alone (never of timing), about TARGET_CTAS CTAs, at most MAX_CHUNK keys."""
     want = min(max(1, -(-TARGET_CTAS // rows)), -(-total // KEY_ALIGN))
     per_split = -(-total // want)
     chunk = min(MAX_CHUNK, -(-per_split // KEY_ALIGN) * KEY_ALIGN)
@@ -45,12 +56,37 @@ def splits_for(rows: int, total: int) -> tuple[int, int]:
 
 
 def attend_symbol(bits: int, dtype: Any, head_size: int, warp: int) -> str:
-    """The attention kernel for the cache type and head size (SLOTS lanes' worth of channels)."""
+    """Legacy: the attention kernel for the cache type and head size (SLOTS lanes' worth of channels)."""
     kind = CACHE_KINDS[(bits, np.dtype(dtype).name if bits == 0 else "")]
     for slots in (2, 4, 8):
         if head_size <= slots * warp:
             return f"qk_gqa_attend_{kind}_s{slots}"
     raise Declined(f"query: head_size {head_size} over {8 * warp} (8 lanes' channels of a {warp}-lane warp)")
+
+
+def lane_group(head_size: int) -> int:
+    """R: the lanes of a flash lane group (one key row, 8 channels a lane), a power of two."""
+    r = 1
+    while 8 * r < head_size:
+        r *= 2
+    return r
+
+
+def flash_kind(bits: int, dtype: Any, per_channel: bool) -> str:
+    """The flash kernels' cache kind: f32 / f16, or i8 / u4 with per-tensor (t) or per-channel (c) scales."""
+    if bits == 0:
+        return CACHE_KINDS[(0, np.dtype(dtype).name)]
+    return f"{'i8' if bits == 8 else 'u4'}{'c' if per_channel else 't'}"
+
+
+def flash_splits(ctas_per_split: int, total: int, tile: int) -> tuple[int, int]:
+    """(keys per split, splits) of the flash kernels for ``ctas_per_split`` CTAs per split,
+    ``total`` keys and ``tile`` keys a CTA loads at once: a function of the shape alone, about
+    FLASH_CTAS CTAs, each split a whole number of tiles."""
+    want = min(max(1, -(-FLASH_CTAS // ctas_per_split)), -(-total // tile))
+    per_split = -(-total // want)
+    chunk = -(-per_split // tile) * tile
+    return chunk, -(-total // chunk)
 
 
 def _run(op: OpSpec, args: tuple, kwargs: dict[str, Any], out: Any) -> Any:
@@ -71,10 +107,10 @@ def _run(op: OpSpec, args: tuple, kwargs: dict[str, Any], out: Any) -> Any:
     P, T, Tp = (int(sc[n]) for n in ("past_sequence_length", "total_sequence_length", "present_sequence_length"))
     bits, first, is16 = int(sc["kv_cache_bit_width"]), int(sc["first_prompt"]), int(sc["dtype"] == 1)
     warp = device_info().warp_size
-    symbol = attend_symbol(bits, np.float16 if is16 else np.float32, H, warp)
+    dtype = np.float16 if is16 else np.float32
+    if lane_group(H) > warp:
+        raise Declined(f"query: head_size {H} over {8 * warp} (8 lanes' channels of a {warp}-lane warp)")
     G = N // Nk
-    head_blocks = -(-G // HEADS)
-    chunk, splits = splits_for(B * S * Nk * head_blocks, T)
     scale = float(sc["scale"])
     alpha = np.float32(scale) if scale != 0 else np.float32(1) / np.sqrt(np.float32(H), dtype=np.float32)
     i64, i32 = np.int64, np.int32
@@ -93,19 +129,39 @@ def _run(op: OpSpec, args: tuple, kwargs: dict[str, Any], out: Any) -> Any:
                 copy = (past, pres, seqlens, i64(B), i64(Nk), i64(P), i64(Tp), i64(S), i64(words))
                 launch(op.name, SOURCE, "qk_gqa_copy_past", B * Nk * P * words, copy)
 
-    nw = THREADS // warp
-    smem = 4 * (HEADS * H + 2 * HEADS + max(HEADS * chunk, nw * HEADS * H))
+    attend = (qrot, pres_k, pres_v, seqlens, bias, k_scale, v_scale)
+    dims = (i64(S), i64(N), i64(Nk), i64(H), i64(Tp), i64(T))
+    opts = (i32(first), i32(sc["local_window_size"]), i32(sc["bias_batch"]), i32(sc["bias_heads"]))
+    softcap = np.float32(sc["softcap"])
+    if LEGACY in launchers.OPTIONS:
+        head_blocks = -(-G // HEADS)
+        chunk, splits = splits_for(B * S * Nk * head_blocks, T)
+        nw = THREADS // warp
+        smem = 4 * (HEADS * H + 2 * HEADS + max(HEADS * chunk, nw * HEADS * H))
+        symbol = attend_symbol(bits, dtype, H, warp)
+        tail: tuple = (per_channel, i32(is16), alpha, softcap, i32(chunk), i32(splits))
+    else:
+        head_blocks = -(-G // HB)
+        kind = flash_kind(bits, dtype, bool(per_channel))
+        words, tile_u = FLASH[kind]
+        align = min(16, 4 * words)
+        wide = words > 1 and pres_k.data.ptr % align == 0 and pres_v.data.ptr % align == 0
+        chunk, splits = flash_splits(B * S * Nk * head_blocks, T, THREADS // lane_group(H) * tile_u)
+        assert splits <= MAX_SPLITS
+        smem = 0
+        symbol = f"qk_gqa_flash_{kind}_{'wide' if wide else 'words'}"
+        tail = (i32(is16), alpha, softcap, i32(chunk), i32(splits))
     part_m = cupy.empty(B * S * N * splits, cupy.float32)
     part_l = cupy.empty(B * S * N * splits, cupy.float32)
     part_acc = cupy.empty(B * S * N * splits * H, cupy.float32)
-    attend = (qrot, pres_k, pres_v, seqlens, bias, k_scale, v_scale, part_m, part_l, part_acc)
-    dims = (i64(S), i64(N), i64(Nk), i64(H), i64(Tp), i64(T))
-    opts = (i32(first), i32(sc["local_window_size"]), i32(sc["bias_batch"]), i32(sc["bias_heads"]), per_channel)
-    floats = (i32(is16), alpha, np.float32(sc["softcap"]), i32(chunk), i32(splits))
     grid = (B * S * splits, Nk * head_blocks)
-    launch_grid(op.name, SOURCE, symbol, grid, THREADS, (*attend, *dims, *opts, *floats), smem)
+    args = (*attend, part_m, part_l, part_acc, *dims, *opts, *tail)
+    launch_grid(op.name, SOURCE, symbol, grid, THREADS, args, smem)
     combine = (part_m, part_l, part_acc, sink, output, i64(B * S * N), i64(N), i64(H), i32(splits), i32(sink_mode))
-    launch(op.name, SOURCE, "qk_gqa_combine", B * S * N * H, (*combine, i32(is16)))
+    if LEGACY in launchers.OPTIONS:
+        launch(op.name, SOURCE, "qk_gqa_combine_legacy", B * S * N * H, (*combine, i32(is16)))
+    else:
+        launch_grid(op.name, SOURCE, "qk_gqa_combine", B * S * N, THREADS, (*combine, i32(is16)))
     return call.out
 
 

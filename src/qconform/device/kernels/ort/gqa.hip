@@ -16,7 +16,8 @@
 #include "ort_common.h"
 
 #define QK_GQA_THREADS 128 /* threads of an attention CTA */
-#define QK_GQA_HEADS 8     /* query heads of one KV head an attention CTA takes (a block of its group) */
+#define QK_GQA_MAX_SPLITS 512 /* splits the combine takes */
+#define QK_GQA_HB 4        /* query heads of one KV head a flash CTA takes (a block of its group) */
 
 __device__ __forceinline__ float qk_gqa_neg_inf() { return qk_float(0xFF800000u); }
 
@@ -152,27 +153,6 @@ extern "C" __global__ void __launch_bounds__(256)
 
 /* ------------------------------------------------------------------------------- attention */
 
-/* cache element c of a row (KIND 0 fp32, 1 fp16, 2 int8, 3 4-bit codes two a byte, element 2i
- * in the low nibble), dequantized as the oracle does: fp32(code * scale) */
-template <int KIND>
-__device__ __forceinline__ float qk_gqa_cache(const void* row, int c, float scale) {
-    if (KIND == 0) return ((const float*)row)[c];
-    if (KIND == 1) return __half2float(((const __half*)row)[c]);
-    if (KIND == 2) return QK_FMUL((float)((const qk_i8*)row)[c], scale);
-    const unsigned byte = ((const qk_u8*)row)[c >> 1];
-    return QK_FMUL((float)((int)((c & 1) ? (byte >> 4) : (byte & 0x0Fu)) - 8), scale);
-}
-
-__device__ __forceinline__ float qk_gqa_warp_sum(float v) {
-    for (int off = QK_WARP / 2; off > 0; off >>= 1) v += QK_SHFL_XOR(v, off, QK_WARP);
-    return v;
-}
-
-__device__ __forceinline__ float qk_gqa_warp_max(float v) {
-    for (int off = QK_WARP / 2; off > 0; off >>= 1) v = fmaxf(v, QK_SHFL_XOR(v, off, QK_WARP));
-    return v;
-}
-
 /* x = fp32(dot * alpha); softcap c > 0: fp32(fp32(tanh(fp32(x / c))) * c); then + the bias */
 __device__ __forceinline__ float qk_gqa_score(float dot, float alpha, float softcap, const void* bias, qk_i64 bi,
                                               int is16) {
@@ -182,29 +162,109 @@ __device__ __forceinline__ float qk_gqa_score(float dot, float alpha, float soft
     return x;
 }
 
-/* One CTA per (query row (b, s), split sp of the keys, KV head g, block of up to QK_GQA_HEADS of
- * g's query heads): keys [max(lo, sp chunk), min(L, (sp + 1) chunk)) of the row's causal range
- * [lo, L), L = min(past_b + s + 1, total_b), lo = L - W with a window of W < L keys. Warp w takes
- * keys in runs of KU; lane l channels l, l + QK_WARP, ... (SLOTS of them). Writes the split's
- * max m, sum of exp(x - m) and unnormalised P V (fp32) per query head. */
-template <int KIND, int SLOTS>
-__device__ __forceinline__ void qk_gqa_attend(const float* qrot, const void* present_key, const void* present_value,
-                                              const int* seqlens_k, const void* attention_bias, const float* k_scale,
-                                              const float* v_scale, float* part_m, float* part_l, float* part_acc,
-                                              qk_i64 S, qk_i64 N, qk_i64 Nk, qk_i64 H, qk_i64 Tp, qk_i64 T,
-                                              int first_prompt, int window, int bias_batch, int bias_heads,
-                                              int per_channel, int is16, float alpha, float softcap, int chunk,
-                                              int splits) {
-    extern __shared__ float qk_gqa_smem[];
-    /* key rows a warp loads before using them: more for 1-byte caches, fewer for wide heads */
-    constexpr int KU = (KIND >= 2 ? 8 : 4) / (SLOTS >= 8 ? 2 : 1);
-    const int nw = QK_GQA_THREADS / QK_WARP, warp = (int)threadIdx.x / QK_WARP, lane = (int)threadIdx.x % QK_WARP;
+/* the sum of v over the R lanes of a lane group (R a power of two <= QK_WARP, groups aligned to
+ * R): an xor butterfly, so every lane of the group ends with the same bits (each step adds the
+ * same two values in either order) */
+__device__ __forceinline__ float qk_gqa_group_sum(float v, int R) {
+#pragma unroll
+    for (int off = QK_WARP / 2; off > 0; off >>= 1)
+        if (off < R) v += QK_SHFL_XOR(v, off, QK_WARP);
+    return v;
+}
+
+/* 32-bit words of a lane's 8 cache elements: fp32 8, fp16 4, int8 2, 4-bit 1 */
+template <int KIND>
+struct qk_gqa_lane {
+    static constexpr int WORDS = KIND == 0 ? 8 : (KIND == 1 ? 4 : (KIND == 2 ? 2 : 1));
+};
+
+/* a lane's 8 elements from p (WIDE: 16- / 8-byte loads, p aligned to min(16, 4 WORDS) bytes;
+ * else 4-byte words) */
+template <int WORDS, int WIDE>
+__device__ __forceinline__ void qk_gqa_load(qk_u32 (&w)[WORDS], const qk_u32* p) {
+    if (WIDE && WORDS >= 4) {
+#pragma unroll
+        for (int k = 0; k < WORDS / 4; ++k) {
+            const uint4 v = ((const uint4*)p)[k];
+            w[4 * k] = v.x;
+            w[4 * k + 1] = v.y;
+            w[4 * k + 2] = v.z;
+            w[4 * k + 3] = v.w;
+        }
+    } else if (WIDE && WORDS == 2) {
+        const uint2 v = *(const uint2*)p;
+        w[0] = v.x;
+        w[1] = v.y;
+    } else {
+#pragma unroll
+        for (int k = 0; k < WORDS; ++k) w[k] = p[k];
+    }
+}
+
+/* the 8 elements as fp32: fp32 / fp16 values exactly; int8 / 4-bit the integer codes exactly
+ * (their scales are applied by the caller), by bits: fp32(2^23 + 128 + code) - (2^23 + 128), and
+ * 4-bit element 2i in the low nibble of byte i, code = nibble - 8 */
+template <int KIND>
+__device__ __forceinline__ void qk_gqa_unpack(const qk_u32 (&w)[qk_gqa_lane<KIND>::WORDS], float (&f)[8]) {
+    if (KIND == 0) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) f[e] = qk_float(w[e]);
+    } else if (KIND == 1) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            f[2 * k] = qk_fp16_to_float((qk_u16)(w[k] & 0xFFFFu));
+            f[2 * k + 1] = qk_fp16_to_float((qk_u16)(w[k] >> 16));
+        }
+    } else if (KIND == 2) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            const qk_u32 byte = ((w[e >> 2] >> (8 * (e & 3))) & 0xFFu) ^ 0x80u;
+            f[e] = QK_FADD(qk_float(0x4B000000u | byte), -8388736.0f);
+        }
+    } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            const qk_u32 nib = (w[0] >> (4 * e)) & 0xFu;
+            f[e] = QK_FADD(qk_float(0x4B000000u | nib), -8388616.0f);
+        }
+    }
+}
+
+/* One CTA of QK_GQA_THREADS per (query row (b, s), split sp of the keys, KV head g, block of up to
+ * QK_GQA_HB of g's query heads), so a K / V row is read once for the block's heads: keys
+ * [max(lo, sp chunk), min(L, (sp + 1) chunk)) of the row's causal range [lo, L),
+ * L = min(past_b + s + 1, total_b), lo = L - W with a window of W < L keys. A group of R lanes
+ * (R = H / 8 rounded up to a power of two) takes one key row, 8 channels a lane; group rg takes
+ * keys rg + i nrg in tiles of U keys (loaded before any is used), keeping an online softmax per
+ * head (m, l and the unnormalised P V in fp32, rescaled at most once a tile). The groups are then
+ * merged in group order in shared memory and the split's m, l, P V (per head) written out.
+ * KIND 0 fp32, 1 fp16, 2 int8, 3 4-bit; PC: per-channel scales (K: each element fp32(code * scale)
+ * as the oracle; per-tensor: the dot of the codes times the scale); the V scale multiplies the
+ * split's P V of the codes once. Every fp32 step is one of the bound's (qconform.ops.ort.attention_bounds):
+ * a dot of H terms, the softmax's exp and sums, a rescale at most once a key. */
+template <int KIND, int PC, int WIDE, int U>
+__device__ __forceinline__ void qk_gqa_flash(const float* qrot, const void* present_key, const void* present_value,
+                                             const int* seqlens_k, const void* attention_bias, const float* k_scale,
+                                             const float* v_scale, float* part_m, float* part_l, float* part_acc,
+                                             qk_i64 S, qk_i64 N, qk_i64 Nk, qk_i64 H, qk_i64 Tp, qk_i64 T,
+                                             int first_prompt, int window, int bias_batch, int bias_heads, int is16,
+                                             float alpha, float softcap, int chunk, int splits) {
+    constexpr int HB = QK_GQA_HB, WORDS = qk_gqa_lane<KIND>::WORDS;
+    __shared__ float4 s_acc4[QK_GQA_THREADS * 2 * HB]; /* [rg][h][H]: nrg HB H <= THREADS HB 8 floats */
+    __shared__ float s_m[QK_GQA_THREADS * HB], s_l[QK_GQA_THREADS * HB], s_f[QK_GQA_THREADS * HB];
+    __shared__ float s_stat[2 * HB];
+    float* s_acc = (float*)s_acc4;
+    const float neg_inf = qk_gqa_neg_inf();
+    const int tid = (int)threadIdx.x;
+    int R = 1;
+    while (R * 8 < H) R <<= 1;
+    const int nrg = QK_GQA_THREADS / R, rg = tid / R, c0 = (tid % R) * 8;
+    const bool active = c0 < H;
     const int sp = (int)(blockIdx.x % splits);
     const qk_i64 bs = blockIdx.x / splits, b = bs / S, s = bs % S;
-    const qk_i64 G = N / Nk, nhb = (G + QK_GQA_HEADS - 1) / QK_GQA_HEADS;
-    const qk_i64 g = blockIdx.y / nhb, h0 = g * G + (blockIdx.y % nhb) * QK_GQA_HEADS;
-    const int nh = (int)(G - (blockIdx.y % nhb) * QK_GQA_HEADS < QK_GQA_HEADS ? G - (blockIdx.y % nhb) * QK_GQA_HEADS
-                                                                               : QK_GQA_HEADS);
+    const qk_i64 G = N / Nk, nhb = (G + HB - 1) / HB;
+    const qk_i64 g = blockIdx.y / nhb, h0 = g * G + (blockIdx.y % nhb) * HB;
+    const int nh = (int)(G - (blockIdx.y % nhb) * HB < HB ? G - (blockIdx.y % nhb) * HB : HB);
     const qk_i64 total = (qk_i64)seqlens_k[b] + 1, past = first_prompt ? 0 : total - S;
     const qk_i64 L = past + s + 1 < total ? past + s + 1 : total;
     const qk_i64 lo = (window >= 1 && L > window) ? L - window : 0;
@@ -213,187 +273,248 @@ __device__ __forceinline__ void qk_gqa_attend(const float* qrot, const void* pre
     const int n = k1 > k0 ? (int)(k1 - k0) : 0;
     const qk_i64 o = (bs * N + h0) * splits + sp; /* head h's slot: o + h * splits */
     if (n == 0) {
-        if ((int)threadIdx.x < nh) {
-            part_m[o + threadIdx.x * splits] = qk_gqa_neg_inf();
-            part_l[o + threadIdx.x * splits] = 0.0f;
+        if (tid < nh) {
+            part_m[o + tid * splits] = neg_inf;
+            part_l[o + tid * splits] = 0.0f;
         }
         return;
     }
-    float* q_s = qk_gqa_smem;                             /* [QK_GQA_HEADS][H] */
-    float* stat = q_s + QK_GQA_HEADS * H;                 /* m [QK_GQA_HEADS], l [QK_GQA_HEADS] */
-    float* buf = stat + 2 * QK_GQA_HEADS;                 /* scores [QK_GQA_HEADS][chunk], then [nw][HEADS][H] */
-    for (qk_i64 i = threadIdx.x; i < nh * H; i += QK_GQA_THREADS) q_s[i] = qrot[(bs * N + h0) * H + i];
-    const int kind_bytes = KIND == 0 ? 4 : (KIND == 1 ? 2 : 1);
-    const qk_i64 row_bytes = KIND == 3 ? H / 2 : H * kind_bytes;
-    const char* kbase = (const char*)present_key + (b * Nk + g) * Tp * row_bytes;
-    const char* vbase = (const char*)present_value + (b * Nk + g) * Tp * row_bytes;
-    float ks[SLOTS], vs[SLOTS];
+    float q[HB][8], ks[PC ? 8 : 1];
 #pragma unroll
-    for (int sl = 0; sl < SLOTS; ++sl) {
-        const int c = lane + sl * QK_WARP;
-        const qk_i64 ci = per_channel ? g * H + (c < H ? c : 0) : 0;
-        ks[sl] = KIND >= 2 ? k_scale[ci] : 1.0f;
-        vs[sl] = KIND >= 2 ? v_scale[ci] : 1.0f;
+    for (int h = 0; h < HB; ++h) {
+        const bool use = active && h < nh;
+        const float4* src = (const float4*)(qrot + (bs * N + h0 + (use ? h : 0)) * H + (use ? c0 : 0));
+        const float4 a = use ? src[0] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        const float4 c = use ? src[1] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        q[h][0] = a.x, q[h][1] = a.y, q[h][2] = a.z, q[h][3] = a.w;
+        q[h][4] = c.x, q[h][5] = c.y, q[h][6] = c.z, q[h][7] = c.w;
     }
+#pragma unroll
+    for (int e = 0; e < (PC ? 8 : 1); ++e) ks[e] = KIND >= 2 ? k_scale[PC ? g * H + (active ? c0 + e : 0) : 0] : 1.0f;
+    const int row_bytes = (int)(KIND == 0 ? 4 * H : (KIND == 1 ? 2 * H : (KIND == 2 ? H : H / 2)));
+    const qk_i64 first = ((b * Nk + g) * Tp + k0) * row_bytes + (active ? c0 / 8 : 0) * (4 * WORDS);
+    const char* kbase = (const char*)present_key + first;
+    const char* vbase = (const char*)present_value + first;
+    /* the bias of head h0 + h, key k0 + i: bias0 + h bias_hs + i */
     const qk_i64 bias_row = bias_batch ? ((bias_batch == 1 ? 0 : b) * bias_heads) : 0;
-    __syncthreads();
+    const qk_i64 bias0 = ((bias_row + (bias_heads == 1 ? 0 : h0)) * S + s) * T + k0;
+    const qk_i64 bias_hs = bias_heads == 1 ? 0 : S * T;
+    float m[HB], l[HB], acc[HB][8];
+#pragma unroll
+    for (int h = 0; h < HB; ++h) {
+        m[h] = neg_inf;
+        l[h] = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[h][e] = 0.0f;
+    }
 
-    /* scores of the split's keys: warp w takes keys [w KU, w KU + KU), then nw KU further on; the
-     * KU rows are loaded before any is used (loads in flight) */
-    for (int i0 = warp * KU; i0 < n; i0 += nw * KU) {
-        float kv[KU][SLOTS];
+    for (int t0 = 0; t0 < n; t0 += nrg * U) { /* the same trips for every lane: the group sums shuffle */
+        const int i0 = t0 + rg;
+        qk_u32 kw[U][WORDS], vw[U][WORDS];
 #pragma unroll
-        for (int u = 0; u < KU; ++u) {
-            const void* krow = kbase + (k0 + (i0 + u < n ? i0 + u : i0)) * row_bytes;
+        for (int u = 0; u < U; ++u) {
+            const int i = i0 + u * nrg < n ? i0 + u * nrg : n - 1; /* past the split: a row it reads anyway */
 #pragma unroll
-            for (int sl = 0; sl < SLOTS; ++sl) {
-                const int c = lane + sl * QK_WARP;
-                kv[u][sl] = c < H ? qk_gqa_cache<KIND>(krow, c, ks[sl]) : 0.0f;
+            for (int k = 0; k < WORDS; ++k) kw[u][k] = vw[u][k] = 0u;
+            if (active) {
+                qk_gqa_load<WORDS, WIDE>(kw[u], (const qk_u32*)(kbase + (qk_i64)i * row_bytes));
+                qk_gqa_load<WORDS, WIDE>(vw[u], (const qk_u32*)(vbase + (qk_i64)i * row_bytes));
             }
         }
+        float x[U][HB];
 #pragma unroll
-        for (int u = 0; u < KU; ++u) {
-            const int i = i0 + u;
-            if (i >= n) break;
+        for (int u = 0; u < U; ++u) {
+            float kf[8];
+            qk_gqa_unpack<KIND>(kw[u], kf);
+            if (PC) {
 #pragma unroll
-            for (int h = 0; h < QK_GQA_HEADS; ++h) {
-                if (h >= nh) break;
+                for (int e = 0; e < 8; ++e) kf[e] = QK_FMUL(kf[e], ks[e]);
+            }
+            const int i = i0 + u * nrg;
+#pragma unroll
+            for (int h = 0; h < HB; ++h) {
+                x[u][h] = neg_inf;
                 float d = 0.0f;
 #pragma unroll
-                for (int sl = 0; sl < SLOTS; ++sl) {
-                    const int c = lane + sl * QK_WARP;
-                    if (c < H) d = __fmaf_rn(q_s[h * H + c], kv[u][sl], d);
-                }
-                d = qk_gqa_warp_sum(d);
-                if (lane == 0) {
-                    const qk_i64 head = bias_heads == 1 ? 0 : h0 + h;
-                    const qk_i64 bi = ((bias_row + head) * S + s) * T + k0 + i;
-                    buf[h * chunk + i] = qk_gqa_score(d, alpha, softcap, bias_batch ? attention_bias : 0, bi, is16);
-                }
+                for (int e = 0; e < 8; ++e) d = __fmaf_rn(q[h][e], kf[e], d);
+                d = qk_gqa_group_sum(d, R);
+                if (KIND >= 2 && !PC) d = QK_FMUL(d, ks[0]);
+                if (i < n && h < nh)
+                    x[u][h] = qk_gqa_score(d, alpha, softcap, bias_batch ? attention_bias : 0, bias0 + h * bias_hs + i,
+                                           is16);
+            }
+        }
+        /* the tile's max per head, one rescale, then p = exp(x - m) in place of x */
+#pragma unroll
+        for (int h = 0; h < HB; ++h) {
+            float mt = x[0][h];
+#pragma unroll
+            for (int u = 1; u < U; ++u) mt = fmaxf(mt, x[u][h]);
+            const float mn = fmaxf(m[h], mt);
+            const float c = mn == neg_inf ? 1.0f : expf(QK_FADD(m[h], -mn)); /* every score so far -inf: 1 */
+            if (c != 1.0f) {
+                l[h] = QK_FMUL(l[h], c);
+#pragma unroll
+                for (int e = 0; e < 8; ++e) acc[h][e] = QK_FMUL(acc[h][e], c);
+            }
+            m[h] = mn;
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                x[u][h] = x[u][h] == neg_inf ? 0.0f : expf(QK_FADD(x[u][h], -mn)); /* a NaN stays NaN */
+                l[h] = QK_FADD(l[h], x[u][h]);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            float vf[8];
+            qk_gqa_unpack<KIND>(vw[u], vf);
+#pragma unroll
+            for (int h = 0; h < HB; ++h) {
+#pragma unroll
+                for (int e = 0; e < 8; ++e) acc[h][e] = __fmaf_rn(x[u][h], vf[e], acc[h][e]);
             }
         }
     }
-    __syncthreads();
 
-    /* per head: m = the split's max, p = exp(x - m) in place, l = sum p */
-    for (int h = warp; h < nh; h += nw) {
-        float m = qk_gqa_neg_inf();
-        for (int i = lane; i < n; i += QK_WARP) m = fmaxf(m, buf[h * chunk + i]);
-        m = qk_gqa_warp_max(m);
-        float l = 0.0f;
-        for (int i = lane; i < n; i += QK_WARP) {
-            const float p = expf(QK_FADD(buf[h * chunk + i], -m));
-            buf[h * chunk + i] = p;
-            l = QK_FADD(l, p);
+    /* the groups merged in group order: M = max m_rg, f_rg = exp(m_rg - M), l = sum l_rg f_rg,
+     * P V = sum acc_rg f_rg (groups with m_rg = -inf and l_rg = 0 added nothing and are left out,
+     * f_rg = -1; one that met only NaN scores keeps its NaN) */
+    if (active) {
+#pragma unroll
+        for (int h = 0; h < HB; ++h) {
+            if (h >= nh) continue;
+            float4* dst = (float4*)(s_acc + (rg * HB + h) * H + c0);
+            dst[0] = make_float4(acc[h][0], acc[h][1], acc[h][2], acc[h][3]);
+            dst[1] = make_float4(acc[h][4], acc[h][5], acc[h][6], acc[h][7]);
         }
-        l = qk_gqa_warp_sum(l);
-        if (lane == 0) {
-            stat[h] = m;
-            stat[QK_GQA_HEADS + h] = l;
+    }
+    if (tid % R == 0) {
+#pragma unroll
+        for (int h = 0; h < HB; ++h) {
+            s_m[rg * HB + h] = m[h];
+            s_l[rg * HB + h] = l[h];
         }
     }
     __syncthreads();
-
-    /* P V of the split's keys */
-    float acc[QK_GQA_HEADS][SLOTS];
-#pragma unroll
-    for (int h = 0; h < QK_GQA_HEADS; ++h)
-#pragma unroll
-        for (int sl = 0; sl < SLOTS; ++sl) acc[h][sl] = 0.0f;
-    for (int i0 = warp * KU; i0 < n; i0 += nw * KU) {
-        float vv[KU][SLOTS];
-#pragma unroll
-        for (int u = 0; u < KU; ++u) {
-            const void* vrow = vbase + (k0 + (i0 + u < n ? i0 + u : i0)) * row_bytes;
-#pragma unroll
-            for (int sl = 0; sl < SLOTS; ++sl) {
-                const int c = lane + sl * QK_WARP;
-                vv[u][sl] = c < H ? qk_gqa_cache<KIND>(vrow, c, vs[sl]) : 0.0f;
-            }
+    if (tid < nh) {
+        float M = neg_inf, sum = 0.0f;
+        for (int r = 0; r < nrg; ++r) M = fmaxf(M, s_m[r * HB + tid]);
+        for (int r = 0; r < nrg; ++r) {
+            const float mr = s_m[r * HB + tid], lr = s_l[r * HB + tid];
+            const bool empty = mr == neg_inf && lr == 0.0f;
+            const float f = empty ? -1.0f : expf(QK_FADD(mr, -M));
+            s_f[r * HB + tid] = f;
+            if (!empty) sum = QK_FADD(sum, QK_FMUL(lr, f));
         }
-#pragma unroll
-        for (int u = 0; u < KU; ++u) {
-            if (i0 + u >= n) break;
-#pragma unroll
-            for (int h = 0; h < QK_GQA_HEADS; ++h) {
-                if (h >= nh) break;
-                const float p = buf[h * chunk + i0 + u];
-#pragma unroll
-                for (int sl = 0; sl < SLOTS; ++sl) acc[h][sl] = __fmaf_rn(p, vv[u][sl], acc[h][sl]);
-            }
-        }
-    }
-    __syncthreads(); /* buf is reused for the warps' partial sums */
-#pragma unroll
-    for (int h = 0; h < QK_GQA_HEADS; ++h) {
-        if (h >= nh) break;
-#pragma unroll
-        for (int sl = 0; sl < SLOTS; ++sl) {
-            const int c = lane + sl * QK_WARP;
-            if (c < H) buf[(warp * QK_GQA_HEADS + h) * H + c] = acc[h][sl];
-        }
+        s_stat[tid] = M;
+        s_stat[HB + tid] = sum;
     }
     __syncthreads();
-    for (qk_i64 idx = threadIdx.x; idx < nh * H; idx += QK_GQA_THREADS) {
-        const qk_i64 h = idx / H, c = idx % H;
+    for (int idx = tid; idx < nh * (int)H; idx += QK_GQA_THREADS) {
+        const int h = idx / (int)H, c = idx % (int)H;
         float a = 0.0f;
-        for (int w = 0; w < nw; ++w) a = QK_FADD(a, buf[(w * QK_GQA_HEADS + h) * H + c]);
+        for (int r = 0; r < nrg; ++r) {
+            const float f = s_f[r * HB + h];
+            if (f == -1.0f) continue;
+            a = QK_FADD(a, QK_FMUL(s_acc[(r * HB + h) * H + c], f));
+        }
+        if (KIND >= 2) a = QK_FMUL(a, v_scale[PC ? g * H + c : 0]);
         part_acc[(o + h * splits) * H + c] = a;
     }
-    if ((int)threadIdx.x < nh) {
-        part_m[o + threadIdx.x * splits] = stat[threadIdx.x];
-        part_l[o + threadIdx.x * splits] = stat[QK_GQA_HEADS + threadIdx.x];
+    if (tid < nh) {
+        part_m[o + tid * splits] = s_stat[tid];
+        part_l[o + tid * splits] = s_stat[HB + tid];
     }
 }
 
-#define QK_GQA_ATTEND(NAME, KIND, SLOTS)                                                                             \
-    extern "C" __global__ void __launch_bounds__(QK_GQA_THREADS)                                                     \
+#define QK_GQA_FLASH(NAME, KIND, PC, WIDE, U)                                                                        \
+    extern "C" __global__ void __launch_bounds__(QK_GQA_THREADS, 3)                                                  \
         NAME(const float* qrot, const void* present_key, const void* present_value, const int* seqlens_k,            \
              const void* attention_bias, const float* k_scale, const float* v_scale, float* part_m, float* part_l,   \
              float* part_acc, qk_i64 S, qk_i64 N, qk_i64 Nk, qk_i64 H, qk_i64 Tp, qk_i64 T, int first_prompt,        \
-             int window, int bias_batch, int bias_heads, int per_channel, int is16, float alpha, float softcap,       \
-             int chunk, int splits) {                                                                                \
-        qk_gqa_attend<KIND, SLOTS>(qrot, present_key, present_value, seqlens_k, attention_bias, k_scale, v_scale,   \
-                                   part_m, part_l, part_acc, S, N, Nk, H, Tp, T, first_prompt, window, bias_batch,  \
-                                   bias_heads, per_channel, is16, alpha, softcap, chunk, splits);                   \
+             int window, int bias_batch, int bias_heads, int is16, float alpha, float softcap, int chunk,             \
+             int splits) {                                                                                           \
+        qk_gqa_flash<KIND, PC, WIDE, U>(qrot, present_key, present_value, seqlens_k, attention_bias, k_scale,       \
+                                        v_scale, part_m, part_l, part_acc, S, N, Nk, H, Tp, T, first_prompt, window, \
+                                        bias_batch, bias_heads, is16, alpha, softcap, chunk, splits);               \
     }
 
-/* qk_gqa_attend_<cache>_s<SLOTS>: head_size <= SLOTS * QK_WARP */
-QK_GQA_ATTEND(qk_gqa_attend_f32_s2, 0, 2)
-QK_GQA_ATTEND(qk_gqa_attend_f32_s4, 0, 4)
-QK_GQA_ATTEND(qk_gqa_attend_f32_s8, 0, 8)
-QK_GQA_ATTEND(qk_gqa_attend_f16_s2, 1, 2)
-QK_GQA_ATTEND(qk_gqa_attend_f16_s4, 1, 4)
-QK_GQA_ATTEND(qk_gqa_attend_f16_s8, 1, 8)
-QK_GQA_ATTEND(qk_gqa_attend_i8_s2, 2, 2)
-QK_GQA_ATTEND(qk_gqa_attend_i8_s4, 2, 4)
-QK_GQA_ATTEND(qk_gqa_attend_i8_s8, 2, 8)
-QK_GQA_ATTEND(qk_gqa_attend_u4_s2, 3, 2)
-QK_GQA_ATTEND(qk_gqa_attend_u4_s4, 3, 4)
-QK_GQA_ATTEND(qk_gqa_attend_u4_s8, 3, 8)
+/* qk_gqa_flash_<cache>[_pc]_<loads>: per-tensor (t) or per-channel (c) scales of a quantized
+ * cache; loads "wide" (16 / 8 bytes, the present buffers aligned to them) or "words" (4 bytes) */
+QK_GQA_FLASH(qk_gqa_flash_f32_wide, 0, 0, 1, 2)
+QK_GQA_FLASH(qk_gqa_flash_f32_words, 0, 0, 0, 2)
+QK_GQA_FLASH(qk_gqa_flash_f16_wide, 1, 0, 1, 4)
+QK_GQA_FLASH(qk_gqa_flash_f16_words, 1, 0, 0, 4)
+QK_GQA_FLASH(qk_gqa_flash_i8t_wide, 2, 0, 1, 8)
+QK_GQA_FLASH(qk_gqa_flash_i8t_words, 2, 0, 0, 8)
+QK_GQA_FLASH(qk_gqa_flash_i8c_wide, 2, 1, 1, 4)
+QK_GQA_FLASH(qk_gqa_flash_i8c_words, 2, 1, 0, 4)
+QK_GQA_FLASH(qk_gqa_flash_u4t_words, 3, 0, 0, 8)
+QK_GQA_FLASH(qk_gqa_flash_u4c_words, 3, 1, 0, 4)
 
-/* One thread per output element (b, s, n, c): the splits combined in split order,
- * M = max(m_sp, sink), l = sum l_sp exp(m_sp - M) (+ exp(sink - M)), o = sum acc_sp exp(m_sp - M) / l.
- * sink_mode: 0 none, 1 head_sink[n], 2 a zero logit (smooth_softmax). */
-extern "C" __global__ void __launch_bounds__(256)
+/* One CTA of QK_GQA_THREADS per output row r = (b, s, n), splits <= QK_GQA_MAX_SPLITS: the splits
+ * combined in split order, M = max(m_sp, sink), l = sum l_sp exp(m_sp - M) (+ exp(sink - M)),
+ * o = sum acc_sp exp(m_sp - M) / l, splits with m_sp = -inf left out. The factors exp(m_sp - M)
+ * are computed a thread a split, l by one thread in split order, each channel's sum by its thread
+ * in split order (8 splits' loads in flight). sink_mode: 0 none, 1 head_sink[n], 2 a zero logit
+ * (smooth_softmax). */
+extern "C" __global__ void __launch_bounds__(QK_GQA_THREADS)
     qk_gqa_combine(const float* part_m, const float* part_l, const float* part_acc, const void* head_sink,
                    void* output, qk_i64 rows, qk_i64 N, qk_i64 H, int splits, int sink_mode, int is16) {
-    const qk_i64 t = qk_global_thread();
-    if (t >= rows * H) return;
-    const qk_i64 r = t / H, c = t % H;
-    float M = qk_gqa_neg_inf();
-    for (int sp = 0; sp < splits; ++sp) M = fmaxf(M, part_m[r * splits + sp]);
-    const float sigma = sink_mode == 1 ? qk_load_f(head_sink, r % N, is16) : 0.0f;
-    if (sink_mode) M = fmaxf(M, sigma);
-    float l = 0.0f, a = 0.0f;
-    for (int sp = 0; sp < splits; ++sp) {
-        const qk_i64 k = r * splits + sp;
-        const float m = part_m[k];
-        if (m == qk_gqa_neg_inf()) continue;
-        const float f = expf(QK_FADD(m, -M));
-        l = QK_FADD(l, QK_FMUL(part_l[k], f));
-        a = QK_FADD(a, QK_FMUL(part_acc[k * H + c], f));
+    __shared__ float s_m[QK_GQA_MAX_SPLITS], s_f[QK_GQA_MAX_SPLITS], s_l[QK_GQA_MAX_SPLITS];
+    __shared__ float s_max[QK_GQA_THREADS], s_stat[2];
+    const float neg_inf = qk_gqa_neg_inf();
+    const qk_i64 r = blockIdx.x;
+    const int tid = (int)threadIdx.x;
+    if (r >= rows) return;
+    float mx = neg_inf;
+    for (int sp = tid; sp < splits; sp += QK_GQA_THREADS) {
+        s_m[sp] = part_m[r * splits + sp];
+        s_l[sp] = part_l[r * splits + sp];
+        mx = fmaxf(mx, s_m[sp]);
     }
-    if (sink_mode) l = QK_FADD(l, expf(QK_FADD(sigma, -M)));
-    qk_store_f(output, t, QK_FDIV(a, l), is16);
+    s_max[tid] = mx;
+    __syncthreads();
+    const float sigma = sink_mode == 1 ? qk_load_f(head_sink, r % N, is16) : 0.0f;
+    if (tid == 0) {
+        float M = neg_inf;
+        for (int i = 0; i < QK_GQA_THREADS; ++i) M = fmaxf(M, s_max[i]);
+        s_stat[0] = sink_mode ? fmaxf(M, sigma) : M;
+    }
+    __syncthreads();
+    const float M = s_stat[0];
+    for (int sp = tid; sp < splits; sp += QK_GQA_THREADS)
+        s_f[sp] = s_m[sp] == neg_inf ? 0.0f : expf(QK_FADD(s_m[sp], -M));
+    __syncthreads();
+    if (tid == 0) {
+        float l = 0.0f;
+        for (int sp = 0; sp < splits; ++sp)
+            if (s_m[sp] != neg_inf) l = QK_FADD(l, QK_FMUL(s_l[sp], s_f[sp]));
+        if (sink_mode) l = QK_FADD(l, expf(QK_FADD(sigma, -M)));
+        s_stat[1] = l;
+    }
+    __syncthreads();
+    const float l = s_stat[1];
+    for (qk_i64 c = tid; c < H; c += QK_GQA_THREADS) {
+        float a = 0.0f;
+        for (int sp0 = 0; sp0 < splits; sp0 += 8) {
+            float v[8], f[8];
+            bool use[8];
+#pragma unroll
+            for (int u = 0; u < 8; ++u) {
+                const int sp = sp0 + u;
+                use[u] = sp0 + u < splits && s_m[sp] != neg_inf;
+                v[u] = use[u] ? part_acc[(r * splits + sp) * H + c] : 0.0f;
+                f[u] = use[u] ? s_f[sp] : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < 8; ++u)
+                if (use[u]) a = QK_FADD(a, QK_FMUL(v[u], f[u]));
+        }
+        qk_store_f(output, r * H + c, QK_FDIV(a, l), is16);
+    }
 }
+
+#ifdef QK_GQA_LEGACY
+#include "gqa_legacy.h"
+#endif
