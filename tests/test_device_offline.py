@@ -52,8 +52,9 @@ def _kq_instances(text: str) -> set[str]:
 
 
 def _gqa_instances(text: str) -> set[str]:
-    """The attention kernels a source instantiates through QK_GQA_ATTEND(NAME, KIND, SLOTS)."""
-    return set(re.findall(r"^QK_GQA_ATTEND\((\w+), ", text, re.M))
+    """The attention kernels a source instantiates through QK_GQA_ATTEND(NAME, KIND, SLOTS) and
+    QK_GQA_FLASH(NAME, H)."""
+    return set(re.findall(r"^QK_GQA_(?:ATTEND|FLASH)\((\w+), ", text, re.M))
 
 
 def test_every_registered_kernel_exists_in_its_source() -> None:
