@@ -580,6 +580,41 @@ GGML_FN_MUTANTS = (
         )
     ),
 )
+# ort/gqa_flash.hip (gqa_prefill under --contract storage=fp16; coverage 1: a chunk with a past of
+# 5 rows, window 3, softcap, a head sink and a full bias; a first prompt with smooth_softmax)
+# the causal limit one key past the query's own when there is a past
+FLASH_CAUSAL_PAST: Edits = (
+    (
+        "L = s >= S ? 0 : (past + s + 1 < total ? past + s + 1 : total);",
+        "L = s >= S ? 0 : (past + s + 1 + (past > 0) < total ? past + s + 1 + (past > 0) : total);",
+    ),
+)
+# a local window of W + 1 keys
+FLASH_WINDOW_W1: Edits = (
+    (
+        "lo = (window >= 1 && L > window) ? L - window : 0;",
+        "lo = (window >= 1 && L > window + 1) ? L - window - 1 : 0;",
+    ),
+)
+# the running sum not rescaled when the running max grows (the sink's initial 1 kept at full weight)
+FLASH_SUM_NOT_RESCALED: Edits = (("l_r[h] = QK_FADD(QK_FMUL(l_r[h], corr), ps);", "l_r[h] = QK_FADD(l_r[h], ps);"),)
+# the sink's initial 1 in every lane's partial sum (counted four times)
+FLASH_SINK_PER_LANE: Edits = (("l_r[h] = sink_mode && t == 0 ? 1.0f : 0.0f;", "l_r[h] = sink_mode ? 1.0f : 0.0f;"),)
+
+
+def _flash(name: str, leaf: str, edits: Edits) -> DeviceMutant:
+    return DeviceMutant(
+        name, "ort/gqa_flash.hip", "", "", "gqa_prefill", "matches_oracle", leaf=leaf, edits=edits,
+        contract="storage=fp16",
+    )  # fmt: skip
+
+
+GQA_FLASH_MUTANTS = (
+    _flash("gqa flash: causal limit one key late with a past", "Xfp16_Wfp16_Yfp16", FLASH_CAUSAL_PAST),
+    _flash("gqa flash: window of W + 1 keys", "Xfp32_Wfp32_Yfp32", FLASH_WINDOW_W1),
+    _flash("gqa flash: running sum not rescaled", "Xfp16_Wi8_Yfp16", FLASH_SUM_NOT_RESCALED),
+    _flash("gqa flash: sink in every lane's sum", "Xfp16_Wu4_Yfp16", FLASH_SINK_PER_LANE),
+)
 # ort/gqa.hip (gqa_decode, gqa_prefill; --impl cupy). Coverage 1 has a chunk of a prefill with a
 # past (5 rows, 4 new tokens, window 3, softcap and a full bias), a decode with interleaved rotary,
 # window 4, softcap and bias, and rotary (half split) on every quantized leaf.
@@ -671,7 +706,16 @@ GQA_MUTANTS = (
     _gqa("gqa: K cache quantized before rotary", "gqa_decode", "Xfp16_Wi8_Yfp16", GQA_QUANT_BEFORE_ROTARY),
     _gqa("gqa: flash lane groups merged unshifted", "gqa_decode", "Xfp16_Wfp16_Yfp16", GQA_MERGE_UNSHIFTED),
 )
-ALL = HIP_MUTANTS + SO_MUTANTS + ORT_MUTANTS + QMOE_MUTANTS + BNB_MUTANTS + GGML_FN_MUTANTS + GQA_MUTANTS
+ALL = (
+    HIP_MUTANTS
+    + SO_MUTANTS
+    + ORT_MUTANTS
+    + QMOE_MUTANTS
+    + BNB_MUTANTS
+    + GGML_FN_MUTANTS
+    + GQA_MUTANTS
+    + GQA_FLASH_MUTANTS
+)
 
 
 def impl_spec(m: DeviceMutant, built: dict[str, Path], source: Path | None = None) -> str:

@@ -72,6 +72,34 @@ def _handles(op_name: str, case) -> bool:
     return True
 
 
+@pytest.mark.parametrize("leaf", [lf.name for lf in get_op("gqa_prefill").leaves])
+def test_own_kernel_gqa_prefill_flash_under_storage_fp16(leaf: str) -> None:
+    """The flash prefill (``--impl cupy --contract storage=fp16``, qconform.device.ort.gqa_flash):
+    every property at coverage 2 (head sizes 16..128, windows, softcap, sinks, biases, chunks with
+    a past, the kernel-shaped cases), none declined, and the flash kernel is what ran."""
+    import cupy
+
+    from qconform.device.launch import RECORDING
+    from qconform.device.launchers import kernel_of
+    from qconform.device.ort.gqa_flash import SOURCE, gqa_prefill
+    from qconform.impls import load_impl
+
+    impl = load_impl("cupy", contract="storage=fp16")
+    op = get_op("gqa_prefill")
+    prepared = [Prepared.from_case(op, c, impl) for c in op.cases(leaf, 2)]
+    result = run_leaf(impl, op, leaf, prepared, repeat_calls=9, cold=False)
+    assert result.verdict == "PASS", [o.detail for o in result.failed][:3]
+    assert not result.declined
+    args, kwargs = op.call_args({k: cupy.asarray(v) for k, v in prepared[-1].inputs.items()}, prepared[-1].params)
+    RECORDING.append([])
+    try:
+        gqa_prefill(*args, **kwargs, storage="fp16")
+    finally:
+        launches = RECORDING.pop()
+    H = prepared[-1].case.shape[5]
+    assert any(launch[0] is kernel_of(SOURCE, f"qk_gqa_prefill_h{H}") for launch in launches)
+
+
 BNB_READINGS = ("nf4_quantize", "fp4_quantize", "gemm_4bit")  # launchers with a cuda reading (variant)
 CUDA_READING = [(op, lf.name) for op in BNB_READINGS for lf in get_op(op).leaves]
 

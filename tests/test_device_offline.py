@@ -52,8 +52,9 @@ def _kq_instances(text: str) -> set[str]:
 
 
 def _gqa_instances(text: str) -> set[str]:
-    """The attention kernels a source instantiates through QK_GQA_FLASH(NAME, KIND, PC, WIDE, U)."""
-    return set(re.findall(r"^QK_GQA_FLASH\((\w+), ", text, re.M))
+    """The attention kernels a source instantiates: QK_GQA_FLASH(NAME, KIND, PC, WIDE, U) (decode,
+    gqa.hip) and QK_GQA_PREFILL(NAME, H) (flash prefill, gqa_flash.hip)."""
+    return set(re.findall(r"^QK_GQA_(?:FLASH|PREFILL)\((\w+), ", text, re.M))
 
 
 def test_every_registered_kernel_exists_in_its_source() -> None:

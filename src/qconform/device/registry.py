@@ -346,6 +346,14 @@ ORT_KERNELS: tuple[KernelSpec, ...] = (
         )
     ),
 )
+GQA_FLASH_KERNELS: tuple[KernelSpec, ...] = (
+    _ort("gqa_prefill", "qk_gqa_prefill_scratch", "gqa_flash.hip", "flash prefill: an fp32 / int8 / 4-bit cache to fp16"),
+    *(
+        _ort("gqa_prefill", f"qk_gqa_prefill_h{h}", "gqa_flash.hip", f"flash prefill (storage=fp16), head_size {h}")
+        for h in (16, 32, 64, 128)
+    ),
+)
+"""The flash prefill (``qconform.device.ort.gqa_flash``), run under the contract storage=fp16."""
 KEEP_QUANT_LEAVES = (
     "Wq4_K_Aq8_K_Yfp32",
     "Wq5_K_Aq8_K_Yfp32",
@@ -417,5 +425,12 @@ TOOL_KERNELS: tuple[tuple[str, str, str], ...] = (
 )
 """(source, symbol, doc) of kernels that implement no op: measurements of the device that the
 oracles take as parameters (``qconform.device.bnb.rcp``)."""
-KERNELS: tuple[KernelSpec, ...] = (*GGML_KERNELS, *GGML_FUNCTION_KERNELS, *BNB_KERNELS, *ORT_KERNELS, *_mma_symbols())
+KERNELS: tuple[KernelSpec, ...] = (
+    *GGML_KERNELS,
+    *GGML_FUNCTION_KERNELS,
+    *BNB_KERNELS,
+    *ORT_KERNELS,
+    *GQA_FLASH_KERNELS,
+    *_mma_symbols(),
+)
 """Every kernel qconform ships (an offline test checks each symbol exists in its source)."""

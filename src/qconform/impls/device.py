@@ -183,6 +183,8 @@ class CupyImpl(DeviceImpl):
             fn = DEVICE_FUNCTIONS[op.name]
             if takes_variant(fn):  # a launcher with several readings runs the contract's (bnb)
                 kwargs = {**kwargs, "variant": self.contract.variant}
+            if takes_storage(fn):  # a launcher whose fast kernel needs the contract's storage (gqa_prefill)
+                kwargs = {**kwargs, "storage": self.contract.storage}
             return fn(*args, **kwargs, out=dev_out)
         return run_op(op.name, dev_inputs, params, dev_out, variant=self.variant)
 
@@ -191,6 +193,14 @@ def takes_variant(fn: Callable[..., Any]) -> bool:
     """``fn`` has a ``variant`` parameter: the bitsandbytes reading it computes (qconform.ops.bnb)."""
     try:
         return "variant" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def takes_storage(fn: Callable[..., Any]) -> bool:
+    """``fn`` has a ``storage`` parameter: the contract's storage type picks its kernel (gqa_prefill)."""
+    try:
+        return "storage" in inspect.signature(fn).parameters
     except (TypeError, ValueError):
         return False
 

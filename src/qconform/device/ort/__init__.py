@@ -8,7 +8,8 @@ from typing import Any, Callable
 from qconform.device.launchers import bound, compile_options, source_override
 from qconform.device.ort.fake_quantize import fake_quantize
 from qconform.device.ort.gather_block_quantized import gather_block_quantized
-from qconform.device.ort.group_query_attention import gqa_decode, gqa_prefill
+from qconform.device.ort.gqa_flash import gqa_prefill  # the split-K kernels unless storage=fp16
+from qconform.device.ort.group_query_attention import gqa_decode
 from qconform.device.ort.matmul_nbits import dequantize_nbits, matmul_nbits
 from qconform.device.ort.qmoe import qmoe_decode, qmoe_ragged_mm
 from qconform.device.ort.qswiglu import qswiglu

@@ -1,0 +1,122 @@
+"""GroupQueryAttention prefill through the flash kernel (``ort/gqa_flash.hip``), the oracle's call
+shape on CuPy arrays: present caches bit-identical to ``qconform.oracles.ort.group_query_attention``
+(``qk_gqa_append`` / ``qk_gqa_copy_past`` of ``ort/gqa.hip``, unchanged), then a tiled online-softmax
+attention on the matrix units with Q, K, V and P held in fp16 (the oracle's precision "kernel").
+
+That rounding is what the contract ``storage=fp16`` declares (``qconform.ops.ort.attention_bounds``:
+the strict bound has no room for fp16 operands), so ``storage`` picks the kernel: "fp16" runs the
+flash kernel where the case fits it (head_size 16, 32, 64 or 128, present buffers 16-byte aligned),
+anything else (and every strict call) the split-K kernels of
+``qconform.device.ort.group_query_attention``, which meet the stricter bound too. A ``cupy``
+implementation passes its contract's ``storage`` (``qconform.impls.device``).
+
+Steps of the flash path on the current stream: the append (and the past's copy, as the split-K
+path does), for an fp32 / int8 / 4-bit cache ``qk_gqa_prefill_scratch`` (rows [0, total_b) to fp16,
+dequantized as the oracle does), ``qk_gqa_prefill_h<H>`` (one CTA per 64 query rows, query head,
+batch entry).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import cupy
+import numpy as np
+
+from qconform.device.abi import bind_call
+from qconform.device.launch import check_aligned
+from qconform.device.launchers import launch, launch_grid
+from qconform.device.ort import group_query_attention as splitk
+from qconform.ops import OpSpec
+from qconform.ops.ort.group_query_attention import GQA_PREFILL
+
+SOURCE = "ort/gqa_flash.hip"
+THREADS = 128  # QK_FL_THREADS
+BLOCK_M = 64  # QK_FL_BM: query rows of a CTA
+HEAD_SIZES = (16, 32, 64, 128)  # qk_gqa_prefill_h<H>
+SCRATCH_KIND = {(0, "float32"): 0, (8, ""): 2, (4, ""): 3}  # qk_gqa_prefill_scratch's kind; fp16: none
+
+
+def fits(head_size: int, buffers: tuple[Any, ...]) -> bool:
+    """The flash kernel takes the case: a head size it is built for, every present buffer 16-byte
+    aligned (asynchronous 16-byte copies of cache rows)."""
+    return head_size in HEAD_SIZES and all(b.data.ptr % 16 == 0 for b in buffers)
+
+
+def _append(op: OpSpec, call: Any, sc: dict[str, Any]) -> Any:
+    """qk_gqa_append and qk_gqa_copy_past as ``qconform.device.ort.group_query_attention`` runs them;
+    returns the rotated queries (fp32, (B, S, N, H))."""
+    (q, k, v, past_k, past_v, seqlens, cos, sin, pid, _, _, k_scale, v_scale, _, pres_k, pres_v) = call.pointers
+    null = np.uint64(0)
+    k, v, cos, sin, k_scale, v_scale = (null if a is None else a for a in (k, v, cos, sin, k_scale, v_scale))
+    pid_stride = 0 if pid is None else int(pid.shape[1])
+    pid = null if pid is None else pid
+    B, S, N, Nk, H = (int(sc[n]) for n in ("batch", "sequence_length", "num_heads", "kv_num_heads", "head_size"))
+    P, Tp = int(sc["past_sequence_length"]), int(sc["present_sequence_length"])
+    bits, first, is16 = int(sc["kv_cache_bit_width"]), int(sc["first_prompt"]), int(sc["dtype"] == 1)
+    i64, i32 = np.int64, np.int32
+    qrot = cupy.empty(B * S * N * H, cupy.float32)
+    append = (q, k, v, seqlens, cos, sin, pid, k_scale, v_scale, qrot, pres_k, pres_v)
+    sizes = (i64(B), i64(S), i64(N), i64(Nk), i64(H), i64(Tp), i64(pid_stride))
+    flags = (i32(first), i32(sc["packed_qkv"]), i32(sc["rotary_dim"]), i32(sc["rotary_interleaved"]), i32(bits))
+    args = (*append, *sizes, *flags, i32(sc["kv_quant"] == 2), i32(is16))
+    launch(op.name, splitk.SOURCE, "qk_gqa_append", B * S * (N + 2 * Nk) * (H // 2), args)
+    if P and not first:
+        words = pres_k.nbytes // (B * Nk * Tp * 4)
+        for past, pres in ((past_k, pres_k), (past_v, pres_v)):
+            if past.data.ptr != pres.data.ptr:
+                copy = (past, pres, seqlens, i64(B), i64(Nk), i64(P), i64(Tp), i64(S), i64(words))
+                launch(op.name, splitk.SOURCE, "qk_gqa_copy_past", B * Nk * P * words, copy)
+    return qrot
+
+
+def _run(op: OpSpec, args: tuple, kwargs: dict[str, Any], out: Any, storage: str) -> Any:
+    call = bind_call(op, args, kwargs, out)
+    sc = call.bound.scalars
+    B, S, N, Nk, H = (int(sc[n]) for n in ("batch", "sequence_length", "num_heads", "kv_num_heads", "head_size"))
+    pres_k, pres_v = call.pointers[-2:]
+    if storage != "fp16" or not fits(H, (pres_k, pres_v)):
+        return splitk.gqa_prefill(*args, **kwargs, out=call.out)
+    for name, a in (("past_key", call.pointers[3]), ("past_value", call.pointers[4]), ("out", pres_k)):
+        check_aligned(name, a, 4)  # the past rows are copied as 32-bit words
+    seqlens, bias, sink, output = call.pointers[5], call.pointers[9], call.pointers[10], call.pointers[13]
+    k_scale = call.pointers[11]
+    T, Tp = int(sc["total_sequence_length"]), int(sc["present_sequence_length"])
+    bits, is16 = int(sc["kv_cache_bit_width"]), int(sc["dtype"] == 1)
+    qrot = _append(op, call, sc)
+
+    i64, i32 = np.int64, np.int32
+    kind = SCRATCH_KIND.get((bits, "" if bits else "float16" if is16 else "float32"))
+    kc, vc, rows = pres_k, pres_v, Tp
+    if kind is not None:  # fp32 / quantized cache: rows [0, total_b) as fp16 scratch (B, Nk, T, H)
+        rows = T
+        kc, vc = (cupy.empty(B * Nk * T * H, cupy.float16) for _ in range(2))
+        v_scale = call.pointers[12]
+        for src, dst, scale in ((pres_k, kc, k_scale), (pres_v, vc, v_scale)):
+            scr = (src, dst, seqlens, np.uint64(0) if scale is None else scale, i64(B), i64(Nk), i64(Tp), i64(T))
+            launch(op.name, SOURCE, "qk_gqa_prefill_scratch", B * Nk * T * H,
+                   (*scr, i64(H), i32(kind), i32(sc["kv_quant"] == 2)))  # fmt: skip
+    sink_mode = 1 if sink is not None else (2 if sc["smooth_softmax"] == 1 else 0)
+    null = np.uint64(0)
+    scale = float(sc["scale"])
+    alpha = np.float32(scale) if scale != 0 else np.float32(1) / np.sqrt(np.float32(H), dtype=np.float32)
+    dims = (i32(S), i32(N), i32(Nk), i64(T), i32(sc["first_prompt"]), i32(sc["local_window_size"]))
+    opts = (i32(sc["bias_batch"]), i32(sc["bias_heads"]), i32(sink_mode), i32(is16), alpha, np.float32(sc["softcap"]))
+    ptrs = (qrot, kc, vc, i64(rows), seqlens, null if bias is None else bias, null if sink is None else sink, output)
+    grid = (-(-S // BLOCK_M), N, B)
+    launch_grid(op.name, SOURCE, f"qk_gqa_prefill_h{H}", grid, THREADS, (*ptrs, *dims, *opts))
+    return call.out
+
+
+def _entry(op: OpSpec) -> Any:
+    def group_query_attention(*args: Any, out: Any = None, storage: str = "exact", **kwargs: Any) -> Any:
+        """The oracle's call (``qconform.oracles.ort.group_query_attention``) on CuPy arrays;
+        ``out``: (output, present_key, present_value) buffers; ``storage``: the contract's ("fp16":
+        the flash kernel where it fits). Returns that tuple."""
+        return _run(op, args, kwargs, out, storage)
+
+    group_query_attention.__name__ = op.name
+    return group_query_attention
+
+
+gqa_prefill = _entry(GQA_PREFILL)
