@@ -134,7 +134,9 @@ def _launch_ring_f32(bits: int, M: int, lay: Any, A: Any, B: Any, scales: Any, b
         return False
     split = cupy.empty((groups * 8, kp), cupy.float16)
     inv = cupy.empty((groups * 4, 2), cupy.float32)
-    launch_grid("matmul_nbits", MMA, "qk_nbits_split_a", groups * 4, 256, (A, split, inv, *np.int32([M, lay.K, kp])))
+    a_vec = lay.K % 4 == 0 and A.data.ptr % 16 == 0
+    split_args = (A, split, inv, *np.int32([M, lay.K, kp, a_vec]))
+    launch_grid("matmul_nbits", MMA, "qk_nbits_split_a", groups * 4, 1024, split_args)
     sizes = (M, lay.K, lay.N, (lay.block_size // 64).bit_length() - 1, lay.k_blocks, bias is not None, 1, act, wk)
     args = (split, B, scales, A if bias is None else bias, y, inv, *(np.int32(v) for v in sizes))
     launch_grid("matmul_nbits", MMA, shape.symbol_f32(bits), (items, groups), 32 * wk, args, smem)

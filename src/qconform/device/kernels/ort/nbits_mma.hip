@@ -459,7 +459,7 @@ __device__ __forceinline__ void qk_nbits_mmaa(const qk_u16* A, const qk_u8* B, c
     for (int j = 0; j < S - 1; ++j) {
         if (s_lo + j < s_hi)
             qk_issue_super<BITS, R, S, F32>(ring, j, wrow, rows, scales, n_scales, s_lo + j, t, row_bytes, n_chunks,
-                                       cpb_shift, k_blocks);
+                                            cpb_shift, k_blocks);
         qk_cp_async_commit();
     }
     if (act_bytes) {
@@ -476,7 +476,7 @@ __device__ __forceinline__ void qk_nbits_mmaa(const qk_u16* A, const qk_u8* B, c
         qk_syncwarp(); /* the quad read each other's copies of stage jn: all done before it is refilled */
         if (s + S - 1 < s_hi)
             qk_issue_super<BITS, R, S, F32>(ring, jn, wrow, rows, scales, n_scales, s + S - 1, t, row_bytes, n_chunks,
-                                       cpb_shift, k_blocks);
+                                            cpb_shift, k_blocks);
         qk_cp_async_commit();
         qk_cp_async_wait<S - 1>();
         qk_syncwarp(); /* stage j: every lane's copies landed, visible to the quad */
@@ -565,31 +565,47 @@ __device__ __forceinline__ void qk_nbits_mmaa(const qk_u16* A, const qk_u8* B, c
         }
 }
 
-/* The fp32 activations of the F32 ring kernel as fp16 pairs: per token m (one CTA each, blockDim
- * 256), e with max|a| 2^e in [2^14, 2^15) (clamped to [-113, 114]: 2^-e and 2^-(e + 12) normal),
+/* The fp32 activations of the F32 ring kernel as fp16 pairs: per token m (one CTA of 1024 threads
+ * each), e with max|a| 2^e in [2^14, 2^15) (clamped to [-113, 114]: 2^-e and 2^-(e + 12) normal),
  * x = a 2^e (exact but for flushed subnormals), hi = fp16(x), lo = fp16((x - hi) 2^12) (x - hi
  * exact: |lo| <= 2^15; 0 where hi is not finite). S: groups of 8 rows of Kp halves (hi of tokens
  * 4q + 0..3, then their lo), zeros past K and for the tokens >= M of the last group; inv[2m],
- * inv[2m + 1] = 2^-e, 2^-(e + 12). The error model and its check: tests/nbits_f32_model.py. */
-extern "C" __global__ void __launch_bounds__(256) qk_nbits_split_a(const float* A, qk_u16* S, float* inv, int M, int K,
-                                                                   int Kp) {
-    __shared__ float red[256];
-    const int m = (int)blockIdx.x, tid = (int)threadIdx.x;
+ * inv[2m + 1] = 2^-e, 2^-(e + 12). Each thread takes 4 consecutive K (16-byte loads when a_vec),
+ * reads them again for the split (from cache). The error model: tests/nbits_f32_model.py. */
+__device__ __forceinline__ void qk_split_load4(float v[4], const float* a, int k, int K, int a_vec) {
+    if (a_vec && k + 4 <= K) {
+        const float4 x = *(const float4*)(a + k);
+        v[0] = x.x; v[1] = x.y; v[2] = x.z; v[3] = x.w;
+        return;
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[i] = k + i < K ? a[k + i] : 0.0f;
+}
+
+extern "C" __global__ void __launch_bounds__(1024) qk_nbits_split_a(const float* A, qk_u16* S, float* inv, int M, int K,
+                                                                    int Kp, int a_vec) {
+    __shared__ float red[1024];
+    const int m = (int)blockIdx.x, tid = (int)threadIdx.x, nt = (int)blockDim.x;
     qk_u16* hi = S + ((qk_i64)(m >> 2) * 8 + (m & 3)) * Kp;
     qk_u16* lo = hi + 4 * (qk_i64)Kp;
     if (m >= M) {
-        for (int k = tid; k < Kp; k += 256) hi[k] = lo[k] = 0;
+        for (int k = 4 * tid; k < Kp; k += 4 * nt) *(uint2*)(hi + k) = *(uint2*)(lo + k) = make_uint2(0u, 0u);
         return;
     }
     const float* a = A + (qk_i64)m * K;
     float amax = 0.0f;
-    for (int k = tid; k < K; k += 256) {
-        const float v = fabsf(qk_ftz(a[k]));
-        if (v <= 3.4028234663852886e38f) amax = fmaxf(amax, v); /* finite values only */
+    for (int k = 4 * tid; k < K; k += 4 * nt) {
+        float v[4];
+        qk_split_load4(v, a, k, K, a_vec);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float x = fabsf(qk_ftz(v[i]));
+            if (x <= 3.4028234663852886e38f) amax = fmaxf(amax, x); /* finite values only */
+        }
     }
     red[tid] = amax;
     __syncthreads();
-    for (int w = 128; w > 0; w >>= 1) {
+    for (int w = nt / 2; w > 0; w >>= 1) {
         if (tid < w) red[tid] = fmaxf(red[tid], red[tid + w]);
         __syncthreads();
     }
@@ -601,16 +617,19 @@ extern "C" __global__ void __launch_bounds__(256) qk_nbits_split_a(const float* 
         inv[2 * m] = qk_float((qk_u32)(127 - e) << 23);
         inv[2 * m + 1] = qk_float((qk_u32)(127 - e - 12) << 23);
     }
-    for (int k = tid; k < Kp; k += 256) {
-        qk_u16 h = 0, l = 0;
-        if (k < K) {
-            const float x = qk_ftz(QK_FMUL(qk_ftz(a[k]), scale));
-            h = qk_fp16_bits(x);
-            const float hf = qk_fp16_to_float(h);
-            if (fabsf(hf) <= 65504.0f) l = qk_fp16_bits(qk_ftz(QK_FMUL(qk_ftz(QK_FADD(x, -hf)), 4096.0f)));
+    for (int k = 4 * tid; k < Kp; k += 4 * nt) {
+        float v[4];
+        qk_u32 h[4], l[4];
+        qk_split_load4(v, a, k, K, a_vec);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float x = qk_ftz(QK_FMUL(qk_ftz(v[i]), scale));
+            h[i] = qk_fp16_bits(x);
+            const float hf = qk_fp16_to_float((qk_u16)h[i]);
+            l[i] = fabsf(hf) <= 65504.0f ? qk_fp16_bits(qk_ftz(QK_FMUL(qk_ftz(QK_FADD(x, -hf)), 4096.0f))) : 0u;
         }
-        hi[k] = h;
-        lo[k] = l;
+        *(uint2*)(hi + k) = make_uint2(h[0] | h[1] << 16, h[2] | h[3] << 16);
+        *(uint2*)(lo + k) = make_uint2(l[0] | l[1] << 16, l[2] | l[3] << 16);
     }
 }
 
