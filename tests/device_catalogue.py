@@ -290,11 +290,11 @@ ORT_MUTANTS = (
     _mma("ring GEMV: activation pairs in swapped K slots", "matches_oracle", edits=RING_SLOT_SWAP),
     _mma("ring GEMV: the quad transpose reads unswizzled slots", "matches_oracle", edits=RING_TRANSPOSE),
     _mma("ring GEMV: last K split not added", "matches_oracle", edits=RING_DROP_LAST_WARP, leaf="Xfp16_Wu4_Yfp16"),
-    _mma("ring fp32 A: the lo parts not added", "matches_oracle", edits=RING_F32_NO_LO, leaf="Xfp32_Wu2_Yfp32"),
-    _mma("ring fp32 A: lo scaled back by 2^-e", "matches_oracle", edits=RING_F32_LO_SCALE, leaf="Xfp32_Wu4_Yfp32"),
-    _mma("ring fp32 A: token group 1 reads group 0", "matches_oracle", edits=RING_F32_GROUP, leaf="Xfp32_Wu2_Yfp32"),
+    _mma("ring GEMV fp32 A: the lo parts not added", "matches_oracle", edits=RING_F32_NO_LO, leaf="Xfp32_Wu2_Yfp32"),
+    _mma("ring GEMV fp32 A: lo scaled back by 2^-e", "matches_oracle", edits=RING_F32_LO_SCALE, leaf="Xfp32_Wu4_Yfp32"),
+    _mma("ring GEMV fp32 A: group 1 reads group 0", "matches_oracle", edits=RING_F32_GROUP, leaf="Xfp32_Wu2_Yfp32"),
     _mma("control: portable mma (shuffles), u2", None, define="-DQK_MMA_EMULATE"),
-    _mma("control: portable mma (shuffles), fp32 A u4", None, define="-DQK_MMA_EMULATE", leaf="Xfp32_Wu4_Yfp32"),
+    _mma("control: portable mma (shuffles), GEMV fp32 A u4", None, define="-DQK_MMA_EMULATE", leaf="Xfp32_Wu4_Yfp32"),
     _mma("control: portable mma (shuffles), u4", None, define="-DQK_MMA_EMULATE", leaf="Xfp16_Wu4_Yfp16"),
 )
 
