@@ -257,8 +257,8 @@ MMA_DROP_LAST_WARP: Edits = (
 # superchunk scaled by the previous chunk's scale (rows g of each tile)
 RING_SCALE: Edits = (
     (
-        "qk_fp16_to_float((qk_u16)QK_SHFL(sc16[r][0], cc, 4))",
-        "qk_fp16_to_float((qk_u16)QK_SHFL(sc16[r][0], cc == SC - 1 ? cc - 1 : cc, 4))",
+        "const qk_u32 w0 = QK_SHFL(sc16[r][0], cc, 4)",
+        "const qk_u32 w0 = QK_SHFL(sc16[r][0], cc == SC - 1 ? cc - 1 : cc, 4)",
     ),
 )
 # the activation pair of register P in the other order than the weights'
@@ -271,6 +271,17 @@ RING_DROP_LAST_WARP: Edits = (
     ("for (int k = 1; k < wk_n; ++k) v += qk_red[", "for (int k = 1; k < wk_n - 1; ++k) v += qk_red["),
 )
 
+# the fp32-activation ring kernel (qk_nbits_mmaf, activations split into fp16 hi + lo): the lo
+# parts never added; lo scaled back by 2^-e (the 2^12 of the split forgotten); every token group
+# reading group 0's rows
+RING_F32_NO_LO: Edits = (
+    ("v = fmaf(lo, inv[2 * tok + 1], QK_FMUL(v, inv[2 * tok]));", "v = QK_FMUL(v, inv[2 * tok]);"),
+)
+RING_F32_LO_SCALE: Edits = (
+    ("inv[2 * m + 1] = qk_float((qk_u32)(127 - e - 12) << 23);", "inv[2 * m + 1] = qk_float((qk_u32)(127 - e) << 23);"),
+)
+RING_F32_GROUP: Edits = (("if (F32) A += (qk_i64)grp * 8 * Kp;", "if (F32) A += 0;"),)
+
 ORT_MUTANTS = (
     _mma("mma GEMV: last chunk reads the previous block's scale", "matches_oracle", edits=MMA_LAST_SCALE),
     _mma("mma GEMV: activation pairs in swapped K slots", "matches_oracle", edits=MMA_SLOT_SWAP),
@@ -279,7 +290,11 @@ ORT_MUTANTS = (
     _mma("ring GEMV: activation pairs in swapped K slots", "matches_oracle", edits=RING_SLOT_SWAP),
     _mma("ring GEMV: the quad transpose reads unswizzled slots", "matches_oracle", edits=RING_TRANSPOSE),
     _mma("ring GEMV: last K split not added", "matches_oracle", edits=RING_DROP_LAST_WARP, leaf="Xfp16_Wu4_Yfp16"),
+    _mma("ring GEMV fp32 A: the lo parts not added", "matches_oracle", edits=RING_F32_NO_LO, leaf="Xfp32_Wu2_Yfp32"),
+    _mma("ring GEMV fp32 A: lo scaled back by 2^-e", "matches_oracle", edits=RING_F32_LO_SCALE, leaf="Xfp32_Wu4_Yfp32"),
+    _mma("ring GEMV fp32 A: group 1 reads group 0", "matches_oracle", edits=RING_F32_GROUP, leaf="Xfp32_Wu2_Yfp32"),
     _mma("control: portable mma (shuffles), u2", None, define="-DQK_MMA_EMULATE"),
+    _mma("control: portable mma (shuffles), GEMV fp32 A u4", None, define="-DQK_MMA_EMULATE", leaf="Xfp32_Wu4_Yfp32"),
     _mma("control: portable mma (shuffles), u4", None, define="-DQK_MMA_EMULATE", leaf="Xfp16_Wu4_Yfp16"),
 )
 

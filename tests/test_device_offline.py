@@ -35,12 +35,12 @@ def _kernel_symbols(text: str) -> set[str]:
 
 def _mma_instances(text: str) -> set[str]:
     """The matrix-unit kernels a source instantiates through QK_NBITS_MMA(BITS, R, T, P, O) and
-    QK_NBITS_MMAA(BITS, R, S)."""
+    QK_NBITS_MMAA(BITS, R, S) (the fp16-A ring kernel and its fp32-A twin qk_nbits_mmaf)."""
     bits = re.findall(r"^QK_NBITS_MMA_BITS\((\d)\)", text, re.M)
     general = re.findall(r"QK_NBITS_MMA\(BITS, (\d+), (\d+), (\d+), (\d+)\)", text)
     ring = re.findall(r"QK_NBITS_MMAA\(BITS, (\d+), (\d+)\)", text)
     return {f"qk_nbits_mma_u{b}_r{r}_t{t}_p{p}_o{o}" for r, t, p, o in general for b in bits} | {
-        f"qk_nbits_mmaa_u{b}_r{r}_s{s}" for r, s in ring for b in bits
+        f"qk_nbits_mma{kind}_u{b}_r{r}_s{s}" for r, s in ring for b in bits for kind in ("a", "f")
     }
 
 

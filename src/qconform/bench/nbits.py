@@ -5,8 +5,11 @@ dequantize + cuBLAS (``qconform.bench.baselines``), and the suite's verdict on t
 shape (every output within its bound of the oracle, strict contract). One ``BenchRecord`` per
 (kernel, shape). Decode: fp16 activations, block 64, default zero point, cold weights.
 
-``python -m qconform.bench.nbits [--tune] [--quick] [--json FILE]``: ``--tune`` first times every
-decode candidate (``registry.MMA_DECODE_CANDIDATES`` x warps per SM) on the first shape.
+``python -m qconform.bench.nbits [--tune] [--quick] [--variants] [--json FILE]``: ``--tune`` first
+times every decode candidate (``registry.MMA_DECODE_CANDIDATES`` x warps per SM) on the first shape;
+``--variants`` times fp32 activations (fp32 scales) on the old per-output kernel (build option
+``-DQK_NBITS_F32_PER_OUTPUT``) and on the split ring kernel side by side, same cold weights, M = 1, 2,
+4, 8, each output checked.
 """
 
 from __future__ import annotations
@@ -88,14 +91,19 @@ def cublas_fp16(K: int, N: int, M: int, reps: int) -> tuple[str, list[float]]:
     return ("torch.matmul", mine) if bl.median(mine) < bl.median(best[1]) else best
 
 
-def _time_kernel(a: Any, weights: list[tuple[Any, Any]], K: int, N: int, bits: int, reps: int) -> tuple[list, Any]:
+def _time_kernel(
+    a: Any, weights: list[tuple[Any, Any]], K: int, N: int, bits: int, reps: int, options: tuple[str, ...] = ()
+) -> tuple[list, Any]:
     from qconform.device import ort as ort_launch
 
     y = cupy.empty((a.shape[0], N), a.dtype)
-    calls = [
-        ort_launch.bound(ort_launch.matmul_nbits, a, b, s.astype(a.dtype), K=K, N=N, bits=bits, block_size=BLOCK, out=y)
-        for b, s in weights
-    ]
+    with ort_launch.compile_options(*options):  # the launches are recorded (and built) with these options
+        calls = [
+            ort_launch.bound(
+                ort_launch.matmul_nbits, a, b, s.astype(a.dtype), K=K, N=N, bits=bits, block_size=BLOCK, out=y
+            )
+            for b, s in weights
+        ]
     ts = bl.times(lambda i: calls[i](), len(calls), reps)
     calls[0]()
     return ts, y
@@ -214,6 +222,41 @@ def bench(shapes=SHAPES, bits_list=(2, 4), ms=(1,), reps: int = 50, verdicts: bo
     return records
 
 
+F32_SHAPES = SHAPES[:4]
+
+
+def variants(shapes=F32_SHAPES, bits_list=(2, 4), ms=(1, 2, 4, 8), reps: int = 50, verdicts: bool = True) -> bool:
+    """fp32 activations and scales: the per-output kernel (old) and the split ring kernel (new)
+    side by side on the same cold weights, against the read-only roofline of the fp32 bytes."""
+    from qconform.device.ort.matmul_nbits import F32_PER_OUTPUT
+
+    builds = (("per-output (old)", (F32_PER_OUTPUT,)), ("split ring (new)", ()))
+    info = device_info()
+    print(f"{info.name} {info.label}; fp32 A and scales, block {BLOCK}, default zero point; us min / median / max")
+    heads = " | ".join(f"{n} us | of roofline" for n, _ in builds)
+    print(f"| K x N | M | bits | read-only roofline us | {heads} |")
+    print("|---|---|---|---|" + "---|---|" * len(builds))
+    ok = True
+    for K, N in shapes:
+        for bits in bits_list:
+            weights = [(b, s.astype(cupy.float32)) for b, s in weights_for(K, N, bits)]
+            for M in ms:
+                a = cupy.random.default_rng(M).standard_normal((M, K), dtype=cupy.float32)
+                roof = bl.read_roofline([(b, s, a) for b, s in weights], reps)
+                cells = [f"{K} x {N}", str(M), str(bits), _us(roof)]
+                for _, options in builds:
+                    ts, y = _time_kernel(a, weights, K, N, bits, reps, options)
+                    verdict = _verdict(a, *weights[0], y, K, bits) if verdicts else "not checked"
+                    ok = ok and (verdict == "PASS" or not verdicts)
+                    cells += [_us(ts), f"{bl.median(roof) / bl.median(ts):.0%} {verdict[:100]}"]
+                print("| " + " | ".join(cells) + " |", flush=True)
+    return ok
+
+
+def weights_for(K: int, N: int, bits: int) -> list[tuple[Any, Any]]:
+    return weight_sets(K, N, bits, n_sets_for(N * K * bits // 8), bits)
+
+
 def run_all(quick: bool = False, verdicts: bool = True) -> list[BenchRecord]:
     """Every layer shape at M = 1, then M = 2, 4, 8 on the first (``quick``: the first at M = 1)."""
     records = bench(SHAPES[:1] if quick else SHAPES, ms=(1,), verdicts=verdicts)
@@ -227,9 +270,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tune", action="store_true", help="time every decode candidate on the first shape first")
     p.add_argument("--quick", action="store_true", help="the first shape only, M = 1")
     p.add_argument("--no-verdict", action="store_true", help="skip the oracle check of each shape")
+    p.add_argument("--variants", action="store_true", help="fp32 A: the old and the new kernel side by side, only")
     p.add_argument("--json", help="write the records here")
     args = p.parse_args(argv)
     np.seterr(all="ignore")
+    if args.variants:
+        shapes = F32_SHAPES[:1] if args.quick else F32_SHAPES
+        return 0 if variants(shapes, ms=(1,) if args.quick else (1, 2, 4, 8), verdicts=not args.no_verdict) else 1
     if args.tune:
         tune(*SHAPES[0], reps=50)
     records = run_all(quick=args.quick, verdicts=not args.no_verdict)

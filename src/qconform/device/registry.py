@@ -225,6 +225,10 @@ class MmaShape:
             return f"qk_nbits_mmaa_u{bits}_r{self.r}_s{self.p}"
         return f"qk_nbits_mma_u{bits}_r{self.r}_t{self.t}_p{self.p}_o{self.o}"
 
+    def symbol_f32(self, bits: int) -> str:
+        """The ring kernel's fp32-activation twin (activations split into fp16 hi + lo first)."""
+        return f"qk_nbits_mmaf_u{bits}_r{self.r}_s{self.p}"
+
     def ring_bytes(self) -> int:
         """Shared memory of one warp's ring: per stage, 16 R rows x (16 weight + 4 scale) bytes x 4 lanes."""
         return self.p * self.r * 2 * 32 * 20
@@ -301,10 +305,19 @@ def _ort(op: str, symbol: str, source: str, doc: str) -> KernelSpec:
 
 
 def _mma_symbols() -> tuple[KernelSpec, ...]:
-    return tuple(
-        _ort("matmul_nbits", shape.symbol(bits), "nbits_mma.hip", f"matrix-unit u{bits} GEMM, {use} shape")
-        for use, shape in MMA_SHAPES.items()
-        for bits in (2, 4)
+    return (
+        tuple(
+            _ort("matmul_nbits", shape.symbol(bits), "nbits_mma.hip", f"matrix-unit u{bits} GEMM, {use} shape")
+            for use, shape in MMA_SHAPES.items()
+            for bits in (2, 4)
+        )
+        + tuple(
+            _ort("matmul_nbits", shape.symbol_f32(bits), "nbits_mma.hip", f"matrix-unit u{bits} decode, fp32 A, {use}")
+            for use, shape in MMA_SHAPES.items()
+            if shape.ring
+            for bits in (2, 4)
+        )
+        + (_ort("matmul_nbits", "qk_nbits_split_a", "nbits_mma.hip", "fp32 A to fp16 hi + lo rows, per-token 2^e"),)
     )
 
 

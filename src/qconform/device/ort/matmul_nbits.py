@@ -10,6 +10,7 @@ from typing import Any
 import cupy
 import numpy as np
 
+from qconform.device import launchers
 from qconform.device.abi import out_buffer, shadow
 from qconform.device.launchers import contiguous, kernel_of, launch, launch_abi, launch_grid, sm_count
 from qconform.device.registry import MMA_SHAPES, decode_shape
@@ -96,6 +97,49 @@ def _launch_ring(bits: int, M: int, lay: Any, ptrs: tuple, has_bias: bool, a_vec
     sizes = (M, lay.K, lay.N, (lay.block_size // 64).bit_length() - 1, lay.k_blocks, has_bias, a_vec, act, wk)
     args = (A, B, scales, bias, y, *(np.int32(v) for v in sizes))
     launch_grid("matmul_nbits", MMA, shape.symbol(bits), items, 32 * wk, args, smem)
+    return True
+
+
+F32_PER_OUTPUT = "-DQK_NBITS_F32_PER_OUTPUT"  # build option: fp32 A on the per-output kernel (the old variant)
+F32_MIN_K = 64  # below, the split's 2^-23 per activation is not within the bound of K terms (tests/nbits_f32_model.py)
+
+
+def _f32_ring_ok(bits: int, block_size: int, M: int, lay: Any, zp_kind: int, B: Any, scales: Any) -> bool:
+    """fp32 A on the ring kernel: bits 2 / 4, blocks of 64 x 2^j, default zero point, 1 <= M <= 8,
+    K >= F32_MIN_K, aligned weights and scales; not with the F32_PER_OUTPUT build option."""
+    pow2 = block_size % 64 == 0 and (block_size & (block_size - 1)) == 0
+    aligned = B.data.ptr % 16 == 0 and scales.data.ptr % 4 == 0
+    fits = bits in (2, 4) and pow2 and zp_kind == ZP_DEFAULT and 1 <= M <= 8 and lay.K >= F32_MIN_K and lay.N > 0
+    return fits and aligned and F32_PER_OUTPUT not in launchers.OPTIONS
+
+
+def _launch_ring_f32(bits: int, M: int, lay: Any, A: Any, B: Any, scales: Any, bias: Any, y: Any) -> bool:
+    """fp32 A through the ring kernel (``qk_nbits_mmaf_*``): ``qk_nbits_split_a`` writes each token
+    as fp16 hi + lo rows (a per-token power of two first), groups of 4 tokens (8 rows) per
+    blockIdx.y; False when one warp's ring does not fit (the caller takes the per-output kernel)."""
+    shape = decode_shape(lay.N, sm_count())
+    n_chunks = -(-lay.K // 64)
+    sc = 8 // bits
+    units = -(-n_chunks // sc)
+    kp = units * sc * 64
+    groups = -(-M // 4)
+    act = 8 * kp * 2
+    act = act if act <= RING_ACT_LIMIT else 0
+    per_cta, per_sm = _smem_limits()
+    items = -(-lay.N // (16 * shape.r))
+    wk = shape.ring_split(items * groups, units, act, per_cta, per_sm, sm_count())
+    kernel = kernel_of(MMA, shape.symbol_f32(bits))
+    smem = max(act + wk * shape.ring_bytes(), wk * shape.r * 4 * 32 * 4)
+    if wk == 0 or (smem > 48 * 1024 and not _allow_smem(kernel, per_cta)):
+        return False
+    split = cupy.empty((groups * 8, kp), cupy.float16)
+    inv = cupy.empty((groups * 4, 2), cupy.float32)
+    a_vec = lay.K % 4 == 0 and A.data.ptr % 16 == 0
+    split_args = (A, split, inv, *np.int32([M, lay.K, kp, a_vec]))
+    launch_grid("matmul_nbits", MMA, "qk_nbits_split_a", groups * 4, 1024, split_args)
+    sizes = (M, lay.K, lay.N, (lay.block_size // 64).bit_length() - 1, lay.k_blocks, bias is not None, 1, act, wk)
+    args = (split, B, scales, A if bias is None else bias, y, inv, *(np.int32(v) for v in sizes))
+    launch_grid("matmul_nbits", MMA, shape.symbol_f32(bits), (items, groups), 32 * wk, args, smem)
     return True
 
 
@@ -186,6 +230,9 @@ def matmul_nbits(
         args = (qa, sa, B, scales, zp, bias_ptr, y, np.int32(M), K_, N_, bits_, bs_, kb_, blob_, zpb_, kind_, a16, s16)
         launch("matmul_nbits", GEMV, "qk_nbits_gemv_int8", M * lay.N * 32, (*args, np.int32(bias is not None)))
         return y
+    if not a16 and _f32_ring_ok(bits, block_size, M, lay, int(kind_), B, scales):
+        if _launch_ring_f32(bits, M, lay, A, B, scales, bias, y):
+            return y
     if _mma_ok(B, bits, block_size, bool(a16), int(kind_), int(z16)) and M > 0 and lay.N > 0:
         ptrs = (A, B, scales, zp, A if bias is None else bias, y)
         a_vec = lay.K % 8 == 0 and A.data.ptr % 16 == 0

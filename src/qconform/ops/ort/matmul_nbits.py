@@ -83,6 +83,7 @@ _MMA_TILING = (  # (M, K, N), block, zero point, bias: decode M <= 8, prefill be
     ((8, 1536, 130), 256, "float", False),
     ((37, 1000, 50), 64, "scalar", False),
     ((70, 2056, 33), 64, "none", True),
+    ((6, 2112, 40), 64, "none", True),  # the ring kernels with activations read from global memory
 )
 
 

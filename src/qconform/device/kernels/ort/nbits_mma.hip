@@ -381,10 +381,11 @@ struct QkRing {
 };
 
 /* copy superchunk s into stage j: each lane its 16 bytes of each row (zeros past the row) and
- * the 4-byte word holding the scale of chunk SC s + t % SC (zeros past the K chunks) */
-template <int BITS, int R, int S>
+ * the 4-byte word holding the scale of chunk SC s + t % SC (zeros past the K chunks): two fp16
+ * scales, or the fp32 scale itself (F32) */
+template <int BITS, int R, int S, bool F32>
 __device__ __forceinline__ void qk_issue_super(const QkRing<R>& ring, int j, const qk_u8* const wrow[R][2],
-                                               const int rows[R][2], const qk_u16* scales, qk_i64 n_scales, int s,
+                                               const int rows[R][2], const void* scales, qk_i64 n_scales, int s,
                                                int t, qk_i64 row_bytes, int n_chunks, int cpb_shift, int k_blocks) {
     constexpr int SC = 8 / BITS;
     const qk_i64 off = (qk_i64)s * 64 + 16 * t;
@@ -395,9 +396,15 @@ __device__ __forceinline__ void qk_issue_super(const QkRing<R>& ring, int j, con
         for (int h = 0; h < 2; ++h) {
             const bool in_row = off + 16 <= row_bytes;
             qk_cp_async16(ring.piece(j, r, h), wrow[r][h] + (in_row ? off : 0), in_row ? 16 : 0);
-            const qk_i64 i = (qk_i64)rows[r][h] * k_blocks + (c >> cpb_shift), i0 = i & ~(qk_i64)1;
-            const int bytes = c >= n_chunks ? 0 : (i0 + 1 < n_scales ? 4 : 2);
-            qk_cp_async4(ring.scale(j, r, h, S), scales + (bytes ? i0 : 0), bytes);
+            const qk_i64 i = (qk_i64)rows[r][h] * k_blocks + (c >> cpb_shift);
+            if (F32) {
+                const int bytes = c >= n_chunks ? 0 : 4;
+                qk_cp_async4(ring.scale(j, r, h, S), (const float*)scales + (bytes ? i : 0), bytes);
+            } else {
+                const qk_i64 i0 = i & ~(qk_i64)1;
+                const int bytes = c >= n_chunks ? 0 : (i0 + 1 < n_scales ? 4 : 2);
+                qk_cp_async4(ring.scale(j, r, h, S), (const qk_u16*)scales + (bytes ? i0 : 0), bytes);
+            }
         }
 }
 
@@ -406,10 +413,17 @@ __device__ __forceinline__ void qk_issue_super(const QkRing<R>& ring, int j, con
  * memory (asynchronous copies, S - 1 superchunks in flight per warp), each lane reading back
  * only what it copied. A CTA owns 16 R rows, its wk_n warps split the superchunks. Shared memory:
  * the staged activations (act_bytes, 16-byte aligned; 0 when read from global memory), then the
- * warps' rings, reused for the partial sums. */
-template <int BITS, int R, int S>
-__device__ __forceinline__ void qk_nbits_mmaa(const qk_u16* A, const qk_u8* B, const qk_u16* scales,
-                                              const qk_u16* bias, qk_u16* Y, int M, int K, int N, int cpb_shift,
+ * warps' rings, reused for the partial sums.
+ *
+ * F32: fp32 activations / scales / bias / Y, the activations split by qk_nbits_split_a into the
+ * 8 fp16 rows of a token group (hi of tokens 4 blockIdx.y + 0..3, then their lo; rows of Kp
+ * halves, K rounded up to whole superchunks, zeros past K): the mma's token columns 0..3 take the hi
+ * parts, 4..7 the lo parts, so one mma does both and lane t of a quad holds hi sums (t < 2) or lo
+ * sums (t >= 2) of tokens 2 (t & 1) + 0..1. The epilogue adds lane t + 2's lo sums, each part
+ * times its exact power of two (inv: 2^-e, 2^-(e + 12) per token). */
+template <int BITS, int R, int S, bool F32>
+__device__ __forceinline__ void qk_nbits_mmaa(const qk_u16* A, const qk_u8* B, const void* scales, const void* bias,
+                                              void* Y, const float* inv, int M, int K, int N, int cpb_shift,
                                               int k_blocks, int has_bias, int a_vec, int act_bytes, int wk_n) {
     extern __shared__ float qk_red[];
     constexpr int WPR = BITS / 2, NACC = R * 4, SC = 8 / BITS;
@@ -421,7 +435,10 @@ __device__ __forceinline__ void qk_nbits_mmaa(const qk_u16* A, const qk_u8* B, c
     const int s_lo = wk * n_super / wk_n, s_hi = (wk + 1) * n_super / wk_n;
     const qk_i64 row_bytes = (qk_i64)k_blocks * ((64 << cpb_shift) * BITS / 8);
     const qk_i64 n_scales = (qk_i64)N * k_blocks;
-    const int Kp = n_super * SC * 64, n_tok = min(8, M);
+    const int Kp = n_super * SC * 64, n_tok = F32 ? 8 : min(8, M);
+    const int grp = F32 ? (int)blockIdx.y : 0; /* F32: the token group (4 tokens) of this CTA */
+    if (F32) A += (qk_i64)grp * 8 * Kp;
+    const int a_len = F32 ? Kp : K; /* the activation rows' length */
     qk_u16* sA = (qk_u16*)qk_red;
     const QkRing<R> ring{(qk_u32*)((char*)qk_red + act_bytes) + wk * RING_WORDS, lane};
     const int ka = BITS == 2 ? 16 * t : 8 * t, kb = BITS == 2 ? 16 * t + 8 : 32 + 8 * t;
@@ -441,12 +458,12 @@ __device__ __forceinline__ void qk_nbits_mmaa(const qk_u16* A, const qk_u8* B, c
 #pragma unroll
     for (int j = 0; j < S - 1; ++j) {
         if (s_lo + j < s_hi)
-            qk_issue_super<BITS, R, S>(ring, j, wrow, rows, scales, n_scales, s_lo + j, t, row_bytes, n_chunks,
-                                       cpb_shift, k_blocks);
+            qk_issue_super<BITS, R, S, F32>(ring, j, wrow, rows, scales, n_scales, s_lo + j, t, row_bytes, n_chunks,
+                                            cpb_shift, k_blocks);
         qk_cp_async_commit();
     }
     if (act_bytes) {
-        qk_stage_act(sA, A, 0, n_tok, K, Kp, a_vec);
+        qk_stage_act(sA, A, 0, n_tok, a_len, Kp, a_vec);
         __syncthreads();
     }
 
@@ -458,8 +475,8 @@ __device__ __forceinline__ void qk_nbits_mmaa(const qk_u16* A, const qk_u8* B, c
         const int jn = j == 0 ? S - 1 : j - 1; /* the stage read last iteration: refilled S - 1 ahead */
         qk_syncwarp(); /* the quad read each other's copies of stage jn: all done before it is refilled */
         if (s + S - 1 < s_hi)
-            qk_issue_super<BITS, R, S>(ring, jn, wrow, rows, scales, n_scales, s + S - 1, t, row_bytes, n_chunks,
-                                       cpb_shift, k_blocks);
+            qk_issue_super<BITS, R, S, F32>(ring, jn, wrow, rows, scales, n_scales, s + S - 1, t, row_bytes, n_chunks,
+                                            cpb_shift, k_blocks);
         qk_cp_async_commit();
         qk_cp_async_wait<S - 1>();
         qk_syncwarp(); /* stage j: every lane's copies landed, visible to the quad */
@@ -473,7 +490,7 @@ __device__ __forceinline__ void qk_nbits_mmaa(const qk_u16* A, const qk_u8* B, c
                 for (int c = 0; c < 4; ++c) ws[r][h][c] = ring.transposed(j, r, h, c);
                 const qk_u32 word = *ring.scale(j, r, h, S);
                 const qk_i64 i = (qk_i64)rows[r][h] * k_blocks + (c_own >> cpb_shift);
-                sc16[r][h] = (i & 1) ? word >> 16 : word & 0xFFFFu;
+                sc16[r][h] = F32 ? word : ((i & 1) ? word >> 16 : word & 0xFFFFu);
             }
 #pragma unroll
         for (int cc = 0; cc < SC; ++cc) {
@@ -481,7 +498,7 @@ __device__ __forceinline__ void qk_nbits_mmaa(const qk_u16* A, const qk_u8* B, c
             if (c >= n_chunks) continue; /* (not break: AMD clang then unrolls the loop) */
             qk_u32 act[8], bf[4][2];
             if (act_bytes) qk_load_act_smem(act, sA, g, n_tok, Kp, c * 64 + ka, c * 64 + kb);
-            else qk_load_act(act, A, g, M, K, c * 64 + ka, c * 64 + kb, a_vec);
+            else qk_load_act(act, A, g, n_tok, a_len, c * 64 + ka, c * 64 + kb, a_vec);
 #pragma unroll
             for (int m = 0; m < 4; ++m) {
                 int pp[2], qq[2];
@@ -501,8 +518,9 @@ __device__ __forceinline__ void qk_nbits_mmaa(const qk_u16* A, const qk_u8* B, c
                     qk_weight_pairs<BITS>(ws[r][1] + cc * WPR, m, zoff, &a[1], &a[3]);
                     qk_mma_16816(d, a, bf[m]);
                 }
-                const float s0 = qk_fp16_to_float((qk_u16)QK_SHFL(sc16[r][0], cc, 4));
-                const float s1 = qk_fp16_to_float((qk_u16)QK_SHFL(sc16[r][1], cc, 4));
+                const qk_u32 w0 = QK_SHFL(sc16[r][0], cc, 4), w1 = QK_SHFL(sc16[r][1], cc, 4);
+                const float s0 = F32 ? qk_float(w0) : qk_fp16_to_float((qk_u16)w0);
+                const float s1 = F32 ? qk_float(w1) : qk_fp16_to_float((qk_u16)w1);
 #pragma unroll
                 for (int i = 0; i < 4; ++i) acc[r * 4 + i] = fmaf(i < 2 ? s0 : s1, d[i], acc[r * 4 + i]);
             }
@@ -527,21 +545,108 @@ __device__ __forceinline__ void qk_nbits_mmaa(const qk_u16* A, const qk_u8* B, c
     for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            const int n = row0 + 16 * r + 8 * (i >> 1) + g, tok = 2 * t + (i & 1);
-            if (n >= N || tok >= M) continue;
+            const int n = row0 + 16 * r + 8 * (i >> 1) + g;
             float v = acc[r * 4 + i];
-            if (has_bias) v += qk_fp16_to_float(bias[n]);
-            Y[(qk_i64)tok * N + n] = __half_as_ushort(qk_half_rn(v));
+            if (F32) {
+                /* lane t < 2 adds lane t + 2's lo sums (same rows and tokens), each part times its
+                 * power of two: y = fma(lo, 2^-(e + 12), hi 2^-e) */
+                const float lo = QK_SHFL_XOR(v, 2, 4);
+                const int tok = 4 * grp + 2 * (t & 1) + (i & 1);
+                if (t >= 2 || n >= N || tok >= M) continue;
+                v = fmaf(lo, inv[2 * tok + 1], QK_FMUL(v, inv[2 * tok]));
+                if (has_bias) v = QK_FADD(v, ((const float*)bias)[n]);
+                ((float*)Y)[(qk_i64)tok * N + n] = v;
+            } else {
+                const int tok = 2 * t + (i & 1);
+                if (n >= N || tok >= M) continue;
+                if (has_bias) v += qk_fp16_to_float(((const qk_u16*)bias)[n]);
+                ((qk_u16*)Y)[(qk_i64)tok * N + n] = __half_as_ushort(qk_half_rn(v));
+            }
         }
 }
 
-/* qk_nbits_mmaa_u{bits}_r{R}_s{S}: M <= 8, default zero point, 16 R rows per CTA, wk_n warps */
+/* The fp32 activations of the F32 ring kernel as fp16 pairs: per token m (one CTA of 1024 threads
+ * each), e with max|a| 2^e in [2^14, 2^15) (clamped to [-113, 114]: 2^-e and 2^-(e + 12) normal),
+ * x = a 2^e (exact but for flushed subnormals), hi = fp16(x), lo = fp16((x - hi) 2^12) (x - hi
+ * exact: |lo| <= 2^15; 0 where hi is not finite). S: groups of 8 rows of Kp halves (hi of tokens
+ * 4q + 0..3, then their lo), zeros past K and for the tokens >= M of the last group; inv[2m],
+ * inv[2m + 1] = 2^-e, 2^-(e + 12). Each thread takes 4 consecutive K (16-byte loads when a_vec),
+ * reads them again for the split (from cache). The error model: tests/nbits_f32_model.py. */
+__device__ __forceinline__ void qk_split_load4(float v[4], const float* a, int k, int K, int a_vec) {
+    if (a_vec && k + 4 <= K) {
+        const float4 x = *(const float4*)(a + k);
+        v[0] = x.x; v[1] = x.y; v[2] = x.z; v[3] = x.w;
+        return;
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[i] = k + i < K ? a[k + i] : 0.0f;
+}
+
+extern "C" __global__ void __launch_bounds__(1024) qk_nbits_split_a(const float* A, qk_u16* S, float* inv, int M, int K,
+                                                                    int Kp, int a_vec) {
+    __shared__ float red[1024];
+    const int m = (int)blockIdx.x, tid = (int)threadIdx.x, nt = (int)blockDim.x;
+    qk_u16* hi = S + ((qk_i64)(m >> 2) * 8 + (m & 3)) * Kp;
+    qk_u16* lo = hi + 4 * (qk_i64)Kp;
+    if (m >= M) {
+        for (int k = 4 * tid; k < Kp; k += 4 * nt) *(uint2*)(hi + k) = *(uint2*)(lo + k) = make_uint2(0u, 0u);
+        return;
+    }
+    const float* a = A + (qk_i64)m * K;
+    float amax = 0.0f;
+    for (int k = 4 * tid; k < K; k += 4 * nt) {
+        float v[4];
+        qk_split_load4(v, a, k, K, a_vec);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float x = fabsf(qk_ftz(v[i]));
+            if (x <= 3.4028234663852886e38f) amax = fmaxf(amax, x); /* finite values only */
+        }
+    }
+    red[tid] = amax;
+    __syncthreads();
+    for (int w = nt / 2; w > 0; w >>= 1) {
+        if (tid < w) red[tid] = fmaxf(red[tid], red[tid + w]);
+        __syncthreads();
+    }
+    amax = red[0];
+    const int ex = (int)((qk_bits(amax) >> 23) & 0xFFu) - 127; /* floor(log2 amax), amax normal */
+    const int e = amax > 0.0f ? min(max(14 - ex, -113), 114) : 0;
+    const float scale = qk_float((qk_u32)(127 + e) << 23);
+    if (tid == 0) {
+        inv[2 * m] = qk_float((qk_u32)(127 - e) << 23);
+        inv[2 * m + 1] = qk_float((qk_u32)(127 - e - 12) << 23);
+    }
+    for (int k = 4 * tid; k < Kp; k += 4 * nt) {
+        float v[4];
+        qk_u32 h[4], l[4];
+        qk_split_load4(v, a, k, K, a_vec);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float x = qk_ftz(QK_FMUL(qk_ftz(v[i]), scale));
+            h[i] = qk_fp16_bits(x);
+            const float hf = qk_fp16_to_float((qk_u16)h[i]);
+            l[i] = fabsf(hf) <= 65504.0f ? qk_fp16_bits(qk_ftz(QK_FMUL(qk_ftz(QK_FADD(x, -hf)), 4096.0f))) : 0u;
+        }
+        *(uint2*)(hi + k) = make_uint2(h[0] | h[1] << 16, h[2] | h[3] << 16);
+        *(uint2*)(lo + k) = make_uint2(l[0] | l[1] << 16, l[2] | l[3] << 16);
+    }
+}
+
+/* qk_nbits_mmaa_u{bits}_r{R}_s{S}: M <= 8, default zero point, 16 R rows per CTA, wk_n warps; and its
+ * fp32 twin qk_nbits_mmaf_u{bits}_r{R}_s{S} (split activations, a token group of 4 per blockIdx.y) */
 #define QK_NBITS_MMAA(BITS, R, S)                                                                                      \
     extern "C" __global__ void __launch_bounds__(256) qk_nbits_mmaa_u##BITS##_r##R##_s##S(                             \
         const qk_u16* A, const qk_u8* B, const qk_u16* scales, const qk_u16* bias, qk_u16* Y, int M, int K, int N,    \
         int cpb_shift, int k_blocks, int has_bias, int a_vec, int act_bytes, int wk_n) {                               \
-        qk_nbits_mmaa<BITS, R, S>(A, B, scales, bias, Y, M, K, N, cpb_shift, k_blocks, has_bias, a_vec, act_bytes,     \
-                                  wk_n);                                                                               \
+        qk_nbits_mmaa<BITS, R, S, false>(A, B, scales, bias, Y, nullptr, M, K, N, cpb_shift, k_blocks, has_bias,      \
+                                         a_vec, act_bytes, wk_n);                                                      \
+    }                                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(256) qk_nbits_mmaf_u##BITS##_r##R##_s##S(                             \
+        const qk_u16* A, const qk_u8* B, const float* scales, const float* bias, float* Y, const float* inv, int M,    \
+        int K, int N, int cpb_shift, int k_blocks, int has_bias, int a_vec, int act_bytes, int wk_n) {                 \
+        qk_nbits_mmaa<BITS, R, S, true>(A, B, scales, bias, Y, inv, M, K, N, cpb_shift, k_blocks, has_bias, a_vec,     \
+                                        act_bytes, wk_n);                                                              \
     }
 
 /* the instantiations the launcher picks from: qk_nbits_mma_u{bits}_r{R}_t{T}_p{P}_o{O}, at least O
