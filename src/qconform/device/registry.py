@@ -359,8 +359,8 @@ ORT_KERNELS: tuple[KernelSpec, ...] = (
         )
     ),
 )
-GQA_FLASH_KERNELS: tuple[KernelSpec, ...] = (
-    _ort("gqa_prefill", "qk_gqa_prefill_scratch", "gqa_flash.hip", "flash prefill: an fp32 / int8 / 4-bit cache to fp16"),
+GQA_PREFILL_KERNELS: tuple[KernelSpec, ...] = (
+    _ort("gqa_prefill", "qk_gqa_prefill_scratch", "gqa_flash.hip", "flash prefill: fp32 / int8 / 4-bit cache to fp16"),
     *(
         _ort("gqa_prefill", f"qk_gqa_prefill_h{h}", "gqa_flash.hip", f"flash prefill (storage=fp16), head_size {h}")
         for h in (16, 32, 64, 128)
@@ -443,7 +443,7 @@ KERNELS: tuple[KernelSpec, ...] = (
     *GGML_FUNCTION_KERNELS,
     *BNB_KERNELS,
     *ORT_KERNELS,
-    *GQA_FLASH_KERNELS,
+    *GQA_PREFILL_KERNELS,
     *_mma_symbols(),
 )
 """Every kernel qconform ships (an offline test checks each symbol exists in its source)."""
