@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from device_catalogue import ALL, shard, write_sources
+from device_catalogue import ALL, shard_rows, write_sources
 
 from qconform.device.errstate import mapped_runtimes
 from qconform.device.patch import Patch, PatchError, apply_edits
@@ -304,13 +304,14 @@ def test_mma_k_split_keeps_one_wave() -> None:
 
 
 def test_mutant_shards_split_the_rows_once_each() -> None:
-    """ci/device.sh runs the device mutants as ``--shard I/N`` processes: together they take every
+    """ci/device.sh runs the device mutants as ``--shard i/n`` processes: together they take every
     row once; a malformed shard is a usage error."""
-    import argparse
+    from qconform.cli import UsageError
 
-    for count in (1, 3, 8, len(ALL) + 1):
-        taken = [m.name for i in range(count) for m in ALL[shard(f"{i}/{count}")[0] :: count]]
-        assert sorted(taken) == sorted(m.name for m in ALL)
-    for bad in ("3/3", "-1/2", "1", "a/b", "1/0"):
-        with pytest.raises(argparse.ArgumentTypeError, match="--shard takes I/N"):
-            shard(bad)
+    rows = list(ALL)
+    for count in (1, 3, 8, len(rows) + 1):
+        taken = [m.name for i in range(1, count + 1) for m in shard_rows(rows, f"{i}/{count}")]
+        assert sorted(taken) == sorted(m.name for m in rows)
+    for bad in ("0/3", "4/3", "-1/2", "1", "a/b", "1/0"):
+        with pytest.raises(UsageError, match="--shard: must be i/n"):
+            shard_rows(rows, bad)
