@@ -12,7 +12,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-ci}"
-export OUT="${OUT:-/tmp/qconform-device}"
+OUT="${OUT:-/tmp/qconform-device}"
 mkdir -p "$OUT"
 PY="${PYTHON:-python3}"
 STAGE="${1:-all}"
@@ -24,51 +24,59 @@ if [ -n "$FAMILY" ]; then
   case " $FAMILIES " in *" $FAMILY "*) FAMILIES="$FAMILY" ;; *) echo "ci/device.sh: no family $FAMILY (have: $FAMILIES)" >&2; exit 2 ;; esac
 fi
 status=0
+pids=()
+bg() {  # bg LOG COMMAND...: COMMAND in the background, its output in LOG; `waitall` collects them
+  local log=$1
+  shift
+  "$@" >"$log" 2>&1 &
+  pids+=($!)
+}
+waitall() {
+  for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+  pids=()
+}
 
 if part check; then
   # the pytest suite (pytest-xdist workers where installed) and each conformance run side by side:
   # checks, not timings, so they may share the GPU; each family's run in CHECK_WORKERS shards
-  pids=()
-  bg() { "$@" & pids+=($!); }
   # the mutants and the user kernels run in their own part (their scripts print tables): not in pytest
   filter="not test_device_mutant and not test_user_kernel"
   [ -n "$FAMILY" ] && filter="$filter and ($FAMILY or not own_kernel)"
   workers=()
   "$PY" -c "import xdist" 2>/dev/null && workers=(-n "${DEVICE_WORKERS:-8}")
-  bg sh -c '"$0" -m pytest -m device -q -p no:cacheprovider "$@" >"$OUT/pytest.log" 2>&1' "$PY" "${workers[@]}" -k "$filter" tests/test_device.py
+  bg "$OUT/pytest.log" "$PY" -m pytest -m device -q -p no:cacheprovider "${workers[@]}" -k "$filter" tests/test_device.py
   for fam in $FAMILIES; do  # every op of the catalogue with qconform's kernels, coverage 2
     ops=$("$PY" -m qconform list --names --with-kernels --family "$fam")
     if [ -z "$ops" ]; then echo "family $fam: no device kernels of ours yet (oracle only)" >"$OUT/cupy-$fam.md"; continue; fi
-    bg sh -c '"$0" -m qconform run --impl cupy --ops "$1" --coverage 2 --no-cold --workers "$3" --format markdown \
-      --out "$OUT/cupy-$2.md" >"$OUT/run-cupy-$2.log" 2>&1' "$PY" "$ops" "$fam" "${CHECK_WORKERS:-3}"
+    bg "$OUT/run-cupy-$fam.log" "$PY" -m qconform run --impl cupy --ops "$ops" --coverage 2 --no-cold \
+      --workers "${CHECK_WORKERS:-3}" --format markdown --out "$OUT/cupy-$fam.md"
   done
   if [ -z "$FAMILY" ] || [ "$FAMILY" = bnb ]; then
     # the cuda reading's reciprocal table, measured here; the bnb launchers with a second reading:
     # bitsandbytes' CUDA kernels
-    bg sh -c '"$0" -m qconform.device.bnb.rcp --out "$OUT/rcp-table.npz" >"$OUT/rcp.md" 2>&1' "$PY"
+    bg "$OUT/rcp.md" "$PY" -m qconform.device.bnb.rcp --out "$OUT/rcp-table.npz"
     ops=$("$PY" -c "from qconform.device.bnb import DEVICE_FUNCTIONS as F; from qconform.impls.device import takes_variant; print(','.join(k for k, f in F.items() if takes_variant(f)))")
-    bg sh -c '"$0" -m qconform run --impl cupy --contract variant=cuda --ops "$1" --coverage 2 --no-cold --format markdown \
-      --out "$OUT/cupy-bnb-cuda.md" >"$OUT/run-cupy-bnb-cuda.log" 2>&1' "$PY" "$ops"
+    bg "$OUT/run-cupy-bnb-cuda.log" "$PY" -m qconform run --impl cupy --contract variant=cuda --ops "$ops" --coverage 2 \
+      --no-cold --format markdown --out "$OUT/cupy-bnb-cuda.md"
   fi
   if [ -z "$FAMILY" ]; then
-    bg sh -c '"$0" -m qconform run --impl cupy:ref --ops q8_k_quant --coverage 2 --format markdown --out "$OUT/cupy-ref.md" \
-      >"$OUT/run-cupy-ref.log" 2>&1' "$PY"
+    bg "$OUT/run-cupy-ref.log" "$PY" -m qconform run --impl cupy:ref --ops q8_k_quant --coverage 2 --format markdown \
+      --out "$OUT/cupy-ref.md"
   fi
-  for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+  waitall
   tail -n 3 "$OUT/pytest.log"
 fi
 if part mutants; then
   # MUTANT_SHARDS processes side by side (each builds its own rows), one table after
-  shards="${MUTANT_SHARDS:-8}" pids=()
-  for ((i = 0; i < shards; i++)); do
-    "$PY" tests/device_catalogue.py --shard "$i/$shards" >"$OUT/mutants-$i.log" 2>&1 &
-    pids+=($!)
+  shards="${MUTANT_SHARDS:-8}"
+  for ((i = 1; i <= shards; i++)); do
+    bg "$OUT/mutants-$i.log" "$PY" tests/device_catalogue.py --shard "$i/$shards"
   done
-  for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+  waitall
   {
-    head -n 2 "$OUT/mutants-0.log"
-    for ((i = 0; i < shards; i++)); do grep -v '^| device mutant\|^|---\|^mutants and controls' "$OUT/mutants-$i.log"; done
-    cat "$OUT"/mutants-*.log | awk -F'[ /]' '/^mutants and controls as expected/ {ok += $(NF-1); n += $NF}
+    head -n 2 "$OUT/mutants-1.log"
+    for ((i = 1; i <= shards; i++)); do grep -v '^| device mutant\|^|---\|^mutants and controls' "$OUT/mutants-$i.log"; done
+    for ((i = 1; i <= shards; i++)); do cat "$OUT/mutants-$i.log"; done | awk -F'[ /]' '/^mutants and controls as expected/ {ok += $(NF-1); n += $NF}
       END {printf "mutants and controls as expected: %d/%d\n", ok, n}'
   } >"$OUT/mutants.md"
 fi

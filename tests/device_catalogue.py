@@ -800,14 +800,13 @@ def write_sources(directory: Path) -> list[Path]:
     return [m.patch().write(directory / m.slug) for m in ALL if m.edits]
 
 
-def shard(text: str) -> tuple[int, int]:
-    """``"I/N"`` as (I, N), 0 <= I < N, for --shard (the parts of ci/device.sh run side by side)."""
-    import argparse
+def shard_rows(rows: list[DeviceMutant], spec: str) -> list[DeviceMutant]:
+    """``--shard i/n`` (1-based, the rule of ``qconform run --shard``): every n-th row from the i-th,
+    so the n parts of ci/device.sh take every row once."""
+    from qconform.cli import parse_shard
 
-    index, _, count = text.partition("/")
-    if not (index.isdigit() and count.isdigit() and 0 <= int(index) < int(count)):
-        raise argparse.ArgumentTypeError(f"--shard takes I/N with 0 <= I < N, got {text!r}")
-    return int(index), int(count)
+    i, n = parse_shard(spec)
+    return rows[i - 1 :: n]
 
 
 def main(argv: list[str]) -> int:
@@ -819,9 +818,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--only", metavar="TEXT", action="append", help="only the rows whose name contains TEXT (repeatable: any)"
     )
-    parser.add_argument(
-        "--shard", metavar="I/N", type=shard, default=(0, 1), help="only every N-th row from the I-th (0-based)"
-    )
+    parser.add_argument("--shard", metavar="I/N", default="1/1", help="only every N-th row from the I-th (1-based)")
     args = parser.parse_args(argv)
     if args.write_sources is not None:
         for path in write_sources(args.write_sources):
@@ -830,9 +827,13 @@ def main(argv: list[str]) -> int:
     print("| device mutant / control | expected | result | |")
     print("|---|---|---|---|", flush=True)
     missed = 0
-    rows = [m for m in ALL if args.only is None or any(text in m.name for text in args.only)]
-    index, count = args.shard
-    rows = rows[index::count]
+    from qconform.cli import UsageError
+
+    chosen = [m for m in ALL if args.only is None or any(text in m.name for text in args.only)]
+    try:
+        rows = shard_rows(chosen, args.shard)
+    except UsageError as exc:
+        parser.error(str(exc))
     with tempfile.TemporaryDirectory() as tmp:
         built = build_all(Path(tmp))
         for m in rows:  # rows stream as each finishes, so a cut-off run still shows them

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from device_catalogue import ALL, write_sources
+from device_catalogue import ALL, shard_rows, write_sources
 
 from qconform.device.errstate import mapped_runtimes
 from qconform.device.patch import Patch, PatchError, apply_edits
@@ -303,3 +303,17 @@ def test_mma_k_split_keeps_one_wave() -> None:
     assert MmaShape(r=2, t=1, p=2, wk=8).k_split(560, 80, 126, 132) == 8
     assert shape.k_split(560, 7, 64, 132) == 1  # 7 chunks < 2 x 2 x 2
     assert MmaShape(r=2, t=1, p=2, warps_per_sm=16).k_split(560, 80, 64, 132) == 2  # 560 x 4 > 16 x 132
+
+
+def test_mutant_shards_split_the_rows_once_each() -> None:
+    """ci/device.sh runs the device mutants as ``--shard i/n`` processes: together they take every
+    row once; a malformed shard is a usage error."""
+    from qconform.cli import UsageError
+
+    rows = list(ALL)
+    for count in (1, 3, 8, len(rows) + 1):
+        taken = [m.name for i in range(1, count + 1) for m in shard_rows(rows, f"{i}/{count}")]
+        assert sorted(taken) == sorted(m.name for m in rows)
+    for bad in ("0/3", "4/3", "-1/2", "1", "a/b", "1/0"):
+        with pytest.raises(UsageError, match="--shard: must be i/n"):
+            shard_rows(rows, bad)

@@ -177,7 +177,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     ops = _op_names(args.ops)
     _check_out_path(args.out)
-    _parse_shard(args.shard) if args.shard else None
+    parse_shard(args.shard) if args.shard else None
     found, why = device_available()
     if args.sanitize:
         return run_sanitized(args, ops)
@@ -481,11 +481,12 @@ def shard(groups: list[Any], spec: str | None) -> list[Any]:
     deterministic split any CI matrix can spread over runners, every leaf in exactly one shard."""
     if spec is None:
         return groups
-    i, n = _parse_shard(spec)
+    i, n = parse_shard(spec)
     return [g for g in groups if zlib.crc32(f"{g[0].name}/{g[1]}".encode()) % n == i - 1]
 
 
-def _parse_shard(spec: str) -> tuple[int, int]:
+def parse_shard(spec: str) -> tuple[int, int]:
+    """``"i/n"`` (1-based, 1 <= i <= n) as (i, n), or UsageError: every ``--shard`` option's rule."""
     i, sep, n = spec.partition("/")
     if not sep or not i.isdigit() or not n.isdigit() or not 1 <= int(i) <= int(n):
         raise UsageError(f"--shard: must be i/n with 1 <= i <= n, got {spec!r}")
