@@ -84,15 +84,15 @@ if part users; then
   "$PY" tests/user_kernels.py >"$OUT/user-kernels.md" 2>&1 || status=1
 fi
 if part time; then
+  time_start=$SECONDS
   "$PY" -m qconform.bench.device >"$OUT/bench.md" 2>&1 || status=1
   if [ -z "$FAMILY" ] || [ "$FAMILY" = ort ]; then
     "$PY" -m qconform.bench.nbits --json "$OUT/bench-nbits.json" >"$OUT/bench-nbits.md" 2>&1 || status=1
     "$PY" -m qconform.bench.gqa --json "$OUT/bench-gqa.json" >"$OUT/bench-gqa.md" 2>&1 || status=1
+    "$PY" -m qconform.bench.gqa_prefill --json "$OUT/bench-gqa-prefill.json" >"$OUT/bench-gqa-prefill.md" 2>&1 || status=1
     "$PY" -m qconform.bench.qmoe --json "$OUT/bench-qmoe.json" >"$OUT/bench-qmoe.md" 2>&1 || status=1
   else
-    echo "(family $FAMILY: not run)" >"$OUT/bench-nbits.md"
-    echo "(family $FAMILY: not run)" >"$OUT/bench-gqa.md"
-    echo "(family $FAMILY: not run)" >"$OUT/bench-qmoe.md"
+    for b in nbits gqa gqa-prefill qmoe; do echo "(family $FAMILY: not run)" >"$OUT/bench-$b.md"; done
   fi
   if [ -z "$FAMILY" ] || [ "$FAMILY" = ggml ]; then
     "$PY" -m qconform.bench.ggml_gemv --json "$OUT/bench-ggml-gemv.json" >"$OUT/bench-ggml-gemv.md" 2>&1 || status=1
@@ -104,6 +104,7 @@ if part time; then
   else
     echo "(family $FAMILY: not run)" >"$OUT/bench-bnb-gemv.md"
   fi
+  echo "time part: $((SECONDS - time_start)) s" >"$OUT/time-part.txt"
 fi
 
 echo
@@ -126,8 +127,10 @@ if part time; then
   show "throughput" bench.md
   show "MatMulNBits decode against its baselines (records: bench-nbits.json)" bench-nbits.md
   show "GroupQueryAttention decode against its baselines (records: bench-gqa.json)" bench-gqa.md
+  show "GroupQueryAttention flash prefill against SDPA's flash backend (records: bench-gqa-prefill.json)" bench-gqa-prefill.md
   show "QMoE decode against its baselines (records: bench-qmoe.json)" bench-qmoe.md
   show "ggml keep-quant GEMV against its baselines (records: bench-ggml-gemv.json)" bench-ggml-gemv.md
   show "bitsandbytes fused 4-bit GEMV against its baselines (records: bench-bnb-gemv.json)" bench-bnb-gemv.md
+  cat "$OUT/time-part.txt"
 fi
 exit $status
