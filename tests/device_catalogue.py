@@ -263,7 +263,6 @@ RING_SCALE: Edits = (
 )
 # the activation pair of register P in the other order than the weights'
 RING_SLOT_SWAP: Edits = (("bf[m][0] = qk_act_pair(act, pp[0], pp[1]);", "bf[m][0] = qk_act_pair(act, pp[1], pp[0]);"),)
-# the quad's transpose keeps its own word where it should take the partner's
 # the quad's transposed words read from the ring without the XOR swizzle the copies were written with
 RING_TRANSPOSE: Edits = (("32 + qk_ring_slot(lane >> 2, c)) * 4", "32 + 4 * (lane >> 2) + c) * 4"),)
 # the last K split's partial sums never added
