@@ -343,7 +343,7 @@ ORT_KERNELS: tuple[KernelSpec, ...] = (
                 for kind in ("f32", "f16", "i8t", "i8c", "u4t", "u4c")
                 for loads in (("words",) if kind.startswith("u4") else ("wide", "words"))
             ),
-            ("qk_gqa_combine", "a CTA per output row: the splits merged in split order, the sink"),
+            ("qk_gqa_combine", "a CTA per output row and 16 channels: the splits merged in split order, the sink"),
         )
     ),
     *(

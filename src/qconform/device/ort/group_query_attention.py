@@ -8,7 +8,8 @@ rows into present, quantized for an int8 / 4-bit cache), ``qk_gqa_copy_past`` (p
 [0, past_b) from the past; skipped when present is the past buffer), ``qk_gqa_flash_*`` (one CTA
 per query row, split of the keys, KV head and block of 4 of its query heads: each K / V row read
 once for the block, 16-byte loads, an online softmax per lane group) and ``qk_gqa_combine``
-(one CTA per output row: the splits merged in split order). The number of splits is a function
+(one CTA per output row and 16 channels: every split's partial loaded at once, then merged
+in split order). The number of splits is a function
 of the shape alone.
 Built with ``-DQK_GQA_LEGACY`` (``qconform.device.launchers.compile_options``) the session-7
 attention kernels ``qk_gqa_attend_*`` run instead (the bench's side-by-side timing).
@@ -39,6 +40,7 @@ HB = 4  # QK_GQA_HB: query heads of one KV head per flash CTA
 FLASH = {"f32": (8, 2), "f16": (4, 4), "i8t": (2, 8), "i8c": (2, 4), "u4t": (1, 8), "u4c": (1, 4)}
 FLASH_CTAS = 384  # the splits bring a launch to about this many CTAs (3 resident per SM on an H200)
 MAX_SPLITS = 512  # QK_GQA_MAX_SPLITS: the most splits qk_gqa_combine takes (flash_splits gives <= FLASH_CTAS)
+COMBINE_CHANNELS = 16  # QK_GQA_CC: channels of a combine CTA (its dynamic shared memory: splits x 16 floats)
 HEADS = 8  # legacy QK_GQA_HEADS
 CACHE_KINDS = {(0, "float32"): "f32", (0, "float16"): "f16", (8, ""): "i8", (4, ""): "u4"}
 TARGET_CTAS = 1024  # legacy: the splits bring a decode launch to about this many CTAs
@@ -161,7 +163,9 @@ def _run(op: OpSpec, args: tuple, kwargs: dict[str, Any], out: Any) -> Any:
     if LEGACY in launchers.OPTIONS:
         launch(op.name, SOURCE, "qk_gqa_combine_legacy", B * S * N * H, (*combine, i32(is16)))
     else:
-        launch_grid(op.name, SOURCE, "qk_gqa_combine", B * S * N, THREADS, (*combine, i32(is16)))
+        chunks = -(-H // COMBINE_CHANNELS)
+        smem = 4 * splits * COMBINE_CHANNELS
+        launch_grid(op.name, SOURCE, "qk_gqa_combine", B * S * N * chunks, THREADS, (*combine, i32(is16)), smem)
     return call.out
 
 

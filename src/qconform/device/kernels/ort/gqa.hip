@@ -17,6 +17,7 @@
 
 #define QK_GQA_THREADS 128 /* threads of an attention CTA */
 #define QK_GQA_MAX_SPLITS 512 /* splits the combine takes */
+#define QK_GQA_CC 16       /* channels of a combine CTA */
 #define QK_GQA_HB 4        /* query heads of one KV head a flash CTA takes (a block of its group) */
 
 __device__ __forceinline__ float qk_gqa_neg_inf() { return qk_float(0xFF800000u); }
@@ -452,19 +453,24 @@ QK_GQA_FLASH(qk_gqa_flash_i8c_words, 2, 1, 0, 4)
 QK_GQA_FLASH(qk_gqa_flash_u4t_words, 3, 0, 0, 8)
 QK_GQA_FLASH(qk_gqa_flash_u4c_words, 3, 1, 0, 4)
 
-/* One CTA of QK_GQA_THREADS per output row r = (b, s, n), splits <= QK_GQA_MAX_SPLITS: the splits
- * combined in split order, M = max(m_sp, sink), l = sum l_sp exp(m_sp - M) (+ exp(sink - M)),
- * o = sum acc_sp exp(m_sp - M) / l, splits with m_sp = -inf left out. The factors exp(m_sp - M)
- * are computed a thread a split, l by one thread in split order, each channel's sum by its thread
- * in split order (8 splits' loads in flight). sink_mode: 0 none, 1 head_sink[n], 2 a zero logit
- * (smooth_softmax). */
+/* One CTA of QK_GQA_THREADS per (output row r = (b, s, n), chunk of QK_GQA_CC channels), splits <=
+ * QK_GQA_MAX_SPLITS: the splits combined in split order, M = max(m_sp, sink), l = sum l_sp
+ * exp(m_sp - M) (+ exp(sink - M)), o = sum acc_sp exp(m_sp - M) / l, splits with m_sp = -inf left
+ * out. Every CTA of a row computes the same M (a max: any order), the same factors exp(m_sp - M)
+ * (a thread a split) and the same l (one thread in split order), so the output does not depend on
+ * the chunking. The chunk's partial P V of every split is staged in shared memory first (all its
+ * loads in flight at once: s_acc, splits x QK_GQA_CC floats of dynamic shared memory), then each
+ * channel is summed by its thread in split order while another thread sums l. sink_mode: 0 none,
+ * 1 head_sink[n], 2 a zero logit (smooth_softmax). */
 extern "C" __global__ void __launch_bounds__(QK_GQA_THREADS)
     qk_gqa_combine(const float* part_m, const float* part_l, const float* part_acc, const void* head_sink,
                    void* output, qk_i64 rows, qk_i64 N, qk_i64 H, int splits, int sink_mode, int is16) {
+    extern __shared__ float s_acc[]; /* [splits][QK_GQA_CC] */
     __shared__ float s_m[QK_GQA_MAX_SPLITS], s_f[QK_GQA_MAX_SPLITS], s_l[QK_GQA_MAX_SPLITS];
-    __shared__ float s_max[QK_GQA_THREADS], s_stat[2];
+    __shared__ float s_max[QK_GQA_THREADS / 32], s_stat;
     const float neg_inf = qk_gqa_neg_inf();
-    const qk_i64 r = blockIdx.x;
+    const int chunks = (int)((H + QK_GQA_CC - 1) / QK_GQA_CC);
+    const qk_i64 r = blockIdx.x / chunks, c0 = (qk_i64)(blockIdx.x % chunks) * QK_GQA_CC;
     const int tid = (int)threadIdx.x;
     if (r >= rows) return;
     float mx = neg_inf;
@@ -473,30 +479,32 @@ extern "C" __global__ void __launch_bounds__(QK_GQA_THREADS)
         s_l[sp] = part_l[r * splits + sp];
         mx = fmaxf(mx, s_m[sp]);
     }
-    s_max[tid] = mx;
+    const int n_acc = splits * QK_GQA_CC;
+    for (int i0 = tid; i0 < n_acc; i0 += 8 * QK_GQA_THREADS) { /* 8 loads a thread in flight */
+        float v[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            const int i = i0 + u * QK_GQA_THREADS;
+            const qk_i64 c = c0 + i % QK_GQA_CC;
+            v[u] = i < n_acc && c < H ? part_acc[(r * splits + i / QK_GQA_CC) * H + c] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < 8; ++u)
+            if (i0 + u * QK_GQA_THREADS < n_acc) s_acc[i0 + u * QK_GQA_THREADS] = v[u];
+    }
+#pragma unroll
+    for (int off = QK_WARP / 2; off > 0; off >>= 1) mx = fmaxf(mx, QK_SHFL_XOR(mx, off, QK_WARP));
+    if (tid % QK_WARP == 0) s_max[tid / QK_WARP] = mx;
     __syncthreads();
     const float sigma = sink_mode == 1 ? qk_load_f(head_sink, r % N, is16) : 0.0f;
-    if (tid == 0) {
-        float M = neg_inf;
-        for (int i = 0; i < QK_GQA_THREADS; ++i) M = fmaxf(M, s_max[i]);
-        s_stat[0] = sink_mode ? fmaxf(M, sigma) : M;
-    }
-    __syncthreads();
-    const float M = s_stat[0];
+    float M = neg_inf;
+    for (int w = 0; w < QK_GQA_THREADS / QK_WARP; ++w) M = fmaxf(M, s_max[w]);
+    if (sink_mode) M = fmaxf(M, sigma);
     for (int sp = tid; sp < splits; sp += QK_GQA_THREADS)
         s_f[sp] = s_m[sp] == neg_inf ? 0.0f : expf(QK_FADD(s_m[sp], -M));
     __syncthreads();
-    if (tid == 0) {
-        float l = 0.0f;
-        for (int sp = 0; sp < splits; ++sp)
-            if (s_m[sp] != neg_inf) l = QK_FADD(l, QK_FMUL(s_l[sp], s_f[sp]));
-        if (sink_mode) l = QK_FADD(l, expf(QK_FADD(sigma, -M)));
-        s_stat[1] = l;
-    }
-    __syncthreads();
-    const float l = s_stat[1];
-    for (qk_i64 c = tid; c < H; c += QK_GQA_THREADS) {
-        float a = 0.0f;
+    float a = 0.0f;
+    if (tid < QK_GQA_CC) {
         for (int sp0 = 0; sp0 < splits; sp0 += 8) {
             float v[8], f[8];
             bool use[8];
@@ -504,15 +512,22 @@ extern "C" __global__ void __launch_bounds__(QK_GQA_THREADS)
             for (int u = 0; u < 8; ++u) {
                 const int sp = sp0 + u;
                 use[u] = sp0 + u < splits && s_m[sp] != neg_inf;
-                v[u] = use[u] ? part_acc[(r * splits + sp) * H + c] : 0.0f;
+                v[u] = use[u] ? s_acc[sp * QK_GQA_CC + tid] : 0.0f;
                 f[u] = use[u] ? s_f[sp] : 0.0f;
             }
 #pragma unroll
             for (int u = 0; u < 8; ++u)
                 if (use[u]) a = QK_FADD(a, QK_FMUL(v[u], f[u]));
         }
-        qk_store_f(output, r * H + c, QK_FDIV(a, l), is16);
+    } else if (tid == QK_GQA_THREADS - 1) {
+        float l = 0.0f;
+        for (int sp = 0; sp < splits; ++sp)
+            if (s_m[sp] != neg_inf) l = QK_FADD(l, QK_FMUL(s_l[sp], s_f[sp]));
+        if (sink_mode) l = QK_FADD(l, expf(QK_FADD(sigma, -M)));
+        s_stat = l;
     }
+    __syncthreads();
+    if (tid < QK_GQA_CC && c0 + tid < H) qk_store_f(output, r * H + c0 + tid, QK_FDIV(a, s_stat), is16);
 }
 
 #ifdef QK_GQA_LEGACY
