@@ -662,8 +662,8 @@ GQA_SOFTCAP_AFTER_BIAS: Edits = (
 )
 # the combine's split order flips with a call counter (as if the number of splits changed between
 # calls): every output within its bound, the low bits not repeatable. The repeat property's small
-# sets (coverage 1's, up to 9 keys) fit one split; its cold sets (about 14k keys on an H200: 47
-# splits of the flash kernels, 110 of the legacy ones) catch it
+# sets (coverage 1's, up to 9 keys) fit one split; its cold sets (about 14k keys on an H200: tens
+# of splits of the flash kernels, 110 of the legacy ones) catch it
 GQA_COMBINE_BY_CALL: Edits = (
     (
         "__device__ __forceinline__ float qk_gqa_neg_inf()",

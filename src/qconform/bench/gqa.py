@@ -13,10 +13,11 @@ than the fp16 one. The verdict column is the conformance of the same kernels on 
 sized case (batch 1, past 4096, the same heads): present caches bit-exact, the output within its
 bound (``qconform.ops.ort.group_query_attention``), one check per cache type.
 
-``--variants flash,legacy`` times the session-7 attention kernels (built with ``-DQK_GQA_LEGACY``)
-beside the flash kernels on the same cold sets, each variant checked on the catalogue's case.
+``--variants flash,flash_v1,legacy`` times the session-8 flash kernels (``-DQK_GQA_FLASH_V1``) and
+the session-7 attention kernels (``-DQK_GQA_LEGACY``) beside the default ones on the same cold
+sets, each variant checked on the catalogue's case (``flash_i8u8``: int8 tiles of 8 keys).
 
-``python -m qconform.bench.gqa [--quick] [--variants flash,legacy] [--json FILE]``
+``python -m qconform.bench.gqa [--quick] [--variants flash,flash_v1,legacy] [--json FILE]``
 """
 
 from __future__ import annotations
@@ -136,7 +137,12 @@ def verify(bits: int, past: int = 4096) -> str:
     return "PASS" if c.ok else f"FAIL: {c.detail}"
 
 
-VARIANTS = {"flash": (), "legacy": ("-DQK_GQA_LEGACY",)}  # build options of each attention kernel
+VARIANTS = {  # build options of each attention kernel
+    "flash": (),
+    "flash_v1": ("-DQK_GQA_FLASH_V1",),  # session 8: every lane does every (key, head)'s butterfly and softmax
+    "flash_i8u8": ("-DQK_GQA_I8T_U8",),  # int8 per-tensor tiles of 8 keys a group (3 CTAs an SM); fp16 as flash
+    "legacy": ("-DQK_GQA_LEGACY",),
+}
 
 
 def _time_variant(sets: list[dict[str, Any]], bits: int, options: tuple[str, ...], reps: int) -> tuple[list, list]:
@@ -231,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         "--variants",
         default="flash",
         help=f"comma-separated attention kernels timed side by side, the first judged: {', '.join(VARIANTS)} "
-        "(e.g. flash,legacy: the session-8 flash kernels beside the session-7 ones)",
+        "(e.g. flash,flash_v1,legacy: the session-9 flash kernels beside the session-8 and session-7 ones)",
     )
     a = p.parse_args(argv)
     variants = tuple(v.strip() for v in a.variants.split(",") if v.strip())

@@ -7,12 +7,15 @@ Three steps on the current stream: ``qk_gqa_append`` (rotary of the new Q and K,
 rows into present, quantized for an int8 / 4-bit cache), ``qk_gqa_copy_past`` (present rows
 [0, past_b) from the past; skipped when present is the past buffer), ``qk_gqa_flash_*`` (one CTA
 per query row, split of the keys, KV head and block of 4 of its query heads: each K / V row read
-once for the block, 16-byte loads, an online softmax per lane group) and ``qk_gqa_combine``
+once for the block, 16-byte loads, the (key, head) dots of a tile reduce-scattered over the lane
+group so that each lane finishes its own, an online softmax per lane group; about one wave of
+CTAs) and ``qk_gqa_combine``
 (one CTA per output row and 16 channels: every split's partial loaded at once, then merged
 in split order). The number of splits is a function
 of the shape alone.
 Built with ``-DQK_GQA_LEGACY`` (``qconform.device.launchers.compile_options``) the session-7
-attention kernels ``qk_gqa_attend_*`` run instead (the bench's side-by-side timing).
+attention kernels ``qk_gqa_attend_*`` run instead, with ``-DQK_GQA_FLASH_V1`` the session-8 flash
+kernels (``gqa_flash_v1.h``, their splits) and the new combine (the bench's side-by-side timing).
 Declined: output_qk, precision other than "reference", head_size > 8 warps' lanes.
 """
 
@@ -34,12 +37,24 @@ from qconform.ops.ort.group_query_attention import GQA_DECODE, GQA_PREFILL
 
 SOURCE = "ort/gqa.hip"
 LEGACY = "-DQK_GQA_LEGACY"  # the build option selecting the session-7 attention kernels
+FLASH_V1 = "-DQK_GQA_FLASH_V1"  # the build option selecting the session-8 flash kernels (gqa_flash_v1.h)
+I8T_U8 = "-DQK_GQA_I8T_U8"  # int8 per-tensor flash kernels with tiles of 8 keys a lane group
 THREADS = 128  # QK_GQA_THREADS
 HB = 4  # QK_GQA_HB: query heads of one KV head per flash CTA
-# flash kernels: cache kind -> (32-bit words a lane loads per row, keys a lane group loads per tile)
-FLASH = {"f32": (8, 2), "f16": (4, 4), "i8t": (2, 8), "i8c": (2, 4), "u4t": (1, 8), "u4c": (1, 4)}
-FLASH_CTAS = 384  # the splits bring a launch to about this many CTAs (3 resident per SM on an H200)
-MAX_SPLITS = 512  # QK_GQA_MAX_SPLITS: the most splits qk_gqa_combine takes (flash_splits gives <= FLASH_CTAS)
+# flash kernels: cache kind -> (32-bit words a lane loads per row, keys a lane group loads per tile,
+# CTAs resident per SM: QK_GQA_FLASH_MIN_CTAS)
+FLASH = {
+    "f32": (8, 2, 3),
+    "f16": (4, 4, 4),
+    "i8t": (2, 4, 4),
+    "i8c": (2, 4, 4),
+    "u4t": (1, 8, 4),
+    "u4c": (1, 4, 4),
+}
+FLASH_V1_TILES = {"f32": 2, "f16": 4, "i8t": 8, "i8c": 4, "u4t": 8, "u4c": 4}  # session 8: 3 CTAs per SM
+FLASH_SMS = 132  # an H200's SMs: the splits bring a launch to about one wave (a constant: splits from the shape)
+FLASH_CTAS = 384  # session 8 (-DQK_GQA_FLASH_V1): the splits bring a launch to about this many CTAs
+MAX_SPLITS = 512  # QK_GQA_MAX_SPLITS: the most splits qk_gqa_combine takes (flash_splits gives no more)
 COMBINE_CHANNELS = 16  # QK_GQA_CC: channels of a combine CTA (its dynamic shared memory: splits x 16 floats)
 HEADS = 8  # legacy QK_GQA_HEADS
 CACHE_KINDS = {(0, "float32"): "f32", (0, "float16"): "f16", (8, ""): "i8", (4, ""): "u4"}
@@ -81,14 +96,35 @@ def flash_kind(bits: int, dtype: Any, per_channel: bool) -> str:
     return f"{'i8' if bits == 8 else 'u4'}{'c' if per_channel else 't'}"
 
 
-def flash_splits(ctas_per_split: int, total: int, tile: int) -> tuple[int, int]:
-    """(keys per split, splits) of the flash kernels for ``ctas_per_split`` CTAs per split,
-    ``total`` keys and ``tile`` keys a CTA loads at once: a function of the shape alone, about
-    FLASH_CTAS CTAs, each split a whole number of tiles."""
+def flash_splits_v1(ctas_per_split: int, total: int, tile: int) -> tuple[int, int]:
+    """Session 8 (-DQK_GQA_FLASH_V1): (keys per split, splits) for ``ctas_per_split`` CTAs per
+    split, ``total`` keys and ``tile`` keys a CTA loads at once: about FLASH_CTAS CTAs, each split
+    a whole number of tiles."""
     want = min(max(1, -(-FLASH_CTAS // ctas_per_split)), -(-total // tile))
     per_split = -(-total // want)
     chunk = -(-per_split // tile) * tile
     return chunk, -(-total // chunk)
+
+
+def flash_splits(ctas_per_split: int, total: int, tile: int, resident: int) -> tuple[int, int]:
+    """(keys per split, splits) of the flash kernels for ``ctas_per_split`` CTAs per split,
+    ``total`` keys, ``tile`` keys a CTA loads at once and ``resident`` CTAs per SM: a function of
+    the shape alone, at most one wave of FLASH_SMS x resident CTAs (and MAX_SPLITS splits), the
+    tiles dealt out evenly, each split a whole number of them."""
+    tiles = -(-total // tile)
+    want = min(max(1, FLASH_SMS * resident // ctas_per_split), tiles, MAX_SPLITS)
+    chunk = -(-tiles // want) * tile
+    return chunk, -(-total // chunk)
+
+
+def flash_tile(kind: str, head_size: int) -> tuple[int, int, int]:
+    """(words, keys a CTA loads at once, CTAs per SM) of the current build's flash kernel for a cache kind."""
+    words, u, resident = FLASH[kind]
+    if FLASH_V1 in launchers.OPTIONS:
+        return words, THREADS // lane_group(head_size) * FLASH_V1_TILES[kind], 3
+    if kind == "i8t" and I8T_U8 in launchers.OPTIONS:
+        u, resident = 8, 3
+    return words, THREADS // max(16, lane_group(head_size)) * u, resident
 
 
 def _run(op: OpSpec, args: tuple, kwargs: dict[str, Any], out: Any) -> Any:
@@ -145,10 +181,13 @@ def _run(op: OpSpec, args: tuple, kwargs: dict[str, Any], out: Any) -> Any:
     else:
         head_blocks = -(-G // HB)
         kind = flash_kind(bits, dtype, bool(per_channel))
-        words, tile_u = FLASH[kind]
+        words, tile, resident = flash_tile(kind, H)
         align = min(16, 4 * words)
         wide = words > 1 and pres_k.data.ptr % align == 0 and pres_v.data.ptr % align == 0
-        chunk, splits = flash_splits(B * S * Nk * head_blocks, T, THREADS // lane_group(H) * tile_u)
+        if FLASH_V1 in launchers.OPTIONS:
+            chunk, splits = flash_splits_v1(B * S * Nk * head_blocks, T, tile)
+        else:
+            chunk, splits = flash_splits(B * S * Nk * head_blocks, T, tile, resident)
         assert splits <= MAX_SPLITS
         smem = 0
         symbol = f"qk_gqa_flash_{kind}_{'wide' if wide else 'words'}"

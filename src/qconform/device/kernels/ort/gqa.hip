@@ -202,9 +202,17 @@ __device__ __forceinline__ void qk_gqa_load(qk_u32 (&w)[WORDS], const qk_u32* p)
     }
 }
 
+#ifdef QK_GQA_FLASH_V1
+#include "gqa_flash_v1.h"
+#else
+/* CTAs of a flash kernel resident per SM (__launch_bounds__): 4 (128 registers), 3 where a lane
+ * holds 16 words a tile (fp32, int8 per-tensor: tiles of 8 keys) */
+#define QK_GQA_FLASH_MIN_CTAS(KIND, U) ((KIND) == 0 || ((KIND) == 2 && (U) == 8) ? 3 : 4)
+
 /* the 8 elements as fp32: fp32 / fp16 values exactly; int8 / 4-bit the integer codes exactly
- * (their scales are applied by the caller), by bits: fp32(2^23 + 128 + code) - (2^23 + 128), and
- * 4-bit element 2i in the low nibble of byte i, code = nibble - 8 */
+ * (their scales are applied by the caller), by bits: fp32(2^23 + 128 + code) - (2^23 + 128) (int8:
+ * the biased byte placed under the exponent 0x4B by one byte permute), and 4-bit element 2i in
+ * the low nibble of byte i, code = nibble - 8 */
 template <int KIND>
 __device__ __forceinline__ void qk_gqa_unpack(const qk_u32 (&w)[qk_gqa_lane<KIND>::WORDS], float (&f)[8]) {
     if (KIND == 0) {
@@ -218,9 +226,11 @@ __device__ __forceinline__ void qk_gqa_unpack(const qk_u32 (&w)[qk_gqa_lane<KIND
         }
     } else if (KIND == 2) {
 #pragma unroll
-        for (int e = 0; e < 8; ++e) {
-            const qk_u32 byte = ((w[e >> 2] >> (8 * (e & 3))) & 0xFFu) ^ 0x80u;
-            f[e] = QK_FADD(qk_float(0x4B000000u | byte), -8388736.0f);
+        for (int k = 0; k < 2; ++k) {
+            const qk_u32 biased = w[k] ^ 0x80808080u; /* code + 128 in each byte */
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                f[4 * k + e] = QK_FADD(qk_float(QK_BYTE_PERM(biased, 0x4B000000u, 0x7440u | (qk_u32)e)), -8388736.0f);
         }
     } else {
 #pragma unroll
@@ -231,13 +241,48 @@ __device__ __forceinline__ void qk_gqa_unpack(const qk_u32 (&w)[qk_gqa_lane<KIND
     }
 }
 
+/* The steps of offsets OFF, OFF / 2, .. 1 of a group sum over the first NV sums d of every lane:
+ * while a lane holds two or more, a reduce-scatter (the lane keeps the half its bit of the offset
+ * selects, d[k] or d[k + NV / 2], and adds its partner's copy of the same sum: the pair an xor
+ * butterfly adds, so the same bits), then butterflies on d[0]. Lane bits OFF .. 1 select the sum:
+ * after the steps a lane holds sums [j, j + max(1, NV / (2 OFF))) of the NV. */
+template <int NV, int OFF>
+struct qk_gqa_scatter {
+    template <int N>
+    static __device__ __forceinline__ void run(float (&d)[N], int tid) {
+        const bool upper = (tid & OFF) != 0;
+        if (NV >= 2) {
+#pragma unroll
+            for (int k = 0; k < NV / 2; ++k) {
+                const float keep = upper ? d[k + NV / 2] : d[k];
+                const float give = upper ? d[k] : d[k + NV / 2];
+                d[k] = QK_FADD(keep, QK_SHFL_XOR(give, OFF, QK_WARP));
+            }
+        } else {
+            d[0] = QK_FADD(d[0], QK_SHFL_XOR(d[0], OFF, QK_WARP));
+        }
+        qk_gqa_scatter<(NV >= 2 ? NV / 2 : 1), OFF / 2>::run(d, tid);
+    }
+};
+template <int NV>
+struct qk_gqa_scatter<NV, 0> {
+    template <int N>
+    static __device__ __forceinline__ void run(float (&)[N], int) {}
+};
+
 /* One CTA of QK_GQA_THREADS per (query row (b, s), split sp of the keys, KV head g, block of up to
  * QK_GQA_HB of g's query heads), so a K / V row is read once for the block's heads: keys
  * [max(lo, sp chunk), min(L, (sp + 1) chunk)) of the row's causal range [lo, L),
- * L = min(past_b + s + 1, total_b), lo = L - W with a window of W < L keys. A group of R lanes
- * (R = H / 8 rounded up to a power of two) takes one key row, 8 channels a lane; group rg takes
- * keys rg + i nrg in tiles of U keys (loaded before any is used), keeping an online softmax per
- * head (m, l and the unnormalised P V in fp32, rescaled at most once a tile). The groups are then
+ * L = min(past_b + s + 1, total_b), lo = L - W with a window of W < L keys. A group of RG lanes
+ * (R = H / 8 rounded up to a power of two, RG = max(R, 16); lanes past H / 8 hold zeros) takes one
+ * key row, 8 channels a lane; group rg takes keys rg + i nrg in tiles of U keys (loaded before
+ * any is used), keeping an online softmax per head (m, l and the unnormalised P V in fp32,
+ * rescaled at most once a tile). The V = U HB (key, head) dots of a tile are summed over the
+ * group by the xor tree of a butterfly (offsets RG / 2 .. 1), but from offset 8 down as a
+ * reduce-scatter: at each offset a lane keeps the half of its sums that its bit of the offset
+ * selects and adds its partner's copy of it -- the same pairs added as by the butterfly, so the
+ * same bits -- and ends with max(1, V / 16) of the dots. That lane alone forms their scores and
+ * p = exp(x - m); the tile's max per head and the p are then shared by shuffles. The groups are
  * merged in group order in shared memory and the split's m, l, P V (per head) written out.
  * KIND 0 fp32, 1 fp16, 2 int8, 3 4-bit; PC: per-channel scales (K: each element fp32(code * scale)
  * as the oracle; per-tensor: the dot of the codes times the scale); the V scale multiplies the
@@ -251,6 +296,11 @@ __device__ __forceinline__ void qk_gqa_flash(const float* qrot, const void* pres
                                              int first_prompt, int window, int bias_batch, int bias_heads, int is16,
                                              float alpha, float softcap, int chunk, int splits) {
     constexpr int HB = QK_GQA_HB, WORDS = qk_gqa_lane<KIND>::WORDS;
+    constexpr int V = U * HB;                           /* (key, head) dots of a group's tile */
+    constexpr int NPL = V >= 16 ? V / 16 : 1;           /* of them a lane finishes: heads hl .. hl + NPL - 1 */
+    constexpr int LPV = V >= 16 ? 1 : 16 / V;           /* lanes that finish the same ones */
+    constexpr int UOFF = 4 * LPV / NPL;                 /* the lowest lane offset between keys of a head */
+    static_assert(V <= 64 && HB == 4, "a lane's dots are heads of one key");
     __shared__ float4 s_acc4[QK_GQA_THREADS * 2 * HB]; /* [rg][h][H]: nrg HB H <= THREADS HB 8 floats */
     __shared__ float s_m[QK_GQA_THREADS * HB], s_l[QK_GQA_THREADS * HB], s_f[QK_GQA_THREADS * HB];
     __shared__ float s_stat[2 * HB];
@@ -259,8 +309,12 @@ __device__ __forceinline__ void qk_gqa_flash(const float* qrot, const void* pres
     const int tid = (int)threadIdx.x;
     int R = 1;
     while (R * 8 < H) R <<= 1;
-    const int nrg = QK_GQA_THREADS / R, rg = tid / R, c0 = (tid % R) * 8;
+    const int RG = R < 16 ? 16 : R;
+    const int nrg = QK_GQA_THREADS / RG, rg = tid / RG, c0 = (tid % RG) * 8;
     const bool active = c0 < H;
+    const int jl = (tid % 16) / LPV * NPL;                    /* the lane's first dot: u HB + h */
+    const int ul = jl / HB, hl = jl % HB;                     /* its key (of the tile) and first head */
+    const int lane0 = (tid % QK_WARP) / 16 * 16;              /* the lane's 16-lane block in the warp */
     const int sp = (int)(blockIdx.x % splits);
     const qk_i64 bs = blockIdx.x / splits, b = bs / S, s = bs % S;
     const qk_i64 G = N / Nk, nhb = (G + HB - 1) / HB;
@@ -300,7 +354,9 @@ __device__ __forceinline__ void qk_gqa_flash(const float* qrot, const void* pres
     const qk_i64 bias_row = bias_batch ? ((bias_batch == 1 ? 0 : b) * bias_heads) : 0;
     const qk_i64 bias0 = ((bias_row + (bias_heads == 1 ? 0 : h0)) * S + s) * T + k0;
     const qk_i64 bias_hs = bias_heads == 1 ? 0 : S * T;
-    float m[HB], l[HB], acc[HB][8];
+    float m[HB], l[HB], acc[HB][8], m_own[NPL];
+#pragma unroll
+    for (int k = 0; k < NPL; ++k) m_own[k] = neg_inf; /* the running max of the lane's heads hl + k */
 #pragma unroll
     for (int h = 0; h < HB; ++h) {
         m[h] = neg_inf;
@@ -322,7 +378,8 @@ __device__ __forceinline__ void qk_gqa_flash(const float* qrot, const void* pres
                 qk_gqa_load<WORDS, WIDE>(vw[u], (const qk_u32*)(vbase + (qk_i64)i * row_bytes));
             }
         }
-        float x[U][HB];
+        /* the lane's part of dot u HB + h: 8 products of its channels */
+        float d[V];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             float kf[8];
@@ -331,27 +388,43 @@ __device__ __forceinline__ void qk_gqa_flash(const float* qrot, const void* pres
 #pragma unroll
                 for (int e = 0; e < 8; ++e) kf[e] = QK_FMUL(kf[e], ks[e]);
             }
-            const int i = i0 + u * nrg;
 #pragma unroll
             for (int h = 0; h < HB; ++h) {
-                x[u][h] = neg_inf;
-                float d = 0.0f;
+                float t = 0.0f;
 #pragma unroll
-                for (int e = 0; e < 8; ++e) d = __fmaf_rn(q[h][e], kf[e], d);
-                d = qk_gqa_group_sum(d, R);
-                if (KIND >= 2 && !PC) d = QK_FMUL(d, ks[0]);
-                if (i < n && h < nh)
-                    x[u][h] = qk_gqa_score(d, alpha, softcap, bias_batch ? attention_bias : 0, bias0 + h * bias_hs + i,
-                                           is16);
+                for (int e = 0; e < 8; ++e) t = __fmaf_rn(q[h][e], kf[e], t);
+                d[u * HB + h] = t;
             }
         }
-        /* the tile's max per head, one rescale, then p = exp(x - m) in place of x */
+        /* groups over 16 lanes: the butterfly's first steps (offsets RG / 2 .. 16) on every dot */
+#pragma unroll
+        for (int off = QK_WARP / 2; off >= 16; off >>= 1) {
+            if (off < R) {
+#pragma unroll
+                for (int j = 0; j < V; ++j) d[j] = QK_FADD(d[j], QK_SHFL_XOR(d[j], off, QK_WARP));
+            }
+        }
+        qk_gqa_scatter<V, 8>::run(d, tid);
+        /* the lane's scores (key ul, heads hl + k) and the tile's max per head (over the keys:
+         * lane offsets UOFF .. 8), then every head's max in every lane */
+        const int il = i0 + ul * nrg;
+        float x[NPL], mt[NPL];
+#pragma unroll
+        for (int k = 0; k < NPL; ++k) {
+            float dk = d[k];
+            if (KIND >= 2 && !PC) dk = QK_FMUL(dk, ks[0]);
+            x[k] = neg_inf;
+            if (il < n && hl + k < nh)
+                x[k] = qk_gqa_score(dk, alpha, softcap, bias_batch ? attention_bias : 0, bias0 + (hl + k) * bias_hs + il,
+                                    is16);
+            mt[k] = x[k];
+#pragma unroll
+            for (int off = UOFF; off <= 8; off <<= 1) mt[k] = fmaxf(mt[k], QK_SHFL_XOR(mt[k], off, QK_WARP));
+        }
+        /* one rescale a head, as every lane's m and l are the group's */
 #pragma unroll
         for (int h = 0; h < HB; ++h) {
-            float mt = x[0][h];
-#pragma unroll
-            for (int u = 1; u < U; ++u) mt = fmaxf(mt, x[u][h]);
-            const float mn = fmaxf(m[h], mt);
+            const float mn = fmaxf(m[h], QK_SHFL(mt[h % NPL], lane0 + h / NPL * LPV, QK_WARP));
             const float c = mn == neg_inf ? 1.0f : expf(QK_FADD(m[h], -mn)); /* every score so far -inf: 1 */
             if (c != 1.0f) {
                 l[h] = QK_FMUL(l[h], c);
@@ -359,20 +432,26 @@ __device__ __forceinline__ void qk_gqa_flash(const float* qrot, const void* pres
                 for (int e = 0; e < 8; ++e) acc[h][e] = QK_FMUL(acc[h][e], c);
             }
             m[h] = mn;
+        }
+        /* p = exp(x - m) of the lane's dots, then every (key, head)'s p in every lane, key by key */
 #pragma unroll
-            for (int u = 0; u < U; ++u) {
-                x[u][h] = x[u][h] == neg_inf ? 0.0f : expf(QK_FADD(x[u][h], -mn)); /* a NaN stays NaN */
-                l[h] = QK_FADD(l[h], x[u][h]);
-            }
+        for (int k = 0; k < NPL; ++k) {
+            m_own[k] = fmaxf(m_own[k], mt[k]); /* m[hl + k] (up to the sign of a zero) */
+            x[k] = x[k] == neg_inf ? 0.0f : expf(QK_FADD(x[k], -m_own[k])); /* a NaN stays NaN */
         }
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            float vf[8];
+            float p[HB], vf[8];
+#pragma unroll
+            for (int h = 0; h < HB; ++h) {
+                p[h] = QK_SHFL(x[(u * HB + h) % NPL], lane0 + (u * HB + h) / NPL * LPV, QK_WARP);
+                l[h] = QK_FADD(l[h], p[h]); /* each head's sum in key order */
+            }
             qk_gqa_unpack<KIND>(vw[u], vf);
 #pragma unroll
             for (int h = 0; h < HB; ++h) {
 #pragma unroll
-                for (int e = 0; e < 8; ++e) acc[h][e] = __fmaf_rn(x[u][h], vf[e], acc[h][e]);
+                for (int e = 0; e < 8; ++e) acc[h][e] = __fmaf_rn(p[h], vf[e], acc[h][e]);
             }
         }
     }
@@ -389,7 +468,7 @@ __device__ __forceinline__ void qk_gqa_flash(const float* qrot, const void* pres
             dst[1] = make_float4(acc[h][4], acc[h][5], acc[h][6], acc[h][7]);
         }
     }
-    if (tid % R == 0) {
+    if (tid % RG == 0) {
 #pragma unroll
         for (int h = 0; h < HB; ++h) {
             s_m[rg * HB + h] = m[h];
@@ -427,9 +506,10 @@ __device__ __forceinline__ void qk_gqa_flash(const float* qrot, const void* pres
         part_l[o + tid * splits] = s_stat[HB + tid];
     }
 }
+#endif
 
 #define QK_GQA_FLASH(NAME, KIND, PC, WIDE, U)                                                                        \
-    extern "C" __global__ void __launch_bounds__(QK_GQA_THREADS, 3)                                                  \
+    extern "C" __global__ void __launch_bounds__(QK_GQA_THREADS, QK_GQA_FLASH_MIN_CTAS(KIND, U))                    \
         NAME(const float* qrot, const void* present_key, const void* present_value, const int* seqlens_k,            \
              const void* attention_bias, const float* k_scale, const float* v_scale, float* part_m, float* part_l,   \
              float* part_acc, qk_i64 S, qk_i64 N, qk_i64 Nk, qk_i64 H, qk_i64 Tp, qk_i64 T, int first_prompt,        \
@@ -441,13 +521,20 @@ __device__ __forceinline__ void qk_gqa_flash(const float* qrot, const void* pres
     }
 
 /* qk_gqa_flash_<cache>[_pc]_<loads>: per-tensor (t) or per-channel (c) scales of a quantized
- * cache; loads "wide" (16 / 8 bytes, the present buffers aligned to them) or "words" (4 bytes) */
+ * cache; loads "wide" (16 / 8 bytes, the present buffers aligned to them) or "words" (4 bytes).
+ * int8 per-tensor: tiles of 4 keys a group (128 registers, 4 CTAs an SM); -DQK_GQA_I8T_U8: 8 (168
+ * registers, 3 CTAs), timed beside it by the bench */
 QK_GQA_FLASH(qk_gqa_flash_f32_wide, 0, 0, 1, 2)
 QK_GQA_FLASH(qk_gqa_flash_f32_words, 0, 0, 0, 2)
 QK_GQA_FLASH(qk_gqa_flash_f16_wide, 1, 0, 1, 4)
 QK_GQA_FLASH(qk_gqa_flash_f16_words, 1, 0, 0, 4)
+#if defined(QK_GQA_FLASH_V1) || defined(QK_GQA_I8T_U8)
 QK_GQA_FLASH(qk_gqa_flash_i8t_wide, 2, 0, 1, 8)
 QK_GQA_FLASH(qk_gqa_flash_i8t_words, 2, 0, 0, 8)
+#else
+QK_GQA_FLASH(qk_gqa_flash_i8t_wide, 2, 0, 1, 4)
+QK_GQA_FLASH(qk_gqa_flash_i8t_words, 2, 0, 0, 4)
+#endif
 QK_GQA_FLASH(qk_gqa_flash_i8c_wide, 2, 1, 1, 4)
 QK_GQA_FLASH(qk_gqa_flash_i8c_words, 2, 1, 0, 4)
 QK_GQA_FLASH(qk_gqa_flash_u4t_words, 3, 0, 0, 8)
