@@ -33,7 +33,18 @@ import numpy as np
 from qconform.device import launchers
 from qconform.device.abi import bind_call
 from qconform.device.launchers import launch_grid
-from qconform.device.qmoe_tiling import EMAX, GRID_Y, KMAX, ROWS, chunk_words, fc2_tile, lanes_over
+from qconform.device.qmoe_tiling import (
+    EMAX,
+    GRID_Y,
+    KMAX,
+    ROWS,
+    XMAX,
+    chunk_words,
+    fc1_ctas,
+    fc2_tile,
+    lanes_over,
+    staged_bytes,
+)
 from qconform.errors import Declined
 from qconform.ops import OpSpec
 from qconform.ops.ort.qmoe import ACTIVATION, QMOE_DECODE, QMOE_RAGGED_MM
@@ -43,6 +54,7 @@ SOURCE = "ort/qmoe.hip"
 THREADS = 256
 SWIGLU = ACTIVATION["swiglu"]
 LEGACY = "-DQK_MOE_LEGACY"  # build option: the routing / fc1 / fc2 kernels before the decode path
+DECODE_V1 = "-DQK_MOE_DECODE_V1"  # build option: the session-8 decode kernels (input and A read from global)
 
 
 def tiling(K: int, bits: int) -> tuple[int, int]:
@@ -128,22 +140,29 @@ def _qmoe(op: OpSpec, args: tuple, kwargs: dict[str, Any], out: Any) -> Any:
     level = int(s["accuracy_level"])
     int8 = [uses_int8_activations(FcLayout(n, K, bits, bs or None), level) for n, K in ((f * inter, H), (H, inter))]
     a = cupy.empty((T * k, inter), cupy.float32)
-    if LEGACY not in launchers.OPTIONS and E <= EMAX and k <= KMAX and T * k <= GRID_Y:
+    v1 = DECODE_V1 in launchers.OPTIONS
+    if LEGACY not in launchers.OPTIONS and E <= EMAX and k <= KMAX and T * k <= GRID_Y and (v1 or H <= XMAX):
         attrs = (np.float32(s["activation_alpha"]), np.float32(s["activation_beta"]), np.float32(s["swiglu_limit"]))
         q1 = codes(ptrs["input"], T, H, x16, null) if int8[0] else (null, null)
         w1, flags1 = fc("fc1", f * inter, H)
+        lanes2, vw2, vec2 = _chunking(inter, bits, bs, int8[1], ptrs["fc2_experts_weights"])
+        at = 0 if v1 or int8[1] else vw2 * 32 // bits  # fc1's output chunk-transposed for fc2's chunks
         lanes, vw, vec = _chunking(H, bits, bs, int8[0], ptrs["fc1_experts_weights"])
         fc1 = (ptrs["input"], ptrs["router_probs"], null if rw is None else rw, sel, wts, *w1, a, i32(E), i32(H))
         fc1 += (i32(f * inter), i32(inter), i32(k), i32(bits), i32(bs), *flags1, x16, i32(act), *attrs)
-        fc1 += (i32(s["normalize_routing_weights"]), i32(rw is not None), i32(lanes), i32(vw), i32(vec), *q1)
+        fc1 += (i32(s["normalize_routing_weights"]), i32(rw is not None), i32(lanes), i32(vw), i32(vec), *q1, i32(at))
         tasks = -(-inter // (ROWS // f))
-        launch_grid(op.name, SOURCE, "qk_moe_fc1v", (-(-tasks // (THREADS // lanes)), T * k), THREADS, fc1)
+        if v1:
+            launch_grid(op.name, SOURCE, "qk_moe_fc1v", (-(-tasks // (THREADS // lanes)), T * k), THREADS, fc1)
+        else:
+            grid = (fc1_ctas(k * tasks, THREADS // lanes, T, launchers.sm_count()), T)
+            smem = 0 if int8[0] else staged_bytes(H)
+            launch_grid(op.name, SOURCE, "qk_moe_fc1v", grid, THREADS, fc1, shared_mem=smem)
         q2 = codes(a, T * k, inter, i32(0), wts) if int8[1] else (null, null)
         w2, flags2 = fc("fc2", H, inter)
-        lanes, vw, vec = _chunking(inter, bits, bs, int8[1], ptrs["fc2_experts_weights"])
-        tile = fc2_tile(H, T, k, lanes)
+        tile = fc2_tile(H, T, k, lanes2)
         fc2 = (a, sel, wts, *w2, call.out, i32(inter), i32(H), i32(k), i32(bits), i32(bs), *flags2, x16)
-        fc2 += (i32(lanes), i32(vw), i32(vec), i32(tile), *q2)
+        fc2 += (i32(lanes2), i32(vw2), i32(vec2), i32(tile), *q2)
         launch_grid(op.name, SOURCE, "qk_moe_fc2v", (-(-H // tile), T), THREADS, fc2)
         return call.out
     launch_grid(op.name, SOURCE, "qk_moe_route", _grid(T, 1), THREADS, route)
