@@ -2,16 +2,21 @@
 the oracle's call shape on CuPy arrays (``qconform.oracles.ort.qmoe``, ONNX Runtime's CPU semantics).
 
 The decode path (the default): two kernels on the current stream where the fc inputs stay fp32.
-``qk_moe_fc1v``: every CTA routes its token itself (top-k of the fp32 logits, ties to the higher
-expert index; QMoE's softmax over the k selected logits, or router_weights renormalized only when
-normalize_routing_weights is 1: the routing kernel's results bit for bit), so nothing waits between
-routing and fc1 and nothing is read back to the host; CTA x 0 of each (token, slot) stores the
-expert and weight for fc2. It computes fc1 + the activation into an fp32 scratch, 4 weight rows a
-task of 1..32 lanes (16-byte loads). ``qk_moe_fc2v``: a tile of output columns for all k slots per
-CTA, the slots' fp32(w * (dot + bias)) added in selection order in shared memory (no atomics: repeat
-calls are bit-identical). With ``-DQK_MOE_LEGACY`` in the build options (``compile_options``; the
-bench's ``--variants``), or past the decode path's limits (E > 512, k > 32, T * k > 65535): the
-three legacy kernels, routing, fc1, fc2. Weights dequantized exactly as the oracle, fp32 dot
+``qk_moe_fc1v``: every CTA stages its token's input as fp32 in shared memory and routes the token
+itself (top-k of the fp32 logits, ties to the higher expert index; QMoE's softmax over the k
+selected logits, or router_weights renormalized only when normalize_routing_weights is 1: the
+routing kernel's results bit for bit), so nothing waits between routing and fc1 and nothing is read
+back to the host; CTA x 0 of each token stores the experts and weights for fc2. Its lane groups then
+take tasks of 4 weight rows (1..32 lanes, 16-byte loads, a 4-bit chunk's loads one chunk ahead) over
+all k slots, the grid sized to whole rounds of the resident CTAs (``qmoe_tiling.fc1_ctas``); fc1 +
+the activation go into an fp32 scratch, chunk-transposed for fc2's chunks (coalesced reads).
+``qk_moe_fc2v``: a tile of output columns for all k slots per CTA, the slots' fp32(w * (dot + bias))
+added in selection order in shared memory (no atomics: repeat calls are bit-identical). With
+``-DQK_MOE_DECODE_V1`` in the build options: the session-8 decode kernels (input and scratch read
+from global memory in lane order, one task per lane group; the same sums in the same order, so the
+same bits). With ``-DQK_MOE_LEGACY`` (``compile_options``; the bench's ``--variants``), or past the
+decode path's limits (E > 512, k > 32, T * k > 65535; by default also hidden size > 8192): the legacy kernels,
+routing, fc1, fc2. Weights dequantized exactly as the oracle, fp32 dot
 products, fp32 intermediates: checked under the strict contract. Where ORT's CPU quantizes an fc's
 input to int8 (block-wise weights: 8-bit, or 4-bit at accuracy_level 4; ``uses_int8_activations``),
 that fc's input is quantized as ORT does (``qk_moe_quantize``, one more launch each) and the fc

@@ -305,9 +305,9 @@ qk_moe_fc2(const float* A, const int* sel, const float* wts, const qk_u8* W, con
 
 /* -------------------------------------------------------------------------------------------------
  * The decode path (the launcher's default; its build option -DQK_MOE_LEGACY selects the kernels
- * above). Two launches where the fc inputs stay fp32: qk_moe_fc1v (every CTA routes its token itself,
- * so no routing kernel runs before it, and CTA x 0 of each (token, slot) writes sel / wts for fc2),
- * then qk_moe_fc2v (a CTA takes a tile of output columns for all k slots and adds the slots in
+ * above; -DQK_MOE_DECODE_V1 its session-8 form, the same sums in the same order). Two launches where
+ * the fc inputs stay fp32: qk_moe_fc1v (every CTA routes its token itself, so no routing kernel runs
+ * before it, and CTA x 0 of each token writes sel / wts for fc2), then qk_moe_fc2v (a CTA takes a tile of output columns for all k slots and adds the slots in
  * selection order in shared memory: no atomics). Work unit: a task of QK_MOE_ROWS weight rows of one
  * expert, taken by `lanes` consecutive lanes of a 32-lane group (32 on wave32 and wave64 alike, so
  * the order is the same on both); lane li reads chunks li, li + lanes, ... of `vw` 32-bit words
