@@ -732,7 +732,8 @@ qk_moe_fc1v(const void* x, const void* logits, const void* rw, int* sel, float* 
 #else
     extern __shared__ float4 qk_moe_xs[];
     const qk_i64 t = blockIdx.y;
-    if (!qx) /* published by the routing's first barrier */
+    if (!qx) /* published by the routing's first barrier; the loads of 4 rounds in flight together */
+#pragma unroll 4
         for (int u = (int)threadIdx.x; u < K / 4; u += (int)blockDim.x) {
             float v[4];
             qk_moe_x4(x, t * K + 4 * u, x16, v);
