@@ -357,9 +357,18 @@ QMOE_ROUTE_NO_COMPARE: Edits = (
 QMOE_VEC_WORDS_SWAPPED: Edits = (
     ("        out[1] = q.y;\n        out[2] = q.z;\n", "        out[1] = q.z;\n        out[2] = q.y;\n"),
 )
+# fc1's output stored in row order while fc2 reads it chunk-transposed (coverage 2: fc2 rows of up to
+# 112 chunks; coverage 1's are one chunk, where both orders agree)
+QMOE_A_ROW_ORDER: Edits = (("A[p * units + (at ? qk_moe_apos(u, at, units) : u)]", "A[p * units + u]"),)
+# the staged input read without the swizzle it was stored with (coverage 2: hidden sizes >= 64; at 32
+# the 8 units are one group, which the swizzle leaves in place)
+QMOE_STAGED_UNSWIZZLED: Edits = (("xs[qk_moe_swz(vi >> 2)]", "xs[vi >> 2]"),)
 
-def _qmoe(name: str, caught_by: str | None, op: str, leaf: str, edits: Edits = (), define: str = "") -> DeviceMutant:
-    return DeviceMutant(name, "ort/qmoe.hip", "", define, op, caught_by, leaf=leaf, edits=edits)
+
+def _qmoe(
+    name: str, caught_by: str | None, op: str, leaf: str, edits: Edits = (), define: str = "", coverage: int = 1
+) -> DeviceMutant:
+    return DeviceMutant(name, "ort/qmoe.hip", "", define, op, caught_by, leaf=leaf, coverage=coverage, edits=edits)
 
 
 QMOE_MUTANTS = (
@@ -379,6 +388,10 @@ QMOE_MUTANTS = (
           "Xfp32_Wu4_Yfp32", QMOE_ROUTE_NO_COMPARE),
     _qmoe("QMoE decode: 16-byte weight load's words swapped", "matches_oracle", "qmoe_decode", "Xfp16_Wu4_Yfp16",
           QMOE_VEC_WORDS_SWAPPED),
+    _qmoe("QMoE decode: fc1's output in row order, read chunk-transposed", "matches_oracle", "qmoe_decode",
+          "Xfp16_Wu4_Yfp16", QMOE_A_ROW_ORDER, coverage=2),
+    _qmoe("QMoE decode: staged input read unswizzled", "matches_oracle", "qmoe_decode", "Xfp32_Wu4_Yfp32",
+          QMOE_STAGED_UNSWIZZLED, coverage=2),
     _qmoe("control: QMoE legacy kernels (route, fc1, fc2), u4", None, "qmoe_decode", "Xfp16_Wu4_Yfp16",
           define="-DQK_MOE_LEGACY"),
     _qmoe("control: QMoE legacy kernels (route, fc1, fc2), u8 ragged", None, "qmoe_ragged_mm", "Xfp16_Wu8_Yfp16",

@@ -6,7 +6,19 @@ from __future__ import annotations
 
 import pytest
 
-from qconform.device.qmoe_tiling import GROUP, ROWS, THREADS, YMAX, chunk_words, fc2_tile, lanes_over
+from qconform.device.qmoe_tiling import (
+    CTAS_PER_SM,
+    GROUP,
+    ROWS,
+    THREADS,
+    XMAX,
+    YMAX,
+    chunk_words,
+    fc1_ctas,
+    fc2_tile,
+    lanes_over,
+    staged_bytes,
+)
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 24, 31, 32, 33, 64, 90, 96, 360, 1000])
@@ -44,3 +56,26 @@ def test_bench_layers_tiling() -> None:
     # Qwen3-30B-A3B: fc1 K 2048 -> 64 chunks, 32 lanes; fc2 K 768 -> 24 chunks, 8 lanes, tile 16
     assert chunk_words(2048, 4, 128) == 4 and lanes_over(64) == 32
     assert chunk_words(768, 4, 128) == 4 and lanes_over(24) == 8 and fc2_tile(2048, 1, 8, 8) == 16
+    # qk_moe_fc1v's grid on 132 SMs: gpt-oss 5760 tasks in 3 rounds of 240 CTAs, Qwen 3072 in 2 of 192
+    assert fc1_ctas(4 * 1440, 8, 1, 132) == 240 and fc1_ctas(8 * 384, 8, 1, 132) == 192
+
+
+@pytest.mark.parametrize("K", [4, 8, 28, 36, 768, 2048, 2880, XMAX])
+def test_staged_row_holds_the_swizzled_units(K: int) -> None:
+    # qk_moe_swz(u) = u ^ ((u >> 3) & 7) keeps u inside its group of 8 units: every slot < the groups
+    units = K // 4
+    slots = {u ^ ((u >> 3) & 7) for u in range(units)}
+    assert len(slots) == units and max(slots) < staged_bytes(K) // 16
+    assert staged_bytes(K) <= 32768  # + the routing's 2.3 KB static: under 48 KB on every target
+
+
+@pytest.mark.parametrize(
+    "tasks, places, tokens, sms", [(5760, 8, 1, 132), (3072, 8, 1, 132), (7, 64, 3, 4), (100000, 8, 60, 132)]
+)
+def test_fc1_ctas_take_every_task_in_the_fewest_rounds(tasks: int, places: int, tokens: int, sms: int) -> None:
+    ctas = fc1_ctas(tasks, places, tokens, sms)
+    resident = max(1, CTAS_PER_SM * sms // tokens)
+    rounds = -(-tasks // (places * ctas))
+    assert 1 <= ctas <= resident
+    assert rounds == -(-tasks // (places * min(resident, -(-tasks // places))))
+    assert (ctas - 1) * places * rounds < tasks  # no CTA without a task

@@ -9,9 +9,10 @@ weighted sum), and whether the kernel's output on the first set is within the ca
 (``qconform.ops.ort.qmoe``, strict contract). Targets (issue text): >= 70% of the roofline and
 faster than the PyTorch baseline. PyTorch is imported here only; without it the column says so.
 
-``python -m qconform.bench.qmoe [--quick] [--json FILE] [--variants decode,legacy]`` (``--variants``:
-the decode path and the legacy kernels, ``-DQK_MOE_LEGACY``, timed side by side on the same cold
-rotation, each output checked against the bound)
+``python -m qconform.bench.qmoe [--quick] [--json FILE] [--variants decode,decode_v1,legacy]``
+(``--variants``: the decode path, its session-8 kernels ``-DQK_MOE_DECODE_V1`` and the legacy kernels
+``-DQK_MOE_LEGACY``, timed side by side on the same cold rotation, each output checked against the
+bound)
 """
 
 from __future__ import annotations
@@ -124,13 +125,17 @@ def _within_bound(layer: dict[str, Any], logits: Any, params: dict[str, Any], y:
     return f"FAIL: {detail}"
 
 
-VARIANTS = {"decode": (), "legacy": ("-DQK_MOE_LEGACY",)}  # name -> build options (qconform.device.ort.qmoe)
+VARIANTS = {  # name -> build options (qconform.device.ort.qmoe)
+    "decode": (),
+    "decode_v1": ("-DQK_MOE_DECODE_V1",),
+    "legacy": ("-DQK_MOE_LEGACY",),
+}
 
 
-def _time_variant(layer, sets, params, H, options, reps) -> tuple[list[float], float, str]:
+def _time_variant(layer, sets, params, H, options, reps) -> tuple[list[float], float, str, Any]:
     """The launcher's kernels built with ``options``: seconds per call over the cold rotation, the
-    host's seconds to queue one call (the timing is the device's only while this is shorter), and
-    whether its output on the first set is within the catalogue's bound."""
+    host's seconds to queue one call (the timing is the device's only while this is shorter),
+    whether its output on the first set is within the catalogue's bound, and that output."""
     from qconform.device.launchers import bound, compile_options
     from qconform.device.ort import qmoe_decode
     from qconform.ops.ort.qmoe import qmoe_call
@@ -149,7 +154,7 @@ def _time_variant(layer, sets, params, H, options, reps) -> tuple[list[float], f
     host = (time.perf_counter() - t0) / reps
     cupy.cuda.get_current_stream().synchronize()
     calls[0]()
-    return ts, host, _within_bound(layer, sets[0], params, y)
+    return ts, host, _within_bound(layer, sets[0], params, y), y.copy()
 
 
 def bench(shapes=SHAPES, reps: int = 50, n_calls: int | None = None, variants=("decode",)) -> list[BenchRecord]:
@@ -176,7 +181,13 @@ def bench(shapes=SHAPES, reps: int = 50, n_calls: int | None = None, variants=("
         del roof_sets
         base_name, base = _torch_baseline(layer, sets, E, k, bs, attrs, reps)
         base_us = f"{bl.median(base) * 1e6:.1f}" if base is not None else base_name
-        for variant, (ts, host, verdict) in timed.items():
+        ref = timed["decode"][3].view(cupy.uint16) if "decode" in timed else None
+        same = [
+            v for v in timed if v != "decode" and ref is not None and bool((timed[v][3].view(cupy.uint16) == ref).all())
+        ]
+        if len(timed) > 1:  # decode_v1 keeps every operation and its order: its output bits are decode's
+            print(f"{name}: output on the first set bit-identical to decode's: {', '.join(same) or 'none'}")
+        for variant, (ts, host, verdict, _) in timed.items():
             med = bl.median(ts)
             baselines = {"read-only roofline": roof * 1e6}
             if base is not None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 THREADS = 256  # threads per CTA: 8 groups of 32 lanes (wave32 and wave64 alike)
 GROUP = 32  # lanes of a reduction group (QK_MOE_GROUP)
 EMAX, KMAX, ROWS, YMAX, GRID_Y = 512, 32, 4, 2048, 65535  # qmoe.hip's QK_MOE_EMAX, _KMAX, _ROWS, _YMAX; grid.y
+XMAX = 8192  # hidden sizes whose fp32 input row qk_moe_fc1v stages in shared memory (32 KB)
+CTAS_PER_SM = 2  # qk_moe_fc1v's __launch_bounds__(256, 2)
 
 
 def lanes_over(n: int) -> int:
@@ -33,3 +35,19 @@ def fc2_tile(N: int, tokens: int, k: int, lanes: int) -> int:
     while 4 * m * k > YMAX:
         m //= 2
     return 4 * m
+
+
+def staged_bytes(K: int) -> int:
+    """Dynamic shared memory of qk_moe_fc1v for an input row of K values (K a multiple of 4): fp32,
+    16-byte units in swizzled groups of 8 (qk_moe_swz stays inside a group)."""
+    return 16 * 8 * -(-(K // 4) // 8)
+
+
+def fc1_ctas(tasks: int, places: int, tokens: int, sms: int) -> int:
+    """CTAs per token of qk_moe_fc1v: its ``tasks`` lane tasks over CTAs of ``places`` each, in the
+    fewest rounds the resident CTAs (CTAS_PER_SM per SM, shared by the tokens) allow, then as few
+    CTAs as those rounds need (no last round of stragglers beyond the others'). Which CTA takes a
+    task never changes its sums: the output bits do not depend on this."""
+    need = -(-tasks // places)
+    rounds = -(-need // max(1, CTAS_PER_SM * sms // tokens))
+    return -(-need // rounds)

@@ -350,7 +350,7 @@ ORT_KERNELS: tuple[KernelSpec, ...] = (
         _ort(op, symbol, "qmoe.hip", doc)
         for op in ("qmoe_decode", "qmoe_ragged_mm")
         for symbol, doc in (
-            ("qk_moe_fc1v", "routing in every CTA, then 4 fc1 rows a lane task (16-byte loads), the activation"),
+            ("qk_moe_fc1v", "input staged in shared memory, routing per CTA, fc1 tasks of 4 rows, the activation"),
             ("qk_moe_fc2v", "4 fc2 columns a lane task, the k slots summed in selection order in shared memory"),
             ("qk_moe_route", "-DQK_MOE_LEGACY: one thread per token: top-k (ties to the higher index), weights"),
             ("qk_moe_fc1", "-DQK_MOE_LEGACY: a lane group per (token, slot, unit): fc1 rows, activation"),

@@ -2,16 +2,21 @@
 the oracle's call shape on CuPy arrays (``qconform.oracles.ort.qmoe``, ONNX Runtime's CPU semantics).
 
 The decode path (the default): two kernels on the current stream where the fc inputs stay fp32.
-``qk_moe_fc1v``: every CTA routes its token itself (top-k of the fp32 logits, ties to the higher
-expert index; QMoE's softmax over the k selected logits, or router_weights renormalized only when
-normalize_routing_weights is 1: the routing kernel's results bit for bit), so nothing waits between
-routing and fc1 and nothing is read back to the host; CTA x 0 of each (token, slot) stores the
-expert and weight for fc2. It computes fc1 + the activation into an fp32 scratch, 4 weight rows a
-task of 1..32 lanes (16-byte loads). ``qk_moe_fc2v``: a tile of output columns for all k slots per
-CTA, the slots' fp32(w * (dot + bias)) added in selection order in shared memory (no atomics: repeat
-calls are bit-identical). With ``-DQK_MOE_LEGACY`` in the build options (``compile_options``; the
-bench's ``--variants``), or past the decode path's limits (E > 512, k > 32, T * k > 65535): the
-three legacy kernels, routing, fc1, fc2. Weights dequantized exactly as the oracle, fp32 dot
+``qk_moe_fc1v``: every CTA stages its token's input as fp32 in shared memory and routes the token
+itself (top-k of the fp32 logits, ties to the higher expert index; QMoE's softmax over the k
+selected logits, or router_weights renormalized only when normalize_routing_weights is 1: the
+routing kernel's results bit for bit), so nothing waits between routing and fc1 and nothing is read
+back to the host; CTA x 0 of each token stores the experts and weights for fc2. Its lane groups then
+take tasks of 4 weight rows (1..32 lanes, 16-byte loads, a 4-bit chunk's loads one chunk ahead) over
+all k slots, the grid sized to whole rounds of the resident CTAs (``qmoe_tiling.fc1_ctas``); fc1 +
+the activation go into an fp32 scratch, chunk-transposed for fc2's chunks (coalesced reads).
+``qk_moe_fc2v``: a tile of output columns for all k slots per CTA, the slots' fp32(w * (dot + bias))
+added in selection order in shared memory (no atomics: repeat calls are bit-identical). With
+``-DQK_MOE_DECODE_V1`` in the build options: the session-8 decode kernels (input and scratch read
+from global memory in lane order, one task per lane group; the same sums in the same order, so the
+same bits). With ``-DQK_MOE_LEGACY`` (``compile_options``; the bench's ``--variants``), or past the
+decode path's limits (E > 512, k > 32, T * k > 65535; by default also hidden size > 8192): the legacy kernels,
+routing, fc1, fc2. Weights dequantized exactly as the oracle, fp32 dot
 products, fp32 intermediates: checked under the strict contract. Where ORT's CPU quantizes an fc's
 input to int8 (block-wise weights: 8-bit, or 4-bit at accuracy_level 4; ``uses_int8_activations``),
 that fc's input is quantized as ORT does (``qk_moe_quantize``, one more launch each) and the fc
@@ -33,7 +38,18 @@ import numpy as np
 from qconform.device import launchers
 from qconform.device.abi import bind_call
 from qconform.device.launchers import launch_grid
-from qconform.device.qmoe_tiling import EMAX, GRID_Y, KMAX, ROWS, chunk_words, fc2_tile, lanes_over
+from qconform.device.qmoe_tiling import (
+    EMAX,
+    GRID_Y,
+    KMAX,
+    ROWS,
+    XMAX,
+    chunk_words,
+    fc1_ctas,
+    fc2_tile,
+    lanes_over,
+    staged_bytes,
+)
 from qconform.errors import Declined
 from qconform.ops import OpSpec
 from qconform.ops.ort.qmoe import ACTIVATION, QMOE_DECODE, QMOE_RAGGED_MM
@@ -43,6 +59,7 @@ SOURCE = "ort/qmoe.hip"
 THREADS = 256
 SWIGLU = ACTIVATION["swiglu"]
 LEGACY = "-DQK_MOE_LEGACY"  # build option: the routing / fc1 / fc2 kernels before the decode path
+DECODE_V1 = "-DQK_MOE_DECODE_V1"  # build option: the session-8 decode kernels (input and A read from global)
 
 
 def tiling(K: int, bits: int) -> tuple[int, int]:
@@ -128,22 +145,29 @@ def _qmoe(op: OpSpec, args: tuple, kwargs: dict[str, Any], out: Any) -> Any:
     level = int(s["accuracy_level"])
     int8 = [uses_int8_activations(FcLayout(n, K, bits, bs or None), level) for n, K in ((f * inter, H), (H, inter))]
     a = cupy.empty((T * k, inter), cupy.float32)
-    if LEGACY not in launchers.OPTIONS and E <= EMAX and k <= KMAX and T * k <= GRID_Y:
+    v1 = DECODE_V1 in launchers.OPTIONS
+    if LEGACY not in launchers.OPTIONS and E <= EMAX and k <= KMAX and T * k <= GRID_Y and (v1 or H <= XMAX):
         attrs = (np.float32(s["activation_alpha"]), np.float32(s["activation_beta"]), np.float32(s["swiglu_limit"]))
         q1 = codes(ptrs["input"], T, H, x16, null) if int8[0] else (null, null)
         w1, flags1 = fc("fc1", f * inter, H)
+        lanes2, vw2, vec2 = _chunking(inter, bits, bs, int8[1], ptrs["fc2_experts_weights"])
+        at = 0 if v1 or int8[1] else vw2 * 32 // bits  # fc1's output chunk-transposed for fc2's chunks
         lanes, vw, vec = _chunking(H, bits, bs, int8[0], ptrs["fc1_experts_weights"])
         fc1 = (ptrs["input"], ptrs["router_probs"], null if rw is None else rw, sel, wts, *w1, a, i32(E), i32(H))
         fc1 += (i32(f * inter), i32(inter), i32(k), i32(bits), i32(bs), *flags1, x16, i32(act), *attrs)
-        fc1 += (i32(s["normalize_routing_weights"]), i32(rw is not None), i32(lanes), i32(vw), i32(vec), *q1)
+        fc1 += (i32(s["normalize_routing_weights"]), i32(rw is not None), i32(lanes), i32(vw), i32(vec), *q1, i32(at))
         tasks = -(-inter // (ROWS // f))
-        launch_grid(op.name, SOURCE, "qk_moe_fc1v", (-(-tasks // (THREADS // lanes)), T * k), THREADS, fc1)
+        if v1:
+            launch_grid(op.name, SOURCE, "qk_moe_fc1v", (-(-tasks // (THREADS // lanes)), T * k), THREADS, fc1)
+        else:
+            grid = (fc1_ctas(k * tasks, THREADS // lanes, T, launchers.sm_count()), T)
+            smem = 0 if int8[0] else staged_bytes(H)
+            launch_grid(op.name, SOURCE, "qk_moe_fc1v", grid, THREADS, fc1, shared_mem=smem)
         q2 = codes(a, T * k, inter, i32(0), wts) if int8[1] else (null, null)
         w2, flags2 = fc("fc2", H, inter)
-        lanes, vw, vec = _chunking(inter, bits, bs, int8[1], ptrs["fc2_experts_weights"])
-        tile = fc2_tile(H, T, k, lanes)
+        tile = fc2_tile(H, T, k, lanes2)
         fc2 = (a, sel, wts, *w2, call.out, i32(inter), i32(H), i32(k), i32(bits), i32(bs), *flags2, x16)
-        fc2 += (i32(lanes), i32(vw), i32(vec), i32(tile), *q2)
+        fc2 += (i32(lanes2), i32(vw2), i32(vec2), i32(tile), *q2)
         launch_grid(op.name, SOURCE, "qk_moe_fc2v", (-(-H // tile), T), THREADS, fc2)
         return call.out
     launch_grid(op.name, SOURCE, "qk_moe_route", _grid(T, 1), THREADS, route)

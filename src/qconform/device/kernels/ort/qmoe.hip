@@ -305,9 +305,9 @@ qk_moe_fc2(const float* A, const int* sel, const float* wts, const qk_u8* W, con
 
 /* -------------------------------------------------------------------------------------------------
  * The decode path (the launcher's default; its build option -DQK_MOE_LEGACY selects the kernels
- * above). Two launches where the fc inputs stay fp32: qk_moe_fc1v (every CTA routes its token itself,
- * so no routing kernel runs before it, and CTA x 0 of each (token, slot) writes sel / wts for fc2),
- * then qk_moe_fc2v (a CTA takes a tile of output columns for all k slots and adds the slots in
+ * above; -DQK_MOE_DECODE_V1 its session-8 form, the same sums in the same order). Two launches where
+ * the fc inputs stay fp32: qk_moe_fc1v (every CTA routes its token itself, so no routing kernel runs
+ * before it, and CTA x 0 of each token writes sel / wts for fc2), then qk_moe_fc2v (a CTA takes a tile of output columns for all k slots and adds the slots in
  * selection order in shared memory: no atomics). Work unit: a task of QK_MOE_ROWS weight rows of one
  * expert, taken by `lanes` consecutive lanes of a 32-lane group (32 on wave32 and wave64 alike, so
  * the order is the same on both); lane li reads chunks li, li + lanes, ... of `vw` 32-bit words
@@ -418,11 +418,61 @@ __device__ __forceinline__ float qk_moe_word_v(qk_u32 word, const float* xv, flo
     return acc;
 }
 
+/* where a lane's activations come from (XL, by kernel and build): QK_MOE_XG the input row in
+ * global memory as given (fp16 or fp32; -DQK_MOE_DECODE_V1's kernels); QK_MOE_XS the token's row
+ * staged as fp32 in shared memory, 16-byte unit u at qk_moe_swz(u) (qk_moe_fc1v); QK_MOE_XT fc1's
+ * fp32 output row in chunk-transposed order (qk_moe_apos: unit i of every chunk together, so a
+ * warp's lanes on consecutive chunks read consecutive 16 bytes; qk_moe_fc2v). The values are the
+ * same fp32 numbers in every layout: only the addresses differ. */
+#define QK_MOE_XG 0
+#define QK_MOE_XS 1
+#define QK_MOE_XT 2
+#ifdef QK_MOE_DECODE_V1
+#define QK_MOE_FC2_XL QK_MOE_XG
+#define QK_MOE_BOUNDS 256
+#else
+#define QK_MOE_FC2_XL QK_MOE_XT
+#define QK_MOE_BOUNDS 256, 2 /* <= 128 registers: 2 CTAs (16 warps) per SM (qmoe_tiling.CTAS_PER_SM) */
+#endif
+
+/* the shared slot of 16-byte unit u: the low 3 bits XORed with bits 3-5, so 8 lanes reading unit i
+ * of chunks c .. c + 7 (chunk strides of 1 to 8 units) hit 8 different 4-bank groups */
+__device__ __forceinline__ int qk_moe_swz(int u) { return u ^ ((u >> 3) & 7); }
+
+/* the float index in a chunk-transposed row (chunks of cv values, K / cv of them) of value v */
+__device__ __forceinline__ int qk_moe_apos(int v, int cv, int K) {
+    const int c = v / cv, r = v - c * cv;
+    return ((r >> 2) * (K / cv) + c) * 4 + (r & 3);
+}
+
+/* four consecutive activations, values vi .. vi + 3 of chunk c (vi a multiple of 4), from layout XL */
+template <int XL>
+__device__ __forceinline__ void qk_moe_xq(const void* x, qk_i64 xoff, int x16, const float4* xs, int vi, int c,
+                                          int cv, int K, float* xv) {
+    if (XL == QK_MOE_XS) {
+        const float4 q = xs[qk_moe_swz(vi >> 2)];
+        xv[0] = q.x;
+        xv[1] = q.y;
+        xv[2] = q.z;
+        xv[3] = q.w;
+    } else if (XL == QK_MOE_XT) {
+        const float4 q = *(const float4*)((const float*)x + xoff + ((((vi - c * cv) >> 2) * (K / cv) + c) * 4));
+        xv[0] = q.x;
+        xv[1] = q.y;
+        xv[2] = q.z;
+        xv[3] = q.w;
+    } else {
+        qk_moe_x4(x, xoff + vi, x16, xv);
+    }
+}
+
+#ifdef QK_MOE_DECODE_V1
 /* this lane's partial dot products of x (K values from xoff) with rows rows[] of expert e: chunks
  * li, li + L, ... of V words, each row's values in order */
-template <int BITS, int V, bool S16>
+template <int BITS, int V, bool S16, int XL>
 __device__ __forceinline__ void qk_moe_rows_dot(const qk_moe_fc& f, int e, const int* rows, const void* x,
-                                                qk_i64 xoff, int x16, int li, int L, bool vec, float* acc) {
+                                                qk_i64 xoff, int x16, const float4* xs, int li, int L, bool vec,
+                                                float* acc) {
     const int per = 32 / BITS, words = f.K / per, chunks = words / V, wpb = f.bs ? f.bs / per : words;
     const int blocks = f.bs ? f.K / f.bs : 1;
     qk_i64 rr[QK_MOE_ROWS];
@@ -448,12 +498,76 @@ __device__ __forceinline__ void qk_moe_rows_dot(const qk_moe_fc& f, int e, const
         for (int v = 0; v < V; ++v) {
             float xv[32 / BITS];
 #pragma unroll
-            for (int c4 = 0; c4 < 32 / BITS; c4 += 4) qk_moe_x4(x, xoff + (qk_i64)(w0 + v) * per + c4, x16, xv + c4);
+            for (int c4 = 0; c4 < 32 / BITS; c4 += 4)
+                qk_moe_xq<XL>(x, xoff, x16, xs, (w0 + v) * per + c4, c, V * per, f.K, xv + c4);
 #pragma unroll
             for (int r = 0; r < QK_MOE_ROWS; ++r) acc[r] = qk_moe_word_v<BITS, S16>(wv[r][v], xv, s[r], zc[r], acc[r]);
         }
     }
 }
+#else
+/* chunk c's words, scales and -fp32(2^23 + z) of rows rows[] (qk_moe_rows_dot's loads) */
+template <int BITS, int V>
+__device__ __forceinline__ void qk_moe_chunk(const qk_moe_fc& f, int e, const int* rows, const qk_i64* rr,
+                                             const qk_u32* const* wrow, int c, int wpb, int blocks, bool vec,
+                                             qk_u32 (*wv)[4], float* s, float* zc) {
+    const int w0 = c * V, kb = w0 / wpb;
+#pragma unroll
+    for (int r = 0; r < QK_MOE_ROWS; ++r) {
+        qk_moe_load<V>(wrow[r] + w0, vec, wv[r]);
+        s[r] = qk_ftz(qk_load_f(f.s, rr[r] * blocks + kb, f.s16));
+        const qk_u8* zrow = f.bs ? f.z + rr[r] * f.zp_bytes : f.z + (qk_i64)e * f.zp_bytes;
+        const float z = f.has_zp ? (float)qk_field(zrow, BITS, f.bs ? kb : rows[r]) : (float)(1 << (BITS - 1));
+        zc[r] = -QK_FADD(8388608.0f, z);
+    }
+}
+
+/* this lane's partial dot products of x (K values from xoff, layout XL) with rows rows[] of expert
+ * e: chunks li, li + L, ... of V words, each row's values in order. 4-bit: the next chunk's
+ * weights, scales and zero points are loaded before this chunk is multiplied (the same sums in the
+ * same order as -DQK_MOE_DECODE_V1, with two chunks' loads in flight) */
+template <int BITS, int V, bool S16, int XL>
+__device__ __forceinline__ void qk_moe_rows_dot(const qk_moe_fc& f, int e, const int* rows, const void* x,
+                                                qk_i64 xoff, int x16, const float4* xs, int li, int L, bool vec,
+                                                float* acc) {
+    const int per = 32 / BITS, words = f.K / per, chunks = words / V, wpb = f.bs ? f.bs / per : words;
+    const int blocks = f.bs ? f.K / f.bs : 1;
+    qk_i64 rr[QK_MOE_ROWS];
+    const qk_u32* wrow[QK_MOE_ROWS];
+#pragma unroll
+    for (int r = 0; r < QK_MOE_ROWS; ++r) {
+        rr[r] = (qk_i64)e * f.N + rows[r];
+        wrow[r] = (const qk_u32*)(f.w + rr[r] * (qk_i64)words * 4);
+    }
+    qk_u32 wv[QK_MOE_ROWS][4];
+    float s[QK_MOE_ROWS], zc[QK_MOE_ROWS];
+    constexpr bool PF = BITS == 4; /* prefetch (u2 / u8: each chunk loaded where it is used, in 128 registers) */
+    if (PF && li < chunks) qk_moe_chunk<BITS, V>(f, e, rows, rr, wrow, li, wpb, blocks, vec, wv, s, zc);
+    for (int c = li; c < chunks; c += L) {
+        if (!PF) qk_moe_chunk<BITS, V>(f, e, rows, rr, wrow, c, wpb, blocks, vec, wv, s, zc);
+        qk_u32 cw[QK_MOE_ROWS][4];
+        float cs[QK_MOE_ROWS], czc[QK_MOE_ROWS];
+#pragma unroll
+        for (int r = 0; r < QK_MOE_ROWS; ++r) {
+#pragma unroll
+            for (int v = 0; v < V; ++v) cw[r][v] = wv[r][v];
+            cs[r] = s[r];
+            czc[r] = zc[r];
+        }
+        if (PF && c + L < chunks) qk_moe_chunk<BITS, V>(f, e, rows, rr, wrow, c + L, wpb, blocks, vec, wv, s, zc);
+        const int w0 = c * V;
+#pragma unroll
+        for (int v = 0; v < V; ++v) {
+            float xv[32 / BITS];
+#pragma unroll
+            for (int c4 = 0; c4 < 32 / BITS; c4 += 4)
+                qk_moe_xq<XL>(x, xoff, x16, xs, (w0 + v) * per + c4, c, V * per, f.K, xv + c4);
+#pragma unroll
+            for (int r = 0; r < QK_MOE_ROWS; ++r) acc[r] = qk_moe_word_v<BITS, S16>(cw[r][v], xv, cs[r], czc[r], acc[r]);
+        }
+    }
+}
+#endif
 
 /* the int8 product of rows[] (ORT's CompInt8 activations, qk_moe_lane_dot_i8's arithmetic per block):
  * this lane's blocks li, li + L, ..., each block's words read V at a time */
@@ -507,31 +621,32 @@ __device__ __forceinline__ void qk_moe_rows_dot_i8(const qk_moe_fc& f, int e, co
 }
 
 /* the task's dot products by the shape's instantiation: bits 2 / 4 / 8, vw 1 / 2 / 4 words a chunk,
- * fp16 or fp32 scales; the int8 product where qx is given */
-template <int BITS, int V>
+ * fp16 or fp32 scales, activations from layout XL; the int8 product where qx is given */
+template <int BITS, int V, int XL>
 __device__ __forceinline__ void qk_moe_dot_bv(const qk_moe_fc& f, int e, const int* rows, const void* x, qk_i64 xoff,
-                                              int x16, const qk_i8* qx, const float* sx, qk_i64 xrow, int li, int L,
-                                              bool vec, float* acc) {
+                                              int x16, const float4* xs, const qk_i8* qx, const float* sx,
+                                              qk_i64 xrow, int li, int L, bool vec, float* acc) {
     if (qx) qk_moe_rows_dot_i8<BITS, V>(f, e, rows, qx, sx, xrow, li, L, vec, acc);
-    else if (f.s16) qk_moe_rows_dot<BITS, V, true>(f, e, rows, x, xoff, x16, li, L, vec, acc);
-    else qk_moe_rows_dot<BITS, V, false>(f, e, rows, x, xoff, x16, li, L, vec, acc);
+    else if (f.s16) qk_moe_rows_dot<BITS, V, true, XL>(f, e, rows, x, xoff, x16, xs, li, L, vec, acc);
+    else qk_moe_rows_dot<BITS, V, false, XL>(f, e, rows, x, xoff, x16, xs, li, L, vec, acc);
 }
 
-template <int BITS>
+template <int BITS, int XL>
 __device__ __forceinline__ void qk_moe_dot_b(int vw, const qk_moe_fc& f, int e, const int* rows, const void* x,
-                                             qk_i64 xoff, int x16, const qk_i8* qx, const float* sx, qk_i64 xrow,
-                                             int li, int L, bool vec, float* acc) {
-    if (vw == 4) qk_moe_dot_bv<BITS, 4>(f, e, rows, x, xoff, x16, qx, sx, xrow, li, L, vec, acc);
-    else if (vw == 2) qk_moe_dot_bv<BITS, 2>(f, e, rows, x, xoff, x16, qx, sx, xrow, li, L, vec, acc);
-    else qk_moe_dot_bv<BITS, 1>(f, e, rows, x, xoff, x16, qx, sx, xrow, li, L, vec, acc);
+                                             qk_i64 xoff, int x16, const float4* xs, const qk_i8* qx, const float* sx,
+                                             qk_i64 xrow, int li, int L, bool vec, float* acc) {
+    if (vw == 4) qk_moe_dot_bv<BITS, 4, XL>(f, e, rows, x, xoff, x16, xs, qx, sx, xrow, li, L, vec, acc);
+    else if (vw == 2) qk_moe_dot_bv<BITS, 2, XL>(f, e, rows, x, xoff, x16, xs, qx, sx, xrow, li, L, vec, acc);
+    else qk_moe_dot_bv<BITS, 1, XL>(f, e, rows, x, xoff, x16, xs, qx, sx, xrow, li, L, vec, acc);
 }
 
+template <int XL>
 __device__ __forceinline__ void qk_moe_task_dot(int bits, int vw, const qk_moe_fc& f, int e, const int* rows,
-                                                const void* x, qk_i64 xoff, int x16, const qk_i8* qx, const float* sx,
-                                                qk_i64 xrow, int li, int L, bool vec, float* acc) {
-    if (bits == 4) qk_moe_dot_b<4>(vw, f, e, rows, x, xoff, x16, qx, sx, xrow, li, L, vec, acc);
-    else if (bits == 8) qk_moe_dot_b<8>(vw, f, e, rows, x, xoff, x16, qx, sx, xrow, li, L, vec, acc);
-    else qk_moe_dot_b<2>(vw, f, e, rows, x, xoff, x16, qx, sx, xrow, li, L, vec, acc);
+                                                const void* x, qk_i64 xoff, int x16, const float4* xs, const qk_i8* qx,
+                                                const float* sx, qk_i64 xrow, int li, int L, bool vec, float* acc) {
+    if (bits == 4) qk_moe_dot_b<4, XL>(vw, f, e, rows, x, xoff, x16, xs, qx, sx, xrow, li, L, vec, acc);
+    else if (bits == 8) qk_moe_dot_b<8, XL>(vw, f, e, rows, x, xoff, x16, xs, qx, sx, xrow, li, L, vec, acc);
+    else qk_moe_dot_b<2, XL>(vw, f, e, rows, x, xoff, x16, xs, qx, sx, xrow, li, L, vec, acc);
 }
 
 /* the sum of a row's partial sums over its L lanes (a butterfly within the 32-lane group; every
@@ -546,17 +661,61 @@ __device__ __forceinline__ float qk_moe_biased(float a, const qk_moe_fc& f, qk_i
     return f.has_bias ? qk_ftz(QK_FADD(a, qk_ftz(qk_load_f(f.b, at, f.s16)))) : a;
 }
 
-/* routing + fc1 + the activation. grid (tiles of tasks, T * k (token, slot) pairs); a task: units
- * u0 .. u0 + 4 / f - 1 of the pair's expert (f 2 with SwiGLU: unit u's rows 2u gate, 2u + 1
- * linear). A (T * k, units) fp32; a skipped slot (weight <= 1e-8) is neither computed nor written */
-extern "C" __global__ void __launch_bounds__(256)
+/* one fc1 task (a group of `lanes` lanes): units u0 .. u0 + 4 / f - 1 of expert e for the (token t,
+ * slot) pair p (f 2 with SwiGLU: unit u's rows 2u gate, 2u + 1 linear), the activation into A's row
+ * p (at 0: in unit order; else chunk-transposed for fc2's chunks of `at` values, qk_moe_apos). All
+ * 32 lanes of the group call it; a task that is not live computes and writes nothing */
+template <int XL>
+__device__ __forceinline__ void qk_moe_fc1_task(const qk_moe_fc& f, int bits, int vw, bool vec, int e, qk_i64 u0,
+                                                int units, bool live, const void* x, qk_i64 t, const float4* xs,
+                                                const qk_i8* qx, const float* sx, int li, int lanes, float* A,
+                                                qk_i64 p, int at, int act, float alpha, float beta, float limit) {
+    const bool glu = act == QK_MOE_SWIGLU;
+    const int fr = glu ? 2 : 1;
+    int rows[QK_MOE_ROWS];
+#pragma unroll
+    for (int r = 0; r < QK_MOE_ROWS; ++r) {
+        const int unit = (int)(u0 + r / fr < units ? u0 + r / fr : units - 1), half = r % fr;
+        rows[r] = glu ? 2 * unit + half : unit;
+    }
+    float acc[QK_MOE_ROWS];
+#pragma unroll
+    for (int r = 0; r < QK_MOE_ROWS; ++r) acc[r] = 0.0f;
+    /* f.s16: the input's dtype (the scales take the input's) */
+    if (live) qk_moe_task_dot<XL>(bits, vw, f, e, rows, x, t * f.K, f.s16, xs, qx, sx, t, li, lanes, vec, acc);
+#pragma unroll
+    for (int r = 0; r < QK_MOE_ROWS; ++r) acc[r] = qk_moe_group_sum(acc[r], lanes);
+    if (!live || li != 0) return;
+#pragma unroll
+    for (int i = 0; i < QK_MOE_ROWS; ++i) { /* row i: unit i (SwiGLU: even i, the gate; i + 1 its linear row) */
+        const int i1 = i + 1 < QK_MOE_ROWS ? i + 1 : i, ui = glu ? i / 2 : i;
+        if ((glu && (i & 1)) || u0 + ui >= units) continue;
+        const float h = qk_moe_biased(acc[i], f, (qk_i64)e * f.N + rows[i]);
+        const float l = glu ? qk_moe_biased(acc[i1], f, (qk_i64)e * f.N + rows[i1]) : 0.0f;
+        const int u = (int)u0 + ui;
+        A[p * units + (at ? qk_moe_apos(u, at, units) : u)] = qk_moe_act(act, h, l, alpha, beta, limit);
+    }
+}
+
+/* routing + fc1 + the activation; A (T * k, units) fp32; a skipped slot (weight <= 1e-8) is neither
+ * computed nor written. Default: grid (CTAs per token, T tokens); a CTA stages its token's input as
+ * fp32 in shared memory (qk_moe_swz's order; dynamic shared memory of 16 * round8(K / 4) bytes,
+ * none for the int8 product), routes once, and its lane groups take tasks (slot j, units) j-major,
+ * the CTA's S task places at x * S, then x * S + gridDim.x * S, ... With -DQK_MOE_DECODE_V1: grid
+ * (tiles of tasks, T * k pairs), one task per lane group, the input read from global memory */
+extern "C" __global__ void __launch_bounds__(QK_MOE_BOUNDS)
 qk_moe_fc1v(const void* x, const void* logits, const void* rw, int* sel, float* wts, const qk_u8* W, const void* S,
             const qk_u8* Z, const void* Bias, float* A, int E, int K, int N, int units, int k, int bits, int bs,
             int zp_bytes, int has_zp, int has_bias, int x16, int act, float alpha, float beta, float limit,
-            int normalize, int has_rw, int lanes, int vw, int vec, const qk_i8* qx, const float* sx) {
+            int normalize, int has_rw, int lanes, int vw, int vec, const qk_i8* qx, const float* sx, int at) {
     __shared__ float s_logit[QK_MOE_EMAX];
     __shared__ int s_sel[QK_MOE_KMAX];
     __shared__ float s_w[QK_MOE_KMAX];
+    const qk_moe_fc f = {W, S, Z, Bias, N, K, bs, zp_bytes, has_zp, has_bias, x16};
+    const int per_task = QK_MOE_ROWS / (act == QK_MOE_SWIGLU ? 2 : 1);
+    const int lane = (int)(threadIdx.x & (QK_MOE_GROUP - 1)), li = lane & (lanes - 1);
+    const int me = (int)(threadIdx.x / QK_MOE_GROUP) * (QK_MOE_GROUP / lanes) + lane / lanes;
+#ifdef QK_MOE_DECODE_V1
     const qk_i64 p = blockIdx.y, t = p / k;
     const int j = (int)(p - t * k);
     qk_moe_route_cta(logits, rw, t, E, k, normalize, has_rw, x16, s_logit, s_sel, s_w);
@@ -567,41 +726,41 @@ qk_moe_fc1v(const void* x, const void* logits, const void* rw, int* sel, float* 
         wts[p] = w;
     }
     if (!(w > QK_MOE_SKIP)) return; /* the whole CTA: no barrier follows */
-    const qk_moe_fc f = {W, S, Z, Bias, N, K, bs, zp_bytes, has_zp, has_bias, x16};
-    const bool glu = act == QK_MOE_SWIGLU;
-    const int fr = glu ? 2 : 1, per_task = QK_MOE_ROWS / fr;
-    const int lane = (int)(threadIdx.x & (QK_MOE_GROUP - 1)), li = lane & (lanes - 1);
-    const qk_i64 tau = ((qk_i64)blockIdx.x * (blockDim.x / QK_MOE_GROUP) + threadIdx.x / QK_MOE_GROUP) *
-                       (QK_MOE_GROUP / lanes) + lane / lanes;
-    const qk_i64 u0 = tau * per_task;
-    int rows[QK_MOE_ROWS];
-#pragma unroll
-    for (int r = 0; r < QK_MOE_ROWS; ++r) {
-        const int unit = (int)(u0 + r / fr < units ? u0 + r / fr : units - 1), half = r % fr;
-        rows[r] = glu ? 2 * unit + half : unit;
+    const qk_i64 tau = (qk_i64)blockIdx.x * (blockDim.x / QK_MOE_GROUP) * (QK_MOE_GROUP / lanes) + me;
+    qk_moe_fc1_task<QK_MOE_XG>(f, bits, vw, vec != 0, e, tau * per_task, units, true, x, t, 0, qx, sx, li, lanes, A,
+                               p, at, act, alpha, beta, limit);
+#else
+    extern __shared__ float4 qk_moe_xs[];
+    const qk_i64 t = blockIdx.y;
+    if (!qx) /* published by the routing's first barrier; the loads of 4 rounds in flight together */
+#pragma unroll 4
+        for (int u = (int)threadIdx.x; u < K / 4; u += (int)blockDim.x) {
+            float v[4];
+            qk_moe_x4(x, t * K + 4 * u, x16, v);
+            qk_moe_xs[qk_moe_swz(u)] = make_float4(v[0], v[1], v[2], v[3]);
+        }
+    qk_moe_route_cta(logits, rw, t, E, k, normalize, has_rw, x16, s_logit, s_sel, s_w);
+    if (blockIdx.x == 0 && (int)threadIdx.x < k) {
+        sel[t * k + threadIdx.x] = s_sel[threadIdx.x];
+        wts[t * k + threadIdx.x] = s_w[threadIdx.x];
     }
-    float acc[QK_MOE_ROWS];
-#pragma unroll
-    for (int r = 0; r < QK_MOE_ROWS; ++r) acc[r] = 0.0f;
-    qk_moe_task_dot(bits, vw, f, e, rows, x, t * K, x16, qx, sx, t, li, lanes, vec != 0, acc);
-#pragma unroll
-    for (int r = 0; r < QK_MOE_ROWS; ++r) acc[r] = qk_moe_group_sum(acc[r], lanes);
-    if (li != 0) return;
-#pragma unroll
-    for (int i = 0; i < QK_MOE_ROWS; ++i) { /* row i: unit i (SwiGLU: even i, the gate; i + 1 its linear row) */
-        const int i1 = i + 1 < QK_MOE_ROWS ? i + 1 : i, ui = glu ? i / 2 : i;
-        if ((glu && (i & 1)) || u0 + ui >= units) continue;
-        const float h = qk_moe_biased(acc[i], f, (qk_i64)e * N + rows[i]);
-        const float l = glu ? qk_moe_biased(acc[i1], f, (qk_i64)e * N + rows[i1]) : 0.0f;
-        A[p * units + u0 + ui] = qk_moe_act(act, h, l, alpha, beta, limit);
+    const int ntask = (units + per_task - 1) / per_task, total = k * ntask;
+    const int places = (int)(blockDim.x / QK_MOE_GROUP) * (QK_MOE_GROUP / lanes);
+    for (int base = (int)blockIdx.x * places; base < total; base += (int)gridDim.x * places) { /* CTA-uniform */
+        const int tau = base + me < total ? base + me : total - 1, j = tau / ntask;
+        const bool live = base + me < total && s_w[j] > QK_MOE_SKIP;
+        qk_moe_fc1_task<QK_MOE_XS>(f, bits, vw, vec != 0, s_sel[j], (qk_i64)(tau - j * ntask) * per_task, units,
+                                   live, x, t, qk_moe_xs, qx, sx, li, lanes, A, t * k + j, at, act, alpha, beta,
+                                   limit);
     }
+#endif
 }
 
 /* fc2 + the weighted sum. grid (tiles of `tile` output columns, T tokens); the CTA's tasks (slot j,
  * 4 columns) go round its 32-lane groups, each column's fp32(dot + bias) into shared memory; then
  * one thread per column adds the k slots in selection order, each fp32(w * y) (skipped slots add
  * nothing), and stores the sum once */
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(QK_MOE_BOUNDS)
 qk_moe_fc2v(const float* A, const int* sel, const float* wts, const qk_u8* W, const void* S, const qk_u8* Z,
             const void* Bias, void* Y, int K, int N, int k, int bits, int bs, int zp_bytes, int has_zp, int has_bias,
             int x16, int lanes, int vw, int vec, int tile, const qk_i8* qx, const float* sx) {
@@ -631,7 +790,8 @@ qk_moe_fc2v(const float* A, const int* sel, const float* wts, const qk_u8* W, co
             acc[r] = 0.0f;
         }
         const qk_i64 pj = t * k + j;
-        if (live) qk_moe_task_dot(bits, vw, f, e, rows, A, pj * K, 0, qx, sx, pj, li, lanes, vec != 0, acc);
+        if (live)
+            qk_moe_task_dot<QK_MOE_FC2_XL>(bits, vw, f, e, rows, A, pj * K, 0, 0, qx, sx, pj, li, lanes, vec != 0, acc);
 #pragma unroll
         for (int r = 0; r < QK_MOE_ROWS; ++r) acc[r] = qk_moe_group_sum(acc[r], lanes);
         if (live && li == 0) {
