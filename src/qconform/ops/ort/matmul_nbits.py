@@ -47,6 +47,9 @@ def _nbits_inputs(case: Case, with_a: bool) -> dict[str, np.ndarray]:
         inputs["zero_points"] = np.full((N, kb), mid, act) if zp == "uniform" and with_a else mid.reshape(1)
     if with_a:
         inputs["A"] = rng.standard_normal((M, K)).astype(act)
+        if case.pattern == "spike":  # row 1: one activation 1e30 on weights q = z (default zero point)
+            inputs["A"][1, 0] = 1e30
+            inputs["B"][:, 0, 0] = (inputs["B"][:, 0, 0] & (0xFF ^ ((1 << bits) - 1))) | (1 << (bits - 1))
         if p.get("bias"):
             inputs["bias"] = rng.standard_normal(N).astype(act)
     return inputs
@@ -101,7 +104,12 @@ def _nbits_cases(op: str, leaf: str, coverage: int, with_a: bool) -> list[Case]:
     contrib_ops/cuda/quantization: ``TryMatMul4Bits`` in matmul_4bits.cu refuses
     ``n % 8 != 0 || k % 8 != 0 || m > 1`` and dispatches blocks 16, 32, 64, 128;
     ``TryMatMul8Bits`` in matmul_8bits.cu also wants ``256 % block_size == 0`` and
-    ``k % block_size == 0``); the edge cases are where such a kernel declines."""
+    ``k % block_size == 0``); the edge cases are where such a kernel declines.
+
+    spike (fp32 A, coverage 1): M = 6, row 1 holds one activation 1e30 on weights that are exactly
+    zero (q = z, default zero point), the rest normal: the other products of that row sit 2^99
+    below it (a kernel holding a row in fp16 pieces with one shared exponent loses them), in a group of 4
+    tokens beside the unaffected rows 4 and 5."""
     out: list[Case] = []
 
     def add(shape: tuple[int, ...], seed: int, pattern: str = "normal", **params: Any) -> None:
@@ -145,6 +153,8 @@ def _nbits_cases(op: str, leaf: str, coverage: int, with_a: bool) -> list[Case]:
         (16, 256, 64, 64, "packed", {"accuracy_level": 4}),
         (8, 768, 128, 256, "packed", {}),
     )
+    if with_a and "Xfp32" in leaf:  # fp32's dynamic range: a row an fp16 split cannot carry
+        add((6, 256, 40), 500, "spike", block_size=64, zp="none", bias=True)
     seen = set()
     for i, (M, K, N, bs, zp, extra) in enumerate(core[: (3 if with_a else 2) if coverage == 1 else None]):
         if with_a:
