@@ -88,6 +88,38 @@ def tile_f32(
     return out
 
 
+def per_output(A: np.ndarray, W: np.ndarray, bias: np.ndarray | None, *, bits: int) -> np.ndarray:
+    """Y (M, N) fp32 as the per-output kernel (``qk_nbits_gemv``, kernels/ort/nbits_gemv.hip)
+    computes it from W = the dequantized weights (``dequantize_nbits``, bit-identical to its
+    qk_weight): bits 2 / 4, lane l takes the 32-bit words l, l + 32, ... (K rounded up to whole
+    words, zeros past K), a word's elements in the order (field j of each byte, bytes 0..3), each
+    fmaf(a, w) onto the lane's sum; other widths lane l takes k = l (mod 32); a width-32 butterfly,
+    + bias."""
+    M, K = A.shape
+    if bits in (2, 4):
+        per, fields = 32 // bits, 8 // bits
+        words = -(-K // per)
+        order = np.arange(words)[:, None] * per + (fields * np.arange(4)[None, :] + np.arange(fields)[:, None]).ravel()
+        lane_of = np.repeat(np.arange(words) % 32, per)
+        ks = order.ravel()
+        keep = ks < K
+        ks, lane_of = ks[keep], lane_of[keep]
+    else:
+        ks, lane_of = np.arange(K), np.arange(K) % 32
+    a, w = ftz32(A), W.astype(np.float32)
+    out = np.zeros((M, W.shape[0]), np.float32)
+    for m in range(M):
+        lanes = np.zeros((32, W.shape[0]), np.float32)
+        for k, lane in zip(ks, lane_of, strict=True):
+            lanes[lane] = fmaf(np.full(W.shape[0], a[m, k], np.float32), w[:, k], lanes[lane])
+        off = 16
+        while off:
+            lanes = ftz32(lanes + lanes[np.arange(32) ^ off])
+            off >>= 1
+        out[m] = lanes[0] if bias is None else ftz32(lanes[0] + bias.astype(np.float32))
+    return out
+
+
 def _rz32(x: np.ndarray) -> np.ndarray:
     """float64 -> fp32 rounded toward zero."""
     r = x.astype(np.float32)

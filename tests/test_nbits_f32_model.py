@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from nbits_f32_model import LO_SHIFT, SPLIT_FLOOR, flagged, group_flags, ring_f32, split, tile_f32
+from nbits_f32_model import LO_SHIFT, SPLIT_FLOOR, flagged, group_flags, per_output, ring_f32, split, tile_f32
 
 from qconform.contracts import STRICT
 from qconform.ops import CATALOGUE
+from qconform.oracles.ort import dequantize_nbits
 from qconform.properties.bounds import budget
 
 OP = CATALOGUE["matmul_nbits"]
@@ -127,3 +128,35 @@ def test_rows_the_split_loses_are_flagged_and_the_answer_stays_in_the_bound(bits
         if spike is not None and spike >= 2.0**40:
             assert _worst({"A": A[2:3], "B": B, "scales": scales}, params) > 1, spike  # the hole closed
         assert _worst(inputs, params, kernel=_device) < 0.05, spike
+
+
+@pytest.mark.parametrize("bits", [2, 4])
+@pytest.mark.parametrize("zp", ["none", "packed", "float", "scalar"])
+def test_per_output_kernel_on_a_spike_row_within_the_bound(bits: int, zp: str) -> None:
+    """The per-output kernel (fp32 A at M > 8, K < 64, zero points, the F32_PER_OUTPUT build) chains
+    fmaf(a, w) with the dequantized weights: a 1e30 activation on weights q = z beside activations
+    ~1 (M 12, K 200: a tail word) stays within the bound for every zero-point kind."""
+    rng = np.random.default_rng(7)
+    K, N, M, bs = 200, 24, 12, 64
+    kb = -(-K // bs)
+    B = rng.integers(0, 256, (N, kb, bs * bits // 8), dtype=np.uint8)
+    scales = (rng.uniform(0.5, 2.0, (N, kb)) * 2.0 ** -(bits + 2)).astype(np.float32)
+    z = {"none": None, "packed": np.full((N, -(-kb * bits // 8)), 0x11 * (1 << (bits - 1)) & 0xFF, np.uint8)}
+    z["float"] = np.full((N, kb), 2 ** (bits - 1), np.float32)
+    z["scalar"] = np.array([2 ** (bits - 1)], np.float32)
+    if bits == 2:
+        z["packed"] = np.full((N, -(-kb * bits // 8)), 0xAA, np.uint8)  # every 2-bit zero point 2
+    B[:, 0, 0] = (B[:, 0, 0] & (0xFF ^ ((1 << bits) - 1))) | (1 << (bits - 1))  # k = 0: q = z (= 2^(bits - 1))
+    A = rng.standard_normal((M, K)).astype(np.float32)
+    A[3, 0] = 1e30
+    bias = rng.standard_normal(N).astype(np.float32)
+    form = "kernel" if zp == "scalar" else "ort"
+    kw = {"K": K, "N": N, "bits": bits, "block_size": bs, "form": form}
+    W = dequantize_nbits(B, scales, z[zp], **kw)
+    assert np.all(W[:, 0] == 0)
+    got = per_output(A, W, bias, bits=bits)
+    inputs = {"A": A, "B": B, "scales": scales, "bias": bias, **({} if z[zp] is None else {"zero_points": z[zp]})}
+    params = {"K": K, "bits": bits, "block_size": bs, "zp": zp}
+    (exp,) = OP.numerics(inputs, params, STRICT, True)
+    bound = budget(exp.model, STRICT, True).bound(exp.model)
+    assert float((np.abs(got.astype(np.float64) - exp.model.ref) / bound).max()) < 0.05
