@@ -420,7 +420,8 @@ __device__ __forceinline__ void qk_issue_super(const QkRing<R>& ring, int j, con
  * halves, K rounded up to whole superchunks, zeros past K): the mma's token columns 0..3 take the hi
  * parts, 4..7 the lo parts, so one mma does both and lane t of a quad holds hi sums (t < 2) or lo
  * sums (t >= 2) of tokens 2 (t & 1) + 0..1. The epilogue adds lane t + 2's lo sums, each part
- * times its exact power of two (inv: 2^-e, 2^-(e + 12) per token). */
+ * times its exact power of two (inv: 2^-e, 2^-(e + 12) per token). A group the split flagged never
+ * gets here: the kernel's wrapper sends its CTAs to qk_nbits_f32_tile. */
 template <int BITS, int R, int S, bool F32>
 __device__ __forceinline__ void qk_nbits_mmaa(const qk_u16* A, const qk_u8* B, const void* scales, const void* bias,
                                               void* Y, const float* inv, int M, int K, int N, int cpb_shift,
