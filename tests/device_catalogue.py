@@ -280,6 +280,19 @@ RING_F32_LO_SCALE: Edits = (
     ("inv[2 * m + 1] = qk_float((qk_u32)(127 - e - 12) << 23);", "inv[2 * m + 1] = qk_float((qk_u32)(127 - e) << 23);"),
 )
 RING_F32_GROUP: Edits = (("if (F32) A += (qk_i64)grp * 8 * Kp;", "if (F32) A += 0;"),)
+# the split never flags a token: the ring kernel takes every group, also a row whose small
+# activations fp16 hi + lo cannot carry (the spike case: 1e30 on weights q = z beside normal ones)
+RING_F32_NO_FLAG: Edits = (("if (lost) lost_any = 1;", "if (lost) lost_any = 0;"),)
+
+# the per-output kernel's word path with the zero point applied through sum(a) (a q s - a z s per
+# element): a 1e30 activation on weights q = z wipes the lane's sum (the spike case, packed zero points)
+GEMV_SUM_A_FORM: Edits = (
+    (
+        "acc = fmaf(av, qk_weight(b, (int)((v >> (8 * by)) & 0xFFu)), acc);",
+        "acc = fmaf(av, QK_FMUL((float)((v >> (8 * by)) & 0xFFu), b.s), acc);\n"
+        "                        acc = fmaf(-av, QK_FMUL(b.z, b.s), acc);",
+    ),
+)
 
 ORT_MUTANTS = (
     _mma("mma GEMV: last chunk reads the previous block's scale", "matches_oracle", edits=MMA_LAST_SCALE),
@@ -292,6 +305,18 @@ ORT_MUTANTS = (
     _mma("ring GEMV fp32 A: the lo parts not added", "matches_oracle", edits=RING_F32_NO_LO, leaf="Xfp32_Wu2_Yfp32"),
     _mma("ring GEMV fp32 A: lo scaled back by 2^-e", "matches_oracle", edits=RING_F32_LO_SCALE, leaf="Xfp32_Wu4_Yfp32"),
     _mma("ring GEMV fp32 A: group 1 reads group 0", "matches_oracle", edits=RING_F32_GROUP, leaf="Xfp32_Wu2_Yfp32"),
+    _mma("ring GEMV fp32 A: no token flagged", "matches_oracle", edits=RING_F32_NO_FLAG, leaf="Xfp32_Wu2_Yfp32"),
+    DeviceMutant(
+        "per-output GEMV: zero point through sum(a)",
+        "ort/nbits_gemv.hip",
+        "",
+        "",
+        "matmul_nbits",
+        "matches_oracle",
+        leaf="Xfp32_Wu2_Yfp32",
+        coverage=2,
+        edits=GEMV_SUM_A_FORM,
+    ),
     _mma("control: portable mma (shuffles), u2", None, define="-DQK_MMA_EMULATE"),
     _mma("control: portable mma (shuffles), GEMV fp32 A u4", None, define="-DQK_MMA_EMULATE", leaf="Xfp32_Wu4_Yfp32"),
     _mma("control: portable mma (shuffles), u4", None, define="-DQK_MMA_EMULATE", leaf="Xfp16_Wu4_Yfp16"),

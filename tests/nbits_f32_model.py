@@ -3,8 +3,9 @@ kernels/ort/nbits_mma.hip): its pre-pass (per-token power-of-two prescale, fp16 
 by 2^LO_SHIFT), the matrix unit's sums (a conservative model of the tensor core's fp32
 accumulation: every addend of a step aligned to the largest and truncated ``extra`` bits below its
 ulp, the sum rounded toward zero), the per-chunk ``fmaf`` with the block scale, the K split across
-warps in warp order, and the epilogue. Used by tests/test_nbits_f32_model.py against the suite's
-own bound (``qconform.properties.bounds``)."""
+warps in warp order, and the epilogue; the split's flags (rows it does not carry) and the
+kernel that computes the flagged groups. Used by tests/test_nbits_f32_model.py against the
+suite's own bound (``qconform.properties.bounds``)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from qconform.oracles.ort.matmul_nbits import NBitsLayout, unpack_weights
 LO_SHIFT = 12  # lo = fp16((x - hi) * 2^12): |x - hi| <= 8 for |x| < 2^15, so |lo| <= 2^15
 HI_TOP = 14  # the prescaled row maximum lies in [2^14, 2^15)
 F32_TINY = 2.0**-126
+SPLIT_FLOOR = 2.0**-14  # prescaled |x| from here up: hi + lo carry x to 2^-23 of itself (else the row is flagged)
 
 
 def ftz32(x: np.ndarray) -> np.ndarray:
@@ -42,6 +44,80 @@ def split(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     lo = ftz32(d * np.float32(2.0**LO_SHIFT)).astype(np.float16)
     lo = np.where(np.isfinite(hi), lo, np.float16(0))
     return hi, lo, e
+
+
+def flagged(a: np.ndarray) -> np.ndarray:
+    """Per row: a finite nonzero activation (flushed) whose prescaled x = fl32(a 2^e) (flushed)
+    is below SPLIT_FLOOR, where hi + lo may not carry it to 2^-23 of itself; the kernel's
+    ``flags`` (``qk_nbits_split_a``). Such a row's group of 4 goes to ``tile_f32``."""
+    a32 = ftz32(a)
+    e = prescale_exponent(a)
+    x = ftz32(a32 * np.ldexp(np.float32(1), e)[:, None].astype(np.float32))
+    return ((a32 != 0) & np.isfinite(a32) & (np.abs(x) < SPLIT_FLOOR)).any(axis=-1)
+
+
+def group_flags(a: np.ndarray) -> np.ndarray:
+    """Per row: whether its group of 4 rows (the ring kernel's blockIdx.y) has a flagged row."""
+    f = flagged(a)
+    g = np.pad(f, (0, -len(f) % 4)).reshape(-1, 4).any(axis=1)
+    return np.repeat(g, 4)[: len(f)]
+
+
+def tile_f32(
+    A: np.ndarray, B: np.ndarray, scales: np.ndarray, bias: np.ndarray | None, *, K: int, bits: int, block_size: int
+) -> np.ndarray:
+    """Y (M, N) as the ring kernel's flagged-group path (``qk_nbits_f32_tile``) computes it:
+    w = fp32((q - z) s), lane l of 32 chaining fmaf(a[k], w[k]) over k = l (mod 32), a width-32
+    butterfly (lane i + lane i ^ off, off 16..1), + bias."""
+    M, N = A.shape[0], B.shape[0]
+    q = unpack_weights(B, NBitsLayout(K, N, bits, block_size)).astype(np.float32)
+    s = scales.astype(np.float32).reshape(N, -1)[:, np.arange(K) // block_size]
+    w = ftz32((q - np.float32(2 ** (bits - 1))) * s)
+    a = ftz32(A)
+    out = np.zeros((M, N), np.float32)
+    for m in range(M):
+        lanes = np.zeros((32, N), np.float32)
+        for k in range(K):
+            lanes[k % 32] = fmaf(np.full(N, a[m, k], np.float32), w[:, k], lanes[k % 32])
+        off = 16
+        while off:
+            lanes = ftz32(lanes + lanes[np.arange(32) ^ off])
+            off >>= 1
+        y = lanes[0]
+        out[m] = y if bias is None else ftz32(y + bias.astype(np.float32))
+    return out
+
+
+def per_output(A: np.ndarray, W: np.ndarray, bias: np.ndarray | None, *, bits: int) -> np.ndarray:
+    """Y (M, N) fp32 as the per-output kernel (``qk_nbits_gemv``, kernels/ort/nbits_gemv.hip)
+    computes it from W = the dequantized weights (``dequantize_nbits``, bit-identical to its
+    qk_weight): bits 2 / 4, lane l takes the 32-bit words l, l + 32, ... (K rounded up to whole
+    words, zeros past K), a word's elements in the order (field j of each byte, bytes 0..3), each
+    fmaf(a, w) onto the lane's sum; other widths lane l takes k = l (mod 32); a width-32 butterfly,
+    + bias."""
+    M, K = A.shape
+    if bits in (2, 4):
+        per, fields = 32 // bits, 8 // bits
+        words = -(-K // per)
+        order = np.arange(words)[:, None] * per + (fields * np.arange(4)[None, :] + np.arange(fields)[:, None]).ravel()
+        lane_of = np.repeat(np.arange(words) % 32, per)
+        ks = order.ravel()
+        keep = ks < K
+        ks, lane_of = ks[keep], lane_of[keep]
+    else:
+        ks, lane_of = np.arange(K), np.arange(K) % 32
+    a, w = ftz32(A), W.astype(np.float32)
+    out = np.zeros((M, W.shape[0]), np.float32)
+    for m in range(M):
+        lanes = np.zeros((32, W.shape[0]), np.float32)
+        for k, lane in zip(ks, lane_of, strict=True):
+            lanes[lane] = fmaf(np.full(W.shape[0], a[m, k], np.float32), w[:, k], lanes[lane])
+        off = 16
+        while off:
+            lanes = ftz32(lanes + lanes[np.arange(32) ^ off])
+            off >>= 1
+        out[m] = lanes[0] if bias is None else ftz32(lanes[0] + bias.astype(np.float32))
+    return out
 
 
 def _rz32(x: np.ndarray) -> np.ndarray:

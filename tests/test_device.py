@@ -385,3 +385,39 @@ def test_qmoe_first_call_of_a_fresh_shape_then_128_identical(op_name: str) -> No
     for call in range(128):
         again = cupy.asnumpy(fn(*dev_args, **dev_kwargs))
         assert again.tobytes() == first.tobytes(), f"call {call + 2} differs from the first"
+
+
+@pytest.mark.parametrize("bits", [2, 4])
+@pytest.mark.parametrize("zp", ["none", "packed"])
+def test_own_kernel_matmul_nbits_f32_spike_rows(bits: int, zp: str) -> None:
+    """fp32 A with a row holding 1e30 on weights q = z beside normal activations (the catalogue's
+    spike cases, coverage 2): default zero point, M 6: the split and the ring kernel, whose CTAs of
+    the flagged group take the fp32 tile path; packed zero points, M 12: the per-output kernel.
+    Each answer within the strict bound and bit-identical call to call."""
+    import cupy
+
+    from qconform.contracts import STRICT
+    from qconform.device.launch import RECORDING
+    from qconform.device.launchers import kernel_of, sm_count
+    from qconform.device.ort.matmul_nbits import GEMV, MMA, matmul_nbits
+    from qconform.device.registry import decode_shape
+    from qconform.properties.bounds import budget
+
+    op = get_op("matmul_nbits")
+    (case,) = [c for c in op.cases(f"Xfp32_Wu{bits}_Yfp32", 2) if c.pattern == "spike" and c.params["zp"] == zp]
+    inputs, params = op.make_inputs(case), {**case.params, "bits": bits}
+    args, kwargs = op.call_args({k: cupy.asarray(v) for k, v in inputs.items()}, params)
+    RECORDING.append([])
+    try:
+        matmul_nbits(*args, **kwargs)
+    finally:
+        launches = RECORDING.pop()
+    N = case.shape[2]
+    ring = [kernel_of(MMA, "qk_nbits_split_a"), kernel_of(MMA, decode_shape(N, sm_count()).symbol_f32(bits))]
+    assert [launch[0] for launch in launches] == (ring if zp == "none" else [kernel_of(GEMV, "qk_nbits_gemv")])
+    got = [cupy.asnumpy(matmul_nbits(*args, **kwargs)) for _ in range(3)]
+    assert all(np.array_equal(g.view(np.uint32), got[0].view(np.uint32)) for g in got[1:])
+    (exp,) = op.numerics(inputs, params, STRICT, True)
+    bound = budget(exp.model, STRICT, True).bound(exp.model)
+    err = np.abs(got[0].astype(np.float64) - exp.model.ref)
+    assert np.all(err <= bound), float((err / bound).max())

@@ -116,7 +116,11 @@ def _f32_ring_ok(bits: int, block_size: int, M: int, lay: Any, zp_kind: int, B: 
 def _launch_ring_f32(bits: int, M: int, lay: Any, A: Any, B: Any, scales: Any, bias: Any, y: Any) -> bool:
     """fp32 A through the ring kernel (``qk_nbits_mmaf_*``): ``qk_nbits_split_a`` writes each token
     as fp16 hi + lo rows (a per-token power of two first), groups of 4 tokens (8 rows) per
-    blockIdx.y; False when one warp's ring does not fit (the caller takes the per-output kernel)."""
+    blockIdx.y, and flags each token with a nonzero activation the split does not carry (one more
+    than 2^28 below its row's maximum: tests/nbits_f32_model.py); the ring kernel's CTAs of a
+    flagged token's group compute their outputs from A in fp32 instead (``qk_nbits_f32_tile``,
+    decided on the device: no host sync, no launch more). False when one warp's ring does not fit
+    (the caller takes the per-output kernel)."""
     shape = decode_shape(lay.N, sm_count())
     n_chunks = -(-lay.K // 64)
     sc = 8 // bits
@@ -133,12 +137,14 @@ def _launch_ring_f32(bits: int, M: int, lay: Any, A: Any, B: Any, scales: Any, b
     if wk == 0 or (smem > 48 * 1024 and not _allow_smem(kernel, per_cta)):
         return False
     split = cupy.empty((groups * 8, kp), cupy.float16)
-    inv = cupy.empty((groups * 4, 2), cupy.float32)
+    scratch = cupy.empty(groups * 4 * 3, cupy.int32)  # per token: 2^-e, 2^-(e + 12) (fp32); then the flags
+    inv, flags = scratch[: groups * 8].view(cupy.float32), scratch[groups * 8 :]  # flags 16-byte aligned
     a_vec = lay.K % 4 == 0 and A.data.ptr % 16 == 0
-    split_args = (A, split, inv, *np.int32([M, lay.K, kp, a_vec]))
+    split_args = (A, split, inv, flags, *np.int32([M, lay.K, kp, a_vec]))
     launch_grid("matmul_nbits", MMA, "qk_nbits_split_a", groups * 4, 1024, split_args)
+    bias_ptr = A if bias is None else bias
     sizes = (M, lay.K, lay.N, (lay.block_size // 64).bit_length() - 1, lay.k_blocks, bias is not None, 1, act, wk)
-    args = (split, B, scales, A if bias is None else bias, y, inv, *(np.int32(v) for v in sizes))
+    args = (split, B, scales, bias_ptr, y, inv, flags, A, *(np.int32(v) for v in sizes))
     launch_grid("matmul_nbits", MMA, shape.symbol_f32(bits), (items, groups), 32 * wk, args, smem)
     return True
 

@@ -47,6 +47,13 @@ def _nbits_inputs(case: Case, with_a: bool) -> dict[str, np.ndarray]:
         inputs["zero_points"] = np.full((N, kb), mid, act) if zp == "uniform" and with_a else mid.reshape(1)
     if with_a:
         inputs["A"] = rng.standard_normal((M, K)).astype(act)
+        if case.pattern == "spike":  # row 1: one activation 1e30 (k = 1) on weights q = z = 2^(bits - 1)
+            inputs["A"][1, 1] = 1e30
+            low, byte, shift = (1 << bits) - 1, bits // 8, bits % 8  # field 1 of each row's block 0
+            field = inputs["B"][:, 0, byte]
+            inputs["B"][:, 0, byte] = (field & (0xFF ^ (low << shift))) | (1 << (bits - 1)) << shift
+            if zp == "packed":  # block 0's zero point of every row
+                inputs["zero_points"][:, 0] = (inputs["zero_points"][:, 0] & (0xFF ^ low)) | (1 << (bits - 1))
         if p.get("bias"):
             inputs["bias"] = rng.standard_normal(N).astype(act)
     return inputs
@@ -101,7 +108,14 @@ def _nbits_cases(op: str, leaf: str, coverage: int, with_a: bool) -> list[Case]:
     contrib_ops/cuda/quantization: ``TryMatMul4Bits`` in matmul_4bits.cu refuses
     ``n % 8 != 0 || k % 8 != 0 || m > 1`` and dispatches blocks 16, 32, 64, 128;
     ``TryMatMul8Bits`` in matmul_8bits.cu also wants ``256 % block_size == 0`` and
-    ``k % block_size == 0``); the edge cases are where such a kernel declines."""
+    ``k % block_size == 0``); the edge cases are where such a kernel declines.
+
+    spike (fp32 A, coverage 2; fp16 storage cannot hold it): row 1 holds one activation 1e30 on
+    weights that are exactly zero (q = z), the rest normal: the other products of that row sit 2^99
+    below it (k = 1: not the first term of a chain that starts at k = 0). M = 6, default zero point
+    (a kernel holding a row in fp16 pieces with one shared exponent loses them; rows 4 and 5 in a
+    group of 4 tokens of their own); M = 12, packed zero points, K 200 (a kernel applying the zero
+    point through sum(a), s (sum a q - z sum a), loses them to cancellation)."""
     out: list[Case] = []
 
     def add(shape: tuple[int, ...], seed: int, pattern: str = "normal", **params: Any) -> None:
@@ -145,6 +159,9 @@ def _nbits_cases(op: str, leaf: str, coverage: int, with_a: bool) -> list[Case]:
         (16, 256, 64, 64, "packed", {"accuracy_level": 4}),
         (8, 768, 128, 256, "packed", {}),
     )
+    if coverage >= 2 and with_a and "Xfp32" in leaf:  # fp32's dynamic range: a row an fp16 split or a sum(a) form loses
+        add((6, 256, 40), 500, "spike", block_size=64, zp="none", bias=True)
+        add((12, 200, 24), 501, "spike", block_size=64, zp="packed")
     seen = set()
     for i, (M, K, N, bs, zp, extra) in enumerate(core[: (3 if with_a else 2) if coverage == 1 else None]):
         if with_a:

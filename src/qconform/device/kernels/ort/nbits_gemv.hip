@@ -18,13 +18,11 @@ extern "C" __global__ void __launch_bounds__(256) qk_nbits_dequant(QCONFORM_DEQU
 
 /* Y (M, N) = A (M, K) @ W^T (+ bias): a group of 32 lanes per output element (width-32 shuffles:
  * a wave64 holds two groups). 2- and 4-bit weights are read as 32-bit words (one word never
- * spans two blocks: a block is at least 16 values) and turned into floats with the 2^23 magic
- * (byte_perm builds 0x4B0000qq): per block, sum a*q and sum a, then s*(sum a q - z*sum a), or
- * s*sum a q + fp32(-s*z)*sum a for float zero points. Other widths take the element path. */
-__device__ __forceinline__ float qk_magic(qk_u32 v, int b) {
-    return qk_float(QK_BYTE_PERM(v, 0x4B000000u, 0x7440u | (qk_u32)b)) - 8388608.0f;
-}
-
+ * spans two blocks: a block is at least 16 values), the block's scale and zero point once per
+ * word; every element is dequantized as qk_nbits_dequant does (w = fp32((q - z) s), or ORT's
+ * fp32(q s) + fp32(-s z) for float zero points) and chained by fmaf(a, w): no sum(a) correction,
+ * whose cancellation loses the small products beside a large activation on weights q = z.
+ * Other widths take the element path. */
 extern "C" __global__ void __launch_bounds__(256)
 qk_nbits_gemv(const void* A, const qk_u8* B, const void* scales, const void* zp, float zps, const void* bias, void* Y,
               int M, int K, int N, int bits, int bs, int k_blocks, int blob, int zp_bytes, int zp_kind, int a16,
@@ -42,26 +40,21 @@ qk_nbits_gemv(const void* A, const qk_u8* B, const void* scales, const void* zp,
             const qk_u32 word = ((const qk_u32*)row)[w];
             const int kb = w / wpb, k0 = kb * bs + (w - kb * wpb) * per;
             const qk_block_q b = qk_block(scales, zp, zps, n, kb, k_blocks, bits, zp_bytes, zp_kind, s16, z16);
-            float dot = 0.0f, asum = 0.0f;
             if (k0 + per <= K) {
                 const int fields = 8 / bits;  /* per byte */
                 for (int j = 0; j < fields; ++j) {
                     const qk_u32 v = (word >> (bits * j)) & (bits == 2 ? 0x03030303u : 0x0F0F0F0Fu);
                     for (int by = 0; by < 4; ++by) {
                         const float av = qk_load_f(A, arow + k0 + fields * by + j, a16);
-                        dot = fmaf(av, qk_magic(v, by), dot);
-                        asum += av;
+                        acc = fmaf(av, qk_weight(b, (int)((v >> (8 * by)) & 0xFFu)), acc);
                     }
                 }
             } else {
                 for (int e = 0; e < per && k0 + e < K; ++e) {
                     const float av = qk_load_f(A, arow + k0 + e, a16);
-                    dot = fmaf(av, (float)((word >> (bits * e)) & ((1u << bits) - 1u)), dot);
-                    asum += av;
+                    acc = fmaf(av, qk_weight(b, (int)((word >> (bits * e)) & ((1u << bits) - 1u))), acc);
                 }
             }
-            if (b.kind == ZP_FLOAT) acc += b.s * dot + b.negsz * asum;
-            else acc += b.s * (dot - b.z * asum);
         }
     } else {
         for (int k = lane; k < K; k += 32) {

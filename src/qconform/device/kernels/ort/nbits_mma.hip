@@ -420,7 +420,8 @@ __device__ __forceinline__ void qk_issue_super(const QkRing<R>& ring, int j, con
  * halves, K rounded up to whole superchunks, zeros past K): the mma's token columns 0..3 take the hi
  * parts, 4..7 the lo parts, so one mma does both and lane t of a quad holds hi sums (t < 2) or lo
  * sums (t >= 2) of tokens 2 (t & 1) + 0..1. The epilogue adds lane t + 2's lo sums, each part
- * times its exact power of two (inv: 2^-e, 2^-(e + 12) per token). */
+ * times its exact power of two (inv: 2^-e, 2^-(e + 12) per token). A group the split flagged never
+ * gets here: the kernel's wrapper sends its CTAs to qk_nbits_f32_tile. */
 template <int BITS, int R, int S, bool F32>
 __device__ __forceinline__ void qk_nbits_mmaa(const qk_u16* A, const qk_u8* B, const void* scales, const void* bias,
                                               void* Y, const float* inv, int M, int K, int N, int cpb_shift,
@@ -571,7 +572,12 @@ __device__ __forceinline__ void qk_nbits_mmaa(const qk_u16* A, const qk_u8* B, c
  * exact: |lo| <= 2^15; 0 where hi is not finite). S: groups of 8 rows of Kp halves (hi of tokens
  * 4q + 0..3, then their lo), zeros past K and for the tokens >= M of the last group; inv[2m],
  * inv[2m + 1] = 2^-e, 2^-(e + 12). Each thread takes 4 consecutive K (16-byte loads when a_vec),
- * reads them again for the split (from cache). The error model: tests/nbits_f32_model.py. */
+ * reads them again for the split (from cache). The error model: tests/nbits_f32_model.py.
+ * flags[m] = 1 when a finite nonzero activation of token m (after flush-to-zero) has |x| <
+ * QK_SPLIT_FLOOR = 2^-14 (x flushed included): from 2^-14 up hi + lo carry x to 2^-23 of itself,
+ * below they may not (fp16's range); 0 otherwise and for m >= M. The ring kernel computes a
+ * flagged token's group of 4 with qk_nbits_f32_tile instead. */
+#define QK_SPLIT_FLOOR 6.103515625e-05f
 __device__ __forceinline__ void qk_split_load4(float v[4], const float* a, int k, int K, int a_vec) {
     if (a_vec && k + 4 <= K) {
         const float4 x = *(const float4*)(a + k);
@@ -582,16 +588,19 @@ __device__ __forceinline__ void qk_split_load4(float v[4], const float* a, int k
     for (int i = 0; i < 4; ++i) v[i] = k + i < K ? a[k + i] : 0.0f;
 }
 
-extern "C" __global__ void __launch_bounds__(1024) qk_nbits_split_a(const float* A, qk_u16* S, float* inv, int M, int K,
-                                                                    int Kp, int a_vec) {
+extern "C" __global__ void __launch_bounds__(1024) qk_nbits_split_a(const float* A, qk_u16* S, float* inv, int* flags,
+                                                                    int M, int K, int Kp, int a_vec) {
     __shared__ float red[1024];
+    __shared__ int lost_any;
     const int m = (int)blockIdx.x, tid = (int)threadIdx.x, nt = (int)blockDim.x;
     qk_u16* hi = S + ((qk_i64)(m >> 2) * 8 + (m & 3)) * Kp;
     qk_u16* lo = hi + 4 * (qk_i64)Kp;
     if (m >= M) {
         for (int k = 4 * tid; k < Kp; k += 4 * nt) *(uint2*)(hi + k) = *(uint2*)(lo + k) = make_uint2(0u, 0u);
+        if (tid == 0) flags[m] = 0;
         return;
     }
+    if (tid == 0) lost_any = 0; /* (ordered before every write by the reduction's barriers) */
     const float* a = A + (qk_i64)m * K;
     float amax = 0.0f;
     for (int k = 4 * tid; k < K; k += 4 * nt) {
@@ -617,13 +626,15 @@ extern "C" __global__ void __launch_bounds__(1024) qk_nbits_split_a(const float*
         inv[2 * m] = qk_float((qk_u32)(127 - e) << 23);
         inv[2 * m + 1] = qk_float((qk_u32)(127 - e - 12) << 23);
     }
+    int lost = 0;
     for (int k = 4 * tid; k < Kp; k += 4 * nt) {
         float v[4];
         qk_u32 h[4], l[4];
         qk_split_load4(v, a, k, K, a_vec);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            const float x = qk_ftz(QK_FMUL(qk_ftz(v[i]), scale));
+            const float a0 = qk_ftz(v[i]), x = qk_ftz(QK_FMUL(a0, scale));
+            lost |= a0 != 0.0f && fabsf(a0) <= 3.4028234663852886e38f && fabsf(x) < QK_SPLIT_FLOOR;
             h[i] = qk_fp16_bits(x);
             const float hf = qk_fp16_to_float((qk_u16)h[i]);
             l[i] = fabsf(hf) <= 65504.0f ? qk_fp16_bits(qk_ftz(QK_FMUL(qk_ftz(QK_FADD(x, -hf)), 4096.0f))) : 0u;
@@ -631,6 +642,41 @@ extern "C" __global__ void __launch_bounds__(1024) qk_nbits_split_a(const float*
         *(uint2*)(hi + k) = make_uint2(h[0] | h[1] << 16, h[2] | h[3] << 16);
         *(uint2*)(lo + k) = make_uint2(l[0] | l[1] << 16, l[2] | l[3] << 16);
     }
+    if (lost) lost_any = 1;
+    __syncthreads();
+    if (tid == 0) flags[m] = lost_any;
+}
+
+/* The outputs of a flagged token group's tile (qk_nbits_split_a's flags: the ring kernel's CTA
+ * computes them so instead): rows row0 .. row0 + rows - 1 of tokens 4 grp + 0..3 below M, in fp32
+ * as the per-output kernel's element path. The CTA's 32-lane groups take the outputs in turn;
+ * lane l sums fmaf(a[k], w[k]) over k = l (mod 32), w = fp32((q - z) s) the dequantized weight
+ * (as qk_nbits_dequant), then a width-32 butterfly; + bias. Default zero point, fp32 A / scales /
+ * bias / Y; no barrier (a group leaves on its own). Out of line: the ring's registers stay its own. */
+__device__ __noinline__ void qk_nbits_f32_tile(const float* A, const qk_u8* B, const float* scales, const float* bias,
+                                               float* Y, int M, int K, int N, int row0, int rows, int grp, int bits,
+                                               int bs, int k_blocks, int has_bias) {
+    const int lane = (int)(threadIdx.x & 31), blob = bs * bits / 8;
+    for (int i = (int)(threadIdx.x >> 5); i < 4 * rows; i += (int)(blockDim.x >> 5)) { /* per 32-lane group */
+        const int m = 4 * grp + i / rows, n = row0 + i % rows;
+        if (m >= M || n >= N) continue;
+        const qk_u8* row = B + (qk_i64)n * k_blocks * blob;
+        const float* a = A + (qk_i64)m * K;
+        float acc = 0.0f;
+        for (int k = lane; k < K; k += 32) {
+            const int kb = k / bs;
+            const qk_block_q b = qk_block(scales, B, 0.0f, n, kb, k_blocks, bits, 0, ZP_DEFAULT, 0, 0);
+            acc = fmaf(a[k], qk_weight(b, qk_field(row + (qk_i64)kb * blob, bits, k - kb * bs)), acc);
+        }
+        for (int off = 16; off > 0; off >>= 1) acc += QK_SHFL_XOR(acc, off, 32);
+        if (lane == 0) Y[(qk_i64)m * N + n] = has_bias ? QK_FADD(acc, bias[n]) : acc;
+    }
+}
+
+/* a token group with an activation the split does not carry (qk_nbits_split_a's flags) */
+__device__ __forceinline__ bool qk_group_flagged(const int* flags, int grp) {
+    const int4 f = *(const int4*)(flags + 4 * grp);
+    return (f.x | f.y | f.z | f.w) != 0;
 }
 
 /* qk_nbits_mmaa_u{bits}_r{R}_s{S}: M <= 8, default zero point, 16 R rows per CTA, wk_n warps; and its
@@ -643,8 +689,14 @@ extern "C" __global__ void __launch_bounds__(1024) qk_nbits_split_a(const float*
                                          a_vec, act_bytes, wk_n);                                                      \
     }                                                                                                                  \
     extern "C" __global__ void __launch_bounds__(256) qk_nbits_mmaf_u##BITS##_r##R##_s##S(                             \
-        const qk_u16* A, const qk_u8* B, const float* scales, const float* bias, float* Y, const float* inv, int M,    \
-        int K, int N, int cpb_shift, int k_blocks, int has_bias, int a_vec, int act_bytes, int wk_n) {                 \
+        const qk_u16* A, const qk_u8* B, const float* scales, const float* bias, float* Y, const float* inv,           \
+        const int* flags, const float* A32, int M, int K, int N, int cpb_shift, int k_blocks, int has_bias, int a_vec, \
+        int act_bytes, int wk_n) {                                                                                     \
+        if (qk_group_flagged(flags, (int)blockIdx.y)) { /* uniform: the whole CTA, before any copy or barrier */     \
+            qk_nbits_f32_tile(A32, B, scales, bias, Y, M, K, N, (int)blockIdx.x * 16 * R, 16 * R, (int)blockIdx.y,    \
+                              BITS, 64 << cpb_shift, k_blocks, has_bias);                                              \
+            return;                                                                                                    \
+        }                                                                                                              \
         qk_nbits_mmaa<BITS, R, S, true>(A, B, scales, bias, Y, inv, M, K, N, cpb_shift, k_blocks, has_bias, a_vec,     \
                                         act_bytes, wk_n);                                                              \
     }
