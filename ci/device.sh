@@ -8,6 +8,8 @@
 # users: the worked user kernels with their wrong twins; time: the throughput tables (each part
 # well under one 10-minute device call); FAMILY (ggml, ort, ...: `qconform list --families`) limits check and time
 # to one family.
+# BENCHES (names: gqa gqa-prefill qmoe nbits bnb-gemv ggml-gemv throughput) limits the time part
+# to those benches: with every family it takes longer than one 10-minute device call.
 # Logs and tables land under $OUT (default /tmp/qconform-device).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -87,12 +89,13 @@ if part time; then
   # the kernels changed most recently first (a cut call keeps their tables); each bench's seconds
   # in time-part.txt
   : >"$OUT/time-part.txt"
-  timed() {  # timed NAME FAMILY MODULE: python -m MODULE --json into bench-NAME.{json,md}, when FAMILY is selected
+  timed() {  # timed NAME FAMILY MODULE: python -m MODULE --json into bench-NAME.{json,md}, when FAMILY
+    # is selected and NAME is in BENCHES (default: every bench)
     local start=$SECONDS
-    if [ -z "$FAMILY" ] || [ "$FAMILY" = "$2" ]; then
+    if { [ -z "$FAMILY" ] || [ "$FAMILY" = "$2" ]; } && { [ -z "${BENCHES:-}" ] || [[ " $BENCHES " == *" $1 "* ]]; }; then
       "$PY" -m "$3" --json "$OUT/bench-$1.json" >"$OUT/bench-$1.md" 2>&1 || status=1
     else
-      echo "(family $FAMILY: not run)" >"$OUT/bench-$1.md"
+      echo "(not selected: FAMILY=$FAMILY BENCHES=${BENCHES:-})" >"$OUT/bench-$1.md"
     fi
     echo "$1: $((SECONDS - start)) s" >>"$OUT/time-part.txt"
   }
@@ -103,7 +106,11 @@ if part time; then
   timed bnb-gemv bnb qconform.bench.bnb_gemv
   timed ggml-gemv ggml qconform.bench.ggml_gemv
   start=$SECONDS
-  "$PY" -m qconform.bench.device >"$OUT/bench.md" 2>&1 || status=1
+  if [ -z "${BENCHES:-}" ] || [[ " $BENCHES " == *" throughput "* ]]; then
+    "$PY" -m qconform.bench.device >"$OUT/bench.md" 2>&1 || status=1
+  else
+    echo "(not selected: BENCHES=$BENCHES)" >"$OUT/bench.md"
+  fi
   echo "throughput: $((SECONDS - start)) s" >>"$OUT/time-part.txt"
 fi
 
