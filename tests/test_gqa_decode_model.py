@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from gqa_model_common import layout_and_query
 
 from qconform.ops import get_op
 from qconform.ops.ort.group_query_attention import gqa_call
 from qconform.oracles.ort import group_query_attention
 from qconform.oracles.ort.kv_cache import dequantize_kv, expand_kv_scale
-from qconform.oracles.ort.rotary import apply_rotary, rotary_positions
 from qconform.properties.checks import Prepared
 
 THREADS, HB, SMS = 128, 4, 132  # QK_GQA_THREADS, QK_GQA_HB, the launcher's FLASH_SMS
@@ -75,20 +75,12 @@ def flash_decode_model(
 ):
     """The kernels' output (B, S, N H) in the query's dtype; ``chunk_keys``: keys per split in place
     of the launcher's (the kernel takes any)."""
-    query, _, _, _, _, seqlens, total_len, cos, sin, pos_ids, bias, sink_in, k_scale, v_scale = args
-    N, Nk = attrs["num_heads"], attrs["kv_num_heads"]
-    B, S = query.shape[:2]
-    packed = args[1] is None
-    H = query.shape[2] // (N + 2 * Nk) if packed else query.shape[2] // N
-    T = int(np.asarray(total_len).reshape(-1)[0])
-    totals = np.asarray(seqlens, np.int64) + 1
-    first = S == T
-    pasts = np.zeros(B, np.int64) if first else totals - S
-    is16 = query.dtype == np.float16
-    q = query[..., : N * H].reshape(B, S, N, H).transpose(0, 2, 1, 3).astype(np.float64)
-    if attrs.get("do_rotary"):
-        pos = rotary_positions(B, S, pasts, first, pos_ids)
-        q = apply_rotary(q, cos, sin, pos, bool(attrs.get("rotary_interleaved")), "fp16" if is16 else "fma")
+    bias, sink_in, k_scale, v_scale = args[10:]
+    lay, q = layout_and_query(args, attrs)
+    B, S, N, Nk, H = lay.batch, lay.sequence_length, lay.num_heads, lay.kv_num_heads, lay.head_size
+    T = lay.total_sequence_length
+    totals, pasts = lay.total_lengths, lay.past_lengths
+    is16 = lay.dtype == np.float16
     q = q.astype(F32)
     bits = attrs.get("kv_cache_bit_width", 0)
     per_channel = bits and attrs["k_quant_type"] == "PER_CHANNEL"
@@ -184,7 +176,7 @@ def flash_decode_model(
                     lsum = F32(lsum + F32(np.exp(F32(sink[n] - M))))
                 with np.errstate(invalid="ignore", divide="ignore"):
                     out[b, s, n] = (a / lsum).astype(F32)
-    return out.reshape(B, S, N * H).astype(query.dtype)
+    return out.reshape(B, S, N * H).astype(lay.dtype)
 
 
 def _cases() -> list:

@@ -11,13 +11,13 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from gqa_model_common import layout_and_query
 
 from qconform.contracts import parse_contract
 from qconform.ops import get_op
 from qconform.ops.ort.group_query_attention import gqa_call
 from qconform.oracles.ort import group_query_attention
 from qconform.oracles.ort.kv_cache import dequantize_kv, expand_kv_scale
-from qconform.oracles.ort.rotary import apply_rotary, rotary_positions
 from qconform.properties.checks import Prepared
 
 BM, BN, ROWS = 64, 64, 16  # QK_FL_BM, QK_FL_BN, rows of a 32-lane group
@@ -41,20 +41,10 @@ def key_range(s: int, S: int, past: int, total: int, window: int) -> tuple[int, 
 def flash_model(args: tuple, attrs: dict, present_k: np.ndarray, present_v: np.ndarray) -> np.ndarray:
     """The kernel's output (B, S, N H) in the query's dtype, from the inputs and the present caches
     the append wrote (the oracle's, bit-exact)."""
-    query, _, _, _, _, seqlens, total_len, cos, sin, pos_ids, bias, sink_in, k_scale, v_scale = args
-    N, Nk = attrs["num_heads"], attrs["kv_num_heads"]
-    B, S = query.shape[:2]
-    packed = args[1] is None
-    H = query.shape[2] // (N + 2 * Nk) if packed else query.shape[2] // N
-    T = int(np.asarray(total_len).reshape(-1)[0])
-    totals = np.asarray(seqlens, np.int64) + 1
-    first = S == T
-    pasts = np.zeros(B, np.int64) if first else totals - S
-    q = query[..., : N * H].reshape(B, S, N, H).transpose(0, 2, 1, 3).astype(np.float64)
-    if attrs.get("do_rotary"):
-        form = "fp16" if query.dtype == np.float16 else "fma"
-        pos = rotary_positions(B, S, pasts, first, pos_ids)
-        q = apply_rotary(q, cos, sin, pos, bool(attrs.get("rotary_interleaved")), form)
+    bias, sink_in, k_scale, v_scale = args[10:]
+    lay, q = layout_and_query(args, attrs)
+    B, S, N, Nk, H = lay.batch, lay.sequence_length, lay.num_heads, lay.kv_num_heads, lay.head_size
+    T, totals, pasts = lay.total_sequence_length, lay.total_lengths, lay.past_lengths
     bits = attrs.get("kv_cache_bit_width", 0)
     if bits:
         qt = attrs["k_quant_type"]
@@ -131,7 +121,7 @@ def flash_model(args: tuple, attrs: dict, present_k: np.ndarray, present_v: np.n
                 keep = rows < S
                 with np.errstate(invalid="ignore"):  # rows past S: nothing attended, not written
                     out[b][:, rows[keep]] = f32(acc / lsum[..., None])[:, keep]
-    return out.transpose(0, 2, 1, 3).reshape(B, S, N * H).astype(query.dtype)
+    return out.transpose(0, 2, 1, 3).reshape(B, S, N * H).astype(lay.dtype)
 
 
 def _cases() -> list:
