@@ -47,13 +47,21 @@ def _nbits_inputs(case: Case, with_a: bool) -> dict[str, np.ndarray]:
         inputs["zero_points"] = np.full((N, kb), mid, act) if zp == "uniform" and with_a else mid.reshape(1)
     if with_a:
         inputs["A"] = rng.standard_normal((M, K)).astype(act)
-        if case.pattern == "spike":  # row 1: one activation 1e30 (k = 1) on weights q = z = 2^(bits - 1)
-            inputs["A"][1, 1] = 1e30
+        if case.pattern == "spike":  # row 1: one large activation (k = 1) on weights q = z = 2^(bits - 1)
+            if act == np.float16:  # fp16's largest beside activations ~1e-3
+                inputs["A"][1] *= np.float16(1e-3)
+                inputs["A"][1, 1] = 65504
+            else:
+                inputs["A"][1, 1] = 1e30
             low, byte, shift = (1 << bits) - 1, bits // 8, bits % 8  # field 1 of each row's block 0
             field = inputs["B"][:, 0, byte]
             inputs["B"][:, 0, byte] = (field & (0xFF ^ (low << shift))) | (1 << (bits - 1)) << shift
             if zp == "packed":  # block 0's zero point of every row
                 inputs["zero_points"][:, 0] = (inputs["zero_points"][:, 0] & (0xFF ^ low)) | (1 << (bits - 1))
+            elif zp == "float":  # block 0's (the other blocks keep their fractions)
+                inputs["zero_points"][:, 0] = 2 ** (bits - 1)
+            elif zp in ("uniform", "scalar"):  # an integer: q = z exactly
+                inputs["zero_points"][...] = 2 ** (bits - 1)
         if p.get("bias"):
             inputs["bias"] = rng.standard_normal(N).astype(act)
     return inputs
@@ -115,7 +123,13 @@ def _nbits_cases(op: str, leaf: str, coverage: int, with_a: bool) -> list[Case]:
     below it (k = 1: not the first term of a chain that starts at k = 0). M = 6, default zero point
     (a kernel holding a row in fp16 pieces with one shared exponent loses them; rows 4 and 5 in a
     group of 4 tokens of their own); M = 12, packed zero points, K 200 (a kernel applying the zero
-    point through sum(a), s (sum a q - z sum a), loses them to cancellation)."""
+    point through sum(a), s (sum a q - z sum a), loses them to cancellation).
+
+    spike (fp16 A, coverage 2): row 1 activations ~1e-3 and one 65504 (k = 1) on weights q = z,
+    every zero-point kind (float: block 0's zero point 2^(bits - 1), the others' fractional;
+    uniform and scalar: 2^(bits - 1) everywhere): M = 6 (the decode kernels), and M = 40 default
+    and float (the prefill kernel). A kernel applying the zero point through sum(a) loses the
+    row's small products to cancellation (tests/nbits_mma_model.py)."""
     out: list[Case] = []
 
     def add(shape: tuple[int, ...], seed: int, pattern: str = "normal", **params: Any) -> None:
@@ -162,6 +176,11 @@ def _nbits_cases(op: str, leaf: str, coverage: int, with_a: bool) -> list[Case]:
     if coverage >= 2 and with_a and "Xfp32" in leaf:  # fp32's dynamic range: a row an fp16 split or a sum(a) form loses
         add((6, 256, 40), 500, "spike", block_size=64, zp="none", bias=True)
         add((12, 200, 24), 501, "spike", block_size=64, zp="packed")
+    if coverage >= 2 and with_a and "Xfp16" in leaf:  # a 65504 activation on q = z: the sum(a) form cancels
+        for i, zp in enumerate(ZP_KINDS + ("scalar",)):
+            add((6, 256, 40), 510 + i, "spike", block_size=64, zp=zp)  # no bias: it would drown row 1 in fp16
+        add((40, 256, 40), 515, "spike", block_size=64, zp="none")
+        add((40, 320, 24), 516, "spike", block_size=64, zp="float")
     seen = set()
     for i, (M, K, N, bs, zp, extra) in enumerate(core[: (3 if with_a else 2) if coverage == 1 else None]):
         if with_a:

@@ -17,9 +17,17 @@
  * field q at bit p of the half), and one exact fp16x2 fma by (2^-p, -1024 * 2^-p) leaves q.
  * The mma's K slots are a permutation of the chunk's positions, the same for weights and
  * activations (qk_slot_pairs); products are exact, sums fp32 (the tensor core's order).
- * Per chunk and row: acc += s * sum(a q) + c * sum(a), c = fp32(-s * z) (ORT's two-rounding
- * form for float zero points, the same expression for the others); sum(a) per token comes
- * from one more mma with an all-ones A. */
+ * Per chunk and row: acc += s * sum(a (q - zi)) + c * sum(a), zi the integer nearest the zero
+ * point z within [0, 2^BITS - 1] (folded into the weights: q - zi is an exact fp16 integer, so
+ * the mma's products are exact) and c = fp32(-s (z - zi)) (0 for integer zero points: default,
+ * packed, integer scalars; then the sum(a) mma and its FFMA are skipped). |z - zi| <= |z - q|
+ * for every code q, so neither term is larger than sum |a| |q - z| |s|: the sums' error is the
+ * normal accumulation error beside a large activation on weights q = z (docs/perf-notes.md,
+ * session 10; the model: tests/nbits_mma_model.py). ORT's float form fp32(q s) + fp32(-s z)
+ * (docs/ort-ops.md) is one rounding of s (q - z): q s and s z are exact in fp32 for fp16 s, z
+ * and codes of at most 4 bits, so each term is within 2^-24 of s (q - z). The build option -DQK_NBITS_ZP_SUM_V1 keeps the session-3 form (q itself
+ * in the weights, c = fp32(-s z) through sum(a) for every kind: cancels beside a large
+ * activation on weights q = z). sum(a) per token comes from one more mma with an all-ones A. */
 
 /* the chunk-relative K positions of the fp16 pair in mma m's register P (b[0] / a[0], a[1]) and
  * Q (b[1] / a[2], a[3]): u2 word = 4 bytes x 4 fields, byte b field j at k = 4b + j; the pair
@@ -132,6 +140,7 @@ __device__ __forceinline__ qk_u32 qk_load_sz(const qk_u16* scales, const void* z
     return (qk_u32)scales[i] | z << 16;
 }
 
+#ifdef QK_NBITS_ZP_SUM_V1
 /* s and c = -s * z from qk_load_sz's register; zconst: the scalar or default zero point */
 __device__ __forceinline__ void qk_unpack_sz(qk_u32 v, float zconst, int zp_kind, float* s, float* c) {
     *s = qk_fp16_to_float((qk_u16)v);
@@ -140,6 +149,49 @@ __device__ __forceinline__ void qk_unpack_sz(qk_u32 v, float zconst, int zp_kind
         return;
     }
     *c = -*s * (zp_kind == ZP_PACKED ? (float)(v >> 16) : zconst);
+}
+#endif
+
+/* zi: the integer nearest z within the codes [0, 2^BITS - 1] (0 for NaN), so |z - zi| <= |z - q|
+ * for every code q */
+template <int BITS>
+__device__ __forceinline__ int qk_zero_int(float z) {
+    return (int)fminf(fmaxf(rintf(z), 0.0f), (float)((1 << BITS) - 1));
+}
+
+/* s, zi and c = fp32(-s (z - zi)) from qk_load_sz's register (z - zi is exact in fp32: z an fp16
+ * value, zi an integer of at most 4 bits); zi_const, zf_const: the scalar or default zero point's
+ * zi and z - zi */
+template <int BITS>
+__device__ __forceinline__ void qk_unpack_szi(qk_u32 v, int zi_const, float zf_const, int zp_kind, float* s, int* zi,
+                                              float* c) {
+    *s = qk_fp16_to_float((qk_u16)v);
+    int i = zi_const;
+    float f = zf_const;
+    if (zp_kind == ZP_PACKED) {
+        i = (int)(v >> 16);
+        f = 0.0f;
+    } else if (zp_kind == ZP_FLOAT) {
+        const float z = qk_ftz(qk_fp16_to_float((qk_u16)(v >> 16)));
+        i = qk_zero_int<BITS>(z);
+        f = QK_FADD(z, -(float)i);
+    }
+    *zi = i;
+    *c = qk_ftz(QK_FMUL(-*s, f));
+}
+
+/* qk_fold_offsets for an integer zero point 0 <= zi < 2^BITS without conversions: -(2^(10 - p) +
+ * zi) is the fp16 0x8000 | (25 - p) << 10 | zi << p (exponent of 2^(10 - p), zi in the mantissa:
+ * zi << p < 2^10, no carry), splatted to both halves */
+template <int BITS>
+__device__ __forceinline__ void qk_int_offsets(int zi, qk_u32 off[4]) {
+    const qk_u32 zz = (qk_u32)zi * 0x00010001u;
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+        const int p = BITS == 2 ? 2 * m : (m & 1) * 4;
+        const qk_u32 base = 0x8000u | (qk_u32)(25 - p) << 10;
+        off[m] = (base | base << 16) + (zz << p);
+    }
 }
 
 /* the block of chunk c (of n_chunks): c >> cpb_shift, blocks of 64 << cpb_shift */
@@ -209,8 +261,16 @@ __device__ __forceinline__ void qk_nbits_mma(const qk_u16* A, const qk_u8* B, co
         __syncthreads();
     }
     const float zconst = zp_kind == ZP_SCALAR ? zps : (float)(1 << (BITS - 1));
+#ifdef QK_NBITS_ZP_SUM_V1
     qk_u32 qoff[4]; /* q itself: the zero point is applied through sum(a) */
     qk_fold_offsets<BITS>(0, qoff);
+    const bool frac = true;
+#else
+    const int zi_const = qk_zero_int<BITS>(zconst);
+    const float zf_const = QK_FADD(zconst, -(float)zi_const);
+    /* a zero point with a fraction: the sum(a) mma (uniform across the grid) */
+    const bool frac = zp_kind == ZP_FLOAT || (zp_kind != ZP_PACKED && zf_const != 0.0f);
+#endif
 
     int rows[R][2];
     const qk_u8* wrow[R][2];
@@ -284,14 +344,27 @@ __device__ __forceinline__ void qk_nbits_mma(const qk_u16* A, const qk_u8* B, co
                     for (int tg = 0; tg < T; ++tg) {
 #pragma unroll
                         for (int i = 0; i < 4; ++i) asum[tg][i] = 0.0f;
+                        if (frac) {
 #pragma unroll
-                        for (int m = 0; m < 4; ++m) qk_mma_16816(asum[tg], ones, bf[tg][m]);
+                            for (int m = 0; m < 4; ++m) qk_mma_16816(asum[tg], ones, bf[tg][m]);
+                        }
                     }
 #pragma unroll
                     for (int r = 0; r < R; ++r) {
                         float d[T][4], sc[2], cc[2];
+#ifdef QK_NBITS_ZP_SUM_V1
                         qk_unpack_sz(szc[r][0], zconst, zp_kind, &sc[0], &cc[0]);
                         qk_unpack_sz(szc[r][1], zconst, zp_kind, &sc[1], &cc[1]);
+                        const qk_u32* off0 = qoff;
+                        const qk_u32* off1 = qoff;
+#else
+                        int zi[2];
+                        qk_u32 off0[4], off1[4]; /* q - zi of rows g and g + 8 */
+                        qk_unpack_szi<BITS>(szc[r][0], zi_const, zf_const, zp_kind, &sc[0], &zi[0], &cc[0]);
+                        qk_unpack_szi<BITS>(szc[r][1], zi_const, zf_const, zp_kind, &sc[1], &zi[1], &cc[1]);
+                        qk_int_offsets<BITS>(zi[0], off0);
+                        qk_int_offsets<BITS>(zi[1], off1);
+#endif
 #pragma unroll
                         for (int tg = 0; tg < T; ++tg)
 #pragma unroll
@@ -299,8 +372,8 @@ __device__ __forceinline__ void qk_nbits_mma(const qk_u16* A, const qk_u8* B, co
 #pragma unroll
                         for (int m = 0; m < 4; ++m) {
                             qk_u32 a[4];
-                            qk_weight_pairs<BITS>(wc[r][0], m, qoff, &a[0], &a[2]);
-                            qk_weight_pairs<BITS>(wc[r][1], m, qoff, &a[1], &a[3]);
+                            qk_weight_pairs<BITS>(wc[r][0], m, off0, &a[0], &a[2]);
+                            qk_weight_pairs<BITS>(wc[r][1], m, off1, &a[1], &a[3]);
 #pragma unroll
                             for (int tg = 0; tg < T; ++tg) qk_mma_16816(d[tg], a, bf[tg][m]);
                         }
@@ -310,7 +383,7 @@ __device__ __forceinline__ void qk_nbits_mma(const qk_u16* A, const qk_u8* B, co
                             for (int i = 0; i < 4; ++i) {
                                 float& x = acc[(r * T + tg) * 4 + i];
                                 x = fmaf(sc[i >> 1], d[tg][i], x);
-                                x = fmaf(cc[i >> 1], asum[tg][i & 1], x);
+                                if (frac) x = fmaf(cc[i >> 1], asum[tg][i & 1], x);
                             }
                     }
                 }
