@@ -32,6 +32,9 @@ from my_kernels import (  # noqa: E402
     q8_k_ties_away,  # noqa: F401
 )
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the kernel models beside this file, in a worker too
+from nbits_mma_model import drop_in  # noqa: E402
+
 q8_k_last_block_unwritten = _mutant(skip_last_block=True)
 q8_k_accepts_bad_width = _mutant(check_width=False)
 
@@ -303,6 +306,13 @@ def matmul_last_block_wrong_scale(
         s[:, -1] = s[:, -2]
     W = ort.dequantize_nbits(B, s, zero_points, g_idx, K=K, N=N, bits=bits, block_size=block_size)
     return _matmul_with_weights(A, W, bias, out)
+
+
+# the fp16-A matrix-unit kernel's session-3 arithmetic (tests/nbits_mma_model.py, sum_form): the
+# zero point through sum(a), which cancels beside a 65504 activation on weights q = z (the fp16
+# spike cases, coverage 2: tests/test_nbits_mma_model.py runs it there, not test_mutants.py)
+matmul_fp16_zero_point_through_sum_a = drop_in(True, "Xfp16_Wu4_Yfp16")
+matmul_fp16_zero_point_through_sum_a.__doc__ = "s sum(a q) + fp32(-s z) sum(a) per 64-wide chunk (cancels)."
 
 
 def _gather_read_as(given: str, read_as: str, leaf: str, doc: str):

@@ -101,3 +101,48 @@ def mma_fp16(
     if bias is not None:
         y = ftz32(y + bias.astype(np.float32))
     return y.astype(np.float16) if rounded else y
+
+
+def drop_in(sum_form: bool, leaf: str):
+    """A ``matmul_nbits`` implementation (the oracle's signature) answering as the modelled kernel
+    where it applies (fp16 A and scales, bits 2 / 4, blocks of 64 x 2^j, not ORT CPU's int8 path),
+    the oracle elsewhere; after the oracle's own argument checks."""
+    from qconform.oracles.ort import matmul_nbits
+    from qconform.oracles.ort.matmul_nbits import check_a, check_nbits_args, uses_int8_activations
+
+    def fn(A, B, scales, zero_points=None, g_idx=None, bias=None, *, K, N, bits, block_size, out=None, **kw):
+        lay = check_nbits_args(
+            B, scales, zero_points, g_idx, K=K, N=N, bits=bits, block_size=block_size, form=kw.get("form", "ort")
+        )
+        a = check_a(A, bias, lay)
+        pow2 = block_size % 64 == 0 and block_size & (block_size - 1) == 0
+        int8 = uses_int8_activations(kw.get("accuracy_level", 0), zero_points, g_idx)
+        if (
+            a.dtype != np.float16
+            or scales.dtype != np.float16
+            or bits not in (2, 4)
+            or not pow2
+            or int8
+            or g_idx is not None
+        ):
+            return matmul_nbits(
+                A, B, scales, zero_points, g_idx, bias, K=K, N=N, bits=bits, block_size=block_size, out=out, **kw
+            )
+        y = mma_fp16(
+            a.reshape(-1, K), B, scales, zero_points, bias, K=K, bits=bits, block_size=block_size, sum_form=sum_form
+        ).reshape(*a.shape[:-1], N)
+        if out is not None:
+            matmul_nbits(
+                A, B, scales, zero_points, g_idx, bias, K=K, N=N, bits=bits, block_size=block_size, out=out, **kw
+            )  # the oracle's checks of out
+            out[...] = y
+            return out
+        return y
+
+    fn.__qconform_ops__ = ("matmul_nbits",)
+    fn.__qconform_leaf__ = leaf
+    return fn
+
+
+matmul_fp16_mma_folded = drop_in(False, "Xfp16_Wu4_Yfp16")
+matmul_fp16_mma_folded.__doc__ = "The session-10 kernel arithmetic (control: must pass)."

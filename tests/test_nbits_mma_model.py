@@ -101,3 +101,24 @@ def test_folded_form_within_the_bound_on_catalogue_cases(bits: int) -> None:
         for extra in (0, None):
             assert float(_ratio(_model(inputs, params, extra=extra, wk_n=2), inputs, params).max()) < 1, case
             assert _sum_ratio(_model(inputs, params, extra=extra, wk_n=2, rounded=False), inputs, params) < 0.1, case
+
+
+@pytest.mark.parametrize(
+    "name,verdict",
+    [("mutants:matmul_fp16_zero_point_through_sum_a", "FAIL"), ("nbits_mma_model:matmul_fp16_mma_folded", "PASS")],
+)
+def test_suite_catches_the_sum_form_on_the_spike_cases(name: str, verdict: str, in_tests_dir) -> None:
+    """The offline mutant (the session-3 arithmetic as a drop-in) fails matches_oracle on the
+    fp16 spike cases (coverage 2), every one of them; control: the session-10 arithmetic passes."""
+    from qconform.impls import load_impl
+    from qconform.properties import Prepared, run_leaf
+
+    impl = load_impl(f"py:{name}")
+    leaf = impl.fn.__qconform_leaf__
+    cases = [c for c in OP.cases(leaf, 2) if c.pattern == "spike"]
+    result = run_leaf(impl, OP, leaf, [Prepared.from_case(OP, c, impl) for c in cases])
+    assert result.verdict == verdict, [o.detail for o in result.failed][:2]
+    if verdict == "FAIL":
+        assert "matches_oracle" in {o.prop for o in result.failed}
+        caught = {o.case for o in result.failed if o.prop == "matches_oracle"}
+        assert {c.id for c in cases} <= caught, sorted(caught)
