@@ -81,6 +81,10 @@ done
 # attention kernels of ort/gqa.hip behind -DQK_GQA_LEGACY, sm_90 only (the bench runs on NVIDIA)
 compile "$KERNELS/ort/gqa.hip -DQK_GQA_LEGACY for sm_90" nvcc -cubin -arch=sm_90 -Werror all-warnings $INCLUDES \
   -DQK_GQA_LEGACY -x cu -o "$tmp/k.cubin" "$KERNELS/ort/gqa.hip"
+# the session-3 zero-point arithmetic of the fp16-A matrix-unit kernels (python -m qconform.bench.nbits
+# --variants, the device mutant "mma GEMV fp16 A: zero point through sum(a)"), sm_90 only
+compile "$KERNELS/ort/nbits_mma.hip -DQK_NBITS_ZP_SUM_V1 for sm_90" nvcc -cubin -arch=sm_90 -Werror all-warnings \
+  $INCLUDES -DQK_NBITS_ZP_SUM_V1 -x cu -o "$tmp/k.cubin" "$KERNELS/ort/nbits_mma.hip"
 for src in examples/so_launcher/*.cu; do
   if [ "$amd" = 1 ]; then
     compile "$src (shared library) for gfx90a" hipcc -shared -fPIC --offload-arch=gfx90a -x hip -Werror $INCLUDES \

@@ -317,6 +317,9 @@ ORT_MUTANTS = (
         coverage=2,
         edits=GEMV_SUM_A_FORM,
     ),
+    # the session-3 zero-point arithmetic (build option): s sum(a q) + fp32(-s z) sum(a) per chunk,
+    # which cancels on the fp16 spike cases (65504 on weights q = z beside activations ~1e-3)
+    _mma("mma GEMV fp16 A: zero point through sum(a)", "matches_oracle", define="-DQK_NBITS_ZP_SUM_V1"),
     _mma("control: portable mma (shuffles), u2", None, define="-DQK_MMA_EMULATE"),
     _mma("control: portable mma (shuffles), GEMV fp32 A u4", None, define="-DQK_MMA_EMULATE", leaf="Xfp32_Wu4_Yfp32"),
     _mma("control: portable mma (shuffles), u4", None, define="-DQK_MMA_EMULATE", leaf="Xfp16_Wu4_Yfp16"),

@@ -421,3 +421,45 @@ def test_own_kernel_matmul_nbits_f32_spike_rows(bits: int, zp: str) -> None:
     bound = budget(exp.model, STRICT, True).bound(exp.model)
     err = np.abs(got[0].astype(np.float64) - exp.model.ref)
     assert np.all(err <= bound), float((err / bound).max())
+
+
+FP16_SPIKES = [
+    (b, zp, m)
+    for b in (2, 4)
+    for zp, m in (*((z, 6) for z in ("packed", "float", "uniform", "scalar")), ("none", 40), ("float", 40))
+]
+
+
+@pytest.mark.parametrize("bits,zp,M", FP16_SPIKES, ids=[f"u{b}-{zp}-M{m}" for b, zp, m in FP16_SPIKES])
+def test_own_kernel_matmul_nbits_fp16_spike_rows(bits: int, zp: str, M: int) -> None:
+    """fp16 A with a row holding 65504 on weights q = z beside activations ~1e-3 (the catalogue's
+    fp16 spike cases, coverage 2): zero points at M 6 on the decode kernel (qk_nbits_mma, decode_zp
+    shape), M 40 on the prefill shape; the zero point's integer part folded into the weights, so the
+    row's small products survive. Each answer within the strict bound and bit-identical call to call."""
+    import cupy
+
+    from qconform.contracts import STRICT
+    from qconform.device.launch import RECORDING
+    from qconform.device.launchers import kernel_of
+    from qconform.device.ort.matmul_nbits import MMA, matmul_nbits
+    from qconform.device.registry import MMA_SHAPES
+    from qconform.properties.bounds import budget
+
+    op = get_op("matmul_nbits")
+    leaf = f"Xfp16_Wu{bits}_Yfp16"
+    (case,) = [c for c in op.cases(leaf, 2) if c.pattern == "spike" and c.params["zp"] == zp and c.shape[0] == M]
+    inputs, params = op.make_inputs(case), {**case.params, "bits": bits}
+    args, kwargs = op.call_args({k: cupy.asarray(v) for k, v in inputs.items()}, params)
+    RECORDING.append([])
+    try:
+        matmul_nbits(*args, **kwargs)
+    finally:
+        launches = RECORDING.pop()
+    shape = MMA_SHAPES["decode_zp" if M <= 8 else "prefill"]
+    assert [launch[0] for launch in launches] == [kernel_of(MMA, shape.symbol(bits))]
+    got = [cupy.asnumpy(matmul_nbits(*args, **kwargs)) for _ in range(3)]
+    assert all(np.array_equal(g.view(np.uint16), got[0].view(np.uint16)) for g in got[1:])
+    (exp,) = op.numerics(inputs, params, STRICT, True)
+    bound = budget(exp.model, STRICT, True).bound(exp.model)
+    err = np.abs(got[0].astype(np.float64) - exp.model.ref)
+    assert np.all(err <= bound), float((err / bound).max())

@@ -140,7 +140,7 @@ def test_every_patch_applies_once_to_the_shipped_kernel() -> None:
         assert text != shipped, name
         assert not any(token in text for token in ("QK_MUT_", "QK_DIAG_")), name
     for m in ALL:  # the -D options left are build options of the shipped kernels, not hooks
-        build = ("-DQK_MMA_DEFAULT_ONLY", "-DQK_MMA_EMULATE", "-DQK_MOE_LEGACY")
+        build = ("-DQK_MMA_DEFAULT_ONLY", "-DQK_MMA_EMULATE", "-DQK_MOE_LEGACY", "-DQK_NBITS_ZP_SUM_V1")
         assert all(o in build for o in m.options.split() if o.startswith("-D"))
 
 
