@@ -9,7 +9,10 @@ shape (every output within its bound of the oracle, strict contract). One ``Benc
 times every decode candidate (``registry.MMA_DECODE_CANDIDATES`` x warps per SM) on the first shape;
 ``--variants`` times fp32 activations (fp32 scales) on the old per-output kernel (build option
 ``-DQK_NBITS_F32_PER_OUTPUT``) and on the split ring kernel side by side, same cold weights, M = 1, 2,
-4, 8, each output checked.
+4, 8, each output checked; then fp16 activations with packed and float zero points on the
+matrix-unit kernel (decode_zp shape) in the session-3 arithmetic (build option
+``-DQK_NBITS_ZP_SUM_V1``: the zero point through sum(a)) and the session-10 one (its integer part
+folded into the weights) side by side. ``--variants f32`` / ``--variants zp``: one table only.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ def weight_sets(K: int, N: int, bits: int, n_sets: int, seed: int) -> list[tuple
     ]
 
 
-def _verdict(a: Any, b: Any, s: Any, y: Any, K: int, bits: int) -> str:
+def _verdict(a: Any, b: Any, s: Any, y: Any, K: int, bits: int, zp: Any = None) -> str:
     """The suite's check of this output: within its bound of the oracle under some reading."""
     from qconform.contracts import STRICT
     from qconform.ops import CATALOGUE
@@ -60,6 +63,8 @@ def _verdict(a: Any, b: Any, s: Any, y: Any, K: int, bits: int) -> str:
 
     op = CATALOGUE["matmul_nbits"]
     inputs = {"A": cupy.asnumpy(a), "B": cupy.asnumpy(b), "scales": cupy.asnumpy(s)}
+    if zp is not None:
+        inputs["zero_points"] = cupy.asnumpy(zp)
     params = {"K": K, "bits": bits, "block_size": BLOCK}
     got = cupy.asnumpy(y)
     details = []
@@ -92,17 +97,25 @@ def cublas_fp16(K: int, N: int, M: int, reps: int) -> tuple[str, list[float]]:
 
 
 def _time_kernel(
-    a: Any, weights: list[tuple[Any, Any]], K: int, N: int, bits: int, reps: int, options: tuple[str, ...] = ()
+    a: Any,
+    weights: list[tuple[Any, Any]],
+    K: int,
+    N: int,
+    bits: int,
+    reps: int,
+    options: tuple[str, ...] = (),
+    zero_points: list[Any] | None = None,
 ) -> tuple[list, Any]:
     from qconform.device import ort as ort_launch
 
     y = cupy.empty((a.shape[0], N), a.dtype)
+    zps = zero_points or [None] * len(weights)
     with ort_launch.compile_options(*options):  # the launches are recorded (and built) with these options
         calls = [
             ort_launch.bound(
-                ort_launch.matmul_nbits, a, b, s.astype(a.dtype), K=K, N=N, bits=bits, block_size=BLOCK, out=y
+                ort_launch.matmul_nbits, a, b, s.astype(a.dtype), z, K=K, N=N, bits=bits, block_size=BLOCK, out=y
             )
-            for b, s in weights
+            for (b, s), z in zip(weights, zps, strict=True)
         ]
     ts = bl.times(lambda i: calls[i](), len(calls), reps)
     calls[0]()
@@ -253,6 +266,49 @@ def variants(shapes=F32_SHAPES, bits_list=(2, 4), ms=(1, 2, 4, 8), reps: int = 5
     return ok
 
 
+ZP_SUM_V1 = "-DQK_NBITS_ZP_SUM_V1"  # build option: the session-3 zero-point arithmetic (through sum(a))
+
+
+def zero_point_sets(K: int, N: int, bits: int, kind: str, n: int) -> list[Any]:
+    """``n`` zero-point arrays of ``kind``: packed uint8 fields, or fp16 floats in [0, 2^bits - 1]."""
+    kb = -(-K // BLOCK)
+    rng = cupy.random.default_rng(77)
+    if kind == "packed":
+        return [rng.integers(0, 256, (N, -(-kb * bits // 8)), dtype=cupy.uint8) for _ in range(n)]
+    return [(rng.random((N, kb), dtype=cupy.float32) * (2**bits - 1)).astype(cupy.float16) for _ in range(n)]
+
+
+def zp_variants(
+    shapes=SHAPES[:1], bits_list=(2, 4), ms=(1, 8), kinds=("packed", "float"), reps: int = 50, verdicts: bool = True
+) -> bool:
+    """fp16 activations and scales with zero points on the matrix-unit kernel (decode_zp shape for
+    M <= 8): the session-3 arithmetic (old) and the folded one (new) side by side on the same cold
+    weights, against the read-only roofline of the weights, scales and activations."""
+    builds = (("sum(a) form (old)", (ZP_SUM_V1,)), ("folded zi (new)", ()))
+    info = device_info()
+    print(f"{info.name} {info.label}; fp16 A and scales with zero points, block {BLOCK}; us min / median / max")
+    heads = " | ".join(f"{n} us | of roofline" for n, _ in builds)
+    print(f"| K x N | M | bits | zero points | read-only roofline us | {heads} |")
+    print("|---|---|---|---|---|" + "---|---|" * len(builds))
+    ok = True
+    for K, N in shapes:
+        for bits in bits_list:
+            weights = weights_for(K, N, bits)
+            for kind in kinds:
+                zps = zero_point_sets(K, N, bits, kind, len(weights))
+                for M in ms:
+                    a = cupy.random.default_rng(M).standard_normal((M, K), dtype=cupy.float32).astype(cupy.float16)
+                    roof = bl.read_roofline([(b, s, a) for b, s in weights], reps)
+                    cells = [f"{K} x {N}", str(M), str(bits), kind, _us(roof)]
+                    for _, options in builds:
+                        ts, y = _time_kernel(a, weights, K, N, bits, reps, options, zps)
+                        verdict = _verdict(a, *weights[0], y, K, bits, zps[0]) if verdicts else "not checked"
+                        ok = ok and (verdict == "PASS" or not verdicts)
+                        cells += [_us(ts), f"{bl.median(roof) / bl.median(ts):.0%} {verdict[:100]}"]
+                    print("| " + " | ".join(cells) + " |", flush=True)
+    return ok
+
+
 def weights_for(K: int, N: int, bits: int) -> list[tuple[Any, Any]]:
     return weight_sets(K, N, bits, n_sets_for(N * K * bits // 8), bits)
 
@@ -270,13 +326,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tune", action="store_true", help="time every decode candidate on the first shape first")
     p.add_argument("--quick", action="store_true", help="the first shape only, M = 1")
     p.add_argument("--no-verdict", action="store_true", help="skip the oracle check of each shape")
-    p.add_argument("--variants", action="store_true", help="fp32 A: the old and the new kernel side by side, only")
+    p.add_argument(
+        "--variants",
+        nargs="?",
+        const="all",
+        choices=("all", "f32", "zp"),
+        help="old and new kernels side by side, only: fp32 A (f32), fp16 A with zero points (zp), or both",
+    )
     p.add_argument("--json", help="write the records here")
     args = p.parse_args(argv)
     np.seterr(all="ignore")
     if args.variants:
-        shapes = F32_SHAPES[:1] if args.quick else F32_SHAPES
-        return 0 if variants(shapes, ms=(1,) if args.quick else (1, 2, 4, 8), verdicts=not args.no_verdict) else 1
+        ok = True
+        if args.variants in ("all", "f32"):
+            shapes = F32_SHAPES[:1] if args.quick else F32_SHAPES
+            ok = variants(shapes, ms=(1,) if args.quick else (1, 2, 4, 8), verdicts=not args.no_verdict)
+        if args.variants in ("all", "zp"):
+            shapes = SHAPES[:1] if args.quick else F32_SHAPES
+            ok = zp_variants(shapes, ms=(1,) if args.quick else (1, 8), verdicts=not args.no_verdict) and ok
+        return 0 if ok else 1
     if args.tune:
         tune(*SHAPES[0], reps=50)
     records = run_all(quick=args.quick, verdicts=not args.no_verdict)
