@@ -25,9 +25,10 @@
  * normal accumulation error beside a large activation on weights q = z (docs/perf-notes.md,
  * session 10; the model: tests/nbits_mma_model.py). ORT's float form fp32(q s) + fp32(-s z)
  * (docs/ort-ops.md) is one rounding of s (q - z): q s and s z are exact in fp32 for fp16 s, z
- * and codes of at most 4 bits, so each term is within 2^-24 of s (q - z). The build option -DQK_NBITS_ZP_SUM_V1 keeps the session-3 form (q itself
- * in the weights, c = fp32(-s z) through sum(a) for every kind: cancels beside a large
- * activation on weights q = z). sum(a) per token comes from one more mma with an all-ones A. */
+ * and codes of at most 4 bits, so each term is within 2^-24 of s (q - z). The build option
+ * -DQK_NBITS_ZP_SUM_V1 keeps the session-3 form (q itself in the weights, c = fp32(-s z) through
+ * sum(a) for every kind: cancels beside a large activation on weights q = z). sum(a) per token
+ * comes from one more mma with an all-ones A. */
 
 /* the chunk-relative K positions of the fp16 pair in mma m's register P (b[0] / a[0], a[1]) and
  * Q (b[1] / a[2], a[3]): u2 word = 4 bytes x 4 fields, byte b field j at k = 4b + j; the pair
