@@ -353,6 +353,17 @@ __device__ __forceinline__ float qk_fl2_exp2(float x) {
 #endif
 }
 
+/* qk_fl_pack (round to nearest even, the first value in the low half) in one conversion on NVIDIA */
+__device__ __forceinline__ qk_u32 qk_fl2_pack(float lo, float hi) {
+#if defined(QK_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    qk_u32 r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); /* PTX: the first source to the upper half */
+    return r;
+#else
+    return qk_fl_pack(lo, hi);
+#endif
+}
+
 /* halves offset of 16-byte chunk c of row r of a swizzled [key][H] tile */
 template <int H>
 __device__ __forceinline__ int qk_fl2_at(int r, int c) {
@@ -547,10 +558,10 @@ __device__ __forceinline__ void qk_fl2_attend(const float* qrot, const qk_u16* k
             }
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk) {
-                pa[kk][0] = qk_fl_pack(sc[2 * kk][0], sc[2 * kk][1]);
-                pa[kk][1] = qk_fl_pack(sc[2 * kk][2], sc[2 * kk][3]);
-                pa[kk][2] = qk_fl_pack(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
-                pa[kk][3] = qk_fl_pack(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+                pa[kk][0] = qk_fl2_pack(sc[2 * kk][0], sc[2 * kk][1]);
+                pa[kk][1] = qk_fl2_pack(sc[2 * kk][2], sc[2 * kk][3]);
+                pa[kk][2] = qk_fl2_pack(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
+                pa[kk][3] = qk_fl2_pack(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
             }
         }
         qk_cp_async_wait<1>();
