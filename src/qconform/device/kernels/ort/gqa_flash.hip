@@ -526,7 +526,7 @@ __device__ __forceinline__ void qk_fl2_attend(const float* qrot, const qk_u16* k
                         if (key < lo_r[h] || key >= L_r[h]) sc[j][i] = qk_fl_neg_inf();
                     }
             }
-            float mx[2] = {qk_fl_neg_inf(), qk_fl_neg_inf()};
+            float mx[2] = {qk_fl_neg_inf(), qk_fl_neg_inf()}, rsc[2];
 #pragma unroll
             for (int j = 0; j < 8; ++j)
 #pragma unroll
@@ -550,11 +550,15 @@ __device__ __forceinline__ void qk_fl2_attend(const float* qrot, const qk_u16* k
                     }
                 lsum[h] = QK_FADD(QK_FMUL(lsum[h], rs), part);
                 m2[h] = m2_new;
+                rsc[h] = rs;
+            }
+            /* the accumulator times rs (exact when rs = 1: skipped when no row of the group raised
+             * its max, most blocks of a long row) */
+            if (rsc[0] != 1.0f || rsc[1] != 1.0f) {
 #pragma unroll
-                for (int j = 0; j < NT; ++j) {
-                    o_acc[j][2 * h] = QK_FMUL(o_acc[j][2 * h], rs);
-                    o_acc[j][2 * h + 1] = QK_FMUL(o_acc[j][2 * h + 1], rs);
-                }
+                for (int j = 0; j < NT; ++j)
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) o_acc[j][i] = QK_FMUL(o_acc[j][i], rsc[i >> 1]);
             }
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk) {
