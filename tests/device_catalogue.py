@@ -656,7 +656,7 @@ FLASH_SINK_PER_LANE: Edits = (("l_r[h] = sink_mode && t == 0 ? 1.0f : 0.0f;", "l
 
 # The session-10 kernel qk_gqa_prefill2_h<H> (head_size 64 / 128, no softcap, no bias): coverage 1
 # reaches it through core-1x4x0x2x1x64 (a first prompt of 4 tokens, 2 query heads of one KV head:
-# both heads in one CTA); coverage 2 adds first prompts of 48 / 128 tokens and chunks over pasts of
+# one CTA for both heads); coverage 2 adds first prompts of 48 / 128 tokens and chunks over pasts of
 # 128 / 256 / 300 rows (several key blocks). The four rows above stay on the session-8 kernels
 # (their catching case has a softcap and a bias).
 # the diagonal block taken as whole: the causal mask skipped where it is needed
@@ -670,7 +670,7 @@ FLASH2_SECOND_RESCALE_SKIPPED: Edits = (
         "const float rs = empty || jb == jb0 + 1 ? 1.0f : qk_fl2_exp2(QK_FADD(m2[h], -m2_new));",
     ),
 )
-# both heads of a two-head CTA attend with (and write) the first head's queries
+# every head of a CTA attends with (and writes) the first head's queries
 FLASH2_ONE_HEAD: Edits = (("n = head0 + grp / per, b", "n = head0, b"),)
 # the scale not folded with log2(e): base-2 exponent of the natural-log argument
 FLASH2_NO_LOG2E: Edits = (("const float c2 = (float)((double)alpha * QK_FL2_LOG2E);", "const float c2 = alpha;"),)
@@ -699,7 +699,7 @@ GQA_FLASH_MUTANTS = (
     _flash("gqa flash: sink in every lane's sum", "Xfp16_Wu4_Yfp16", FLASH_SINK_PER_LANE),
     _flash("gqa flash v2: diagonal tile unmasked", "Xfp16_Wfp16_Yfp16", FLASH2_DIAGONAL_UNMASKED),
     _flash("gqa flash v2: rescale skipped on the second K tile", "Xfp16_Wfp16_Yfp16", FLASH2_SECOND_RESCALE_SKIPPED, 2),
-    _flash("gqa flash v2: both heads of a CTA take the first head's queries", "Xfp32_Wfp32_Yfp32", FLASH2_ONE_HEAD),
+    _flash("gqa flash v2: every head of a CTA takes the first head's queries", "Xfp32_Wfp32_Yfp32", FLASH2_ONE_HEAD),
     _flash("gqa flash v2: exp2 without log2(e) in the folded scale", "Xfp16_Wi8_Yfp16", FLASH2_NO_LOG2E),
     _flash("gqa flash v2: K fragments read unswizzled", "Xfp16_Wu4_Yfp16", FLASH2_K_UNSWIZZLED),
     _flash("control: gqa flash V1 build (-DQK_GQA_PREFILL_V1) on every case", "Xfp16_Wfp16_Yfp16", (), 2,

@@ -1,8 +1,8 @@
 """A numpy model of the session-10 flash prefill kernel ``qk_gqa_prefill2_h<H>``
 (src/qconform/device/kernels/ort/gqa_flash.hip, launcher qconform.device.ort.gqa_flash) checked on
 the CPU against the GroupQueryAttention oracle, for the cases the launcher gives it (head_size 64 /
-128, no softcap, no bias, a positive scale): its CTAs (128 rows of one head, or 64 rows of each of
-two heads of one KV head) cover every row's keys, a block it takes as whole (no mask) is inside
+128, no softcap, no bias, a positive scale): its CTAs (128 / hpc rows of each of hpc = 4, 2 or 1
+heads of one KV head) cover every row's keys, a block it takes as whole (no mask) is inside
 every valid row's [lo, L), and its rounding (the exponent base 2 with the scale folded in:
 p = 2^fma(s, fp32(alpha log2 e), -m2), the shift m2 = fp32(max s * c) or fp32(sigma log2 e) from a
 sink) passes the catalogue's check under the contract storage=fp16. ex2.approx's own error (2 ulp)
@@ -50,7 +50,7 @@ def flash2_model(args: tuple, attrs: dict, present_k: np.ndarray, present_v: np.
     sink = None if sink_in is None else sink_in.astype(np.float32).astype(np.float64)
     if sink is None and attrs.get("smooth_softmax", -1) == 1:
         sink = np.zeros(N)
-    hpc = 2 if (N // Nk) % 2 == 0 else 1
+    hpc = next(h for h in (4, 2, 1) if (N // Nk) % h == 0)  # heads_per_cta
     rows_cta, per = ROWS2 // hpc, 8 // hpc
     lane = (np.arange(BN) % 8) // 2
     out = np.zeros((B, N, S, H))

@@ -16,8 +16,8 @@ dequantized as the oracle does), then the attention:
 
 - ``qk_gqa_prefill2_h<H>`` (session 10, the default; FlashAttention-2's forward pass, Dao 2023):
   head_size 64 or 128 without softcap or attention_bias and with a positive scale. One CTA of 256
-  threads per (128 query rows of one head, or 64 rows of each of two query heads of one KV head when
-  the group num_heads / kv_num_heads is even), batch entry; exponent base 2 with the scale folded in
+  threads per (128 / hpc query rows of each of hpc query heads of one KV head, hpc = 4, 2 or 1 as
+  the group num_heads / kv_num_heads divides), batch entry; exponent base 2 with the scale folded in
   (a rounding inside the storage=fp16 bound: the kernel's comment and docs/perf-notes.md "Session 10").
 - ``qk_gqa_prefill_h<H>`` (session 8): every other case the flash path takes (head_size 16 or 32,
   softcap, an attention_bias, a negative scale), one CTA of 128 threads per (64 query rows, query
@@ -58,9 +58,10 @@ def fits(head_size: int, buffers: tuple[Any, ...]) -> bool:
 
 
 def heads_per_cta(num_heads: int, kv_num_heads: int) -> int:
-    """Query heads of one qk_gqa_prefill2 CTA: 2 (64 rows each, one K / V load for both) when the
-    group of a KV head has an even number of query heads, else 1 (128 rows)."""
-    return 2 if (num_heads // kv_num_heads) % 2 == 0 else 1
+    """Query heads of one qk_gqa_prefill2 CTA (128 / that many rows each, the K / V tiles loaded
+    once for all of them): 4, 2 or 1, the largest that divides the group of a KV head."""
+    group = num_heads // kv_num_heads
+    return next(h for h in (4, 2, 1) if group % h == 0)
 
 
 def uses_v2(head_size: int, softcap: float, has_bias: bool, alpha: float) -> bool:

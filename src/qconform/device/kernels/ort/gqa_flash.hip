@@ -323,8 +323,8 @@ QK_GQA_PREFILL(qk_gqa_prefill_h128, 128)
 /* qk_gqa_prefill2_h<H> (H 64 or 128; no softcap, no bias, alpha > 0: the launcher hands every other
  * case to qk_gqa_prefill_h<H> above). FlashAttention-2's forward pass (Dao 2023, Alg. 1 and
  * section 3.3: the scale folded into the exponent, masks only on the diagonal blocks): a CTA of 8
- * groups of 32 lanes takes 128 query rows of one head, or 64 rows of each of two heads of one KV
- * head (hpc = 2: the K / V tiles are loaded once for both), 16 rows a group. K tiles are
+ * groups of 32 lanes takes 128 / hpc query rows of each of hpc heads of one KV head (hpc = 4, 2 or
+ * 1, the launcher's heads_per_cta: the K / V tiles are loaded once for all), 16 rows a group. K tiles are
  * double-buffered (K of the next block copied during the whole of this block), V single (copied
  * during Q K^T); tiles are [key][H] with 16-byte chunk c of row r stored at chunk c ^ (r & 7), so
  * the 8 rows an ldmatrix phase reads fall on distinct banks (3 tiles: 48 KiB at H = 128).
