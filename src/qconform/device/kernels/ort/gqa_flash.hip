@@ -13,7 +13,12 @@
  * rows [0, total_b) only), Q K^T by qk_mma_16816 (fp16 products, fp32 sums), online softmax in
  * fp32 per block of 64 keys aligned at key 0 (running max m, the sum l kept per lane and added
  * over the 4 lanes of a row at the end), P rounded to fp16 for the P V product (fp32 sums into the
- * rescaled accumulator), output fp32(acc / l) in the output type. No atomics: deterministic. */
+ * rescaled accumulator), output fp32(acc / l) in the output type. No atomics: deterministic.
+ *
+ * Kernels: qk_gqa_prefill_h<H> (session 8, below) and, at the end of the file, the default
+ * qk_gqa_prefill2_h<H> (session 10: FlashAttention-2's loop, head_size 64 / 128 without softcap or
+ * bias); -DQK_GQA_PREFILL_V1 leaves the session-10 kernels out (the launcher then runs session 8's
+ * for every case). */
 #include "ort_common.h"
 
 #define QK_FL_THREADS 128 /* 4 groups of 32 lanes, 16 query rows each */
