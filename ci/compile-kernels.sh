@@ -85,6 +85,10 @@ compile "$KERNELS/ort/gqa.hip -DQK_GQA_LEGACY for sm_90" nvcc -cubin -arch=sm_90
 # --variants, the device mutant "mma GEMV fp16 A: zero point through sum(a)"), sm_90 only
 compile "$KERNELS/ort/nbits_mma.hip -DQK_NBITS_ZP_SUM_V1 for sm_90" nvcc -cubin -arch=sm_90 -Werror all-warnings \
   $INCLUDES -DQK_NBITS_ZP_SUM_V1 -x cu -o "$tmp/k.cubin" "$KERNELS/ort/nbits_mma.hip"
+# the flash prefill's old variant (python -m qconform.bench.gqa_prefill --variants): the session-8
+# kernels of ort/gqa_flash.hip alone, behind -DQK_GQA_PREFILL_V1, sm_90 only
+compile "$KERNELS/ort/gqa_flash.hip -DQK_GQA_PREFILL_V1 for sm_90" nvcc -cubin -arch=sm_90 -Werror all-warnings \
+  $INCLUDES -DQK_GQA_PREFILL_V1 -x cu -o "$tmp/k.cubin" "$KERNELS/ort/gqa_flash.hip"
 for src in examples/so_launcher/*.cu; do
   if [ "$amd" = 1 ]; then
     compile "$src (shared library) for gfx90a" hipcc -shared -fPIC --offload-arch=gfx90a -x hip -Werror $INCLUDES \

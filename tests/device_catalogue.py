@@ -657,9 +657,40 @@ FLASH_SUM_NOT_RESCALED: Edits = (("l_r[h] = QK_FADD(QK_FMUL(l_r[h], corr), ps);"
 FLASH_SINK_PER_LANE: Edits = (("l_r[h] = sink_mode && t == 0 ? 1.0f : 0.0f;", "l_r[h] = sink_mode ? 1.0f : 0.0f;"),)
 
 
-def _flash(name: str, leaf: str, edits: Edits) -> DeviceMutant:
+# The session-10 kernel qk_gqa_prefill2_h<H> (head_size 64 / 128, no softcap, no bias): coverage 1
+# reaches it through core-1x4x0x2x1x64 (a first prompt of 4 tokens, 2 query heads of one KV head:
+# one CTA for both heads); coverage 2 adds first prompts of 48 / 128 tokens and chunks over pasts of
+# 128 / 256 / 300 rows (several key blocks). The four rows above stay on the session-8 kernels
+# (their catching case has a softcap and a bias).
+# the diagonal block taken as whole: the causal mask skipped where it is needed
+FLASH2_DIAGONAL_UNMASKED: Edits = (
+    ("const bool whole = j0 >= in_lo && j0 + QK_FL_BN <= in_end;", "const bool whole = j0 >= in_lo;"),
+)
+# the running sum and accumulator not rescaled when the second key block raises the max
+FLASH2_SECOND_RESCALE_SKIPPED: Edits = (
+    (
+        "const float rs = empty ? 1.0f : qk_fl2_exp2(QK_FADD(m2[h], -m2_new));",
+        "const float rs = empty || jb == jb0 + 1 ? 1.0f : qk_fl2_exp2(QK_FADD(m2[h], -m2_new));",
+    ),
+)
+# every head of a CTA attends with (and writes) the first head's queries
+FLASH2_ONE_HEAD: Edits = (("n = head0 + grp / per, b", "n = head0, b"),)
+# the scale not folded with log2(e): base-2 exponent of the natural-log argument
+FLASH2_NO_LOG2E: Edits = (("const float c2 = (float)((double)alpha * QK_FL2_LOG2E);", "const float c2 = alpha;"),)
+# K fragments read from the tile without the chunk swizzle (the ldmatrix path)
+FLASH2_K_UNSWIZZLED: Edits = (
+    (
+        "qk_fl2_at<H>(n0 + ((lane >> 4) & 1) * 8 + (lane & 7), (k0 >> 3) + ((lane >> 3) & 1))",
+        "(n0 + ((lane >> 4) & 1) * 8 + (lane & 7)) * H + k0 + ((lane >> 3) & 1) * 8",
+    ),
+)
+
+
+def _flash(
+    name: str, leaf: str, edits: Edits, coverage: int = 1, define: str = "", caught_by: str | None = "matches_oracle"
+) -> DeviceMutant:
     return DeviceMutant(
-        name, "ort/gqa_flash.hip", "", "", "gqa_prefill", "matches_oracle", leaf=leaf, edits=edits,
+        name, "ort/gqa_flash.hip", "", define, "gqa_prefill", caught_by, leaf=leaf, coverage=coverage, edits=edits,
         contract="storage=fp16",
     )  # fmt: skip
 
@@ -669,7 +700,14 @@ GQA_FLASH_MUTANTS = (
     _flash("gqa flash: window of W + 1 keys", "Xfp32_Wfp32_Yfp32", FLASH_WINDOW_W1),
     _flash("gqa flash: running sum not rescaled", "Xfp16_Wi8_Yfp16", FLASH_SUM_NOT_RESCALED),
     _flash("gqa flash: sink in every lane's sum", "Xfp16_Wu4_Yfp16", FLASH_SINK_PER_LANE),
-)
+    _flash("gqa flash v2: diagonal tile unmasked", "Xfp16_Wfp16_Yfp16", FLASH2_DIAGONAL_UNMASKED),
+    _flash("gqa flash v2: rescale skipped on the second K tile", "Xfp16_Wfp16_Yfp16", FLASH2_SECOND_RESCALE_SKIPPED, 2),
+    _flash("gqa flash v2: every head of a CTA takes the first head's queries", "Xfp32_Wfp32_Yfp32", FLASH2_ONE_HEAD),
+    _flash("gqa flash v2: exp2 without log2(e) in the folded scale", "Xfp16_Wi8_Yfp16", FLASH2_NO_LOG2E),
+    _flash("gqa flash v2: K fragments read unswizzled", "Xfp16_Wu4_Yfp16", FLASH2_K_UNSWIZZLED),
+    _flash("control: gqa flash V1 build (-DQK_GQA_PREFILL_V1) on every case", "Xfp16_Wfp16_Yfp16", (), 2,
+           "-DQK_GQA_PREFILL_V1", None),
+)  # fmt: skip
 # ort/gqa.hip (gqa_decode, gqa_prefill; --impl cupy). Coverage 1 has a chunk of a prefill with a
 # past (5 rows, 4 new tokens, window 3, softcap and a full bias), a decode with interleaved rotary,
 # window 4, softcap and bias, and rotary (half split) on every quantized leaf.

@@ -53,8 +53,8 @@ def _kq_instances(text: str) -> set[str]:
 
 def _gqa_instances(text: str) -> set[str]:
     """The attention kernels a source instantiates: QK_GQA_FLASH(NAME, KIND, PC, WIDE, U) (decode,
-    gqa.hip) and QK_GQA_PREFILL(NAME, H) (flash prefill, gqa_flash.hip)."""
-    return set(re.findall(r"^QK_GQA_(?:FLASH|PREFILL)\((\w+), ", text, re.M))
+    gqa.hip), QK_GQA_PREFILL(NAME, H) and QK_GQA_PREFILL2(NAME, H) (flash prefill, gqa_flash.hip)."""
+    return set(re.findall(r"^QK_GQA_(?:FLASH|PREFILL2?)\((\w+), ", text, re.M))
 
 
 def test_every_registered_kernel_exists_in_its_source() -> None:
@@ -140,7 +140,13 @@ def test_every_patch_applies_once_to_the_shipped_kernel() -> None:
         assert text != shipped, name
         assert not any(token in text for token in ("QK_MUT_", "QK_DIAG_")), name
     for m in ALL:  # the -D options left are build options of the shipped kernels, not hooks
-        build = ("-DQK_MMA_DEFAULT_ONLY", "-DQK_MMA_EMULATE", "-DQK_MOE_LEGACY", "-DQK_NBITS_ZP_SUM_V1")
+        build = (
+            "-DQK_MMA_DEFAULT_ONLY",
+            "-DQK_MMA_EMULATE",
+            "-DQK_MOE_LEGACY",
+            "-DQK_NBITS_ZP_SUM_V1",
+            "-DQK_GQA_PREFILL_V1",
+        )
         assert all(o in build for o in m.options.split() if o.startswith("-D"))
 
 

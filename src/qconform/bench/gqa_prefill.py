@@ -5,14 +5,16 @@ storage=fp16) timed as the whole call (append with rotary, attention) and as its
 alone, beside ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)`` under
 ``sdpa_kernel(FLASH_ATTENTION)`` on the same fp16 query and present caches (KV heads repeated
 when the backend refuses ``enable_gqa``). TFLOP/s count the causal work, 2 N H S (S + 1) flops
-(Q K^T and P V over the keys each row sees). ``--variants`` also times the split-K kernels (the
-strict default, ``storage="exact"``) in the same process.
+(Q K^T and P V over the keys each row sees). ``--variants`` also times, in the same process, the
+session-8 flash kernels (the build ``-DQK_GQA_PREFILL_V1``) and the split-K kernels (the strict
+default, ``storage="exact"``; at prompts up to 4096 under ``--quick``).
 
 Target (issue text): the flash attention >= 0.7x SDPA flash in TFLOP/s. The verdict column is the
 flash kernel's conformance on the catalogue's sized prefill case (a chunk of 16 tokens over a past
 of 1024, the same heads) under storage=fp16, and the kernel-shaped 2 x 32 x 8/1 x 128 first prompt.
 
-``python -m qconform.bench.gqa_prefill [--quick] [--variants] [--json FILE]``
+``python -m qconform.bench.gqa_prefill [--quick] [--variants] [--json FILE]`` (``--quick``: 2k and 16k,
+fewer repeats).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from qconform.device.loader import device_info
 HEADS = (32, 8, 128)  # N, Nk, H: Llama-3-8B
 PROMPTS = (2048, 16384)
 TARGET_SDPA = 0.7
+V1 = "-DQK_GQA_PREFILL_V1"  # qconform.device.ort.gqa_flash.V1_OPTION: the session-8 kernels
 
 
 def _inputs(S: int, seed: int) -> dict[str, Any]:
@@ -47,8 +50,9 @@ def _inputs(S: int, seed: int) -> dict[str, Any]:
     return inp
 
 
-def _launches(inp: dict[str, Any], storage: str) -> tuple[Any, Any, Any]:
-    """(replay of the whole call, replay of its attention launches, outputs)."""
+def _launches(inp: dict[str, Any], storage: str, v1: bool = False) -> tuple[Any, Any, Any]:
+    """(replay of the whole call, replay of its attention launches, outputs); ``v1``: the call was
+    built under -DQK_GQA_PREFILL_V1 (the session-8 kernel must run, else the session-10 one)."""
     from qconform.device.launch import RECORDING
     from qconform.device.ort.gqa_flash import SOURCE, gqa_prefill
     from qconform.device.ort.group_query_attention import SOURCE as SPLITK
@@ -66,7 +70,8 @@ def _launches(inp: dict[str, Any], storage: str) -> tuple[Any, Any, Any]:
 
     append = kernel_of(SPLITK, "qk_gqa_append")
     attention = [launch for launch in launches if launch[0] is not append]
-    assert storage != "fp16" or any(launch[0] is kernel_of(SOURCE, "qk_gqa_prefill_h128") for launch in attention)
+    flash = "qk_gqa_prefill_h128" if v1 else "qk_gqa_prefill2_h128"
+    assert storage != "fp16" or any(launch[0] is kernel_of(SOURCE, flash) for launch in attention)
 
     def replay(which: list) -> Any:
         def run() -> None:
@@ -125,11 +130,22 @@ def verify() -> str:
     return "PASS"
 
 
-def bench(prompts=PROMPTS, reps: int = 10, variants: bool = False) -> list[BenchRecord]:
+def bench(prompts=PROMPTS, reps: int = 10, variants: bool = False, splitk_max: int = 1 << 30) -> list[BenchRecord]:
+    """The table; ``variants``: the session-8 flash build and the split-K kernels (at prompts up to
+    ``splitk_max``) beside the default, each flash build checked on the catalogue's cases."""
+    from qconform.device.launchers import compile_options
+
     device = device_info().label
     N, Nk, H = HEADS
-    checked = verify()
-    print(f"verdict (flash, storage=fp16, the catalogue's sized prefill case and a 2x32 first prompt): {checked}")
+    builds = [("flash (storage=fp16)", "fp16", ())]
+    if variants:
+        builds += [("flash V1 (storage=fp16)", "fp16", (V1,)), ("split-K (strict)", "exact", ())]
+    verdicts = {}
+    for label, _, opts in builds[:2]:
+        with compile_options(*opts):
+            verdicts[label] = verify()
+        print(f"verdict of {label} (the catalogue's sized prefill case and a 2x32 first prompt): {verdicts[label]}")
+    checked = verdicts[builds[0][0]]
     print("| kernel | prompt | call us min / med / max | attention us min / med / max | TFLOP/s | SDPA flash us "
           "| SDPA TFLOP/s | x SDPA | verdict |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|")
@@ -137,10 +153,12 @@ def bench(prompts=PROMPTS, reps: int = 10, variants: bool = False) -> list[Bench
     for S in prompts:
         flops = 2 * N * H * S * (S + 1)
         sets = [_inputs(S, 10 + i) for i in range(2)]
-        runs = [("flash (storage=fp16)", "fp16")] + ([("split-K (strict)", "exact")] if variants else [])
         sdpa_name, sdpa_ts = None, None
-        for label, storage in runs:
-            calls = [_launches(inp, storage) for inp in sets]
+        for label, storage, opts in builds:
+            if storage == "exact" and S > splitk_max:
+                continue
+            with compile_options(*opts):
+                calls = [_launches(inp, storage, bool(opts)) for inp in sets]
             n = reps if storage == "fp16" or S <= 4096 else 1
             whole = bl.times(lambda i, c=calls: c[i][0](), len(sets), n, batches=3)
             att = bl.times(lambda i, c=calls: c[i][1](), len(sets), n, batches=3)
@@ -150,6 +168,7 @@ def bench(prompts=PROMPTS, reps: int = 10, variants: bool = False) -> list[Bench
                 )
             med, sdpa = bl.median(att), bl.median(sdpa_ts)
             ratio = sdpa / med
+            checked = verdicts.get(label, verdicts[builds[0][0]])
             ok = checked == "PASS" and (storage != "fp16" or ratio >= TARGET_SDPA)
             records.append(BenchRecord(f"gqa_prefill {label}", (1, S, 0, N, Nk, H), device, 0, flops,
                                        tuple(t * 1e6 for t in att), checked, {str(sdpa_name): sdpa * 1e6}))  # fmt: skip
@@ -167,10 +186,10 @@ def bench(prompts=PROMPTS, reps: int = 10, variants: bool = False) -> list[Bench
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = bench_parser("gqa_prefill", "the 2k prompt only, fewer repeats")
-    p.add_argument("--variants", action="store_true", help="also time the split-K kernels (the strict default)")
+    p = bench_parser("gqa_prefill", "fewer repeats, split-K at 2k only")
+    p.add_argument("--variants", action="store_true", help="also time the session-8 flash build and split-K")
     a = p.parse_args(argv)
-    records = bench((2048,), 5, a.variants) if a.quick else bench(variants=a.variants)
+    records = bench(PROMPTS, 5, a.variants, 4096) if a.quick else bench(variants=a.variants)
     return finish(records, a.json)
 
 

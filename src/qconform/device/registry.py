@@ -365,6 +365,10 @@ GQA_PREFILL_KERNELS: tuple[KernelSpec, ...] = (
         _ort("gqa_prefill", f"qk_gqa_prefill_h{h}", "gqa_flash.hip", f"flash prefill (storage=fp16), head_size {h}")
         for h in (16, 32, 64, 128)
     ),
+    *(
+        _ort("gqa_prefill", f"qk_gqa_prefill2_h{h}", "gqa_flash.hip", f"flash prefill v2 (storage=fp16), head_size {h}")
+        for h in (64, 128)
+    ),
 )
 """The flash prefill (``qconform.device.ort.gqa_flash``), run under the contract storage=fp16."""
 KEEP_QUANT_LEAVES = (

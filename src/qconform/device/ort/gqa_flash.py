@@ -12,8 +12,17 @@ implementation passes its contract's ``storage`` (``qconform.impls.device``).
 
 Steps of the flash path on the current stream: the append (and the past's copy, as the split-K
 path does), for an fp32 / int8 / 4-bit cache ``qk_gqa_prefill_scratch`` (rows [0, total_b) to fp16,
-dequantized as the oracle does), ``qk_gqa_prefill_h<H>`` (one CTA per 64 query rows, query head,
-batch entry).
+dequantized as the oracle does), then the attention:
+
+- ``qk_gqa_prefill2_h<H>`` (session 10, the default; FlashAttention-2's forward pass, Dao 2023):
+  head_size 64 or 128 without softcap or attention_bias and with a positive scale. One CTA of 256
+  threads per (128 / hpc query rows of each of hpc query heads of one KV head, hpc = 4, 2 or 1 as
+  the group num_heads / kv_num_heads divides), batch entry; exponent base 2 with the scale folded in
+  (a rounding inside the storage=fp16 bound: the kernel's comment and docs/perf-notes.md "Session 10").
+- ``qk_gqa_prefill_h<H>`` (session 8): every other case the flash path takes (head_size 16 or 32,
+  softcap, an attention_bias, a negative scale), one CTA of 128 threads per (64 query rows, query
+  head, batch entry). Built with ``-DQK_GQA_PREFILL_V1`` (``qconform.device.launchers.compile_options``)
+  the source holds these kernels only and they take every case (the bench's old variant).
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ from typing import Any
 import cupy
 import numpy as np
 
+from qconform.device import launchers
 from qconform.device.abi import bind_call
 from qconform.device.launch import check_aligned
 from qconform.device.launchers import launch, launch_grid
@@ -34,6 +44,10 @@ SOURCE = "ort/gqa_flash.hip"
 THREADS = 128  # QK_FL_THREADS
 BLOCK_M = 64  # QK_FL_BM: query rows of a CTA
 HEAD_SIZES = (16, 32, 64, 128)  # qk_gqa_prefill_h<H>
+V1_OPTION = "-DQK_GQA_PREFILL_V1"  # the build holding the session-8 kernels only
+THREADS2 = 256  # QK_FL2_THREADS
+ROWS2 = 128  # QK_FL2_ROWS: query rows of a qk_gqa_prefill2 CTA, over its heads
+HEAD_SIZES2 = (64, 128)  # qk_gqa_prefill2_h<H>
 SCRATCH_KIND = {(0, "float32"): 0, (8, ""): 2, (4, ""): 3}  # qk_gqa_prefill_scratch's kind; fp16: none
 
 
@@ -41,6 +55,22 @@ def fits(head_size: int, buffers: tuple[Any, ...]) -> bool:
     """The flash kernel takes the case: a head size it is built for, every present buffer 16-byte
     aligned (asynchronous 16-byte copies of cache rows)."""
     return head_size in HEAD_SIZES and all(b.data.ptr % 16 == 0 for b in buffers)
+
+
+def heads_per_cta(num_heads: int, kv_num_heads: int) -> int:
+    """Query heads of one qk_gqa_prefill2 CTA (128 / that many rows each, the K / V tiles loaded
+    once for all of them): 4, 2 or 1, the largest that divides the group of a KV head."""
+    group = num_heads // kv_num_heads
+    return next(h for h in (4, 2, 1) if group % h == 0)
+
+
+def uses_v2(head_size: int, softcap: float, has_bias: bool, alpha: float) -> bool:
+    """qk_gqa_prefill2_h<H> takes the case (else qk_gqa_prefill_h<H>): head_size 64 or 128, no
+    softcap, no attention_bias, a positive scale (the max of the raw scores is the max of the
+    scaled ones), and the default build (not ``-DQK_GQA_PREFILL_V1``)."""
+    return (
+        V1_OPTION not in launchers.OPTIONS and head_size in HEAD_SIZES2 and softcap == 0 and not has_bias and alpha > 0
+    )
 
 
 def _append(op: OpSpec, call: Any, sc: dict[str, Any]) -> Any:
@@ -100,8 +130,17 @@ def _run(op: OpSpec, args: tuple, kwargs: dict[str, Any], out: Any, storage: str
     null = np.uint64(0)
     scale = float(sc["scale"])
     alpha = np.float32(scale) if scale != 0 else np.float32(1) / np.sqrt(np.float32(H), dtype=np.float32)
+    softcap = np.float32(sc["softcap"])
+    if uses_v2(H, float(softcap), bias is not None, float(alpha)):
+        hpc = heads_per_cta(N, Nk)
+        ptrs = (qrot, kc, vc, i64(rows), seqlens, null if sink is None else sink, output)
+        dims = (i32(S), i32(N), i32(Nk), i32(sc["first_prompt"]), i32(sc["local_window_size"]))
+        grid = (-(-S // (ROWS2 // hpc)), N // hpc, B)
+        args2 = (*ptrs, *dims, i32(sink_mode), i32(is16), alpha, i32(hpc))
+        launch_grid(op.name, SOURCE, f"qk_gqa_prefill2_h{H}", grid, THREADS2, args2)
+        return call.out
     dims = (i32(S), i32(N), i32(Nk), i64(T), i32(sc["first_prompt"]), i32(sc["local_window_size"]))
-    opts = (i32(sc["bias_batch"]), i32(sc["bias_heads"]), i32(sink_mode), i32(is16), alpha, np.float32(sc["softcap"]))
+    opts = (i32(sc["bias_batch"]), i32(sc["bias_heads"]), i32(sink_mode), i32(is16), alpha, softcap)
     ptrs = (qrot, kc, vc, i64(rows), seqlens, null if bias is None else bias, null if sink is None else sink, output)
     grid = (-(-S // BLOCK_M), N, B)
     launch_grid(op.name, SOURCE, f"qk_gqa_prefill_h{H}", grid, THREADS, (*ptrs, *dims, *opts))
