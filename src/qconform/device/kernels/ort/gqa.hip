@@ -754,7 +754,7 @@ __device__ __forceinline__ void qk_gqa_mma(const float* qrot, const void* presen
                 if (KIND == 1) {
                     bf[hk] = QK_BYTE_PERM(r0[e / 2], r1[e / 2], (e & 1) ? 0x7632u : 0x5410u);
                 } else {
-                    const qk_u32 sel = (qk_u32)(e % 4) | ((qk_u32)(4 + e % 4) << 16);
+                    const qk_u32 sel = (qk_u32)(e % 4) | ((qk_u32)(4 + e % 4) << 8);
                     bf[hk] = qk_gqa_i8pair(r0[e / 4] ^ 0x80808080u, r1[e / 4] ^ 0x80808080u, sel);
                 }
             }
