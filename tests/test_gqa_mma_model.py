@@ -9,7 +9,8 @@ order. Its outputs pass the catalogue's strict check (the device suite's verdict
 of gqa_decode and gqa_prefill for the leaves the mma kernels take (fp16 queries, fp16 or int8
 per-tensor caches, head sizes 16 / 32 / 64 / 128), with the launcher's splits and with splits of
 5 keys; the check catches the device mutants' arithmetic (P's lo half dropped, the V fragment's
-two key pairs swapped)."""
+two key pairs swapped; the groups' merge needs more than 16 keys a split, coverage 2's; not the
+lo rows of P V left unrescaled: 2^-11 of the output, inside the fp16 output's rounding here)."""
 
 from __future__ import annotations
 
@@ -105,7 +106,7 @@ def mma_kernel_takes(args: tuple, attrs: dict) -> bool:
     return lay.dtype == np.float16 and kind > 0 and lay.head_size in (16, 32, 64, 128)
 
 
-def cta(q, kb, vb, ctx, lo_half=True, swap_v=False):
+def cta(q, kb, vb, ctx, lo_half=True, swap_v=False, rescale_lo=True, shift=True):
     """One CTA's split (m, l, acc) for its heads (the merge of its four groups)."""
     KIND, HD, n, nh, ks0, score = ctx["KIND"], ctx["H"], ctx["n"], ctx["nh"], ctx["ks0"], ctx["score"]
     KW, VW, _ = GEOMETRY[(KIND, HD)]
@@ -164,7 +165,10 @@ def cta(q, kb, vb, ctx, lo_half=True, swap_v=False):
                 c = np.where(mn == NEG_INF, F32(1), np.exp((m - mn).astype(F32)).astype(F32)).astype(F32)
             resc = c != 1
             lsum = np.where(resc, (lsum * c).astype(F32), lsum)
-            acc = np.where(resc[None, :, None], (acc * c[None, :, None]).astype(F32), acc)
+            scaled = (acc * c[None, :, None]).astype(F32)
+            if not rescale_lo:
+                scaled[:, :, 2:] = acc[:, :, 2:]
+            acc = np.where(resc[None, :, None], scaled, acc)
             m = mn
             pa = []
             for half in range(2):
@@ -211,7 +215,7 @@ def cta(q, kb, vb, ctx, lo_half=True, swap_v=False):
         for gm, gl, gacc in groups:
             if gm[h] == NEG_INF and gl[h] == 0:
                 continue
-            f = F32(np.exp(F32(gm[h] - M)))
+            f = F32(np.exp(F32(gm[h] - M))) if shift else F32(1)
             tot = F32(tot + F32(gl[h] * f))
             a = (a + (gacc[h] * f).astype(F32)).astype(F32)
         res.append((M, tot, a))
@@ -334,7 +338,10 @@ def test_every_mma_leaf_has_cases() -> None:
     assert {c.leaf for _, c in CASES} == {"Xfp16_Wfp16_Yfp16", "Xfp16_Wi8_Yfp16"}
 
 
-@pytest.mark.parametrize("mut", [{"swap_v": True}, {"lo_half": False}], ids=["v_pairs_swapped", "p_lo_dropped"])
+MUTANTS = [{"swap_v": True}, {"lo_half": False}]
+
+
+@pytest.mark.parametrize("mut", MUTANTS, ids=["v_pairs_swapped", "p_lo_dropped"])
 def test_the_check_catches_the_mutants(mut) -> None:
     """The model with a device mutant's arithmetic fails the check on some case."""
     assert any(not _run(op, case, **mut).ok for op, case in CASES)

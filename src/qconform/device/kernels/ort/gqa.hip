@@ -202,6 +202,19 @@ __device__ __forceinline__ void qk_gqa_load(qk_u32 (&w)[WORDS], const qk_u32* p)
     }
 }
 
+/* the keys [k0, k0 + n) (n returned) of split sp (chunk keys a split) in the causal range [lo, L)
+ * of query row s of batch b: L = min(past_b + s + 1, total_b), lo = L - W with a window of W < L keys */
+__device__ __forceinline__ int qk_gqa_split_keys(const int* seqlens_k, qk_i64 b, qk_i64 s, qk_i64 S, int first_prompt,
+                                                 int window, int sp, int chunk, qk_i64& k0_out) {
+    const qk_i64 total = (qk_i64)seqlens_k[b] + 1, past = first_prompt ? 0 : total - S;
+    const qk_i64 L = past + s + 1 < total ? past + s + 1 : total;
+    const qk_i64 lo = (window >= 1 && L > window) ? L - window : 0;
+    const qk_i64 k0 = lo > (qk_i64)sp * chunk ? lo : (qk_i64)sp * chunk;
+    const qk_i64 k1 = L < (qk_i64)(sp + 1) * chunk ? L : (qk_i64)(sp + 1) * chunk;
+    k0_out = k0;
+    return k1 > k0 ? (int)(k1 - k0) : 0;
+}
+
 #ifdef QK_GQA_FLASH_V1
 #include "gqa_flash_v1.h"
 #else
@@ -320,12 +333,8 @@ __device__ __forceinline__ void qk_gqa_flash(const float* qrot, const void* pres
     const qk_i64 G = N / Nk, nhb = (G + HB - 1) / HB;
     const qk_i64 g = blockIdx.y / nhb, h0 = g * G + (blockIdx.y % nhb) * HB;
     const int nh = (int)(G - (blockIdx.y % nhb) * HB < HB ? G - (blockIdx.y % nhb) * HB : HB);
-    const qk_i64 total = (qk_i64)seqlens_k[b] + 1, past = first_prompt ? 0 : total - S;
-    const qk_i64 L = past + s + 1 < total ? past + s + 1 : total;
-    const qk_i64 lo = (window >= 1 && L > window) ? L - window : 0;
-    const qk_i64 k0 = lo > (qk_i64)sp * chunk ? lo : (qk_i64)sp * chunk;
-    const qk_i64 k1 = L < (qk_i64)(sp + 1) * chunk ? L : (qk_i64)(sp + 1) * chunk;
-    const int n = k1 > k0 ? (int)(k1 - k0) : 0;
+    qk_i64 k0;
+    const int n = qk_gqa_split_keys(seqlens_k, b, s, S, first_prompt, window, sp, chunk, k0);
     const qk_i64 o = (bs * N + h0) * splits + sp; /* head h's slot: o + h * splits */
     if (n == 0) {
         if (tid < nh) {
@@ -621,12 +630,8 @@ __device__ __forceinline__ void qk_gqa_mma(const float* qrot, const void* presen
     const qk_i64 G = N / Nk, nhb = (G + MH - 1) / MH;
     const qk_i64 g = blockIdx.y / nhb, h0 = g * G + (blockIdx.y % nhb) * MH;
     const int nh = (int)(G - (blockIdx.y % nhb) * MH < MH ? G - (blockIdx.y % nhb) * MH : MH);
-    const qk_i64 total = (qk_i64)seqlens_k[b] + 1, past = first_prompt ? 0 : total - S;
-    const qk_i64 L = past + s + 1 < total ? past + s + 1 : total;
-    const qk_i64 lo = (window >= 1 && L > window) ? L - window : 0;
-    const qk_i64 k0 = lo > (qk_i64)sp * chunk ? lo : (qk_i64)sp * chunk;
-    const qk_i64 k1 = L < (qk_i64)(sp + 1) * chunk ? L : (qk_i64)(sp + 1) * chunk;
-    const int n = k1 > k0 ? (int)(k1 - k0) : 0;
+    qk_i64 k0;
+    const int n = qk_gqa_split_keys(seqlens_k, b, s, S, first_prompt, window, sp, chunk, k0);
     const qk_i64 o = (bs * N + h0) * splits + sp; /* head h's slot: o + h * splits */
     if (n == 0) {
         if (tid < nh) {
@@ -786,11 +791,11 @@ __device__ __forceinline__ void qk_gqa_mma(const float* qrot, const void* presen
         float M = neg_inf, sum = 0.0f;
         for (int r = 0; r < MG; ++r) M = fmaxf(M, s_m[r * MH + tid]);
         for (int r = 0; r < MG; ++r) {
-            const float mr = s_m[r * MH + tid], lr = s_l[r * MH + tid];
-            const bool empty = mr == neg_inf && lr == 0.0f;
-            const float f = empty ? -1.0f : expf(QK_FADD(mr, -M));
+            const float mg = s_m[r * MH + tid], lg = s_l[r * MH + tid];
+            const bool empty = mg == neg_inf && lg == 0.0f;
+            const float f = empty ? -1.0f : expf(QK_FADD(mg, -M)); /* group r's shift */
             s_f[r * MH + tid] = f;
-            if (!empty) sum = QK_FADD(sum, QK_FMUL(lr, f));
+            if (!empty) sum = QK_FADD(sum, QK_FMUL(lg, f));
         }
         s_stat[tid] = M;
         s_stat[MH + tid] = sum;
