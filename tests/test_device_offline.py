@@ -52,9 +52,10 @@ def _kq_instances(text: str) -> set[str]:
 
 
 def _gqa_instances(text: str) -> set[str]:
-    """The attention kernels a source instantiates: QK_GQA_FLASH(NAME, KIND, PC, WIDE, U) (decode,
-    gqa.hip) and QK_GQA_PREFILL(NAME, H) (flash prefill, gqa_flash.hip)."""
-    return set(re.findall(r"^QK_GQA_(?:FLASH|PREFILL)\((\w+), ", text, re.M))
+    """The attention kernels a source instantiates: QK_GQA_FLASH(NAME, KIND, PC, WIDE, U) and
+    QK_GQA_MMA(NAME, KIND, HD, KW, VW, C) (decode, gqa.hip) and QK_GQA_PREFILL(NAME, H) (flash
+    prefill, gqa_flash.hip)."""
+    return set(re.findall(r"^QK_GQA_(?:FLASH|MMA|PREFILL)\((\w+), ", text, re.M))
 
 
 def test_every_registered_kernel_exists_in_its_source() -> None:
@@ -140,7 +141,13 @@ def test_every_patch_applies_once_to_the_shipped_kernel() -> None:
         assert text != shipped, name
         assert not any(token in text for token in ("QK_MUT_", "QK_DIAG_")), name
     for m in ALL:  # the -D options left are build options of the shipped kernels, not hooks
-        build = ("-DQK_MMA_DEFAULT_ONLY", "-DQK_MMA_EMULATE", "-DQK_MOE_LEGACY", "-DQK_NBITS_ZP_SUM_V1")
+        build = (
+            "-DQK_MMA_DEFAULT_ONLY",
+            "-DQK_MMA_EMULATE",
+            "-DQK_MOE_LEGACY",
+            "-DQK_NBITS_ZP_SUM_V1",
+            "-DQK_GQA_DECODE_SIMT",
+        )
         assert all(o in build for o in m.options.split() if o.startswith("-D"))
 
 

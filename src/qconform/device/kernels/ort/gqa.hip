@@ -602,7 +602,8 @@ __device__ __forceinline__ qk_u32 qk_gqa_i8pair(qk_u32 x, qk_u32 y, qk_u32 sel) 
  * At the end P V = (hi part + lo part 2^-11) 2^-15, l = the quad's sum of its lanes' p (an xor
  * butterfly); the groups merged in group order in shared memory as qk_gqa_flash, the V scale
  * on the split's P V. Every fp32 step is one of the bound's (qconform.ops.ort.attention_bounds);
- * P's split adds 2^-22 relative to each p (inside the bound's 8 ulp of exp). */
+ * P's split adds 2^-22 relative to each p (inside the bound's 8 ulp of exp). The launcher runs the
+ * SIMT qk_gqa_flash_* kernels instead when built with -DQK_GQA_DECODE_SIMT (the bench's simt variant). */
 template <int KIND, int HD, int KW, int VW>
 __device__ __forceinline__ void qk_gqa_mma(const float* qrot, const void* present_key, const void* present_value,
                                            const int* seqlens_k, const void* attention_bias, const float* k_scale,
