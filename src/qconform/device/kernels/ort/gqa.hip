@@ -729,6 +729,7 @@ __device__ __forceinline__ void qk_gqa_mma(const float* qrot, const void* presen
                 for (int e = 0; e < 4; ++e) acc[jn][e] = QK_FMUL(acc[jn][e], c);
         }
         m = mn;
+        qk_syncwarp(); /* the group's lanes together again before the mma (the rescale is per lane) */
         /* p, its sum, and the A fragment of P V: hi rows (a0 keys 2tq, + 1; a2 keys 8 + 2tq, + 1), lo rows */
         qk_u32 pa[4];
 #pragma unroll
