@@ -345,3 +345,27 @@ MUTANTS = [{"swap_v": True}, {"lo_half": False}]
 def test_the_check_catches_the_mutants(mut) -> None:
     """The model with a device mutant's arithmetic fails the check on some case."""
     assert any(not _run(op, case, **mut).ok for op, case in CASES)
+
+
+def _decode_cases_2() -> list:
+    op = get_op("gqa_decode")
+    picked = []
+    for leaf in ("Xfp16_Wfp16_Yfp16", "Xfp16_Wi8_Yfp16"):
+        for c in op.cases(leaf, 2):
+            args, attrs = gqa_call(op.make_inputs(c), op.params(c))
+            if c.shape[-1] == 128 and mma_kernel_takes(args, attrs):
+                picked.append((op, c))
+    return picked
+
+
+CASES_2 = _decode_cases_2()
+
+
+@pytest.mark.parametrize("op,case", CASES_2, ids=[f"{op.name}-{c.id}" for op, c in CASES_2])
+def test_mma_decode_model_on_the_real_heads(op, case) -> None:
+    """Coverage 2's head size 128 decodes (32/8, 40/10, 64/8 heads; 128..1024 keys: the four groups
+    and several splits take keys) pass; the groups merged without their shift fail (device row
+    "gqa mma: groups merged unshifted", coverage 2)."""
+    result = _run(op, case)
+    assert result.ok, result.detail
+    assert not _run(op, case, shift=False).ok

@@ -12,7 +12,9 @@
  * (a' = fma(a, c, -fp32(b t)), b' = fma(a, t, fp32(b c))), fp16 rotary computed in fp32 (the
  * products of fp16 values exact) and rounded once to fp16; K quantized after rotary, half to even.
  * Attention in fp32 (fp32 dot products, exp, softmax and P V; Q, K, V and P never stored in a
- * narrower type): each output within the strict contract's bound (attention_bounds). */
+ * narrower type): each output within the strict contract's bound (attention_bounds). The matrix-unit
+ * kernels (qk_gqa_mma_*, fp16 queries) take Q, K and V as the fp16 values they are (int8 codes are
+ * exact in fp16) and P as two fp16 halves (hi + lo, 22 bits: see qk_gqa_mma). */
 #include "ort_common.h"
 
 #define QK_GQA_THREADS 128 /* threads of an attention CTA */
