@@ -765,6 +765,29 @@ GQA_MERGE_UNSHIFTED: Edits = (
         "const float f = empty ? -1.0f : 1.0f;",
     ),
 )
+# the matrix-unit kernels (qk_gqa_mma_*: fp16 queries, fp16 / int8 per-tensor caches, head sizes
+# 16..128, so every coverage-1 case of these leaves but the per-channel ones; tests/test_gqa_mma_model.py
+# checks the first two catches on a lane-level model): P's lo fp16 half dropped (p kept to 11 bits:
+# caught by the int8 prefill's ties case, 2.9x its bound in the model)
+GQA_MMA_LO_DROPPED: Edits = (("            pa[2 * half + 1] = lo2;", "            pa[2 * half + 1] = 0u * lo2;"),)
+# the V fragment's key pairs (2t, 2t + 1) and (8 + 2t, 9 + 2t) swapped
+GQA_MMA_V_SWAPPED: Edits = (
+    (
+        "            qk_mma_16816(acc[jn], pa, bf);",
+        "            const qk_u32 sw = bf[0];\n            bf[0] = bf[1];\n            bf[1] = sw;\n"
+        "            qk_mma_16816(acc[jn], pa, bf);",
+    ),
+)
+# the int8 dot of the codes not multiplied by the K scale (scores 127 / 4 times too large)
+GQA_MMA_NO_K_SCALE: Edits = (("dk = QK_FMUL(dk, ks0);", "dk = QK_FMUL(dk, 1.0f + 0.0f * ks0);"),)
+# the four groups merged without their shift exp(m_g - M): a split needs keys in two groups (more
+# than 16), so coverage 2 (100..600 keys of the real models' heads)
+GQA_MMA_MERGE_UNSHIFTED: Edits = (
+    (
+        "const float f = empty ? -1.0f : expf(QK_FADD(mg, -M)); /* group r's shift */",
+        "const float f = empty ? -1.0f : 1.0f;",
+    ),
+)
 GQA_QUANT_BEFORE_ROTARY: Edits = (
     (
         "const float ka = qk_load_f(base, src + p.ia, is16), kb = qk_load_f(base, src + p.ib, is16);",
@@ -780,8 +803,9 @@ GQA_QUANT_BEFORE_ROTARY: Edits = (
 )
 
 
-def _gqa(name: str, op: str, leaf: str, edits: Edits, caught_by: str = "matches_oracle") -> DeviceMutant:
-    return DeviceMutant(name, "ort/gqa.hip", "", "", op, caught_by, leaf=leaf, edits=edits)
+def _gqa(name: str, op: str, leaf: str, edits: Edits, caught_by: str | None = "matches_oracle") -> DeviceMutant:
+    options = "-DQK_GQA_DECODE_SIMT" if "DECODE_SIMT" in name else ("-DQK_MMA_EMULATE" if "portable" in name else "")
+    return DeviceMutant(name, "ort/gqa.hip", "", options, op, caught_by, leaf=leaf, edits=edits)
 
 
 GQA_MUTANTS = (
@@ -797,8 +821,17 @@ GQA_MUTANTS = (
         caught_by="repeatable",
     ),
     _gqa("gqa: K cache quantized before rotary", "gqa_decode", "Xfp16_Wi8_Yfp16", GQA_QUANT_BEFORE_ROTARY),
-    _gqa("gqa: flash lane groups merged unshifted", "gqa_decode", "Xfp16_Wfp16_Yfp16", GQA_MERGE_UNSHIFTED),
-)
+    _gqa("gqa: flash lane groups merged unshifted", "gqa_decode", "Xfp32_Wfp32_Yfp32", GQA_MERGE_UNSHIFTED),
+    _gqa("gqa mma: P lo half dropped", "gqa_prefill", "Xfp16_Wi8_Yfp16", GQA_MMA_LO_DROPPED),
+    _gqa("gqa mma: V fragment's two key pairs swapped", "gqa_decode", "Xfp16_Wfp16_Yfp16", GQA_MMA_V_SWAPPED),
+    _gqa("gqa mma: int8 K scale left off the scores", "gqa_decode", "Xfp16_Wi8_Yfp16", GQA_MMA_NO_K_SCALE),
+    DeviceMutant("gqa mma: groups merged unshifted", "ort/gqa.hip", "", "", "gqa_decode", "matches_oracle",
+                 leaf="Xfp16_Wfp16_Yfp16", coverage=2, edits=GQA_MMA_MERGE_UNSHIFTED),
+    _gqa("control: gqa SIMT decode kernels (-DQK_GQA_DECODE_SIMT), fp16", "gqa_decode", "Xfp16_Wfp16_Yfp16", (),
+         caught_by=None),
+    _gqa("control: gqa mma on the portable mma (shuffles), int8", "gqa_decode", "Xfp16_Wi8_Yfp16", (),
+         caught_by=None),
+)  # fmt: skip
 ALL = (
     HIP_MUTANTS
     + SO_MUTANTS

@@ -52,9 +52,10 @@ def _kq_instances(text: str) -> set[str]:
 
 
 def _gqa_instances(text: str) -> set[str]:
-    """The attention kernels a source instantiates: QK_GQA_FLASH(NAME, KIND, PC, WIDE, U) (decode,
-    gqa.hip), QK_GQA_PREFILL(NAME, H) and QK_GQA_PREFILL2(NAME, H) (flash prefill, gqa_flash.hip)."""
-    return set(re.findall(r"^QK_GQA_(?:FLASH|PREFILL2?)\((\w+), ", text, re.M))
+    """The attention kernels a source instantiates: QK_GQA_FLASH(NAME, KIND, PC, WIDE, U) and
+    QK_GQA_MMA(NAME, KIND, HD, KW, VW, C) (decode, gqa.hip), QK_GQA_PREFILL(NAME, H) and
+    QK_GQA_PREFILL2(NAME, H) (flash prefill, gqa_flash.hip)."""
+    return set(re.findall(r"^QK_GQA_(?:FLASH|MMA|PREFILL2?)\((\w+), ", text, re.M))
 
 
 def test_every_registered_kernel_exists_in_its_source() -> None:
@@ -146,6 +147,7 @@ def test_every_patch_applies_once_to_the_shipped_kernel() -> None:
             "-DQK_MOE_LEGACY",
             "-DQK_NBITS_ZP_SUM_V1",
             "-DQK_GQA_PREFILL_V1",
+            "-DQK_GQA_DECODE_SIMT",
         )
         assert all(o in build for o in m.options.split() if o.startswith("-D"))
 

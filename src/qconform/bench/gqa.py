@@ -13,11 +13,14 @@ than the fp16 one. The verdict column is the conformance of the same kernels on 
 sized case (batch 1, past 4096, the same heads): present caches bit-exact, the output within its
 bound (``qconform.ops.ort.group_query_attention``), one check per cache type.
 
-``--variants flash,flash_v1,legacy`` times the session-8 flash kernels (``-DQK_GQA_FLASH_V1``) and
-the session-7 attention kernels (``-DQK_GQA_LEGACY``) beside the default ones on the same cold
-sets, each variant checked on the catalogue's case (``flash_i8u8``: int8 tiles of 8 keys).
+``--variants flash,simt`` times the session-9 SIMT flash kernels (``-DQK_GQA_DECODE_SIMT``) beside
+the default ones, which run the attention on the matrix units for this bench's fp16 queries and
+fp16 / int8 per-tensor caches (``qk_gqa_mma_*``, session 10); ``--variants flash,flash_v1,legacy``
+times the session-8 flash kernels (``-DQK_GQA_FLASH_V1``) and the session-7 attention kernels
+(``-DQK_GQA_LEGACY``) beside the default ones on the same cold sets, each variant checked on the
+catalogue's case (``flash_i8u8``: int8 tiles of 8 keys).
 
-``python -m qconform.bench.gqa [--quick] [--variants flash,flash_v1,legacy] [--json FILE]``
+``python -m qconform.bench.gqa [--quick] [--variants flash,simt,flash_v1,legacy] [--json FILE]``
 """
 
 from __future__ import annotations
@@ -138,7 +141,8 @@ def verify(bits: int, past: int = 4096) -> str:
 
 
 VARIANTS = {  # build options of each attention kernel
-    "flash": (),
+    "flash": (),  # session 10: the mma kernels for fp16 queries on fp16 / int8 per-tensor caches
+    "simt": ("-DQK_GQA_DECODE_SIMT",),  # session 9: the SIMT flash kernels everywhere
     "flash_v1": ("-DQK_GQA_FLASH_V1",),  # session 8: every lane does every (key, head)'s butterfly and softmax
     "flash_i8u8": ("-DQK_GQA_I8T_U8",),  # int8 per-tensor tiles of 8 keys a group (3 CTAs an SM); fp16 as flash
     "legacy": ("-DQK_GQA_LEGACY",),
@@ -237,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         "--variants",
         default="flash",
         help=f"comma-separated attention kernels timed side by side, the first judged: {', '.join(VARIANTS)} "
-        "(e.g. flash,flash_v1,legacy: the session-9 flash kernels beside the session-8 and session-7 ones)",
+        "(e.g. flash,simt: the session-10 mma kernels beside the session-9 SIMT flash ones)",
     )
     a = p.parse_args(argv)
     variants = tuple(v.strip() for v in a.variants.split(",") if v.strip())

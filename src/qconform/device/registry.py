@@ -343,6 +343,11 @@ ORT_KERNELS: tuple[KernelSpec, ...] = (
                 for kind in ("f32", "f16", "i8t", "i8c", "u4t", "u4c")
                 for loads in (("words",) if kind.startswith("u4") else ("wide", "words"))
             ),
+            *(
+                (f"qk_gqa_mma_{kind}_h{h}", f"split-K attention on the matrix units, fp16 queries, {kind} cache, H {h}")
+                for kind in ("f16", "i8t")
+                for h in (16, 32, 64, 128)
+            ),
             ("qk_gqa_combine", "a CTA per output row and 16 channels: the splits merged in split order, the sink"),
         )
     ),

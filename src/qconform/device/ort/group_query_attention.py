@@ -13,6 +13,11 @@ CTAs) and ``qk_gqa_combine``
 (one CTA per output row and 16 channels: every split's partial loaded at once, then merged
 in split order). The number of splits is a function
 of the shape alone.
+With fp16 queries and an fp16 or int8 per-tensor cache of head size 16, 32, 64 or 128 (present
+16-byte aligned) the attention runs on the matrix units instead (``qk_gqa_mma_*``: one CTA per
+query row, split and KV head with up to 8 of its query heads, tiles of 16 keys a 32-lane group,
+scores and P V by mma.m16n8k16, P split into fp16 hi + lo halves); ``-DQK_GQA_DECODE_SIMT``
+keeps the SIMT flash kernels there (the bench's ``simt`` variant).
 Built with ``-DQK_GQA_LEGACY`` (``qconform.device.launchers.compile_options``) the session-7
 attention kernels ``qk_gqa_attend_*`` run instead, with ``-DQK_GQA_FLASH_V1`` the session-8 flash
 kernels (``gqa_flash_v1.h``, their splits) and the new combine (the bench's side-by-side timing).
@@ -39,6 +44,11 @@ SOURCE = "ort/gqa.hip"
 LEGACY = "-DQK_GQA_LEGACY"  # the build option selecting the session-7 attention kernels
 FLASH_V1 = "-DQK_GQA_FLASH_V1"  # the build option selecting the session-8 flash kernels (gqa_flash_v1.h)
 I8T_U8 = "-DQK_GQA_I8T_U8"  # int8 per-tensor flash kernels with tiles of 8 keys a lane group
+DECODE_SIMT = "-DQK_GQA_DECODE_SIMT"  # the session-9 SIMT flash kernels where the mma ones would run
+MMA_HEADS = (16, 32, 64, 128)  # head sizes of the qk_gqa_mma_* kernels
+MMA_TILE = 64  # keys an mma CTA takes at once: QK_GQA_MG groups x QK_GQA_MK keys
+MMA_HB = 8  # QK_GQA_MH: query heads of one KV head per mma CTA
+MMA_RESIDENT = {"f16": {128: 2}, "i8t": {}}  # CTAs per SM (__launch_bounds__) where not 3
 THREADS = 128  # QK_GQA_THREADS
 HB = 4  # QK_GQA_HB: query heads of one KV head per flash CTA
 # flash kernels: cache kind -> (32-bit words a lane loads per row, keys a lane group loads per tile,
@@ -127,6 +137,17 @@ def flash_tile(kind: str, head_size: int) -> tuple[int, int, int]:
     return words, THREADS // max(16, lane_group(head_size)) * u, resident
 
 
+def mma_kind(kind: str, is16: bool, head_size: int, aligned: bool) -> str | None:
+    """The qk_gqa_mma_* kernel's cache kind when it takes the call (fp16 queries, an fp16 or int8
+    per-tensor cache, a head size of MMA_HEADS, present buffers 16-byte aligned, the default
+    build), else None: the SIMT flash kernels."""
+    if not is16 or kind not in MMA_RESIDENT or head_size not in MMA_HEADS or not aligned:
+        return None
+    if any(o in launchers.OPTIONS for o in (DECODE_SIMT, FLASH_V1, LEGACY)):
+        return None
+    return kind
+
+
 def _run(op: OpSpec, args: tuple, kwargs: dict[str, Any], out: Any) -> Any:
     call = bind_call(op, args, kwargs, out)
     sc = call.bound.scalars
@@ -179,18 +200,25 @@ def _run(op: OpSpec, args: tuple, kwargs: dict[str, Any], out: Any) -> Any:
         symbol = attend_symbol(bits, dtype, H, warp)
         tail: tuple = (per_channel, i32(is16), alpha, softcap, i32(chunk), i32(splits))
     else:
-        head_blocks = -(-G // HB)
         kind = flash_kind(bits, dtype, bool(per_channel))
-        words, tile, resident = flash_tile(kind, H)
-        align = min(16, 4 * words)
-        wide = words > 1 and pres_k.data.ptr % align == 0 and pres_v.data.ptr % align == 0
-        if FLASH_V1 in launchers.OPTIONS:
-            chunk, splits = flash_splits_v1(B * S * Nk * head_blocks, T, tile)
+        aligned16 = pres_k.data.ptr % 16 == 0 and pres_v.data.ptr % 16 == 0
+        mma = mma_kind(kind, bool(is16), H, aligned16)
+        if mma is not None:
+            head_blocks = -(-G // MMA_HB)
+            chunk, splits = flash_splits(B * S * Nk * head_blocks, T, MMA_TILE, MMA_RESIDENT[mma].get(H, 3))
+            symbol = f"qk_gqa_mma_{mma}_h{H}"
         else:
-            chunk, splits = flash_splits(B * S * Nk * head_blocks, T, tile, resident)
+            head_blocks = -(-G // HB)
+            words, tile, resident = flash_tile(kind, H)
+            align = min(16, 4 * words)
+            wide = words > 1 and pres_k.data.ptr % align == 0 and pres_v.data.ptr % align == 0
+            if FLASH_V1 in launchers.OPTIONS:
+                chunk, splits = flash_splits_v1(B * S * Nk * head_blocks, T, tile)
+            else:
+                chunk, splits = flash_splits(B * S * Nk * head_blocks, T, tile, resident)
+            symbol = f"qk_gqa_flash_{kind}_{'wide' if wide else 'words'}"
         assert splits <= MAX_SPLITS
         smem = 0
-        symbol = f"qk_gqa_flash_{kind}_{'wide' if wide else 'words'}"
         tail = (i32(is16), alpha, softcap, i32(chunk), i32(splits))
     part_m = cupy.empty(B * S * N * splits, cupy.float32)
     part_l = cupy.empty(B * S * N * splits, cupy.float32)

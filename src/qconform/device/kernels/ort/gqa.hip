@@ -12,7 +12,9 @@
  * (a' = fma(a, c, -fp32(b t)), b' = fma(a, t, fp32(b c))), fp16 rotary computed in fp32 (the
  * products of fp16 values exact) and rounded once to fp16; K quantized after rotary, half to even.
  * Attention in fp32 (fp32 dot products, exp, softmax and P V; Q, K, V and P never stored in a
- * narrower type): each output within the strict contract's bound (attention_bounds). */
+ * narrower type): each output within the strict contract's bound (attention_bounds). The matrix-unit
+ * kernels (qk_gqa_mma_*, fp16 queries) take Q, K and V as the fp16 values they are (int8 codes are
+ * exact in fp16) and P as two fp16 halves (hi + lo, 22 bits: see qk_gqa_mma). */
 #include "ort_common.h"
 
 #define QK_GQA_THREADS 128 /* threads of an attention CTA */
@@ -202,6 +204,19 @@ __device__ __forceinline__ void qk_gqa_load(qk_u32 (&w)[WORDS], const qk_u32* p)
     }
 }
 
+/* the keys [k0, k0 + n) (n returned) of split sp (chunk keys a split) in the causal range [lo, L)
+ * of query row s of batch b: L = min(past_b + s + 1, total_b), lo = L - W with a window of W < L keys */
+__device__ __forceinline__ int qk_gqa_split_keys(const int* seqlens_k, qk_i64 b, qk_i64 s, qk_i64 S, int first_prompt,
+                                                 int window, int sp, int chunk, qk_i64& k0_out) {
+    const qk_i64 total = (qk_i64)seqlens_k[b] + 1, past = first_prompt ? 0 : total - S;
+    const qk_i64 L = past + s + 1 < total ? past + s + 1 : total;
+    const qk_i64 lo = (window >= 1 && L > window) ? L - window : 0;
+    const qk_i64 k0 = lo > (qk_i64)sp * chunk ? lo : (qk_i64)sp * chunk;
+    const qk_i64 k1 = L < (qk_i64)(sp + 1) * chunk ? L : (qk_i64)(sp + 1) * chunk;
+    k0_out = k0;
+    return k1 > k0 ? (int)(k1 - k0) : 0;
+}
+
 #ifdef QK_GQA_FLASH_V1
 #include "gqa_flash_v1.h"
 #else
@@ -320,12 +335,8 @@ __device__ __forceinline__ void qk_gqa_flash(const float* qrot, const void* pres
     const qk_i64 G = N / Nk, nhb = (G + HB - 1) / HB;
     const qk_i64 g = blockIdx.y / nhb, h0 = g * G + (blockIdx.y % nhb) * HB;
     const int nh = (int)(G - (blockIdx.y % nhb) * HB < HB ? G - (blockIdx.y % nhb) * HB : HB);
-    const qk_i64 total = (qk_i64)seqlens_k[b] + 1, past = first_prompt ? 0 : total - S;
-    const qk_i64 L = past + s + 1 < total ? past + s + 1 : total;
-    const qk_i64 lo = (window >= 1 && L > window) ? L - window : 0;
-    const qk_i64 k0 = lo > (qk_i64)sp * chunk ? lo : (qk_i64)sp * chunk;
-    const qk_i64 k1 = L < (qk_i64)(sp + 1) * chunk ? L : (qk_i64)(sp + 1) * chunk;
-    const int n = k1 > k0 ? (int)(k1 - k0) : 0;
+    qk_i64 k0;
+    const int n = qk_gqa_split_keys(seqlens_k, b, s, S, first_prompt, window, sp, chunk, k0);
     const qk_i64 o = (bs * N + h0) * splits + sp; /* head h's slot: o + h * splits */
     if (n == 0) {
         if (tid < nh) {
@@ -539,6 +550,302 @@ QK_GQA_FLASH(qk_gqa_flash_i8c_wide, 2, 1, 1, 4)
 QK_GQA_FLASH(qk_gqa_flash_i8c_words, 2, 1, 0, 4)
 QK_GQA_FLASH(qk_gqa_flash_u4t_words, 3, 0, 0, 8)
 QK_GQA_FLASH(qk_gqa_flash_u4c_words, 3, 1, 0, 4)
+
+/* ------------------------------------------------------------- attention on the matrix units */
+
+#define QK_GQA_MG 4   /* 32-lane groups of an mma CTA (QK_GQA_THREADS / 32) */
+#define QK_GQA_MH 8   /* query heads of one KV head an mma CTA takes (the mma's N = 8) */
+#define QK_GQA_MK 16  /* keys of a group's tile (two N = 8 tiles of the scores, the K = 16 of P V) */
+#define QK_GQA_PS 32768.0f /* P's scale before its split into fp16 halves: p 2^15 <= 2^15 */
+
+/* W bytes of p (aligned to W) into words w[0 .. max(1, W / 4)): 16, 8, 4 or 2 (the low half) */
+template <int W>
+__device__ __forceinline__ void qk_gqa_ldw(qk_u32* w, const char* p) {
+    if (W == 16) {
+        const uint4 v = *(const uint4*)p;
+        w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+    } else if (W == 8) {
+        const uint2 v = *(const uint2*)p;
+        w[0] = v.x, w[1] = v.y;
+    } else if (W == 4) {
+        w[0] = *(const qk_u32*)p;
+    } else {
+        w[0] = (qk_u32)*(const qk_u16*)p;
+    }
+}
+
+/* int8 codes x_lo, x_hi (bytes of words already biased by 0x80: code + 128) as an fp16 pair: the
+ * biased byte under the exponent of 1024 (fp16 0x64bb = 1024 + code + 128), minus 1152 by one
+ * exact fma (codes are exact in fp16) */
+__device__ __forceinline__ qk_u32 qk_gqa_i8pair(qk_u32 x, qk_u32 y, qk_u32 sel) {
+    const qk_u32 t = qk_and_or(QK_BYTE_PERM(x, y, sel), 0x00FF00FFu, 0x64006400u);
+    return qk_hfma2(t, 0x3C003C00u, 0xE480E480u);
+}
+
+/* One CTA of QK_GQA_THREADS per (query row (b, s), split sp of the keys, KV head g, block of up to
+ * QK_GQA_MH of g's query heads), fp16 queries only (their rotated values are fp16, so exact as
+ * the mma's operands), fp16 cache (KIND 1) or int8 with per-tensor scales (KIND 2: codes exact in
+ * fp16). The split's keys [k0, k1) as qk_gqa_flash; group grp of 32 lanes (lane = 4 gq + tq) takes
+ * the tiles of QK_GQA_MK keys grp, grp + 4, .. and keeps an online softmax per head. A tile:
+ *  scores S[head][key] = Q K^T by mma.m16n8k16 (rows: the block's heads, 8 .. 15 zero; columns:
+ *   8 keys, two N tiles; k: channels in the order of the loads: kstep s, lane tq, element j is
+ *   channel (s / SPL) 16 SPL + tq 4 SPL + (s % SPL) 4 + j, SPL = ksteps of one KW-byte load of a
+ *   key row, the same order for Q) in fp32 (products exact, the sum's order the unit's: a dot of
+ *   H terms); int8: times the K scale (the dot of the codes, as the SIMT kernel);
+ *  lane (gq, tq) holds head gq's scores of keys 2tq, 2tq + 1, 8 + 2tq, 9 + 2tq: the tile's max by
+ *   two quad shuffles, one rescale of the head's l and P V (both halves) when it grows, p = exp(x - m)
+ *   in fp32, p' = p 2^15 split into hi = fp16(p') and lo = fp16((p' - hi) 2^11) (p' - hi exact):
+ *   |p' - hi - lo 2^-11| <= 2^-22 p' + 2^-37 (the rounding of a lo under fp16's normal range; the
+ *   2^15 keeps that absolute part below 2^-52 of p);
+ *  P V by mma: A = [hi; lo] (rows 0..7 hi, 8..15 lo of the block's heads: the scores' accumulator
+ *   fragments are the A fragment of the same lane, no shuffle), B = V (16 keys x 8 channels: n
+ *   tile jn, column n is channel (jn / E) 8E + n E + jn % E, E elements of one VW-byte load; a
+ *   lane packs its two keys' elements into one fp16 pair), accumulator rows 0..7 P_hi V, 8..15 P_lo V.
+ * At the end P V = (hi part + lo part 2^-11) 2^-15, l = the quad's sum of its lanes' p (an xor
+ * butterfly); the groups merged in group order in shared memory as qk_gqa_flash, the V scale
+ * on the split's P V. Every fp32 step is one of the bound's (qconform.ops.ort.attention_bounds);
+ * P's split adds 2^-22 relative to each p (inside the bound's 8 ulp of exp). The launcher runs the
+ * SIMT qk_gqa_flash_* kernels instead when built with -DQK_GQA_DECODE_SIMT (the bench's simt variant). */
+template <int KIND, int HD, int KW, int VW>
+__device__ __forceinline__ void qk_gqa_mma(const float* qrot, const void* present_key, const void* present_value,
+                                           const int* seqlens_k, const void* attention_bias, const float* k_scale,
+                                           const float* v_scale, float* part_m, float* part_l, float* part_acc,
+                                           qk_i64 S, qk_i64 N, qk_i64 Nk, qk_i64 Tp, qk_i64 T, int first_prompt,
+                                           int window, int bias_batch, int bias_heads, float alpha, float softcap,
+                                           int chunk, int splits) {
+    constexpr int EB = KIND == 1 ? 2 : 1;       /* bytes of a cache element */
+    constexpr int KS = HD / 16;                 /* ksteps of the scores */
+    constexpr int SPL = KW / (4 * EB);          /* ksteps of one K load */
+    constexpr int KL = KS / SPL;                /* K loads of a key row a lane */
+    constexpr int KWD = KW / 4;                 /* words of a K load */
+    constexpr int E = VW / EB;                  /* elements of one V load */
+    constexpr int VL = HD / (8 * E);            /* V loads of a key row a lane */
+    constexpr int VWD = VW >= 4 ? VW / 4 : 1;   /* words of a V load */
+    constexpr int NT = HD / 8;                  /* n tiles of P V */
+    constexpr int MH = QK_GQA_MH, MG = QK_GQA_MG, MK = QK_GQA_MK;
+    static_assert(SPL >= 1 && KS % SPL == 0 && HD % (8 * E) == 0, "head size and load widths");
+    __shared__ float s_acc[MG * MH * HD];
+    __shared__ float s_m[MG * MH], s_l[MG * MH], s_f[MG * MH], s_stat[2 * MH];
+    const float neg_inf = qk_gqa_neg_inf();
+    const int tid = (int)threadIdx.x, grp = tid / 32, lane = tid % 32, gq = lane / 4, tq = lane % 4;
+    const int sp = (int)(blockIdx.x % splits);
+    const qk_i64 bs = blockIdx.x / splits, b = bs / S, s = bs % S;
+    const qk_i64 G = N / Nk, nhb = (G + MH - 1) / MH;
+    const qk_i64 g = blockIdx.y / nhb, h0 = g * G + (blockIdx.y % nhb) * MH;
+    const int nh = (int)(G - (blockIdx.y % nhb) * MH < MH ? G - (blockIdx.y % nhb) * MH : MH);
+    qk_i64 k0;
+    const int n = qk_gqa_split_keys(seqlens_k, b, s, S, first_prompt, window, sp, chunk, k0);
+    const qk_i64 o = (bs * N + h0) * splits + sp; /* head h's slot: o + h * splits */
+    if (n == 0) {
+        if (tid < nh) {
+            part_m[o + tid * splits] = neg_inf;
+            part_l[o + tid * splits] = 0.0f;
+        }
+        return;
+    }
+    /* Q's A fragments of head gq (rows 8 .. 15 zero): a0 = channels j 0, 1 of kstep s, a2 = j 2, 3 */
+    qk_u32 qa[KS][2];
+    {
+        const bool use = gq < nh;
+        const float* qrow = qrot + (bs * N + h0 + (use ? gq : 0)) * HD;
+#pragma unroll
+        for (int ks = 0; ks < KS; ++ks) {
+            const int c = (ks / SPL) * 16 * SPL + tq * 4 * SPL + (ks % SPL) * 4;
+            const float4 v = use ? *(const float4*)(qrow + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            qa[ks][0] = (qk_u32)qk_fp16_bits(v.x) | ((qk_u32)qk_fp16_bits(v.y) << 16);
+            qa[ks][1] = (qk_u32)qk_fp16_bits(v.z) | ((qk_u32)qk_fp16_bits(v.w) << 16);
+        }
+    }
+    const float ks0 = KIND == 2 ? k_scale[0] : 1.0f;
+    const qk_i64 row_bytes = (qk_i64)HD * EB;
+    const char* kbase = (const char*)present_key + ((b * Nk + g) * Tp + k0) * row_bytes;
+    const char* vbase = (const char*)present_value + ((b * Nk + g) * Tp + k0) * row_bytes;
+    const qk_i64 bias_row = bias_batch ? ((bias_batch == 1 ? 0 : b) * bias_heads) : 0;
+    const qk_i64 bias0 = ((bias_row + (bias_heads == 1 ? 0 : h0)) * S + s) * T + k0;
+    const qk_i64 bias_hs = bias_heads == 1 ? 0 : S * T;
+    float acc[NT][4]; /* [0..1] P_hi V of head gq, channels of columns 2tq, 2tq + 1; [2..3] P_lo V */
+#pragma unroll
+    for (int jn = 0; jn < NT; ++jn) acc[jn][0] = acc[jn][1] = acc[jn][2] = acc[jn][3] = 0.0f;
+    float m = neg_inf, l = 0.0f; /* head gq's running max (the quad's) and the lane's sum of p */
+    const bool head_ok = gq < nh;
+
+    for (int t0 = grp * MK; t0 < n; t0 += MG * MK) { /* the same trips for the group's 32 lanes */
+        /* K rows t0 + gq (tile 0) and t0 + 8 + gq (tile 1), this lane's KW-byte pieces */
+        qk_u32 kw[2][KL][KWD], vw[4][VL][VWD];
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+            const int i = t0 + nt * 8 + gq < n ? t0 + nt * 8 + gq : n - 1; /* past the split: a row it reads anyway */
+            const char* p = kbase + (qk_i64)i * row_bytes + tq * KW;
+#pragma unroll
+            for (int li = 0; li < KL; ++li) qk_gqa_ldw<KW>(kw[nt][li], p + li * 4 * KW);
+        }
+        /* V rows t0 + 2tq, + 1, + 8, + 9: channels (lv 8 + gq) E .. + E */
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            const int kr = 2 * tq + (r & 1) + (r >> 1) * 8;
+            const int i = t0 + kr < n ? t0 + kr : n - 1;
+            const char* p = vbase + (qk_i64)i * row_bytes + gq * VW;
+#pragma unroll
+            for (int lv = 0; lv < VL; ++lv) qk_gqa_ldw<VW>(vw[r][lv], p + lv * 8 * VW);
+        }
+        /* the scores: d[nt][0..1] = S[gq][keys nt 8 + 2tq, + 1] */
+        float d[2][4];
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+            d[nt][0] = d[nt][1] = d[nt][2] = d[nt][3] = 0.0f;
+#pragma unroll
+            for (int ks = 0; ks < KS; ++ks) {
+                const qk_u32 a[4] = {qa[ks][0], 0u, qa[ks][1], 0u};
+                qk_u32 bf[2];
+                if (KIND == 1) {
+                    bf[0] = kw[nt][ks / SPL][2 * (ks % SPL)];
+                    bf[1] = kw[nt][ks / SPL][2 * (ks % SPL) + 1];
+                } else {
+                    const qk_u32 w = kw[nt][ks / SPL][ks % SPL] ^ 0x80808080u;
+                    bf[0] = qk_gqa_i8pair(w, 0u, 0x3130u);
+                    bf[1] = qk_gqa_i8pair(w, 0u, 0x3332u);
+                }
+                qk_mma_16816(d[nt], a, bf);
+            }
+        }
+        float x[4], mt = neg_inf;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const int kk = (k >> 1) * 8 + 2 * tq + (k & 1), i = t0 + kk;
+            float dk = d[k >> 1][k & 1];
+            if (KIND == 2) dk = QK_FMUL(dk, ks0);
+            x[k] = neg_inf;
+            if (i < n && head_ok)
+                x[k] = qk_gqa_score(dk, alpha, softcap, bias_batch ? attention_bias : 0, bias0 + gq * bias_hs + i, 1);
+            mt = fmaxf(mt, x[k]);
+        }
+        mt = fmaxf(mt, QK_SHFL_XOR(mt, 1, QK_WARP));
+        mt = fmaxf(mt, QK_SHFL_XOR(mt, 2, QK_WARP));
+        const float mn = fmaxf(m, mt);
+        const float c = mn == neg_inf ? 1.0f : expf(QK_FADD(m, -mn)); /* every score so far -inf: 1 */
+        if (c != 1.0f) {
+            l = QK_FMUL(l, c);
+#pragma unroll
+            for (int jn = 0; jn < NT; ++jn)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[jn][e] = QK_FMUL(acc[jn][e], c);
+        }
+        m = mn;
+        qk_syncwarp(); /* the group's lanes together again before the mma (the rescale is per lane) */
+        /* p, its sum, and the A fragment of P V: hi rows (a0 keys 2tq, + 1; a2 keys 8 + 2tq, + 1), lo rows */
+        qk_u32 pa[4];
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            qk_u32 hi2 = 0u, lo2 = 0u;
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                const float xv = x[2 * half + j];
+                const float p = xv == neg_inf ? 0.0f : expf(QK_FADD(xv, -mn)); /* a NaN stays NaN */
+                l = QK_FADD(l, p);
+                const float ps = QK_FMUL(p, QK_GQA_PS);
+                const qk_u16 hb = qk_fp16_bits(ps);
+                const qk_u16 lb = qk_fp16_bits(QK_FMUL(QK_FADD(ps, -qk_fp16_to_float(hb)), 2048.0f));
+                hi2 |= (qk_u32)hb << (16 * j);
+                lo2 |= (qk_u32)lb << (16 * j);
+            }
+            pa[2 * half] = hi2;
+            pa[2 * half + 1] = lo2;
+        }
+        /* P V over the n tiles: b0 = V[keys 2tq, 2tq + 1][channel], b1 = V[keys 8 + 2tq, 9 + 2tq] */
+#pragma unroll
+        for (int jn = 0; jn < NT; ++jn) {
+            const int lv = jn / E, e = jn % E;
+            qk_u32 bf[2];
+#pragma unroll
+            for (int hk = 0; hk < 2; ++hk) {
+                const qk_u32* r0 = vw[2 * hk][lv];
+                const qk_u32* r1 = vw[2 * hk + 1][lv];
+                if (KIND == 1) {
+                    bf[hk] = QK_BYTE_PERM(r0[e / 2], r1[e / 2], (e & 1) ? 0x7632u : 0x5410u);
+                } else {
+                    const qk_u32 sel = (qk_u32)(e % 4) | ((qk_u32)(4 + e % 4) << 8);
+                    bf[hk] = qk_gqa_i8pair(r0[e / 4] ^ 0x80808080u, r1[e / 4] ^ 0x80808080u, sel);
+                }
+            }
+            qk_mma_16816(acc[jn], pa, bf);
+        }
+    }
+
+    /* the quad's sum of p (an xor butterfly), P V = (hi + lo 2^-11) 2^-15, then the groups merged in
+     * group order as qk_gqa_flash */
+    l = QK_FADD(l, QK_SHFL_XOR(l, 1, QK_WARP));
+    l = QK_FADD(l, QK_SHFL_XOR(l, 2, QK_WARP));
+    if (head_ok) {
+#pragma unroll
+        for (int jn = 0; jn < NT; ++jn) {
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                const int col = 2 * tq + j, ch = (jn / E) * 8 * E + col * E + jn % E;
+                const float v = QK_FADD(acc[jn][j], QK_FMUL(acc[jn][2 + j], 1.0f / 2048.0f));
+                s_acc[(grp * MH + gq) * HD + ch] = QK_FMUL(v, 1.0f / QK_GQA_PS);
+            }
+        }
+    }
+    if (tq == 0) {
+        s_m[grp * MH + gq] = m;
+        s_l[grp * MH + gq] = l;
+    }
+    __syncthreads();
+    if (tid < nh) {
+        float M = neg_inf, sum = 0.0f;
+        for (int r = 0; r < MG; ++r) M = fmaxf(M, s_m[r * MH + tid]);
+        for (int r = 0; r < MG; ++r) {
+            const float mg = s_m[r * MH + tid], lg = s_l[r * MH + tid];
+            const bool empty = mg == neg_inf && lg == 0.0f;
+            const float f = empty ? -1.0f : expf(QK_FADD(mg, -M)); /* group r's shift */
+            s_f[r * MH + tid] = f;
+            if (!empty) sum = QK_FADD(sum, QK_FMUL(lg, f));
+        }
+        s_stat[tid] = M;
+        s_stat[MH + tid] = sum;
+    }
+    __syncthreads();
+    for (int idx = tid; idx < nh * HD; idx += QK_GQA_THREADS) {
+        const int h = idx / HD, c = idx % HD;
+        float a = 0.0f;
+        for (int r = 0; r < MG; ++r) {
+            const float f = s_f[r * MH + h];
+            if (f == -1.0f) continue;
+            a = QK_FADD(a, QK_FMUL(s_acc[(r * MH + h) * HD + c], f));
+        }
+        if (KIND == 2) a = QK_FMUL(a, v_scale[0]);
+        part_acc[(o + h * splits) * HD + c] = a;
+    }
+    if (tid < nh) {
+        part_m[o + tid * splits] = s_stat[tid];
+        part_l[o + tid * splits] = s_stat[MH + tid];
+    }
+}
+
+/* qk_gqa_mma_<cache>_h<head size>: fp16 queries; f16 cache or i8t (int8, per-tensor scales); the
+ * loads of a K / V row piece (KW / VW bytes) the widest the head size allows (present buffers
+ * aligned to 16 bytes); C CTAs an SM (__launch_bounds__: 3, 168 registers; fp16 x 128 channels 2,
+ * without spills). The arguments of the flash kernels (H and is16 unused). */
+#define QK_GQA_MMA(NAME, KIND, HD, KW, VW, C)                                                                         \
+    extern "C" __global__ void __launch_bounds__(QK_GQA_THREADS, C)                                                   \
+        NAME(const float* qrot, const void* present_key, const void* present_value, const int* seqlens_k,            \
+             const void* attention_bias, const float* k_scale, const float* v_scale, float* part_m, float* part_l,   \
+             float* part_acc, qk_i64 S, qk_i64 N, qk_i64 Nk, qk_i64 H, qk_i64 Tp, qk_i64 T, int first_prompt,        \
+             int window, int bias_batch, int bias_heads, int is16, float alpha, float softcap, int chunk,             \
+             int splits) {                                                                                           \
+        qk_gqa_mma<KIND, HD, KW, VW>(qrot, present_key, present_value, seqlens_k, attention_bias, k_scale, v_scale,  \
+                                     part_m, part_l, part_acc, S, N, Nk, Tp, T, first_prompt, window, bias_batch,     \
+                                     bias_heads, alpha, softcap, chunk, splits);                                      \
+    }
+
+QK_GQA_MMA(qk_gqa_mma_f16_h16, 1, 16, 8, 4, 3)
+QK_GQA_MMA(qk_gqa_mma_f16_h32, 1, 32, 16, 8, 3)
+QK_GQA_MMA(qk_gqa_mma_f16_h64, 1, 64, 16, 16, 3)
+QK_GQA_MMA(qk_gqa_mma_f16_h128, 1, 128, 16, 16, 2)
+QK_GQA_MMA(qk_gqa_mma_i8t_h16, 2, 16, 4, 2, 3)
+QK_GQA_MMA(qk_gqa_mma_i8t_h32, 2, 32, 8, 4, 3)
+QK_GQA_MMA(qk_gqa_mma_i8t_h64, 2, 64, 16, 8, 3)
+QK_GQA_MMA(qk_gqa_mma_i8t_h128, 2, 128, 16, 16, 3)
 
 /* One CTA of QK_GQA_THREADS per (output row r = (b, s, n), chunk of QK_GQA_CC channels), splits <=
  * QK_GQA_MAX_SPLITS: the splits combined in split order, M = max(m_sp, sink), l = sum l_sp
