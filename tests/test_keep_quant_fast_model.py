@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from qconform.formats.ggml import FORMATS
-from qconform.oracles.ggml import quantize
 from qconform.ops.ggml.keep_quant import matmul_terms
 from qconform.ops.ggml.q8_quant import finite_scales
+from qconform.oracles.ggml import quantize
 
 U32 = np.uint32
 TS = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210, "Q8_0": 34}
@@ -133,7 +133,8 @@ def fast_model(W: np.ndarray, qtype: str, aq: np.ndarray, mutate: str = "") -> n
             qh = _load16(buf, blk + 128 + 32 * h + 16 * (p & 1))
             sh = 2 * k - (2 if mutate == "q6_high_shift" and k else 0)
             lo = [(lw & 0x0F0F0F0F) | (((hw >> sh) & 0x03030303) << 4) for lw, hw in zip(ql, qh, strict=True)]
-            hi = [((lw >> 4) & 0x0F0F0F0F) | (((hw >> (2 * k + 4)) & 0x03030303) << 4) for lw, hw in zip(ql, qh, strict=True)]
+            pairs = list(zip(ql, qh, strict=True))
+            hi = [((lw >> 4) & 0x0F0F0F0F) | (((hw >> (2 * k + 4)) & 0x03030303) << 4) for lw, hw in pairs]
             i0 = 8 * h + 2 * k + (p & 1)
             s0 = buf[blk + 192 + i0].astype(np.int8).astype(np.int64)
             s1 = buf[blk + 196 + i0].astype(np.int8).astype(np.int64)
