@@ -39,8 +39,9 @@
 /* 16 bytes at the 2-byte aligned address p, in two steps so that a thread's loads of several blocks
  * are all issued before the first is used: kf_raw16 loads the 4 aligned words from base = p & ~3
  * and the half word at base + 16 (p 2 past a word) or base + 14 (aligned: a repeat), reading only
- * [base, p + 16) (where p is not aligned, the 2 bytes before it: in the same block or the previous
- * one, a row's first block being 4-byte aligned); kf_align16 realigns them by QK_BYTE_PERM. */
+ * [base, p + 16) (where p is not aligned, the 2 bytes before it: in the same block or the one before
+ * it in the buffer, whose byte 0 is 4-byte aligned, so never before the buffer); kf_align16 realigns
+ * them by QK_BYTE_PERM. */
 __device__ __forceinline__ void kf_raw16(const qk_u8* p, qk_u32* r) {
     const int mis = (int)((unsigned long long)p & 2u);
     const qk_u32* q = (const qk_u32*)(p - mis);
