@@ -133,6 +133,18 @@ def test_own_kernel_keep_quant_fast_under_order_any(leaf: str) -> None:
     assert any(launch[0] is kernel_of(FAST_SOURCE, symbol) for launch in launches), symbol
 
 
+def test_keep_quant_order_must_be_a_contract_order() -> None:
+    """An ``order`` that is no contract order is an error naming the argument, before any launch."""
+    import cupy
+
+    from qconform.device.ggml.keep_quant import matmul_bt_quant
+
+    W = cupy.zeros((4, 144), cupy.uint8)
+    A = cupy.zeros((1, 256), cupy.float32)
+    with pytest.raises(ArgumentError, match="order"):
+        matmul_bt_quant(W, "Q4_K", A, order="fast")
+
+
 BNB_READINGS = ("nf4_quantize", "fp4_quantize", "gemm_4bit")  # launchers with a cuda reading (variant)
 CUDA_READING = [(op, lf.name) for op in BNB_READINGS for lf in get_op(op).leaves]
 
