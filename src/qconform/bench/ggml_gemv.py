@@ -53,17 +53,25 @@ def _rel_l2(got: np.ndarray, want: np.ndarray) -> float:
     return float(np.linalg.norm(got[ok].astype(np.float64) - want[ok])) / den if den else 0.0
 
 
-def _check(W: Any, qtype: str, A: Any, y: Any, variant: str) -> tuple[str, float, float]:
-    """(verdict, relL2 against the oracle, relL2 against the float64 reference): ``exact`` must be
-    bit-identical to the generic order, ``fast`` within the contract order=any's bound."""
+def _numerics(W: Any, qtype: str, A: Any) -> Any:
+    """The contract order=any's reading of one input (``matmul_numerics``): ``want`` the generic order
+    (the oracle), ``model.ref`` the float64 reference of the quantized operands, and the bound."""
     from qconform.contracts import parse_contract
     from qconform.ops.ggml.keep_quant import matmul_numerics
+
+    inputs = {"W_blocks": cupy.asnumpy(W), "A_fp32": cupy.asnumpy(A)}
+    (e,) = matmul_numerics(inputs, {"qtype": qtype}, parse_contract("order=any"), False)
+    return e
+
+
+def _check(e: Any, y: Any, variant: str) -> tuple[str, float, float]:
+    """(verdict, relL2 against the oracle, relL2 against the float64 reference) of the output ``y``
+    of the input ``e`` was computed for: ``exact`` must be bit-identical to the generic order,
+    ``fast`` within the contract order=any's bound."""
+    from qconform.contracts import parse_contract
     from qconform.properties.bounds import check_bound
 
-    Wn, An, got = cupy.asnumpy(W), cupy.asnumpy(A), cupy.asnumpy(y)
-    contract = parse_contract("order=any")
-    # want: the generic order (the oracle); e.model.ref: the float64 reference of the quantized operands
-    (e,) = matmul_numerics({"W_blocks": Wn, "A_fp32": An}, {"qtype": qtype}, contract, False)
+    got = cupy.asnumpy(y)
     want = np.asarray(e.want, np.float32)
     l2_oracle, l2_ref = _rel_l2(got, want), _rel_l2(got, e.model.ref)
     if variant == "exact":
@@ -71,7 +79,7 @@ def _check(W: Any, qtype: str, A: Any, y: Any, variant: str) -> tuple[str, float
             return "PASS", l2_oracle, l2_ref
         bad = int(np.sum(got.view(np.uint32) != want.view(np.uint32)))
         return f"FAIL: {bad} of {got.size} outputs differ from the generic order", l2_oracle, l2_ref
-    res = check_bound(got, e.want, e.model, contract, False, str, e.mask)
+    res = check_bound(got, e.want, e.model, parse_contract("order=any"), False, str, e.mask)
     return ("PASS" if res.ok else f"FAIL: {res.detail}"), l2_oracle, l2_ref
 
 
@@ -100,6 +108,7 @@ def bench(shapes=SHAPES, types=TYPES, reps: int = 50, variants=tuple(VARIANTS)) 
             sets = _weights(qtype, K, N, n_sets_for(N * FORMATS[qtype].n_bytes(K)))
             roof = bl.median(bl.read_roofline([(w, A) for w in sets], reps))
             nbytes = sets[0].nbytes + A.nbytes
+            e = _numerics(sets[0], qtype, A)
             for variant in variants:
                 if variant == "fast" and qtype not in FAST_TYPES:
                     continue
@@ -107,7 +116,7 @@ def bench(shapes=SHAPES, types=TYPES, reps: int = 50, variants=tuple(VARIANTS)) 
                 calls = [bound(matmul_bt_quant, W, qtype, A, out=y, order=VARIANTS[variant]) for W in sets]
                 ts = bl.times(lambda i, c=calls: c[i](), len(calls), reps)
                 calls[0]()
-                check, l2o, l2r = _check(sets[0], qtype, A, y, variant)
+                check, l2o, l2r = _check(e, y, variant)
                 rec = BenchRecord(
                     f"matmul_bt_quant {qtype} {variant}",
                     (1, K, N),
