@@ -637,8 +637,8 @@ GGML_FN_MUTANTS = (
 # Q4_K / Q5_K: each sub-block's min applied to the other half's bsum
 KF_MIN_WRONG_HALF: Edits = (
     (
-        "const int imin = m0 * kf_half(bs.x, half) + m1 * kf_half(bs.y, half);",
-        "const int imin = m1 * kf_half(bs.x, half) + m0 * kf_half(bs.y, half);",
+        "const int imin = m0 * kf_half(bs[0], half) + m1 * kf_half(bs[1], half);",
+        "const int imin = m1 * kf_half(bs[0], half) + m0 * kf_half(bs[1], half);",
     ),
 )
 # Q6_K: the high nibbles' two high bits from qh bits 2k + 2, 2k + 3 (shifted by 2 too few)

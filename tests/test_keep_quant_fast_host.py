@@ -2,7 +2,8 @@
 with g++ against tests/kernel_host/qk_portable.h, a host stand-in for the portability header): every
 thread's ``kf_wload`` + ``kf_block`` term, for every block and slice, summed in float64, against the
 float64 reference of the quantized operands (``matmul_terms``), for Q4_K, Q5_K, Q6_K and Q8_0, with
-rows 2 bytes past a word (Q6_K / Q8_0) and M below the 4-row tile. Each thread term is formed from exact
+rows 2 bytes past a word (Q6_K / Q8_0), Q8_K activation blocks at every 16-byte phase (kf_act16's word
+shift) and M below the 4-row tile. Each thread term is formed from exact
 integers and at most two rounded fp32 products and one fmaf per sub-block pair, so the sum is within
 gamma_{K+4} mag of the reference (the contract's order=any bound, docs/contracts.md); a layout error
 is off by far more. The device mutants of these functions (tests/device_catalogue.py) must fail the
@@ -17,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from device_catalogue import KF_MIN_WRONG_HALF, KF_NO_REALIGN, KF_Q5_HIGH_BIT, KF_Q6_HIGH_SHIFT, Edits
-from test_keep_quant_fast_model import _q8_0_words, _q8_k_words
+from test_keep_quant_fast_model import _q8_0_words
 
 from qconform.device.registry import KERNEL_DIR
 from qconform.formats.ggml import FORMATS
@@ -58,7 +59,7 @@ def _worst(exe: Path, tmp: Path, qtype: str, M: int, N: int, K: int, w: str) -> 
     afmt = "Q8_0" if qtype == "Q8_0" else "Q8_K"
     a8 = quantize(A, afmt)
     nb = K // FORMATS[afmt].block_size
-    aq = _q8_0_words(a8, nb) if qtype == "Q8_0" else _q8_k_words(a8, nb)
+    aq = _q8_0_words(a8, nb) if qtype == "Q8_0" else a8  # Q8_K blocks as quantized
     W.tofile(tmp / "w.bin")
     np.ascontiguousarray(aq).tofile(tmp / "a.bin")
     args = [str(KIND[qtype]), str(M), str(N), str(K // fmt.block_size), "w.bin", "a.bin", "y.bin"]

@@ -1,8 +1,10 @@
 """Offline model of the fast keep-quant GEMV's integer layout (``kernels/ggml/keep_quant_fast.hip``,
 run under the contract order=any): each thread slice's words as the kernel loads them (16-byte slices,
 Q6_K / Q8_0 realigned from aligned words by halves), its nibble / high-bit unpacking, the branch-free
-scale and min unpacking, the dp4a sums, the bsums it reads from the regrouped activations
-(``qk_q8_k_words`` / ``qk_q8_0_words`` layouts), and its per-slice terms, evaluated in float64. The
+scale and min unpacking, the dp4a sums, the activation words and bsums it reads (Q8_K quants as
+words in element order, as the kernel assembles them from the quantized blocks; Q8_0 in the
+``qk_q8_0_words`` layout), and its per-slice terms, evaluated in float64 (the kernel's own code runs on
+the host in tests/test_keep_quant_fast_host.py). The
 sum of the terms must equal the float64 reference of the quantized operands
 (``qconform.ops.ggml.keep_quant.matmul_terms``) to float64 rounding: a wrong index, shift or scale
 in the layout moves it by many orders of magnitude more. A broken copy of the model must fail."""
@@ -62,7 +64,8 @@ def _fp16(bits: np.ndarray) -> np.ndarray:
 
 
 def _q8_k_words(a8: np.ndarray, nb: int) -> np.ndarray:
-    """qk_q8_k_words: per block 76 words, 0..71 the bytes 4..291 as words, 72 the fp32 d bits."""
+    """Q8_K blocks as words (the qk_q8_k_words layout): per block 76 words, 0..71 the bytes 4..291
+    (quants in element order, then the bsums), 72 the fp32 d bits."""
     blocks = a8.reshape(-1, 292)
     out = np.zeros((len(blocks), 76), U32)
     out[:, :72] = blocks[:, 4:292].copy().view("<u4")

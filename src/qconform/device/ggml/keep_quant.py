@@ -12,9 +12,9 @@ aligned for Q4_K / Q5_K and 4-byte aligned otherwise. Other weight types are dec
 
 ``order="any"`` (the contract ``order=any``, passed by ``qconform.impls.device``) runs Q4_K, Q5_K, Q6_K
 and Q8_0 through ``ggml/keep_quant_fast.hip`` instead: llama.cpp's mmvq layout in its own fp32 order
-(each output within the contract's bound, not bit-identical to the generic order); activations
-regrouped in element order (``qk_q8_k_words``) or as Q8_0 words, CTAs of 4 weight rows x 1, 2 or 4
-activation rows. The other types run the generic-order kernel, which meets that bound too.
+(each output within the contract's bound, not bit-identical to the generic order); Q8_K activations
+read as quantized (no regrouping launch), Q8_0 ones as ``qk_q8_0_words``; CTAs of 4 weight rows x 1, 2
+or 4 activation rows. The other types run the generic-order kernel, which meets that bound too.
 """
 
 from __future__ import annotations
@@ -89,20 +89,21 @@ def matmul_bt_quant(
     nb = A_fp32.shape[1] // afmt.block_size
     a8 = quantize(A_fp32, "Q8_0" if afmt.name == "Q8_1" else afmt.name)  # Q8_1's quants and d are Q8_0's
     op, blocks, words = MATMUL_BT_QUANT.name, M * nb, ACT_WORDS[afmt.name]
-    aq = cupy.empty(blocks * words, cupy.uint32)
+    fast = order == "any" and wfmt.name in FAST_TYPES
+    aq = cupy.empty(0 if fast and afmt.name == "Q8_K" else blocks * words, cupy.uint32)
     if afmt.name == "Q8_0":
         launch_grid(op, SOURCE, "qk_q8_0_words", -(-blocks // THREADS), THREADS, (a8, aq, np.int64(blocks)))
     elif afmt.name == "Q8_1":
         launch_grid(op, SOURCE, "qk_q8_1_words", -(-blocks // THREADS), THREADS, (A_fp32, a8, aq, np.int64(blocks)))
-    else:
-        fast_k = order == "any" and wfmt.name in FAST_TYPES  # the fast kernel reads quants in element order
-        regroup = "qk_q8_k_words" if wfmt.name in ELEMENT_ORDER or fast_k else "qk_q8_k_lanes"
+    elif not fast:  # the fast kernel reads the Q8_K blocks as quantized
+        regroup = "qk_q8_k_words" if wfmt.name in ELEMENT_ORDER else "qk_q8_k_lanes"
         launch_grid(op, SOURCE, regroup, -(-blocks * words // THREADS), THREADS, (a8, aq, np.int64(blocks)))
-    if order == "any" and wfmt.name in FAST_TYPES:
+    if fast:
         mt = act_tile(M, FAST_TILES)
         grid = (-(-M // mt), -(-N // ROWS_PER_CTA))
         symbol = f"qk_kq_fast_{FAST_TYPES[wfmt.name]}_m{mt}"
-        args = (W_blocks, aq, call.out, np.int64(M), np.int64(N), np.int64(nb))
+        act = a8 if afmt.name == "Q8_K" else aq
+        args = (W_blocks, act, call.out, np.int64(M), np.int64(N), np.int64(nb))
         launch_grid(op, FAST_SOURCE, symbol, grid, THREADS, args)
         return call.out
     mt = act_tile(M)

@@ -24,14 +24,15 @@
  * group w takes the blocks ib = w, w + 4, ... (Q8_0: the quads of blocks), lane 8 r + c row r and
  * slice c of each. Weight slices are 16-byte loads (Q4_K 144 and Q5_K 176 bytes: every block
  * 16-byte aligned; Q6_K 210 and Q8_0 34: blocks 2-byte aligned, so 16 bytes as aligned words,
- * realigned by halves, never a byte outside the block). Activations come regrouped by the bit-exact
- * kernel's qk_q8_k_words (Q8_K: 76 words a block, quants in element order, bsums at word 64, d at
- * word 72) and qk_q8_0_words (Q8_0: 12 words, d as fp32 at word 8), so their slices are 16-byte
- * loads too. Launcher: qconform/device/ggml/keep_quant.py (order="any"). */
+ * realigned by halves, never a byte outside the block). Q8_K activations are read as the quantize
+ * kernel writes them (q8_quant.hip; no regrouping launch): a slice's 16 quants from the two aligned
+ * 16-byte words around them, shifted by whole words (kf_act16); Q8_0 activations come regrouped by
+ * the bit-exact kernel's qk_q8_0_words (12 words a block, d as fp32 at word 8), 16-byte loads.
+ * Launcher: qconform/device/ggml/keep_quant.py (order="any"). */
 #include "qk_portable.h"
 
-#define KF_AK 76   /* words per regrouped Q8_K block (keep_quant.hip KQ_AK) */
-#define KF_A0 12   /* words per regrouped Q8_0 block (KQ_A0) */
+#define KF_Q8K 292 /* bytes per block_q8_K {float d; i8 qs[256]; i16 bsums[16]} */
+#define KF_A0 48   /* bytes per regrouped Q8_0 block (keep_quant.hip qk_q8_0_words: KQ_A0 words) */
 #define KF_ROWS 4  /* weight rows per CTA: 8 threads each in every group */
 #define KF_GROUPS 4 /* groups of 32 threads per CTA, splitting a row's blocks */
 #define KF_LO4 0x0F0F0F0Fu
@@ -69,14 +70,33 @@ __device__ __forceinline__ void kf_scale_min_pair(const qk_u32 (&sc)[3], int g, 
     mn01 = lo ? b & 0x3F3Fu : ((c >> 4) & 0x0F0Fu) | ((b >> 2) & 0x3030u);
 }
 
-__device__ __forceinline__ int kf_dot4(const qk_u32 (&q)[4], const uint4 a) {
-    return qk_dp4a((int)q[3], (int)a.w, qk_dp4a((int)q[2], (int)a.z, qk_dp4a((int)q[1], (int)a.y, qk_dp4a((int)q[0], (int)a.x, 0))));
+__device__ __forceinline__ int kf_dot4(const qk_u32 (&q)[4], const qk_u32 (&a)[4]) {
+    return qk_dp4a((int)q[3], (int)a[3], qk_dp4a((int)q[2], (int)a[2], qk_dp4a((int)q[1], (int)a[1], qk_dp4a((int)q[0], (int)a[0], 0))));
+}
+
+/* 16 bytes at the 4-byte aligned address p of a Q8_K activation block (its quants start 4 bytes into
+ * a 292-byte block: 16-byte aligned only every fourth block) as 4 words: the two aligned 16-byte
+ * words from p & ~15, then the word shift (p / 4) % 4, the same for every thread of a group (one
+ * activation block), picked in two selects. Reads [p & ~15, (p & ~15) + 32): inside the activation
+ * rows for every slice of a block (p - 4 is a block's byte 0 plus at most 240; the first block is
+ * 16-byte aligned). */
+__device__ __forceinline__ void kf_act16(const qk_u8* p, qk_u32 (&w)[4]) {
+    const unsigned long long ip = (unsigned long long)p;
+    const uint4* q = (const uint4*)(ip & ~15ull);
+    const uint4 v0 = q[0], v1 = q[1];
+    const qk_u32 r[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+    const int sh = (int)(ip >> 2) & 3;
+    qk_u32 t[6];
+#pragma unroll
+    for (int k = 0; k < 6; ++k) t[k] = (sh & 2) ? r[k + 2] : r[k];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) w[k] = (sh & 1) ? t[k + 1] : t[k];
 }
 
 __device__ __forceinline__ int kf_half(qk_u32 w, int hi) { return (int)(qk_i16)(hi ? w >> 16 : w & 0xFFFFu); }
 
 /* One thread's slice c of block ib of a weight row (blk: the block's byte 0) against MT activation
- * rows (act: the regrouped block ib of activation row 0, rows astride apart), added to acc.
+ * rows (act: block ib of activation row 0, rows astride bytes apart), added to acc.
  *   Q4_K {half d, dmin; u8 scales[12]; u8 qs[128]}, Q5_K {half d, dmin; u8 scales[12]; u8 qh[32];
  *   u8 qs[128]} (ggml-common.h): slice c holds qs bytes 16c .. 16c + 15 of group g = c / 2, their
  *   low nibbles elements 64g + 16(c % 2) + i (sub-block 2g), high nibbles 32 further (2g + 1); Q5_K's
@@ -114,7 +134,8 @@ __device__ __forceinline__ void kf_wload(const qk_u8* blk, int c, qk_u32 (&r)[KF
 }
 
 /* Slice c of block ib of a weight row (blk: the block's byte 0, r: kf_wload's words) against MT
- * activation rows (act: the regrouped block ib of activation row 0, rows astride apart), added to acc.
+ * activation rows (act: block ib of activation row 0, rows astride bytes apart: Q8_K blocks as
+ * quantized, Q8_0 blocks regrouped), added to acc.
  *   Q4_K {half d, dmin; u8 scales[12]; u8 qs[128]}, Q5_K {half d, dmin; u8 scales[12]; u8 qh[32];
  *   u8 qs[128]} (ggml-common.h): slice c holds qs bytes 16c .. 16c + 15 of group g = c / 2, their
  *   low nibbles elements 64g + 16(c % 2) + i (sub-block 2g), high nibbles 32 further (2g + 1); Q5_K's
@@ -126,7 +147,7 @@ __device__ __forceinline__ void kf_wload(const qk_u8* blk, int c, qk_u32 (&r)[KF
  *   Q8_0 {half d; i8 qs[32]}: slice c is bytes 16(c % 2) .. + 15 of the quants of block ib.
  * Activation rows past M (m >= mt) read row mt - 1; their sums are never stored. */
 template <int KIND, int MT>
-__device__ __forceinline__ void kf_block(const qk_u32 (&r)[KF_WR(KIND)], const qk_u8* blk, const qk_u32* act, qk_i64 astride,
+__device__ __forceinline__ void kf_block(const qk_u32 (&r)[KF_WR(KIND)], const qk_u8* blk, const qk_u8* act, qk_i64 astride,
                                          int mt, int c, float (&acc)[MT]) {
     if (KIND == 4 || KIND == 5) {
         const int g = c >> 1, half = c & 1;
@@ -147,13 +168,14 @@ __device__ __forceinline__ void kf_block(const qk_u32 (&r)[KF_WR(KIND)], const q
         const float dx = qk_fp16_to_float((qk_u16)(r[0] & 0xFFFFu)), dmx = qk_fp16_to_float((qk_u16)(r[0] >> 16));
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
-            const qk_u32* a = act + (m < mt ? m : mt - 1) * astride;
-            const uint4 alo = *(const uint4*)(a + 16 * g + 4 * half);
-            const uint4 ahi = *(const uint4*)(a + 16 * g + 8 + 4 * half);
-            const uint2 bs = *(const uint2*)(a + 64 + 2 * g); /* bsums 4g .. 4g + 3 */
-            const float yd = qk_float(a[72]);
+            const qk_u8* a = act + (m < mt ? m : mt - 1) * astride;
+            qk_u32 alo[4], ahi[4];
+            kf_act16(a + 4 + 64 * g + 16 * half, alo);
+            kf_act16(a + 4 + 64 * g + 32 + 16 * half, ahi);
+            const qk_u32* bs = (const qk_u32*)(a + 260 + 8 * g); /* bsums 4g .. 4g + 3 */
+            const float yd = *(const float*)a;
             const int isum = s0 * kf_dot4(lo, alo) + s1 * kf_dot4(hi, ahi);
-            const int imin = m0 * kf_half(bs.x, half) + m1 * kf_half(bs.y, half);
+            const int imin = m0 * kf_half(bs[0], half) + m1 * kf_half(bs[1], half);
             acc[m] = fmaf(QK_FMUL(dx, yd), __int2float_rn(isum), acc[m]);
             acc[m] = fmaf(-QK_FMUL(dmx, yd), __int2float_rn(imin), acc[m]);
         }
@@ -174,14 +196,14 @@ __device__ __forceinline__ void kf_block(const qk_u32 (&r)[KF_WR(KIND)], const q
         const int j = 2 * k + (p & 1); /* the low nibbles' scale group is 8h + j, the high ones' 8h + j + 4 */
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
-            const qk_u32* a = act + (m < mt ? m : mt - 1) * astride;
-            const uint4 alo = *(const uint4*)(a + 32 * h + 8 * k + 4 * (p & 1));
-            const uint4 ahi = *(const uint4*)(a + 32 * h + 8 * k + 16 + 4 * (p & 1));
-            const uint4 bs = *(const uint4*)(a + 64 + 4 * h); /* bsums 8h .. 8h + 7 */
-            const qk_u32 bw[4] = {bs.x, bs.y, bs.z, bs.w};
-            const int b0 = kf_half(bw[j >> 1], j & 1), b1 = kf_half(bw[2 + (j >> 1)], j & 1);
+            const qk_u8* a = act + (m < mt ? m : mt - 1) * astride;
+            qk_u32 alo[4], ahi[4];
+            kf_act16(a + 4 + 128 * h + 32 * k + 16 * (p & 1), alo);
+            kf_act16(a + 4 + 128 * h + 32 * k + 64 + 16 * (p & 1), ahi);
+            const qk_i16* bs = (const qk_i16*)(a + 260) + 8 * h + j; /* bsums 8h + j and 8h + j + 4 */
+            const int b0 = (int)bs[0], b1 = (int)bs[4];
             const int isum = s0 * (kf_dot4(lo, alo) - 32 * b0) + s1 * (kf_dot4(hi, ahi) - 32 * b1);
-            acc[m] = fmaf(QK_FMUL(dx, qk_float(a[72])), __int2float_rn(isum), acc[m]);
+            acc[m] = fmaf(QK_FMUL(dx, *(const float*)a), __int2float_rn(isum), acc[m]);
         }
     } else {
         qk_u32 q[4];
@@ -189,20 +211,22 @@ __device__ __forceinline__ void kf_block(const qk_u32 (&r)[KF_WR(KIND)], const q
         const float dx = qk_fp16_to_float((qk_u16)r[5]);
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
-            const qk_u32* a = act + (m < mt ? m : mt - 1) * astride;
-            const int sumi = kf_dot4(q, *(const uint4*)(a + 4 * (c & 1)));
+            const qk_u32* a = (const qk_u32*)(act + (m < mt ? m : mt - 1) * astride);
+            const uint4 av = *(const uint4*)(a + 4 * (c & 1));
+            const qk_u32 aw[4] = {av.x, av.y, av.z, av.w};
+            const int sumi = kf_dot4(q, aw);
             acc[m] = fmaf(QK_FMUL(dx, qk_float(a[8])), __int2float_rn(sumi), acc[m]);
         }
     }
 }
 
-/* KIND 4, 5, 6: Q4_K, Q5_K, Q6_K (256 values a block, 8 slices; aq: qk_q8_k_words blocks); 0: Q8_0
+/* KIND 4, 5, 6: Q4_K, Q5_K, Q6_K (256 values a block, 8 slices; aq: the Q8_K rows); 0: Q8_0
  * (32 values, 2 slices: a row's 8 threads take 4 consecutive blocks; aq: qk_q8_0_words blocks).
  * UNROLL: the blocks of a row a thread loads before it computes the first. */
 template <int KIND, int TS, int MT, int UNROLL>
-__device__ __forceinline__ void kf_gemv(const qk_u8* __restrict__ W, const qk_u32* __restrict__ aq, float* __restrict__ Y,
+__device__ __forceinline__ void kf_gemv(const qk_u8* __restrict__ W, const qk_u8* __restrict__ aq, float* __restrict__ Y,
                                         qk_i64 M, qk_i64 N, qk_i64 nb) {
-    constexpr int AW = KIND == 0 ? KF_A0 : KF_AK;
+    constexpr int AW = KIND == 0 ? KF_A0 : KF_Q8K; /* bytes per activation block */
     constexpr int BPS = KIND == 0 ? 4 : 1; /* blocks of a row per step of its 8 threads */
     __shared__ float part[KF_GROUPS][KF_ROWS][MT];
     const int t = threadIdx.x, w = t >> 5, r = (t >> 3) & 3, c = t & 7;
@@ -213,7 +237,7 @@ __device__ __forceinline__ void kf_gemv(const qk_u8* __restrict__ W, const qk_u3
     for (int m = 0; m < MT; ++m) acc[m] = 0.0f;
     if (n < N) {
         const qk_u8* row = W + n * nb * TS;
-        const qk_u32* a0 = aq + m0 * nb * AW;
+        const qk_u8* a0 = aq + m0 * nb * AW;
         const int sub = KIND == 0 ? c >> 1 : 0;
         const qk_i64 full = nb / BPS; /* steps whose BPS blocks all exist */
         for (qk_i64 s0 = w; s0 < full; s0 += KF_GROUPS * UNROLL) {
@@ -260,7 +284,7 @@ __device__ __forceinline__ void kf_gemv(const qk_u8* __restrict__ W, const qk_u3
 /* (type, KIND, type size) x MT activation rows per CTA */
 #define KF_GEMV(NAME, KIND, TS, MT, UNROLL)                                                            \
     extern "C" __global__ void __launch_bounds__(32 * KF_GROUPS) qk_kq_fast_##NAME##_m##MT(          \
-        const qk_u8* W, const qk_u32* aq, float* Y, qk_i64 M, qk_i64 N, qk_i64 nb) {                 \
+        const qk_u8* W, const qk_u8* aq, float* Y, qk_i64 M, qk_i64 N, qk_i64 nb) {                  \
         kf_gemv<KIND, TS, MT, UNROLL>(W, aq, Y, M, N, nb);                                            \
     }
 #define KF_GEMV_ALL(MT, UNROLL)                 \
