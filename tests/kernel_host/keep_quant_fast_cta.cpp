@@ -41,6 +41,8 @@ int main(int argc, char** argv) {
     const kf_kernel k = pick(kind, mt);
     std::barrier<> bar(128);
     qk_host_barrier = &bar;
+    std::barrier<> groups[4] = {std::barrier<>(32), std::barrier<>(32), std::barrier<>(32), std::barrier<>(32)};
+    qk_host_group_barriers = groups;
     for (unsigned by = 0; by < (unsigned)((N + 3) / 4); ++by)
         for (unsigned bx = 0; bx < (unsigned)((M + mt - 1) / mt); ++bx) {
             std::vector<std::thread> th;

@@ -3,7 +3,8 @@
  * functions on the CPU. dp4a and byte_perm as the PTX ISA defines them (dp4a.s32.s32, prmt.b32
  * default mode); fp32 operations in IEEE single precision (g++ -ffp-contract=off). The kernels run
  * one CTA at a time as host threads (keep_quant_fast_cta.cpp): thread-local threadIdx / blockIdx,
- * __shared__ as one static array, __syncthreads a barrier, width-8 xor shuffles through slots. */
+ * __shared__ as one static array, __syncthreads a barrier (qk_syncwarp one per 32 threads), width-8
+ * xor shuffles through slots. */
 #include <math.h>
 #include <string.h>
 #include <stdint.h>
@@ -18,8 +19,10 @@ struct dim3s { unsigned x, y, z; };
 /* a CTA runs as host threads (keep_quant_fast_cta.cpp): each its own threadIdx, one barrier */
 static thread_local dim3s threadIdx, blockIdx;
 static std::barrier<>* qk_host_barrier = nullptr;
+static std::barrier<>* qk_host_group_barriers = nullptr; /* one per 32 threads: qk_syncwarp */
 static float qk_host_slots[1024];
 static inline void __syncthreads() { qk_host_barrier->arrive_and_wait(); }
+static inline void qk_syncwarp() { qk_host_group_barriers[threadIdx.x >> 5].arrive_and_wait(); }
 /* __shfl_xor_sync within the 8-lane segment (m < 8): through a slot per thread, between two barriers */
 static inline float QK_SHFL_XOR(float v, int m, int w) {
     (void)w;

@@ -220,6 +220,29 @@ __device__ __forceinline__ void kf_block(const qk_u32 (&r)[KF_WR(KIND)], const q
     }
 }
 
+/* Q8_0 rows through shared memory: the 136 bytes of a step (4 blocks) from S, 2-byte aligned, as the
+ * aligned words from S & ~3, thread c of the row taking words c, c + 8, ... (one 32-byte run of
+ * the row per load instruction, where a thread's own 16-byte slices would spread each instruction
+ * over two lines), the last word as its half when the step ends 2 past a word (no byte past the
+ * step is read); then each thread takes its slice's 5 words (kf_raw16's) and its block's d. */
+#define KF_SW 36 /* staged words of a Q8_0 step: 136 bytes + 2 of alignment */
+__device__ __forceinline__ void kf_stage_q8_0(const qk_u8* S, int c, qk_u32* stg) {
+    const int mis = (int)((unsigned long long)S & 2u), L = 136 + mis; /* bytes from the aligned base */
+    const qk_u32* base = (const qk_u32*)(S - mis);
+#pragma unroll
+    for (int j = c; j < 136 / 4; j += 8) stg[j] = base[j];
+    if (c == 2 && mis) stg[L >> 2] = *(const qk_u16*)(base + (L >> 2)); /* word 34: its low half */
+}
+
+template <int WR>
+__device__ __forceinline__ void kf_unstage_q8_0(const qk_u8* S, int c, const qk_u32* stg, qk_u32 (&r)[WR]) {
+    const int mis = (int)((unsigned long long)S & 2u);
+    const int od = mis + 34 * (c >> 1), o = od + 2 + 16 * (c & 1); /* the block's d, the slice */
+#pragma unroll
+    for (int k = 0; k < 5; ++k) r[k] = stg[(o >> 2) + k];
+    r[5] = (stg[od >> 2] >> (8 * (od & 2))) & 0xFFFFu;
+}
+
 /* KIND 4, 5, 6: Q4_K, Q5_K, Q6_K (256 values a block, 8 slices; aq: the Q8_K rows); 0: Q8_0
  * (32 values, 2 slices: a row's 8 threads take 4 consecutive blocks; aq: qk_q8_0_words blocks).
  * UNROLL: the blocks of a row a thread loads before it computes the first. */
@@ -229,35 +252,47 @@ __device__ __forceinline__ void kf_gemv(const qk_u8* __restrict__ W, const qk_u8
     constexpr int AW = KIND == 0 ? KF_A0 : KF_Q8K; /* bytes per activation block */
     constexpr int BPS = KIND == 0 ? 4 : 1; /* blocks of a row per step of its 8 threads */
     __shared__ float part[KF_GROUPS][KF_ROWS][MT];
+    __shared__ qk_u32 stg[KF_GROUPS][KF_ROWS][KIND == 0 ? UNROLL : 1][KIND == 0 ? KF_SW : 1];
     const int t = threadIdx.x, w = t >> 5, r = (t >> 3) & 3, c = t & 7;
     const qk_i64 m0 = (qk_i64)blockIdx.x * MT, n = (qk_i64)blockIdx.y * KF_ROWS + r;
     const int mt = (int)(M - m0 < MT ? M - m0 : MT);
     float acc[MT];
 #pragma unroll
     for (int m = 0; m < MT; ++m) acc[m] = 0.0f;
-    if (n < N) {
-        const qk_u8* row = W + n * nb * TS;
-        const qk_u8* a0 = aq + m0 * nb * AW;
-        const int sub = KIND == 0 ? c >> 1 : 0;
-        const qk_i64 full = nb / BPS; /* steps whose BPS blocks all exist */
-        for (qk_i64 s0 = w; s0 < full; s0 += KF_GROUPS * UNROLL) {
-            qk_u32 raw[UNROLL][KF_WR(KIND)];
+    const bool rowok = n < N;
+    const qk_u8* row = W + (rowok ? n : 0) * nb * TS;
+    const qk_u8* a0 = aq + m0 * nb * AW;
+    const int sub = KIND == 0 ? c >> 1 : 0;
+    const qk_i64 full = nb / BPS; /* steps whose BPS blocks all exist */
+    for (qk_i64 s0 = w; s0 < full; s0 += KF_GROUPS * UNROLL) { /* every thread of a group: the same trips */
+        qk_u32 raw[UNROLL][KF_WR(KIND)];
+        if (KIND == 0) { /* Q8_0: the steps' spans staged (kf_stage_q8_0), then each slice's words read */
+            qk_syncwarp();
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u)
+                if (rowok && s0 + KF_GROUPS * u < full) kf_stage_q8_0(row + (s0 + KF_GROUPS * u) * (4 * TS), c, stg[w][r][KIND == 0 ? u : 0]);
+            qk_syncwarp();
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u)
+                if (rowok && s0 + KF_GROUPS * u < full)
+                    kf_unstage_q8_0(row + (s0 + KF_GROUPS * u) * (4 * TS), c, stg[w][r][KIND == 0 ? u : 0], raw[u]);
+        } else {
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u) /* every load of the UNROLL blocks first */
-                if (s0 + KF_GROUPS * u < full) kf_wload<KIND>(row + ((s0 + KF_GROUPS * u) * BPS + sub) * TS, c, raw[u]);
-#pragma unroll
-            for (int u = 0; u < UNROLL; ++u) {
-                const qk_i64 ib = (s0 + KF_GROUPS * u) * BPS + sub;
-                if (s0 + KF_GROUPS * u < full) kf_block<KIND, MT>(raw[u], row + ib * TS, a0 + ib * AW, nb * AW, mt, c, acc);
-            }
+                if (rowok && s0 + KF_GROUPS * u < full) kf_wload<KIND>(row + ((s0 + KF_GROUPS * u) * BPS + sub) * TS, c, raw[u]);
         }
-        if (BPS > 1 && nb % BPS != 0 && full % KF_GROUPS == w) { /* Q8_0: the last, partial quad */
-            const qk_i64 ib = full * BPS + sub;
-            if (ib < nb) {
-                qk_u32 raw[KF_WR(KIND)];
-                kf_wload<KIND>(row + ib * TS, c, raw);
-                kf_block<KIND, MT>(raw, row + ib * TS, a0 + ib * AW, nb * AW, mt, c, acc);
-            }
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const qk_i64 ib = (s0 + KF_GROUPS * u) * BPS + sub;
+            if (rowok && s0 + KF_GROUPS * u < full) kf_block<KIND, MT>(raw[u], row + ib * TS, a0 + ib * AW, nb * AW, mt, c, acc);
+        }
+    }
+    if (rowok && BPS > 1 && nb % BPS != 0 && full % KF_GROUPS == w) { /* Q8_0: the last, partial quad */
+        const qk_i64 ib = full * BPS + sub;
+        if (ib < nb) {
+            qk_u32 raw[KF_WR(KIND)];
+            kf_wload<KIND>(row + ib * TS, c, raw);
+            kf_block<KIND, MT>(raw, row + ib * TS, a0 + ib * AW, nb * AW, mt, c, acc);
         }
     }
 #pragma unroll
