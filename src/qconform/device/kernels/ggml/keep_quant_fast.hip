@@ -225,13 +225,21 @@ __device__ __forceinline__ void kf_block(const qk_u32 (&r)[KF_WR(KIND)], const q
  * the row per load instruction, where a thread's own 16-byte slices would spread each instruction
  * over two lines), the last word as its half when the step ends 2 past a word (no byte past the
  * step is read); then each thread takes its slice's 5 words (kf_raw16's) and its block's d. */
-#define KF_SW 36 /* staged words of a Q8_0 step: 136 bytes + 2 of alignment */
-__device__ __forceinline__ void kf_stage_q8_0(const qk_u8* S, int c, qk_u32* stg) {
-    const int mis = (int)((unsigned long long)S & 2u), L = 136 + mis; /* bytes from the aligned base */
+#define KF_SW(KIND) ((KIND) == 0 ? 36 : (KIND) == 6 ? 54 : 1) /* staged words a step: Q8_0 136 + 2 bytes, Q6_K 210 + 2 */
+#define KF_SV 7 /* staged words a thread loads per step (Q8_0 5, Q6_K 7) */
+__device__ __forceinline__ void kf_stage_q8_0(const qk_u8* S, int c, qk_u32 (&v)[KF_SV]) {
+    const int mis = (int)((unsigned long long)S & 2u);
     const qk_u32* base = (const qk_u32*)(S - mis);
 #pragma unroll
-    for (int j = c; j < 136 / 4; j += 8) stg[j] = base[j];
-    if (c == 2 && mis) stg[L >> 2] = *(const qk_u16*)(base + (L >> 2)); /* word 34: its low half */
+    for (int k = 0; k < 4; ++k) v[k] = base[c + 8 * k];
+    /* words 32, 33 (threads 0, 1) and, 2 past a word, the low half of word 34 (thread 2) */
+    v[4] = c < 2 ? base[32 + c] : (c == 2 && mis) ? (qk_u32) * (const qk_u16*)(base + 34) : 0u;
+}
+
+__device__ __forceinline__ void kf_stage_put_q8_0(int c, const qk_u32 (&v)[KF_SV], qk_u32* stg) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) stg[c + 8 * k] = v[k];
+    if (c < 3) stg[32 + c] = v[4];
 }
 
 template <int WR>
@@ -243,6 +251,40 @@ __device__ __forceinline__ void kf_unstage_q8_0(const qk_u8* S, int c, const qk_
     r[5] = (stg[od >> 2] >> (8 * (od & 2))) & 0xFFFFu;
 }
 
+/* Q6_K likewise, a step being one 210-byte block: words c, c + 8, ... of the 53 aligned words from
+ * blk & ~3 (the last one's half when the block starts on a word: no byte past it is read), then the
+ * words kf_wload<6> takes from the block, from shared memory. */
+__device__ __forceinline__ void kf_stage_q6_k(const qk_u8* blk, int c, qk_u32 (&v)[KF_SV]) {
+    const int mis = (int)((unsigned long long)blk & 2u);
+    const qk_u32* base = (const qk_u32*)(blk - mis);
+#pragma unroll
+    for (int k = 0; k < 6; ++k) v[k] = base[c + 8 * k];
+    /* words 48..51 (threads 0..3) and word 52, d's (thread 4: its low half where the block is aligned) */
+    v[6] = c < 4 ? base[48 + c] : c == 4 ? (mis ? base[52] : (qk_u32) * (const qk_u16*)(base + 52)) : 0u;
+}
+
+__device__ __forceinline__ void kf_stage_put_q6_k(int c, const qk_u32 (&v)[KF_SV], qk_u32* stg) {
+#pragma unroll
+    for (int k = 0; k < 6; ++k) stg[c + 8 * k] = v[k];
+    if (c < 5) stg[48 + c] = v[6];
+}
+
+template <int WR>
+__device__ __forceinline__ void kf_unstage_q6_k(const qk_u8* blk, int c, const qk_u32* stg, qk_u32 (&r)[WR]) {
+    const int mis = (int)((unsigned long long)blk & 2u);
+    const int h = c >> 2, p = c & 3, i0 = 8 * h + 2 * (p >> 1) + (p & 1);
+    const int oql = mis + 64 * h + 16 * p, oqh = mis + 128 + 32 * h + 16 * (p & 1);
+#pragma unroll
+    for (int k = 0; k < 5; ++k) {
+        r[k] = stg[(oql >> 2) + k];
+        r[5 + k] = stg[(oqh >> 2) + k];
+    }
+    const int o0 = mis + 192 + i0, o1 = o0 + 4, od = mis + 208;
+    const qk_u32 b0 = (stg[o0 >> 2] >> (8 * (o0 & 3))) & 0xFFu, b1 = (stg[o1 >> 2] >> (8 * (o1 & 3))) & 0xFFu;
+    r[10 % WR] = b0 | (b1 << 8);
+    r[11 % WR] = (stg[od >> 2] >> (8 * (od & 2))) & 0xFFFFu;
+}
+
 /* KIND 4, 5, 6: Q4_K, Q5_K, Q6_K (256 values a block, 8 slices; aq: the Q8_K rows); 0: Q8_0
  * (32 values, 2 slices: a row's 8 threads take 4 consecutive blocks; aq: qk_q8_0_words blocks).
  * UNROLL: the blocks of a row a thread loads before it computes the first. */
@@ -252,7 +294,7 @@ __device__ __forceinline__ void kf_gemv(const qk_u8* __restrict__ W, const qk_u8
     constexpr int AW = KIND == 0 ? KF_A0 : KF_Q8K; /* bytes per activation block */
     constexpr int BPS = KIND == 0 ? 4 : 1; /* blocks of a row per step of its 8 threads */
     __shared__ float part[KF_GROUPS][KF_ROWS][MT];
-    __shared__ qk_u32 stg[KF_GROUPS][KF_ROWS][KIND == 0 ? UNROLL : 1][KIND == 0 ? KF_SW : 1];
+    __shared__ qk_u32 stg[KF_GROUPS][KF_ROWS][KF_SW(KIND) > 1 ? UNROLL : 1][KF_SW(KIND)];
     const int t = threadIdx.x, w = t >> 5, r = (t >> 3) & 3, c = t & 7;
     const qk_i64 m0 = (qk_i64)blockIdx.x * MT, n = (qk_i64)blockIdx.y * KF_ROWS + r;
     const int mt = (int)(M - m0 < MT ? M - m0 : MT);
@@ -266,16 +308,26 @@ __device__ __forceinline__ void kf_gemv(const qk_u8* __restrict__ W, const qk_u8
     const qk_i64 full = nb / BPS; /* steps whose BPS blocks all exist */
     for (qk_i64 s0 = w; s0 < full; s0 += KF_GROUPS * UNROLL) { /* every thread of a group: the same trips */
         qk_u32 raw[UNROLL][KF_WR(KIND)];
-        if (KIND == 0) { /* Q8_0: the steps' spans staged (kf_stage_q8_0), then each slice's words read */
-            qk_syncwarp();
+        if (KIND == 0 || KIND == 6) { /* Q8_0, Q6_K: the steps staged, then each slice's words read back */
+            qk_u32 v[UNROLL][KF_SV];
 #pragma unroll
-            for (int u = 0; u < UNROLL; ++u)
-                if (rowok && s0 + KF_GROUPS * u < full) kf_stage_q8_0(row + (s0 + KF_GROUPS * u) * (4 * TS), c, stg[w][r][KIND == 0 ? u : 0]);
-            qk_syncwarp();
+            for (int u = 0; u < UNROLL; ++u) { /* every load of the UNROLL steps first */
+                const qk_u8* S = row + (s0 + KF_GROUPS * u) * (BPS * TS);
+                if (rowok && s0 + KF_GROUPS * u < full) {
+                    if (KIND == 0) kf_stage_q8_0(S, c, v[u]);
+                    else kf_stage_q6_k(S, c, v[u]);
+                }
+            }
+            qk_syncwarp(); /* the previous trip's reads of stg are done */
 #pragma unroll
-            for (int u = 0; u < UNROLL; ++u)
-                if (rowok && s0 + KF_GROUPS * u < full)
-                    kf_unstage_q8_0(row + (s0 + KF_GROUPS * u) * (4 * TS), c, stg[w][r][KIND == 0 ? u : 0], raw[u]);
+            for (int u = 0; u < UNROLL; ++u) {
+                qk_u32* st = stg[w][r][KF_SW(KIND) > 1 ? u : 0];
+                if (rowok && s0 + KF_GROUPS * u < full) {
+                    if (KIND == 0) kf_stage_put_q8_0(c, v[u], st);
+                    else kf_stage_put_q6_k(c, v[u], st);
+                }
+            }
+            qk_syncwarp(); /* each slice's words are read back just before its block is computed */
         } else {
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u) /* every load of the UNROLL blocks first */
@@ -284,7 +336,13 @@ __device__ __forceinline__ void kf_gemv(const qk_u8* __restrict__ W, const qk_u8
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             const qk_i64 ib = (s0 + KF_GROUPS * u) * BPS + sub;
-            if (rowok && s0 + KF_GROUPS * u < full) kf_block<KIND, MT>(raw[u], row + ib * TS, a0 + ib * AW, nb * AW, mt, c, acc);
+            if (rowok && s0 + KF_GROUPS * u < full) {
+                const qk_u8* S = row + (s0 + KF_GROUPS * u) * (BPS * TS);
+                const qk_u32* st = stg[w][r][KF_SW(KIND) > 1 ? u : 0];
+                if (KIND == 0) kf_unstage_q8_0(S, c, st, raw[u]);
+                if (KIND == 6) kf_unstage_q6_k(S, c, st, raw[u]);
+                kf_block<KIND, MT>(raw[u], row + ib * TS, a0 + ib * AW, nb * AW, mt, c, acc);
+            }
         }
     }
     if (rowok && BPS > 1 && nb % BPS != 0 && full % KF_GROUPS == w) { /* Q8_0: the last, partial quad */
