@@ -25,7 +25,7 @@
  * slice c of each. Weight slices are 16-byte loads for Q4_K (144 bytes) and Q5_K (176): every block
  * 16-byte aligned. Q6_K (210) and Q8_0 (34) blocks are 2-byte aligned: a step (a Q6_K block, 4 Q8_0
  * blocks) is staged through shared memory by consecutive aligned words (kf_stage_q8_0 / _q6_k), the
- * slices read back and realigned by halves (kf_align16); no byte past the rows nor before them is
+ * slices read back and realigned by halves (kf_align16); no byte outside the weight buffer is
  * read (the partial Q8_0 quad at a row's end: kf_raw16 straight from global). Q8_K activations are read as the quantize
  * kernel writes them (q8_quant.hip; no regrouping launch): a slice's 16 quants from the two aligned
  * 16-byte words around them, shifted by whole words (kf_act16); Q8_0 activations come regrouped by
