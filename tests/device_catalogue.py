@@ -656,6 +656,8 @@ KF_NO_REALIGN: Edits = (
         "const qk_u32 sel = 0x3210u;",
     ),
 )
+# Q6_K's staged block without its last word (d stale in shared memory)
+KF_Q6_STAGE_NO_D: Edits = (("if (c < 5) stg[48 + c] = v[6];", "if (c < 4) stg[48 + c] = v[6];"),)
 # the partial rows of the CTA's first group (blocks 0, 4, ...) left out of the output
 KF_GROUP0_DROPPED: Edits = (("float y = part[0][rr][m];", "float y = 0.0f;"),)
 
@@ -672,6 +674,7 @@ KEEP_QUANT_FAST_MUTANTS = (
     _fast("keep-quant fast: Q5_K high nibbles' bit 4 from the low ones' qh bit", "Wq5_K_Aq8_K_Yfp32", KF_Q5_HIGH_BIT),
     _fast("keep-quant fast: Q8_0 slices 2 past a word not realigned", "Wq8_0_Aq8_0_Yfp32", KF_NO_REALIGN),
     _fast("keep-quant fast: the first group's partial rows dropped", "Wq4_K_Aq8_K_Yfp32", KF_GROUP0_DROPPED),
+    _fast("keep-quant fast: Q6_K staged without its d word", "Wq6_K_Aq8_K_Yfp32", KF_Q6_STAGE_NO_D),
     _fast("control: keep-quant fast kernel under order=any (Q6_K)", "Wq6_K_Aq8_K_Yfp32", ()),
 )
 # ort/gqa_flash.hip (gqa_prefill under --contract storage=fp16; coverage 1: a chunk with a past of

@@ -26,6 +26,7 @@ from device_catalogue import (
     KF_NO_REALIGN,
     KF_Q5_HIGH_BIT,
     KF_Q6_HIGH_SHIFT,
+    KF_Q6_STAGE_NO_D,
     Edits,
 )
 from test_keep_quant_fast_model import _q8_0_words
@@ -106,9 +107,10 @@ def test_fast_kernels_whole_on_host_threads(tmp_path: Path, qtype: str) -> None:
         assert _worst(exe, tmp_path, qtype, M, N, K, w, np.float32) <= 1.0, (M, N, K, w)
 
 
-def test_fast_kernel_group_reduction_mutant_fails_on_host_threads(tmp_path: Path) -> None:
-    exe = _build(tmp_path, KF_GROUP0_DROPPED, driver="keep_quant_fast_cta.cpp")
-    assert _worst(exe, tmp_path, "Q4_K", 1, 5, 768, "valid", np.float32) > 1.0
+@pytest.mark.parametrize("qtype,edits", [("Q4_K", KF_GROUP0_DROPPED), ("Q6_K", KF_Q6_STAGE_NO_D)])
+def test_fast_kernel_cta_mutants_fail_on_host_threads(tmp_path: Path, qtype: str, edits: Edits) -> None:
+    exe = _build(tmp_path, edits, driver="keep_quant_fast_cta.cpp")
+    assert _worst(exe, tmp_path, qtype, 1, 5, 768, "valid", np.float32) > 1.0
 
 
 @pytest.mark.parametrize(
