@@ -635,6 +635,51 @@ GGML_FN_MUTANTS = (
         )
     ),
 )
+# ggml/keep_quant_fast.hip (matmul_bt_quant under --contract order=any: each output within its bound;
+# coverage 1: 256- and 512-value rows, one block of Q4_K..Q6_K per row, 8 / 16 of Q8_0)
+# Q4_K / Q5_K: each sub-block's min applied to the other half's bsum
+KF_MIN_WRONG_HALF: Edits = (
+    (
+        "const int imin = m0 * kf_half(bs[0], half) + m1 * kf_half(bs[1], half);",
+        "const int imin = m1 * kf_half(bs[0], half) + m0 * kf_half(bs[1], half);",
+    ),
+)
+# Q6_K: the high nibbles' two high bits from qh bits 2k + 2, 2k + 3 (shifted by 2 too few)
+KF_Q6_HIGH_SHIFT: Edits = (
+    ("(((qh[v] >> (2 * k + 4)) & 0x03030303u) << 4)", "(((qh[v] >> (2 * k + 2)) & 0x03030303u) << 4)"),
+)
+# Q5_K: the high nibbles' fifth bit from bit 2g of qh (the low nibbles' bit)
+KF_Q5_HIGH_BIT: Edits = (
+    ("hi[k] |= ((r[(8 + k) % KF_WR(KIND)] >> (2 * g + 1))", "hi[k] |= ((r[(8 + k) % KF_WR(KIND)] >> (2 * g))"),
+)
+# Q6_K / Q8_0: a slice 2 bytes past a word read from the word below it (no realignment)
+KF_NO_REALIGN: Edits = (
+    (
+        "const qk_u32 sel = ((unsigned long long)p & 2u) ? 0x5432u : 0x3210u;",
+        "const qk_u32 sel = 0x3210u;",
+    ),
+)
+# Q6_K's staged block without its last word (d stale in shared memory)
+KF_Q6_STAGE_NO_D: Edits = (("if (c < 5) stg[48 + c] = v[6];", "if (c < 4) stg[48 + c] = v[6];"),)
+# the partial rows of the CTA's first group (blocks 0, 4, ...) left out of the output
+KF_GROUP0_DROPPED: Edits = (("float y = part[0][rr][m];", "float y = 0.0f;"),)
+
+
+def _fast(name: str, leaf: str, edits: Edits) -> DeviceMutant:
+    caught = "matches_oracle" if edits else None
+    source, op = "ggml/keep_quant_fast.hip", "matmul_bt_quant"
+    return DeviceMutant(name, source, "", "", op, caught, leaf=leaf, edits=edits, contract="order=any")
+
+
+KEEP_QUANT_FAST_MUTANTS = (
+    _fast("keep-quant fast: Q4_K sub-block min applied to the wrong half", "Wq4_K_Aq8_K_Yfp32", KF_MIN_WRONG_HALF),
+    _fast("keep-quant fast: Q6_K high bits shifted by 2 too few", "Wq6_K_Aq8_K_Yfp32", KF_Q6_HIGH_SHIFT),
+    _fast("keep-quant fast: Q5_K high nibbles' bit 4 from the low ones' qh bit", "Wq5_K_Aq8_K_Yfp32", KF_Q5_HIGH_BIT),
+    _fast("keep-quant fast: Q8_0 slices 2 past a word not realigned", "Wq8_0_Aq8_0_Yfp32", KF_NO_REALIGN),
+    _fast("keep-quant fast: the first group's partial rows dropped", "Wq4_K_Aq8_K_Yfp32", KF_GROUP0_DROPPED),
+    _fast("keep-quant fast: Q6_K staged without its d word", "Wq6_K_Aq8_K_Yfp32", KF_Q6_STAGE_NO_D),
+    _fast("control: keep-quant fast kernel under order=any (Q6_K)", "Wq6_K_Aq8_K_Yfp32", ()),
+)
 # ort/gqa_flash.hip (gqa_prefill under --contract storage=fp16; coverage 1: a chunk with a past of
 # 5 rows, window 3, softcap, a head sink and a full bias; a first prompt with smooth_softmax)
 # the causal limit one key past the query's own when there is a past
@@ -839,6 +884,7 @@ ALL = (
     + QMOE_MUTANTS
     + BNB_MUTANTS
     + GGML_FN_MUTANTS
+    + KEEP_QUANT_FAST_MUTANTS
     + GQA_MUTANTS
     + GQA_FLASH_MUTANTS
 )

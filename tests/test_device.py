@@ -102,6 +102,51 @@ def test_own_kernel_gqa_prefill_flash_under_storage_fp16(leaf: str) -> None:
     assert any(launch[0] is kernel_of(SOURCE, f"qk_gqa_prefill2_h{H}") for launch in launches)
 
 
+KEEP_QUANT_FAST = ("Wq4_K_Aq8_K_Yfp32", "Wq5_K_Aq8_K_Yfp32", "Wq6_K_Aq8_K_Yfp32", "Wq8_0_Aq8_0_Yfp32")
+
+
+@pytest.mark.parametrize("leaf", KEEP_QUANT_FAST)
+def test_own_kernel_keep_quant_fast_under_order_any(leaf: str) -> None:
+    """The fast keep-quant GEMV (``--impl cupy --contract order=any``, ggml/keep_quant_fast.hip):
+    every property at coverage 2 within the contract's per-output bound, none declined, and the fast
+    kernel is what ran (its M tile for the last case)."""
+    import cupy
+
+    from qconform.device.ggml.keep_quant import FAST_SOURCE, FAST_TILES, FAST_TYPES, act_tile, matmul_bt_quant
+    from qconform.device.launch import RECORDING
+    from qconform.device.launchers import kernel_of
+    from qconform.impls import load_impl
+
+    impl = load_impl("cupy", contract="order=any")
+    op = get_op("matmul_bt_quant")
+    prepared = [Prepared.from_case(op, c, impl) for c in op.cases(leaf, 2)]
+    result = run_leaf(impl, op, leaf, prepared, repeat_calls=9, cold=False)
+    assert result.verdict == "PASS", [o.detail for o in result.failed][:3]
+    assert not result.declined
+    last = prepared[-1]
+    args, kwargs = op.call_args({k: cupy.asarray(v) for k, v in last.inputs.items()}, last.params)
+    RECORDING.append([])
+    try:
+        y = matmul_bt_quant(*args, **kwargs, order="any")
+    finally:
+        launches = RECORDING.pop()
+    qtype = leaf[1:5].upper()
+    symbol = f"qk_kq_fast_{FAST_TYPES[qtype]}_m{act_tile(y.shape[0], FAST_TILES)}"
+    assert any(launch[0] is kernel_of(FAST_SOURCE, symbol) for launch in launches), symbol
+
+
+def test_keep_quant_order_must_be_a_contract_order() -> None:
+    """An ``order`` that is no contract order is an error naming the argument, before any launch."""
+    import cupy
+
+    from qconform.device.ggml.keep_quant import matmul_bt_quant
+
+    W = cupy.zeros((4, 144), cupy.uint8)
+    A = cupy.zeros((1, 256), cupy.float32)
+    with pytest.raises(ArgumentError, match="order"):
+        matmul_bt_quant(W, "Q4_K", A, order="fast")
+
+
 BNB_READINGS = ("nf4_quantize", "fp4_quantize", "gemm_4bit")  # launchers with a cuda reading (variant)
 CUDA_READING = [(op, lf.name) for op in BNB_READINGS for lf in get_op(op).leaves]
 

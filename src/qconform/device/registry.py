@@ -407,6 +407,19 @@ GGML_FUNCTION_KERNELS: tuple[KernelSpec, ...] = (
         for mt in (1, 2)
     ),
     *(
+        function_kernel(
+            "ggml",
+            "matmul_bt_quant",
+            f"qk_kq_fast_{t}_m{mt}",
+            "keep_quant_fast.hip",
+            f"{t} under order=any: llama.cpp mmvq's layout, 8 threads a row with 16-byte slices, dp4a sums "
+            f"per sub-block scaled in fp32, {mt} activation rows per CTA",
+            KEEP_QUANT_LEAVES,
+        )
+        for t in ("q4_k", "q5_k", "q6_k", "q8_0")
+        for mt in (1, 2, 4)
+    ),
+    *(
         function_kernel("ggml", "matmul_bt_quant", symbol, "keep_quant.hip", doc, KEEP_QUANT_LEAVES)
         for symbol, doc in (
             ("qk_q8_k_lanes", "Q8_K quants regrouped by lane"),

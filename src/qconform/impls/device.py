@@ -185,6 +185,8 @@ class CupyImpl(DeviceImpl):
                 kwargs = {**kwargs, "variant": self.contract.variant}
             if takes_storage(fn):  # a launcher whose fast kernel needs the contract's storage (gqa_prefill)
                 kwargs = {**kwargs, "storage": self.contract.storage}
+            if takes_order(fn):  # a launcher whose fast kernel needs the contract's order (matmul_bt_quant)
+                kwargs = {**kwargs, "order": self.contract.order}
             return fn(*args, **kwargs, out=dev_out)
         return run_op(op.name, dev_inputs, params, dev_out, variant=self.variant)
 
@@ -201,6 +203,14 @@ def takes_storage(fn: Callable[..., Any]) -> bool:
     """``fn`` has a ``storage`` parameter: the contract's storage type picks its kernel (gqa_prefill)."""
     try:
         return "storage" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def takes_order(fn: Callable[..., Any]) -> bool:
+    """``fn`` has an ``order`` parameter: the contract's reduction order picks its kernel (matmul_bt_quant)."""
+    try:
+        return "order" in inspect.signature(fn).parameters
     except (TypeError, ValueError):
         return False
 

@@ -9,6 +9,12 @@ for the 8-lane types Q3_K..Q6_K, ``qk_q8_k_words`` for Q2_K / IQ4_XS, ``qk_q8_0_
 ``qk_q8_1_words``, which adds Q8_1's ``s`` from the fp32 rows), then one GEMV launch: CTAs of 4 weight
 rows x 1 or 2 activation rows (the kernel's phases are in its header). ``W_blocks`` must be 16-byte
 aligned for Q4_K / Q5_K and 4-byte aligned otherwise. Other weight types are declined.
+
+``order="any"`` (the contract ``order=any``, passed by ``qconform.impls.device``) runs Q4_K, Q5_K, Q6_K
+and Q8_0 through ``ggml/keep_quant_fast.hip`` instead: llama.cpp's mmvq layout in its own fp32 order
+(each output within the contract's bound, not bit-identical to the generic order); Q8_K activations
+read as quantized (no regrouping launch), Q8_0 ones as ``qk_q8_0_words``; CTAs of 4 weight rows x 1, 2
+or 4 activation rows. The other types run the generic-order kernel, which meets that bound too.
 """
 
 from __future__ import annotations
@@ -27,6 +33,10 @@ from qconform.ops.ggml.keep_quant import MATMUL_BT_QUANT
 from qconform.oracles.ggml.vec_dot_generic import vec_dot_formats
 
 SOURCE = "ggml/keep_quant.hip"
+FAST_SOURCE = "ggml/keep_quant_fast.hip"
+FAST_TYPES = {"Q4_K": "q4_k", "Q5_K": "q5_k", "Q6_K": "q6_k", "Q8_0": "q8_0"}  # qk_kq_fast_<t>_m<MT>
+FAST_TILES = (1, 2, 4)  # activation rows per CTA of the fast kernel (MT)
+ORDERS = ("reference", "any")  # qconform.contracts.ORDER
 KERNEL_TYPES = {
     "Q4_K": "q4_k",
     "Q5_K": "q5_k",
@@ -48,15 +58,20 @@ ACT_TILES = (1, 2)  # activation rows per CTA, the kernel's instantiations (MT)
 MAX_GRID_Y = 65535  # CUDA's and HIP's limit on gridDim.y: the weight-row blocks
 
 
-def act_tile(M: int) -> int:
+def act_tile(M: int, tiles: tuple[int, ...] = ACT_TILES) -> int:
     """The activation rows a CTA takes: the smallest tile holding M, else the largest."""
-    return next((t for t in ACT_TILES if t >= M), ACT_TILES[-1])
+    return next((t for t in tiles if t >= M), tiles[-1])
 
 
-def matmul_bt_quant(W_blocks: Any, qtype: str, A_fp32: Any, *, fma: bool = False, out: Any = None) -> Any:
+def matmul_bt_quant(
+    W_blocks: Any, qtype: str, A_fp32: Any, *, fma: bool = False, out: Any = None, order: str = "reference"
+) -> Any:
     """``Y[m, n] = vec_dot(W_blocks[n], quantize(A_fp32[m]))`` (CuPy arrays, float32 (M, N)) in
     ggml's generic order, every fp32 operation rounded on its own (the oracle with ``fma=False``);
-    ``fma=True`` is declined (the ABI has no such argument)."""
+    ``fma=True`` is declined (the ABI has no such argument). ``order``: the contract's; "any" runs
+    the fast kernel for Q4_K, Q5_K, Q6_K and Q8_0 (its own fp32 order, within the contract's bound)."""
+    if order not in ORDERS:
+        raise ArgumentError(f"order: one of {', '.join(ORDERS)} (the contract's order), got {order!r}")
     call = bind_call(MATMUL_BT_QUANT, (W_blocks, qtype, A_fp32), {"fma": fma}, out)
     wfmt, afmt = vec_dot_formats(qtype)
     if wfmt.name not in KERNEL_TYPES:
@@ -74,14 +89,23 @@ def matmul_bt_quant(W_blocks: Any, qtype: str, A_fp32: Any, *, fma: bool = False
     nb = A_fp32.shape[1] // afmt.block_size
     a8 = quantize(A_fp32, "Q8_0" if afmt.name == "Q8_1" else afmt.name)  # Q8_1's quants and d are Q8_0's
     op, blocks, words = MATMUL_BT_QUANT.name, M * nb, ACT_WORDS[afmt.name]
-    aq = cupy.empty(blocks * words, cupy.uint32)
+    fast = order == "any" and wfmt.name in FAST_TYPES
+    aq = cupy.empty(0 if fast and afmt.name == "Q8_K" else blocks * words, cupy.uint32)
     if afmt.name == "Q8_0":
         launch_grid(op, SOURCE, "qk_q8_0_words", -(-blocks // THREADS), THREADS, (a8, aq, np.int64(blocks)))
     elif afmt.name == "Q8_1":
         launch_grid(op, SOURCE, "qk_q8_1_words", -(-blocks // THREADS), THREADS, (A_fp32, a8, aq, np.int64(blocks)))
-    else:
+    elif not fast:  # the fast kernel reads the Q8_K blocks as quantized
         regroup = "qk_q8_k_words" if wfmt.name in ELEMENT_ORDER else "qk_q8_k_lanes"
         launch_grid(op, SOURCE, regroup, -(-blocks * words // THREADS), THREADS, (a8, aq, np.int64(blocks)))
+    if fast:
+        mt = act_tile(M, FAST_TILES)
+        grid = (-(-M // mt), -(-N // ROWS_PER_CTA))
+        symbol = f"qk_kq_fast_{FAST_TYPES[wfmt.name]}_m{mt}"
+        act = a8 if afmt.name == "Q8_K" else aq
+        args = (W_blocks, act, call.out, np.int64(M), np.int64(N), np.int64(nb))
+        launch_grid(op, FAST_SOURCE, symbol, grid, THREADS, args)
+        return call.out
     mt = act_tile(M)
     grid = (-(-M // mt), -(-N // ROWS_PER_CTA))
     symbol = f"qk_kq_gemv_{KERNEL_TYPES[wfmt.name]}_m{mt}"

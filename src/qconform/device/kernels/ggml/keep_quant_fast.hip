@@ -1,0 +1,393 @@
+/* ggml's keep-quant linear layer (op matmul_bt_quant), Y[m, n] = vec_dot(W row n, Q8 row m), in its
+ * own reduction order: the kernel run under the contract order=any (docs/contracts.md, "ggml
+ * keep-quant GEMV"), for Q4_K, Q5_K, Q6_K (Q8_K activations) and Q8_0 (Q8_0 activations). The
+ * bit-exact kernel of ggml's generic order is keep_quant.hip; this one is laid out as llama.cpp's
+ * CUDA mmvq (ggml-org/llama.cpp ggml/src/ggml-cuda/mmvq.cu mul_mat_vec_q: a group of threads per
+ * weight row, each thread a slice of a block, a warp reduction at the end; vecdotq.cuh
+ * vec_dot_q4_K_q8_1_impl_vmmq / vec_dot_q5_K_q8_1_impl_vmmq / vec_dot_q6_K_q8_1_impl_mmvq /
+ * vec_dot_q8_0_q8_1_impl: int32 dp4a sums per sub-block, the sub-block scale applied to the exact
+ * integer sum, the fp32 block scales once per term).
+ *
+ * Arithmetic of one thread's term (its 32 values of one block, two sub-blocks or scale groups):
+ *   isum = sc_a * sumi_a + sc_b * sumi_b          (exact int32: |isum| < 2^24 for every type)
+ *   Q4_K / Q5_K: acc += f32(dx * yd) * isum  and  acc -= f32(dmx * yd) * (m_a * bsum_a + m_b * bsum_b)
+ *   Q6_K: sumi = dp4a(u, q8) - 32 * bsum (u the unsigned 6-bit values; the bsum of the same 16
+ *         values, so sumi is the exact sum of (u - 32) q8): acc += f32(dx * yd) * isum
+ *   Q8_0: acc += f32(dx * dy) * sumi (16 values)
+ * each accumulation an fmaf (one rounding), the integers converted exactly; then the 8 threads of a
+ * row add their sums (xor shuffles of width 8), and the CTA's 4 groups their partial rows in group
+ * order. Every term is a product of exact integers and at most two rounded fp32 products, within
+ * the contract's n = K + 4 (docs/contracts.md).
+ *
+ * Geometry: a CTA of 4 groups of 32 threads (wave-size agnostic: groups are threadIdx / 32, the
+ * shuffles have width 8) takes 4 weight rows (blockIdx.y) and MT activation rows (blockIdx.x);
+ * group w takes the blocks ib = w, w + 4, ... (Q8_0: the quads of blocks), lane 8 r + c row r and
+ * slice c of each. Weight slices are 16-byte loads for Q4_K (144 bytes) and Q5_K (176): every block
+ * 16-byte aligned. Q6_K (210) and Q8_0 (34) blocks are 2-byte aligned: a step (a Q6_K block, 4 Q8_0
+ * blocks) is staged through shared memory by consecutive aligned words (kf_stage_q8_0 / _q6_k), the
+ * slices read back and realigned by halves (kf_align16); no byte outside the weight buffer is
+ * read (the partial Q8_0 quad at a row's end: kf_raw16 straight from global). Q8_K activations are read as the quantize
+ * kernel writes them (q8_quant.hip; no regrouping launch): a slice's 16 quants from the two aligned
+ * 16-byte words around them, shifted by whole words (kf_act16); Q8_0 activations come regrouped by
+ * the bit-exact kernel's qk_q8_0_words (12 words a block, d as fp32 at word 8), 16-byte loads.
+ * Launcher: qconform/device/ggml/keep_quant.py (order="any"). */
+#include "qk_portable.h"
+
+#define KF_Q8K 292 /* bytes per block_q8_K {float d; i8 qs[256]; i16 bsums[16]} */
+#define KF_A0 48   /* bytes per regrouped Q8_0 block (keep_quant.hip qk_q8_0_words: KQ_A0 words) */
+#define KF_ROWS 4  /* weight rows per CTA: 8 threads each in every group */
+#define KF_GROUPS 4 /* groups of 32 threads per CTA, splitting a row's blocks */
+#define KF_LO4 0x0F0F0F0Fu
+
+/* 16 bytes at the 2-byte aligned address p, in two steps so that a thread's loads of several blocks
+ * are all issued before the first is used: kf_raw16 loads the 4 aligned words from base = p & ~3
+ * and the half word at base + 16 (p 2 past a word) or base + 14 (aligned: a repeat), reading only
+ * [base, p + 16) (where p is not aligned, the 2 bytes before it: in the same block or the one before
+ * it in the buffer, whose byte 0 is 4-byte aligned, so never before the buffer); kf_align16 realigns
+ * them by QK_BYTE_PERM. */
+__device__ __forceinline__ void kf_raw16(const qk_u8* p, qk_u32* r) {
+    const int mis = (int)((unsigned long long)p & 2u);
+    const qk_u32* q = (const qk_u32*)(p - mis);
+    r[0] = q[0];
+    r[1] = q[1];
+    r[2] = q[2];
+    r[3] = q[3];
+    r[4] = *(const qk_u16*)((const qk_u8*)q + 14 + mis);
+}
+
+__device__ __forceinline__ void kf_align16(const qk_u32* r, const qk_u8* p, qk_u32 (&w)[4]) {
+    const qk_u32 sel = ((unsigned long long)p & 2u) ? 0x5432u : 0x3210u;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) w[k] = QK_BYTE_PERM(r[k], r[k + 1], sel);
+}
+
+/* ggml-quants.c get_scale_min_k4 for the sub-blocks 2g and 2g + 1, without a branch: scale 2g in
+ * byte 0 of sc01, 2g + 1 in byte 1, the mins likewise in mn01 (sc: the 12 scale bytes as words; as
+ * llama.cpp's vecdotq.cuh vec_dot_q4_K_q8_1 unpacks them with kmask1..3) */
+__device__ __forceinline__ void kf_scale_min_pair(const qk_u32 (&sc)[3], int g, qk_u32& sc01, qk_u32& mn01) {
+    const int sh = 16 * (g & 1);
+    const qk_u32 a = sc[0] >> sh, b = sc[1] >> sh, c = sc[2] >> sh;
+    const bool lo = g < 2; /* sub-blocks 0..3: the low 6 bits of bytes j and j + 4 */
+    sc01 = lo ? a & 0x3F3Fu : (c & 0x0F0Fu) | ((a >> 2) & 0x3030u);
+    mn01 = lo ? b & 0x3F3Fu : ((c >> 4) & 0x0F0Fu) | ((b >> 2) & 0x3030u);
+}
+
+__device__ __forceinline__ int kf_dot4(const qk_u32 (&q)[4], const qk_u32 (&a)[4]) {
+    return qk_dp4a((int)q[3], (int)a[3], qk_dp4a((int)q[2], (int)a[2], qk_dp4a((int)q[1], (int)a[1], qk_dp4a((int)q[0], (int)a[0], 0))));
+}
+
+/* 16 bytes at the 4-byte aligned address p of a Q8_K activation block (its quants start 4 bytes into
+ * a 292-byte block: 16-byte aligned only every fourth block) as 4 words: the two aligned 16-byte
+ * words from p & ~15, then the word shift (p / 4) % 4, the same for every thread of a group (one
+ * activation block), picked in two selects. Reads [p & ~15, (p & ~15) + 32): inside the activation
+ * rows for every slice of a block (p - 4 is a block's byte 0 plus at most 240; the first block is
+ * 16-byte aligned). */
+__device__ __forceinline__ void kf_act16(const qk_u8* p, qk_u32 (&w)[4]) {
+    const unsigned long long ip = (unsigned long long)p;
+    const uint4* q = (const uint4*)(ip & ~15ull);
+    const uint4 v0 = q[0], v1 = q[1];
+    const qk_u32 r[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+    const int sh = (int)(ip >> 2) & 3;
+    qk_u32 t[6];
+#pragma unroll
+    for (int k = 0; k < 6; ++k) t[k] = (sh & 2) ? r[k + 2] : r[k];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) w[k] = (sh & 1) ? t[k + 1] : t[k];
+}
+
+__device__ __forceinline__ int kf_half(qk_u32 w, int hi) { return (int)(qk_i16)(hi ? w >> 16 : w & 0xFFFFu); }
+
+/* One thread's slice c of block ib of a weight row (blk: the block's byte 0) against MT activation
+ * rows (act: block ib of activation row 0, rows astride bytes apart), added to acc.
+ *   Q4_K {half d, dmin; u8 scales[12]; u8 qs[128]}, Q5_K {half d, dmin; u8 scales[12]; u8 qh[32];
+ *   u8 qs[128]} (ggml-common.h): slice c holds qs bytes 16c .. 16c + 15 of group g = c / 2, their
+ *   low nibbles elements 64g + 16(c % 2) + i (sub-block 2g), high nibbles 32 further (2g + 1); Q5_K's
+ *   bit 2g / 2g + 1 of qh[16(c % 2) + i] is bit 4 (dequantize_row_q5_K).
+ *   Q6_K {u8 ql[128]; u8 qh[64]; i8 scales[16]; half d}: slice c = 4h + p holds ql bytes 64h + 16p ..
+ *   + 15; with k = p / 2, ll = 16(p % 2) + i their low nibbles are elements 128h + 32k + ll, high
+ *   nibbles 128h + 32(k + 2) + ll, the 2 bits 2k' .. 2k' + 1 of qh[32h + ll] on top, scale
+ *   scales[8h + 2k' + p % 2] (k' = k, k + 2; dequantize_row_q6_K).
+ *   Q8_0 {half d; i8 qs[32]}: slice c is bytes 16(c % 2) .. + 15 of the quants of block ib. */
+#define KF_WR(KIND) ((KIND) == 4 ? 8 : (KIND) == 5 ? 12 : (KIND) == 6 ? 12 : 6) /* raw words of a slice */
+
+/* the raw words of slice c of the block at blk: Q4_K header, qs; Q5_K header, qh, qs; Q6_K ql and
+ * qh as kf_raw16 words, the two scale bytes and d; Q8_0 the quants as kf_raw16 words and d */
+template <int KIND>
+__device__ __forceinline__ void kf_wload(const qk_u8* blk, int c, qk_u32 (&r)[KF_WR(KIND)]) {
+    if (KIND == 4 || KIND == 5) {
+        const uint4 hd = *(const uint4*)blk;
+        const uint4 qv = *(const uint4*)(blk + (KIND == 5 ? 48 : 16) + 16 * c);
+        r[0] = hd.x; r[1] = hd.y; r[2] = hd.z; r[3] = hd.w;
+        r[4] = qv.x; r[5] = qv.y; r[6] = qv.z; r[7] = qv.w;
+        if (KIND == 5) {
+            const uint4 hv = *(const uint4*)(blk + 16 + 16 * (c & 1));
+            r[8 % KF_WR(KIND)] = hv.x; r[9 % KF_WR(KIND)] = hv.y; r[10 % KF_WR(KIND)] = hv.z; r[11 % KF_WR(KIND)] = hv.w;
+        }
+    } else if (KIND == 6) {
+        const int h = c >> 2, p = c & 3, i0 = 8 * h + 2 * (p >> 1) + (p & 1);
+        kf_raw16(blk + 64 * h + 16 * p, r);
+        kf_raw16(blk + 128 + 32 * h + 16 * (p & 1), r + 5);
+        r[10 % KF_WR(KIND)] = (qk_u32)blk[192 + i0] | ((qk_u32)blk[196 + i0] << 8);
+        r[11 % KF_WR(KIND)] = *(const qk_u16*)(blk + 208);
+    } else {
+        kf_raw16(blk + 2 + 16 * (c & 1), r);
+        r[5] = *(const qk_u16*)blk;
+    }
+}
+
+/* Slice c of block ib of a weight row (blk: the block's byte 0, r: kf_wload's words) against MT
+ * activation rows (act: block ib of activation row 0, rows astride bytes apart: Q8_K blocks as
+ * quantized, Q8_0 blocks regrouped), added to acc.
+ *   Q4_K {half d, dmin; u8 scales[12]; u8 qs[128]}, Q5_K {half d, dmin; u8 scales[12]; u8 qh[32];
+ *   u8 qs[128]} (ggml-common.h): slice c holds qs bytes 16c .. 16c + 15 of group g = c / 2, their
+ *   low nibbles elements 64g + 16(c % 2) + i (sub-block 2g), high nibbles 32 further (2g + 1); Q5_K's
+ *   bit 2g / 2g + 1 of qh[16(c % 2) + i] is bit 4 (dequantize_row_q5_K).
+ *   Q6_K {u8 ql[128]; u8 qh[64]; i8 scales[16]; half d}: slice c = 4h + p holds ql bytes 64h + 16p ..
+ *   + 15; with k = p / 2, ll = 16(p % 2) + i their low nibbles are elements 128h + 32k + ll, high
+ *   nibbles 128h + 32(k + 2) + ll, the 2 bits 2k' .. 2k' + 1 of qh[32h + ll] on top, scale
+ *   scales[8h + 2k' + p % 2] (k' = k, k + 2; dequantize_row_q6_K).
+ *   Q8_0 {half d; i8 qs[32]}: slice c is bytes 16(c % 2) .. + 15 of the quants of block ib.
+ * Activation rows past M (m >= mt) read row mt - 1; their sums are never stored. */
+template <int KIND, int MT>
+__device__ __forceinline__ void kf_block(const qk_u32 (&r)[KF_WR(KIND)], const qk_u8* blk, const qk_u8* act, qk_i64 astride,
+                                         int mt, int c, float (&acc)[MT]) {
+    if (KIND == 4 || KIND == 5) {
+        const int g = c >> 1, half = c & 1;
+        qk_u32 lo[4], hi[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            lo[k] = r[4 + k] & KF_LO4;
+            hi[k] = (r[4 + k] >> 4) & KF_LO4;
+            if (KIND == 5) {
+                lo[k] |= ((r[(8 + k) % KF_WR(KIND)] >> (2 * g)) & 0x01010101u) << 4;
+                hi[k] |= ((r[(8 + k) % KF_WR(KIND)] >> (2 * g + 1)) & 0x01010101u) << 4;
+            }
+        }
+        const qk_u32 sc[3] = {r[1], r[2], r[3]};
+        qk_u32 sc01, mn01;
+        kf_scale_min_pair(sc, g, sc01, mn01);
+        const int s0 = (int)(sc01 & 0xFFu), s1 = (int)(sc01 >> 8), m0 = (int)(mn01 & 0xFFu), m1 = (int)(mn01 >> 8);
+        const float dx = qk_fp16_to_float((qk_u16)(r[0] & 0xFFFFu)), dmx = qk_fp16_to_float((qk_u16)(r[0] >> 16));
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+            const qk_u8* a = act + (m < mt ? m : mt - 1) * astride;
+            qk_u32 alo[4], ahi[4];
+            kf_act16(a + 4 + 64 * g + 16 * half, alo);
+            kf_act16(a + 4 + 64 * g + 32 + 16 * half, ahi);
+            const qk_u32* bs = (const qk_u32*)(a + 260 + 8 * g); /* bsums 4g .. 4g + 3 */
+            const float yd = *(const float*)a;
+            const int isum = s0 * kf_dot4(lo, alo) + s1 * kf_dot4(hi, ahi);
+            const int imin = m0 * kf_half(bs[0], half) + m1 * kf_half(bs[1], half);
+            acc[m] = fmaf(QK_FMUL(dx, yd), __int2float_rn(isum), acc[m]);
+            acc[m] = fmaf(-QK_FMUL(dmx, yd), __int2float_rn(imin), acc[m]);
+        }
+    } else if (KIND == 6) {
+        const int h = c >> 2, p = c & 3, k = p >> 1;
+        qk_u32 ql[4], qh[4];
+        kf_align16(r, blk + 64 * h + 16 * p, ql);
+        kf_align16(r + 5, blk + 128 + 32 * h + 16 * (p & 1), qh);
+        qk_u32 lo[4], hi[4];
+#pragma unroll
+        for (int v = 0; v < 4; ++v) {
+            lo[v] = (ql[v] & KF_LO4) | (((qh[v] >> (2 * k)) & 0x03030303u) << 4);
+            hi[v] = ((ql[v] >> 4) & KF_LO4) | (((qh[v] >> (2 * k + 4)) & 0x03030303u) << 4);
+        }
+        const qk_u32 scw = r[10 % KF_WR(KIND)];
+        const int s0 = (int)(qk_i8)(scw & 0xFFu), s1 = (int)(qk_i8)(scw >> 8);
+        const float dx = qk_fp16_to_float((qk_u16)r[11 % KF_WR(KIND)]);
+        const int j = 2 * k + (p & 1); /* the low nibbles' scale group is 8h + j, the high ones' 8h + j + 4 */
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+            const qk_u8* a = act + (m < mt ? m : mt - 1) * astride;
+            qk_u32 alo[4], ahi[4];
+            kf_act16(a + 4 + 128 * h + 32 * k + 16 * (p & 1), alo);
+            kf_act16(a + 4 + 128 * h + 32 * k + 64 + 16 * (p & 1), ahi);
+            const qk_i16* bs = (const qk_i16*)(a + 260) + 8 * h + j; /* bsums 8h + j and 8h + j + 4 */
+            const int b0 = (int)bs[0], b1 = (int)bs[4];
+            const int isum = s0 * (kf_dot4(lo, alo) - 32 * b0) + s1 * (kf_dot4(hi, ahi) - 32 * b1);
+            acc[m] = fmaf(QK_FMUL(dx, *(const float*)a), __int2float_rn(isum), acc[m]);
+        }
+    } else {
+        qk_u32 q[4];
+        kf_align16(r, blk + 2 + 16 * (c & 1), q);
+        const float dx = qk_fp16_to_float((qk_u16)r[5]);
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+            const qk_u32* a = (const qk_u32*)(act + (m < mt ? m : mt - 1) * astride);
+            const uint4 av = *(const uint4*)(a + 4 * (c & 1));
+            const qk_u32 aw[4] = {av.x, av.y, av.z, av.w};
+            const int sumi = kf_dot4(q, aw);
+            acc[m] = fmaf(QK_FMUL(dx, qk_float(a[8])), __int2float_rn(sumi), acc[m]);
+        }
+    }
+}
+
+/* Q8_0 rows through shared memory: the 136 bytes of a step (4 blocks) from S, 2-byte aligned, as the
+ * aligned words from S & ~3, thread c of the row taking words c, c + 8, ... (one 32-byte run of
+ * the row per load instruction, where a thread's own 16-byte slices would spread each instruction
+ * over two lines), the last word as its half when the step ends 2 past a word (no byte past the
+ * step is read); then each thread takes its slice's 5 words (kf_raw16's) and its block's d. */
+#define KF_SW(KIND) ((KIND) == 0 ? 36 : (KIND) == 6 ? 54 : 1) /* staged words a step: Q8_0 136 + 2 bytes, Q6_K 210 + 2 */
+#define KF_SV 7 /* staged words a thread loads per step (Q8_0 5, Q6_K 7) */
+__device__ __forceinline__ void kf_stage_q8_0(const qk_u8* S, int c, qk_u32 (&v)[KF_SV]) {
+    const int mis = (int)((unsigned long long)S & 2u);
+    const qk_u32* base = (const qk_u32*)(S - mis);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) v[k] = base[c + 8 * k];
+    /* words 32, 33 (threads 0, 1) and, 2 past a word, the low half of word 34 (thread 2) */
+    v[4] = c < 2 ? base[32 + c] : (c == 2 && mis) ? (qk_u32) * (const qk_u16*)(base + 34) : 0u;
+}
+
+__device__ __forceinline__ void kf_stage_put_q8_0(int c, const qk_u32 (&v)[KF_SV], qk_u32* stg) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) stg[c + 8 * k] = v[k];
+    if (c < 3) stg[32 + c] = v[4];
+}
+
+template <int WR>
+__device__ __forceinline__ void kf_unstage_q8_0(const qk_u8* S, int c, const qk_u32* stg, qk_u32 (&r)[WR]) {
+    const int mis = (int)((unsigned long long)S & 2u);
+    const int od = mis + 34 * (c >> 1), o = od + 2 + 16 * (c & 1); /* the block's d, the slice */
+#pragma unroll
+    for (int k = 0; k < 5; ++k) r[k] = stg[(o >> 2) + k];
+    r[5] = (stg[od >> 2] >> (8 * (od & 2))) & 0xFFFFu;
+}
+
+/* Q6_K likewise, a step being one 210-byte block: words c, c + 8, ... of the 53 aligned words from
+ * blk & ~3 (the last one's half when the block starts on a word: no byte past it is read), then the
+ * words kf_wload<6> takes from the block, from shared memory. */
+__device__ __forceinline__ void kf_stage_q6_k(const qk_u8* blk, int c, qk_u32 (&v)[KF_SV]) {
+    const int mis = (int)((unsigned long long)blk & 2u);
+    const qk_u32* base = (const qk_u32*)(blk - mis);
+#pragma unroll
+    for (int k = 0; k < 6; ++k) v[k] = base[c + 8 * k];
+    /* words 48..51 (threads 0..3) and word 52, d's (thread 4: its low half where the block is aligned) */
+    v[6] = c < 4 ? base[48 + c] : c == 4 ? (mis ? base[52] : (qk_u32) * (const qk_u16*)(base + 52)) : 0u;
+}
+
+__device__ __forceinline__ void kf_stage_put_q6_k(int c, const qk_u32 (&v)[KF_SV], qk_u32* stg) {
+#pragma unroll
+    for (int k = 0; k < 6; ++k) stg[c + 8 * k] = v[k];
+    if (c < 5) stg[48 + c] = v[6];
+}
+
+template <int WR>
+__device__ __forceinline__ void kf_unstage_q6_k(const qk_u8* blk, int c, const qk_u32* stg, qk_u32 (&r)[WR]) {
+    const int mis = (int)((unsigned long long)blk & 2u);
+    const int h = c >> 2, p = c & 3, i0 = 8 * h + 2 * (p >> 1) + (p & 1);
+    const int oql = mis + 64 * h + 16 * p, oqh = mis + 128 + 32 * h + 16 * (p & 1);
+#pragma unroll
+    for (int k = 0; k < 5; ++k) {
+        r[k] = stg[(oql >> 2) + k];
+        r[5 + k] = stg[(oqh >> 2) + k];
+    }
+    const int o0 = mis + 192 + i0, o1 = o0 + 4, od = mis + 208;
+    const qk_u32 b0 = (stg[o0 >> 2] >> (8 * (o0 & 3))) & 0xFFu, b1 = (stg[o1 >> 2] >> (8 * (o1 & 3))) & 0xFFu;
+    r[10 % WR] = b0 | (b1 << 8);
+    r[11 % WR] = (stg[od >> 2] >> (8 * (od & 2))) & 0xFFFFu;
+}
+
+/* KIND 4, 5, 6: Q4_K, Q5_K, Q6_K (256 values a block, 8 slices; aq: the Q8_K rows); 0: Q8_0
+ * (32 values, 2 slices: a row's 8 threads take 4 consecutive blocks; aq: qk_q8_0_words blocks).
+ * UNROLL: the blocks of a row a thread loads before it computes the first. */
+template <int KIND, int TS, int MT, int UNROLL>
+__device__ __forceinline__ void kf_gemv(const qk_u8* __restrict__ W, const qk_u8* __restrict__ aq, float* __restrict__ Y,
+                                        qk_i64 M, qk_i64 N, qk_i64 nb) {
+    constexpr int AW = KIND == 0 ? KF_A0 : KF_Q8K; /* bytes per activation block */
+    constexpr int BPS = KIND == 0 ? 4 : 1; /* blocks of a row per step of its 8 threads */
+    __shared__ float part[KF_GROUPS][KF_ROWS][MT];
+    __shared__ qk_u32 stg[KF_GROUPS][KF_ROWS][KF_SW(KIND) > 1 ? UNROLL : 1][KF_SW(KIND)];
+    const int t = threadIdx.x, w = t >> 5, r = (t >> 3) & 3, c = t & 7;
+    const qk_i64 m0 = (qk_i64)blockIdx.x * MT, n = (qk_i64)blockIdx.y * KF_ROWS + r;
+    const int mt = (int)(M - m0 < MT ? M - m0 : MT);
+    float acc[MT];
+#pragma unroll
+    for (int m = 0; m < MT; ++m) acc[m] = 0.0f;
+    const bool rowok = n < N;
+    const qk_u8* row = W + (rowok ? n : 0) * nb * TS;
+    const qk_u8* a0 = aq + m0 * nb * AW;
+    const int sub = KIND == 0 ? c >> 1 : 0;
+    const qk_i64 full = nb / BPS; /* steps whose BPS blocks all exist */
+    for (qk_i64 s0 = w; s0 < full; s0 += KF_GROUPS * UNROLL) { /* every thread of a group: the same trips */
+        qk_u32 raw[UNROLL][KF_WR(KIND)];
+        if (KIND == 0 || KIND == 6) { /* Q8_0, Q6_K: the steps staged, then each slice's words read back */
+            qk_u32 v[UNROLL][KF_SV];
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) { /* every load of the UNROLL steps first */
+                const qk_u8* S = row + (s0 + KF_GROUPS * u) * (BPS * TS);
+                if (rowok && s0 + KF_GROUPS * u < full) {
+                    if (KIND == 0) kf_stage_q8_0(S, c, v[u]);
+                    else kf_stage_q6_k(S, c, v[u]);
+                }
+            }
+            qk_syncwarp(); /* the previous trip's reads of stg are done */
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                qk_u32* st = stg[w][r][KF_SW(KIND) > 1 ? u : 0];
+                if (rowok && s0 + KF_GROUPS * u < full) {
+                    if (KIND == 0) kf_stage_put_q8_0(c, v[u], st);
+                    else kf_stage_put_q6_k(c, v[u], st);
+                }
+            }
+            qk_syncwarp(); /* each slice's words are read back just before its block is computed */
+        } else {
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) /* every load of the UNROLL blocks first */
+                if (rowok && s0 + KF_GROUPS * u < full) kf_wload<KIND>(row + ((s0 + KF_GROUPS * u) * BPS + sub) * TS, c, raw[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const qk_i64 ib = (s0 + KF_GROUPS * u) * BPS + sub;
+            if (rowok && s0 + KF_GROUPS * u < full) {
+                const qk_u8* S = row + (s0 + KF_GROUPS * u) * (BPS * TS);
+                const qk_u32* st = stg[w][r][KF_SW(KIND) > 1 ? u : 0];
+                if (KIND == 0) kf_unstage_q8_0(S, c, st, raw[u]);
+                if (KIND == 6) kf_unstage_q6_k(S, c, st, raw[u]);
+                kf_block<KIND, MT>(raw[u], row + ib * TS, a0 + ib * AW, nb * AW, mt, c, acc);
+            }
+        }
+    }
+    if (rowok && BPS > 1 && nb % BPS != 0 && full % KF_GROUPS == w) { /* Q8_0: the last, partial quad */
+        const qk_i64 ib = full * BPS + sub;
+        if (ib < nb) {
+            qk_u32 raw[KF_WR(KIND)];
+            kf_wload<KIND>(row + ib * TS, c, raw);
+            kf_block<KIND, MT>(raw, row + ib * TS, a0 + ib * AW, nb * AW, mt, c, acc);
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+        float v = acc[m];
+        v += QK_SHFL_XOR(v, 4, 8);
+        v += QK_SHFL_XOR(v, 2, 8);
+        v += QK_SHFL_XOR(v, 1, 8);
+        if (c == 0) part[w][r][m] = v;
+    }
+    __syncthreads();
+    if (t < KF_ROWS * MT) {
+        const int rr = t / MT, m = t % MT;
+        const qk_i64 nn = (qk_i64)blockIdx.y * KF_ROWS + rr;
+        if (m < mt && nn < N) {
+            float y = part[0][rr][m];
+#pragma unroll
+            for (int g = 1; g < KF_GROUPS; ++g) y += part[g][rr][m];
+            Y[(m0 + m) * N + nn] = y;
+        }
+    }
+}
+
+/* (type, KIND, type size) x MT activation rows per CTA */
+#define KF_GEMV(NAME, KIND, TS, MT, UNROLL)                                                            \
+    extern "C" __global__ void __launch_bounds__(32 * KF_GROUPS) qk_kq_fast_##NAME##_m##MT(          \
+        const qk_u8* W, const qk_u8* aq, float* Y, qk_i64 M, qk_i64 N, qk_i64 nb) {                  \
+        kf_gemv<KIND, TS, MT, UNROLL>(W, aq, Y, M, N, nb);                                            \
+    }
+#define KF_GEMV_ALL(MT, UNROLL)                 \
+    KF_GEMV(q4_k, 4, 144, MT, UNROLL)           \
+    KF_GEMV(q5_k, 5, 176, MT, UNROLL)           \
+    KF_GEMV(q6_k, 6, 210, MT, UNROLL)           \
+    KF_GEMV(q8_0, 0, 34, MT, UNROLL)
+
+KF_GEMV_ALL(1, 4)
+KF_GEMV_ALL(2, 2)
+KF_GEMV_ALL(4, 1)

@@ -1,0 +1,61 @@
+/* Host run of keep_quant_fast.hip's kernels, whole (tests/test_keep_quant_fast_host.py): every CTA of
+ * the launcher's grid (qconform/device/ggml/keep_quant.py: MT 1, 2 or 4 activation rows, 4 weight
+ * rows, 128 threads), one CTA at a time as 128 host threads (tests/kernel_host/qk_portable.h).
+ * Arguments: KIND M N nb W-file A-file Y-file (float32 M x N out); A as the kernel reads it. */
+#include "keep_quant_fast.hip"
+#include <stdio.h>
+#include <stdlib.h>
+#include <thread>
+#include <vector>
+
+typedef void (*kf_kernel)(const qk_u8*, const qk_u8*, float*, qk_i64, qk_i64, qk_i64);
+
+static kf_kernel pick(int kind, int mt) {
+    const kf_kernel t[4][3] = {
+        {qk_kq_fast_q8_0_m1, qk_kq_fast_q8_0_m2, qk_kq_fast_q8_0_m4},
+        {qk_kq_fast_q4_k_m1, qk_kq_fast_q4_k_m2, qk_kq_fast_q4_k_m4},
+        {qk_kq_fast_q5_k_m1, qk_kq_fast_q5_k_m2, qk_kq_fast_q5_k_m4},
+        {qk_kq_fast_q6_k_m1, qk_kq_fast_q6_k_m2, qk_kq_fast_q6_k_m4},
+    };
+    return t[kind == 0 ? 0 : kind - 3][mt == 1 ? 0 : mt == 2 ? 1 : 2];
+}
+
+static void* load(const char* path) {
+    FILE* f = fopen(path, "rb");
+    fseek(f, 0, SEEK_END);
+    const long n = ftell(f);
+    rewind(f);
+    void* p = aligned_alloc(256, (size_t)(n + 255) / 256 * 256);
+    if (fread(p, 1, (size_t)n, f) != (size_t)n) exit(3);
+    fclose(f);
+    return p;
+}
+
+int main(int argc, char** argv) {
+    if (argc != 8) return 2;
+    const int kind = atoi(argv[1]), M = atoi(argv[2]), N = atoi(argv[3]), nb = atoi(argv[4]);
+    const qk_u8* W = (const qk_u8*)load(argv[5]);
+    const qk_u8* A = (const qk_u8*)load(argv[6]);
+    const int mt = M <= 1 ? 1 : M <= 2 ? 2 : 4; /* keep_quant.py act_tile(M, FAST_TILES) */
+    std::vector<float> Y((size_t)M * N, -12345.0f);
+    const kf_kernel k = pick(kind, mt);
+    std::barrier<> bar(128);
+    qk_host_barrier = &bar;
+    std::barrier<> groups[4] = {std::barrier<>(32), std::barrier<>(32), std::barrier<>(32), std::barrier<>(32)};
+    qk_host_group_barriers = groups;
+    for (unsigned by = 0; by < (unsigned)((N + 3) / 4); ++by)
+        for (unsigned bx = 0; bx < (unsigned)((M + mt - 1) / mt); ++bx) {
+            std::vector<std::thread> th;
+            for (unsigned t = 0; t < 128; ++t)
+                th.emplace_back([=, &Y] {
+                    threadIdx = {t, 0, 0};
+                    blockIdx = {bx, by, 0};
+                    k(W, A, Y.data(), M, N, nb);
+                });
+            for (auto& x : th) x.join();
+        }
+    FILE* f = fopen(argv[7], "wb");
+    fwrite(Y.data(), sizeof(float), Y.size(), f);
+    fclose(f);
+    return 0;
+}

@@ -1,0 +1,52 @@
+/* Host stand-in for kernels/common/qk_portable.h (tests/test_keep_quant_fast_host.py): enough of
+ * the portability layer to compile keep_quant_fast.hip with g++ and call its per-thread device
+ * functions on the CPU. dp4a and byte_perm as the PTX ISA defines them (dp4a.s32.s32, prmt.b32
+ * default mode); fp32 operations in IEEE single precision (g++ -ffp-contract=off). The kernels run
+ * one CTA at a time as host threads (keep_quant_fast_cta.cpp): thread-local threadIdx / blockIdx,
+ * __shared__ as one static array, __syncthreads a barrier (qk_syncwarp one per 32 threads), width-8
+ * xor shuffles through slots. */
+#include <math.h>
+#include <string.h>
+#include <stdint.h>
+#include <barrier>
+#define __device__
+#define __forceinline__ inline
+#define __global__
+#define __launch_bounds__(x)
+#define __shared__ static
+#define __restrict__
+struct dim3s { unsigned x, y, z; };
+/* a CTA runs as host threads (keep_quant_fast_cta.cpp): each its own threadIdx, one barrier */
+static thread_local dim3s threadIdx, blockIdx;
+static std::barrier<>* qk_host_barrier = nullptr;
+static std::barrier<>* qk_host_group_barriers = nullptr; /* one per 32 threads: qk_syncwarp */
+static float qk_host_slots[1024];
+static inline void __syncthreads() { qk_host_barrier->arrive_and_wait(); }
+static inline void qk_syncwarp() { qk_host_group_barriers[threadIdx.x >> 5].arrive_and_wait(); }
+/* __shfl_xor_sync within the 8-lane segment (m < 8): through a slot per thread, between two barriers */
+static inline float QK_SHFL_XOR(float v, int m, int w) {
+    (void)w;
+    qk_host_slots[threadIdx.x] = v;
+    __syncthreads();
+    const float r = qk_host_slots[threadIdx.x ^ (unsigned)m];
+    __syncthreads();
+    return r;
+}
+typedef signed char qk_i8; typedef unsigned char qk_u8; typedef short qk_i16; typedef unsigned short qk_u16;
+typedef int qk_i32; typedef unsigned int qk_u32; typedef long long qk_i64;
+struct uint4 { qk_u32 x, y, z, w; };
+struct uint2 { qk_u32 x, y; };
+#define QK_FMUL(a, b) ((float)(a) * (float)(b))
+static inline float __int2float_rn(int i) { return (float)i; }
+static inline qk_u32 qk_bits(float v) { qk_u32 b; memcpy(&b, &v, 4); return b; }
+static inline float qk_float(qk_u32 b) { float v; memcpy(&v, &b, 4); return v; }
+static inline float qk_fp16_to_float(qk_u16 h) { _Float16 x; memcpy(&x, &h, 2); return (float)x; }
+static inline qk_u32 QK_BYTE_PERM(qk_u32 x, qk_u32 y, qk_u32 s) {
+    uint64_t v = ((uint64_t)y << 32) | x; qk_u32 r = 0;
+    for (int i = 0; i < 4; ++i) r |= (qk_u32)((v >> (8 * ((s >> (4 * i)) & 7))) & 0xFF) << (8 * i);
+    return r;
+}
+static inline int qk_dp4a(int a, int b, int c) {
+    for (int k = 0; k < 4; ++k) c += (int)(qk_i8)(a >> (8 * k)) * (int)(qk_i8)(b >> (8 * k));
+    return c;
+}
