@@ -1120,20 +1120,6 @@ __device__ __forceinline__ void qk_moe_gemm1_b(qk_moe_gsmem& sm, const qk_moe_fc
         }
 }
 
-/* fc1 + bias + the activation of the grouped pairs: grid (tiles bound, fc1 rows / QK_MOE_GN);
- * A (pairs in grouped order, Ap fp16 values: the activation of unit u at column u) */
-extern "C" __global__ void __launch_bounds__(QK_MOE_GT)
-qk_moe_gemm1(const qk_u16* X, int Kp, const int* order, const int* offs, const int* tiles, int E, int k,
-             const qk_u8* W, const void* S, const qk_u8* Z, const void* Bias, int N, int K, int bits, int bs,
-             int zp_bytes, int has_zp, int has_bias, int s16, qk_u16* A, int Ap, int act, float alpha, float beta,
-             float limit) {
-    __shared__ qk_moe_gsmem sm;
-    const qk_moe_fc f = {W, S, Z, Bias, N, K, bs, zp_bytes, has_zp, has_bias, s16};
-    if (bits == 4) qk_moe_gemm1_b<4>(sm, f, X, Kp, order, offs, tiles, E, k, A, Ap, act, alpha, beta, limit);
-    else if (bits == 8) qk_moe_gemm1_b<8>(sm, f, X, Kp, order, offs, tiles, E, k, A, Ap, act, alpha, beta, limit);
-    else qk_moe_gemm1_b<2>(sm, f, X, Kp, order, offs, tiles, E, k, A, Ap, act, alpha, beta, limit);
-}
-
 template <int BITS>
 __device__ __forceinline__ void qk_moe_gemm2_b(qk_moe_gsmem& sm, const qk_moe_fc& f, const qk_u16* A, int Ap, const int* order,
                                                const int* offs, const int* tiles, int E, int k, float* Y) {
@@ -1167,18 +1153,32 @@ __device__ __forceinline__ void qk_moe_gemm2_b(qk_moe_gsmem& sm, const qk_moe_fc
         }
 }
 
-/* fc2 + bias of the grouped pairs: grid (tiles bound, H / QK_MOE_GN); Y (T * k pairs, H) fp32 in
- * pair order (rows of skipped pairs are not written) */
-extern "C" __global__ void __launch_bounds__(QK_MOE_GT)
-qk_moe_gemm2(const qk_u16* A, int Ap, const int* order, const int* offs, const int* tiles, int E, int k,
-             const qk_u8* W, const void* S, const qk_u8* Z, const void* Bias, int N, int K, int bits, int bs,
-             int zp_bytes, int has_zp, int has_bias, int s16, float* Y) {
-    __shared__ qk_moe_gsmem sm;
-    const qk_moe_fc f = {W, S, Z, Bias, N, K, bs, zp_bytes, has_zp, has_bias, s16};
-    if (bits == 4) qk_moe_gemm2_b<4>(sm, f, A, Ap, order, offs, tiles, E, k, Y);
-    else if (bits == 8) qk_moe_gemm2_b<8>(sm, f, A, Ap, order, offs, tiles, E, k, Y);
-    else qk_moe_gemm2_b<2>(sm, f, A, Ap, order, offs, tiles, E, k, Y);
-}
+/* fc1 + bias + the activation of the grouped pairs (qk_moe_gemm1_u<bits>): grid (tiles bound, fc1
+ * rows / QK_MOE_GN); A (pairs in grouped order, Ap fp16 values: the activation of unit u at column
+ * u). fc2 + bias (qk_moe_gemm2_u<bits>): grid (tiles bound, H / QK_MOE_GN); Y (T * k pairs, H) fp32
+ * in pair order (rows of skipped pairs are not written). A kernel per bit width: one instantiation's
+ * registers each */
+#define QK_MOE_GEMM(B)                                                                                          \
+    extern "C" __global__ void __launch_bounds__(QK_MOE_GT, 3)                                                  \
+    qk_moe_gemm1_u##B(const qk_u16* X, int Kp, const int* order, const int* offs, const int* tiles, int E,     \
+                      int k, const qk_u8* W, const void* S, const qk_u8* Z, const void* Bias, int N, int K,   \
+                      int bs, int zp_bytes, int has_zp, int has_bias, int s16, qk_u16* A, int Ap, int act,    \
+                      float alpha, float beta, float limit) {                                                 \
+        __shared__ qk_moe_gsmem sm;                                                                           \
+        const qk_moe_fc f = {W, S, Z, Bias, N, K, bs, zp_bytes, has_zp, has_bias, s16};                      \
+        qk_moe_gemm1_b<B>(sm, f, X, Kp, order, offs, tiles, E, k, A, Ap, act, alpha, beta, limit);           \
+    }                                                                                                         \
+    extern "C" __global__ void __launch_bounds__(QK_MOE_GT, 3)                                                  \
+    qk_moe_gemm2_u##B(const qk_u16* A, int Ap, const int* order, const int* offs, const int* tiles, int E,     \
+                      int k, const qk_u8* W, const void* S, const qk_u8* Z, const void* Bias, int N, int K,   \
+                      int bs, int zp_bytes, int has_zp, int has_bias, int s16, float* Y) {                    \
+        __shared__ qk_moe_gsmem sm;                                                                           \
+        const qk_moe_fc f = {W, S, Z, Bias, N, K, bs, zp_bytes, has_zp, has_bias, s16};                      \
+        qk_moe_gemm2_b<B>(sm, f, A, Ap, order, offs, tiles, E, k, Y);                                         \
+    }
+QK_MOE_GEMM(2)
+QK_MOE_GEMM(4)
+QK_MOE_GEMM(8)
 
 /* the output: one thread per (token t, column n), the k slots in selection order, each
  * fp32(w * y) added in fp32 (skipped slots add nothing: qk_moe_fc2v's sum), rounded once */
