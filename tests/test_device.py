@@ -169,7 +169,10 @@ def test_qmoe_grouped_first_call_of_a_fresh_shape_then_128_identical() -> None:
     _grouped_vs_model(op.make_inputs(case), {**leaf_params(LEAVES, leaf), **case.params}, 128)
 
 
-@pytest.mark.parametrize("bits,bs,zp,H,inter", [(4, 32, False, 192, 160), (8, 0, True, 200, 104), (2, 64, True, 320, 192)])
+SKEWED = [(4, 32, False, 192, 160), (8, 0, True, 200, 104), (2, 64, True, 320, 192)]
+
+
+@pytest.mark.parametrize("bits,bs,zp,H,inter", SKEWED)
 def test_qmoe_grouped_skewed_routing(bits: int, bs: int, zp: bool, H: int, inter: int) -> None:
     """Every token routed to one expert (its logit 30 above the rest: the other slots' weights are
     below 1e-8 and skipped), so one expert takes all 300 pairs (5 tiles, the last partial) and the

@@ -821,7 +821,8 @@ qk_moe_fc2v(const float* A, const int* sel, const float* wts, const qk_u8* W, co
  * order. The fc inputs are held in fp16 (the input, fc1's output after the activation); a weight
  * enters the product as (q - z), exact in fp16, and its scale multiplies the fp32 partial sum of
  * its quantization block (per-row scales: the row's whole sum), so no dequantized weight is
- * rounded. Every sum's order is fixed by the tiling, so repeat calls are bit-identical. */
+ * rounded. Every sum's order is fixed by the tiling, so repeat calls are bit-identical. With
+ * -DQK_MOE_RAGGED_V1 in the build options the launcher runs the per-token kernels instead. */
 #define QK_MOE_GM 64   /* routed pairs of one expert per CTA */
 #define QK_MOE_GN 64   /* weight rows per CTA */
 #define QK_MOE_GK 64   /* K values per stage (two sub-chunks of 32: a quantization block is >= 32) */
