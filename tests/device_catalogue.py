@@ -407,8 +407,9 @@ QMOE_G_ROW_SCALE: Edits = (("rr * blocks + (f.bs ? kk / f.bs : 0)", "rr * blocks
 QMOE_G_PART_KEPT: Edits = (
     ("                        part[mi][ni][0] = part[mi][ni][1] = part[mi][ni][2] = part[mi][ni][3] = 0.0f;\n", ""),
 )
-# the scatter places a thread's pairs from the inclusive scan: each thread's pairs one count late
-QMOE_G_SCAN_INCLUSIVE: Edits = (("int at = base + s_scan[tid] - n;", "int at = base + s_scan[tid];"),)
+# a tile's expert searched with < : an expert's first tile taken as the previous expert's, past its
+# pairs (so nothing is computed for it; every read stays in bounds)
+QMOE_G_TILE_SEARCH: Edits = (("        if (tiles[mid] <= i) lo = mid;", "        if (tiles[mid] < i) lo = mid;"),)
 # the weight codes enter as q (the zero point not subtracted: q - 0)
 QMOE_G_NO_ZP: Edits = (
     ("zr[j] = in ? 0xE400u | (qk_u32)z : 0x8000u;", "zr[j] = in ? 0xE400u + 0u * (qk_u32)z : 0x8000u;"),
@@ -471,8 +472,8 @@ QMOE_MUTANTS = (
             coverage=2),
     _qmoe_g("QMoE grouped: block partial sum not reset", "matches_oracle", "Xfp32_Wu4_Yfp32", QMOE_G_PART_KEPT,
             coverage=2),
-    _qmoe_g("QMoE grouped: scatter ranks from the inclusive scan", "matches_oracle", "Xfp16_Wu8_Yfp16",
-            QMOE_G_SCAN_INCLUSIVE),
+    _qmoe_g("QMoE grouped: an expert's first tile found as the previous expert's", "matches_oracle",
+            "Xfp16_Wu8_Yfp16", QMOE_G_TILE_SEARCH),
     _qmoe_g("QMoE grouped: zero points ignored", "matches_oracle", "Xfp16_Wu8_Yfp16", QMOE_G_NO_ZP),
     _qmoe_g("QMoE grouped: SwiGLU gate and linear swapped", "matches_oracle", "Xfp32_Wu4_Yfp32", QMOE_G_GLU_SWAPPED),
     _qmoe_g("control: QMoE ragged per token under storage=fp16", None, "Xfp16_Wu4_Yfp16",
