@@ -24,6 +24,15 @@ takes a dp4a product (the contract's "int8 activations (ORT CPU)" reading). Each
 on its own (the ragged op too: correct, not a grouped GEMM). The tiling is a function of the shape
 (``qconform.device.qmoe_tiling``; legacy: ``tiling``, ``tiling_int8``), never sampled on a call.
 
+``qmoe_ragged_mm`` under the contract storage=fp16 (``storage="fp16"``, passed by the ``cupy``
+implementation from its contract; not with ``-DQK_MOE_RAGGED_V1`` or ``-DQK_MOE_LEGACY``): grouped
+GEMMs (``_grouped``): the routing kernel, the live (token, slot) pairs grouped per expert in pair
+order (``qk_moe_gcount``, ``qk_moe_gscatter``), fc1 + bias + the activation and fc2 + bias on the
+matrix units over tiles of 64 pairs of one expert x 64 weight rows (``qk_moe_gemm1_u<bits>``,
+``qk_moe_gemm2_u<bits>``: fp16 inputs, (q - z) exact in fp16, each quantization block's fp32 sum
+times its scale), fc1's output held in fp16, then each token's k slots added in selection order
+(``qk_moe_combine``). The fp32-activation reading only (the contract's level4 "either" accepts it).
+
 Declined: block sizes that are not a multiple of 32, rows whose K * bits is not a multiple of 32
 (the kernels read rows as 32-bit words), misaligned arrays, and everything the op's ABI declines
 (precision / rounding other than the reference, tie_break "lower")."""
