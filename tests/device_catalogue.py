@@ -476,8 +476,8 @@ QMOE_MUTANTS = (
             "Xfp16_Wu8_Yfp16", QMOE_G_TILE_SEARCH),
     _qmoe_g("QMoE grouped: zero points ignored", "matches_oracle", "Xfp16_Wu8_Yfp16", QMOE_G_NO_ZP),
     _qmoe_g("QMoE grouped: SwiGLU gate and linear swapped", "matches_oracle", "Xfp32_Wu4_Yfp32", QMOE_G_GLU_SWAPPED),
-    _qmoe_g("control: QMoE grouped path off (-DQK_MOE_RAGGED_V1: per token) under storage=fp16", None, "Xfp16_Wu4_Yfp16",
-            define="-DQK_MOE_RAGGED_V1"),
+    _qmoe_g("control: QMoE grouped path off (-DQK_MOE_RAGGED_V1: per token) under storage=fp16", None,
+            "Xfp16_Wu4_Yfp16", define="-DQK_MOE_RAGGED_V1"),
     _qmoe_g("control: QMoE grouped on the portable mma (shuffles), u8", None, "Xfp16_Wu8_Yfp16",
             define="-DQK_MMA_EMULATE", coverage=2),
 )  # fmt: skip
