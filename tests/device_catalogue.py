@@ -393,10 +393,56 @@ QMOE_A_ROW_ORDER: Edits = (("A[p * units + (at ? qk_moe_apos(u, at, units) : u)]
 QMOE_STAGED_UNSWIZZLED: Edits = (("xs[qk_moe_swz(vi >> 2)]", "xs[vi >> 2]"),)
 
 
+# the grouped GEMMs (qmoe_ragged_mm under --contract storage=fp16). The scatter's order within an
+# expert does not reach the output (each pair's row is its own; fc2 stores by pair, the sum runs in
+# selection order), so an unstable scatter is an equivalent mutant: the rows below break what does.
+# the expert's last, partial tile of pairs not counted (floor instead of ceil): its pairs never computed
+QMOE_G_PARTIAL_TILE: Edits = (
+    ("        tl += (counts[i] + QK_MOE_GM - 1) / QK_MOE_GM;", "        tl += counts[i] / QK_MOE_GM;"),
+    (
+        "            tiles[E] = tl + (mine + QK_MOE_GM - 1) / QK_MOE_GM;",
+        "            tiles[E] = tl + mine / QK_MOE_GM;",
+    ),
+)
+# every chunk scaled by its row's first block scale (coverage 2: rows of 2..8 blocks)
+QMOE_G_ROW_SCALE: Edits = (("rr * blocks + (f.bs ? kk / f.bs : 0)", "rr * blocks"),)
+# a block's fp32 partial sum not reset after its fold: each block's scale also multiplies the earlier blocks'
+QMOE_G_PART_KEPT: Edits = (
+    ("                        part[mi][ni][0] = part[mi][ni][1] = part[mi][ni][2] = part[mi][ni][3] = 0.0f;\n", ""),
+)
+# a tile's expert searched with < : an expert's first tile taken as the previous expert's, past its
+# pairs (so nothing is computed for it; every read stays in bounds)
+QMOE_G_TILE_SEARCH: Edits = (("        if (tiles[mid] <= i) lo = mid;", "        if (tiles[mid] < i) lo = mid;"),)
+# the weight codes enter as q (the zero point not subtracted: q - 0)
+QMOE_G_NO_ZP: Edits = (
+    ("zr[j] = in ? 0xE400u | (qk_u32)z : 0x8000u;", "zr[j] = in ? 0xE400u + 0u * (qk_u32)z : 0x8000u;"),
+)
+# SwiGLU's gate and linear rows swapped in fc1's epilogue
+QMOE_G_GLU_SWAPPED: Edits = (
+    (
+        "A[(qk_i64)m * Ap + c / 2] = qk_fp16_bits(qk_moe_act(act, h0, l, alpha, beta, limit));",
+        "A[(qk_i64)m * Ap + c / 2] = qk_fp16_bits(qk_moe_act(act, l, h0, alpha, beta, limit));",
+    ),
+)
+
+
 def _qmoe(
-    name: str, caught_by: str | None, op: str, leaf: str, edits: Edits = (), define: str = "", coverage: int = 1
+    name: str,
+    caught_by: str | None,
+    op: str,
+    leaf: str,
+    edits: Edits = (),
+    define: str = "",
+    coverage: int = 1,
+    contract: str = "",
 ) -> DeviceMutant:
-    return DeviceMutant(name, "ort/qmoe.hip", "", define, op, caught_by, leaf=leaf, coverage=coverage, edits=edits)
+    return DeviceMutant(
+        name, "ort/qmoe.hip", "", define, op, caught_by, leaf=leaf, coverage=coverage, edits=edits, contract=contract
+    )
+
+
+def _qmoe_g(name: str, caught_by: str | None, leaf: str, edits: Edits = (), define: str = "", coverage: int = 1):
+    return _qmoe(name, caught_by, "qmoe_ragged_mm", leaf, edits, define, coverage, contract="storage=fp16")
 
 
 QMOE_MUTANTS = (
@@ -424,6 +470,19 @@ QMOE_MUTANTS = (
           define="-DQK_MOE_LEGACY"),
     _qmoe("control: QMoE legacy kernels (route, fc1, fc2), u8 ragged", None, "qmoe_ragged_mm", "Xfp16_Wu8_Yfp16",
           define="-DQK_MOE_LEGACY"),
+    _qmoe_g("QMoE grouped: last partial tile dropped", "matches_oracle", "Xfp16_Wu4_Yfp16", QMOE_G_PARTIAL_TILE),
+    _qmoe_g("QMoE grouped: block scale applied per row", "matches_oracle", "Xfp16_Wu4_Yfp16", QMOE_G_ROW_SCALE,
+            coverage=2),
+    _qmoe_g("QMoE grouped: block partial sum not reset", "matches_oracle", "Xfp32_Wu4_Yfp32", QMOE_G_PART_KEPT,
+            coverage=2),
+    _qmoe_g("QMoE grouped: an expert's first tile found as the previous expert's", "matches_oracle",
+            "Xfp16_Wu8_Yfp16", QMOE_G_TILE_SEARCH),
+    _qmoe_g("QMoE grouped: zero points ignored", "matches_oracle", "Xfp16_Wu8_Yfp16", QMOE_G_NO_ZP),
+    _qmoe_g("QMoE grouped: SwiGLU gate and linear swapped", "matches_oracle", "Xfp32_Wu4_Yfp32", QMOE_G_GLU_SWAPPED),
+    _qmoe_g("control: QMoE grouped path off (-DQK_MOE_RAGGED_V1: per token) under storage=fp16", None,
+            "Xfp16_Wu4_Yfp16", define="-DQK_MOE_RAGGED_V1"),
+    _qmoe_g("control: QMoE grouped on the portable mma (shuffles), u8", None, "Xfp16_Wu8_Yfp16",
+            define="-DQK_MMA_EMULATE", coverage=2),
 )  # fmt: skip
 
 # bnb/decode.hip (nf4_decode, fp4_decode; --impl cupy). Coverage 1 has random codes in every case,

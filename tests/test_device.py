@@ -147,6 +147,100 @@ def test_keep_quant_order_must_be_a_contract_order() -> None:
         matmul_bt_quant(W, "Q4_K", A, order="fast")
 
 
+@pytest.mark.parametrize("leaf", [lf.name for lf in get_op("qmoe_ragged_mm").leaves])
+def test_own_kernel_qmoe_grouped_under_storage_fp16(leaf: str) -> None:
+    """The grouped-GEMM prefill (``--impl cupy --contract storage=fp16``, qconform.device.ort.qmoe):
+    every property of qmoe_ragged_mm at coverage 2 (the scaled models, skew and ties routing, zero
+    points, biases, every activation, per-row and block scales, accuracy_level 4), none declined,
+    and the grouped kernels are what ran."""
+    import cupy
+
+    from qconform.device.launch import RECORDING
+    from qconform.device.launchers import kernel_of
+    from qconform.device.ort.qmoe import SOURCE, qmoe_ragged_mm
+    from qconform.impls import load_impl
+
+    impl = load_impl("cupy", contract="storage=fp16")
+    op = get_op("qmoe_ragged_mm")
+    prepared = [Prepared.from_case(op, c, impl) for c in op.cases(leaf, 2)]
+    result = run_leaf(impl, op, leaf, prepared, repeat_calls=9, cold=False)
+    assert result.verdict == "PASS", [o.detail for o in result.failed][:3]
+    assert not result.declined
+    args, kwargs = op.call_args({k: cupy.asarray(v) for k, v in prepared[-1].inputs.items()}, prepared[-1].params)
+    RECORDING.append([])
+    try:
+        qmoe_ragged_mm(*args, **kwargs, storage="fp16")
+    finally:
+        launches = RECORDING.pop()
+    bits = int(kwargs["expert_weight_bits"])
+    ran = [launch[0] for launch in launches]
+    for name in ("qk_moe_gscatter", f"qk_moe_gemm1_u{bits}", f"qk_moe_gemm2_u{bits}", "qk_moe_combine"):
+        assert any(kernel is kernel_of(SOURCE, name) for kernel in ran), name
+    assert not any(kernel is kernel_of(SOURCE, "qk_moe_fc1v") for kernel in ran)
+
+
+def _grouped_vs_model(inputs: dict, params: dict, calls: int) -> None:
+    """The grouped path's first call within relL2 1e-4 of the numpy model of its arithmetic
+    (tests/test_qmoe_grouped_model.py: the same fp16 roundings; it rounds each 32-value chunk's sum
+    once where the mma sums in its own order, so fp32 sums differ by about sqrt(32) u relative and
+    an fp16 fc1 output may step one spacing (2^-11 relative) where they straddle a rounding
+    boundary: orders of magnitude under 1e-4 in relL2), then ``calls`` more calls bit-identical."""
+    import cupy
+    from test_qmoe_grouped_model import grouped_model
+
+    from qconform.device.ort.qmoe import qmoe_ragged_mm
+    from qconform.ops.ort.qmoe import qmoe_call
+    from qconform.properties.compare import rel_l2
+
+    op = get_op("qmoe_ragged_mm")
+    args, kwargs = qmoe_call(inputs, params)
+    want = grouped_model(args, kwargs)
+    dev_args, dev_kwargs = op.call_args({k: cupy.asarray(v) for k, v in inputs.items()}, params)
+    first = cupy.asnumpy(qmoe_ragged_mm(*dev_args, **dev_kwargs, storage="fp16"))
+    assert rel_l2(first, want) <= 1e-4, rel_l2(first, want)
+    for call in range(calls):
+        again = cupy.asnumpy(qmoe_ragged_mm(*dev_args, **dev_kwargs, storage="fp16"))
+        assert again.tobytes() == first.tobytes(), f"call {call + 2} differs from the first"
+
+
+def test_qmoe_grouped_first_call_of_a_fresh_shape_then_128_identical() -> None:
+    """The issue's repeat property on the grouped path: the first call of a shape this process has
+    not run (21 experts of Qwen3-30B-A3B's layer, 64 tokens, k 8, blocks of 128) against the model,
+    then 128 more calls bit-identical to it (no atomics, the tiling a function of the routing)."""
+    from qconform.ops.ort._common import leaf_params
+    from qconform.ops.ort.qmoe import LEAVES
+
+    op = get_op("qmoe_ragged_mm")
+    leaf = "Xfp32_Wu4_Yfp32"
+    case = op.sized_case(leaf, 21, 7152)
+    _grouped_vs_model(op.make_inputs(case), {**leaf_params(LEAVES, leaf), **case.params}, 128)
+
+
+SKEWED = [(4, 32, False, 192, 160), (8, 0, True, 200, 104), (2, 64, True, 320, 192)]
+
+
+@pytest.mark.parametrize("bits,bs,zp,H,inter", SKEWED)
+def test_qmoe_grouped_skewed_routing(bits: int, bs: int, zp: bool, H: int, inter: int) -> None:
+    """Every token routed to one expert (its logit 30 above the rest: the other slots' weights are
+    below 1e-8 and skipped), so one expert takes all 300 pairs (5 tiles, the last partial) and the
+    others none; a second expert with every token's second slot (k 2, both weights live) beside
+    experts with none: the output against the model, 9 more calls bit-identical. Sizes not a multiple
+    of the tiles (per-row 8-bit: rows of 200 and 104 values, a stage's last chunk partly past K)."""
+    from qconform.ops.ort.qmoe import random_qmoe_case
+
+    rng = np.random.default_rng(1500 + bits)
+    for second in (False, True):
+        d = random_qmoe_case(rng, tokens=300, hidden=H, inter=inter, experts=6, bits=bits, block_size=bs or None,
+                             dtype=np.float16, zero_points=zp, bias=True)  # fmt: skip
+        logits = rng.standard_normal((300, 6)).astype(np.float32)
+        logits[:, 4] += 30.0
+        if second:
+            logits[:, 1] += 29.0
+        d["router_probs"] = logits.astype(np.float16)
+        params = {"k": 2, "bits": bits, "bs": bs, "swiglu": "oss"}  # the catalogue's knobs (ops.ort.qmoe)
+        _grouped_vs_model(d, params, 9)
+
+
 BNB_READINGS = ("nf4_quantize", "fp4_quantize", "gemm_4bit")  # launchers with a cuda reading (variant)
 CUDA_READING = [(op, lf.name) for op in BNB_READINGS for lf in get_op(op).leaves]
 

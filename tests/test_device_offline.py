@@ -62,6 +62,11 @@ def _gqa_instances(text: str) -> set[str]:
     return set(re.findall(r"^QK_GQA_(?:FLASH|MMA|PREFILL2?)\((\w+), ", text, re.M))
 
 
+def _moe_instances(text: str) -> set[str]:
+    """The grouped QMoE GEMMs a source instantiates through QK_MOE_GEMM(B) (qmoe.hip)."""
+    return {f"qk_moe_gemm{fc}_u{b}" for b in re.findall(r"^QK_MOE_GEMM\((\d)\)", text, re.M) for fc in (1, 2)}
+
+
 def test_every_registered_kernel_exists_in_its_source() -> None:
     """One registry lists every kernel of every family (a family may have none yet: oracle only);
     each symbol is defined in its source, and every extern "C" kernel of every shipped source is
@@ -70,7 +75,7 @@ def test_every_registered_kernel_exists_in_its_source() -> None:
     for k in KERNELS:
         assert k.op in CATALOGUE
         text = k.path.read_text()
-        instances = _mma_instances(text) | _kq_instances(text) | _gqa_instances(text)
+        instances = _mma_instances(text) | _kq_instances(text) | _gqa_instances(text) | _moe_instances(text)
         assert k.symbol in _kernel_symbols(text) | instances, k.symbol
     for source, symbol, _ in TOOL_KERNELS:
         assert symbol in _kernel_symbols((KERNEL_DIR / source).read_text()), symbol
@@ -152,6 +157,7 @@ def test_every_patch_applies_once_to_the_shipped_kernel() -> None:
             "-DQK_NBITS_ZP_SUM_V1",
             "-DQK_GQA_PREFILL_V1",
             "-DQK_GQA_DECODE_SIMT",
+            "-DQK_MOE_RAGGED_V1",
         )
         assert all(o in build for o in m.options.split() if o.startswith("-D"))
 

@@ -10,6 +10,8 @@ weighted sum), and whether the kernel's output on the first set is within the ca
 faster than the PyTorch baseline. PyTorch is imported here only; without it the column says so.
 
 ``python -m qconform.bench.qmoe [--quick] [--json FILE] [--variants decode,decode_v1,legacy]``
+``python -m qconform.bench.qmoe --prefill [--variants grouped,per_token]``: qmoe_ragged_mm at 512 and
+4096 tokens under storage=fp16 (the grouped GEMMs) against a PyTorch prefill (``bench_prefill``).
 (``--variants``: the decode path, its session-8 kernels ``-DQK_MOE_DECODE_V1`` and the legacy kernels
 ``-DQK_MOE_LEGACY``, timed side by side on the same cold rotation, each output checked against the
 bound)
@@ -209,6 +211,130 @@ def bench(shapes=SHAPES, reps: int = 50, n_calls: int | None = None, variants=("
     return records
 
 
+# ------------------------------------------------------------------------------------------ prefill
+
+PREFILL_TOKENS = (512, 4096)
+PREFILL_VARIANTS = {  # name -> build options of qmoe_ragged_mm under storage=fp16 (qconform.device.ort.qmoe)
+    "grouped": (),
+    "per_token": ("-DQK_MOE_RAGGED_V1",),  # the decode kernels, each token on its own (timed at <= 512 tokens)
+}
+PER_TOKEN_MAX = 512
+RELL2_VS_TORCH = 5e-3  # module docstring of bench_prefill
+
+
+def _prefill_logits(T: int, E: int, seed: int) -> Any:
+    """(T, E) fp16 logits, each row a random permutation of 0, 0.05, ..., 0.05 (E - 1): distinct
+    values (fp16's spacing is below 0.05 up to 32), so no tie rule enters, and every expert gets
+    about T k / E pairs."""
+    rng = np.random.default_rng(seed)
+    rows = np.stack([rng.permutation(E) for _ in range(T)]) * 0.05
+    return cupy.asarray(rows.astype(np.float16))
+
+
+def _torch_prefill(layer, logits, E, k, bs, attrs, reps) -> tuple[str, list[float] | None, Any]:
+    """The PyTorch baseline of a prefill: the experts dequantized to fp16 once (outside the timing),
+    then per call top-k and the softmax of the k logits, the pairs grouped by expert (a stable
+    argsort, one bincount read back), per expert fp16 matmuls over its tokens (index_select), the
+    SwiGLU, and index_add_ of the weighted rows. Returns (name, seconds per call, its output)."""
+    try:
+        import torch
+    except ImportError:
+        return "PyTorch not installed", None, None
+    t = torch.from_dlpack
+    alpha, beta, limit = attrs["activation_alpha"], attrs["activation_beta"], attrs["swiglu_limit"]
+    deq = [tuple(t(_dequantized(layer, n, e, bs)) for n in ("fc1", "fc2")) for e in range(E)]
+    b1, b2 = t(layer["fc1_experts_bias"]), t(layer["fc2_experts_bias"])
+    x, lg = t(layer["input"]), t(logits)
+    out = torch.empty_like(x)
+
+    def call(_: int) -> None:
+        top = torch.topk(lg.float(), k, dim=-1)
+        w = torch.softmax(top.values, dim=-1).half().reshape(-1)
+        flat = top.indices.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=E).tolist()
+        out.zero_()
+        start = 0
+        for e, c in enumerate(counts):
+            if c == 0:
+                continue
+            idx = order[start : start + c]
+            start += c
+            tok = idx // k
+            W1, W2 = deq[e]
+            h = x.index_select(0, tok) @ W1.T + b1[e]
+            g, lin = h[:, 0::2], h[:, 1::2]
+            if limit is not None:
+                g, lin = g.clamp(max=limit), lin.clamp(-limit, limit)
+            y = (g * torch.sigmoid(alpha * g) * (lin + beta)) @ W2.T + b2[e]
+            out.index_add_(0, tok, y * w[idx, None])
+
+    ts = bl.times(call, 1, reps, batches=3)
+    call(0)
+    return "PyTorch fp16", ts, cupy.from_dlpack(out).astype(cupy.float32)
+
+
+def _rel_l2(a: Any, b: Any) -> float:
+    a, b = a.astype(cupy.float64), b.astype(cupy.float64)
+    return float(cupy.linalg.norm(a - b) / max(float(cupy.linalg.norm(b)), 1e-300))
+
+
+def bench_prefill(shapes=SHAPES, tokens=PREFILL_TOKENS, reps: int = 10, variants=("grouped",)) -> list[BenchRecord]:
+    """qmoe_ragged_mm under storage=fp16 (the grouped GEMMs; ``per_token``: the decode kernels per
+    token, at <= 512 tokens) against the PyTorch baseline (``_torch_prefill``) in the same run. The
+    weights (every expert of the layer: 300-400 MB, several times the L2) are read cold on every
+    call. Verdict: relL2 of the output against PyTorch's <= 5e-3: both hold the fc inputs in fp16;
+    PyTorch also rounds the dequantized weights, h, y and its sums to fp16 (2^-11 relative each,
+    a relL2 of a few 1e-4 from each rounding), so 5e-3 is ten times what the roundings explain
+    and far below a wrong block, tile or expert (relL2 of order 1)."""
+    from qconform.device.launchers import bound, compile_options
+    from qconform.device.ort import qmoe_ragged_mm
+    from qconform.ops.ort.qmoe import attributes, qmoe_call
+
+    device = device_info().label
+    records = []
+    print(
+        "| layer | tokens | variant | us min / med / max | TFLOP/s | PyTorch us min / med | x PyTorch "
+        "| relL2 vs PyTorch | verdict |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name, H, inter, E, k, bs, swiglu in shapes:
+        layer = _layer(H, inter, E, bs, 11)
+        params = {"act": "fp16", "bits": BITS, "k": k, "bs": bs, "bias": True, "swiglu": swiglu}
+        attrs = attributes(params)
+        for T in tokens:
+            rng = cupy.random.default_rng(100 + T)
+            layer["input"] = rng.standard_normal((T, H), dtype=cupy.float32).astype(cupy.float16)
+            logits = _prefill_logits(T, E, 200 + T)
+            base_name, base, ref = _torch_prefill(layer, logits, E, k, bs, attrs, reps)
+            flops = 6 * T * k * H * inter
+            for variant in variants:
+                if variant == "per_token" and T > PER_TOKEN_MAX:
+                    continue
+                y = cupy.empty((T, H), cupy.float16)
+                with compile_options(*PREFILL_VARIANTS[variant]):
+                    args, kw = qmoe_call({**layer, "router_probs": logits}, params)
+                    call = bound(qmoe_ragged_mm, *args, **kw, storage="fp16", out=y)
+                ts = bl.times(lambda _i, c=call: c(), 1, reps, batches=3)
+                call()
+                med = bl.median(ts)
+                rel = _rel_l2(y, ref) if ref is not None else float("nan")
+                verdict = "PASS" if ref is None or rel <= RELL2_VS_TORCH else "FAIL"
+                baselines = {base_name: bl.median(base) * 1e6} if base is not None else {}
+                us = tuple(t_ * 1e6 for t_ in ts)
+                label = f"qmoe_ragged_mm {name}" + ("" if variant == "grouped" else f" [{variant}]")
+                records.append(BenchRecord(label, (T, H, inter, E, k), device, 0, flops, us, verdict, baselines))
+                base_us = f"{min(base) * 1e6:.0f} / {bl.median(base) * 1e6:.0f}" if base is not None else base_name
+                x_base = bl.median(base) / med if base is not None else float("nan")
+                print(
+                    f"| {name} | {T} | {variant} | {min(ts) * 1e6:.0f} / {med * 1e6:.0f} / {max(ts) * 1e6:.0f} "
+                    f"| {flops / med / 1e12:.1f} | {base_us} | {x_base:.2f}x | {rel:.2e} | {verdict} |",
+                    flush=True,
+                )
+            del ref
+    return records
+
+
 def main(argv: list[str] | None = None) -> int:
     p = bench_parser("qmoe", "the first shape, fewer repeats")
     p.add_argument(
@@ -216,11 +342,23 @@ def main(argv: list[str] | None = None) -> int:
         default="decode",
         help=f"comma-separated kernel builds timed side by side in one run: {', '.join(VARIANTS)} (default decode)",
     )
+    p.add_argument(
+        "--prefill",
+        action="store_true",
+        help="qmoe_ragged_mm at 512 and 4096 tokens under storage=fp16 against PyTorch "
+        f"(--variants: {', '.join(PREFILL_VARIANTS)}; default grouped)",
+    )
     a = p.parse_args(argv)
+    known = PREFILL_VARIANTS if a.prefill else VARIANTS
     variants = tuple(v for v in a.variants.split(",") if v)
-    unknown = [v for v in variants if v not in VARIANTS]
+    if a.prefill and a.variants == "decode":
+        variants = ("grouped",)
+    unknown = [v for v in variants if v not in known]
     if unknown:
-        p.error(f"--variants: unknown {unknown}; known: {', '.join(VARIANTS)}")
+        p.error(f"--variants: unknown {unknown}; known: {', '.join(known)}")
+    if a.prefill:
+        shapes, tokens = (SHAPES[:1], PREFILL_TOKENS[:1]) if a.quick else (SHAPES, PREFILL_TOKENS)
+        return finish(bench_prefill(shapes, tokens, 10, variants), a.json)
     shapes, reps = (SHAPES[:1], 20) if a.quick else (SHAPES, 50)
     return finish(bench(shapes, reps, variants=variants), a.json)
 

@@ -363,6 +363,20 @@ ORT_KERNELS: tuple[KernelSpec, ...] = (
             ("qk_moe_quantize", "int8 activations as ORT's CPU quantizes them: a thread per block"),
         )
     ),
+    *(
+        _ort("qmoe_ragged_mm", symbol, "qmoe.hip", doc)
+        for symbol, doc in (
+            ("qk_moe_gcount", "storage=fp16 grouped path: a CTA per expert counts its live (token, slot) pairs"),
+            ("qk_moe_gscatter", "storage=fp16 grouped path: scans of the counts, the stable scatter per expert"),
+            ("qk_moe_stage_x", "storage=fp16 grouped path: the input as fp16 rows padded to 64 values"),
+            *(
+                (f"qk_moe_gemm{fc}_u{bits}", f"storage=fp16 grouped fc{fc}: 64 pairs x 64 rows, mma.m16n8k16, u{bits}")
+                for fc in (1, 2)
+                for bits in (2, 4, 8)
+            ),
+            ("qk_moe_combine", "storage=fp16 grouped path: a thread per output, the k slots in selection order"),
+        )
+    ),
 )
 GQA_PREFILL_KERNELS: tuple[KernelSpec, ...] = (
     _ort("gqa_prefill", "qk_gqa_prefill_scratch", "gqa_flash.hip", "flash prefill: fp32 / int8 / 4-bit cache to fp16"),

@@ -24,6 +24,15 @@ takes a dp4a product (the contract's "int8 activations (ORT CPU)" reading). Each
 on its own (the ragged op too: correct, not a grouped GEMM). The tiling is a function of the shape
 (``qconform.device.qmoe_tiling``; legacy: ``tiling``, ``tiling_int8``), never sampled on a call.
 
+``qmoe_ragged_mm`` under the contract storage=fp16 (``storage="fp16"``, passed by the ``cupy``
+implementation from its contract; not with ``-DQK_MOE_RAGGED_V1`` or ``-DQK_MOE_LEGACY``): grouped
+GEMMs (``_grouped``): the routing kernel, the live (token, slot) pairs grouped per expert in pair
+order (``qk_moe_gcount``, ``qk_moe_gscatter``), fc1 + bias + the activation and fc2 + bias on the
+matrix units over tiles of 64 pairs of one expert x 64 weight rows (``qk_moe_gemm1_u<bits>``,
+``qk_moe_gemm2_u<bits>``: fp16 inputs, (q - z) exact in fp16, each quantization block's fp32 sum
+times its scale), fc1's output held in fp16, then each token's k slots added in selection order
+(``qk_moe_combine``). The fp32-activation reading only (the contract's level4 "either" accepts it).
+
 Declined: block sizes that are not a multiple of 32, rows whose K * bits is not a multiple of 32
 (the kernels read rows as 32-bit words), misaligned arrays, and everything the op's ABI declines
 (precision / rounding other than the reference, tie_break "lower")."""
@@ -37,7 +46,7 @@ import numpy as np
 
 from qconform.device import launchers
 from qconform.device.abi import bind_call
-from qconform.device.launchers import launch_grid
+from qconform.device.launchers import launch, launch_grid
 from qconform.device.qmoe_tiling import (
     EMAX,
     GRID_Y,
@@ -60,6 +69,8 @@ THREADS = 256
 SWIGLU = ACTIVATION["swiglu"]
 LEGACY = "-DQK_MOE_LEGACY"  # build option: the routing / fc1 / fc2 kernels before the decode path
 DECODE_V1 = "-DQK_MOE_DECODE_V1"  # build option: the session-8 decode kernels (input and A read from global)
+RAGGED_V1 = "-DQK_MOE_RAGGED_V1"  # build option: qmoe_ragged_mm per token under storage=fp16 too (session 9)
+GROUP_M, GROUP_N, GROUP_K, GROUP_THREADS = 64, 64, 64, 128  # QK_MOE_GM, QK_MOE_GN, QK_MOE_GK, QK_MOE_GT
 
 
 def tiling(K: int, bits: int) -> tuple[int, int]:
@@ -194,7 +205,72 @@ def qmoe_decode(*args: Any, out: Any = None, **kwargs: Any) -> Any:
     return _qmoe(QMOE_DECODE, args, kwargs, out)
 
 
-def qmoe_ragged_mm(*args: Any, out: Any = None, **kwargs: Any) -> Any:
-    """com.microsoft.QMoE for prefill (tokens routed to ragged groups per expert): the same kernels,
-    each token on its own."""
+def _grouped(op: OpSpec, args: tuple, kwargs: dict[str, Any], out: Any) -> Any:
+    """The grouped-GEMM path (module docstring, "storage=fp16"): route, group the live pairs per
+    expert, fc1 and fc2 as grouped GEMMs on the matrix units, the weighted sum per token."""
+    call = bind_call(op, args, kwargs, out)
+    names = [a.name for a in op.abi.pointers]
+    ptrs = dict(zip(names, call.pointers, strict=True))
+    s = call.bound.scalars
+    _check_domain(s, ptrs)
+    T, H, inter, E, k = (int(s[n]) for n in ("tokens", "hidden_size", "inter_size", "num_experts", "k"))
+    if T == 0:
+        return call.out
+    bits, bs, act = int(s["expert_weight_bits"]), int(s["block_size"]), int(s["activation_type"])
+    f = 2 if act == SWIGLU else 1
+    if -(-max(f * inter, H) // GROUP_N) > GRID_Y or T * k >= 2**31 - GROUP_M * E:
+        raise Declined(f"qmoe grouped: {T} tokens x {k} slots, fc rows {f * inter} / {H} exceed the grid")
+    i32, null = np.int32, np.uint64(0)
+    x = ptrs["input"]
+    x16 = i32(x.dtype == np.float16)
+    rw = ptrs["router_weights"]
+    P = T * k
+    sel = cupy.empty((T, k), cupy.int32)
+    wts = cupy.empty((T, k), cupy.float32)
+    route = (ptrs["router_probs"], null if rw is None else rw, sel, wts, i32(T), i32(E), i32(k))
+    route += (i32(s["normalize_routing_weights"]), i32(rw is not None), x16)
+    launch_grid(op.name, SOURCE, "qk_moe_route", _grid(T, 1), THREADS, route)
+    counts = cupy.empty(E, cupy.int32)
+    order = cupy.empty(P, cupy.int32)
+    offs = cupy.empty(E + 1, cupy.int32)
+    tiles = cupy.empty(E + 1, cupy.int32)
+    launch_grid(op.name, SOURCE, "qk_moe_gcount", E, 256, (sel, wts, counts, i32(P)))
+    launch_grid(op.name, SOURCE, "qk_moe_gscatter", E, 256, (sel, wts, counts, order, offs, tiles, i32(P), i32(E)))
+    Kp, Ap = padded(H), padded(inter)
+    if x16 and Kp == H and x.data.ptr % 16 == 0:
+        X = x  # fp16 rows of a multiple of GROUP_K values: read in place
+    else:
+        X = cupy.empty((T, Kp), cupy.float16)
+        launch(op.name, SOURCE, "qk_moe_stage_x", T * Kp, (x, X, np.int64(T), i32(H), i32(Kp), x16))
+    A = (cupy.empty if Ap == inter else cupy.zeros)((P, Ap), cupy.float16)  # pad columns read as zeros
+    Y = cupy.empty((P, H), cupy.float32)
+    m_tiles = -(-P // GROUP_M) + E  # a bound on sum over experts of ceil(pairs / GROUP_M)
+    group = (order, offs, tiles, i32(E), i32(k))
+
+    def fc(name: str, N: int, K: int) -> tuple:
+        zp, bias = ptrs[f"{name}_zero_points"], ptrs[f"{name}_experts_bias"]
+        w = (ptrs[f"{name}_experts_weights"], ptrs[f"{name}_scales"], null if zp is None else zp)
+        w += (null if bias is None else bias, i32(N), i32(K), i32(bs), i32(0 if zp is None else zp.shape[-1]))
+        return w + (i32(zp is not None), i32(bias is not None), x16)
+
+    attrs = (np.float32(s["activation_alpha"]), np.float32(s["activation_beta"]), np.float32(s["swiglu_limit"]))
+    fc1 = (X, i32(Kp), *group, *fc("fc1", f * inter, H), A, i32(Ap), i32(act), *attrs)
+    launch_grid(op.name, SOURCE, f"qk_moe_gemm1_u{bits}", (m_tiles, -(-f * inter // GROUP_N)), GROUP_THREADS, fc1)
+    fc2 = (A, i32(Ap), *group, *fc("fc2", H, inter), Y)
+    launch_grid(op.name, SOURCE, f"qk_moe_gemm2_u{bits}", (m_tiles, -(-H // GROUP_N)), GROUP_THREADS, fc2)
+    launch(op.name, SOURCE, "qk_moe_combine", T * H, (Y, wts, call.out, np.int64(T), i32(H), i32(k), x16))
+    return call.out
+
+
+def padded(K: int) -> int:
+    """A row of K fp16 values as the grouped GEMMs stage it: a whole number of GROUP_K."""
+    return -(-K // GROUP_K) * GROUP_K
+
+
+def qmoe_ragged_mm(*args: Any, out: Any = None, storage: str = "exact", **kwargs: Any) -> Any:
+    """com.microsoft.QMoE for prefill (tokens routed to ragged groups per expert). ``storage``: the
+    contract's; "fp16" runs the grouped GEMMs (fp16 fc inputs, module docstring), anything else
+    (or ``-DQK_MOE_RAGGED_V1`` in the build options) the decode kernels, each token on its own."""
+    if storage == "fp16" and RAGGED_V1 not in launchers.OPTIONS and LEGACY not in launchers.OPTIONS:
+        return _grouped(QMOE_RAGGED_MM, args, kwargs, out)
     return _qmoe(QMOE_RAGGED_MM, args, kwargs, out)

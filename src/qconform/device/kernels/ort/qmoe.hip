@@ -810,3 +810,389 @@ qk_moe_fc2v(const float* A, const int* sel, const float* wts, const qk_u8* W, co
         qk_store_f(Y, t * N + n0 + i, out, x16);
     }
 }
+
+/* ================================================================ grouped GEMM (storage=fp16)
+ * qmoe_ragged_mm under the contract storage=fp16 (qconform.device.ort.qmoe, docs/contracts.md
+ * "GroupQueryAttention and QMoE"): routing as qk_moe_route; the live (token, slot) pairs grouped
+ * per expert in pair order (qk_moe_gcount, qk_moe_gscatter: counts, exclusive scans, a stable
+ * scatter; integer sums only, no atomics); fc1 and fc2 as grouped GEMMs on the matrix units
+ * (qk_moe_gemm1 / qk_moe_gemm2: a CTA takes QK_MOE_GM pairs of one expert x QK_MOE_GN weight rows,
+ * qk_mma_16816 fp16 x fp16 -> fp32); then qk_moe_combine adds each token's k slots in selection
+ * order. The fc inputs are held in fp16 (the input, fc1's output after the activation); a weight
+ * enters the product as (q - z), exact in fp16, and its scale multiplies the fp32 partial sum of
+ * its quantization block (per-row scales: the row's whole sum), so no dequantized weight is
+ * rounded. Every sum's order is fixed by the tiling, so repeat calls are bit-identical. With
+ * -DQK_MOE_RAGGED_V1 in the build options the launcher runs the per-token kernels instead. */
+#define QK_MOE_GM 64   /* routed pairs of one expert per CTA */
+#define QK_MOE_GN 64   /* weight rows per CTA */
+#define QK_MOE_GK 64   /* K values per stage (two sub-chunks of 32: a quantization block is >= 32) */
+#define QK_MOE_GT 128  /* threads: 4 groups of 32 lanes, 2 x 2, each 32 pairs x 32 rows */
+#define QK_MOE_GPAD 72 /* a staged row in halves: 36 words, so the fragment loads hit 32 banks */
+#define QK_MOE_GPER 8  /* pairs per thread and pass of the scatter */
+
+/* the sum of v over the CTA's 256 threads (integers: any order is exact), in every thread */
+__device__ __forceinline__ int qk_moe_cta_sum(int v, int* s) {
+    __syncthreads();
+    s[threadIdx.x] = v;
+    __syncthreads();
+    for (int h = 128; h > 0; h >>= 1) {
+        if ((int)threadIdx.x < h) s[threadIdx.x] += s[threadIdx.x + h];
+        __syncthreads();
+    }
+    return s[0];
+}
+
+/* the number of live pairs (weight > QK_MOE_SKIP) routed to expert blockIdx.x; 256 threads */
+extern "C" __global__ void __launch_bounds__(256)
+qk_moe_gcount(const int* sel, const float* wts, int* counts, int P) {
+    __shared__ int s_sum[256];
+    const int e = (int)blockIdx.x;
+    int c = 0;
+    for (int p = (int)threadIdx.x; p < P; p += 256) c += sel[p] == e && wts[p] > QK_MOE_SKIP;
+    c = qk_moe_cta_sum(c, s_sum);
+    if (threadIdx.x == 0) counts[e] = c;
+}
+
+/* expert e = blockIdx.x: offs[e] = the live pairs of experts < e, tiles[e] = their tiles of
+ * QK_MOE_GM pairs (offs[E], tiles[E]: the totals), and its live pairs' indices t * k + j in
+ * increasing order to order[offs[e] ...] (stable: a pass of 256 * QK_MOE_GPER pairs, each thread
+ * its QK_MOE_GPER consecutive pairs, ranked by an exclusive scan of the threads' counts) */
+extern "C" __global__ void __launch_bounds__(256)
+qk_moe_gscatter(const int* sel, const float* wts, const int* counts, int* order, int* offs, int* tiles, int P,
+                int E) {
+    __shared__ int s_sum[256];
+    __shared__ int s_scan[256];
+    const int e = (int)blockIdx.x, tid = (int)threadIdx.x;
+    int o = 0, tl = 0;
+    for (int i = tid; i < e; i += 256) {
+        o += counts[i];
+        tl += (counts[i] + QK_MOE_GM - 1) / QK_MOE_GM;
+    }
+    o = qk_moe_cta_sum(o, s_sum);
+    tl = qk_moe_cta_sum(tl, s_sum);
+    const int mine = counts[e];
+    if (tid == 0) {
+        offs[e] = o;
+        tiles[e] = tl;
+        if (e == E - 1) {
+            offs[E] = o + mine;
+            tiles[E] = tl + (mine + QK_MOE_GM - 1) / QK_MOE_GM;
+        }
+    }
+    int base = o;
+    for (int p0 = 0; p0 < P; p0 += 256 * QK_MOE_GPER) {
+        const int first = p0 + tid * QK_MOE_GPER;
+        int n = 0;
+        for (int i = 0; i < QK_MOE_GPER; ++i) {
+            const int p = first + i;
+            n += p < P && sel[p] == e && wts[p] > QK_MOE_SKIP;
+        }
+        __syncthreads();
+        s_scan[tid] = n;
+        __syncthreads();
+        for (int off = 1; off < 256; off <<= 1) { /* inclusive scan (Hillis-Steele) */
+            const int v = tid >= off ? s_scan[tid - off] : 0;
+            __syncthreads();
+            s_scan[tid] += v;
+            __syncthreads();
+        }
+        int at = base + s_scan[tid] - n;
+        for (int i = 0; i < QK_MOE_GPER; ++i) {
+            const int p = first + i;
+            if (p < P && sel[p] == e && wts[p] > QK_MOE_SKIP) order[at++] = p;
+        }
+        base += s_scan[255];
+    }
+}
+
+/* fc1's input as fp16 rows of Kp values (Kp a multiple of QK_MOE_GK), zeros past K: one thread
+ * per element of X16 (T, Kp) */
+extern "C" __global__ void __launch_bounds__(256)
+qk_moe_stage_x(const void* x, qk_u16* X16, qk_i64 T, int K, int Kp, int x16) {
+    const qk_i64 i = qk_global_thread();
+    if (i >= T * Kp) return;
+    const qk_i64 t = i / Kp;
+    const int c = (int)(i - t * Kp);
+    X16[i] = c < K ? qk_fp16_bits(qk_load_f(x, t * K + c, x16)) : (qk_u16)0;
+}
+
+/* the CTA's tile: expert *e, pairs [*m0, *m1) of the grouped order; false past the last tile */
+__device__ __forceinline__ bool qk_moe_tile(const int* offs, const int* tiles, int E, int* e, int* m0, int* m1) {
+    const int i = (int)blockIdx.x;
+    if (i >= tiles[E]) return false;
+    int lo = 0, hi = E - 1; /* the last expert whose first tile is <= i (experts without pairs have none) */
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (tiles[mid] <= i) lo = mid;
+        else hi = mid - 1;
+    }
+    *e = lo;
+    *m0 = offs[lo] + (i - tiles[lo]) * QK_MOE_GM;
+    *m1 = offs[lo + 1];
+    return true;
+}
+
+/* one projection of expert e for the CTA's pairs: acc[mi][ni][4] (this lane's mma fragments of its
+ * group's 32 pairs x 32 rows) = sum over the quantization blocks of fp32(scale) * the fp32 mma sum
+ * of x (q - z) over the block. X: fp16 rows of Kp values, s_src: the X row of each tile row (-1:
+ * none, zeros). Stages of QK_MOE_GK values: the next stage's words loaded into registers while
+ * the current one is multiplied */
+template <int BITS>
+__device__ __forceinline__ void qk_moe_gemm_tile(const qk_moe_fc& f, int e, int n0, const qk_u16* X, int Kp,
+                                                 const int* s_src, qk_u16 (*Xs)[QK_MOE_GPAD],
+                                                 qk_u16 (*Ws)[QK_MOE_GPAD], float (*Ss)[QK_MOE_GN],
+                                                 float acc[2][4][4]) {
+    constexpr int PER = 32 / BITS, WPR = QK_MOE_GK / PER, NW = QK_MOE_GN * WPR / QK_MOE_GT;
+    const int tid = (int)threadIdx.x, lane = tid & 31, grp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int wm = (grp >> 1) * 32, wn = (grp & 1) * 32;
+    const int words = f.K / PER, blocks = f.bs ? f.K / f.bs : 1;
+    const qk_u32 mask = (1u << BITS) - 1u;
+    uint4 xr[4];
+    qk_u32 wr[NW], zr[NW];
+    float sr;
+    float part[2][4][4]; /* the current quantization block's fp32 sums, carried across chunks and stages */
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < 4; ++ni)
+#pragma unroll
+            for (int v = 0; v < 4; ++v) part[mi][ni][v] = 0.0f;
+    auto fetch = [&](int k0) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int idx = tid + QK_MOE_GT * j, r = idx >> 3, c = idx & 7;
+            const int src = s_src[r];
+            xr[j] = src >= 0 ? *(const uint4*)(X + (qk_i64)src * Kp + k0 + 8 * c) : make_uint4(0u, 0u, 0u, 0u);
+        }
+#pragma unroll
+        for (int j = 0; j < NW; ++j) {
+            const int idx = tid + QK_MOE_GT * j, r = idx / WPR, w = k0 / PER + idx % WPR, n = n0 + r;
+            const bool in = n < f.N && w < words;
+            const qk_i64 rr = (qk_i64)e * f.N + n;
+            wr[j] = in ? ((const qk_u32*)f.w)[rr * words + w] : 0u;
+            int z = 1 << (BITS - 1);
+            if (in && f.has_zp) z = f.bs ? qk_field(f.z + rr * f.zp_bytes, BITS, w * PER / f.bs)
+                                         : qk_field(f.z + (qk_i64)e * f.zp_bytes, BITS, n);
+            zr[j] = in ? 0xE400u | (qk_u32)z : 0x8000u; /* -(1024 + z) as fp16; a word outside: q - z = 0 */
+        }
+        {
+            const int r = tid & (QK_MOE_GN - 1), h = tid / QK_MOE_GN, kk = k0 + 32 * h, n = n0 + r;
+            const qk_i64 rr = (qk_i64)e * f.N + n;
+            sr = n < f.N && kk < f.K ? qk_ftz(qk_load_f(f.s, rr * blocks + (f.bs ? kk / f.bs : 0), f.s16)) : 0.0f;
+        }
+    };
+    fetch(0);
+    for (int k0 = 0; k0 < f.K; k0 += QK_MOE_GK) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int idx = tid + QK_MOE_GT * j, r = idx >> 3, c = idx & 7;
+            *(uint4*)&Xs[r][8 * c] = xr[j];
+        }
+#pragma unroll
+        for (int j = 0; j < NW; ++j) {
+            const int idx = tid + QK_MOE_GT * j, r = idx / WPR, w = idx % WPR;
+            const qk_u32 nz = zr[j] * 0x10001u;
+            qk_u32 d[PER / 2];
+#pragma unroll
+            for (int i = 0; i < PER / 2; ++i) { /* (1024 + q) - (1024 + z): exact in fp16 */
+                const qk_u32 lo = (wr[j] >> (2 * BITS * i)) & mask, hi = (wr[j] >> (2 * BITS * i + BITS)) & mask;
+                const qk_u32 q2 = 0x64006400u | lo | (hi << 16);
+                d[i] = (zr[j] & 0x4000u) ? qk_hfma2(q2, 0x3C003C00u, nz) : 0u;
+            }
+            if (PER == 4) {
+                *(uint2*)&Ws[r][w * PER] = make_uint2(d[0], d[1 % (PER / 2)]);
+            } else {
+#pragma unroll
+                for (int i = 0; i < PER / 2; i += 4)
+                    *(uint4*)&Ws[r][w * PER + 2 * i] = make_uint4(d[i % (PER / 2)], d[(i + 1) % (PER / 2)],
+                                                                  d[(i + 2) % (PER / 2)], d[(i + 3) % (PER / 2)]);
+            }
+        }
+        Ss[tid / QK_MOE_GN][tid & (QK_MOE_GN - 1)] = sr;
+        __syncthreads();
+        if (k0 + QK_MOE_GK < f.K) fetch(k0 + QK_MOE_GK);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int kk = k0 + 32 * h;
+            if (kk >= f.K) break;
+#pragma unroll
+            for (int ks = 0; ks < 32; ks += 16) {
+                const int c = 32 * h + ks + 2 * t;
+                qk_u32 a[2][4], b[4][2];
+#pragma unroll
+                for (int mi = 0; mi < 2; ++mi) {
+                    const int r = wm + 16 * mi + g;
+                    a[mi][0] = *(const qk_u32*)&Xs[r][c];
+                    a[mi][1] = *(const qk_u32*)&Xs[r + 8][c];
+                    a[mi][2] = *(const qk_u32*)&Xs[r][c + 8];
+                    a[mi][3] = *(const qk_u32*)&Xs[r + 8][c + 8];
+                }
+#pragma unroll
+                for (int ni = 0; ni < 4; ++ni) {
+                    const int r = wn + 8 * ni + g;
+                    b[ni][0] = *(const qk_u32*)&Ws[r][c];
+                    b[ni][1] = *(const qk_u32*)&Ws[r][c + 8];
+                }
+#pragma unroll
+                for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+                    for (int ni = 0; ni < 4; ++ni) qk_mma_16816(part[mi][ni], a[mi], b[ni]);
+            }
+            const bool last = kk + 32 >= f.K || (f.bs && (kk + 32) % f.bs == 0); /* the block's last chunk */
+            if (last) {
+#pragma unroll
+                for (int ni = 0; ni < 4; ++ni) {
+                    const float s0 = Ss[h][wn + 8 * ni + 2 * t], s1 = Ss[h][wn + 8 * ni + 2 * t + 1];
+#pragma unroll
+                    for (int mi = 0; mi < 2; ++mi) {
+                        acc[mi][ni][0] = fmaf(s0, part[mi][ni][0], acc[mi][ni][0]);
+                        acc[mi][ni][1] = fmaf(s1, part[mi][ni][1], acc[mi][ni][1]);
+                        acc[mi][ni][2] = fmaf(s0, part[mi][ni][2], acc[mi][ni][2]);
+                        acc[mi][ni][3] = fmaf(s1, part[mi][ni][3], acc[mi][ni][3]);
+                        part[mi][ni][0] = part[mi][ni][1] = part[mi][ni][2] = part[mi][ni][3] = 0.0f;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+}
+
+/* a grouped GEMM CTA's shared memory (19.5 KB) */
+struct qk_moe_gsmem {
+    __align__(16) qk_u16 xs[QK_MOE_GM][QK_MOE_GPAD]; /* the stage's fp16 inputs, a row per pair */
+    __align__(16) qk_u16 ws[QK_MOE_GN][QK_MOE_GPAD]; /* the stage's q - z in fp16, a row per weight row */
+    float ss[2][QK_MOE_GN];                          /* each 32-value chunk's scale per weight row */
+    int src[QK_MOE_GM], pair[QK_MOE_GM];
+};
+
+/* the CTA's tile set-up: s_src (the X row of each tile row: fc1 the pair's token, fc2 the pair's
+ * grouped position; -1 past the expert's pairs), s_pair (the pair t * k + j) */
+__device__ __forceinline__ void qk_moe_rows(const int* order, int m0, int m1, int k, int fc, int* s_src, int* s_pair) {
+    for (int r = (int)threadIdx.x; r < QK_MOE_GM; r += (int)blockDim.x) {
+        const int m = m0 + r, p = m < m1 ? order[m] : -1;
+        s_pair[r] = p;
+        s_src[r] = p < 0 ? -1 : (fc == 1 ? p / k : m);
+    }
+    __syncthreads();
+}
+
+template <int BITS>
+__device__ __forceinline__ void qk_moe_gemm1_b(qk_moe_gsmem& sm, const qk_moe_fc& f, const qk_u16* X, int Kp, const int* order,
+                                               const int* offs, const int* tiles, int E, int k, qk_u16* A, int Ap,
+                                               int act, float alpha, float beta, float limit) {
+    int e, m0, m1;
+    if (!qk_moe_tile(offs, tiles, E, &e, &m0, &m1)) return; /* the whole CTA: no barrier follows */
+    const int n0 = (int)blockIdx.y * QK_MOE_GN;
+    qk_moe_rows(order, m0, m1, k, 1, sm.src, sm.pair);
+    float acc[2][4][4];
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < 4; ++ni)
+#pragma unroll
+            for (int v = 0; v < 4; ++v) acc[mi][ni][v] = 0.0f;
+    qk_moe_gemm_tile<BITS>(f, e, n0, X, Kp, sm.src, sm.xs, sm.ws, sm.ss, acc);
+    const int lane = (int)threadIdx.x & 31, grp = (int)threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int wm = (grp >> 1) * 32, wn = (grp & 1) * 32;
+    const bool glu = act == QK_MOE_SWIGLU;
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            const int m = m0 + wm + 16 * mi + 8 * hh + g;
+            if (m >= m1) continue;
+#pragma unroll
+            for (int ni = 0; ni < 4; ++ni) {
+                const int c = n0 + wn + 8 * ni + 2 * t; /* even: with SwiGLU the gate, c + 1 its linear row */
+                if (c >= f.N) continue;
+                const float h0 = qk_moe_biased(acc[mi][ni][2 * hh], f, (qk_i64)e * f.N + c);
+                if (glu) {
+                    const float l = qk_moe_biased(acc[mi][ni][2 * hh + 1], f, (qk_i64)e * f.N + c + 1);
+                    A[(qk_i64)m * Ap + c / 2] = qk_fp16_bits(qk_moe_act(act, h0, l, alpha, beta, limit));
+                } else {
+                    A[(qk_i64)m * Ap + c] = qk_fp16_bits(qk_moe_act(act, h0, 0.0f, alpha, beta, limit));
+                    if (c + 1 < f.N) {
+                        const float h1 = qk_moe_biased(acc[mi][ni][2 * hh + 1], f, (qk_i64)e * f.N + c + 1);
+                        A[(qk_i64)m * Ap + c + 1] = qk_fp16_bits(qk_moe_act(act, h1, 0.0f, alpha, beta, limit));
+                    }
+                }
+            }
+        }
+}
+
+template <int BITS>
+__device__ __forceinline__ void qk_moe_gemm2_b(qk_moe_gsmem& sm, const qk_moe_fc& f, const qk_u16* A, int Ap, const int* order,
+                                               const int* offs, const int* tiles, int E, int k, float* Y) {
+    int e, m0, m1;
+    if (!qk_moe_tile(offs, tiles, E, &e, &m0, &m1)) return; /* the whole CTA: no barrier follows */
+    const int n0 = (int)blockIdx.y * QK_MOE_GN;
+    qk_moe_rows(order, m0, m1, k, 2, sm.src, sm.pair);
+    float acc[2][4][4];
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < 4; ++ni)
+#pragma unroll
+            for (int v = 0; v < 4; ++v) acc[mi][ni][v] = 0.0f;
+    qk_moe_gemm_tile<BITS>(f, e, n0, A, Ap, sm.src, sm.xs, sm.ws, sm.ss, acc);
+    const int lane = (int)threadIdx.x & 31, grp = (int)threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int wm = (grp >> 1) * 32, wn = (grp & 1) * 32;
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            const int r = wm + 16 * mi + 8 * hh + g, p = sm.pair[r];
+            if (p < 0) continue;
+#pragma unroll
+            for (int ni = 0; ni < 4; ++ni) {
+                const int c = n0 + wn + 8 * ni + 2 * t;
+#pragma unroll
+                for (int v = 0; v < 2; ++v)
+                    if (c + v < f.N) Y[(qk_i64)p * f.N + c + v] = qk_moe_biased(acc[mi][ni][2 * hh + v], f, (qk_i64)e * f.N + c + v);
+            }
+        }
+}
+
+/* fc1 + bias + the activation of the grouped pairs (qk_moe_gemm1_u<bits>): grid (tiles bound, fc1
+ * rows / QK_MOE_GN); A (pairs in grouped order, Ap fp16 values: the activation of unit u at column
+ * u). fc2 + bias (qk_moe_gemm2_u<bits>): grid (tiles bound, H / QK_MOE_GN); Y (T * k pairs, H) fp32
+ * in pair order (rows of skipped pairs are not written). A kernel per bit width: one instantiation's
+ * registers each */
+#define QK_MOE_GEMM(B)                                                                                          \
+    extern "C" __global__ void __launch_bounds__(QK_MOE_GT, 3)                                                  \
+    qk_moe_gemm1_u##B(const qk_u16* X, int Kp, const int* order, const int* offs, const int* tiles, int E,     \
+                      int k, const qk_u8* W, const void* S, const qk_u8* Z, const void* Bias, int N, int K,   \
+                      int bs, int zp_bytes, int has_zp, int has_bias, int s16, qk_u16* A, int Ap, int act,    \
+                      float alpha, float beta, float limit) {                                                 \
+        __shared__ qk_moe_gsmem sm;                                                                           \
+        const qk_moe_fc f = {W, S, Z, Bias, N, K, bs, zp_bytes, has_zp, has_bias, s16};                      \
+        qk_moe_gemm1_b<B>(sm, f, X, Kp, order, offs, tiles, E, k, A, Ap, act, alpha, beta, limit);           \
+    }                                                                                                         \
+    extern "C" __global__ void __launch_bounds__(QK_MOE_GT, 3)                                                  \
+    qk_moe_gemm2_u##B(const qk_u16* A, int Ap, const int* order, const int* offs, const int* tiles, int E,     \
+                      int k, const qk_u8* W, const void* S, const qk_u8* Z, const void* Bias, int N, int K,   \
+                      int bs, int zp_bytes, int has_zp, int has_bias, int s16, float* Y) {                    \
+        __shared__ qk_moe_gsmem sm;                                                                           \
+        const qk_moe_fc f = {W, S, Z, Bias, N, K, bs, zp_bytes, has_zp, has_bias, s16};                      \
+        qk_moe_gemm2_b<B>(sm, f, A, Ap, order, offs, tiles, E, k, Y);                                         \
+    }
+QK_MOE_GEMM(2)
+QK_MOE_GEMM(4)
+QK_MOE_GEMM(8)
+
+/* the output: one thread per (token t, column n), the k slots in selection order, each
+ * fp32(w * y) added in fp32 (skipped slots add nothing: qk_moe_fc2v's sum), rounded once */
+extern "C" __global__ void __launch_bounds__(256)
+qk_moe_combine(const float* Y, const float* wts, void* out, qk_i64 T, int N, int k, int x16) {
+    const qk_i64 i = qk_global_thread();
+    if (i >= T * N) return;
+    const qk_i64 t = i / N;
+    const int n = (int)(i - t * N);
+    float o = 0.0f;
+    for (int j = 0; j < k; ++j) {
+        const float w = wts[t * k + j];
+        if (w > QK_MOE_SKIP) o = qk_ftz(QK_FADD(o, qk_ftz(QK_FMUL(w, Y[(t * k + j) * N + n]))));
+    }
+    qk_store_f(out, i, o, x16);
+}
