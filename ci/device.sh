@@ -8,7 +8,7 @@
 # users: the worked user kernels with their wrong twins; time: the throughput tables (each part
 # well under one 10-minute device call); FAMILY (ggml, ort, ...: `qconform list --families`) limits check and time
 # to one family.
-# BENCHES (names: gqa gqa-prefill qmoe nbits bnb-gemv ggml-gemv throughput) limits the time part
+# BENCHES (names: gqa gqa-prefill qmoe qmoe-prefill nbits bnb-gemv ggml-gemv throughput) limits the time part
 # to those benches: with every family it takes longer than one 10-minute device call.
 # Logs and tables land under $OUT (default /tmp/qconform-device).
 set -uo pipefail
@@ -89,19 +89,21 @@ if part time; then
   # the kernels changed most recently first (a cut call keeps their tables); each bench's seconds
   # in time-part.txt
   : >"$OUT/time-part.txt"
-  timed() {  # timed NAME FAMILY MODULE: python -m MODULE --json into bench-NAME.{json,md}, when FAMILY
-    # is selected and NAME is in BENCHES (default: every bench)
-    local start=$SECONDS
-    if { [ -z "$FAMILY" ] || [ "$FAMILY" = "$2" ]; } && { [ -z "${BENCHES:-}" ] || [[ " $BENCHES " == *" $1 "* ]]; }; then
-      "$PY" -m "$3" --json "$OUT/bench-$1.json" >"$OUT/bench-$1.md" 2>&1 || status=1
+  timed() {  # timed NAME FAMILY MODULE [ARGS...]: python -m MODULE ARGS --json into bench-NAME.{json,md},
+    # when FAMILY is selected and NAME is in BENCHES (default: every bench)
+    local start=$SECONDS name=$1 family=$2 module=$3
+    shift 3
+    if { [ -z "$FAMILY" ] || [ "$FAMILY" = "$family" ]; } && { [ -z "${BENCHES:-}" ] || [[ " $BENCHES " == *" $name "* ]]; }; then
+      "$PY" -m "$module" "$@" --json "$OUT/bench-$name.json" >"$OUT/bench-$name.md" 2>&1 || status=1
     else
-      echo "(not selected: FAMILY=$FAMILY BENCHES=${BENCHES:-})" >"$OUT/bench-$1.md"
+      echo "(not selected: FAMILY=$FAMILY BENCHES=${BENCHES:-})" >"$OUT/bench-$name.md"
     fi
-    echo "$1: $((SECONDS - start)) s" >>"$OUT/time-part.txt"
+    echo "$name: $((SECONDS - start)) s" >>"$OUT/time-part.txt"
   }
   timed gqa ort qconform.bench.gqa
   timed gqa-prefill ort qconform.bench.gqa_prefill
   timed qmoe ort qconform.bench.qmoe
+  timed qmoe-prefill ort qconform.bench.qmoe --prefill
   timed nbits ort qconform.bench.nbits
   timed bnb-gemv bnb qconform.bench.bnb_gemv
   timed ggml-gemv ggml qconform.bench.ggml_gemv
@@ -136,6 +138,7 @@ if part time; then
   show "GroupQueryAttention decode against its baselines (records: bench-gqa.json)" bench-gqa.md
   show "GroupQueryAttention flash prefill against SDPA's flash backend (records: bench-gqa-prefill.json)" bench-gqa-prefill.md
   show "QMoE decode against its baselines (records: bench-qmoe.json)" bench-qmoe.md
+  show "QMoE ragged prefill (grouped GEMM, storage=fp16) against PyTorch (records: bench-qmoe-prefill.json)" bench-qmoe-prefill.md
   show "ggml keep-quant GEMV against its baselines (records: bench-ggml-gemv.json)" bench-ggml-gemv.md
   show "bitsandbytes fused 4-bit GEMV against its baselines (records: bench-bnb-gemv.json)" bench-bnb-gemv.md
   echo "seconds per bench:" $(cat "$OUT/time-part.txt")
