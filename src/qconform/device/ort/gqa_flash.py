@@ -17,7 +17,8 @@ dequantized as the oracle does), then the attention:
 - ``qk_gqa_prefill2_h<H>`` (session 10, the default; FlashAttention-2's forward pass, Dao 2023):
   head_size 64 or 128 without softcap or attention_bias and with a positive scale. One CTA of 256
   threads per (128 / hpc query rows of each of hpc query heads of one KV head, hpc = 4, 2 or 1 as
-  the group num_heads / kv_num_heads divides), batch entry; exponent base 2 with the scale folded in
+  the group num_heads / kv_num_heads divides), batch entry, in a 1-D order over (row block, head
+  block) that ``row_chunk`` picks (longest row blocks first); exponent base 2 with the scale folded in
   (a rounding inside the storage=fp16 bound: the kernel's comment and docs/perf-notes.md "Session 10").
 - ``qk_gqa_prefill_h<H>`` (session 8): every other case the flash path takes (head_size 16 or 32,
   softcap, an attention_bias, a negative scale), one CTA of 128 threads per (64 query rows, query
@@ -27,6 +28,7 @@ dequantized as the oracle does), then the attention:
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import cupy
@@ -48,6 +50,7 @@ V1_OPTION = "-DQK_GQA_PREFILL_V1"  # the build holding the session-8 kernels onl
 THREADS2 = 256  # QK_FL2_THREADS
 ROWS2 = 128  # QK_FL2_ROWS: query rows of a qk_gqa_prefill2 CTA, over its heads
 HEAD_SIZES2 = (64, 128)  # qk_gqa_prefill2_h<H>
+CHUNK: int | None = None  # tests: force qk_gqa_prefill2's band of row blocks (else row_chunk's pick)
 SCRATCH_KIND = {(0, "float32"): 0, (8, ""): 2, (4, ""): 3}  # qk_gqa_prefill_scratch's kind; fp16: none
 
 
@@ -62,6 +65,20 @@ def heads_per_cta(num_heads: int, kv_num_heads: int) -> int:
     once for all of them): 4, 2 or 1, the largest that divides the group of a KV head."""
     group = num_heads // kv_num_heads
     return next(h for h in (4, 2, 1) if group % h == 0)
+
+
+@functools.cache
+def l2_bytes() -> int:
+    """The current device's L2 cache size in bytes."""
+    return int(cupy.cuda.Device().attributes["L2CacheSize"])
+
+
+def row_chunk(row_blocks: int, kv_bytes: int, l2: int) -> int:
+    """qk_gqa_prefill2's launch order: row blocks of one band (the kernel's comment). 1 (the
+    longest row blocks of every head first: the short ones fill the tail) where the K / V rows of
+    every KV head of a batch entry, ``kv_bytes``, take at most half of the L2 (``l2`` bytes), all
+    of them (one head block after another, its K / V hot in L2) where they do not."""
+    return 1 if 2 * kv_bytes <= l2 else row_blocks
 
 
 def uses_v2(head_size: int, softcap: float, has_bias: bool, alpha: float) -> bool:
@@ -135,8 +152,10 @@ def _run(op: OpSpec, args: tuple, kwargs: dict[str, Any], out: Any, storage: str
         hpc = heads_per_cta(N, Nk)
         ptrs = (qrot, kc, vc, i64(rows), seqlens, null if sink is None else sink, output)
         dims = (i32(S), i32(N), i32(Nk), i32(sc["first_prompt"]), i32(sc["local_window_size"]))
-        grid = (-(-S // (ROWS2 // hpc)), N // hpc, B)
-        args2 = (*ptrs, *dims, i32(sink_mode), i32(is16), alpha, i32(hpc))
+        row_blocks = -(-S // (ROWS2 // hpc))
+        chunk = row_chunk(row_blocks, 2 * Nk * T * H * 2, l2_bytes()) if CHUNK is None else min(CHUNK, row_blocks)
+        grid = (row_blocks * (N // hpc), 1, B)
+        args2 = (*ptrs, *dims, i32(sink_mode), i32(is16), alpha, i32(hpc), i32(chunk))
         launch_grid(op.name, SOURCE, f"qk_gqa_prefill2_h{H}", grid, THREADS2, args2)
         return call.out
     dims = (i32(S), i32(N), i32(Nk), i64(T), i32(sc["first_prompt"]), i32(sc["local_window_size"]))
