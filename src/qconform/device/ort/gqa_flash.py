@@ -10,8 +10,9 @@ anything else (and every strict call) the split-K kernels of
 ``qconform.device.ort.group_query_attention``, which meet the stricter bound too. A ``cupy``
 implementation passes its contract's ``storage`` (``qconform.impls.device``).
 
-Steps of the flash path on the current stream: the append (and the past's copy, as the split-K
-path does), for an fp32 / int8 / 4-bit cache ``qk_gqa_prefill_scratch`` (rows [0, total_b) to fp16,
+Steps of the flash path on the current stream: the append (``qk_gqa_append8``: the split-K
+path's ``qk_gqa_append`` outputs, 8 channels a thread; and the past's copy, as the split-K path
+does), for an fp32 / int8 / 4-bit cache ``qk_gqa_prefill_scratch`` (rows [0, total_b) to fp16,
 dequantized as the oracle does), then the attention:
 
 - ``qk_gqa_prefill2_h<H>`` (session 10, the default; FlashAttention-2's forward pass, Dao 2023):
@@ -50,6 +51,7 @@ V1_OPTION = "-DQK_GQA_PREFILL_V1"  # the build holding the session-8 kernels onl
 THREADS2 = 256  # QK_FL2_THREADS
 ROWS2 = 128  # QK_FL2_ROWS: query rows of a qk_gqa_prefill2 CTA, over its heads
 HEAD_SIZES2 = (64, 128)  # qk_gqa_prefill2_h<H>
+APPEND_THREADS = 256  # qk_gqa_append8's __launch_bounds__
 CHUNK: int | None = None  # tests: force qk_gqa_prefill2's band of row blocks (else row_chunk's pick)
 SCRATCH_KIND = {(0, "float32"): 0, (8, ""): 2, (4, ""): 3}  # qk_gqa_prefill_scratch's kind; fp16: none
 
@@ -91,8 +93,10 @@ def uses_v2(head_size: int, softcap: float, has_bias: bool, alpha: float) -> boo
 
 
 def _append(op: OpSpec, call: Any, sc: dict[str, Any]) -> Any:
-    """qk_gqa_append and qk_gqa_copy_past as ``qconform.device.ort.group_query_attention`` runs them;
-    returns the rotated queries (fp32, (B, S, N, H))."""
+    """qk_gqa_append8 (qk_gqa_append's outputs bit for bit, 8 channels a thread; qk_gqa_append
+    itself under -DQK_GQA_PREFILL_V1) and qk_gqa_copy_past as
+    ``qconform.device.ort.group_query_attention`` runs them; returns the rotated queries (fp32,
+    (B, S, N, H))."""
     (q, k, v, past_k, past_v, seqlens, cos, sin, pid, _, _, k_scale, v_scale, _, pres_k, pres_v) = call.pointers
     null = np.uint64(0)
     k, v, cos, sin, k_scale, v_scale = (null if a is None else a for a in (k, v, cos, sin, k_scale, v_scale))
@@ -107,7 +111,11 @@ def _append(op: OpSpec, call: Any, sc: dict[str, Any]) -> Any:
     sizes = (i64(B), i64(S), i64(N), i64(Nk), i64(H), i64(Tp), i64(pid_stride))
     flags = (i32(first), i32(sc["packed_qkv"]), i32(sc["rotary_dim"]), i32(sc["rotary_interleaved"]), i32(bits))
     args = (*append, *sizes, *flags, i32(sc["kv_quant"] == 2), i32(is16))
-    launch(op.name, splitk.SOURCE, "qk_gqa_append", B * S * (N + 2 * Nk) * (H // 2), args)
+    if V1_OPTION in launchers.OPTIONS:  # the round-1 call: one thread per pair of channels
+        launch(op.name, splitk.SOURCE, "qk_gqa_append", B * S * (N + 2 * Nk) * (H // 2), args)
+    elif B * S:  # the same outputs, one thread per 8 channels (H % 8 == 0: HEAD_SIZES), a CTA row per token
+        grid = (B * S, -(-(N + 2 * Nk) * (H // 8) // APPEND_THREADS), 1)
+        launch_grid(op.name, splitk.SOURCE, "qk_gqa_append8", grid, APPEND_THREADS, args)
     if P and not first:
         words = pres_k.nbytes // (B * Nk * Tp * 4)
         for past, pres in ((past_k, pres_k), (past_v, pres_v)):
