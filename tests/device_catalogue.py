@@ -789,6 +789,13 @@ FLASH2_K_UNSWIZZLED: Edits = (
     ),
 )
 
+# the launch order's head block taken as the first head (heads overlap, some never written)
+FLASH2_HEAD_BLOCK_AS_HEAD: Edits = (("const int head0 = (rem / width) * hpc,", "const int head0 = (rem / width),"),)
+
+# qk_gqa_append8 (ort/gqa.hip, the flash path's append): a 4-bit cache's pair packed with element
+# 2i in the high nibble (qk_gqa_append and the oracle: the low one)
+APPEND8_NIBBLES_SWAPPED: Edits = (("(q[k] + 8) | ((q[k + 1] + 8) << 4)", "(q[k + 1] + 8) | ((q[k] + 8) << 4)"),)
+
 
 def _flash(
     name: str, leaf: str, edits: Edits, coverage: int = 1, define: str = "", caught_by: str | None = "matches_oracle"
@@ -809,6 +816,12 @@ GQA_FLASH_MUTANTS = (
     _flash("gqa flash v2: every head of a CTA takes the first head's queries", "Xfp32_Wfp32_Yfp32", FLASH2_ONE_HEAD),
     _flash("gqa flash v2: exp2 without log2(e) in the folded scale", "Xfp16_Wi8_Yfp16", FLASH2_NO_LOG2E),
     _flash("gqa flash v2: K fragments read unswizzled", "Xfp16_Wu4_Yfp16", FLASH2_K_UNSWIZZLED),
+    _flash("gqa flash v2: launch order's head block taken as the first head", "Xfp16_Wfp16_Yfp16",
+           FLASH2_HEAD_BLOCK_AS_HEAD, 2),
+    DeviceMutant(
+        "gqa flash append8: 4-bit pair with element 2i in the high nibble", "ort/gqa.hip", "", "", "gqa_prefill",
+        "matches_oracle", leaf="Xfp16_Wu4_Yfp16", edits=APPEND8_NIBBLES_SWAPPED, contract="storage=fp16",
+    ),
     _flash("control: gqa flash V1 build (-DQK_GQA_PREFILL_V1) on every case", "Xfp16_Wfp16_Yfp16", (), 2,
            "-DQK_GQA_PREFILL_V1", None),
 )  # fmt: skip

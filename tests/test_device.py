@@ -241,6 +241,39 @@ def test_qmoe_grouped_skewed_routing(bits: int, bs: int, zp: bool, H: int, inter
         _grouped_vs_model(d, params, 9)
 
 
+@pytest.mark.parametrize("chunk", [1, 3, 4, 64])
+def test_gqa_prefill_flash_launch_order(chunk: int) -> None:
+    """qk_gqa_prefill2's launch order (bands of ``chunk`` row blocks, the kernel's comment; the
+    launcher's pick, ``row_chunk``, is 1 or all of them): every band width, a short last band
+    included, writes every (row block, head) once: the output bit-identical to the launcher's
+    default order, and the catalogue's check under storage=fp16 passes. The coverage-2 first
+    prompt of 128 tokens, 32 query / 8 KV heads of 128, batch 2 (hpc 4: 4 row blocks of 32 rows,
+    8 head blocks; chunk 3 leaves a last band of 1, 64 is clipped to 4: the head-major order)."""
+    import cupy
+
+    from qconform.device.ort import gqa_flash
+    from qconform.impls import load_impl
+
+    impl = load_impl("cupy", contract="storage=fp16")
+    op = get_op("gqa_prefill")
+    leaf = "Xfp16_Wfp16_Yfp16"
+    case = next(c for c in op.cases(leaf, 2) if c.shape == (2, 128, 0, 32, 8, 128))
+    prepared = Prepared.from_case(op, case, impl)
+    args, kwargs = op.call_args({k: cupy.asarray(v) for k, v in prepared.inputs.items()}, prepared.params)
+    kept = gqa_flash.gqa_prefill(*args, **kwargs, storage="fp16")  # held: its memory is not handed to the next call
+    want = tuple(cupy.asnumpy(a) for a in kept)
+    gqa_flash.CHUNK = chunk
+    try:
+        args, kwargs = op.call_args({k: cupy.asarray(v) for k, v in prepared.inputs.items()}, prepared.params)
+        got = tuple(cupy.asnumpy(a) for a in gqa_flash.gqa_prefill(*args, **kwargs, storage="fp16"))
+    finally:
+        gqa_flash.CHUNK = None
+    assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True)), "the order changed the output"
+    del kept
+    check = prepared.verify(op, got)
+    assert check.ok, check.detail
+
+
 BNB_READINGS = ("nf4_quantize", "fp4_quantize", "gemm_4bit")  # launchers with a cuda reading (variant)
 CUDA_READING = [(op, lf.name) for op in BNB_READINGS for lf in get_op(op).leaves]
 

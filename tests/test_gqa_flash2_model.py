@@ -170,3 +170,51 @@ def test_flash2_model_unmasked_diagonal_fails() -> None:
     _, pk, pv = group_query_attention(*args, **attrs)
     got = flash2_model(args, attrs, pk, pv, diag_mask=False)
     assert not Prepared.from_inputs(op, case, inputs, FP16).verify(op, (got, pk, pv)).ok
+
+
+def launch_order(n_row_blocks: int, head_blocks: int, chunk: int) -> list[tuple[int, int]]:
+    """(rank of the row block, 0 = the longest; head block) of each blockIdx.x of qk_gqa_prefill2,
+    the kernel's integer decode."""
+    out = []
+    for x in range(n_row_blocks * head_blocks):
+        band = x // (chunk * head_blocks)
+        rem = x - band * chunk * head_blocks
+        width = min(chunk, n_row_blocks - band * chunk)
+        out.append((band * chunk + rem % width, rem // width))
+    return out
+
+
+def lpt_makespan(works: list[int], sms: int) -> int:
+    """List scheduling in launch order, one CTA an SM (the block scheduler's greedy model)."""
+    free = [0] * sms
+    for w in works:
+        i = free.index(min(free))
+        free[i] += w
+    return max(free)
+
+
+@pytest.mark.parametrize("nrb,hb", [(64, 8), (4, 8), (10, 4), (1, 24), (7, 1), (512, 8)])
+def test_launch_order_covers_every_block_once(nrb: int, hb: int) -> None:
+    """Every band width (1, a short last band, all row blocks) gives every (row block, head
+    block) exactly one CTA; chunk 1 launches the row blocks in non-increasing length over all
+    heads, chunk = all is the round-1 order (head-major)."""
+    everything = {(r, h) for r in range(nrb) for h in range(hb)}
+    for chunk in sorted({1, 3, nrb}):
+        order = launch_order(nrb, hb, chunk)
+        assert len(order) == len(everything) and set(order) == everything
+    assert [r for r, _ in launch_order(nrb, hb, 1)] == sorted(r for r, _ in everything)
+    assert launch_order(nrb, hb, nrb) == [(r, h) for h in range(hb) for r in range(nrb)]
+
+
+def test_launch_order_shortens_the_2k_tail() -> None:
+    """The bench's 2k prompt (32 / 8 heads, hpc 4: 64 row blocks of 32 rows, 8 head blocks; row
+    block i sees ceil(32 (i + 1) / 64) key blocks): 132 SMs, one CTA each, in units of one key
+    block: 79 in the round-1 order, 65 with chunk 1 (the ideal 8448 / 132 = 64)."""
+    nrb, hb = 64, 8
+
+    def works(chunk: int) -> list[int]:
+        return [-(-32 * (nrb - r) // 64) for r, _ in launch_order(nrb, hb, chunk)]
+
+    assert sum(works(1)) == 8448
+    assert lpt_makespan(works(nrb), 132) == 79
+    assert lpt_makespan(works(1), 132) == 65

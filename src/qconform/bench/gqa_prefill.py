@@ -68,8 +68,8 @@ def _launches(inp: dict[str, Any], storage: str, v1: bool = False) -> tuple[Any,
         launches = RECORDING.pop()
     from qconform.device.launchers import kernel_of
 
-    append = kernel_of(SPLITK, "qk_gqa_append")
-    attention = [launch for launch in launches if launch[0] is not append]
+    appends = (kernel_of(SPLITK, "qk_gqa_append"), kernel_of(SPLITK, "qk_gqa_append8"))
+    attention = [launch for launch in launches if all(launch[0] is not a for a in appends)]
     flash = "qk_gqa_prefill_h128" if v1 else "qk_gqa_prefill2_h128"
     assert storage != "fp16" or any(launch[0] is kernel_of(SOURCE, flash) for launch in attention)
 

@@ -379,6 +379,7 @@ ORT_KERNELS: tuple[KernelSpec, ...] = (
     ),
 )
 GQA_PREFILL_KERNELS: tuple[KernelSpec, ...] = (
+    _ort("gqa_prefill", "qk_gqa_append8", "gqa.hip", "flash prefill: the append, 8 channels a thread"),
     _ort("gqa_prefill", "qk_gqa_prefill_scratch", "gqa_flash.hip", "flash prefill: fp32 / int8 / 4-bit cache to fp16"),
     *(
         _ort("gqa_prefill", f"qk_gqa_prefill_h{h}", "gqa_flash.hip", f"flash prefill (storage=fp16), head_size {h}")

@@ -10,14 +10,16 @@ anything else (and every strict call) the split-K kernels of
 ``qconform.device.ort.group_query_attention``, which meet the stricter bound too. A ``cupy``
 implementation passes its contract's ``storage`` (``qconform.impls.device``).
 
-Steps of the flash path on the current stream: the append (and the past's copy, as the split-K
-path does), for an fp32 / int8 / 4-bit cache ``qk_gqa_prefill_scratch`` (rows [0, total_b) to fp16,
+Steps of the flash path on the current stream: the append (``qk_gqa_append8``: the split-K
+path's ``qk_gqa_append`` outputs, 8 channels a thread; and the past's copy, as the split-K path
+does), for an fp32 / int8 / 4-bit cache ``qk_gqa_prefill_scratch`` (rows [0, total_b) to fp16,
 dequantized as the oracle does), then the attention:
 
 - ``qk_gqa_prefill2_h<H>`` (session 10, the default; FlashAttention-2's forward pass, Dao 2023):
   head_size 64 or 128 without softcap or attention_bias and with a positive scale. One CTA of 256
   threads per (128 / hpc query rows of each of hpc query heads of one KV head, hpc = 4, 2 or 1 as
-  the group num_heads / kv_num_heads divides), batch entry; exponent base 2 with the scale folded in
+  the group num_heads / kv_num_heads divides), batch entry, in a 1-D order over (row block, head
+  block) that ``row_chunk`` picks (longest row blocks first); exponent base 2 with the scale folded in
   (a rounding inside the storage=fp16 bound: the kernel's comment and docs/perf-notes.md "Session 10").
 - ``qk_gqa_prefill_h<H>`` (session 8): every other case the flash path takes (head_size 16 or 32,
   softcap, an attention_bias, a negative scale), one CTA of 128 threads per (64 query rows, query
@@ -27,6 +29,7 @@ dequantized as the oracle does), then the attention:
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import cupy
@@ -48,6 +51,8 @@ V1_OPTION = "-DQK_GQA_PREFILL_V1"  # the build holding the session-8 kernels onl
 THREADS2 = 256  # QK_FL2_THREADS
 ROWS2 = 128  # QK_FL2_ROWS: query rows of a qk_gqa_prefill2 CTA, over its heads
 HEAD_SIZES2 = (64, 128)  # qk_gqa_prefill2_h<H>
+APPEND_THREADS = 256  # qk_gqa_append8's __launch_bounds__
+CHUNK: int | None = None  # tests: force qk_gqa_prefill2's band of row blocks (else row_chunk's pick)
 SCRATCH_KIND = {(0, "float32"): 0, (8, ""): 2, (4, ""): 3}  # qk_gqa_prefill_scratch's kind; fp16: none
 
 
@@ -64,6 +69,20 @@ def heads_per_cta(num_heads: int, kv_num_heads: int) -> int:
     return next(h for h in (4, 2, 1) if group % h == 0)
 
 
+@functools.cache
+def l2_bytes() -> int:
+    """The current device's L2 cache size in bytes."""
+    return int(cupy.cuda.Device().attributes["L2CacheSize"])
+
+
+def row_chunk(row_blocks: int, kv_bytes: int, l2: int) -> int:
+    """qk_gqa_prefill2's launch order: row blocks of one band (the kernel's comment). 1 (the
+    longest row blocks of every head first: the short ones fill the tail) where the K / V rows of
+    every KV head of a batch entry, ``kv_bytes``, take at most half of the L2 (``l2`` bytes), all
+    of them (one head block after another, its K / V hot in L2) where they do not."""
+    return 1 if 2 * kv_bytes <= l2 else row_blocks
+
+
 def uses_v2(head_size: int, softcap: float, has_bias: bool, alpha: float) -> bool:
     """qk_gqa_prefill2_h<H> takes the case (else qk_gqa_prefill_h<H>): head_size 64 or 128, no
     softcap, no attention_bias, a positive scale (the max of the raw scores is the max of the
@@ -74,8 +93,10 @@ def uses_v2(head_size: int, softcap: float, has_bias: bool, alpha: float) -> boo
 
 
 def _append(op: OpSpec, call: Any, sc: dict[str, Any]) -> Any:
-    """qk_gqa_append and qk_gqa_copy_past as ``qconform.device.ort.group_query_attention`` runs them;
-    returns the rotated queries (fp32, (B, S, N, H))."""
+    """qk_gqa_append8 (qk_gqa_append's outputs bit for bit, 8 channels a thread; qk_gqa_append
+    itself under -DQK_GQA_PREFILL_V1) and qk_gqa_copy_past as
+    ``qconform.device.ort.group_query_attention`` runs them; returns the rotated queries (fp32,
+    (B, S, N, H))."""
     (q, k, v, past_k, past_v, seqlens, cos, sin, pid, _, _, k_scale, v_scale, _, pres_k, pres_v) = call.pointers
     null = np.uint64(0)
     k, v, cos, sin, k_scale, v_scale = (null if a is None else a for a in (k, v, cos, sin, k_scale, v_scale))
@@ -90,7 +111,11 @@ def _append(op: OpSpec, call: Any, sc: dict[str, Any]) -> Any:
     sizes = (i64(B), i64(S), i64(N), i64(Nk), i64(H), i64(Tp), i64(pid_stride))
     flags = (i32(first), i32(sc["packed_qkv"]), i32(sc["rotary_dim"]), i32(sc["rotary_interleaved"]), i32(bits))
     args = (*append, *sizes, *flags, i32(sc["kv_quant"] == 2), i32(is16))
-    launch(op.name, splitk.SOURCE, "qk_gqa_append", B * S * (N + 2 * Nk) * (H // 2), args)
+    if V1_OPTION in launchers.OPTIONS:  # the round-1 call: one thread per pair of channels
+        launch(op.name, splitk.SOURCE, "qk_gqa_append", B * S * (N + 2 * Nk) * (H // 2), args)
+    elif B * S:  # the same outputs, one thread per 8 channels (H % 8 == 0: HEAD_SIZES), a CTA row per token
+        grid = (B * S, -(-(N + 2 * Nk) * (H // 8) // APPEND_THREADS), 1)
+        launch_grid(op.name, splitk.SOURCE, "qk_gqa_append8", grid, APPEND_THREADS, args)
     if P and not first:
         words = pres_k.nbytes // (B * Nk * Tp * 4)
         for past, pres in ((past_k, pres_k), (past_v, pres_v)):
@@ -135,8 +160,10 @@ def _run(op: OpSpec, args: tuple, kwargs: dict[str, Any], out: Any, storage: str
         hpc = heads_per_cta(N, Nk)
         ptrs = (qrot, kc, vc, i64(rows), seqlens, null if sink is None else sink, output)
         dims = (i32(S), i32(N), i32(Nk), i32(sc["first_prompt"]), i32(sc["local_window_size"]))
-        grid = (-(-S // (ROWS2 // hpc)), N // hpc, B)
-        args2 = (*ptrs, *dims, i32(sink_mode), i32(is16), alpha, i32(hpc))
+        row_blocks = -(-S // (ROWS2 // hpc))
+        chunk = row_chunk(row_blocks, 2 * Nk * T * H * 2, l2_bytes()) if CHUNK is None else min(CHUNK, row_blocks)
+        grid = (row_blocks * (N // hpc), 1, B)
+        args2 = (*ptrs, *dims, i32(sink_mode), i32(is16), alpha, i32(hpc), i32(chunk))
         launch_grid(op.name, SOURCE, f"qk_gqa_prefill2_h{H}", grid, THREADS2, args2)
         return call.out
     dims = (i32(S), i32(N), i32(Nk), i64(T), i32(sc["first_prompt"]), i32(sc["local_window_size"]))

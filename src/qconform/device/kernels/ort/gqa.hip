@@ -141,6 +141,77 @@ extern "C" __global__ void __launch_bounds__(256)
     }
 }
 
+/* qk_gqa_append's outputs, bit for bit (each element by the same arithmetic), one thread per 8
+ * channels [e0, e0 + 8) of one new row (H % 8 == 0): blockIdx.x is the token b S + s,
+ * blockIdx.y 256 + threadIdx.x the row's head hh (Q, then K, then V) times H / 8 plus the chunk;
+ * the index arithmetic in 32 bits (qk_gqa_append's 64-bit divisions per pair of channels are most
+ * of its instructions: docs/perf-notes.md "Session 10: ... round 2"). The flash prefill's append
+ * (qconform.device.ort.gqa_flash; its -DQK_GQA_PREFILL_V1 build runs qk_gqa_append). */
+extern "C" __global__ void __launch_bounds__(256)
+    qk_gqa_append8(const void* query, const void* key, const void* value, const int* seqlens_k, const void* cos_cache,
+                   const void* sin_cache, const qk_i64* position_ids, const float* k_scale, const float* v_scale,
+                   float* qrot, void* present_key, void* present_value, qk_i64 B, qk_i64 S, qk_i64 N, qk_i64 Nk,
+                   qk_i64 H, qk_i64 Tp, qk_i64 pid_stride, int first_prompt, int packed, int rotary_dim,
+                   int interleaved, int bits, int per_channel, int is16) {
+    const int chunks = (int)H / 8, heads = (int)(N + 2 * Nk);
+    const int idx = (int)(blockIdx.y * blockDim.x + threadIdx.x);
+    if (idx >= heads * chunks) return;
+    const int hh = idx / chunks, e0 = (idx - hh * chunks) * 8;
+    const int bs32 = (int)blockIdx.x, b32 = bs32 / (int)S;
+    const qk_i64 bs = bs32, b = b32, s = bs32 - b32 * (int)S;
+    const qk_i64 past = first_prompt ? 0 : (qk_i64)seqlens_k[b] + 1 - S;
+    const int kind = hh < N ? 0 : (hh < N + Nk ? 1 : 2); /* Q, K, V */
+    const qk_i64 kv = kind == 1 ? hh - N : hh - N - Nk;
+    const void* base = packed ? query : (kind == 0 ? query : (kind == 1 ? key : value));
+    const qk_i64 row_heads = packed ? heads : (kind == 0 ? N : Nk);
+    const qk_i64 head = packed ? hh : (kind == 0 ? hh : kv);
+    const qk_i64 src = (bs * row_heads + head) * H;
+    float y[8];
+    const int rotate = kind != 2 && rotary_dim > 0;
+    const qk_i64 pos = rotate ? qk_gqa_position(position_ids, pid_stride, b, s, past, first_prompt) : 0;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        const int e = e0 + k;
+        if (!rotate || e >= rotary_dim) {
+            y[k] = qk_load_f(base, src + e, is16);
+            continue;
+        }
+        const qk_gqa_pair p = qk_gqa_pair_of(e, rotary_dim, interleaved);
+        const qk_i64 cs = pos * (rotary_dim / 2) + p.i;
+        const float c = qk_load_f(cos_cache, cs, is16), sn = qk_load_f(sin_cache, cs, is16);
+        y[k] = qk_gqa_rotate(qk_load_f(base, src + p.ia, is16), qk_load_f(base, src + p.ib, is16), c, sn, p.second,
+                             is16);
+    }
+    if (kind == 0) {
+        float* q = qrot + (bs * N + hh) * H + e0;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) q[k] = y[k];
+        return;
+    }
+    void* present = kind == 1 ? present_key : present_value;
+    const qk_i64 row = (b * Nk + kv) * Tp + past + s;
+    if (bits == 0) {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) qk_store_f(present, row * H + e0 + k, y[k], is16);
+        return;
+    }
+    const float* sc = kind == 1 ? k_scale : v_scale;
+    int q[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        const float scale = sc[per_channel ? kv * H + e0 + k : 0];
+        q[k] = qk_gqa_quantize(y[k], QK_FDIV(1.0f, scale), bits == 8 ? -128 : -8, bits == 8 ? 127 : 7);
+    }
+    if (bits == 8) {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) ((qk_i8*)present)[row * H + e0 + k] = (qk_i8)q[k];
+    } else {
+#pragma unroll
+        for (int k = 0; k < 8; k += 2)
+            ((qk_u8*)present)[row * (H / 2) + (e0 + k) / 2] = (qk_u8)((q[k] + 8) | ((q[k + 1] + 8) << 4));
+    }
+}
+
 /* present rows [0, past_b) of batch b copied from the past (separate buffers), one thread per
  * 4-byte word of a row (row_words = the row's bytes / 4: every cache row holds a multiple of 4). */
 extern "C" __global__ void __launch_bounds__(256)

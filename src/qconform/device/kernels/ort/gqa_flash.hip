@@ -428,24 +428,33 @@ __device__ __forceinline__ void qk_fl2_stage(qk_u16* tile, const qk_u16* base, i
     }
 }
 
-/* One CTA per (block of 128 / hpc query rows, hpc query heads of one KV head, batch b), the row
- * blocks longest first; group w takes head n0 + w / (8 / hpc), rows q0 + 16 (w % (8 / hpc)) ..
- * + 15 (lane 4 g + t: rows g and g + 8 of them). The CTA loops over the key blocks of
- * [lo(q0), L(its last row)); a group skips the blocks outside its rows' ranges and masks only
- * the blocks its rows do not all see whole (the causal diagonal, a window's first block, the
- * cache's end). */
+/* One CTA per (block of 128 / hpc query rows, hpc query heads of one KV head, batch b); group w
+ * takes head n0 + w / (8 / hpc), rows q0 + 16 (w % (8 / hpc)) .. + 15 (lane 4 g + t: rows g and
+ * g + 8 of them). Launch order (blockIdx.x, the one the block scheduler roughly follows): bands of
+ * `chunk` row blocks, the longest (the last rows, the most causal keys) first; inside a band every
+ * head block in turn, its row blocks longest first. chunk = 1 (the launcher's pick where every
+ * head's K / V fit in L2): the longest row blocks of all heads first, so the short ones fill the
+ * tail (2k prompt: ~65 block-times an SM instead of ~79, longest-processing-time list scheduling
+ * of 512 CTAs on 132 SMs); chunk = all row blocks: one head's blocks after another (its K / V stay
+ * hot in L2), the session-10 round-1 order. The CTA loops over the key blocks of [lo(q0), L(its
+ * last row)); a group skips the blocks outside its rows' ranges and masks only the blocks its rows
+ * do not all see whole (the causal diagonal, a window's first block, the cache's end). */
 template <int H>
 __device__ __forceinline__ void qk_fl2_attend(const float* qrot, const qk_u16* kc, const qk_u16* vc, qk_i64 kv_rows,
                                               const int* seqlens_k, const void* head_sink, void* output, int S, int N,
                                               int Nk, int first_prompt, int window, int sink_mode, int is16,
-                                              float alpha, int hpc) {
+                                              float alpha, int hpc, int chunk) {
     constexpr int KS = H / 16, NT = H / 8;
     __shared__ __align__(16) qk_u16 ktile[2][QK_FL_BN * H];
     __shared__ __align__(16) qk_u16 vtile[QK_FL_BN * H];
     const int lane = (int)(threadIdx.x & 31), grp = (int)(threadIdx.x >> 5), g = lane >> 2, t = lane & 3;
     const int rows = QK_FL2_ROWS / hpc, per = 8 / hpc; /* rows and groups of one head */
-    const int q0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * rows;
-    const int head0 = (int)blockIdx.y * hpc, n = head0 + grp / per, b = (int)blockIdx.z;
+    const int hblocks = N / hpc, nrb = (int)gridDim.x / hblocks; /* head blocks, row blocks */
+    const int band = (int)blockIdx.x / (chunk * hblocks), rem = (int)blockIdx.x - band * chunk * hblocks;
+    const int width = chunk < nrb - band * chunk ? chunk : nrb - band * chunk; /* the last band may be short */
+    const int rank = band * chunk + rem % width;                                /* 0: the longest row block */
+    const int q0 = (nrb - 1 - rank) * rows;
+    const int head0 = (rem / width) * hpc, n = head0 + grp / per, b = (int)blockIdx.z;
     const qk_i64 kvh = head0 / (N / Nk);
     const int total = seqlens_k[b] + 1, past = first_prompt ? 0 : total - S;
     const qk_u16* kbase = kc + ((qk_i64)b * Nk + kvh) * kv_rows * H;
@@ -608,9 +617,9 @@ __device__ __forceinline__ void qk_fl2_attend(const float* qrot, const qk_u16* k
     extern "C" __global__ void __launch_bounds__(QK_FL2_THREADS, 1)                                                 \
         NAME(const float* qrot, const qk_u16* kc, const qk_u16* vc, qk_i64 kv_rows, const int* seqlens_k,          \
              const void* head_sink, void* output, int S, int N, int Nk, int first_prompt, int window, int sink_mode, \
-             int is16, float alpha, int hpc) {                                                                      \
+             int is16, float alpha, int hpc, int chunk) {                                                           \
         qk_fl2_attend<HS>(qrot, kc, vc, kv_rows, seqlens_k, head_sink, output, S, N, Nk, first_prompt, window,      \
-                          sink_mode, is16, alpha, hpc);                                                             \
+                          sink_mode, is16, alpha, hpc, chunk);                                                      \
     }
 
 /* qk_gqa_prefill2_h<H>: head_size H */
