@@ -405,17 +405,16 @@ QMOE_G_PARTIAL_TILE: Edits = (
     ),
 )
 # every chunk scaled by its row's first block scale (coverage 2: rows of 2..8 blocks)
-QMOE_G_ROW_SCALE: Edits = (("rr * blocks + (f.bs ? kk / f.bs : 0)", "rr * blocks"),)
-# a block's fp32 partial sum not reset after its fold: each block's scale also multiplies the earlier blocks'
-QMOE_G_PART_KEPT: Edits = (
-    ("                        part[mi][ni][0] = part[mi][ni][1] = part[mi][ni][2] = part[mi][ni][3] = 0.0f;\n", ""),
-)
+QMOE_G_ROW_SCALE: Edits = (("qk_load_f(f.s, srow + sblk, f.s16)", "qk_load_f(f.s, srow, f.s16)"),)
+# a block's fp32 partial sum not restarted after its fold (only the first chunk's mma from zero): each
+# block's scale also multiplies the earlier blocks'
+QMOE_G_PART_KEPT: Edits = (("const bool fresh = ci == 0;", "const bool fresh = kk == 0;"),)
 # a tile's expert searched with < : an expert's first tile taken as the previous expert's, past its
 # pairs (so nothing is computed for it; every read stays in bounds)
 QMOE_G_TILE_SEARCH: Edits = (("        if (tiles[mid] <= i) lo = mid;", "        if (tiles[mid] < i) lo = mid;"),)
 # the weight codes enter as q (the zero point not subtracted: q - 0)
 QMOE_G_NO_ZP: Edits = (
-    ("zr[j] = in ? 0xE400u | (qk_u32)z : 0x8000u;", "zr[j] = in ? 0xE400u + 0u * (qk_u32)z : 0x8000u;"),
+    ("zr[j] = 0xE400u | (in ? (qk_u32)z : 0u);", "zr[j] = 0xE400u | (in ? 0u * (qk_u32)z : 0u);"),
 )
 # SwiGLU's gate and linear rows swapped in fc1's epilogue
 QMOE_G_GLU_SWAPPED: Edits = (
@@ -483,6 +482,8 @@ QMOE_MUTANTS = (
             "Xfp16_Wu4_Yfp16", define="-DQK_MOE_RAGGED_V1"),
     _qmoe_g("control: QMoE grouped on the portable mma (shuffles), u8", None, "Xfp16_Wu8_Yfp16",
             define="-DQK_MMA_EMULATE", coverage=2),
+    _qmoe_g("control: QMoE grouped, round 1's tile loop (-DQK_MOE_GEMM_V1), u4", None, "Xfp16_Wu4_Yfp16",
+            define="-DQK_MOE_GEMM_V1", coverage=2),
 )  # fmt: skip
 
 # bnb/decode.hip (nf4_decode, fp4_decode; --impl cupy). Coverage 1 has random codes in every case,

@@ -10,8 +10,9 @@ weighted sum), and whether the kernel's output on the first set is within the ca
 faster than the PyTorch baseline. PyTorch is imported here only; without it the column says so.
 
 ``python -m qconform.bench.qmoe [--quick] [--json FILE] [--variants decode,decode_v1,legacy]``
-``python -m qconform.bench.qmoe --prefill [--variants grouped,per_token]``: qmoe_ragged_mm at 512 and
-4096 tokens under storage=fp16 (the grouped GEMMs) against a PyTorch prefill (``bench_prefill``).
+``python -m qconform.bench.qmoe --prefill [--variants grouped,grouped_v1,per_token]``: qmoe_ragged_mm at
+512 and 4096 tokens under storage=fp16 (the grouped GEMMs) against a PyTorch prefill (``bench_prefill``);
+``grouped_v1`` (round 1's tile loop, ``-DQK_MOE_GEMM_V1``) must give the same output bits as ``grouped``.
 (``--variants``: the decode path, its session-8 kernels ``-DQK_MOE_DECODE_V1`` and the legacy kernels
 ``-DQK_MOE_LEGACY``, timed side by side on the same cold rotation, each output checked against the
 bound)
@@ -216,6 +217,7 @@ def bench(shapes=SHAPES, reps: int = 50, n_calls: int | None = None, variants=("
 PREFILL_TOKENS = (512, 4096)
 PREFILL_VARIANTS = {  # name -> build options of qmoe_ragged_mm under storage=fp16 (qconform.device.ort.qmoe)
     "grouped": (),
+    "grouped_v1": ("-DQK_MOE_GEMM_V1",),  # session 10 round 1's tile loop (qmoe_gemm_v1.h): the same bits
     "per_token": ("-DQK_MOE_RAGGED_V1",),  # the decode kernels, each token on its own (timed at <= 512 tokens)
 }
 PER_TOKEN_MAX = 512
@@ -308,6 +310,7 @@ def bench_prefill(shapes=SHAPES, tokens=PREFILL_TOKENS, reps: int = 10, variants
             logits = _prefill_logits(T, E, 200 + T)
             base_name, base, ref = _torch_prefill(layer, logits, E, k, bs, attrs, reps)
             flops = 6 * T * k * H * inter
+            grouped_y = None  # the first grouped variant's output: the others must match it bit for bit
             for variant in variants:
                 if variant == "per_token" and T > PER_TOKEN_MAX:
                     continue
@@ -320,6 +323,11 @@ def bench_prefill(shapes=SHAPES, tokens=PREFILL_TOKENS, reps: int = 10, variants
                 med = bl.median(ts)
                 rel = _rel_l2(y, ref) if ref is not None else float("nan")
                 verdict = "PASS" if ref is None or rel <= RELL2_VS_TORCH else "FAIL"
+                if variant.startswith("grouped"):
+                    if grouped_y is None:
+                        grouped_y = y
+                    elif not bool((y.view(cupy.uint16) == grouped_y.view(cupy.uint16)).all()):
+                        verdict = "FAIL (bits differ from the first grouped variant)"
                 baselines = {base_name: bl.median(base) * 1e6} if base is not None else {}
                 us = tuple(t_ * 1e6 for t_ in ts)
                 label = f"qmoe_ragged_mm {name}" + ("" if variant == "grouped" else f" [{variant}]")
@@ -331,7 +339,7 @@ def bench_prefill(shapes=SHAPES, tokens=PREFILL_TOKENS, reps: int = 10, variants
                     f"| {flops / med / 1e12:.1f} | {base_us} | {x_base:.2f}x | {rel:.2e} | {verdict} |",
                     flush=True,
                 )
-            del ref
+            del ref, grouped_y
     return records
 
 

@@ -932,21 +932,76 @@ __device__ __forceinline__ bool qk_moe_tile(const int* offs, const int* tiles, i
     return true;
 }
 
+#ifdef QK_MOE_GEMM_V1
+#include "qmoe_gemm_v1.h"
+#else
+#if defined(QK_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(QK_MMA_EMULATE)
+#define QK_MOE_LDMATRIX 1 /* the fragments by ldmatrix and a block's first mma from a zero C (sm_80+) */
+#endif
+
+/* the four 8 x 8 fp16 matrices of rows r0..r0+15 and columns c0..c0+15 of a [row][QK_MOE_GPAD]
+ * shared tile in qk_mma_16816's A layout: f[i] = T[r0 + 8 (i & 1) + g][c0 + 8 (i >> 1) + 2t ..+1]
+ * (B of rows n..n+15: b[ni][0] = f[0], b[ni][1] = f[2], b[ni + 1][0] = f[1], b[ni + 1][1] = f[3]).
+ * PTX ISA "ldmatrix": lanes 8i..8i+7 give the row addresses of matrix i, lane l receives row l / 4,
+ * halves 2 (l % 4) and 2 (l % 4) + 1 of each; elsewhere four 32-bit shared loads of the same words */
+__device__ __forceinline__ void qk_moe_frag(qk_u32 f[4], const qk_u16 (*T)[QK_MOE_GPAD], int r0, int c0) {
+    const int lane = (int)(threadIdx.x & 31);
+#ifdef QK_MOE_LDMATRIX
+    const unsigned a = (unsigned)__cvta_generic_to_shared(&T[r0 + (lane & 7) + ((lane >> 3) & 1) * 8][c0 + (lane >> 4) * 8]);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(f[0]), "=r"(f[1]), "=r"(f[2]), "=r"(f[3])
+                 : "r"(a));
+#else
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) f[i] = *(const qk_u32*)&T[r0 + 8 * (i & 1) + g][c0 + 8 * (i >> 1) + 2 * t];
+#endif
+}
+
+/* d = a b + 0: qk_mma_16816 from a zero accumulator (the same sum as from registers holding +0) */
+__device__ __forceinline__ void qk_moe_mma0(float d[4], const qk_u32 a[4], const qk_u32 b[2]) {
+#ifdef QK_MOE_LDMATRIX
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%10, %10, %10, %10};"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(0.0f));
+#else
+    d[0] = d[1] = d[2] = d[3] = 0.0f;
+    qk_mma_16816(d, a, b);
+#endif
+}
+
 /* one projection of expert e for the CTA's pairs: acc[mi][ni][4] (this lane's mma fragments of its
  * group's 32 pairs x 32 rows) = sum over the quantization blocks of fp32(scale) * the fp32 mma sum
- * of x (q - z) over the block. X: fp16 rows of Kp values, s_src: the X row of each tile row (-1:
- * none, zeros). Stages of QK_MOE_GK values: the next stage's words loaded into registers while
- * the current one is multiplied */
+ * of x (q - z) over the block. X: fp16 rows of Kp values, s_src: the X row of each tile row
+ * (qk_moe_rows; rows past the pairs repeat the first one, never stored). Stages of QK_MOE_GK values: the next stage's words loaded into registers while
+ * the current one is multiplied. The same fragments, mma calls and folds in the same order as
+ * -DQK_MOE_GEMM_V1 (qmoe_gemm_v1.h); fewer instructions: ldmatrix fragments, each block's sums
+ * started by an mma from zero (no resets), the block of each chunk by counters (no divisions),
+ * a word's codes paired (k, k + PER / 2) by one mask each and the halves permuted after the
+ * subtraction (the same fp16 values) */
 template <int BITS>
 __device__ __forceinline__ void qk_moe_gemm_tile(const qk_moe_fc& f, int e, int n0, const qk_u16* X, int Kp,
                                                  const int* s_src, qk_u16 (*Xs)[QK_MOE_GPAD],
                                                  qk_u16 (*Ws)[QK_MOE_GPAD], float (*Ss)[QK_MOE_GN],
                                                  float acc[2][4][4]) {
-    constexpr int PER = 32 / BITS, WPR = QK_MOE_GK / PER, NW = QK_MOE_GN * WPR / QK_MOE_GT;
-    const int tid = (int)threadIdx.x, lane = tid & 31, grp = tid >> 5, g = lane >> 2, t = lane & 3;
+    constexpr int PER = 32 / BITS, HP = PER / 2, WPR = QK_MOE_GK / PER, NW = QK_MOE_GN * WPR / QK_MOE_GT;
+    constexpr int RS = QK_MOE_GT / WPR; /* weight rows between a thread's words */
+    const int tid = (int)threadIdx.x, lane = tid & 31, grp = tid >> 5, t = lane & 3;
     const int wm = (grp >> 1) * 32, wn = (grp & 1) * 32;
     const int words = f.K / PER, blocks = f.bs ? f.K / f.bs : 1;
-    const qk_u32 mask = (1u << BITS) - 1u;
+    const int cpb = f.bs ? f.bs / 32 : 0x7fffffff; /* 32-value chunks a quantization block (bs % 32 == 0) */
+    const qk_u32 m2 = ((1u << BITS) - 1u) * 0x10001u;
+    const int xc = tid & 7, wr0 = tid / WPR, ww = tid % WPR, sn = tid & (QK_MOE_GN - 1), sh = tid / QK_MOE_GN;
+    const qk_u32* wq = (const qk_u32*)f.w + ((qk_i64)e * f.N + n0 + wr0) * words + ww;
+    const qk_i64 rstep = (qk_i64)RS * words;
+    const qk_i64 srow = ((qk_i64)e * f.N + n0 + sn) * blocks;
+    int sblk = 0, srem = 32 * sh; /* the block of value k0 + 32 sh (the next fetch's) and its offset in it */
+    while (f.bs && srem >= f.bs) {
+        srem -= f.bs;
+        ++sblk;
+    }
+    int ci = 0; /* the current chunk's index in its quantization block */
     uint4 xr[4];
     qk_u32 wr[NW], zr[NW];
     float sr;
@@ -956,89 +1011,92 @@ __device__ __forceinline__ void qk_moe_gemm_tile(const qk_moe_fc& f, int e, int 
 #pragma unroll
         for (int ni = 0; ni < 4; ++ni)
 #pragma unroll
-            for (int v = 0; v < 4; ++v) part[mi][ni][v] = 0.0f;
+            for (int v = 0; v < 4; ++v) part[mi][ni][v] = 0.0f; /* set by each block's first mma */
     auto fetch = [&](int k0) {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const int idx = tid + QK_MOE_GT * j, r = idx >> 3, c = idx & 7;
-            const int src = s_src[r];
-            xr[j] = src >= 0 ? *(const uint4*)(X + (qk_i64)src * Kp + k0 + 8 * c) : make_uint4(0u, 0u, 0u, 0u);
-        }
+        for (int j = 0; j < 4; ++j) /* tile row (tid + QK_MOE_GT j) / 8: its X row (qk_moe_rows: always one) */
+            xr[j] = *(const uint4*)(X + (qk_i64)s_src[(tid >> 3) + 16 * j] * Kp + k0 + 8 * xc);
 #pragma unroll
         for (int j = 0; j < NW; ++j) {
-            const int idx = tid + QK_MOE_GT * j, r = idx / WPR, w = k0 / PER + idx % WPR, n = n0 + r;
+            const int w = k0 / PER + ww, n = n0 + wr0 + RS * j;
             const bool in = n < f.N && w < words;
-            const qk_i64 rr = (qk_i64)e * f.N + n;
-            wr[j] = in ? ((const qk_u32*)f.w)[rr * words + w] : 0u;
+            wr[j] = in ? wq[j * rstep + k0 / PER] : 0u;
             int z = 1 << (BITS - 1);
-            if (in && f.has_zp) z = f.bs ? qk_field(f.z + rr * f.zp_bytes, BITS, w * PER / f.bs)
-                                         : qk_field(f.z + (qk_i64)e * f.zp_bytes, BITS, n);
-            zr[j] = in ? 0xE400u | (qk_u32)z : 0x8000u; /* -(1024 + z) as fp16; a word outside: q - z = 0 */
+            if (in && f.has_zp) {
+                const qk_i64 rr = (qk_i64)e * f.N + n;
+                z = f.bs ? qk_field(f.z + rr * f.zp_bytes, BITS, w * PER / f.bs)
+                         : qk_field(f.z + (qk_i64)e * f.zp_bytes, BITS, n);
+            }
+            zr[j] = 0xE400u | (in ? (qk_u32)z : 0u); /* -(1024 + z) as fp16; a word outside: q = z = 0 */
         }
-        {
-            const int r = tid & (QK_MOE_GN - 1), h = tid / QK_MOE_GN, kk = k0 + 32 * h, n = n0 + r;
-            const qk_i64 rr = (qk_i64)e * f.N + n;
-            sr = n < f.N && kk < f.K ? qk_ftz(qk_load_f(f.s, rr * blocks + (f.bs ? kk / f.bs : 0), f.s16)) : 0.0f;
+        const int kk = k0 + 32 * sh, n = n0 + sn;
+        sr = n < f.N && kk < f.K ? qk_ftz(qk_load_f(f.s, srow + sblk, f.s16)) : 0.0f;
+        srem += QK_MOE_GK;
+        while (f.bs && srem >= f.bs) {
+            srem -= f.bs;
+            ++sblk;
         }
     };
     fetch(0);
     for (int k0 = 0; k0 < f.K; k0 += QK_MOE_GK) {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const int idx = tid + QK_MOE_GT * j, r = idx >> 3, c = idx & 7;
-            *(uint4*)&Xs[r][8 * c] = xr[j];
-        }
+        for (int j = 0; j < 4; ++j) *(uint4*)&Xs[(tid >> 3) + 16 * j][8 * xc] = xr[j];
 #pragma unroll
         for (int j = 0; j < NW; ++j) {
-            const int idx = tid + QK_MOE_GT * j, r = idx / WPR, w = idx % WPR;
             const qk_u32 nz = zr[j] * 0x10001u;
-            qk_u32 d[PER / 2];
+            qk_u32 p[HP], d[HP];
 #pragma unroll
-            for (int i = 0; i < PER / 2; ++i) { /* (1024 + q) - (1024 + z): exact in fp16 */
-                const qk_u32 lo = (wr[j] >> (2 * BITS * i)) & mask, hi = (wr[j] >> (2 * BITS * i + BITS)) & mask;
-                const qk_u32 q2 = 0x64006400u | lo | (hi << 16);
-                d[i] = (zr[j] & 0x4000u) ? qk_hfma2(q2, 0x3C003C00u, nz) : 0u;
+            for (int i = 0; i < HP; ++i) /* codes i and i + PER / 2: (1024 + q) - (1024 + z), exact in fp16 */
+                p[i] = qk_hfma2(0x64006400u | ((wr[j] >> (BITS * i)) & m2), 0x3C003C00u, nz);
+#pragma unroll
+            for (int i = 0; i < HP; i += 2) { /* back to code order: (2i, 2i + 1) */
+                d[i / 2] = QK_BYTE_PERM(p[i], p[i + 1], 0x5410u);          /* the low halves */
+                d[HP / 2 + i / 2] = QK_BYTE_PERM(p[i], p[i + 1], 0x7632u); /* the high halves */
             }
+            qk_u16* dst = &Ws[wr0 + RS * j][ww * PER];
             if (PER == 4) {
-                *(uint2*)&Ws[r][w * PER] = make_uint2(d[0], d[1 % (PER / 2)]);
+                *(uint2*)dst = make_uint2(d[0], d[1 % HP]);
             } else {
 #pragma unroll
-                for (int i = 0; i < PER / 2; i += 4)
-                    *(uint4*)&Ws[r][w * PER + 2 * i] = make_uint4(d[i % (PER / 2)], d[(i + 1) % (PER / 2)],
-                                                                  d[(i + 2) % (PER / 2)], d[(i + 3) % (PER / 2)]);
+                for (int i = 0; i < HP; i += 4)
+                    *(uint4*)(dst + 2 * i) = make_uint4(d[i % HP], d[(i + 1) % HP], d[(i + 2) % HP], d[(i + 3) % HP]);
             }
         }
-        Ss[tid / QK_MOE_GN][tid & (QK_MOE_GN - 1)] = sr;
+        Ss[sh][sn] = sr;
         __syncthreads();
         if (k0 + QK_MOE_GK < f.K) fetch(k0 + QK_MOE_GK);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int kk = k0 + 32 * h;
             if (kk >= f.K) break;
+            const bool fresh = ci == 0; /* the block's first chunk: its sums start from zero */
 #pragma unroll
             for (int ks = 0; ks < 32; ks += 16) {
-                const int c = 32 * h + ks + 2 * t;
-                qk_u32 a[2][4], b[4][2];
+                const int c0 = 32 * h + ks;
+                qk_u32 a[2][4], b[4][2], fb[4];
+                qk_moe_frag(a[0], Xs, wm, c0);
+                qk_moe_frag(a[1], Xs, wm + 16, c0);
 #pragma unroll
-                for (int mi = 0; mi < 2; ++mi) {
-                    const int r = wm + 16 * mi + g;
-                    a[mi][0] = *(const qk_u32*)&Xs[r][c];
-                    a[mi][1] = *(const qk_u32*)&Xs[r + 8][c];
-                    a[mi][2] = *(const qk_u32*)&Xs[r][c + 8];
-                    a[mi][3] = *(const qk_u32*)&Xs[r + 8][c + 8];
+                for (int q = 0; q < 2; ++q) {
+                    qk_moe_frag(fb, Ws, wn + 16 * q, c0);
+                    b[2 * q][0] = fb[0];
+                    b[2 * q][1] = fb[2];
+                    b[2 * q + 1][0] = fb[1];
+                    b[2 * q + 1][1] = fb[3];
                 }
+                if (ks == 0 && fresh) {
 #pragma unroll
-                for (int ni = 0; ni < 4; ++ni) {
-                    const int r = wn + 8 * ni + g;
-                    b[ni][0] = *(const qk_u32*)&Ws[r][c];
-                    b[ni][1] = *(const qk_u32*)&Ws[r][c + 8];
+                    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+                        for (int ni = 0; ni < 4; ++ni) qk_moe_mma0(part[mi][ni], a[mi], b[ni]);
+                } else {
+#pragma unroll
+                    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+                        for (int ni = 0; ni < 4; ++ni) qk_mma_16816(part[mi][ni], a[mi], b[ni]);
                 }
-#pragma unroll
-                for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-                    for (int ni = 0; ni < 4; ++ni) qk_mma_16816(part[mi][ni], a[mi], b[ni]);
             }
-            const bool last = kk + 32 >= f.K || (f.bs && (kk + 32) % f.bs == 0); /* the block's last chunk */
+            const bool last = kk + 32 >= f.K || ci == cpb - 1; /* the block's last chunk */
             if (last) {
 #pragma unroll
                 for (int ni = 0; ni < 4; ++ni) {
@@ -1049,14 +1107,15 @@ __device__ __forceinline__ void qk_moe_gemm_tile(const qk_moe_fc& f, int e, int 
                         acc[mi][ni][1] = fmaf(s1, part[mi][ni][1], acc[mi][ni][1]);
                         acc[mi][ni][2] = fmaf(s0, part[mi][ni][2], acc[mi][ni][2]);
                         acc[mi][ni][3] = fmaf(s1, part[mi][ni][3], acc[mi][ni][3]);
-                        part[mi][ni][0] = part[mi][ni][1] = part[mi][ni][2] = part[mi][ni][3] = 0.0f;
                     }
                 }
             }
+            ci = last ? 0 : ci + 1;
         }
         __syncthreads();
     }
 }
+#endif
 
 /* a grouped GEMM CTA's shared memory (19.5 KB) */
 struct qk_moe_gsmem {
@@ -1067,12 +1126,18 @@ struct qk_moe_gsmem {
 };
 
 /* the CTA's tile set-up: s_src (the X row of each tile row: fc1 the pair's token, fc2 the pair's
- * grouped position; -1 past the expert's pairs), s_pair (the pair t * k + j) */
+ * grouped position; past the expert's pairs -1 with -DQK_MOE_GEMM_V1 (zeros), else the tile's
+ * first row's: an mma's output row depends on its own A row only, and those rows are never
+ * stored), s_pair (the pair t * k + j; -1 past the expert's pairs) */
 __device__ __forceinline__ void qk_moe_rows(const int* order, int m0, int m1, int k, int fc, int* s_src, int* s_pair) {
     for (int r = (int)threadIdx.x; r < QK_MOE_GM; r += (int)blockDim.x) {
         const int m = m0 + r, p = m < m1 ? order[m] : -1;
         s_pair[r] = p;
+#ifdef QK_MOE_GEMM_V1
         s_src[r] = p < 0 ? -1 : (fc == 1 ? p / k : m);
+#else
+        s_src[r] = p < 0 ? (fc == 1 ? order[m0] / k : m0) : (fc == 1 ? p / k : m);
+#endif
     }
     __syncthreads();
 }
