@@ -405,7 +405,7 @@ QMOE_G_PARTIAL_TILE: Edits = (
     ),
 )
 # every chunk scaled by its row's first block scale (coverage 2: rows of 2..8 blocks)
-QMOE_G_ROW_SCALE: Edits = (("qk_load_f(f.s, srow + sblk, f.s16)", "qk_load_f(f.s, srow, f.s16)"),)
+QMOE_G_ROW_SCALE: Edits = (("qk_load_f(f.s, srow + sblk, f.s16)", "qk_load_f(f.s, srow + 0 * sblk, f.s16)"),)
 # a block's fp32 partial sum not restarted after its fold (only the first chunk's mma from zero): each
 # block's scale also multiplies the earlier blocks'
 QMOE_G_PART_KEPT: Edits = (("const bool fresh = ci == 0;", "const bool fresh = kk == 0;"),)
@@ -414,7 +414,7 @@ QMOE_G_PART_KEPT: Edits = (("const bool fresh = ci == 0;", "const bool fresh = k
 QMOE_G_TILE_SEARCH: Edits = (("        if (tiles[mid] <= i) lo = mid;", "        if (tiles[mid] < i) lo = mid;"),)
 # the weight codes enter as q (the zero point not subtracted: q - 0)
 QMOE_G_NO_ZP: Edits = (
-    ("zr[j] = 0xE400u | (in ? (qk_u32)z : 0u);", "zr[j] = 0xE400u | (in ? 0u * (qk_u32)z : 0u);"),
+    ("0xE400u | (in ? (qk_u32)z : 0u);", "0xE400u | (in ? 0u * (qk_u32)z : 0u);"),
 )
 # SwiGLU's gate and linear rows swapped in fc1's epilogue
 QMOE_G_GLU_SWAPPED: Edits = (

@@ -32,6 +32,9 @@ matrix units over tiles of 64 pairs of one expert x 64 weight rows (``qk_moe_gem
 ``qk_moe_gemm2_u<bits>``: fp16 inputs, (q - z) exact in fp16, each quantization block's fp32 sum
 times its scale), fc1's output held in fp16, then each token's k slots added in selection order
 (``qk_moe_combine``). The fp32-activation reading only (the contract's level4 "either" accepts it).
+``-DQK_MOE_GEMM_V1`` builds session 10 round 1's tile loop (``qmoe_gemm_v1.h``: the same output
+bits, more instructions), timed beside the default by ``python -m qconform.bench.qmoe --prefill
+--variants grouped,grouped_v1``.
 
 Declined: block sizes that are not a multiple of 32, rows whose K * bits is not a multiple of 32
 (the kernels read rows as 32-bit words), misaligned arrays, and everything the op's ABI declines

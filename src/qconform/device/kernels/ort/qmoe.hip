@@ -1003,7 +1003,7 @@ __device__ __forceinline__ void qk_moe_gemm_tile(const qk_moe_fc& f, int e, int 
     }
     int ci = 0; /* the current chunk's index in its quantization block */
     uint4 xr[4];
-    qk_u32 wr[NW], zr[NW];
+    qk_u32 wr[NW], zr[(NW + 1) / 2]; /* zr: word j's -(1024 + z) in half j % 2 of zr[j / 2] */
     float sr;
     float part[2][4][4]; /* the current quantization block's fp32 sums, carried across chunks and stages */
 #pragma unroll
@@ -1027,7 +1027,8 @@ __device__ __forceinline__ void qk_moe_gemm_tile(const qk_moe_fc& f, int e, int 
                 z = f.bs ? qk_field(f.z + rr * f.zp_bytes, BITS, w * PER / f.bs)
                          : qk_field(f.z + (qk_i64)e * f.zp_bytes, BITS, n);
             }
-            zr[j] = 0xE400u | (in ? (qk_u32)z : 0u); /* -(1024 + z) as fp16; a word outside: q = z = 0 */
+            const qk_u32 zh = 0xE400u | (in ? (qk_u32)z : 0u); /* -(1024 + z) as fp16; a word outside: q = z = 0 */
+            zr[j / 2] = (j & 1) ? zr[j / 2] | (zh << 16) : zh;
         }
         const int kk = k0 + 32 * sh, n = n0 + sn;
         sr = n < f.N && kk < f.K ? qk_ftz(qk_load_f(f.s, srow + sblk, f.s16)) : 0.0f;
@@ -1043,7 +1044,7 @@ __device__ __forceinline__ void qk_moe_gemm_tile(const qk_moe_fc& f, int e, int 
         for (int j = 0; j < 4; ++j) *(uint4*)&Xs[(tid >> 3) + 16 * j][8 * xc] = xr[j];
 #pragma unroll
         for (int j = 0; j < NW; ++j) {
-            const qk_u32 nz = zr[j] * 0x10001u;
+            const qk_u32 nz = QK_BYTE_PERM(zr[j / 2], 0u, (j & 1) ? 0x3232u : 0x1010u); /* in both halves */
             qk_u32 p[HP], d[HP];
 #pragma unroll
             for (int i = 0; i < HP; ++i) /* codes i and i + PER / 2: (1024 + q) - (1024 + z), exact in fp16 */
