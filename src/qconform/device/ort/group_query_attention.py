@@ -165,8 +165,10 @@ def mma_shared(kind: str, head_size: int) -> int:
 
 @functools.cache
 def _allow_shared(kernel: Any, n: int) -> None:
-    """Let ``kernel`` (one build's) take ``n`` bytes of dynamic shared memory (above the 48 KiB default)."""
+    """Let ``kernel`` (one build's) take ``n`` bytes of dynamic shared memory (above the 48 KiB default),
+    the SM's carveout all shared memory (the rings of its 2 or 3 CTAs; L1 is bypassed by cp.async.cg)."""
     kernel.max_dynamic_shared_size_bytes = n
+    kernel.preferred_shared_memory_carveout = 100
 
 
 def _run(op: OpSpec, args: tuple, kwargs: dict[str, Any], out: Any) -> Any:
