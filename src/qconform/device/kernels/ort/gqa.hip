@@ -765,6 +765,27 @@ __device__ __forceinline__ void qk_gqa_mma(const float* qrot, const void* presen
         }
         return;
     }
+    const float ks0 = KIND == 2 ? k_scale[0] : 1.0f;
+    const qk_i64 row_bytes = (qk_i64)HD * EB;
+    const char* kbase = (const char*)present_key + ((b * Nk + g) * Tp + k0) * row_bytes;
+    const char* vbase = (const char*)present_value + ((b * Nk + g) * Tp + k0) * row_bytes;
+    /* ST > 0: the tiles go through a ring of ST stages in shared memory, ST - 1 of the group's
+     * tiles in flight while it computes one (cp.async; the first ones copied before Q is loaded; a
+     * lane reads back only its own copies, slot (load, lane) of W bytes: lane-contiguous, no bank
+     * conflict); ST = 0: loaded into registers at the top of the tile (the session-10 round-1
+     * kernel, -DQK_GQA_MMA_V1) */
+    constexpr int KSB = 2 * KL * QK_GQA_THREADS * KW;        /* K bytes of a stage */
+    constexpr int SB = KSB + 4 * VL * QK_GQA_THREADS * VW;   /* bytes of a stage */
+    char* const ring = (char*)qk_gqa_ring;
+    int ws = 0, rs = 0; /* the stage the next copy goes to, the stage of the tile computed next */
+    if (ST > 0) {
+        for (int st = 0; st + 1 < ST; ++st) {
+            const int t = grp * MK + st * MG * MK;
+            if (t < n) qk_gqa_mma_copy<KW, VW, KL, VL>(ring + ws * SB, KSB, kbase, vbase, row_bytes, t, n, tid);
+            qk_cp_async_commit(); /* an empty group past the split's tiles: the count stays uniform */
+            ws = ws + 1 == ST ? 0 : ws + 1;
+        }
+    }
     /* Q's A fragments of head gq (rows 8 .. 15 zero): a0 = channels j 0, 1 of kstep s, a2 = j 2, 3 */
     qk_u32 qa[KS][2];
     {
@@ -778,10 +799,6 @@ __device__ __forceinline__ void qk_gqa_mma(const float* qrot, const void* presen
             qa[ks][1] = (qk_u32)qk_fp16_bits(v.z) | ((qk_u32)qk_fp16_bits(v.w) << 16);
         }
     }
-    const float ks0 = KIND == 2 ? k_scale[0] : 1.0f;
-    const qk_i64 row_bytes = (qk_i64)HD * EB;
-    const char* kbase = (const char*)present_key + ((b * Nk + g) * Tp + k0) * row_bytes;
-    const char* vbase = (const char*)present_value + ((b * Nk + g) * Tp + k0) * row_bytes;
     const qk_i64 bias_row = bias_batch ? ((bias_batch == 1 ? 0 : b) * bias_heads) : 0;
     const qk_i64 bias0 = ((bias_row + (bias_heads == 1 ? 0 : h0)) * S + s) * T + k0;
     const qk_i64 bias_hs = bias_heads == 1 ? 0 : S * T;
@@ -791,22 +808,6 @@ __device__ __forceinline__ void qk_gqa_mma(const float* qrot, const void* presen
     float m = neg_inf, l = 0.0f; /* head gq's running max (the quad's) and the lane's sum of p */
     const bool head_ok = gq < nh;
 
-    /* ST > 0: the tiles go through a ring of ST stages in shared memory, ST - 1 of the group's
-     * tiles in flight while it computes one (cp.async; a lane reads back only its own copies, slot
-     * (load, lane) of W bytes: lane-contiguous, no bank conflict); ST = 0: loaded into registers
-     * at the top of the tile (the session-10 round-1 kernel, -DQK_GQA_MMA_V1) */
-    constexpr int KSB = 2 * KL * QK_GQA_THREADS * KW;        /* K bytes of a stage */
-    constexpr int SB = KSB + 4 * VL * QK_GQA_THREADS * VW;   /* bytes of a stage */
-    char* const ring = (char*)qk_gqa_ring;
-    int ws = 0, rs = 0; /* the stage the next copy goes to, the stage of the tile computed next */
-    if (ST > 0) {
-        for (int st = 0; st + 1 < ST; ++st) {
-            const int t = grp * MK + st * MG * MK;
-            if (t < n) qk_gqa_mma_copy<KW, VW, KL, VL>(ring + ws * SB, KSB, kbase, vbase, row_bytes, t, n, tid);
-            qk_cp_async_commit(); /* an empty group past the split's tiles: the count stays uniform */
-            ws = ws + 1 == ST ? 0 : ws + 1;
-        }
-    }
     for (int t0 = grp * MK; t0 < n; t0 += MG * MK) { /* the same trips for the group's 32 lanes */
         /* K rows t0 + gq (tile 0) and t0 + 8 + gq (tile 1), this lane's KW-byte pieces */
         qk_u32 kw[2][KL][KWD], vw[4][VL][VWD];
