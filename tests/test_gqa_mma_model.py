@@ -369,3 +369,24 @@ def test_mma_decode_model_on_the_real_heads(op, case) -> None:
     result = _run(op, case)
     assert result.ok, result.detail
     assert not _run(op, case, shift=False).ok
+
+
+def test_kernel_table_matches_the_model_and_the_launcher() -> None:
+    """The QK_GQA_MMA instantiations in ort/gqa.hip: (KW, VW, CTAs an SM) as GEOMETRY, and the ring's
+    stages ST as the launcher's MMA_STAGES (it sizes the dynamic shared memory from them: ST x 128
+    x H x the element's bytes), every ring over cp.async's 4-byte minimum and at least 2 stages."""
+    import ast
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "src" / "qconform" / "device"
+    hip = (root / "kernels" / "ort" / "gqa.hip").read_text()
+    rows = re.findall(r"^QK_GQA_MMA\(qk_gqa_mma_(f16|i8t)_h(\d+), (\d), (\d+), (\d+), (\d+), (\d), (\d)\)$", hip, re.M)
+    assert len(rows) == len(GEOMETRY)
+    launcher = (root / "ort" / "group_query_attention.py").read_text()
+    stages = ast.literal_eval(re.search(r"^MMA_STAGES = (\{.*\})$", launcher, re.M).group(1))
+    for kind, h, code, hd, kw, vw, ctas, st in rows:
+        assert int(h) == int(hd)
+        assert GEOMETRY[(int(code), int(hd))] == (int(kw), int(vw), int(ctas)), kind + h
+        assert stages[kind][int(hd)] == int(st), kind + h
+        assert int(st) == 0 or (int(st) >= 2 and int(kw) >= 4 and int(vw) >= 4), kind + h
