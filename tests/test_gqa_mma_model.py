@@ -390,3 +390,61 @@ def test_kernel_table_matches_the_model_and_the_launcher() -> None:
         assert GEOMETRY[(int(code), int(hd))] == (int(kw), int(vw), int(ctas)), kind + h
         assert stages[kind][int(hd)] == int(st), kind + h
         assert int(st) == 0 or (int(st) >= 2 and int(kw) >= 4 and int(vw) >= 4), kind + h
+
+
+def ring_reads(n: int, grp: int, stages: int, eager: bool, stuck: bool = False) -> list[tuple[int, int | None]]:
+    """The cp.async ring of qk_gqa_mma (ST = stages) for group grp of a split of n keys, its steps
+    transcribed: (tile computed, tile its stage held when read) per trip. A copy lands at its issue
+    (eager) or only when a qk_cp_async_wait forces it (the latest it may); ``stuck``: the device
+    row "gqa mma: ring read from its first stage" (rs never advanced)."""
+    stage: list[int | None] = [None] * stages
+    groups: list[list[tuple[int, int]]] = []  # committed groups not landed yet: (stage, tile) copies
+    pending: list[tuple[int, int]] = []
+
+    def copy(s: int, t: int) -> None:
+        if eager:
+            stage[s] = t
+        else:
+            pending.append((s, t))
+
+    def commit() -> None:
+        groups.append(list(pending))
+        pending.clear()
+
+    def wait(most: int) -> None:
+        while len(groups) > most:
+            for s, t in groups.pop(0):
+                stage[s] = t
+
+    ws = rs = 0
+    for st in range(stages - 1):
+        t = grp * MK + st * MG * MK
+        if t < n:
+            copy(ws, t)
+        commit()
+        ws = 0 if ws + 1 == stages else ws + 1
+    out = []
+    for t0 in range(grp * MK, n, MG * MK):
+        tn = t0 + (stages - 1) * MG * MK
+        if tn < n:
+            copy(ws, tn)
+        commit()
+        wait(stages - 1)
+        ws = 0 if ws + 1 == stages else ws + 1
+        out.append((t0, stage[rs]))
+        rs = 0 * rs if stuck else (0 if rs + 1 == stages else rs + 1)
+    return out
+
+
+@pytest.mark.parametrize("stages", [2, 3, 4])
+def test_the_ring_reads_every_tile_it_copied(stages: int) -> None:
+    """Every trip of every group reads back its own tile, copies landing early or late, splits of
+    0..700 keys (up to 11 tiles a group: the stages reused); with the read stage stuck at 0 (the
+    device row) some trip reads another tile."""
+    for n in range(0, 701, 7):
+        for grp in range(MG):
+            for eager in (False, True):
+                reads = ring_reads(n, grp, stages, eager)
+                assert len(reads) == len(range(grp * MK, n, MG * MK))
+                assert all(t == got for t, got in reads), (n, grp, eager)
+    assert not all(t == got for t, got in ring_reads(700, 0, stages, False, stuck=True))
