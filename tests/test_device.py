@@ -278,7 +278,8 @@ def test_gqa_prefill_flash_launch_order(chunk: int) -> None:
 def test_own_kernel_gqa_mma_ring_wraps(leaf: str) -> None:
     """The matrix-unit decode's cp.async ring past its stages: coverage 2's one-split case (4 x 64
     KV heads, 321 keys: 6 tiles of 16 keys a 32-lane group, more than the ring's 3 / 4 stages)
-    passes every property, and qk_gqa_mma_<kind>_h128 ran it in one split."""
+    passes every property, and qk_gqa_mma_<kind>_h128 ran it in one split with its ring (3 stages of
+    fp16, 4 of int8)."""
     import cupy
 
     from qconform.device.launch import RECORDING
@@ -303,6 +304,7 @@ def test_own_kernel_gqa_mma_ring_wraps(leaf: str) -> None:
     mma = [launch for launch in launches if launch[0] is kernel_of(SOURCE, f"qk_gqa_mma_{kind}_h128")]
     assert len(mma) == 1
     assert mma[0][1][0] == 4, "one split: a CTA a batch row on grid x"
+    assert mma[0][3] == (3 * 2 if kind == "f16" else 4) * 128 * 128, "the ring's stages x 128 threads x H bytes"
 
 
 BNB_READINGS = ("nf4_quantize", "fp4_quantize", "gemm_4bit")  # launchers with a cuda reading (variant)
