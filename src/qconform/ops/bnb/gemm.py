@@ -266,7 +266,7 @@ def _cases(leaf: str, coverage: int) -> list[Case]:
     14336 x 4096 (down, M = 1).
 
     core: shapes production kernels take (pattern ``normal``, seeds 400..413; 1 at coverage 1, 14
-    from coverage 2): M = 1, 2, 4, 8, 16, 64 (and 3, 5, 6, 7, 32), K a multiple of the blocksize
+    from coverage 2): M = 1, 2, 4, 8, 16, 64 (and 3, 5, 6, 7, 12, 32), K a multiple of the blocksize
     (bitsandbytes' SIMT kernel needs it) and of 256, N a multiple of 8, blocksizes 32..256."""
     out: list[Case] = []
 
@@ -295,7 +295,7 @@ def _cases(leaf: str, coverage: int) -> list[Case]:
         (8, 512, 128, 256, "nf4", True), (16, 4096, 32, 64, "nf4", False), (64, 1024, 64, 32, "fp4", True),
         (1, 1024, 256, 32, "fp4", True), (3, 512, 64, 128, "nf4", False), (5, 256, 128, 64, "fp4", False),
         (6, 1024, 40, 256, "nf4", True), (7, 768, 64, 256, "fp4", False), (32, 512, 64, 64, "nf4", True),
-        (64, 256, 128, 128, "nf4", False),
+        (64, 256, 128, 128, "nf4", False), (12, 352, 40, 32, "fp4", True),
     ]  # fmt: skip
     for i, (M, K, N, bs, qt, bias) in enumerate(core[: 1 if coverage == 1 else None]):
         add((M, K, N), 400 + i, bs, qt, bias)
