@@ -146,6 +146,7 @@ def test_every_patch_applies_once_to_the_shipped_kernel() -> None:
             "-DQK_MOE_LEGACY",
             "-DQK_NBITS_ZP_SUM_V1",
             "-DQK_GQA_PREFILL_V1",
+            "-DQK_BNB_CPU_SIMT",
         )
         assert all(o in build for o in m.options.split() if o.startswith("-D"))
 

@@ -27,7 +27,11 @@
  * The warps' 16 x 8 fp32 partials meet in shared memory and one thread per output adds them in warp
  * order, then the bias: a fixed order, so repeated calls are bit-identical (no atomics).
  * K must be a multiple of 32 (the 16-byte loads) and of blocksize (the launcher declines others);
- * A and B 16-byte aligned; blockDim.x == 256. */
+ * A and B 16-byte aligned; blockDim.x == 256.
+ * -DQK_BNB_CPU_SIMT: the session-8 build, this file empty: the launcher (CPU_SIMT_OPTION) runs the
+ * cpu reading on bnb/gemm_simt.hip's qk_gemm_4bit_m<MT> instead (the bench's old variant, the
+ * device suite's control), and a launch of the mma symbols would fail to load. */
+#if !defined(QK_BNB_CPU_SIMT)
 #include "qk_portable.h"
 
 #include "qconform_abi.h" /* the enum codes, generated from the catalogue */
@@ -210,3 +214,5 @@ extern "C" __global__ void __launch_bounds__(256, 2) qk_gemm_4bit_mma_n1(QCONFOR
 extern "C" __global__ void __launch_bounds__(256, 2) qk_gemm_4bit_mma_n2(QCONFORM_GEMM_4BIT_PARAMS) {
     qk_gemm_4bit_mma<2>(A, B, absmax, bias, C, M, N, K, blocksize, quant_type, a_dtype);
 }
+
+#endif /* QK_BNB_CPU_SIMT */

@@ -32,7 +32,10 @@
  * range then flushes in the next fp32 add: no catalogue input comes near).
  * The launcher (qconform.device.bnb.gemm) declines K % blocksize != 0 (bitsandbytes' SIMT kernel
  * needs it; the chunks' 16-byte loads need K % 32 == 0) and checks A and B are 16-byte aligned.
- * -DQK_BNB_GEMM_V1 builds session 7's kernel instead (gemm_simt_v1.h: the bench's old variant). */
+ * -DQK_BNB_GEMM_V1 builds session 7's kernel instead (gemm_simt_v1.h: the bench's old variant).
+ * The cpu reading with fp16 / bf16 A and M <= 16 runs on bnb/gemm_mma.hip (session 10) unless the
+ * module is built with -DQK_BNB_CPU_SIMT (qconform.device.bnb.gemm.CPU_SIMT_OPTION), which keeps it
+ * here: this file's symbols are the same in both builds. */
 #include "qk_portable.h"
 
 #include "qconform_abi.h" /* the enum codes, generated from the catalogue */
