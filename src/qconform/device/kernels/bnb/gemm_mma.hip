@@ -91,6 +91,26 @@ __device__ __forceinline__ qk_u32 qk_bnbm_word(const uint4& v, int i) {
     return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
+/* steps of W loaded ahead per warp (registers: 128 at most with __launch_bounds__(256, 2)) */
+template <int NT>
+__device__ __forceinline__ int qk_bnbm_depth() {
+    return NT == 1 ? 4 : 3;
+}
+
+/* the ring's first steps of a tile: warp w's steps w, w + 8, ... */
+template <int NT>
+__device__ __forceinline__ void qk_bnbm_first(const qk_u8* B, const float* absmax, qk_i64 N, qk_i64 K, qk_i64 steps,
+                                              qk_i64 tile, int g, int t, int warp, int bs_shift, uint4 wq[4][2],
+                                              float sc[4][2]) {
+    const qk_i64 n0 = 16 * tile;
+    const qk_i64 r0 = n0 + g < N ? n0 + g : N - 1, r1 = n0 + g + 8 < N ? n0 + g + 8 : N - 1;
+#pragma unroll
+    for (int p = 0; p < qk_bnbm_depth<NT>(); ++p) {
+        const qk_i64 s = warp + (qk_i64)p * QK_BNBM_WARPS;
+        qk_bnbm_load(B, absmax, r0, r1, s < steps ? K : 0, QK_BNBM_STEP * s + 32 * t, bs_shift, wq[p], sc[p]);
+    }
+}
+
 /* one step of a warp: the lane's 2 x 16 bytes of W (decoded here) against NT n-tiles of tokens */
 template <int DT, int NT>
 __device__ __forceinline__ void qk_bnbm_step(const qk_u16* A, const float2* tab, qk_i64 M, qk_i64 K, qk_i64 k, int g,
@@ -130,7 +150,10 @@ __device__ __forceinline__ void qk_bnbm_run(const void* A, const qk_u8* B, const
     const qk_u32 low = 8u * (qk_u32)(lane & (QK_BNBM_COPIES - 1));
     const qk_i64 tiles = (N + 15) / 16, steps = (K + QK_BNBM_STEP - 1) / QK_BNBM_STEP;
     const qk_u16* a16 = (const qk_u16*)A;
-    const int depth = NT == 1 ? 4 : 3; /* steps of W loaded ahead per warp (registers: 128 at most) */
+    const int depth = qk_bnbm_depth<NT>();
+    uint4 wq[4][2];
+    float sc[4][2];
+    if ((qk_i64)blockIdx.x < tiles) qk_bnbm_first<NT>(B, absmax, N, K, steps, blockIdx.x, g, t, warp, bs_shift, wq, sc);
     for (qk_i64 tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
         const qk_i64 n0 = 16 * tile;
         const qk_i64 r0 = n0 + g < N ? n0 + g : N - 1, r1 = n0 + g + 8 < N ? n0 + g + 8 : N - 1; /* past N: not stored */
@@ -139,13 +162,6 @@ __device__ __forceinline__ void qk_bnbm_run(const void* A, const qk_u8* B, const
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
             for (int r = 0; r < 4; ++r) d[nt][r] = 0.0f;
-        uint4 wq[4][2];
-        float sc[4][2];
-#pragma unroll
-        for (int p = 0; p < depth; ++p) {
-            const qk_i64 s = warp + (qk_i64)p * QK_BNBM_WARPS;
-            qk_bnbm_load(B, absmax, r0, r1, s < steps ? K : 0, QK_BNBM_STEP * s + 32 * t, bs_shift, wq[p], sc[p]);
-        }
 #pragma unroll 1
         for (qk_i64 s0 = warp; s0 < steps; s0 += depth * QK_BNBM_WARPS) {
 #pragma unroll
@@ -160,6 +176,10 @@ __device__ __forceinline__ void qk_bnbm_run(const void* A, const qk_u8* B, const
                 qk_bnbm_step<DT, NT>(a16, tab, M, K, QK_BNBM_STEP * s + 32 * t, g, low, w, f, d);
             }
         }
+        /* the next tile's first steps in flight during the reduction (the ring is free: its last
+         * loads above were past the steps) */
+        if (tile + gridDim.x < tiles)
+            qk_bnbm_first<NT>(B, absmax, N, K, steps, tile + gridDim.x, g, t, warp, bs_shift, wq, sc);
         /* the warps' partials: red[warp][4 nt + r][lane], then one thread per output in warp order */
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
