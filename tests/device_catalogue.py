@@ -503,8 +503,9 @@ def _bnb_kernel(
 # bnb/gemm_mma.hip (gemm_4bit's cpu reading, fp16 / bf16, M <= 16; --impl cupy): the pair table's
 # nibbles swapped (element 2j decoded from the low nibble); each lane's absmax from the previous block
 # of its row's flattening (the first block keeps its own); the second n-tile of tokens (8..15) never
-# multiplied (its outputs left at the bias: coverage 2 has M 12 and 16). The SIMT kernel's cpu
-# reading (-DQK_BNB_CPU_SIMT, session 8) is the control. Each also fails tests/bnb_mma_model.py.
+# multiplied (its outputs left at the bias: coverage 2 has M 12 and 16). Controls: the portable
+# mma (qk_portable.h's shuffle form, what AMD runs; its bf16 twin is new) and the SIMT kernel's cpu
+# reading (-DQK_BNB_CPU_SIMT, session 8). The three mutants, modelled, fail tests/bnb_mma_model.py.
 BNB_MMA_NIBBLES_SWAPPED: Edits = (
     (
         "tab[i] = make_float2(qk_float(bits[e >> 4]), qk_float(bits[e & 15]));",
@@ -580,6 +581,16 @@ BNB_MUTANTS = (
         "Xfp16_W4_Yfp16",
         BNB_MMA_SECOND_HALF_DROPPED,
         coverage=2,
+    ),
+    _bnb_kernel(
+        "control: bnb mma, portable mma (shuffles), bf16",
+        "bnb/gemm_mma.hip",
+        "gemm_4bit",
+        "Xbf16_W4_Ybf16",
+        (),
+        coverage=2,
+        options="-DQK_MMA_EMULATE",
+        caught_by=None,
     ),
     _bnb_kernel(
         "control: gemm_4bit cpu reading on the SIMT kernel (-DQK_BNB_CPU_SIMT)",
