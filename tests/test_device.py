@@ -349,6 +349,36 @@ def test_own_kernel_bnb_gemm_simt_is_bit_exact(leaf: str) -> None:
         assert got.tobytes() == want.tobytes(), (c.id, int((got != want).sum()), got.size)
 
 
+@pytest.mark.parametrize("leaf", ["Xfp16_W4_Yfp16", "Xbf16_W4_Ybf16"])
+def test_own_kernel_bnb_gemm_mma_default_reading(leaf: str) -> None:
+    """The default (cpu) reading with fp16 / bf16 activations and M <= 16 runs the matrix-unit kernel
+    (``bnb/gemm_mma.hip``): every property at coverage 2 (M = 1..8 on one n-tile of tokens, 12 and 16
+    on two, M 32 / 64 on the SIMT kernel), declined only K % blocksize != 0, repeat calls
+    bit-identical; and the mma kernel is what ran, n1 for M <= 8 and n2 for 9..16."""
+    import cupy
+
+    from qconform.device.bnb.gemm import MMA_SOURCE, gemm_4bit
+    from qconform.device.launch import RECORDING
+    from qconform.device.launchers import kernel_of
+    from qconform.impls import load_impl
+
+    impl = load_impl("cupy")
+    op = get_op("gemm_4bit")
+    prepared = [Prepared.from_case(op, c, impl) for c in op.cases(leaf, 2)]
+    result = run_leaf(impl, op, leaf, prepared, repeat_calls=9, cold=False)
+    assert result.verdict == "PASS", [o.detail for o in result.failed][:3]
+    assert {o.case for o in result.declined} == {p.case.id for p in prepared if not _handles("gemm_4bit", p.case)}
+    for M, symbol in ((4, "qk_gemm_4bit_mma_n1"), (12, "qk_gemm_4bit_mma_n2")):
+        p = next(p for p in prepared if p.case.shape[0] == M and _handles("gemm_4bit", p.case))
+        args, kwargs = op.call_args({k: cupy.asarray(v) for k, v in p.inputs.items()}, p.params)
+        RECORDING.append([])
+        try:
+            gemm_4bit(*args, **kwargs)
+        finally:
+            launches = RECORDING.pop()
+        assert [launch[0] for launch in launches] == [kernel_of(MMA_SOURCE, symbol)], (M, symbol)
+
+
 BNB_ABI = (
     ("nf4_quantize", "qk_nf4_quantize", ""),
     ("fp4_quantize", "qk_fp4_quantize_cuda", "variant=cuda"),
