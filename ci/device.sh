@@ -10,6 +10,7 @@
 # to one family.
 # BENCHES (names: gqa gqa-prefill qmoe qmoe-prefill nbits bnb-gemv ggml-gemv throughput) limits the time part
 # to those benches: with every family it takes longer than one 10-minute device call.
+# QUICK=1 passes --quick to each bench (their smaller shape sets: one device call for all of them).
 # Logs and tables land under $OUT (default /tmp/qconform-device).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -94,7 +95,7 @@ if part time; then
     local start=$SECONDS name=$1 family=$2 module=$3
     shift 3
     if { [ -z "$FAMILY" ] || [ "$FAMILY" = "$family" ]; } && { [ -z "${BENCHES:-}" ] || [[ " $BENCHES " == *" $name "* ]]; }; then
-      "$PY" -m "$module" "$@" --json "$OUT/bench-$name.json" >"$OUT/bench-$name.md" 2>&1 || status=1
+      "$PY" -m "$module" "$@" ${QUICK:+--quick} --json "$OUT/bench-$name.json" >"$OUT/bench-$name.md" 2>&1 || status=1
     else
       echo "(not selected: FAMILY=$FAMILY BENCHES=${BENCHES:-})" >"$OUT/bench-$name.md"
     fi
