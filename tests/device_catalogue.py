@@ -976,10 +976,6 @@ GQA_MMA_MERGE_UNSHIFTED: Edits = (
         "const float f = empty ? -1.0f : 1.0f;",
     ),
 )
-# the mma kernels' cp.async ring read back from its first stage every tile (a group's second tile
-# on computes the first one's keys, later the stage's newest copy): needs a group of 2 tiles or
-# more, coverage 2's one-split case (4 x 64 KV heads, 321 keys: 6 tiles a group, the ring wraps)
-GQA_MMA_RING_STUCK: Edits = (("            rs = rs + 1 == ST ? 0 : rs + 1;", "            rs = 0 * rs;"),)
 GQA_QUANT_BEFORE_ROTARY: Edits = (
     (
         "const float ka = qk_load_f(base, src + p.ia, is16), kb = qk_load_f(base, src + p.ib, is16);",
@@ -997,7 +993,6 @@ GQA_QUANT_BEFORE_ROTARY: Edits = (
 
 def _gqa(name: str, op: str, leaf: str, edits: Edits, caught_by: str | None = "matches_oracle") -> DeviceMutant:
     options = "-DQK_GQA_DECODE_SIMT" if "DECODE_SIMT" in name else ("-DQK_MMA_EMULATE" if "portable" in name else "")
-    options = "-DQK_GQA_MMA_V1" if "MMA_V1" in name else options
     return DeviceMutant(name, "ort/gqa.hip", "", options, op, caught_by, leaf=leaf, edits=edits)
 
 
@@ -1020,12 +1015,8 @@ GQA_MUTANTS = (
     _gqa("gqa mma: int8 K scale left off the scores", "gqa_decode", "Xfp16_Wi8_Yfp16", GQA_MMA_NO_K_SCALE),
     DeviceMutant("gqa mma: groups merged unshifted", "ort/gqa.hip", "", "", "gqa_decode", "matches_oracle",
                  leaf="Xfp16_Wfp16_Yfp16", coverage=2, edits=GQA_MMA_MERGE_UNSHIFTED),
-    DeviceMutant("gqa mma: ring read from its first stage", "ort/gqa.hip", "", "", "gqa_decode", "matches_oracle",
-                 leaf="Xfp16_Wi8_Yfp16", coverage=2, edits=GQA_MMA_RING_STUCK),
     _gqa("control: gqa SIMT decode kernels (-DQK_GQA_DECODE_SIMT), fp16", "gqa_decode", "Xfp16_Wfp16_Yfp16", (),
          caught_by=None),
-    _gqa("control: gqa mma round 1 without the ring (-DQK_GQA_MMA_V1), fp16", "gqa_decode", "Xfp16_Wfp16_Yfp16",
-         (), caught_by=None),
     _gqa("control: gqa mma on the portable mma (shuffles), int8", "gqa_decode", "Xfp16_Wi8_Yfp16", (),
          caught_by=None),
 )  # fmt: skip

@@ -274,39 +274,6 @@ def test_gqa_prefill_flash_launch_order(chunk: int) -> None:
     assert check.ok, check.detail
 
 
-@pytest.mark.parametrize("leaf", ["Xfp16_Wfp16_Yfp16", "Xfp16_Wi8_Yfp16"])
-def test_own_kernel_gqa_mma_ring_wraps(leaf: str) -> None:
-    """The matrix-unit decode's cp.async ring past its stages: coverage 2's one-split case (4 x 64
-    KV heads, 321 keys: 6 tiles of 16 keys a 32-lane group, more than the ring's 3 / 4 stages)
-    passes every property, and qk_gqa_mma_<kind>_h128 ran it in one split with its ring (3 stages of
-    fp16, 4 of int8)."""
-    import cupy
-
-    from qconform.device.launch import RECORDING
-    from qconform.device.launchers import kernel_of
-    from qconform.device.ort.group_query_attention import SOURCE, gqa_decode
-    from qconform.impls import load_impl
-
-    impl = load_impl("cupy")
-    op = get_op("gqa_decode")
-    case = next(c for c in op.cases(leaf, 2) if c.shape == (4, 1, 320, 64, 64, 128))
-    prepared = [Prepared.from_case(op, case, impl)]
-    result = run_leaf(impl, op, leaf, prepared, repeat_calls=9, cold=False)
-    assert result.verdict == "PASS", [o.detail for o in result.failed][:3]
-    assert not result.declined
-    args, kwargs = op.call_args({k: cupy.asarray(v) for k, v in prepared[0].inputs.items()}, prepared[0].params)
-    RECORDING.append([])
-    try:
-        gqa_decode(*args, **kwargs)
-    finally:
-        launches = RECORDING.pop()
-    kind = "f16" if leaf == "Xfp16_Wfp16_Yfp16" else "i8t"
-    mma = [launch for launch in launches if launch[0] is kernel_of(SOURCE, f"qk_gqa_mma_{kind}_h128")]
-    assert len(mma) == 1
-    assert mma[0][1][0] == 4, "one split: a CTA a batch row on grid x"
-    assert mma[0][3] == (3 * 2 if kind == "f16" else 4) * 128 * 128, "the ring's stages x 128 threads x H bytes"
-
-
 BNB_READINGS = ("nf4_quantize", "fp4_quantize", "gemm_4bit")  # launchers with a cuda reading (variant)
 CUDA_READING = [(op, lf.name) for op in BNB_READINGS for lf in get_op(op).leaves]
 

@@ -158,7 +158,6 @@ def test_every_patch_applies_once_to_the_shipped_kernel() -> None:
             "-DQK_GQA_PREFILL_V1",
             "-DQK_GQA_DECODE_SIMT",
             "-DQK_MOE_RAGGED_V1",
-            "-DQK_GQA_MMA_V1",
             "-DQK_BNB_CPU_SIMT",
         )
         assert all(o in build for o in m.options.split() if o.startswith("-D"))

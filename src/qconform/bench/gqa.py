@@ -15,13 +15,12 @@ bound (``qconform.ops.ort.group_query_attention``), one check per cache type.
 
 ``--variants flash,simt`` times the session-9 SIMT flash kernels (``-DQK_GQA_DECODE_SIMT``) beside
 the default ones, which run the attention on the matrix units for this bench's fp16 queries and
-fp16 / int8 per-tensor caches (``qk_gqa_mma_*``, session 10; ``mma_v1``: round 1's, each tile
-loaded into registers at its top, ``-DQK_GQA_MMA_V1``); ``--variants flash,flash_v1,legacy``
+fp16 / int8 per-tensor caches (``qk_gqa_mma_*``, session 10); ``--variants flash,flash_v1,legacy``
 times the session-8 flash kernels (``-DQK_GQA_FLASH_V1``) and the session-7 attention kernels
 (``-DQK_GQA_LEGACY``) beside the default ones on the same cold sets, each variant checked on the
 catalogue's case (``flash_i8u8``: int8 tiles of 8 keys).
 
-``python -m qconform.bench.gqa [--quick] [--variants flash,mma_v1,simt,flash_v1,legacy] [--json FILE]``
+``python -m qconform.bench.gqa [--quick] [--variants flash,simt,flash_v1,legacy] [--json FILE]``
 """
 
 from __future__ import annotations
@@ -143,7 +142,6 @@ def verify(bits: int, past: int = 4096) -> str:
 
 VARIANTS = {  # build options of each attention kernel
     "flash": (),  # session 10: the mma kernels for fp16 queries on fp16 / int8 per-tensor caches
-    "mma_v1": ("-DQK_GQA_MMA_V1",),  # session 10 round 1: the mma kernels without the cp.async ring
     "simt": ("-DQK_GQA_DECODE_SIMT",),  # session 9: the SIMT flash kernels everywhere
     "flash_v1": ("-DQK_GQA_FLASH_V1",),  # session 8: every lane does every (key, head)'s butterfly and softmax
     "flash_i8u8": ("-DQK_GQA_I8T_U8",),  # int8 per-tensor tiles of 8 keys a group (3 CTAs an SM); fp16 as flash

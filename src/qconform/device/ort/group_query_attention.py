@@ -16,9 +16,8 @@ of the shape alone.
 With fp16 queries and an fp16 or int8 per-tensor cache of head size 16, 32, 64 or 128 (present
 16-byte aligned) the attention runs on the matrix units instead (``qk_gqa_mma_*``: one CTA per
 query row, split and KV head with up to 8 of its query heads, tiles of 16 keys a 32-lane group,
-scores and P V by mma.m16n8k16, P split into fp16 hi + lo halves; the tiles stream through a
-cp.async ring in dynamic shared memory, ``-DQK_GQA_MMA_V1`` the round-1 register loads, the bench's
-``mma_v1`` variant); ``-DQK_GQA_DECODE_SIMT`` keeps the SIMT flash kernels there (``simt``).
+scores and P V by mma.m16n8k16, P split into fp16 hi + lo halves); ``-DQK_GQA_DECODE_SIMT``
+keeps the SIMT flash kernels there (the bench's ``simt`` variant).
 Built with ``-DQK_GQA_LEGACY`` (``qconform.device.launchers.compile_options``) the session-7
 attention kernels ``qk_gqa_attend_*`` run instead, with ``-DQK_GQA_FLASH_V1`` the session-8 flash
 kernels (``gqa_flash_v1.h``, their splits) and the new combine (the bench's side-by-side timing).
@@ -27,7 +26,6 @@ Declined: output_qk, precision other than "reference", head_size > 8 warps' lane
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import cupy
@@ -36,7 +34,7 @@ import numpy as np
 from qconform.device import launchers
 from qconform.device.abi import bind_call
 from qconform.device.launch import check_aligned
-from qconform.device.launchers import kernel_of, launch, launch_grid
+from qconform.device.launchers import launch, launch_grid
 from qconform.device.loader import device_info
 from qconform.errors import Declined
 from qconform.ops import OpSpec
@@ -51,11 +49,6 @@ MMA_HEADS = (16, 32, 64, 128)  # head sizes of the qk_gqa_mma_* kernels
 MMA_TILE = 64  # keys an mma CTA takes at once: QK_GQA_MG groups x QK_GQA_MK keys
 MMA_HB = 8  # QK_GQA_MH: query heads of one KV head per mma CTA
 MMA_RESIDENT = {"f16": {128: 2}, "i8t": {}}  # CTAs per SM (__launch_bounds__) where not 3
-MMA_V1 = "-DQK_GQA_MMA_V1"  # the round-1 mma kernels: each tile loaded into registers at its top
-# stages of the mma kernels' shared-memory ring (QK_GQA_MMA's ST; 0: none), each THREADS x H x the
-# element's bytes of dynamic shared memory; none on AMD or with MMA_V1 (QK_GQA_MMA_ST)
-MMA_STAGES = {"f16": {16: 4, 32: 4, 64: 4, 128: 3}, "i8t": {16: 0, 32: 4, 64: 4, 128: 4}}
-MMA_ELEMENT_BYTES = {"f16": 2, "i8t": 1}
 THREADS = 128  # QK_GQA_THREADS
 HB = 4  # QK_GQA_HB: query heads of one KV head per flash CTA
 # flash kernels: cache kind -> (32-bit words a lane loads per row, keys a lane group loads per tile,
@@ -155,22 +148,6 @@ def mma_kind(kind: str, is16: bool, head_size: int, aligned: bool) -> str | None
     return kind
 
 
-def mma_shared(kind: str, head_size: int) -> int:
-    """Dynamic shared memory (bytes) of ``qk_gqa_mma_<kind>_h<head_size>`` in the current build: its
-    ring's stages x THREADS x head_size x the element's bytes (0 without a ring)."""
-    if MMA_V1 in launchers.OPTIONS or device_info().is_hip:
-        return 0
-    return MMA_STAGES[kind][head_size] * THREADS * head_size * MMA_ELEMENT_BYTES[kind]
-
-
-@functools.cache
-def _allow_shared(kernel: Any, n: int) -> None:
-    """Let ``kernel`` (one build's) take ``n`` bytes of dynamic shared memory (above the 48 KiB default),
-    the SM's carveout all shared memory (the rings of its 2 or 3 CTAs; L1 is bypassed by cp.async.cg)."""
-    kernel.max_dynamic_shared_size_bytes = n
-    kernel.preferred_shared_memory_carveout = 100
-
-
 def _run(op: OpSpec, args: tuple, kwargs: dict[str, Any], out: Any) -> Any:
     call = bind_call(op, args, kwargs, out)
     sc = call.bound.scalars
@@ -230,9 +207,6 @@ def _run(op: OpSpec, args: tuple, kwargs: dict[str, Any], out: Any) -> Any:
             head_blocks = -(-G // MMA_HB)
             chunk, splits = flash_splits(B * S * Nk * head_blocks, T, MMA_TILE, MMA_RESIDENT[mma].get(H, 3))
             symbol = f"qk_gqa_mma_{mma}_h{H}"
-            smem = mma_shared(mma, H)
-            if smem > 48 * 1024:
-                _allow_shared(kernel_of(SOURCE, symbol), smem)
         else:
             head_blocks = -(-G // HB)
             words, tile, resident = flash_tile(kind, H)
@@ -243,8 +217,8 @@ def _run(op: OpSpec, args: tuple, kwargs: dict[str, Any], out: Any) -> Any:
             else:
                 chunk, splits = flash_splits(B * S * Nk * head_blocks, T, tile, resident)
             symbol = f"qk_gqa_flash_{kind}_{'wide' if wide else 'words'}"
-            smem = 0
         assert splits <= MAX_SPLITS
+        smem = 0
         tail = (i32(is16), alpha, softcap, i32(chunk), i32(splits))
     part_m = cupy.empty(B * S * N * splits, cupy.float32)
     part_l = cupy.empty(B * S * N * splits, cupy.float32)

@@ -223,9 +223,7 @@ def decode_cases(leaf: str, coverage: int) -> list[Case]:
     B * N * T * H * 8 bytes each, about 0.5 GB at 4 x 32 heads x 4096 keys).
 
     core: kernel-shaped decode (pattern ``core``, seeds 400..; 1 at coverage 1, 6 from coverage 2):
-    batch 1..4, H 64 or 128, 1..8 query heads a KV head, P a multiple of 8; the last, 4 x 64 KV heads
-    of one query head, takes the matrix-unit decode in one split (6 tiles a 32-lane group: its
-    cp.async ring reuses its stages)."""
+    batch 1..4, H 64 or 128, 1..8 query heads a KV head, P a multiple of 8."""
     q = _quantized(leaf)
     out = [
         _case(DECODE, leaf, 1, (2, 1, 5, 4, 2, 16), rope="half"),
@@ -257,7 +255,6 @@ def decode_cases(leaf: str, coverage: int) -> list[Case]:
             ((3, 1, 64, 8, 8, 64), {"sink": "head"}),
             ((2, 1, 512, 16, 2, 128), {"rope": "half", "bias": "full"}),
             ((1, 1, 1024, 8, 2, 128), {"rope": "half", "softcap": 50.0}),
-            ((4, 1, 320, 64, 64, 128), {"rope": "half"}),  # one split: 6 tiles a 16-key group (the mma ring wraps)
         ]
         out += [_case(DECODE, leaf, 401 + i, shape, "core", **kw) for i, (shape, kw) in enumerate(core)]
     if coverage >= 3:

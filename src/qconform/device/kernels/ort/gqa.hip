@@ -645,58 +645,12 @@ __device__ __forceinline__ void qk_gqa_ldw(qk_u32* w, const char* p) {
     }
 }
 
-/* W bytes (16, 8 or 4: qk_gqa_mma's static_assert; src and dst aligned to W) from global src to
- * shared dst by cp.async (the copying thread reads them back after qk_cp_async_wait: no barrier) */
-template <int W>
-__device__ __forceinline__ void qk_gqa_cpw(char* dst, const char* src) {
-    if (W == 16) {
-        qk_cp_async16(dst, src, 16);
-    } else {
-        qk_cp_async4(dst, src, 4);
-        if (W == 8) qk_cp_async4(dst + 4, src + 4, 4);
-    }
-}
-
 /* int8 codes x_lo, x_hi (bytes of words already biased by 0x80: code + 128) as an fp16 pair: the
  * biased byte under the exponent of 1024 (fp16 0x64bb = 1024 + code + 128), minus 1152 by one
  * exact fma (codes are exact in fp16) */
 __device__ __forceinline__ qk_u32 qk_gqa_i8pair(qk_u32 x, qk_u32 y, qk_u32 sel) {
     const qk_u32 t = qk_and_or(QK_BYTE_PERM(x, y, sel), 0x00FF00FFu, 0x64006400u);
     return qk_hfma2(t, 0x3C003C00u, 0xE480E480u);
-}
-
-/* the key rows of a tile at t0 a lane loads (rows past the split: the last row, read anyway): K
- * tile nt, row t0 + nt 8 + gq; V r = 0..3, rows t0 + 2tq, + 1, + 8, + 9 */
-__device__ __forceinline__ int qk_gqa_mma_krow(int t0, int nt, int n, int gq) {
-    const int i = t0 + nt * 8 + gq;
-    return i < n ? i : n - 1;
-}
-__device__ __forceinline__ int qk_gqa_mma_vrow(int t0, int r, int n, int tq) {
-    const int i = t0 + 2 * tq + (r & 1) + (r >> 1) * 8;
-    return i < n ? i : n - 1;
-}
-
-/* a lane's pieces of the tile at t0 (the loads of the register path, same rows and bytes) copied
- * by cp.async into a stage: K load (nt, li) at slot nt KL + li, V load (r, lv) at KSB + slot
- * r VL + lv, slot s of thread tid at (s QK_GQA_THREADS + tid) W bytes */
-template <int KW, int VW, int KL, int VL>
-__device__ __forceinline__ void qk_gqa_mma_copy(char* stage, int KSB, const char* kbase, const char* vbase,
-                                                qk_i64 row_bytes, int t0, int n, int tid) {
-    const int lane = tid % 32, gq = lane / 4, tq = lane % 4;
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-        const char* p = kbase + (qk_i64)qk_gqa_mma_krow(t0, nt, n, gq) * row_bytes + tq * KW;
-#pragma unroll
-        for (int li = 0; li < KL; ++li)
-            qk_gqa_cpw<KW>(stage + ((nt * KL + li) * QK_GQA_THREADS + tid) * KW, p + li * 4 * KW);
-    }
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-        const char* p = vbase + (qk_i64)qk_gqa_mma_vrow(t0, r, n, tq) * row_bytes + gq * VW;
-#pragma unroll
-        for (int lv = 0; lv < VL; ++lv)
-            qk_gqa_cpw<VW>(stage + KSB + ((r * VL + lv) * QK_GQA_THREADS + tid) * VW, p + lv * 8 * VW);
-    }
 }
 
 /* One CTA of QK_GQA_THREADS per (query row (b, s), split sp of the keys, KV head g, block of up to
@@ -723,7 +677,7 @@ __device__ __forceinline__ void qk_gqa_mma_copy(char* stage, int KSB, const char
  * on the split's P V. Every fp32 step is one of the bound's (qconform.ops.ort.attention_bounds);
  * P's split adds 2^-22 relative to each p (inside the bound's 8 ulp of exp). The launcher runs the
  * SIMT qk_gqa_flash_* kernels instead when built with -DQK_GQA_DECODE_SIMT (the bench's simt variant). */
-template <int KIND, int HD, int KW, int VW, int ST>
+template <int KIND, int HD, int KW, int VW>
 __device__ __forceinline__ void qk_gqa_mma(const float* qrot, const void* present_key, const void* present_value,
                                            const int* seqlens_k, const void* attention_bias, const float* k_scale,
                                            const float* v_scale, float* part_m, float* part_l, float* part_acc,
@@ -741,12 +695,7 @@ __device__ __forceinline__ void qk_gqa_mma(const float* qrot, const void* presen
     constexpr int NT = HD / 8;                  /* n tiles of P V */
     constexpr int MH = QK_GQA_MH, MG = QK_GQA_MG, MK = QK_GQA_MK;
     static_assert(SPL >= 1 && KS % SPL == 0 && HD % (8 * E) == 0, "head size and load widths");
-    static_assert(ST == 0 || (ST >= 2 && KW >= 4 && VW >= 4), "the ring: 2 stages or more, cp.async of 4 bytes or more");
-    /* ST > 0: the ring (dynamic, ST stages of QK_GQA_THREADS HD EB bytes), after the loop the groups'
-     * P V (s_acc, QK_GQA_THREADS HD bytes: inside one stage) */
-    extern __shared__ uint4 qk_gqa_ring[];
-    __shared__ float s_acc0[ST > 0 ? 1 : MG * MH * HD];
-    float* const s_acc = ST > 0 ? (float*)qk_gqa_ring : s_acc0;
+    __shared__ float s_acc[MG * MH * HD];
     __shared__ float s_m[MG * MH], s_l[MG * MH], s_f[MG * MH], s_stat[2 * MH];
     const float neg_inf = qk_gqa_neg_inf();
     const int tid = (int)threadIdx.x, grp = tid / 32, lane = tid % 32, gq = lane / 4, tq = lane % 4;
@@ -765,27 +714,6 @@ __device__ __forceinline__ void qk_gqa_mma(const float* qrot, const void* presen
         }
         return;
     }
-    const float ks0 = KIND == 2 ? k_scale[0] : 1.0f;
-    const qk_i64 row_bytes = (qk_i64)HD * EB;
-    const char* kbase = (const char*)present_key + ((b * Nk + g) * Tp + k0) * row_bytes;
-    const char* vbase = (const char*)present_value + ((b * Nk + g) * Tp + k0) * row_bytes;
-    /* ST > 0: the tiles go through a ring of ST stages in shared memory, ST - 1 of the group's
-     * tiles in flight while it computes one (cp.async; the first ones copied before Q is loaded; a
-     * lane reads back only its own copies, slot (load, lane) of W bytes: lane-contiguous, no bank
-     * conflict); ST = 0: loaded into registers at the top of the tile (the session-10 round-1
-     * kernel, -DQK_GQA_MMA_V1) */
-    constexpr int KSB = 2 * KL * QK_GQA_THREADS * KW;        /* K bytes of a stage */
-    constexpr int SB = KSB + 4 * VL * QK_GQA_THREADS * VW;   /* bytes of a stage */
-    char* const ring = (char*)qk_gqa_ring;
-    int ws = 0, rs = 0; /* the stage the next copy goes to, the stage of the tile computed next */
-    if (ST > 0) {
-        for (int st = 0; st + 1 < ST; ++st) {
-            const int t = grp * MK + st * MG * MK;
-            if (t < n) qk_gqa_mma_copy<KW, VW, KL, VL>(ring + ws * SB, KSB, kbase, vbase, row_bytes, t, n, tid);
-            qk_cp_async_commit(); /* an empty group past the split's tiles: the count stays uniform */
-            ws = ws + 1 == ST ? 0 : ws + 1;
-        }
-    }
     /* Q's A fragments of head gq (rows 8 .. 15 zero): a0 = channels j 0, 1 of kstep s, a2 = j 2, 3 */
     qk_u32 qa[KS][2];
     {
@@ -799,6 +727,10 @@ __device__ __forceinline__ void qk_gqa_mma(const float* qrot, const void* presen
             qa[ks][1] = (qk_u32)qk_fp16_bits(v.z) | ((qk_u32)qk_fp16_bits(v.w) << 16);
         }
     }
+    const float ks0 = KIND == 2 ? k_scale[0] : 1.0f;
+    const qk_i64 row_bytes = (qk_i64)HD * EB;
+    const char* kbase = (const char*)present_key + ((b * Nk + g) * Tp + k0) * row_bytes;
+    const char* vbase = (const char*)present_value + ((b * Nk + g) * Tp + k0) * row_bytes;
     const qk_i64 bias_row = bias_batch ? ((bias_batch == 1 ? 0 : b) * bias_heads) : 0;
     const qk_i64 bias0 = ((bias_row + (bias_heads == 1 ? 0 : h0)) * S + s) * T + k0;
     const qk_i64 bias_hs = bias_heads == 1 ? 0 : S * T;
@@ -811,38 +743,21 @@ __device__ __forceinline__ void qk_gqa_mma(const float* qrot, const void* presen
     for (int t0 = grp * MK; t0 < n; t0 += MG * MK) { /* the same trips for the group's 32 lanes */
         /* K rows t0 + gq (tile 0) and t0 + 8 + gq (tile 1), this lane's KW-byte pieces */
         qk_u32 kw[2][KL][KWD], vw[4][VL][VWD];
-        if (ST > 0) {
-            const int tn = t0 + (ST - 1) * MG * MK; /* the tile ST - 1 ahead into the stage freed last trip */
-            if (tn < n) qk_gqa_mma_copy<KW, VW, KL, VL>(ring + ws * SB, KSB, kbase, vbase, row_bytes, tn, n, tid);
-            qk_cp_async_commit();
-            qk_cp_async_wait<(ST > 0 ? ST - 1 : 0)>(); /* this tile's group has landed */
-            ws = ws + 1 == ST ? 0 : ws + 1;
-            const char* kst = ring + rs * SB;
 #pragma unroll
-            for (int nt = 0; nt < 2; ++nt)
+        for (int nt = 0; nt < 2; ++nt) {
+            const int i = t0 + nt * 8 + gq < n ? t0 + nt * 8 + gq : n - 1; /* past the split: a row it reads anyway */
+            const char* p = kbase + (qk_i64)i * row_bytes + tq * KW;
 #pragma unroll
-                for (int li = 0; li < KL; ++li)
-                    qk_gqa_ldw<KW>(kw[nt][li], kst + ((nt * KL + li) * QK_GQA_THREADS + tid) * KW);
+            for (int li = 0; li < KL; ++li) qk_gqa_ldw<KW>(kw[nt][li], p + li * 4 * KW);
+        }
+        /* V rows t0 + 2tq, + 1, + 8, + 9: channels (lv 8 + gq) E .. + E */
 #pragma unroll
-            for (int r = 0; r < 4; ++r)
+        for (int r = 0; r < 4; ++r) {
+            const int kr = 2 * tq + (r & 1) + (r >> 1) * 8;
+            const int i = t0 + kr < n ? t0 + kr : n - 1;
+            const char* p = vbase + (qk_i64)i * row_bytes + gq * VW;
 #pragma unroll
-                for (int lv = 0; lv < VL; ++lv)
-                    qk_gqa_ldw<VW>(vw[r][lv], kst + KSB + ((r * VL + lv) * QK_GQA_THREADS + tid) * VW);
-            rs = rs + 1 == ST ? 0 : rs + 1;
-        } else {
-#pragma unroll
-            for (int nt = 0; nt < 2; ++nt) {
-                const char* p = kbase + (qk_i64)qk_gqa_mma_krow(t0, nt, n, gq) * row_bytes + tq * KW;
-#pragma unroll
-                for (int li = 0; li < KL; ++li) qk_gqa_ldw<KW>(kw[nt][li], p + li * 4 * KW);
-            }
-            /* V rows t0 + 2tq, + 1, + 8, + 9: channels (lv 8 + gq) E .. + E */
-#pragma unroll
-            for (int r = 0; r < 4; ++r) {
-                const char* p = vbase + (qk_i64)qk_gqa_mma_vrow(t0, r, n, tq) * row_bytes + gq * VW;
-#pragma unroll
-                for (int lv = 0; lv < VL; ++lv) qk_gqa_ldw<VW>(vw[r][lv], p + lv * 8 * VW);
-            }
+            for (int lv = 0; lv < VL; ++lv) qk_gqa_ldw<VW>(vw[r][lv], p + lv * 8 * VW);
         }
         /* the scores: d[nt][0..1] = S[gq][keys nt 8 + 2tq, + 1] */
         float d[2][4];
@@ -931,10 +846,6 @@ __device__ __forceinline__ void qk_gqa_mma(const float* qrot, const void* presen
      * group order as qk_gqa_flash */
     l = QK_FADD(l, QK_SHFL_XOR(l, 1, QK_WARP));
     l = QK_FADD(l, QK_SHFL_XOR(l, 2, QK_WARP));
-    if (ST > 0) { /* s_acc reuses the ring: every group's copies landed and read */
-        qk_cp_async_wait<0>();
-        __syncthreads();
-    }
     if (head_ok) {
 #pragma unroll
         for (int jn = 0; jn < NT; ++jn) {
@@ -985,39 +896,27 @@ __device__ __forceinline__ void qk_gqa_mma(const float* qrot, const void* presen
 /* qk_gqa_mma_<cache>_h<head size>: fp16 queries; f16 cache or i8t (int8, per-tensor scales); the
  * loads of a K / V row piece (KW / VW bytes) the widest the head size allows (present buffers
  * aligned to 16 bytes); C CTAs an SM (__launch_bounds__: 3, 168 registers; fp16 x 128 channels 2,
- * without spills); ST stages of the shared-memory ring (0: loads into registers; the launcher's
- * MMA_STAGES and dynamic shared memory ST x 128 HD EB bytes). The arguments of the flash kernels
- * (H and is16 unused). */
-#define QK_GQA_MMA(NAME, KIND, HD, KW, VW, C, ST)                                                                     \
+ * without spills). The arguments of the flash kernels (H and is16 unused). */
+#define QK_GQA_MMA(NAME, KIND, HD, KW, VW, C)                                                                         \
     extern "C" __global__ void __launch_bounds__(QK_GQA_THREADS, C)                                                   \
         NAME(const float* qrot, const void* present_key, const void* present_value, const int* seqlens_k,            \
              const void* attention_bias, const float* k_scale, const float* v_scale, float* part_m, float* part_l,   \
              float* part_acc, qk_i64 S, qk_i64 N, qk_i64 Nk, qk_i64 H, qk_i64 Tp, qk_i64 T, int first_prompt,        \
              int window, int bias_batch, int bias_heads, int is16, float alpha, float softcap, int chunk,             \
              int splits) {                                                                                           \
-        qk_gqa_mma<KIND, HD, KW, VW, QK_GQA_MMA_ST(ST)>(qrot, present_key, present_value, seqlens_k, attention_bias, \
-                                                      k_scale, v_scale, part_m, part_l, part_acc, S, N, Nk, Tp, T,   \
-                                                      first_prompt, window, bias_batch, bias_heads, alpha, softcap,   \
-                                                      chunk, splits);                                                 \
+        qk_gqa_mma<KIND, HD, KW, VW>(qrot, present_key, present_value, seqlens_k, attention_bias, k_scale, v_scale,  \
+                                     part_m, part_l, part_acc, S, N, Nk, Tp, T, first_prompt, window, bias_batch,     \
+                                     bias_heads, alpha, softcap, chunk, splits);                                      \
     }
 
-/* the ring's stages: none with -DQK_GQA_MMA_V1 (session 10 round 1: every tile loaded into registers
- * at its top, nothing in flight while a group computes) and where cp.async is not (AMD: the copies
- * would be synchronous, and 96 KB of LDS is over a gfx9 / gfx10 workgroup's 64 KB) */
-#if defined(QK_GQA_MMA_V1) || !defined(QK_CUDA)
-#define QK_GQA_MMA_ST(ST) 0
-#else
-#define QK_GQA_MMA_ST(ST) (ST)
-#endif
-
-QK_GQA_MMA(qk_gqa_mma_f16_h16, 1, 16, 8, 4, 3, 4)
-QK_GQA_MMA(qk_gqa_mma_f16_h32, 1, 32, 16, 8, 3, 4)
-QK_GQA_MMA(qk_gqa_mma_f16_h64, 1, 64, 16, 16, 3, 4)
-QK_GQA_MMA(qk_gqa_mma_f16_h128, 1, 128, 16, 16, 2, 3)
-QK_GQA_MMA(qk_gqa_mma_i8t_h16, 2, 16, 4, 2, 3, 0)
-QK_GQA_MMA(qk_gqa_mma_i8t_h32, 2, 32, 8, 4, 3, 4)
-QK_GQA_MMA(qk_gqa_mma_i8t_h64, 2, 64, 16, 8, 3, 4)
-QK_GQA_MMA(qk_gqa_mma_i8t_h128, 2, 128, 16, 16, 3, 4)
+QK_GQA_MMA(qk_gqa_mma_f16_h16, 1, 16, 8, 4, 3)
+QK_GQA_MMA(qk_gqa_mma_f16_h32, 1, 32, 16, 8, 3)
+QK_GQA_MMA(qk_gqa_mma_f16_h64, 1, 64, 16, 16, 3)
+QK_GQA_MMA(qk_gqa_mma_f16_h128, 1, 128, 16, 16, 2)
+QK_GQA_MMA(qk_gqa_mma_i8t_h16, 2, 16, 4, 2, 3)
+QK_GQA_MMA(qk_gqa_mma_i8t_h32, 2, 32, 8, 4, 3)
+QK_GQA_MMA(qk_gqa_mma_i8t_h64, 2, 64, 16, 8, 3)
+QK_GQA_MMA(qk_gqa_mma_i8t_h128, 2, 128, 16, 16, 3)
 
 /* One CTA of QK_GQA_THREADS per (output row r = (b, s, n), chunk of QK_GQA_CC channels), splits <=
  * QK_GQA_MAX_SPLITS: the splits combined in split order, M = max(m_sp, sink), l = sum l_sp
