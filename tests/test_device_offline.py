@@ -50,7 +50,7 @@ def _kq_instances(text: str) -> set[str]:
     tiles = re.findall(r"^KQ_GEMV_ALL\((\d)\)", text, re.M)
     # keep_quant_fast.hip: KF_GEMV(NAME, ..., MT, UNROLL, FN) x KF_GEMV_ALL(MT, UNROLL, UNROLL2)
     fast = re.findall(r"KF_GEMV\((\w+), [^()]*MT, UNROLL[,)]", text)
-    fast_tiles = re.findall(r"^KF_GEMV_ALL\((\d), \d, \d\)", text, re.M)
+    fast_tiles = re.findall(r"^KF_GEMV_ALL\((\d), \d, \w+\)", text, re.M)
     return {f"qk_kq_gemv_{n}_m{t}" for n in names for t in tiles} | {
         f"qk_kq_fast_{n}_m{t}" for n in fast for t in fast_tiles
     }

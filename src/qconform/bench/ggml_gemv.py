@@ -1,8 +1,9 @@
 """ggml's keep-quant GEMV (``matmul_bt_quant``) on the device against its baselines, side by side in
 one run: for each weight type and layer shape at M = 1, both kernels (``exact``: the generic vec_dot
 order, ``keep_quant.hip``; ``fast``: the contract order=any, ``keep_quant_fast.hip``, Q4_K / Q5_K /
-Q6_K / Q8_0; ``fast-v1``: round 1 of it, the build option ``-DQK_KQ_FAST_V1``, for the types whose
-kernel round 2 changed: Q4_K, Q5_K), each one's time spread (min / median / max over batches; the
+Q6_K / Q8_0; for the types whose kernel round 2 changed, Q4_K and Q5_K: ``fast-v1``, round 1 of it,
+the build option ``-DQK_KQ_FAST_V1``, and ``fast-u2``, round 2 with two steps in flight a thread at
+M tile 1, ``-DQK_KF_STEPS_M1=2``), each one's time spread (min / median / max over batches; the
 activation quantization and regrouping included) beside the read-only roofline of its bytes (weights
 and activations read once), fp16 cuBLAS on unquantized weights of the same shape and the read-only
 roofline of those fp16 weights (``qconform.bench.baselines``). Correctness on the same input:
@@ -38,9 +39,11 @@ TYPES = ("Q4_K", "Q5_K", "Q6_K", "Q8_0")
 TARGET_ROOFLINE = 0.8
 TARGET_CUBLAS = 0.8  # of the ratio of the fp16 and the quantized rooflines
 # the launcher's order for each variant: the contract that selects its kernel
-VARIANTS = {"exact": "reference", "fast-v1": "any", "fast": "any"}
+VARIANTS = {"exact": "reference", "fast-v1": "any", "fast-u2": "any", "fast": "any"}
 V1_OPTION = "-DQK_KQ_FAST_V1"  # the build option of round 1's fast kernel (keep_quant_fast.hip)
-V1_TYPES = ("Q4_K", "Q5_K")  # the types whose fast kernel round 2 changed (the others: fast-v1 is fast)
+# the build options of each fast variant: round 1; round 2 with 2 steps of 4 row-blocks in flight a thread
+OPTIONS = {"fast-v1": (V1_OPTION,), "fast-u2": ("-DQK_KF_STEPS_M1=2",)}
+V1_TYPES = ("Q4_K", "Q5_K")  # the types whose fast kernel round 2 changed (the others: fast-v1, fast-u2 are fast)
 
 
 def _weights(qtype: str, K: int, N: int, n_sets: int) -> list[Any]:
@@ -138,10 +141,10 @@ def bench(
             nbytes = sets[0].nbytes + A.nbytes
             e = _numerics(sets[0], qtype, A)
             for variant in variants:
-                if variant != "exact" and qtype not in FAST_TYPES or variant == "fast-v1" and qtype not in V1_TYPES:
+                if variant != "exact" and qtype not in FAST_TYPES or variant in OPTIONS and qtype not in V1_TYPES:
                     continue
                 y = cupy.empty((1, N), cupy.float32)
-                with compile_options(*((V1_OPTION,) if variant == "fast-v1" else ())):
+                with compile_options(*OPTIONS.get(variant, ())):
                     calls = [_recorded(matmul_bt_quant, W, qtype, A, out=y, order=VARIANTS[variant]) for W in sets]
                 ts = bl.times(lambda i, c=calls: _replay(c[i]), len(calls), reps)
                 _replay(calls[0])
@@ -184,8 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--types", help=f"comma-separated weight types (default {','.join(TYPES)}; any of the GEMV's)")
     p.add_argument(
         "--variants",
-        default="exact,fast-v1,fast",
-        help="comma-separated kernels: exact (generic order), fast-v1 (round 1, -DQK_KQ_FAST_V1; Q4_K, Q5_K), fast",
+        default="exact,fast-v1,fast-u2,fast",
+        help="comma-separated kernels: exact (generic order), fast-v1 (round 1), fast-u2 (Q4_K, Q5_K), fast",
     )
     p.add_argument("--split", action="store_true", help="fast kernels: the activation launches, the GEMV apart")
     a = p.parse_args(argv)

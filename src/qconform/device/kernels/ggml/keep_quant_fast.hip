@@ -477,6 +477,9 @@ __device__ __forceinline__ void kf2_gemv(const qk_u8* __restrict__ W, const qk_u
     KF_GEMV(q6_k, 6, 210, MT, UNROLL, (kf_gemv<6, 210, MT, UNROLL>))                            \
     KF_GEMV(q8_0, 0, 34, MT, UNROLL, (kf_gemv<0, 34, MT, UNROLL>))
 
-KF_GEMV_ALL(1, 4, 2)
+#ifndef QK_KF_STEPS_M1
+#define QK_KF_STEPS_M1 1 /* round 2's steps in flight a thread at M tile 1 (64 registers; 2: 122, the bench's fast-u2) */
+#endif
+KF_GEMV_ALL(1, 4, QK_KF_STEPS_M1)
 KF_GEMV_ALL(2, 2, 1)
 KF_GEMV_ALL(4, 1, 1)
