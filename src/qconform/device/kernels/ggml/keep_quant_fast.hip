@@ -19,8 +19,9 @@
  * order. Every term is a product of exact integers and at most two rounded fp32 products, within
  * the contract's n = K + 4 (docs/contracts.md).
  *
- * Geometry: a CTA of 4 groups of 32 threads (wave-size agnostic: groups are threadIdx / 32, the
- * shuffles have width 8) takes 4 weight rows (blockIdx.y) and MT activation rows (blockIdx.x);
+ * Geometry (Q4_K / Q5_K since session 10 round 2: kf2_gemv below, one activation slice for the 4 rows;
+ * round 1's layout with -DQK_KQ_FAST_V1): a CTA of 4 groups of 32 threads (wave-size agnostic: groups
+ * are threadIdx / 32, the shuffles have width 8) takes 4 weight rows (blockIdx.y) and MT activation rows (blockIdx.x);
  * group w takes the blocks ib = w, w + 4, ... (Q8_0: the quads of blocks), lane 8 r + c row r and
  * slice c of each. Weight slices are 16-byte loads for Q4_K (144 bytes) and Q5_K (176): every block
  * 16-byte aligned. Q6_K (210) and Q8_0 (34) blocks are 2-byte aligned: a step (a Q6_K block, 4 Q8_0
@@ -478,7 +479,7 @@ __device__ __forceinline__ void kf2_gemv(const qk_u8* __restrict__ W, const qk_u
     KF_GEMV(q8_0, 0, 34, MT, UNROLL, (kf_gemv<0, 34, MT, UNROLL>))
 
 #ifndef QK_KF_STEPS_M1
-#define QK_KF_STEPS_M1 1 /* round 2's steps in flight a thread at M tile 1 (64 registers; 2: 122, the bench's fast-u2) */
+#define QK_KF_STEPS_M1 2 /* round 2: steps in flight a thread at M tile 1 (1: the bench fast-u1; ptxas then sinks loads) */
 #endif
 KF_GEMV_ALL(1, 4, QK_KF_STEPS_M1)
 KF_GEMV_ALL(2, 2, 1)
