@@ -795,10 +795,10 @@ KF_Q6_STAGE_NO_D: Edits = (("if (c < 5) stg[48 + c] = v[6];", "if (c < 4) stg[48
 KF_GROUP0_DROPPED: Edits = (("float y = part[0][rr][m];", "float y = 0.0f;"),)
 
 
-def _fast(name: str, leaf: str, edits: Edits) -> DeviceMutant:
+def _fast(name: str, leaf: str, edits: Edits, define: str = "") -> DeviceMutant:
     caught = "matches_oracle" if edits else None
     source, op = "ggml/keep_quant_fast.hip", "matmul_bt_quant"
-    return DeviceMutant(name, source, "", "", op, caught, leaf=leaf, edits=edits, contract="order=any")
+    return DeviceMutant(name, source, "", define, op, caught, leaf=leaf, edits=edits, contract="order=any")
 
 
 KEEP_QUANT_FAST_MUTANTS = (
@@ -809,6 +809,11 @@ KEEP_QUANT_FAST_MUTANTS = (
     _fast("keep-quant fast: the first group's partial rows dropped", "Wq4_K_Aq8_K_Yfp32", KF_GROUP0_DROPPED),
     _fast("keep-quant fast: Q6_K staged without its d word", "Wq6_K_Aq8_K_Yfp32", KF_Q6_STAGE_NO_D),
     _fast("control: keep-quant fast kernel under order=any (Q6_K)", "Wq6_K_Aq8_K_Yfp32", ()),
+    _fast("keep-quant fast round 1 (-DQK_KQ_FAST_V1): Q4_K min on the wrong half", "Wq4_K_Aq8_K_Yfp32",
+          KF_MIN_WRONG_HALF, "-DQK_KQ_FAST_V1"),
+    _fast("control: keep-quant fast round 1 (-DQK_KQ_FAST_V1) under order=any (Q5_K)", "Wq5_K_Aq8_K_Yfp32", (),
+          "-DQK_KQ_FAST_V1"),
+    _fast("control: keep-quant fast round 2 under order=any (Q4_K)", "Wq4_K_Aq8_K_Yfp32", ()),
 )
 # ort/gqa_flash.hip (gqa_prefill under --contract storage=fp16; coverage 1: a chunk with a past of
 # 5 rows, window 3, softcap, a head sink and a full bias; a first prompt with smooth_softmax)
