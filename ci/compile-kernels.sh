@@ -89,6 +89,12 @@ compile "$KERNELS/ort/nbits_mma.hip -DQK_NBITS_ZP_SUM_V1 for sm_90" nvcc -cubin 
 # kernels of ort/gqa_flash.hip alone, behind -DQK_GQA_PREFILL_V1, sm_90 only
 compile "$KERNELS/ort/gqa_flash.hip -DQK_GQA_PREFILL_V1 for sm_90" nvcc -cubin -arch=sm_90 -Werror all-warnings \
   $INCLUDES -DQK_GQA_PREFILL_V1 -x cu -o "$tmp/k.cubin" "$KERNELS/ort/gqa_flash.hip"
+# the keep-quant fast GEMV's bench variants (python -m qconform.bench.ggml_gemv: fast-v1, fast-u1):
+# round 1's Q4_K / Q5_K kernels behind -DQK_KQ_FAST_V1, round 2 with one step in flight, sm_90 only
+for def in -DQK_KQ_FAST_V1 -DQK_KF_STEPS_M1=1; do
+  compile "$KERNELS/ggml/keep_quant_fast.hip $def for sm_90" nvcc -cubin -arch=sm_90 -Werror all-warnings \
+    $INCLUDES $def -x cu -o "$tmp/k.cubin" "$KERNELS/ggml/keep_quant_fast.hip"
+done
 for src in examples/so_launcher/*.cu; do
   if [ "$amd" = 1 ]; then
     compile "$src (shared library) for gfx90a" hipcc -shared -fPIC --offload-arch=gfx90a -x hip -Werror $INCLUDES \

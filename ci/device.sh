@@ -8,8 +8,9 @@
 # users: the worked user kernels with their wrong twins; time: the throughput tables (each part
 # well under one 10-minute device call); FAMILY (ggml, ort, ...: `qconform list --families`) limits check and time
 # to one family.
-# BENCHES (names: gqa gqa-prefill qmoe qmoe-prefill nbits bnb-gemv ggml-gemv throughput) limits the time part
+# BENCHES (names: gqa gqa-prefill qmoe qmoe-prefill nbits bnb-gemv bnb-gemv-cpu ggml-gemv throughput) limits the time part
 # to those benches: with every family it takes longer than one 10-minute device call.
+# QUICK=1 passes --quick to each bench (their smaller shape sets: one device call for all of them).
 # Logs and tables land under $OUT (default /tmp/qconform-device).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -94,7 +95,7 @@ if part time; then
     local start=$SECONDS name=$1 family=$2 module=$3
     shift 3
     if { [ -z "$FAMILY" ] || [ "$FAMILY" = "$family" ]; } && { [ -z "${BENCHES:-}" ] || [[ " $BENCHES " == *" $name "* ]]; }; then
-      "$PY" -m "$module" "$@" --json "$OUT/bench-$name.json" >"$OUT/bench-$name.md" 2>&1 || status=1
+      "$PY" -m "$module" "$@" ${QUICK:+--quick} --json "$OUT/bench-$name.json" >"$OUT/bench-$name.md" 2>&1 || status=1
     else
       echo "(not selected: FAMILY=$FAMILY BENCHES=${BENCHES:-})" >"$OUT/bench-$name.md"
     fi
@@ -106,6 +107,7 @@ if part time; then
   timed qmoe-prefill ort qconform.bench.qmoe --prefill
   timed nbits ort qconform.bench.nbits
   timed bnb-gemv bnb qconform.bench.bnb_gemv
+  timed bnb-gemv-cpu bnb qconform.bench.bnb_gemv --variants cpu
   timed ggml-gemv ggml qconform.bench.ggml_gemv
   start=$SECONDS
   if [ -z "${BENCHES:-}" ] || [[ " $BENCHES " == *" throughput "* ]]; then
@@ -141,6 +143,7 @@ if part time; then
   show "QMoE ragged prefill (grouped GEMM, storage=fp16) against PyTorch (records: bench-qmoe-prefill.json)" bench-qmoe-prefill.md
   show "ggml keep-quant GEMV against its baselines (records: bench-ggml-gemv.json)" bench-ggml-gemv.md
   show "bitsandbytes fused 4-bit GEMV against its baselines (records: bench-bnb-gemv.json)" bench-bnb-gemv.md
+  show "bitsandbytes gemm_4bit, the cpu reading: SIMT and matrix-unit kernels (records: bench-bnb-gemv-cpu.json)" bench-bnb-gemv-cpu.md
   echo "seconds per bench:" $(cat "$OUT/time-part.txt")
 fi
 exit $status

@@ -552,11 +552,40 @@ BNB_NESTED_OFFSET_FIRST: Edits = (
 
 
 def _bnb_kernel(
-    name: str, source: str, op: str, leaf: str, edits: Edits, contract: str = "", coverage: int = 1
-) -> DeviceMutant:
+    name: str, source: str, op: str, leaf: str, edits: Edits, contract: str = "", coverage: int = 1,
+    options: str = "", caught_by: str | None = "matches_oracle",
+) -> DeviceMutant:  # fmt: skip
     return DeviceMutant(
-        name, source, "", "", op, "matches_oracle", leaf=leaf, edits=edits, contract=contract, coverage=coverage
+        name, source, "", options, op, caught_by, leaf=leaf, edits=edits, contract=contract, coverage=coverage
     )
+
+
+# bnb/gemm_mma.hip (gemm_4bit's cpu reading, fp16 / bf16, M <= 16; --impl cupy): the pair table's
+# nibbles swapped (element 2j decoded from the low nibble); each lane's absmax from the previous block
+# of its row's flattening (the first block keeps its own); the second n-tile of tokens (8..15) never
+# multiplied (its outputs left at the bias: coverage 2 has M 12 and 16). Controls: the portable
+# mma (qk_portable.h's shuffle form, what AMD runs; its bf16 twin is new) and the SIMT kernel's cpu
+# reading (-DQK_BNB_CPU_SIMT, session 8). The three mutants, modelled, fail tests/bnb_mma_model.py.
+BNB_MMA_NIBBLES_SWAPPED: Edits = (
+    (
+        "tab[i] = make_float2(qk_float(bits[e >> 4]), qk_float(bits[e & 15]));",
+        "tab[i] = make_float2(qk_float(bits[e & 15]), qk_float(bits[e >> 4]));",
+    ),
+)
+BNB_MMA_PREVIOUS_BLOCK: Edits = (
+    (
+        "sc[0] = absmax[(r0 * K + k) >> bs_shift];",
+        "sc[0] = absmax[((r0 * K + k) >> bs_shift) - (((r0 * K + k) >> bs_shift) > 0)];",
+    ),
+    (
+        "sc[1] = absmax[(r1 * K + k) >> bs_shift];",
+        "sc[1] = absmax[((r1 * K + k) >> bs_shift) - (((r1 * K + k) >> bs_shift) > 0)];",
+    ),
+)
+BNB_MMA_SECOND_HALF_DROPPED: Edits = (
+    ("qk_bnbm_mma<DT>(d[nt], a, b);", "if (nt == 0) qk_bnbm_mma<DT>(d[nt], a, b);"),
+)
+CPU_SIMT = "-DQK_BNB_CPU_SIMT"  # qconform.device.bnb.gemm.CPU_SIMT_OPTION
 
 
 BNB_MUTANTS = (
@@ -582,7 +611,12 @@ BNB_MUTANTS = (
         BNB_NESTED_OFFSET_FIRST,
     ),
     _bnb_kernel(
-        "4-bit GEMV: low nibble first", "bnb/gemm_simt.hip", "gemm_4bit", "Xfp16_W4_Yfp16", BNB_GEMV_LOW_NIBBLE_FIRST
+        "4-bit GEMV: low nibble first",
+        "bnb/gemm_simt.hip",
+        "gemm_4bit",
+        "Xfp16_W4_Yfp16",
+        BNB_GEMV_LOW_NIBBLE_FIRST,
+        options=CPU_SIMT,
     ),
     _bnb_kernel(
         "4-bit GEMV: bias added after rounding to fp16",
@@ -590,6 +624,43 @@ BNB_MUTANTS = (
         "gemm_4bit",
         "Xfp16_W4_Yfp16",
         BNB_GEMV_BIAS_AFTER_ROUNDING,
+        options=CPU_SIMT,
+    ),
+    _bnb_kernel("bnb mma: nibbles swapped", "bnb/gemm_mma.hip", "gemm_4bit", "Xfp16_W4_Yfp16", BNB_MMA_NIBBLES_SWAPPED),
+    _bnb_kernel(
+        "bnb mma: absmax of the previous block",
+        "bnb/gemm_mma.hip",
+        "gemm_4bit",
+        "Xbf16_W4_Ybf16",
+        BNB_MMA_PREVIOUS_BLOCK,
+    ),
+    _bnb_kernel(
+        "bnb mma: token tile's second n-half dropped",
+        "bnb/gemm_mma.hip",
+        "gemm_4bit",
+        "Xfp16_W4_Yfp16",
+        BNB_MMA_SECOND_HALF_DROPPED,
+        coverage=2,
+    ),
+    _bnb_kernel(
+        "control: bnb mma, portable mma (shuffles), bf16",
+        "bnb/gemm_mma.hip",
+        "gemm_4bit",
+        "Xbf16_W4_Ybf16",
+        (),
+        coverage=2,
+        options="-DQK_MMA_EMULATE",
+        caught_by=None,
+    ),
+    _bnb_kernel(
+        "control: gemm_4bit cpu reading on the SIMT kernel (-DQK_BNB_CPU_SIMT)",
+        "bnb/gemm_simt.hip",
+        "gemm_4bit",
+        "Xbf16_W4_Ybf16",
+        (),
+        coverage=2,
+        options=CPU_SIMT,
+        caught_by=None,
     ),
     _bnb_kernel(
         "4-bit GEMV (simt): bias added after rounding to bf16",
@@ -725,10 +796,10 @@ KF_Q6_STAGE_NO_D: Edits = (("if (c < 5) stg[48 + c] = v[6];", "if (c < 4) stg[48
 KF_GROUP0_DROPPED: Edits = (("float y = part[0][rr][m];", "float y = 0.0f;"),)
 
 
-def _fast(name: str, leaf: str, edits: Edits) -> DeviceMutant:
+def _fast(name: str, leaf: str, edits: Edits, define: str = "") -> DeviceMutant:
     caught = "matches_oracle" if edits else None
     source, op = "ggml/keep_quant_fast.hip", "matmul_bt_quant"
-    return DeviceMutant(name, source, "", "", op, caught, leaf=leaf, edits=edits, contract="order=any")
+    return DeviceMutant(name, source, "", define, op, caught, leaf=leaf, edits=edits, contract="order=any")
 
 
 KEEP_QUANT_FAST_MUTANTS = (
@@ -739,6 +810,11 @@ KEEP_QUANT_FAST_MUTANTS = (
     _fast("keep-quant fast: the first group's partial rows dropped", "Wq4_K_Aq8_K_Yfp32", KF_GROUP0_DROPPED),
     _fast("keep-quant fast: Q6_K staged without its d word", "Wq6_K_Aq8_K_Yfp32", KF_Q6_STAGE_NO_D),
     _fast("control: keep-quant fast kernel under order=any (Q6_K)", "Wq6_K_Aq8_K_Yfp32", ()),
+    _fast("keep-quant fast round 1 (-DQK_KQ_FAST_V1): Q4_K min on the wrong half", "Wq4_K_Aq8_K_Yfp32",
+          KF_MIN_WRONG_HALF, "-DQK_KQ_FAST_V1"),
+    _fast("control: keep-quant fast round 1 (-DQK_KQ_FAST_V1) under order=any (Q5_K)", "Wq5_K_Aq8_K_Yfp32", (),
+          "-DQK_KQ_FAST_V1"),
+    _fast("control: keep-quant fast round 2 under order=any (Q4_K)", "Wq4_K_Aq8_K_Yfp32", ()),
 )
 # ort/gqa_flash.hip (gqa_prefill under --contract storage=fp16; coverage 1: a chunk with a past of
 # 5 rows, window 3, softcap, a head sink and a full bias; a first prompt with smooth_softmax)

@@ -3,6 +3,9 @@ property, the launchers' argument rules, the device mutants caught and the contr
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 import pytest
 from device_catalogue import ALL, DeviceMutant, build_all, run_mutant, verdict
@@ -63,6 +66,34 @@ def test_own_kernel_passes_every_property(impl_name: str, op_name: str, leaf: st
         assert len(extra) >= 3, "the cold input sets were checked against the oracle"
 
 
+def _passes_at_coverage_2(op_name: str, leaf: str, contract: str = "") -> tuple[Any, list[Prepared]]:
+    """Every property of ``leaf`` at coverage 2 with qconform's kernels (``--impl cupy``, under
+    ``contract`` if given), 9 repeat calls bit-identical; the leaf's result and its prepared cases."""
+    from qconform.impls import load_impl
+
+    impl = load_impl("cupy", contract=contract) if contract else load_impl("cupy")
+    op = get_op(op_name)
+    prepared = [Prepared.from_case(op, c, impl) for c in op.cases(leaf, 2)]
+    result = run_leaf(impl, op, leaf, prepared, repeat_calls=9, cold=False)
+    assert result.verdict == "PASS", [o.detail for o in result.failed][:3]
+    return result, prepared
+
+
+def _launched(fn: Callable[..., Any], op_name: str, case: Prepared, **extra: Any) -> tuple[list, Any]:
+    """The kernels ``fn`` launches on ``case``'s inputs (copied to the device), and its output."""
+    import cupy
+
+    from qconform.device.launch import RECORDING
+
+    args, kwargs = get_op(op_name).call_args({k: cupy.asarray(v) for k, v in case.inputs.items()}, case.params)
+    RECORDING.append([])
+    try:
+        out = fn(*args, **kwargs, **extra)
+    finally:
+        launches = RECORDING.pop()
+    return [launch[0] for launch in launches], out
+
+
 def _handles(op_name: str, case) -> bool:
     """The cases qconform's own kernels take: all, but gemm_4bit's K % blocksize != 0 (declined)."""
     if op_name == "gemm_4bit":
@@ -79,27 +110,14 @@ def test_own_kernel_gqa_prefill_flash_under_storage_fp16(leaf: str) -> None:
     a past, the kernel-shaped cases), none declined, and the flash kernel is what ran: the
     session-10 kernel qk_gqa_prefill2_h<H> on the last case (head_size 128, a window, a chunk over
     a past; no softcap, no bias), the session-8 kernels on the softcap / bias / small-head cases."""
-    import cupy
-
-    from qconform.device.launch import RECORDING
     from qconform.device.launchers import kernel_of
     from qconform.device.ort.gqa_flash import SOURCE, gqa_prefill
-    from qconform.impls import load_impl
 
-    impl = load_impl("cupy", contract="storage=fp16")
-    op = get_op("gqa_prefill")
-    prepared = [Prepared.from_case(op, c, impl) for c in op.cases(leaf, 2)]
-    result = run_leaf(impl, op, leaf, prepared, repeat_calls=9, cold=False)
-    assert result.verdict == "PASS", [o.detail for o in result.failed][:3]
+    result, prepared = _passes_at_coverage_2("gqa_prefill", leaf, "storage=fp16")
     assert not result.declined
-    args, kwargs = op.call_args({k: cupy.asarray(v) for k, v in prepared[-1].inputs.items()}, prepared[-1].params)
-    RECORDING.append([])
-    try:
-        gqa_prefill(*args, **kwargs, storage="fp16")
-    finally:
-        launches = RECORDING.pop()
+    ran, _ = _launched(gqa_prefill, "gqa_prefill", prepared[-1], storage="fp16")
     H = prepared[-1].case.shape[5]
-    assert any(launch[0] is kernel_of(SOURCE, f"qk_gqa_prefill2_h{H}") for launch in launches)
+    assert kernel_of(SOURCE, f"qk_gqa_prefill2_h{H}") in ran
 
 
 KEEP_QUANT_FAST = ("Wq4_K_Aq8_K_Yfp32", "Wq5_K_Aq8_K_Yfp32", "Wq6_K_Aq8_K_Yfp32", "Wq8_0_Aq8_0_Yfp32")
@@ -110,29 +128,15 @@ def test_own_kernel_keep_quant_fast_under_order_any(leaf: str) -> None:
     """The fast keep-quant GEMV (``--impl cupy --contract order=any``, ggml/keep_quant_fast.hip):
     every property at coverage 2 within the contract's per-output bound, none declined, and the fast
     kernel is what ran (its M tile for the last case)."""
-    import cupy
-
     from qconform.device.ggml.keep_quant import FAST_SOURCE, FAST_TILES, FAST_TYPES, act_tile, matmul_bt_quant
-    from qconform.device.launch import RECORDING
     from qconform.device.launchers import kernel_of
-    from qconform.impls import load_impl
 
-    impl = load_impl("cupy", contract="order=any")
-    op = get_op("matmul_bt_quant")
-    prepared = [Prepared.from_case(op, c, impl) for c in op.cases(leaf, 2)]
-    result = run_leaf(impl, op, leaf, prepared, repeat_calls=9, cold=False)
-    assert result.verdict == "PASS", [o.detail for o in result.failed][:3]
+    result, prepared = _passes_at_coverage_2("matmul_bt_quant", leaf, "order=any")
     assert not result.declined
-    last = prepared[-1]
-    args, kwargs = op.call_args({k: cupy.asarray(v) for k, v in last.inputs.items()}, last.params)
-    RECORDING.append([])
-    try:
-        y = matmul_bt_quant(*args, **kwargs, order="any")
-    finally:
-        launches = RECORDING.pop()
+    ran, y = _launched(matmul_bt_quant, "matmul_bt_quant", prepared[-1], order="any")
     qtype = leaf[1:5].upper()
     symbol = f"qk_kq_fast_{FAST_TYPES[qtype]}_m{act_tile(y.shape[0], FAST_TILES)}"
-    assert any(launch[0] is kernel_of(FAST_SOURCE, symbol) for launch in launches), symbol
+    assert kernel_of(FAST_SOURCE, symbol) in ran, symbol
 
 
 def test_keep_quant_order_must_be_a_contract_order() -> None:
@@ -153,30 +157,16 @@ def test_own_kernel_qmoe_grouped_under_storage_fp16(leaf: str) -> None:
     every property of qmoe_ragged_mm at coverage 2 (the scaled models, skew and ties routing, zero
     points, biases, every activation, per-row and block scales, accuracy_level 4), none declined,
     and the grouped kernels are what ran."""
-    import cupy
-
-    from qconform.device.launch import RECORDING
     from qconform.device.launchers import kernel_of
     from qconform.device.ort.qmoe import SOURCE, qmoe_ragged_mm
-    from qconform.impls import load_impl
 
-    impl = load_impl("cupy", contract="storage=fp16")
-    op = get_op("qmoe_ragged_mm")
-    prepared = [Prepared.from_case(op, c, impl) for c in op.cases(leaf, 2)]
-    result = run_leaf(impl, op, leaf, prepared, repeat_calls=9, cold=False)
-    assert result.verdict == "PASS", [o.detail for o in result.failed][:3]
+    result, prepared = _passes_at_coverage_2("qmoe_ragged_mm", leaf, "storage=fp16")
     assert not result.declined
-    args, kwargs = op.call_args({k: cupy.asarray(v) for k, v in prepared[-1].inputs.items()}, prepared[-1].params)
-    RECORDING.append([])
-    try:
-        qmoe_ragged_mm(*args, **kwargs, storage="fp16")
-    finally:
-        launches = RECORDING.pop()
-    bits = int(kwargs["expert_weight_bits"])
-    ran = [launch[0] for launch in launches]
+    ran, _ = _launched(qmoe_ragged_mm, "qmoe_ragged_mm", prepared[-1], storage="fp16")
+    bits = int(leaf.split("_Wu")[1].split("_")[0])  # the leaf's weight bits: Xfp16_Wu8_Yfp16 -> 8
     for name in ("qk_moe_gscatter", f"qk_moe_gemm1_u{bits}", f"qk_moe_gemm2_u{bits}", "qk_moe_combine"):
-        assert any(kernel is kernel_of(SOURCE, name) for kernel in ran), name
-    assert not any(kernel is kernel_of(SOURCE, "qk_moe_fc1v") for kernel in ran)
+        assert kernel_of(SOURCE, name) in ran, name
+    assert kernel_of(SOURCE, "qk_moe_fc1v") not in ran
 
 
 def _grouped_vs_model(inputs: dict, params: dict, calls: int) -> None:
@@ -283,13 +273,7 @@ def test_own_kernel_bnb_passes_under_variant_cuda(op_name: str, leaf: str) -> No
     """The bitsandbytes kernels' second reading: ``--impl cupy --contract variant=cuda`` runs the
     CUDA reading (quantize: the literal-threshold trees; gemm_4bit: gemm_4bit_simt's order) and
     passes every property against that reading, at coverage 2."""
-    from qconform.impls import load_impl
-
-    impl = load_impl("cupy", contract="variant=cuda")
-    op = get_op(op_name)
-    prepared = [Prepared.from_case(op, c, impl) for c in op.cases(leaf, 2)]
-    result = run_leaf(impl, op, leaf, prepared, repeat_calls=9, cold=False)
-    assert result.verdict == "PASS", [o.detail for o in result.failed][:3]
+    result, prepared = _passes_at_coverage_2(op_name, leaf, "variant=cuda")
     assert {o.case for o in result.declined} == {p.case.id for p in prepared if not _handles(op_name, p.case)}
 
 
@@ -314,6 +298,23 @@ def test_own_kernel_bnb_gemm_simt_is_bit_exact(leaf: str) -> None:
         args = (cupy.asarray(x["A"]), cupy.asarray(x["B"]), cupy.asarray(x["absmax"]), bias)
         got = cupy.asnumpy(launch(*args, **kw, variant="cuda"))
         assert got.tobytes() == want.tobytes(), (c.id, int((got != want).sum()), got.size)
+
+
+@pytest.mark.parametrize("leaf", ["Xfp16_W4_Yfp16", "Xbf16_W4_Ybf16"])
+def test_own_kernel_bnb_gemm_mma_default_reading(leaf: str) -> None:
+    """The default (cpu) reading with fp16 / bf16 activations and M <= 16 runs the matrix-unit kernel
+    (``bnb/gemm_mma.hip``): every property at coverage 2 (M = 1..8 on one n-tile of tokens, 12 and 16
+    on two, M 32 / 64 on the SIMT kernel), declined only K % blocksize != 0, repeat calls
+    bit-identical; and the mma kernel is what ran, n1 for M <= 8 and n2 for 9..16."""
+    from qconform.device.bnb.gemm import MMA_SOURCE, gemm_4bit
+    from qconform.device.launchers import kernel_of
+
+    result, prepared = _passes_at_coverage_2("gemm_4bit", leaf)
+    assert {o.case for o in result.declined} == {p.case.id for p in prepared if not _handles("gemm_4bit", p.case)}
+    for M, symbol in ((4, "qk_gemm_4bit_mma_n1"), (12, "qk_gemm_4bit_mma_n2")):
+        p = next(p for p in prepared if p.case.shape[0] == M and _handles("gemm_4bit", p.case))
+        ran, _ = _launched(gemm_4bit, "gemm_4bit", p)
+        assert ran == [kernel_of(MMA_SOURCE, symbol)], (M, symbol)
 
 
 BNB_ABI = (

@@ -45,8 +45,8 @@ U = 2.0**-24
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="no g++")
 
 
-def _build(tmp: Path, edits: Edits = (), driver: str = "keep_quant_fast_host.cpp") -> Path:
-    src = (KERNEL_DIR / "ggml" / "keep_quant_fast.hip").read_text()
+def _build(tmp: Path, edits: Edits = (), driver: str = "keep_quant_fast_host.cpp", defines: str = "") -> Path:
+    src = defines + (KERNEL_DIR / "ggml" / "keep_quant_fast.hip").read_text()
     for old, new in edits:
         assert src.count(old) == 1, old
         src = src.replace(old, new)
@@ -97,13 +97,26 @@ def test_fast_kernel_terms_within_the_order_any_bound(shipped: tuple[Path, Path]
 # the whole kernels, CTA by CTA: M tiles of 1, 2, 4 (5: two tiles, the last partial), N not a multiple of
 # the 4 rows of a CTA, Q8_0 with K / 32 not a multiple of 4 (the last, partial quad of blocks)
 CTA_SHAPES = ((1, 5, 768, "valid"), (2, 4, 512, "quantized"), (3, 9, 1280, "valid"), (5, 6, 2560, "valid"))
+# Q4_K / Q5_K (round 2: 16 block columns a CTA, 2 steps a trip at M tile 1): 37 blocks, a partial second
+# trip at M = 1 and three steps at M = 2
+LONG_SHAPES = ((1, 5, 37 * 256, "valid"), (2, 3, 37 * 256, "quantized"))
 
 
 @pytest.mark.parametrize("qtype", list(KIND))
 def test_fast_kernels_whole_on_host_threads(tmp_path: Path, qtype: str) -> None:
     exe = _build(tmp_path, driver="keep_quant_fast_cta.cpp")
-    shapes = CTA_SHAPES + (((2, 6, 2592, "valid"), (1, 3, 96, "valid")) if qtype == "Q8_0" else ())
+    shapes = CTA_SHAPES + (((2, 6, 2592, "valid"), (1, 3, 96, "valid")) if qtype == "Q8_0" else LONG_SHAPES)
     for M, N, K, w in shapes:
+        assert _worst(exe, tmp_path, qtype, M, N, K, w, np.float32) <= 1.0, (M, N, K, w)
+
+
+@pytest.mark.parametrize("define", ["QK_KQ_FAST_V1", "QK_KF_STEPS_M1 1"])
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K"])
+def test_built_variants_whole_on_host_threads(tmp_path: Path, qtype: str, define: str) -> None:
+    """The Q4_K / Q5_K kernels the bench's build options select (-DQK_KQ_FAST_V1: round 1's;
+    -DQK_KF_STEPS_M1=1: round 2 with one step in flight at M tile 1), still reachable, still right."""
+    exe = _build(tmp_path, driver="keep_quant_fast_cta.cpp", defines=f"#define {define}\n")
+    for M, N, K, w in CTA_SHAPES + LONG_SHAPES[:1]:
         assert _worst(exe, tmp_path, qtype, M, N, K, w, np.float32) <= 1.0, (M, N, K, w)
 
 

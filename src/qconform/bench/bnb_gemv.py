@@ -14,12 +14,17 @@ Targets (issue text): at M = 1 the kernel at >= 80% of its roofline and faster t
 least 0.8 x the ratio of the two read-only rooflines (cuBLAS's fp16/bf16 weights against ours);
 M = 2..16 within 1.5x of M = 1. One ``BenchRecord`` per (dtype, shape, M).
 
-``--variants``: instead, session 7's kernel (the build option ``-DQK_BNB_GEMM_V1``) and the current
-one side by side in one process, the same cold-weight rotation: each one's spread, the speedup, the
-roofline share, each one bit-identical to the oracle's "simt" order at M = 1 and the two outputs
-byte-identical at every M (``--variants --quick``: the first shape, fp16, M = 1 and 16).
+``--variants`` (``--variants cpu``): instead, the default (cpu) reading's two kernels side by side in
+one process, the same cold-weight rotation: session 8's SIMT kernel (the build option
+``-DQK_BNB_CPU_SIMT``) and session 10's matrix-unit kernel (``bnb/gemm_mma.hip``), M = 1, 2, 4, 8, 16:
+each one's spread, new x old, the roofline share, new x cuBLAS on the dequantized weights with the
+allowed ratio (M = 1), each one's time over its own M = 1 (the M target), and the suite's check
+(each output within the op's bound of the oracle, default contract) at M = 1 and 16.
+``--variants cuda``: session 7's SIMT kernel (``-DQK_BNB_GEMM_V1``) and the current one in the
+"simt" reading, each bit-identical to the oracle's "simt" order at M = 1 and the two outputs
+byte-identical at every M. ``--quick``: the first shape, fp16, M = 1 and 16.
 
-``python -m qconform.bench.bnb_gemv [--quick] [--variants] [--json FILE]``
+``python -m qconform.bench.bnb_gemv [--quick] [--variants [cpu|cuda]] [--json FILE]``
 """
 
 from __future__ import annotations
@@ -256,13 +261,120 @@ def bench_variants(shapes=SHAPES, dtypes=DTYPES, ms=MS, reps: int = 50) -> list[
     return records
 
 
+def _within_bound(a: Any, packed: Any, absmax: Any, ys: dict[str, Any], K: int, dtype: str) -> dict[str, str]:
+    """The suite's check of each output (the op's bound of the oracle, default contract), the oracle
+    computed once for all of them."""
+    from qconform.contracts import STRICT
+    from qconform.ops import CATALOGUE
+    from qconform.properties.compare import compare
+    from qconform.properties.expect import expectations
+
+    op = CATALOGUE["gemm_4bit"]
+    inputs = {"A": cupy.asnumpy(a), "B": cupy.asnumpy(packed), "absmax": cupy.asnumpy(absmax)}
+    params = {"K": K, "blocksize": BLOCKSIZE, "quant_type": "nf4", "dtype": dtype}
+    readings = expectations(op, inputs, params, STRICT, None)
+    out = {}
+    for label, y in ys.items():
+        got, details = cupy.asnumpy(y), []
+        for e in readings:
+            c = compare(op, params, got, e.want, e, STRICT)
+            if c.ok:
+                break
+            details.append(c.detail)
+        out[label] = "PASS" if len(details) < len(readings) else "FAIL: " + details[0]
+    return out
+
+
+def bench_cpu_variants(shapes=SHAPES, dtypes=DTYPES, ms=MS, reps: int = 50) -> list[BenchRecord]:
+    """The cpu reading on the SIMT kernel and on the matrix units (module docstring, ``--variants``)."""
+    from qconform.device.bnb import gemm_4bit
+    from qconform.device.bnb.gemm import CPU_SIMT_OPTION
+    from qconform.device.launchers import bound, compile_options
+
+    device = device_info().label
+    variants = {"old (simt)": (CPU_SIMT_OPTION,), "new (mma)": ()}
+    checked = (1, 16)
+    records = []
+    print(
+        "| A | K x N | M | old us min / med / max | new us min / med / max | new x old | roofline us "
+        "| old of roofline | new of roofline | cuBLAS us | new x cuBLAS | allowed x | old x M=1 | new x M=1 "
+        "| old check | new check | verdict |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for K, N in shapes:
+        sets = _weights(K, N, n_sets_for(N * K // 2))
+        for dtype in dtypes:
+            gemm_name, gemm = _gemm(dtype)
+            dense = [cupy.random.default_rng(i).standard_normal((N, K), dtype=cupy.float32).astype(cupy.float16)
+                     for i in range(n_sets_for(N * K * 2))]  # fmt: skip
+            dense = [w.view(cupy.uint16) if dtype == "bfloat16" else w for w in dense]
+            m1: dict[str, float] = {}
+            for M in ms:
+                a = _activations(M, K, dtype)
+                ys, ts = {}, {}
+                for label, options in variants.items():
+                    ys[label] = cupy.empty((M, N), CARRIER[dtype])
+                    with compile_options(*options):
+                        calls = [
+                            bound(gemm_4bit, a, p, s, K=K, blocksize=BLOCKSIZE, quant_type="nf4", out=ys[label])
+                            for p, s in sets
+                        ]
+                    ts[label] = bl.times(lambda i, c=calls: c[i](), len(calls), reps)
+                    calls[0]()
+                check = dict.fromkeys(variants, "n/a (M=1, 16 checked)")
+                if M in checked:
+                    check = _within_bound(a, *sets[0], ys, K, dtype)
+                roof = bl.median(bl.read_roofline([(p, s, a) for p, s in sets], reps))
+                roof_t = bl.median(bl.read_roofline([(w, a) for w in dense], reps))
+                yd = cupy.empty((M, N), CARRIER[dtype])
+                cub = bl.median(bl.times(lambda i, g=gemm, a=a, yd=yd, w=dense: g(a, w[i], yd), len(dense), reps))
+                med = {label: bl.median(t) for label, t in ts.items()}
+                if M == 1:
+                    m1 = dict(med)
+                old, new = med["old (simt)"], med["new (mma)"]
+                x_m1 = {label: med[label] / m1[label] if m1 else float("nan") for label in variants}
+                allowed = TARGET_CUBLAS * roof_t / roof
+                if M == 1:
+                    ok = roof / new >= TARGET_ROOFLINE and cub / new >= allowed
+                else:
+                    ok = x_m1["new (mma)"] <= TARGET_M
+                ok = ok and all(v in ("PASS", "n/a (M=1, 16 checked)") for v in check.values())
+                for label in variants:
+                    records.append(
+                        BenchRecord(
+                            f"gemm_4bit cpu nf4 bs{BLOCKSIZE} {dtype} {label}",
+                            (M, K, N),
+                            device,
+                            sets[0][0].nbytes + sets[0][1].nbytes + a.nbytes + ys[label].nbytes,
+                            2 * M * K * N,
+                            tuple(t * 1e6 for t in ts[label]),
+                            check[label],
+                            {"read-only roofline": roof * 1e6, f"{dtype} {gemm_name}": cub * 1e6},
+                        )
+                    )
+                spread = {k: f"{min(v) * 1e6:.1f} / {bl.median(v) * 1e6:.1f} / {max(v) * 1e6:.1f}"
+                          for k, v in ts.items()}  # fmt: skip
+                print(
+                    f"| {dtype} | {K} x {N} | {M} | {spread['old (simt)']} | {spread['new (mma)']} | {old / new:.2f}x "
+                    f"| {roof * 1e6:.1f} | {roof / old:.0%} | {roof / new:.0%} | {cub * 1e6:.1f} | {cub / new:.2f}x "
+                    f"| {allowed:.2f}x | {x_m1['old (simt)']:.2f}x | {x_m1['new (mma)']:.2f}x "
+                    f"| {check['old (simt)']} | {check['new (mma)']} | {'PASS' if ok else 'below target'} |",
+                    flush=True,
+                )
+    return records
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = bench_parser("bnb_gemv", "the first shape, fp16, M = 1 and 16, fewer repeats")
-    parser.add_argument("--variants", action="store_true", help="session 7's kernel and the current one side by side")
+    parser.add_argument(
+        "--variants", nargs="?", const="cpu", choices=("cpu", "cuda"),
+        help="cpu (the default): the cpu reading's SIMT and mma kernels side by side; cuda: session 7's SIMT "
+        "kernel and the current one in the simt reading",
+    )  # fmt: skip
     a = parser.parse_args(argv)
-    run = bench_variants if a.variants else bench
+    run = {None: bench, "cpu": bench_cpu_variants, "cuda": bench_variants}[a.variants]
     records = run(SHAPES[:1], DTYPES[:1], (1, 16), 20) if a.quick else run()
-    return finish(records, a.json, ("PASS", "n/a (M=1 checked)"))
+    return finish(records, a.json, ("PASS", "n/a (M=1 checked)", "n/a (M=1, 16 checked)"))
 
 
 if __name__ == "__main__":

@@ -1,17 +1,24 @@
 """ggml's keep-quant GEMV (``matmul_bt_quant``) on the device against its baselines, side by side in
 one run: for each weight type and layer shape at M = 1, both kernels (``exact``: the generic vec_dot
 order, ``keep_quant.hip``; ``fast``: the contract order=any, ``keep_quant_fast.hip``, Q4_K / Q5_K /
-Q6_K / Q8_0), each one's time spread (min / median / max over batches; the activation quantization
-and regrouping included) beside the read-only roofline of its bytes (weights and activations read
-once), fp16 cuBLAS on unquantized weights of the same shape and the read-only roofline of those fp16
-weights (``qconform.bench.baselines``). Correctness on the same input: ``exact`` bit-identical to the
-oracle (generic order); ``fast`` each output within the contract's bound (order=any), and for both
-the relative L2 error against the oracle and against the float64 reference of the quantized operands
-(issue 12 item 5). Targets (issue text, item 7): the kernel at >= 80% of its roofline, and its
-speed-up over cuBLAS at least 0.8 x the ratio of the two rooflines. One ``BenchRecord`` per (type,
-shape, variant); weights are random blocks with finite scales.
+Q6_K / Q8_0; for the types whose kernel round 2 changed, Q4_K and Q5_K: ``fast-v1``, round 1 of it,
+the build option ``-DQK_KQ_FAST_V1``, and ``fast-u1``, round 2 with one step in flight a thread at M
+tile 1 (the default: two), ``-DQK_KF_STEPS_M1=1``), each one's time spread (min / median / max over
+batches; the activation quantization and regrouping included) beside the read-only roofline of its
+bytes (weights and activations read once), fp16 cuBLAS on unquantized weights of the same shape and
+the read-only roofline of those fp16 weights (``qconform.bench.baselines``). Correctness on the same
+input: ``exact`` bit-identical to the oracle (generic order); ``fast`` each output within the
+contract's bound (order=any), and for both the relative L2 error against the oracle and against the
+float64 reference of the quantized operands (issue 12 item 5). Targets (issue text, item 7): the
+kernel at >= 80% of its roofline, and its speed-up over cuBLAS at least 0.8 x the ratio of the two
+rooflines. One ``BenchRecord`` per (type, shape, variant); weights are random blocks with finite
+scales.
 
-``python -m qconform.bench.ggml_gemv [--quick] [--variants exact,fast] [--types Q4_0,Q2_K,...] [--json FILE]``
+``--split``: for the fast kernels also the call's launches timed apart, back to back as in the call: the
+activation quantize (and Q8_0's regrouping) alone, then the GEMV alone on the activations they wrote.
+
+``python -m qconform.bench.ggml_gemv [--quick] [--variants exact,fast-v1,fast] [--split] [--types Q4_0,Q2_K,...]
+[--json FILE]``
 """
 
 from __future__ import annotations
@@ -32,7 +39,13 @@ SHAPES = ((8192, 8192), (4096, 14336))  # (K, N): a 70B-class square projection,
 TYPES = ("Q4_K", "Q5_K", "Q6_K", "Q8_0")
 TARGET_ROOFLINE = 0.8
 TARGET_CUBLAS = 0.8  # of the ratio of the fp16 and the quantized rooflines
-VARIANTS = {"exact": "reference", "fast": "any"}  # the launcher's order: the contract that selects each kernel
+# the launcher's order for each variant: the contract that selects its kernel
+VARIANTS = {"exact": "reference", "fast-v1": "any", "fast-u1": "any", "fast": "any"}
+V1_OPTION = "-DQK_KQ_FAST_V1"  # the build option of round 1's fast kernel (keep_quant_fast.hip)
+# the build options of each fast variant: round 1; round 2 with one step of 4 row-blocks in flight a
+# thread at M tile 1 (the default: two)
+OPTIONS = {"fast-v1": (V1_OPTION,), "fast-u1": ("-DQK_KF_STEPS_M1=1",)}
+V1_TYPES = ("Q4_K", "Q5_K")  # the types whose fast kernel round 2 changed (the others: fast-v1, fast-u1 are fast)
 
 
 def _weights(qtype: str, K: int, N: int, n_sets: int) -> list[Any]:
@@ -83,10 +96,30 @@ def _check(e: Any, y: Any, variant: str) -> tuple[str, float, float]:
     return ("PASS" if res.ok else f"FAIL: {res.detail}"), l2_oracle, l2_ref
 
 
-def bench(shapes=SHAPES, types=TYPES, reps: int = 50, variants=tuple(VARIANTS)) -> list[BenchRecord]:
+def _recorded(fn: Any, *args: Any, **kwargs: Any) -> list[tuple]:
+    """The kernel launches of one call of ``fn`` (kernel, grid, threads, shared memory, arguments),
+    replayable one by one (``--split``)."""
+    from qconform.device.launch import RECORDING
+
+    RECORDING.append([])
+    try:
+        fn(*args, **kwargs)
+    finally:
+        launches = RECORDING.pop()
+    return launches
+
+
+def _replay(launches: list[tuple]) -> None:
+    for kernel, grid, threads, shared_mem, kargs in launches:
+        kernel(grid, (threads,), kargs, shared_mem=shared_mem)
+
+
+def bench(
+    shapes=SHAPES, types=TYPES, reps: int = 50, variants=("exact", "fast"), split: bool = False
+) -> list[BenchRecord]:
     from qconform.device.ggml import matmul_bt_quant
     from qconform.device.ggml.keep_quant import FAST_TYPES
-    from qconform.device.launchers import bound
+    from qconform.device.launchers import compile_options
 
     device = device_info().label
     records = []
@@ -110,12 +143,13 @@ def bench(shapes=SHAPES, types=TYPES, reps: int = 50, variants=tuple(VARIANTS)) 
             nbytes = sets[0].nbytes + A.nbytes
             e = _numerics(sets[0], qtype, A)
             for variant in variants:
-                if variant == "fast" and qtype not in FAST_TYPES:
+                if variant != "exact" and qtype not in FAST_TYPES or variant in OPTIONS and qtype not in V1_TYPES:
                     continue
                 y = cupy.empty((1, N), cupy.float32)
-                calls = [bound(matmul_bt_quant, W, qtype, A, out=y, order=VARIANTS[variant]) for W in sets]
-                ts = bl.times(lambda i, c=calls: c[i](), len(calls), reps)
-                calls[0]()
+                with compile_options(*OPTIONS.get(variant, ())):
+                    calls = [_recorded(matmul_bt_quant, W, qtype, A, out=y, order=VARIANTS[variant]) for W in sets]
+                ts = bl.times(lambda i, c=calls: _replay(c[i]), len(calls), reps)
+                _replay(calls[0])
                 check, l2o, l2r = _check(e, y, variant)
                 rec = BenchRecord(
                     f"matmul_bt_quant {qtype} {variant}",
@@ -138,13 +172,27 @@ def bench(shapes=SHAPES, types=TYPES, reps: int = 50, variants=tuple(VARIANTS)) 
                     f"| {check} | {l2o:.2e} | {l2r:.2e} | {'PASS' if ok else 'below target'} |",
                     flush=True,
                 )
+                if split and variant != "exact":
+                    for part, pick in (("activation launches alone", slice(None, -1)), ("GEMV alone", slice(-1, None))):
+                        pt = bl.times(lambda i, c=calls, k=pick: _replay(c[i][k]), len(calls), reps)
+                        pm = bl.median(pt)
+                        print(
+                            f"| {qtype} | {K} x {N} | {variant}: {part} | {min(pt) * 1e6:.1f} / {pm * 1e6:.1f} / "
+                            f"{max(pt) * 1e6:.1f} | {roof * 1e6:.1f} | {roof / pm:.0%} | | | | | | | |",
+                            flush=True,
+                        )
     return records
 
 
 def main(argv: list[str] | None = None) -> int:
     p = bench_parser("ggml_gemv", "the first shape, Q4_K and Q8_0, fewer repeats")
     p.add_argument("--types", help=f"comma-separated weight types (default {','.join(TYPES)}; any of the GEMV's)")
-    p.add_argument("--variants", default="exact,fast", help="comma-separated kernels: exact (generic order), fast")
+    p.add_argument(
+        "--variants",
+        default="exact,fast-v1,fast-u1,fast",
+        help="comma-separated kernels: exact (generic order), fast-v1 (round 1), fast-u1 (Q4_K, Q5_K), fast",
+    )
+    p.add_argument("--split", action="store_true", help="fast kernels: the activation launches, the GEMV apart")
     a = p.parse_args(argv)
     types = tuple(t.strip().upper() for t in a.types.split(",")) if a.types else None
     if types and (bad := [t for t in types if t not in PAIRS]):
@@ -153,9 +201,9 @@ def main(argv: list[str] | None = None) -> int:
     if bad := [v for v in variants if v not in VARIANTS]:
         p.error(f"--variants: unknown variant(s) {', '.join(bad)}; of {', '.join(VARIANTS)}")
     if a.quick:
-        records = bench(SHAPES[:1], types or ("Q4_K", "Q8_0"), 20, variants)
+        records = bench(SHAPES[:1], types or ("Q4_K", "Q8_0"), 20, variants, a.split)
     else:
-        records = bench(types=types or TYPES, variants=variants)
+        records = bench(types=types or TYPES, variants=variants, split=a.split)
     return finish(records, a.json)
 
 

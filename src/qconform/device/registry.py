@@ -467,6 +467,13 @@ BNB_KERNELS: tuple[KernelSpec, ...] = (
             ("_simt", f"32 lanes per 2 columns, {mt} rows of A per group: gemm_4bit_simt's order (variant=cuda)"),
         )
     ),
+    *(
+        function_kernel(
+            "bnb", "gemm_4bit", f"qk_gemm_4bit_mma_n{nt}", "gemm_mma.hip",
+            f"mma.sync m16n8k16, 16 weight rows x {8 * nt} tokens a CTA, K over 8 warps: cpu reading, M <= {8 * nt}",
+        )  # fmt: skip
+        for nt in (1, 2)
+    ),
 )
 """The bitsandbytes family's kernels (``qconform.device.bnb``)."""
 TOOL_KERNELS: tuple[tuple[str, str, str], ...] = (

@@ -1,9 +1,15 @@
-"""Launcher of gemm_4bit (kernels ``bnb/gemm_simt.hip``, which take the op's declared ABI: ``qconform
-abi gemm_4bit``): the oracle's call shape on CuPy arrays. One group of 32 lanes per COLS adjacent
+"""Launcher of gemm_4bit (kernels ``bnb/gemm_mma.hip`` and ``bnb/gemm_simt.hip``, which take the op's
+declared ABI: ``qconform abi gemm_4bit``): the oracle's call shape on CuPy arrays.
+
+The default (cpu) reading with fp16 / bf16 activations and M <= 16 runs on the matrix units
+(``qk_gemm_4bit_mma_n{1,2}``: one or two n-tiles of 8 tokens; a CTA of 256 threads per 16 weight
+rows, K split over its 8 warps; at most MMA_CTAS_PER_SM CTAs per SM, the tiles striding over them).
+Built with ``CPU_SIMT_OPTION`` (``compile_options``) that reading stays on the SIMT kernel (the
+session-8 path: the bench's old variant, ``qconform.bench.bnb_gemv --variants``, and the device
+suite's control row). Everything else runs the SIMT kernel: one group of 32 lanes per COLS adjacent
 output columns and tile of MT rows of A (the smallest of 1, 2, 4, 8, 16 holding M, else 16 per
-tile), 256 threads per CTA, one CTA per 8 groups. Built with ``V1_OPTION`` (``compile_options``)
-the module is session 7's kernel instead (one column per group, 128 threads): the bench's old
-variant (``qconform.bench.bnb_gemv --variants``).
+tile), 256 threads per CTA, one CTA per 8 groups. Built with ``V1_OPTION`` the module is session
+7's SIMT kernel instead (one column per group, 128 threads; the SIMT kernel for every reading).
 
 ``variant`` picks the reading (a ``cupy`` implementation passes its contract's): "cpu" (the default
 contract: weights rounded once to A's dtype, fp32 sums; within the op's bound) or "cuda" (``--contract
@@ -20,9 +26,15 @@ from qconform.device.abi import bind_call
 from qconform.device.launch import check_aligned
 from qconform.device.launchers import launch_grid
 from qconform.errors import Declined
+from qconform.ops.abi import DTYPE
 from qconform.ops.bnb.gemm import GEMM_4BIT
 
 SOURCE = "bnb/gemm_simt.hip"
+MMA_SOURCE = "bnb/gemm_mma.hip"
+MMA_ROWS = 16  # weight rows (output columns) per CTA tile
+MMA_TOKENS = 8  # tokens per n-tile; two n-tiles at most
+MMA_CTAS_PER_SM = 2  # 256 threads x 128 registers (ptxas, sm_90; __launch_bounds__(256, 2))
+CPU_SIMT_OPTION = "-DQK_BNB_CPU_SIMT"  # the cpu reading on the SIMT kernel (session 8)
 TILES = (1, 2, 4, 8, 16)  # rows of A per group: the kernel's instantiations (MT)
 COLS = 2  # output columns per group: the kernel's QK_BNB_COLS
 THREADS = 256  # 8 groups per CTA
@@ -46,6 +58,20 @@ def geometry(M: int, N: int) -> tuple[int, int]:
     tiles = -(-M // row_tile(M))
     cols, threads = (N, 128) if V1_OPTION in launchers.OPTIONS else (-(-N // COLS), THREADS)
     return -(-cols * tiles * GROUP // threads), threads
+
+
+def uses_mma(variant: str, dtype: str, M: int) -> bool:
+    """Whether a call runs the matrix-unit kernel: the cpu reading, fp16 / bf16 A (``dtype``: the
+    numpy name, bfloat16 for its uint16 carrier), M <= 16, and neither CPU_SIMT_OPTION nor
+    V1_OPTION among the compile options."""
+    simt_build = CPU_SIMT_OPTION in launchers.OPTIONS or V1_OPTION in launchers.OPTIONS
+    return variant == "cpu" and dtype in ("float16", "bfloat16") and M <= 2 * MMA_TOKENS and not simt_build
+
+
+def mma_geometry(M: int, N: int) -> tuple[str, int]:
+    """(symbol, CTAs) of a matrix-unit launch: n-tiles of tokens, 16-row tiles over the SMs."""
+    tiles = -(-N // MMA_ROWS)
+    return f"qk_gemm_4bit_mma_n{1 if M <= MMA_TOKENS else 2}", min(tiles, MMA_CTAS_PER_SM * launchers.sm_count())
 
 
 def symbol(variant: str, M: int) -> str:
@@ -77,6 +103,12 @@ def gemm_4bit(
     check_aligned("A", A, 16)
     check_aligned("B", B, 16)
     M, N = call.bound.scalars["M"], call.bound.scalars["N"]
+    dtype = next(label for label, code, _ in DTYPE.codes if code == call.bound.scalars["a_dtype"])
+    if uses_mma(variant, dtype, M):
+        if M > 0 and N > 0:
+            mma_name, grid = mma_geometry(M, N)
+            launch_grid(GEMM_4BIT.name, MMA_SOURCE, mma_name, grid, THREADS, call.kernel_args())
+        return call.out
     grid, threads = geometry(M, N)
     launch_grid(GEMM_4BIT.name, SOURCE, name, grid, threads, call.kernel_args())
     return call.out

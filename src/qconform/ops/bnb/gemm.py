@@ -261,9 +261,9 @@ def _with_k(case: Case) -> Case:
 def _cases(leaf: str, coverage: int) -> list[Case]:
     """coverage 1 (small: the golden set): M = 1..4, NF4 and FP4, K a multiple of the block and not
     (320 at blocksize 128; 99: an odd N*K, the pad nibble), random codes, a bias; 2: blocksizes
-    32..4096 at K = 4096, K not a multiple of the block at larger sizes, the layer weights 4096 x 512
-    (GQA k/v) and 2048 x 768 (MoE expert) at M = 1 and 16; 3: 4096 x 14336 (FFN up, M = 1, 8) and
-    14336 x 4096 (down, M = 1).
+    32..4096 at K = 4096, K not a multiple of the block at larger sizes, M = 12 (12 x 352 x 40), the
+    layer weights 4096 x 512 (GQA k/v) and 2048 x 768 (MoE expert) at M = 1 and 16; 3: 4096 x 14336
+    (FFN up, M = 1, 8) and 14336 x 4096 (down, M = 1).
 
     core: shapes production kernels take (pattern ``normal``, seeds 400..413; 1 at coverage 1, 14
     from coverage 2): M = 1, 2, 4, 8, 16, 64 (and 3, 5, 6, 7, 32), K a multiple of the blocksize
@@ -283,6 +283,7 @@ def _cases(leaf: str, coverage: int) -> list[Case]:
         add((5, 4100, 12), 20, 64, "nf4", True)
         add((7, 1000, 9), 21, 256, "fp4", False, "random")
         add((1, 2056, 24), 22, 1024, "nf4", True)
+        add((12, 352, 40), 23, 32, "fp4", True)  # two n-tiles of the mma kernel, a partial K step and row tile
         for i, (K, N) in enumerate(((4096, 512), (2048, 768))):
             add((1, K, N), 300 + 2 * i, 64, "nf4", True)
             add((16, K, N), 301 + 2 * i, 64, "fp4", False)

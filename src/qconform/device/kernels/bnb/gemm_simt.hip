@@ -32,7 +32,10 @@
  * range then flushes in the next fp32 add: no catalogue input comes near).
  * The launcher (qconform.device.bnb.gemm) declines K % blocksize != 0 (bitsandbytes' SIMT kernel
  * needs it; the chunks' 16-byte loads need K % 32 == 0) and checks A and B are 16-byte aligned.
- * -DQK_BNB_GEMM_V1 builds session 7's kernel instead (gemm_simt_v1.h: the bench's old variant). */
+ * -DQK_BNB_GEMM_V1 builds session 7's kernel instead (gemm_simt_v1.h: the bench's old variant).
+ * The cpu reading with fp16 / bf16 A and M <= 16 runs on bnb/gemm_mma.hip (session 10) unless the
+ * module is built with -DQK_BNB_CPU_SIMT (qconform.device.bnb.gemm.CPU_SIMT_OPTION), which keeps it
+ * here: this file's symbols are the same in both builds. */
 #include "qk_portable.h"
 
 #include "qconform_abi.h" /* the enum codes, generated from the catalogue */
@@ -47,22 +50,7 @@
 #define QK_BNB_COLS 2      /* adjacent output columns per group (the launcher's COLS) */
 #define QK_BNB_PAIRS 8192  /* the pair table: 256 bytes x 32 lane copies (32 KiB) */
 
-/* the float32 tables (functional.py get_4bit_type("nf4"); the native FP4 table, code 8 is -0) */
-__constant__ qk_u32 QK_GEMM_NF4_BITS[16] = {
-    0xBF800000u, 0xBF3239B1u, 0xBF066B30u, 0xBECA32A0u, 0xBE91A24Du, 0xBE3D353Fu, 0xBDBA7871u, 0x00000000u,
-    0x3DA2FAFFu, 0x3E24CAE3u, 0x3E7C04DDu, 0x3EAD033Au, 0x3EE1A4B8u, 0x3F1007ABu, 0x3F3913B3u, 0x3F800000u,
-};
-__constant__ qk_u32 QK_GEMM_FP4_BITS[16] = {
-    0x00000000u, 0x3BAAAAABu, 0x3F2AAAABu, 0x3F800000u, 0x3EAAAAABu, 0x3F000000u, 0x3E2AAAABu, 0x3E800000u,
-    0x80000000u, 0xBBAAAAABu, 0xBF2AAAABu, 0xBF800000u, 0xBEAAAAABu, 0xBF000000u, 0xBE2AAAABu, 0xBE800000u,
-};
-
-/* fp32 bits -> bf16 bits, round to nearest even; NaN -> 0x7FC0 */
-__device__ __forceinline__ qk_u16 qk_gemm_bf16_bits(float v) {
-    const qk_u32 u = qk_bits(v);
-    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (qk_u16)0x7FC0u;
-    return (qk_u16)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
+#include "gemm_common.h" /* the centroid tables, qk_gemm_bf16_bits, qk_bnb_pair_at, qk_bnb_weights */
 
 /* v rounded to the element type DT (nearest even): its bits, and as a float */
 template <int DT>
@@ -191,12 +179,6 @@ __device__ __forceinline__ void qk_gemm_store(void* C, qk_i64 i, int dt, float v
     else ((float*)C)[i] = v;
 }
 
-/* byte j (0..3) of w times 128, or-ed with `low` (< 128): the byte offset of the pair table's entry
- * for that byte in the copy `low` / 4 (a shift and one LOP3) */
-__device__ __forceinline__ qk_u32 qk_bnb_pair_at(qk_u32 w, int j, qk_u32 low) {
-    return qk_and_or(j == 0 ? w << 7 : w >> (8 * j - 7), 0x7F80u, low);
-}
-
 /* the shift of element e's (0..7) nibble in a little-endian word: byte e/2, high nibble first */
 __device__ __forceinline__ int qk_gemm_shift(int e) { return 8 * (e >> 1) + ((e & 1) ? 0 : 4); }
 
@@ -204,17 +186,6 @@ __device__ __forceinline__ int qk_gemm_shift(int e) { return 8 * (e >> 1) + ((e 
  * table's entry in the copy `low` / 4 */
 __device__ __forceinline__ qk_u32 qk_bnb_nibble_at(qk_u32 w, int sh, qk_u32 low) {
     return qk_and_or(sh <= 7 ? w << (7 - sh) : w >> (sh - 7), 0x780u, low);
-}
-
-/* 16 bytes of W, read once (streamed past L1 on CUDA) */
-__device__ __forceinline__ uint4 qk_bnb_weights(const qk_u8* p) {
-#if defined(QK_CUDA) && defined(__CUDA_ARCH__)
-    uint4 v; /* what __ldcs emits, without relying on NVRTC's headers */
-    asm("ld.global.cs.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    return v;
-#else
-    return *(const uint4*)p;
-#endif
 }
 
 /* one group: columns n0 .. n0 + QK_BNB_COLS - 1 (those below N) of rows row0 .. row0 + MT - 1

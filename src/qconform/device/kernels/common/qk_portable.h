@@ -130,6 +130,36 @@ __device__ __forceinline__ float qk_h2dot(qk_u32 a, qk_u32 b) {
     return fmaf(qk_fp16_to_float((qk_u16)(a >> 16)), qk_fp16_to_float((qk_u16)(b >> 16)), p);
 }
 
+/* the same for packed bf16 pairs (widened exactly by a shift) */
+__device__ __forceinline__ float qk_bf2dot(qk_u32 a, qk_u32 b) {
+    const float p = qk_float(a << 16) * qk_float(b << 16);
+    return fmaf(qk_float(a & 0xFFFF0000u), qk_float(b & 0xFFFF0000u), p);
+}
+
+/* the portable form of qk_mma_16816 / qk_mma_16816_bf16: width-32 shuffles and fp32 FMAs */
+template <bool BF16>
+__device__ __forceinline__ void qk_mma_16816_shuffled(float d[4], const qk_u32 a[4], const qk_u32 b[2]) {
+    const int lane = (int)(threadIdx.x & 31), g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+        const int src_a = 4 * g + s;
+        const qk_u32 a0 = QK_SHFL(a[0], src_a, 32), a1 = QK_SHFL(a[1], src_a, 32);
+        const qk_u32 a2 = QK_SHFL(a[2], src_a, 32), a3 = QK_SHFL(a[3], src_a, 32);
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+            const int src_b = 4 * (2 * t + c) + s;
+            const qk_u32 b0 = QK_SHFL(b[0], src_b, 32), b1 = QK_SHFL(b[1], src_b, 32);
+            if (BF16) {
+                d[c] += qk_bf2dot(a0, b0) + qk_bf2dot(a2, b1);
+                d[2 + c] += qk_bf2dot(a1, b0) + qk_bf2dot(a3, b1);
+            } else {
+                d[c] += qk_h2dot(a0, b0) + qk_h2dot(a2, b1);
+                d[2 + c] += qk_h2dot(a1, b0) + qk_h2dot(a3, b1);
+            }
+        }
+    }
+}
+
 /* D (16x8 fp32) += A (16x16 fp16, row-major) * B (16x8 fp16, column-major) over a group of 32
  * lanes, in the register layout of PTX mma.m16n8k16.row.col.f32.f16.f16.f32 (PTX ISA, "Matrix
  * Fragments for mma.m16n8k16 with floating point type"): lane = 4 g + t;
@@ -146,20 +176,20 @@ __device__ __forceinline__ void qk_mma_16816(float d[4], const qk_u32 a[4], cons
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 #else
-    const int lane = (int)(threadIdx.x & 31), g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int s = 0; s < 4; ++s) {
-        const int src_a = 4 * g + s;
-        const qk_u32 a0 = QK_SHFL(a[0], src_a, 32), a1 = QK_SHFL(a[1], src_a, 32);
-        const qk_u32 a2 = QK_SHFL(a[2], src_a, 32), a3 = QK_SHFL(a[3], src_a, 32);
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-            const int src_b = 4 * (2 * t + c) + s;
-            const qk_u32 b0 = QK_SHFL(b[0], src_b, 32), b1 = QK_SHFL(b[1], src_b, 32);
-            d[c] += qk_h2dot(a0, b0) + qk_h2dot(a2, b1);
-            d[2 + c] += qk_h2dot(a1, b0) + qk_h2dot(a3, b1);
-        }
-    }
+    qk_mma_16816_shuffled<false>(d, a, b);
+#endif
+}
+
+/* the same with bf16 A and B (PTX mma.m16n8k16.row.col.f32.bf16.bf16.f32, the same fragments);
+ * products of bf16 values are exact in fp32 */
+__device__ __forceinline__ void qk_mma_16816_bf16(float d[4], const qk_u32 a[4], const qk_u32 b[2]) {
+#if defined(QK_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(QK_MMA_EMULATE)
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+    qk_mma_16816_shuffled<true>(d, a, b);
 #endif
 }
 

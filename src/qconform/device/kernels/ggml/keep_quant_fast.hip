@@ -19,8 +19,9 @@
  * order. Every term is a product of exact integers and at most two rounded fp32 products, within
  * the contract's n = K + 4 (docs/contracts.md).
  *
- * Geometry: a CTA of 4 groups of 32 threads (wave-size agnostic: groups are threadIdx / 32, the
- * shuffles have width 8) takes 4 weight rows (blockIdx.y) and MT activation rows (blockIdx.x);
+ * Geometry (Q4_K / Q5_K since session 10 round 2: kf2_gemv below, one activation slice for the 4 rows;
+ * round 1's layout with -DQK_KQ_FAST_V1): a CTA of 4 groups of 32 threads (wave-size agnostic: groups
+ * are threadIdx / 32, the shuffles have width 8) takes 4 weight rows (blockIdx.y) and MT activation rows (blockIdx.x);
  * group w takes the blocks ib = w, w + 4, ... (Q8_0: the quads of blocks), lane 8 r + c row r and
  * slice c of each. Weight slices are 16-byte loads for Q4_K (144 bytes) and Q5_K (176): every block
  * 16-byte aligned. Q6_K (210) and Q8_0 (34) blocks are 2-byte aligned: a step (a Q6_K block, 4 Q8_0
@@ -135,6 +136,35 @@ __device__ __forceinline__ void kf_wload(const qk_u8* blk, int c, qk_u32 (&r)[KF
     }
 }
 
+/* One Q4_K / Q5_K row's term of slice c (r: kf_wload's words) against one activation row's slice:
+ * alo / ahi its 16 quants of sub-blocks 2g and 2g + 1, bs0 / bs1 the bsums words 4g, 4g + 1 and
+ * 4g + 2, 4g + 3 (g = c / 2), yd its d (the arithmetic in the header), added to acc. */
+template <int KIND>
+__device__ __forceinline__ void kf_q45_row(const qk_u32 (&r)[KF_WR(KIND)], int c, const qk_u32 (&alo)[4], const qk_u32 (&ahi)[4],
+                                           qk_u32 bs0, qk_u32 bs1, float yd, float& acc) {
+    const int g = c >> 1, half = c & 1;
+    qk_u32 lo[4], hi[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        lo[k] = r[4 + k] & KF_LO4;
+        hi[k] = (r[4 + k] >> 4) & KF_LO4;
+        if (KIND == 5) {
+            lo[k] |= ((r[(8 + k) % KF_WR(KIND)] >> (2 * g)) & 0x01010101u) << 4;
+            hi[k] |= ((r[(8 + k) % KF_WR(KIND)] >> (2 * g + 1)) & 0x01010101u) << 4;
+        }
+    }
+    const qk_u32 sc[3] = {r[1], r[2], r[3]};
+    qk_u32 sc01, mn01;
+    kf_scale_min_pair(sc, g, sc01, mn01);
+    const int s0 = (int)(sc01 & 0xFFu), s1 = (int)(sc01 >> 8), m0 = (int)(mn01 & 0xFFu), m1 = (int)(mn01 >> 8);
+    const float dx = qk_fp16_to_float((qk_u16)(r[0] & 0xFFFFu)), dmx = qk_fp16_to_float((qk_u16)(r[0] >> 16));
+    const qk_u32 bs[2] = {bs0, bs1};
+    const int isum = s0 * kf_dot4(lo, alo) + s1 * kf_dot4(hi, ahi);
+    const int imin = m0 * kf_half(bs[0], half) + m1 * kf_half(bs[1], half);
+    acc = fmaf(QK_FMUL(dx, yd), __int2float_rn(isum), acc);
+    acc = fmaf(-QK_FMUL(dmx, yd), __int2float_rn(imin), acc);
+}
+
 /* Slice c of block ib of a weight row (blk: the block's byte 0, r: kf_wload's words) against MT
  * activation rows (act: block ib of activation row 0, rows astride bytes apart: Q8_K blocks as
  * quantized, Q8_0 blocks regrouped), added to acc.
@@ -153,21 +183,6 @@ __device__ __forceinline__ void kf_block(const qk_u32 (&r)[KF_WR(KIND)], const q
                                          int mt, int c, float (&acc)[MT]) {
     if (KIND == 4 || KIND == 5) {
         const int g = c >> 1, half = c & 1;
-        qk_u32 lo[4], hi[4];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            lo[k] = r[4 + k] & KF_LO4;
-            hi[k] = (r[4 + k] >> 4) & KF_LO4;
-            if (KIND == 5) {
-                lo[k] |= ((r[(8 + k) % KF_WR(KIND)] >> (2 * g)) & 0x01010101u) << 4;
-                hi[k] |= ((r[(8 + k) % KF_WR(KIND)] >> (2 * g + 1)) & 0x01010101u) << 4;
-            }
-        }
-        const qk_u32 sc[3] = {r[1], r[2], r[3]};
-        qk_u32 sc01, mn01;
-        kf_scale_min_pair(sc, g, sc01, mn01);
-        const int s0 = (int)(sc01 & 0xFFu), s1 = (int)(sc01 >> 8), m0 = (int)(mn01 & 0xFFu), m1 = (int)(mn01 >> 8);
-        const float dx = qk_fp16_to_float((qk_u16)(r[0] & 0xFFFFu)), dmx = qk_fp16_to_float((qk_u16)(r[0] >> 16));
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
             const qk_u8* a = act + (m < mt ? m : mt - 1) * astride;
@@ -175,11 +190,7 @@ __device__ __forceinline__ void kf_block(const qk_u32 (&r)[KF_WR(KIND)], const q
             kf_act16(a + 4 + 64 * g + 16 * half, alo);
             kf_act16(a + 4 + 64 * g + 32 + 16 * half, ahi);
             const qk_u32* bs = (const qk_u32*)(a + 260 + 8 * g); /* bsums 4g .. 4g + 3 */
-            const float yd = *(const float*)a;
-            const int isum = s0 * kf_dot4(lo, alo) + s1 * kf_dot4(hi, ahi);
-            const int imin = m0 * kf_half(bs[0], half) + m1 * kf_half(bs[1], half);
-            acc[m] = fmaf(QK_FMUL(dx, yd), __int2float_rn(isum), acc[m]);
-            acc[m] = fmaf(-QK_FMUL(dmx, yd), __int2float_rn(imin), acc[m]);
+            kf_q45_row<KIND>(r, c, alo, ahi, bs[0], bs[1], *(const float*)a, acc[m]);
         }
     } else if (KIND == 6) {
         const int h = c >> 2, p = c & 3, k = p >> 1;
@@ -287,6 +298,23 @@ __device__ __forceinline__ void kf_unstage_q6_k(const qk_u8* blk, int c, const q
     r[11 % WR] = (stg[od >> 2] >> (8 * (od & 2))) & 0xFFFFu;
 }
 
+/* The CTA's outputs: after a barrier, thread rr * MT + m adds the 4 groups' partial sums of row rr,
+ * activation row m in group order and stores the rows that exist. */
+template <int MT>
+__device__ __forceinline__ void kf_store(const float (&part)[KF_GROUPS][KF_ROWS][MT], int t, qk_i64 m0, int mt, qk_i64 N, float* Y) {
+    __syncthreads();
+    if (t < KF_ROWS * MT) {
+        const int rr = t / MT, m = t % MT;
+        const qk_i64 nn = (qk_i64)blockIdx.y * KF_ROWS + rr;
+        if (m < mt && nn < N) {
+            float y = part[0][rr][m];
+#pragma unroll
+            for (int g = 1; g < KF_GROUPS; ++g) y += part[g][rr][m];
+            Y[(m0 + m) * N + nn] = y;
+        }
+    }
+}
+
 /* KIND 4, 5, 6: Q4_K, Q5_K, Q6_K (256 values a block, 8 slices; aq: the Q8_K rows); 0: Q8_0
  * (32 values, 2 slices: a row's 8 threads take 4 consecutive blocks; aq: qk_q8_0_words blocks).
  * UNROLL: the blocks of a row a thread loads before it computes the first. */
@@ -363,31 +391,96 @@ __device__ __forceinline__ void kf_gemv(const qk_u8* __restrict__ W, const qk_u8
         v += QK_SHFL_XOR(v, 1, 8);
         if (c == 0) part[w][r][m] = v;
     }
-    __syncthreads();
-    if (t < KF_ROWS * MT) {
-        const int rr = t / MT, m = t % MT;
-        const qk_i64 nn = (qk_i64)blockIdx.y * KF_ROWS + rr;
-        if (m < mt && nn < N) {
-            float y = part[0][rr][m];
-#pragma unroll
-            for (int g = 1; g < KF_GROUPS; ++g) y += part[g][rr][m];
-            Y[(m0 + m) * N + nn] = y;
-        }
-    }
+    kf_store<MT>(part, t, m0, mt, N, Y);
 }
 
+#ifndef QK_KQ_FAST_V1
+/* Q4_K / Q5_K, session 10 round 2 (without -DQK_KQ_FAST_V1; with it, kf_gemv above as in round 1):
+ * a thread takes slice c = t % 8 of the blocks ib = t / 8, t / 8 + 16, ... of all 4 rows of the CTA,
+ * so one activation slice (two kf_act16, the bsums and d: ~30 instructions and 6 loads) serves 4
+ * rows instead of one; a warp reads 4 consecutive blocks of each row (4 runs of 128 bytes of qs per
+ * load instruction). The loads of UNROLL such steps (4 rows each) are issued before the first is
+ * computed. Rows past N read row N - 1 and are never stored. Each thread's terms are kf_q45_row's
+ * (the arithmetic of round 1), then xor shuffles of width 32 over the warp's 4 block columns x 8
+ * slices, and kf_store adds the 4 warps' partial rows in warp order. */
+template <int KIND, int TS, int MT, int UNROLL>
+__device__ __forceinline__ void kf2_gemv(const qk_u8* __restrict__ W, const qk_u8* __restrict__ aq, float* __restrict__ Y,
+                                         qk_i64 M, qk_i64 N, qk_i64 nb) {
+    constexpr int COLS = 4 * KF_GROUPS; /* block columns of a CTA: 8 slices each */
+    __shared__ float part[KF_GROUPS][KF_ROWS][MT];
+    const int t = threadIdx.x, w = t >> 5, c = t & 7, kc = t >> 3, g = c >> 1, half = c & 1;
+    const qk_i64 m0 = (qk_i64)blockIdx.x * MT, n0 = (qk_i64)blockIdx.y * KF_ROWS;
+    const int mt = (int)(M - m0 < MT ? M - m0 : MT);
+    const qk_u8* rows[KF_ROWS];
+#pragma unroll
+    for (int rr = 0; rr < KF_ROWS; ++rr) rows[rr] = W + (n0 + rr < N ? n0 + rr : N - 1) * nb * TS;
+    const qk_u8* a0 = aq + m0 * nb * KF_Q8K;
+    float acc[KF_ROWS][MT];
+#pragma unroll
+    for (int rr = 0; rr < KF_ROWS; ++rr)
+#pragma unroll
+        for (int m = 0; m < MT; ++m) acc[rr][m] = 0.0f;
+    for (qk_i64 ib0 = kc; ib0 < nb; ib0 += COLS * UNROLL) { /* the same trips for the 8 threads of a block */
+        qk_u32 raw[UNROLL][KF_ROWS][KF_WR(KIND)];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) /* every weight load of the UNROLL steps first */
+            if (ib0 + COLS * u < nb)
+#pragma unroll
+                for (int rr = 0; rr < KF_ROWS; ++rr) kf_wload<KIND>(rows[rr] + (ib0 + COLS * u) * TS, c, raw[u][rr]);
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const qk_i64 ib = ib0 + COLS * u;
+            if (ib < nb) {
+#pragma unroll
+                for (int m = 0; m < MT; ++m) {
+                    const qk_u8* a = a0 + (m < mt ? m : mt - 1) * nb * KF_Q8K + ib * KF_Q8K;
+                    qk_u32 alo[4], ahi[4];
+                    kf_act16(a + 4 + 64 * g + 16 * half, alo);
+                    kf_act16(a + 4 + 64 * g + 32 + 16 * half, ahi);
+                    const qk_u32* bs = (const qk_u32*)(a + 260 + 8 * g); /* bsums 4g .. 4g + 3 */
+                    const qk_u32 bs0 = bs[0], bs1 = bs[1];
+                    const float yd = *(const float*)a;
+#pragma unroll
+                    for (int rr = 0; rr < KF_ROWS; ++rr) kf_q45_row<KIND>(raw[u][rr], c, alo, ahi, bs0, bs1, yd, acc[rr][m]);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int rr = 0; rr < KF_ROWS; ++rr)
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+            float v = acc[rr][m];
+            v += QK_SHFL_XOR(v, 16, 32);
+            v += QK_SHFL_XOR(v, 8, 32);
+            v += QK_SHFL_XOR(v, 4, 32);
+            v += QK_SHFL_XOR(v, 2, 32);
+            v += QK_SHFL_XOR(v, 1, 32);
+            if ((t & 31) == 0) part[w][rr][m] = v;
+        }
+    kf_store<MT>(part, t, m0, mt, N, Y);
+}
+#define KF_GEMV_Q45(NAME, KIND, TS, MT, UNROLL, UNROLL2) kf2_gemv<KIND, TS, MT, UNROLL2>
+#else
+#define KF_GEMV_Q45(NAME, KIND, TS, MT, UNROLL, UNROLL2) kf_gemv<KIND, TS, MT, UNROLL>
+#endif
+
 /* (type, KIND, type size) x MT activation rows per CTA */
-#define KF_GEMV(NAME, KIND, TS, MT, UNROLL)                                                            \
+#define KF_GEMV(NAME, KIND, TS, MT, UNROLL, FN)                                                        \
     extern "C" __global__ void __launch_bounds__(32 * KF_GROUPS) qk_kq_fast_##NAME##_m##MT(          \
         const qk_u8* W, const qk_u8* aq, float* Y, qk_i64 M, qk_i64 N, qk_i64 nb) {                  \
-        kf_gemv<KIND, TS, MT, UNROLL>(W, aq, Y, M, N, nb);                                            \
+        FN(W, aq, Y, M, N, nb);                                                                       \
     }
-#define KF_GEMV_ALL(MT, UNROLL)                 \
-    KF_GEMV(q4_k, 4, 144, MT, UNROLL)           \
-    KF_GEMV(q5_k, 5, 176, MT, UNROLL)           \
-    KF_GEMV(q6_k, 6, 210, MT, UNROLL)           \
-    KF_GEMV(q8_0, 0, 34, MT, UNROLL)
+/* UNROLL: round 1's blocks in flight per thread; UNROLL2: round 2's steps of 4 rows (Q4_K / Q5_K) */
+#define KF_GEMV_ALL(MT, UNROLL, UNROLL2)                                                        \
+    KF_GEMV(q4_k, 4, 144, MT, UNROLL, KF_GEMV_Q45(q4_k, 4, 144, MT, UNROLL, UNROLL2))           \
+    KF_GEMV(q5_k, 5, 176, MT, UNROLL, KF_GEMV_Q45(q5_k, 5, 176, MT, UNROLL, UNROLL2))           \
+    KF_GEMV(q6_k, 6, 210, MT, UNROLL, (kf_gemv<6, 210, MT, UNROLL>))                            \
+    KF_GEMV(q8_0, 0, 34, MT, UNROLL, (kf_gemv<0, 34, MT, UNROLL>))
 
-KF_GEMV_ALL(1, 4)
-KF_GEMV_ALL(2, 2)
-KF_GEMV_ALL(4, 1)
+#ifndef QK_KF_STEPS_M1
+#define QK_KF_STEPS_M1 2 /* round 2: steps in flight a thread at M tile 1 (1: the bench fast-u1; ptxas then sinks loads) */
+#endif
+KF_GEMV_ALL(1, 4, QK_KF_STEPS_M1)
+KF_GEMV_ALL(2, 2, 1)
+KF_GEMV_ALL(4, 1, 1)
