@@ -1088,6 +1088,21 @@ def run_mutant(m: DeviceMutant, built: dict[str, Path], coverage: int = 1):
             return run_leaf(impl, op, leaf, prepared, cold=cold)
 
 
+def context_lost() -> str:
+    """Why the process's device context is unusable ("" when it works): a kernel that faulted (an
+    illegal address) leaves a sticky error, and every later launch of the process fails with it, so
+    a mutant row run after it would be "caught" by the fault, not by a property."""
+    import cupy
+
+    try:
+        cupy.cuda.runtime.deviceSynchronize()
+        if int(cupy.arange(3, dtype=cupy.int32).sum()) != 3:
+            return "a probe kernel answered wrongly"
+    except Exception as exc:  # noqa: BLE001 - any driver or runtime error means the context is gone
+        return f"{type(exc).__name__}: {exc}"
+    return ""
+
+
 def verdict(m: DeviceMutant, result) -> tuple[bool, str]:
     """(as expected, what happened) for one mutant's LeafResult."""
     failed = sorted({o.prop for o in result.failed})
@@ -1117,7 +1132,6 @@ def shard_rows(rows: list[DeviceMutant], spec: str) -> list[DeviceMutant]:
 
 def main(argv: list[str]) -> int:
     import argparse
-    import tempfile
 
     parser = argparse.ArgumentParser(description="Run the device mutants and controls (a GPU), or write sources.")
     parser.add_argument("--write-sources", metavar="DIR", type=Path, help="only write the patched kernel sources")
@@ -1125,30 +1139,53 @@ def main(argv: list[str]) -> int:
         "--only", metavar="TEXT", action="append", help="only the rows whose name contains TEXT (repeatable: any)"
     )
     parser.add_argument("--shard", metavar="I/N", default="1/1", help="only every N-th row from the I-th (1-based)")
+    parser.add_argument("--rows", help=argparse.SUPPRESS)  # indices into ALL: a run continued in a fresh process
     args = parser.parse_args(argv)
     if args.write_sources is not None:
         for path in write_sources(args.write_sources):
             print(path)
         return 0
-    print("| device mutant / control | expected | result | |")
-    print("|---|---|---|---|", flush=True)
-    missed = 0
     from qconform.cli import UsageError
 
-    chosen = [m for m in ALL if args.only is None or any(text in m.name for text in args.only)]
-    try:
-        rows = shard_rows(chosen, args.shard)
-    except UsageError as exc:
-        parser.error(str(exc))
+    if args.rows:
+        rows = [ALL[int(i)] for i in args.rows.split(",")]
+    else:
+        print("| device mutant / control | expected | result | |")
+        print("|---|---|---|---|", flush=True)
+        chosen = [m for m in ALL if args.only is None or any(text in m.name for text in args.only)]
+        try:
+            rows = shard_rows(chosen, args.shard)
+        except UsageError as exc:
+            parser.error(str(exc))
+    as_expected = run_rows(rows)
+    print(f"mutants and controls as expected: {as_expected}/{len(rows)}")
+    return 0 if as_expected == len(rows) else 1
+
+
+def run_rows(rows: list[DeviceMutant]) -> int:
+    """Run the rows in order, printing each as it finishes (a cut-off run still shows them); how
+    many went as expected. Where a row leaves the device context unusable (``context_lost``), the
+    rest run in a fresh process (``--rows``), never in the broken one."""
+    import subprocess
+    import tempfile
+
+    as_expected = 0
     with tempfile.TemporaryDirectory() as tmp:
         built = build_all(Path(tmp))
-        for m in rows:  # rows stream as each finishes, so a cut-off run still shows them
+        for k, m in enumerate(rows):
             ok, what = verdict(m, run_mutant(m, built))
-            missed += not ok
+            as_expected += ok
             expect = m.caught_by or ("pass, warning" if m.warning else "pass")
             print(f"| {m.name} | {expect} | {what} | {'ok' if ok else 'UNEXPECTED'} |", flush=True)
-    print(f"mutants and controls as expected: {len(rows) - missed}/{len(rows)}")
-    return 1 if missed else 0
+            rest = rows[k + 1 :]
+            if rest and (why := context_lost()):
+                print(f"(device context lost after this row: {why}; the rest in a fresh process)", flush=True)
+                cmd = [sys.executable, __file__, "--rows", ",".join(str(ALL.index(r)) for r in rest)]
+                out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False).stdout
+                print(out, end="", flush=True)
+                found = re.search(r"^mutants and controls as expected: (\d+)/", out, re.M)
+                return as_expected + (int(found.group(1)) if found else 0)
+    return as_expected
 
 
 if __name__ == "__main__":

@@ -339,3 +339,30 @@ def test_mutant_shards_split_the_rows_once_each() -> None:
     for bad in ("0/3", "4/3", "-1/2", "1", "a/b", "1/0"):
         with pytest.raises(UsageError, match="--shard: must be i/n"):
             shard_rows(rows, bad)
+
+
+@pytest.mark.parametrize("child_ok", [1, 0])
+def test_rows_after_a_lost_context_run_in_a_fresh_process(monkeypatch: pytest.MonkeyPatch, child_ok: int) -> None:
+    """A row that faults the device (a sticky error) must not "catch" the rows after it: they go to
+    a fresh ``--rows`` process, whose verdicts are the ones counted."""
+    import subprocess
+
+    import device_catalogue as dc
+
+    rows = ALL[:3]
+    probes = iter(["", "CUDADriverError: CUDA_ERROR_ILLEGAL_ADDRESS"])
+    calls: list[list[str]] = []
+
+    def child(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess:
+        calls.append(cmd)
+        out = f"| {rows[2].name} | x | y | ok |\nmutants and controls as expected: {child_ok}/1\n"
+        return subprocess.CompletedProcess(cmd, 0, stdout=out)
+
+    monkeypatch.setattr(dc, "build_all", lambda directory: {})
+    monkeypatch.setattr(dc, "run_mutant", lambda m, built: None)
+    monkeypatch.setattr(dc, "verdict", lambda m, result: (True, "as expected"))
+    monkeypatch.setattr(dc, "context_lost", lambda: next(probes))
+    monkeypatch.setattr(subprocess, "run", child)
+    assert dc.run_rows(rows) == 2 + child_ok
+    (cmd,) = calls
+    assert cmd[-2:] == ["--rows", str(ALL.index(rows[2]))]
