@@ -79,19 +79,53 @@ def _passes_at_coverage_2(op_name: str, leaf: str, contract: str = "") -> tuple[
     return result, prepared
 
 
+def _recorded(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[list, Any]:
+    """The kernels one call of ``fn`` launches, in order, and its output."""
+    from qconform.device.launch import RECORDING
+
+    RECORDING.append([])
+    try:
+        out = fn(*args, **kwargs)
+    finally:
+        launches = RECORDING.pop()
+    return [launch[0] for launch in launches], out
+
+
 def _launched(fn: Callable[..., Any], op_name: str, case: Prepared, **extra: Any) -> tuple[list, Any]:
     """The kernels ``fn`` launches on ``case``'s inputs (copied to the device), and its output."""
     import cupy
 
-    from qconform.device.launch import RECORDING
-
     args, kwargs = get_op(op_name).call_args({k: cupy.asarray(v) for k, v in case.inputs.items()}, case.params)
-    RECORDING.append([])
-    try:
-        out = fn(*args, **kwargs, **extra)
-    finally:
-        launches = RECORDING.pop()
-    return [launch[0] for launch in launches], out
+    return _recorded(fn, *args, **extra, **kwargs)
+
+
+def _spike(leaf: str, bits: int, keep: Callable[[Any], bool]) -> tuple[Any, dict, dict, tuple, dict]:
+    """matmul_nbits's one coverage-2 ``spike`` case of ``leaf`` that ``keep`` picks: the case, its
+    inputs and params, and its call's arguments on the device."""
+    import cupy
+
+    op = get_op("matmul_nbits")
+    (case,) = [c for c in op.cases(leaf, 2) if c.pattern == "spike" and keep(c)]
+    inputs, params = op.make_inputs(case), {**case.params, "bits": bits}
+    args, kwargs = op.call_args({k: cupy.asarray(v) for k, v in inputs.items()}, params)
+    return case, inputs, params, args, kwargs
+
+
+def _repeatable_within_strict_bound(
+    fn: Callable[..., Any], args: tuple, kwargs: dict, inputs: dict, params: dict
+) -> None:
+    """Three calls bit-identical, the answer within matmul_nbits's strict bound element by element."""
+    import cupy
+
+    from qconform.contracts import STRICT
+    from qconform.properties.bounds import budget
+
+    got = [cupy.asnumpy(fn(*args, **kwargs)) for _ in range(3)]
+    assert all(g.tobytes() == got[0].tobytes() for g in got[1:])
+    (exp,) = get_op("matmul_nbits").numerics(inputs, params, STRICT, True)
+    bound = budget(exp.model, STRICT, True).bound(exp.model)
+    err = np.abs(got[0].astype(np.float64) - exp.model.ref)
+    assert np.all(err <= bound), float((err / bound).max())
 
 
 def _handles(op_name: str, case) -> bool:
@@ -572,33 +606,16 @@ def test_own_kernel_matmul_nbits_f32_spike_rows(bits: int, zp: str) -> None:
     spike cases, coverage 2): default zero point, M 6: the split and the ring kernel, whose CTAs of
     the flagged group take the fp32 tile path; packed zero points, M 12: the per-output kernel.
     Each answer within the strict bound and bit-identical call to call."""
-    import cupy
-
-    from qconform.contracts import STRICT
-    from qconform.device.launch import RECORDING
     from qconform.device.launchers import kernel_of, sm_count
     from qconform.device.ort.matmul_nbits import GEMV, MMA, matmul_nbits
     from qconform.device.registry import decode_shape
-    from qconform.properties.bounds import budget
 
-    op = get_op("matmul_nbits")
-    (case,) = [c for c in op.cases(f"Xfp32_Wu{bits}_Yfp32", 2) if c.pattern == "spike" and c.params["zp"] == zp]
-    inputs, params = op.make_inputs(case), {**case.params, "bits": bits}
-    args, kwargs = op.call_args({k: cupy.asarray(v) for k, v in inputs.items()}, params)
-    RECORDING.append([])
-    try:
-        matmul_nbits(*args, **kwargs)
-    finally:
-        launches = RECORDING.pop()
+    case, inputs, params, args, kwargs = _spike(f"Xfp32_Wu{bits}_Yfp32", bits, lambda c: c.params["zp"] == zp)
+    ran, _ = _recorded(matmul_nbits, *args, **kwargs)
     N = case.shape[2]
     ring = [kernel_of(MMA, "qk_nbits_split_a"), kernel_of(MMA, decode_shape(N, sm_count()).symbol_f32(bits))]
-    assert [launch[0] for launch in launches] == (ring if zp == "none" else [kernel_of(GEMV, "qk_nbits_gemv")])
-    got = [cupy.asnumpy(matmul_nbits(*args, **kwargs)) for _ in range(3)]
-    assert all(np.array_equal(g.view(np.uint32), got[0].view(np.uint32)) for g in got[1:])
-    (exp,) = op.numerics(inputs, params, STRICT, True)
-    bound = budget(exp.model, STRICT, True).bound(exp.model)
-    err = np.abs(got[0].astype(np.float64) - exp.model.ref)
-    assert np.all(err <= bound), float((err / bound).max())
+    assert ran == (ring if zp == "none" else [kernel_of(GEMV, "qk_nbits_gemv")])
+    _repeatable_within_strict_bound(matmul_nbits, args, kwargs, inputs, params)
 
 
 FP16_SPIKES = [
@@ -614,30 +631,13 @@ def test_own_kernel_matmul_nbits_fp16_spike_rows(bits: int, zp: str, M: int) -> 
     fp16 spike cases, coverage 2): zero points at M 6 on the decode kernel (qk_nbits_mma, decode_zp
     shape), M 40 on the prefill shape; the zero point's integer part folded into the weights, so the
     row's small products survive. Each answer within the strict bound and bit-identical call to call."""
-    import cupy
-
-    from qconform.contracts import STRICT
-    from qconform.device.launch import RECORDING
     from qconform.device.launchers import kernel_of
     from qconform.device.ort.matmul_nbits import MMA, matmul_nbits
     from qconform.device.registry import MMA_SHAPES
-    from qconform.properties.bounds import budget
 
-    op = get_op("matmul_nbits")
     leaf = f"Xfp16_Wu{bits}_Yfp16"
-    (case,) = [c for c in op.cases(leaf, 2) if c.pattern == "spike" and c.params["zp"] == zp and c.shape[0] == M]
-    inputs, params = op.make_inputs(case), {**case.params, "bits": bits}
-    args, kwargs = op.call_args({k: cupy.asarray(v) for k, v in inputs.items()}, params)
-    RECORDING.append([])
-    try:
-        matmul_nbits(*args, **kwargs)
-    finally:
-        launches = RECORDING.pop()
+    _, inputs, params, args, kwargs = _spike(leaf, bits, lambda c: c.params["zp"] == zp and c.shape[0] == M)
+    ran, _ = _recorded(matmul_nbits, *args, **kwargs)
     shape = MMA_SHAPES["decode_zp" if M <= 8 else "prefill"]
-    assert [launch[0] for launch in launches] == [kernel_of(MMA, shape.symbol(bits))]
-    got = [cupy.asnumpy(matmul_nbits(*args, **kwargs)) for _ in range(3)]
-    assert all(np.array_equal(g.view(np.uint16), got[0].view(np.uint16)) for g in got[1:])
-    (exp,) = op.numerics(inputs, params, STRICT, True)
-    bound = budget(exp.model, STRICT, True).bound(exp.model)
-    err = np.abs(got[0].astype(np.float64) - exp.model.ref)
-    assert np.all(err <= bound), float((err / bound).max())
+    assert ran == [kernel_of(MMA, shape.symbol(bits))]
+    _repeatable_within_strict_bound(matmul_nbits, args, kwargs, inputs, params)

@@ -121,12 +121,17 @@ def _check_domain(s: dict[str, Any], ptrs: dict[str, Any]) -> None:
             raise Declined(f"{name}: the kernels need a {align}-byte aligned pointer")
 
 
-def _qmoe(op: OpSpec, args: tuple, kwargs: dict[str, Any], out: Any) -> Any:
+def _bound(op: OpSpec, args: tuple, kwargs: dict[str, Any], out: Any) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """The call bound to the op's ABI, its arrays by name and its scalars, the domain checked."""
     call = bind_call(op, args, kwargs, out)
-    names = [a.name for a in op.abi.pointers]
-    ptrs = dict(zip(names, call.pointers, strict=True))
+    ptrs = dict(zip([a.name for a in op.abi.pointers], call.pointers, strict=True))
     s = call.bound.scalars
     _check_domain(s, ptrs)
+    return call, ptrs, s
+
+
+def _qmoe(op: OpSpec, args: tuple, kwargs: dict[str, Any], out: Any) -> Any:
+    call, ptrs, s = _bound(op, args, kwargs, out)
     T, H, inter, E, k = (int(s[n]) for n in ("tokens", "hidden_size", "inter_size", "num_experts", "k"))
     if T == 0:
         return call.out
@@ -211,11 +216,7 @@ def qmoe_decode(*args: Any, out: Any = None, **kwargs: Any) -> Any:
 def _grouped(op: OpSpec, args: tuple, kwargs: dict[str, Any], out: Any) -> Any:
     """The grouped-GEMM path (module docstring, "storage=fp16"): route, group the live pairs per
     expert, fc1 and fc2 as grouped GEMMs on the matrix units, the weighted sum per token."""
-    call = bind_call(op, args, kwargs, out)
-    names = [a.name for a in op.abi.pointers]
-    ptrs = dict(zip(names, call.pointers, strict=True))
-    s = call.bound.scalars
-    _check_domain(s, ptrs)
+    call, ptrs, s = _bound(op, args, kwargs, out)
     T, H, inter, E, k = (int(s[n]) for n in ("tokens", "hidden_size", "inter_size", "num_experts", "k"))
     if T == 0:
         return call.out
