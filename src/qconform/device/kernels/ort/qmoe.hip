@@ -1069,7 +1069,7 @@ __device__ __forceinline__ void qk_moe_gemm_tile(const qk_moe_fc& f, int e, int 
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int kk = k0 + 32 * h;
-            if (kk >= f.K) break;
+            if (kk >= f.K) continue; /* h = 1 past K: the last trip (a break would stop clang unrolling it) */
             const bool fresh = ci == 0; /* the block's first chunk: its sums start from zero */
 #pragma unroll
             for (int ks = 0; ks < 32; ks += 16) {
