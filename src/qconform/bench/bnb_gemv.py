@@ -49,6 +49,16 @@ TARGET_M = 1.5  # M = 2..16 within this factor of M = 1
 CARRIER = {"float16": cupy.float16, "bfloat16": cupy.uint16}
 
 
+def _record(
+    name: str, mkn: tuple, device: str, sets: list, a: Any, y: Any, times: Any, verdict: str, extra: dict
+) -> BenchRecord:
+    """One timed gemm_4bit call of shape (M, K, N): the bytes of the packed weights, absmax, A and the
+    output; 2 M K N flops."""
+    M, K, N = mkn
+    nbytes = sets[0][0].nbytes + sets[0][1].nbytes + a.nbytes + y.nbytes
+    return BenchRecord(name, mkn, device, nbytes, 2 * M * K * N, tuple(t * 1e6 for t in times), verdict, extra)
+
+
 def _activations(M: int, K: int, dtype: str) -> Any:
     a = cupy.random.default_rng(7).standard_normal((M, K), dtype=cupy.float32)
     if dtype == "float16":
@@ -165,13 +175,14 @@ def bench(shapes=SHAPES, dtypes=DTYPES, ms=MS, reps: int = 50) -> list[BenchReco
                 dqc = bl.times(dq_gemm, len(decode), reps)
                 med, cub_med, dq_med = bl.median(ts), bl.median(cub), bl.median(dqc)
                 base_m1 = med if M == 1 else base_m1
-                rec = BenchRecord(
+                rec = _record(
                     f"gemm_4bit simt nf4 bs{BLOCKSIZE} {dtype}",
                     (M, K, N),
                     device,
-                    sets[0][0].nbytes + sets[0][1].nbytes + a.nbytes + y.nbytes,
-                    2 * M * K * N,
-                    tuple(t * 1e6 for t in ts),
+                    sets,
+                    a,
+                    y,
+                    ts,
                     exact,
                     {
                         "read-only roofline": roof * 1e6,
@@ -239,13 +250,14 @@ def bench_variants(shapes=SHAPES, dtypes=DTYPES, ms=MS, reps: int = 50) -> list[
                 for label in variants:
                     verdict = exact[label] if M == 1 else same
                     records.append(
-                        BenchRecord(
+                        _record(
                             f"gemm_4bit simt nf4 bs{BLOCKSIZE} {dtype} {label}",
                             (M, K, N),
                             device,
-                            sets[0][0].nbytes + sets[0][1].nbytes + a.nbytes + ys[label].nbytes,
-                            2 * M * K * N,
-                            tuple(t * 1e6 for t in ts[label]),
+                            sets,
+                            a,
+                            ys[label],
+                            ts[label],
                             verdict if same == "PASS" else f"FAIL: the variants' outputs differ; {verdict}",
                             {"read-only roofline": roof * 1e6},
                         )
@@ -341,13 +353,14 @@ def bench_cpu_variants(shapes=SHAPES, dtypes=DTYPES, ms=MS, reps: int = 50) -> l
                 ok = ok and all(v in ("PASS", "n/a (M=1, 16 checked)") for v in check.values())
                 for label in variants:
                     records.append(
-                        BenchRecord(
+                        _record(
                             f"gemm_4bit cpu nf4 bs{BLOCKSIZE} {dtype} {label}",
                             (M, K, N),
                             device,
-                            sets[0][0].nbytes + sets[0][1].nbytes + a.nbytes + ys[label].nbytes,
-                            2 * M * K * N,
-                            tuple(t * 1e6 for t in ts[label]),
+                            sets,
+                            a,
+                            ys[label],
+                            ts[label],
                             check[label],
                             {"read-only roofline": roof * 1e6, f"{dtype} {gemm_name}": cub * 1e6},
                         )
