@@ -23,3 +23,24 @@ def layout_and_query(args: tuple, attrs: dict) -> tuple[GQALayout, np.ndarray]:
         form = "fp16" if query.dtype == np.float16 else "fma"
         q = apply_rotary(q, cos, sin, pos, bool(attrs.get("rotary_interleaved")), form)
     return lay, q
+
+
+def combine_splits(parts: list, sink: float | None, H: int) -> np.ndarray:
+    """The kernels' combine of one output row (``qk_gqa_combine``): the splits' (max, sum, acc) in
+    split order, each rescaled by exp(max - M) to the overall max M (the sink's logit included), the
+    sums and accumulators added in fp32 one rounding at a time, the sink's exp added to the sum, then
+    acc / sum. Empty splits (max -inf) are skipped."""
+    f32, neg_inf = np.float32, np.float32(-np.inf)
+    M = max(pm for pm, _, _ in parts)
+    if sink is not None:
+        M = max(M, sink)
+    lsum, a = f32(0), np.zeros(H, f32)
+    for pm, pl, pacc in parts:
+        if pm != neg_inf:
+            f = f32(np.exp(f32(pm - M)))
+            lsum = f32(lsum + f32(pl * f))
+            a = (a + (pacc * f).astype(f32)).astype(f32)
+    if sink is not None:
+        lsum = f32(lsum + f32(np.exp(f32(sink - M))))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (a / lsum).astype(f32)

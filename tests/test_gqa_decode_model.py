@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gqa_model_common import layout_and_query
+from gqa_model_common import combine_splits, layout_and_query
 
 from qconform.ops import get_op
 from qconform.ops.ort.group_query_attention import gqa_call
@@ -163,19 +163,7 @@ def flash_decode_model(
                     if bits:
                         a = (a * vs[g]).astype(F32)
                     parts.append((M, tot, a))
-                M = max(pm for pm, _, _ in parts)
-                if sink is not None:
-                    M = max(M, sink[n])
-                fs = [F32(0) if pm == NEG_INF else F32(np.exp(F32(pm - M))) for pm, _, _ in parts]
-                lsum, a = F32(0), np.zeros(H, F32)
-                for (pm, pl, pacc), f in zip(parts, fs, strict=True):
-                    if pm != NEG_INF:
-                        lsum = F32(lsum + F32(pl * f))
-                        a = (a + (pacc * f).astype(F32)).astype(F32)
-                if sink is not None:
-                    lsum = F32(lsum + F32(np.exp(F32(sink[n] - M))))
-                with np.errstate(invalid="ignore", divide="ignore"):
-                    out[b, s, n] = (a / lsum).astype(F32)
+                out[b, s, n] = combine_splits(parts, None if sink is None else sink[n], H)
     return out.reshape(B, S, N * H).astype(lay.dtype)
 
 

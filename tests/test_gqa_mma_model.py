@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gqa_model_common import layout_and_query
+from gqa_model_common import combine_splits, layout_and_query
 
 from qconform.ops import get_op
 from qconform.ops.ort.group_query_attention import gqa_call
@@ -287,19 +287,7 @@ def mma_decode_model(args: tuple, attrs: dict, pk: np.ndarray, pv: np.ndarray, c
                     for h in range(nh):
                         n_ = h0 + h
                         hp = [p[h] for p in parts]
-                        M = max(pm for pm, _, _ in hp)
-                        if sink is not None:
-                            M = max(M, sink[n_])
-                        lsum, a = F32(0), np.zeros(H, F32)
-                        for pm, pl, pacc in hp:
-                            if pm != NEG_INF:
-                                f = F32(np.exp(F32(pm - M)))
-                                lsum = F32(lsum + F32(pl * f))
-                                a = (a + (pacc * f).astype(F32)).astype(F32)
-                        if sink is not None:
-                            lsum = F32(lsum + F32(np.exp(F32(sink[n_] - M))))
-                        with np.errstate(invalid="ignore", divide="ignore"):
-                            out[b, s, n_] = (a / lsum).astype(F32)
+                        out[b, s, n_] = combine_splits(hp, None if sink is None else sink[n_], H)
     return out.reshape(B, S, N * H).astype(np.float16)
 
 
