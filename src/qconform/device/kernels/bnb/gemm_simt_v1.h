@@ -10,24 +10,9 @@
 #define QK_BNB_CHUNK 32    /* values per lane per step: 16 bytes of W */
 #define QK_BNB_STRIDE 1024 /* QK_BNB_GROUP * QK_BNB_CHUNK */
 
-/* the float32 tables (functional.py get_4bit_type("nf4"); the native FP4 table, code 8 is -0) */
-__constant__ qk_u32 QK_GEMM_NF4_BITS[16] = {
-    0xBF800000u, 0xBF3239B1u, 0xBF066B30u, 0xBECA32A0u, 0xBE91A24Du, 0xBE3D353Fu, 0xBDBA7871u, 0x00000000u,
-    0x3DA2FAFFu, 0x3E24CAE3u, 0x3E7C04DDu, 0x3EAD033Au, 0x3EE1A4B8u, 0x3F1007ABu, 0x3F3913B3u, 0x3F800000u,
-};
-__constant__ qk_u32 QK_GEMM_FP4_BITS[16] = {
-    0x00000000u, 0x3BAAAAABu, 0x3F2AAAABu, 0x3F800000u, 0x3EAAAAABu, 0x3F000000u, 0x3E2AAAABu, 0x3E800000u,
-    0x80000000u, 0xBBAAAAABu, 0xBF2AAAABu, 0xBF800000u, 0xBEAAAAABu, 0xBF000000u, 0xBE2AAAABu, 0xBE800000u,
-};
+#include "gemm_common.h" /* the centroid tables, qk_gemm_bf16_bits */
 
 #define QK_BNB_FMA(a, b, c) __fmaf_rn((a), (b), (c))
-
-/* fp32 bits -> bf16 bits, round to nearest even; NaN -> 0x7FC0 */
-__device__ __forceinline__ qk_u16 qk_gemm_bf16_bits(float v) {
-    const qk_u32 u = qk_bits(v);
-    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (qk_u16)0x7FC0u;
-    return (qk_u16)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
 
 /* v rounded to the element type DT (nearest even), as a float */
 template <int DT>
