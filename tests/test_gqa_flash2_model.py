@@ -16,13 +16,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from gqa_model_common import layout_and_query
-from test_gqa_flash_model import f16, f32, key_range
+from test_gqa_flash_model import f16, f32, fp16_operands, key_range
 
 from qconform.contracts import parse_contract
 from qconform.ops import get_op
 from qconform.ops.ort.group_query_attention import gqa_call
 from qconform.oracles.ort import group_query_attention
-from qconform.oracles.ort.kv_cache import dequantize_kv, expand_kv_scale
 from qconform.properties.checks import Prepared
 
 ROWS2, BN, ROWS = 128, 64, 16  # QK_FL2_ROWS, QK_FL_BN, rows of a 32-lane group
@@ -48,14 +47,7 @@ def flash2_model(
     lay, q = layout_and_query(args, attrs)
     B, S, N, Nk, H = lay.batch, lay.sequence_length, lay.num_heads, lay.kv_num_heads, lay.head_size
     totals, pasts = lay.total_lengths, lay.past_lengths
-    bits = attrs.get("kv_cache_bit_width", 0)
-    if bits:
-        qt = attrs["k_quant_type"]
-        k = dequantize_kv(pk, expand_kv_scale("k_scale", k_scale, qt, Nk, H), bits)
-        v = dequantize_kv(pv, expand_kv_scale("v_scale", v_scale, qt, Nk, H), bits)
-    else:
-        k, v = pk.astype(np.float64), pv.astype(np.float64)
-    q, k, v = f16(q), f16(k), f16(v)
+    q, k, v = fp16_operands(q, pk, pv, k_scale, v_scale, attrs, lay)
     scale = attrs.get("scale", 0.0)
     alpha = float(np.float32(scale)) if scale else float(np.float32(1) / np.sqrt(np.float32(H), dtype=np.float32))
     c2 = float(f32(alpha * LOG2E))

@@ -38,6 +38,21 @@ def key_range(s: int, S: int, past: int, total: int, window: int) -> tuple[int, 
     return (L - window if window >= 1 and L > window else 0), L
 
 
+def fp16_operands(
+    q: np.ndarray, present_k: np.ndarray, present_v: np.ndarray, k_scale, v_scale, attrs: dict, lay
+) -> tuple:
+    """Q, K and V as the flash kernels hold them: fp16, a quantized cache dequantized first (the fp16
+    scratch pass for fp32 and quantized caches)."""
+    bits = attrs.get("kv_cache_bit_width", 0)
+    if bits:
+        qt, Nk, H = attrs["k_quant_type"], lay.kv_num_heads, lay.head_size
+        k = dequantize_kv(present_k, expand_kv_scale("k_scale", k_scale, qt, Nk, H), bits)
+        v = dequantize_kv(present_v, expand_kv_scale("v_scale", v_scale, qt, Nk, H), bits)
+    else:
+        k, v = present_k.astype(np.float64), present_v.astype(np.float64)
+    return f16(q), f16(k), f16(v)
+
+
 def flash_model(args: tuple, attrs: dict, present_k: np.ndarray, present_v: np.ndarray) -> np.ndarray:
     """The kernel's output (B, S, N H) in the query's dtype, from the inputs and the present caches
     the append wrote (the oracle's, bit-exact)."""
@@ -45,14 +60,7 @@ def flash_model(args: tuple, attrs: dict, present_k: np.ndarray, present_v: np.n
     lay, q = layout_and_query(args, attrs)
     B, S, N, Nk, H = lay.batch, lay.sequence_length, lay.num_heads, lay.kv_num_heads, lay.head_size
     T, totals, pasts = lay.total_sequence_length, lay.total_lengths, lay.past_lengths
-    bits = attrs.get("kv_cache_bit_width", 0)
-    if bits:
-        qt = attrs["k_quant_type"]
-        k = dequantize_kv(present_k, expand_kv_scale("k_scale", k_scale, qt, Nk, H), bits)
-        v = dequantize_kv(present_v, expand_kv_scale("v_scale", v_scale, qt, Nk, H), bits)
-    else:
-        k, v = present_k.astype(np.float64), present_v.astype(np.float64)
-    q, k, v = f16(q), f16(k), f16(v)  # the fp16 operands (scratch for fp32 and quantized caches)
+    q, k, v = fp16_operands(q, present_k, present_v, k_scale, v_scale, attrs, lay)
     scale = attrs.get("scale", 0.0)
     alpha = float(np.float32(scale)) if scale else float(np.float32(1) / np.sqrt(np.float32(H), dtype=np.float32))
     cap = float(np.float32(attrs.get("softcap", 0.0)))
