@@ -62,9 +62,11 @@ if part check; then
     bg "$OUT/run-cupy-bnb-cuda.log" "$PY" -m qconform run --impl cupy --contract variant=cuda --ops "$ops" --coverage 2 \
       --no-cold --format markdown --out "$OUT/cupy-bnb-cuda.md"
   fi
-  if [ -z "$FAMILY" ]; then
-    bg "$OUT/run-cupy-ref.log" "$PY" -m qconform run --impl cupy:ref --ops q8_k_quant --coverage 2 --format markdown \
-      --out "$OUT/cupy-ref.md"
+  if [ -z "$FAMILY" ] || [ "$FAMILY" = ggml ]; then  # the other Q8_K quantize kernels (cupy runs coop)
+    for v in ref w32; do
+      bg "$OUT/run-cupy-$v.log" "$PY" -m qconform run --impl "cupy:$v" --ops q8_k_quant --coverage 2 --format markdown \
+        --out "$OUT/cupy-$v.md"
+    done
   fi
   waitall
   tail -n 3 "$OUT/pytest.log"
@@ -127,7 +129,9 @@ if part check; then
   if [ -z "$FAMILY" ] || [ "$FAMILY" = bnb ]; then
     show "conformance: bnb --impl cupy --contract variant=cuda" cupy-bnb-cuda.md
   fi
-  [ -z "$FAMILY" ] && show "conformance: --impl cupy:ref" cupy-ref.md
+  if [ -z "$FAMILY" ] || [ "$FAMILY" = ggml ]; then
+    for v in ref w32; do show "conformance: --impl cupy:$v" "cupy-$v.md"; done
+  fi
   { [ -z "$FAMILY" ] || [ "$FAMILY" = bnb ]; } && show "bitsandbytes cuda reading: the device's reciprocal table" rcp.md
 fi
 part mutants && show "device mutants and controls" mutants.md

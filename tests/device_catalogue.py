@@ -147,6 +147,24 @@ HIP_MUTANTS = (
         "writes_every_output",
     ),
     DeviceMutant(
+        "w32 ties to the higher index",
+        Q8_QUANT,
+        "qk_q8_k_quant_w32",
+        ":lanes=32:threads=64",
+        "q8_k_quant",
+        "matches_oracle",
+        edits=Q8K_COOP_TIES_HIGH,
+    ),
+    DeviceMutant(
+        "w32 lane-major loads (lane l reads float4 2l, 2l + 1)",
+        Q8_QUANT,
+        "qk_q8_k_quant_w32",
+        ":lanes=32:threads=64",
+        "q8_k_quant",
+        "matches_oracle",
+        edits=(("v[k] = src[LANES * k + l];", "v[k] = src[NV * l + k];"),),
+    ),
+    DeviceMutant(
         "control: smem amax with barrier", "q8_k_smem_amax.hip", "q8k_smem_amax", ":lanes=8", "q8_k_quant", None
     ),
     DeviceMutant(

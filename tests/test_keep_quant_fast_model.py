@@ -3,7 +3,7 @@ run under the contract order=any): each thread slice's words as the kernel loads
 Q6_K / Q8_0 realigned from aligned words by halves), its nibble / high-bit unpacking, the branch-free
 scale and min unpacking, the dp4a sums, the activation words and bsums it reads (Q8_K quants as
 words in element order, as the kernel assembles them from the quantized blocks; Q8_0 in the
-``qk_q8_0_words`` layout), and its per-slice terms, evaluated in float64 (the kernel's own code runs on
+``qk_q8_0_quant_words`` layout), and its per-slice terms, evaluated in float64 (the kernel's own code runs on
 the host in tests/test_keep_quant_fast_host.py). The
 sum of the terms must equal the float64 reference of the quantized operands
 (``qconform.ops.ggml.keep_quant.matmul_terms``) to float64 rounding: a wrong index, shift or scale
@@ -74,7 +74,7 @@ def _q8_k_words(a8: np.ndarray, nb: int) -> np.ndarray:
 
 
 def _q8_0_words(a8: np.ndarray, nb: int) -> np.ndarray:
-    """qk_q8_0_words: per block 12 words, 0..7 the quants, 8 the fp16 d as fp32 bits."""
+    """qk_q8_0_quant_words: per block 12 words, 0..7 the quants, 8 the fp16 d as fp32 bits."""
     blocks = a8.reshape(-1, 34)
     out = np.zeros((len(blocks), 12), U32)
     out[:, :8] = blocks[:, 2:34].copy().view("<u4")

@@ -5,7 +5,7 @@
  * y[m][n] = the sum, in double, of every (block, slice) thread term kf_wload + kf_block form in fp32
  * (the kernel's work without its shuffles and group sums). Arguments: KIND M N nb (weight blocks a
  * row) W-file (the weight blocks) A-file (the activation blocks: Q8_K as quantized, Q8_0 in the
- * qk_q8_0_words layout) Y-file (float64 M x N out). */
+ * qk_q8_0_quant_words layout) Y-file (float64 M x N out). */
 template <int KIND, int TS>
 static void run(const qk_u8* W, const qk_u8* aq, int M, int N, int nb, double* y) {
     constexpr int AW = KIND == 0 ? KF_A0 : KF_Q8K; /* bytes per activation block */

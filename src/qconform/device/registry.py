@@ -65,6 +65,14 @@ GGML_KERNELS: tuple[KernelSpec, ...] = (
     ),
     KernelSpec(
         "q8_k_quant",
+        "w32",
+        "qk_q8_k_quant_w32",
+        "ggml/q8_quant.hip",
+        Geometry(32, 64),
+        "32 lanes per super-block (8 values a lane), shuffle amax (ties to the lower index): short rows",
+    ),
+    KernelSpec(
+        "q8_k_quant",
         "ref",
         "qk_q8_k_quant_ref",
         "ggml/q8_quant.hip",
@@ -438,10 +446,17 @@ GGML_FUNCTION_KERNELS: tuple[KernelSpec, ...] = (
         function_kernel("ggml", "matmul_bt_quant", symbol, "keep_quant.hip", doc, KEEP_QUANT_LEAVES)
         for symbol, doc in (
             ("qk_q8_k_lanes", "Q8_K quants regrouped by lane"),
-            ("qk_q8_0_words", "Q8_0 quants as aligned words, the scale as fp32"),
             ("qk_q8_k_words", "Q8_K quants as words in element order (Q2_K, IQ4_XS)"),
             ("qk_q8_1_words", "Q8_1: Q8_0's words plus s = fp16(sum(qs) * d) from the fp32 rows"),
         )
+    ),
+    function_kernel(
+        "ggml",
+        "matmul_bt_quant",
+        "qk_q8_0_quant_words",
+        "q8_quant.hip",
+        "Q8_0 quantize straight into aligned words, the scale as fp32",
+        KEEP_QUANT_LEAVES,
     ),
     function_kernel("ggml", "rms_norm_q8_k", "qk_rms_norm_q8_k", "fused.hip", "a 256-thread CTA per Q8_K block"),
     function_kernel("ggml", "silu_mul_q8_k", "qk_silu_mul_q8_k", "fused.hip", "a 256-thread CTA per Q8_K block"),

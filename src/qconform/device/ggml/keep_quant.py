@@ -4,16 +4,17 @@ IQ4_XS), bit-identical to the oracle's generic vec_dot order.
 
 The call's rules are the oracle's, checked before any launch (``bind_call`` on host stand-ins); the
 activation rows are quantized on the device by the Q8_K / Q8_0 quantize kernels (byte-identical to
-ggml's reference quantizers; Q8_1's quants are Q8_0's) and regrouped for the GEMV (``qk_q8_k_lanes``
-for the 8-lane types Q3_K..Q6_K, ``qk_q8_k_words`` for Q2_K / IQ4_XS, ``qk_q8_0_words``, and
-``qk_q8_1_words``, which adds Q8_1's ``s`` from the fp32 rows), then one GEMV launch: CTAs of 4 weight
+ggml's reference quantizers; Q8_1's quants are Q8_0's; Q8_K by ``qk_q8_k_quant_w32``, a warp a
+super-block) and regrouped for the GEMV (``qk_q8_k_lanes`` for the 8-lane types Q3_K..Q6_K,
+``qk_q8_k_words`` for Q2_K / IQ4_XS, ``qk_q8_1_words``, which adds Q8_1's ``s`` from the fp32 rows;
+Q8_0 quantized straight into its words by ``qk_q8_0_quant_words``), then one GEMV launch: CTAs of 4 weight
 rows x 1 or 2 activation rows (the kernel's phases are in its header). ``W_blocks`` must be 16-byte
 aligned for Q4_K / Q5_K and 4-byte aligned otherwise. Other weight types are declined.
 
 ``order="any"`` (the contract ``order=any``, passed by ``qconform.impls.device``) runs Q4_K, Q5_K, Q6_K
 and Q8_0 through ``ggml/keep_quant_fast.hip`` instead: llama.cpp's mmvq layout in its own fp32 order
 (each output within the contract's bound, not bit-identical to the generic order); Q8_K activations
-read as quantized (no regrouping launch), Q8_0 ones as ``qk_q8_0_words``; CTAs of 4 weight rows x 1, 2
+read as quantized (no regrouping launch), Q8_0 ones as ``qk_q8_0_quant_words`` writes them; CTAs of 4 weight rows x 1, 2
 or 4 activation rows. The other types run the generic-order kernel, which meets that bound too.
 """
 
@@ -34,6 +35,7 @@ from qconform.oracles.ggml.vec_dot_generic import vec_dot_formats
 
 SOURCE = "ggml/keep_quant.hip"
 FAST_SOURCE = "ggml/keep_quant_fast.hip"
+Q8_SOURCE = "ggml/q8_quant.hip"
 FAST_TYPES = {"Q4_K": "q4_k", "Q5_K": "q5_k", "Q6_K": "q6_k", "Q8_0": "q8_0"}  # qk_kq_fast_<t>_m<MT>
 FAST_TILES = (1, 2, 4)  # activation rows per CTA of the fast kernel (MT)
 ORDERS = ("reference", "any")  # qconform.contracts.ORDER
@@ -87,17 +89,21 @@ def matmul_bt_quant(
     if M == 0 or N == 0:
         return call.out
     nb = A_fp32.shape[1] // afmt.block_size
-    a8 = quantize(A_fp32, "Q8_0" if afmt.name == "Q8_1" else afmt.name)  # Q8_1's quants and d are Q8_0's
     op, blocks, words = MATMUL_BT_QUANT.name, M * nb, ACT_WORDS[afmt.name]
     fast = order == "any" and wfmt.name in FAST_TYPES
     aq = cupy.empty(0 if fast and afmt.name == "Q8_K" else blocks * words, cupy.uint32)
-    if afmt.name == "Q8_0":
-        launch_grid(op, SOURCE, "qk_q8_0_words", -(-blocks // THREADS), THREADS, (a8, aq, np.int64(blocks)))
-    elif afmt.name == "Q8_1":
+    if afmt.name == "Q8_0":  # quantized straight into the regrouped words: one launch, 2 lanes a block
+        launch_grid(
+            op, Q8_SOURCE, "qk_q8_0_quant_words", -(-2 * blocks // THREADS), THREADS, (A_fp32, aq, np.int64(blocks))
+        )
+    elif afmt.name == "Q8_1":  # Q8_1's quants and d are Q8_0's
+        a8 = quantize(A_fp32, "Q8_0")
         launch_grid(op, SOURCE, "qk_q8_1_words", -(-blocks // THREADS), THREADS, (A_fp32, a8, aq, np.int64(blocks)))
-    elif not fast:  # the fast kernel reads the Q8_K blocks as quantized
-        regroup = "qk_q8_k_words" if wfmt.name in ELEMENT_ORDER else "qk_q8_k_lanes"
-        launch_grid(op, SOURCE, regroup, -(-blocks * words // THREADS), THREADS, (a8, aq, np.int64(blocks)))
+    else:  # Q8_K by a warp a super-block (w32: coop's bytes, a chain a quarter as long, for short rows)
+        a8 = quantize(A_fp32, "Q8_K", variant="w32")
+        if not fast:  # the fast kernel reads the Q8_K blocks as quantized
+            regroup = "qk_q8_k_words" if wfmt.name in ELEMENT_ORDER else "qk_q8_k_lanes"
+            launch_grid(op, SOURCE, regroup, -(-blocks * words // THREADS), THREADS, (a8, aq, np.int64(blocks)))
     if fast:
         mt = act_tile(M, FAST_TILES)
         grid = (-(-M // mt), -(-N // ROWS_PER_CTA))

@@ -36,7 +36,8 @@
  *     wave-size agnostic) and thread 0 stores.
  * The activations are quantized beforehand by the Q8_K / Q8_0 quantize kernels (q8_quant.hip,
  * byte-identical to quantize_row_q8_K_ref / _q8_0_ref; Q8_1's quants are Q8_0's, its s is added
- * here) and regrouped once per call (qk_q8_k_lanes, qk_q8_k_words, qk_q8_0_words, qk_q8_1_words);
+ * here) and regrouped once per call (qk_q8_k_lanes, qk_q8_k_words, qk_q8_1_words; Q8_0 quantized straight into its words by
+ * q8_quant.hip qk_q8_0_quant_words);
  * launcher: qconform/device/ggml/keep_quant.py. */
 #include "qk_portable.h"
 
@@ -74,17 +75,7 @@ qk_q8_k_lanes(const qk_u8* a8, qk_u32* aq, qk_i64 n_blocks) {
 }
 
 /* A regrouped Q8_0 block (KQ_A0 words, 48 bytes): the 32 quants as 8 aligned words, word 8 the
- * fp16 scale as fp32. One thread per block. */
-extern "C" __global__ void __launch_bounds__(256)
-qk_q8_0_words(const qk_u8* a8, qk_u32* aq, qk_i64 n_blocks) {
-    const qk_i64 blk = qk_global_thread();
-    if (blk >= n_blocks) return;
-    const qk_u16* h = (const qk_u16*)(a8 + blk * Q8_0_BYTES);
-    qk_u32* o = aq + blk * KQ_A0;
-    for (int k = 0; k < 8; ++k) o[k] = (qk_u32)h[1 + 2 * k] | ((qk_u32)h[2 + 2 * k] << 16);
-    o[8] = qk_bits(qk_fp16_to_float(h[0]));
-    o[9] = o[10] = o[11] = 0u;
-}
+ * fp16 scale as fp32, written by q8_quant.hip's qk_q8_0_quant_words as it quantizes (one launch). */
 
 /* A Q8_K block with its quants in element order (Q2_K, IQ4_XS; KQ_AK words): words 0..63 the
  * quants q8[4 w .. 4 w + 3], 64..71 the bsums, 72 d. One thread per word; n_blocks = M * nb. */
@@ -101,7 +92,7 @@ qk_q8_k_words(const qk_u8* a8, qk_u32* aq, qk_i64 n_blocks) {
     aq[gt] = v;
 }
 
-/* A Q8_1 block (ggml-quants.c quantize_row_q8_1_ref) regrouped as qk_q8_0_words does, plus word 9:
+/* A Q8_1 block (ggml-quants.c quantize_row_q8_1_ref) regrouped as qk_q8_0_quant_words does, plus word 9:
  * s = fp16(f32((float)sum(qs) * d)) as fp32, d the fp32 amax / 127 before its fp16 rounding (the
  * quants and fp16 d are Q8_0's, from the Q8_0 quantize kernel: the same computation). amax is the
  * reference's sequential MAX(a, b) = a > b ? a : b from 0; every fp32 value flushed as the
@@ -511,7 +502,7 @@ __device__ __forceinline__ void kq_integer_iq4_xs(const qk_u32 (&w)[WORDS], int 
     }
 }
 
-/* The 32-value types against Q8_0 / Q8_1 (qk_q8_0_words / qk_q8_1_words: quants words 0..7, d word
+/* The 32-value types against Q8_0 / Q8_1 (qk_q8_0_quant_words / qk_q8_1_words: quants words 0..7, d word
  * 8, Q8_1's s word 9): KIND 10 block_q4_0 {half d; u8 qs[16]}, 11 block_q4_1 {half d, m; u8 qs[16]},
  * 12 block_q5_0 {half d; u8 qh[4]; u8 qs[16]}, 13 block_q5_1 {half d, m; u8 qh[4]; u8 qs[16]},
  * 14 block_iq4_nl {half d; u8 qs[16]}: element ll < 16 is the low nibble of qs[ll], element 16 + ll
@@ -560,8 +551,8 @@ __device__ __forceinline__ void kq_integer_legacy(const qk_u32 (&w)[WORDS], int 
 
 /* ------------------------------------------------------------------------------- the GEMV */
 /* KIND 3, 4, 5, 6: Q3_K, Q4_K, Q5_K, Q6_K, the 8 lanes (aq: qk_q8_k_lanes blocks); 2, 7: Q2_K,
- * IQ4_XS (qk_q8_k_words); 0: Q8_0 (qk_q8_0_words); 10..14: Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL
- * (qk_q8_0_words, Q4_1 / Q5_1 qk_q8_1_words). TERMS: the fp32 terms per block of the one-chain
+ * IQ4_XS (qk_q8_k_words); 0: Q8_0 (qk_q8_0_quant_words); 10..14: Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL
+ * (qk_q8_0_quant_words, Q4_1 / Q5_1 qk_q8_1_words). TERMS: the fp32 terms per block of the one-chain
  * types (0: the 8-lane types and Q8_0). The fp32 phase runs in the first 8 KQ_R threads (8
  * consecutive per row). */
 template <int KIND, int TS, int MT>

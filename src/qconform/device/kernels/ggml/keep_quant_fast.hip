@@ -30,12 +30,12 @@
  * read (the partial Q8_0 quad at a row's end: kf_raw16 straight from global). Q8_K activations are read as the quantize
  * kernel writes them (q8_quant.hip; no regrouping launch): a slice's 16 quants from the two aligned
  * 16-byte words around them, shifted by whole words (kf_act16); Q8_0 activations come regrouped by
- * the bit-exact kernel's qk_q8_0_words (12 words a block, d as fp32 at word 8), 16-byte loads.
+ * the bit-exact kernel's qk_q8_0_quant_words (12 words a block, d as fp32 at word 8), 16-byte loads.
  * Launcher: qconform/device/ggml/keep_quant.py (order="any"). */
 #include "qk_portable.h"
 
 #define KF_Q8K 292 /* bytes per block_q8_K {float d; i8 qs[256]; i16 bsums[16]} */
-#define KF_A0 48   /* bytes per regrouped Q8_0 block (keep_quant.hip qk_q8_0_words: KQ_A0 words) */
+#define KF_A0 48   /* bytes per regrouped Q8_0 block (q8_quant.hip qk_q8_0_quant_words: KQ_A0 words) */
 #define KF_ROWS 4  /* weight rows per CTA: 8 threads each in every group */
 #define KF_GROUPS 4 /* groups of 32 threads per CTA, splitting a row's blocks */
 #define KF_LO4 0x0F0F0F0Fu
@@ -316,7 +316,7 @@ __device__ __forceinline__ void kf_store(const float (&part)[KF_GROUPS][KF_ROWS]
 }
 
 /* KIND 4, 5, 6: Q4_K, Q5_K, Q6_K (256 values a block, 8 slices; aq: the Q8_K rows); 0: Q8_0
- * (32 values, 2 slices: a row's 8 threads take 4 consecutive blocks; aq: qk_q8_0_words blocks).
+ * (32 values, 2 slices: a row's 8 threads take 4 consecutive blocks; aq: qk_q8_0_quant_words blocks).
  * UNROLL: the blocks of a row a thread loads before it computes the first. */
 template <int KIND, int TS, int MT, int UNROLL>
 __device__ __forceinline__ void kf_gemv(const qk_u8* __restrict__ W, const qk_u8* __restrict__ aq, float* __restrict__ Y,

@@ -157,46 +157,51 @@ qk_q8_k_quant_ref(const void* in, void* out, qk_i64 n_blocks) {
 }
 
 /* -------------------------------------------------------------- Q8_K quantize, cooperative */
-/* 8 lanes per super-block (a shuffle group of width 8, so the same for wave32 and wave64).
- * Lane l reads float4 number 8k + l (k = 0..7): 8 lanes read 128 contiguous bytes at a time.
- * Each lane takes the first strict max of |x| over its values in index order, then the 8 lanes
- * reduce (|x|, index) with shuffles: larger |x| wins, on equal |x| the lower index -- exactly the
- * reference's first strict max. Group sums (bsums) are reduced over lane quads; results are
- * staged in shared memory for one coalesced store. LANES = 8, THREADS <= 256 (a multiple of 8).
+/* LANES lanes per super-block (a shuffle group of width LANES, so the same for wave32 and wave64):
+ * coop 8 lanes, w32 32 (a warp a super-block, for short rows such as a GEMV's activation: K = 8192
+ * is 32 super-blocks, one coop CTA whose lanes each run a chain over 32 values; w32's run over 8).
+ * Lane l reads float4 number LANES k + l (k = 0 .. 64 / LANES - 1, in index order): LANES lanes read
+ * 16 LANES contiguous bytes at a time. Each lane takes the first strict max of |x| over its values
+ * in index order, then the lanes reduce (|x|, index) with shuffles: larger |x| wins, on equal |x|
+ * the lower index -- exactly the reference's first strict max, so both kernels write the same bytes.
+ * bsums: group (LANES k + l) / 4 is float4 k of a quad of lanes, summed over the quad. Results are
+ * staged in shared memory for one coalesced store. THREADS <= 256 (a multiple of LANES).
  * Out-of-range groups still take part in every shuffle and barrier. */
-__device__ __forceinline__ void qk_q8_k_quant_coop_body(const void* in, void* out, qk_i64 n_blocks) {
-    __shared__ uint4 ys4[32 * Q8_K_BYTES / 16];  /* the CTA's results: 256 threads / 8 lanes */
+template <int LANES>
+__device__ __forceinline__ void qk_q8_k_quant_lanes_body(const void* in, void* out, qk_i64 n_blocks) {
+    constexpr int NV = 64 / LANES; /* float4 a lane */
+    __shared__ uint4 ys4[(256 / LANES) * Q8_K_BYTES / 16]; /* the CTA's results */
     qk_u8* ys = (qk_u8*)ys4;
     const qk_i64 gt = qk_global_thread();
-    const qk_i64 sb = gt >> 3;
-    const int l = (int)(gt & 7);
+    const qk_i64 sb = (qk_i64)((unsigned long long)gt / LANES);
+    const int l = (int)((unsigned long long)gt % LANES);
     const bool active = sb < n_blocks;
-    float4 v[8];
+    float4 v[NV];
     const float4* src = (const float4*)in + sb * (QK_K / 4);
-    for (int k = 0; k < 8; ++k) {
-        if (active) v[k] = src[8 * k + l];
+    for (int k = 0; k < NV; ++k) {
+        if (active) v[k] = src[LANES * k + l];
         else v[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
     float amax = 0.0f, mx = 0.0f;
     int idx = QK_K;
-    for (int k = 0; k < 8; ++k) {
+    for (int k = 0; k < NV; ++k) {
         const float c[4] = {v[k].x, v[k].y, v[k].z, v[k].w};
         for (int b = 0; b < 4; ++b) {
             float x = qk_ftz(c[b]);
             float a = fabsf(x);
-            if (a > amax) { amax = a; mx = x; idx = 4 * (8 * k + l) + b; }
+            if (a > amax) { amax = a; mx = x; idx = 4 * (LANES * k + l) + b; }
         }
     }
-    for (int m = 1; m < 8; m <<= 1) {
-        float oa = QK_SHFL_XOR(amax, m, 8);
-        float om = QK_SHFL_XOR(mx, m, 8);
-        int oi = QK_SHFL_XOR(idx, m, 8);
+    for (int m = 1; m < LANES; m <<= 1) {
+        float oa = QK_SHFL_XOR(amax, m, LANES);
+        float om = QK_SHFL_XOR(mx, m, LANES);
+        int oi = QK_SHFL_XOR(idx, m, LANES);
         if (oa > amax || (oa == amax && oi < idx)) { amax = oa; mx = om; idx = oi; }
     }
     const bool zero = amax == 0.0f;
     const float iscale = zero ? 0.0f : qk_ftz(QK_FDIV(-127.0f, mx));
-    qk_u8* y = ys + (threadIdx.x >> 3) * Q8_K_BYTES;
-    for (int k = 0; k < 8; ++k) {
+    qk_u8* y = ys + (threadIdx.x / LANES) * Q8_K_BYTES;
+    for (int k = 0; k < NV; ++k) {
         const float c[4] = {v[k].x, v[k].y, v[k].z, v[k].w};
         qk_u32 word = 0u;
         int sum = 0;
@@ -205,20 +210,29 @@ __device__ __forceinline__ void qk_q8_k_quant_coop_body(const void* in, void* ou
             sum += q;
             word |= ((qk_u32)q & 0xFFu) << (8 * b);
         }
-        sum += QK_SHFL_XOR(sum, 1, 8);
-        sum += QK_SHFL_XOR(sum, 2, 8);
-        ((qk_u32*)(y + Q8_K_QS))[8 * k + l] = word;
-        if ((l & 3) == 0) ((qk_i16*)(y + Q8_K_BSUMS))[2 * k + (l >> 2)] = (qk_i16)sum;
+        sum += QK_SHFL_XOR(sum, 1, LANES);
+        sum += QK_SHFL_XOR(sum, 2, LANES);
+        ((qk_u32*)(y + Q8_K_QS))[LANES * k + l] = word;
+        if ((l & 3) == 0) ((qk_i16*)(y + Q8_K_BSUMS))[(LANES / 4) * k + (l >> 2)] = (qk_i16)sum;
     }
     if (l == 0) *(float*)y = zero ? 0.0f : qk_ftz(QK_FDIV(1.0f, iscale));
-    const int per_cta = blockDim.x >> 3;
+    const int per_cta = blockDim.x / LANES;
     const qk_i64 first = (qk_i64)blockIdx.x * per_cta;
     qk_stage_out(ys, (qk_u8*)out + first * Q8_K_BYTES, qk_cta_blocks(first, n_blocks, per_cta) * Q8_K_BYTES);
+}
+
+__device__ __forceinline__ void qk_q8_k_quant_coop_body(const void* in, void* out, qk_i64 n_blocks) {
+    qk_q8_k_quant_lanes_body<8>(in, out, n_blocks);
 }
 
 extern "C" __global__ void __launch_bounds__(256)
 qk_q8_k_quant_coop(const void* in, void* out, qk_i64 n_blocks) {
     qk_q8_k_quant_coop_body(in, out, n_blocks);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+qk_q8_k_quant_w32(const void* in, void* out, qk_i64 n_blocks) {
+    qk_q8_k_quant_lanes_body<32>(in, out, n_blocks);
 }
 
 /* -------------------------------------------------------------------------- Q8_0 quantize */
@@ -230,14 +244,9 @@ qk_q8_k_quant_coop(const void* in, void* out, qk_i64 n_blocks) {
  * one coalesced store. LANES = 2, THREADS <= 256 (even). */
 __device__ __forceinline__ float qk_seq_max(float m, float a) { return m > a ? m : a; }
 
-extern "C" __global__ void __launch_bounds__(256)
-qk_q8_0_quant(const void* in, void* out, qk_i64 n_blocks) {
-    __shared__ uint4 ys4[128 * Q8_0_BYTES / 16];  /* the CTA's results: 256 threads / 2 lanes */
-    qk_u8* ys = (qk_u8*)ys4;
-    const qk_i64 gt = qk_global_thread();
-    const qk_i64 blk = gt >> 1;
-    const int l = (int)(gt & 1);
-    const bool active = blk < n_blocks;
+/* Lane l (0 or 1) of Q8_0 block blk: the quants of values 16 l .. 16 l + 15 as 4 words (little
+ * endian, the block's byte order) and the block's d as fp16 bits. */
+__device__ __forceinline__ void qk_q8_0_lane(const void* in, qk_i64 blk, int l, bool active, qk_u32 (&w)[4], qk_u16& h) {
     float c[16];
     const float4* src = (const float4*)in + blk * 8 + 4 * l;
     for (int k = 0; k < 4; ++k) {
@@ -262,15 +271,52 @@ qk_q8_0_quant(const void* in, void* out, qk_i64 n_blocks) {
     else amax = qk_seq_max(0.0f, qk_seq_max(f_val, s_val));
     const float d = qk_ftz(QK_FDIV(amax, 127.0f));
     const float id = d != 0.0f ? qk_ftz(QK_FDIV(1.0f, d)) : 0.0f;
-    qk_u8* y = ys + (threadIdx.x >> 1) * Q8_0_BYTES;
-    for (int b = 0; b < 16; ++b) y[2 + 16 * l + b] = (qk_u8)qk_roundf_byte(qk_ftz(QK_FMUL(c[b], id)));
-    if (l == 0) {
-        const qk_u16 h = qk_fp16_bits(d);
-        y[0] = (qk_u8)(h & 0xFFu);
-        y[1] = (qk_u8)(h >> 8);
+    for (int j = 0; j < 4; ++j) {
+        w[j] = 0u;
+        for (int b = 0; b < 4; ++b) w[j] |= qk_roundf_byte(qk_ftz(QK_FMUL(c[4 * j + b], id))) << (8 * b);
     }
+    h = qk_fp16_bits(d);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+qk_q8_0_quant(const void* in, void* out, qk_i64 n_blocks) {
+    __shared__ uint4 ys4[128 * Q8_0_BYTES / 16];  /* the CTA's results: 256 threads / 2 lanes */
+    qk_u8* ys = (qk_u8*)ys4;
+    const qk_i64 gt = qk_global_thread();
+    const qk_i64 blk = gt >> 1;
+    const int l = (int)(gt & 1);
+    qk_u32 w[4];
+    qk_u16 h;
+    qk_q8_0_lane(in, blk, l, blk < n_blocks, w, h);
+    qk_u16* y = (qk_u16*)(ys + (threadIdx.x >> 1) * Q8_0_BYTES); /* blocks are 2-byte aligned */
+    for (int j = 0; j < 4; ++j) {
+        y[1 + 8 * l + 2 * j] = (qk_u16)(w[j] & 0xFFFFu);
+        y[2 + 8 * l + 2 * j] = (qk_u16)(w[j] >> 16);
+    }
+    if (l == 0) y[0] = h;
     const qk_i64 first = (qk_i64)blockIdx.x * (blockDim.x >> 1);
     qk_stage_out(ys, (qk_u8*)out + first * Q8_0_BYTES, qk_cta_blocks(first, n_blocks, blockDim.x >> 1) * Q8_0_BYTES);
+}
+
+/* The keep-quant GEMVs' Q8_0 activation in one launch: qk_q8_0_quant's blocks written straight in
+ * the regrouped layout the GEMVs read (keep_quant.hip KQ_A0, keep_quant_fast.hip KF_A0: 12 words a
+ * block, the 8 words of quants, word 8 d as fp32 (the fp16 d widened), words 9..11 zero), which a
+ * quantize and a regrouping launch wrote until session 11. Lane l stores words 4 l .. 4 l + 3, lane 0 also words 8 .. 11 (16-byte stores:
+ * aq 16-byte aligned, 48 bytes a block). LANES = 2, THREADS <= 256 (even). */
+#define Q8_0_WORDS 12
+extern "C" __global__ void __launch_bounds__(256)
+qk_q8_0_quant_words(const void* in, qk_u32* aq, qk_i64 n_blocks) {
+    const qk_i64 gt = qk_global_thread();
+    const qk_i64 blk = gt >> 1;
+    const int l = (int)(gt & 1);
+    const bool active = blk < n_blocks;
+    qk_u32 w[4];
+    qk_u16 h;
+    qk_q8_0_lane(in, blk, l, active, w, h);
+    if (!active) return;
+    uint4* o = (uint4*)(aq + blk * Q8_0_WORDS);
+    o[l] = make_uint4(w[0], w[1], w[2], w[3]);
+    if (l == 0) o[2] = make_uint4(qk_bits(qk_fp16_to_float(h)), 0u, 0u, 0u);
 }
 
 /* -------------------------------------------------------------------------------- dequant */
