@@ -1015,6 +1015,19 @@ GQA_QUANT_BEFORE_ROTARY: Edits = (
 )
 
 
+# the folded combine's tickets left at the split count after a call: later calls never elect a combiner
+GQA_FOLD_NO_RESET: Edits = (("if (c_last) *t = 0u;", "if (c_last) *t = 1u << 30;"),)
+# the folded append's new K row stored as the input (no rotary), the queries still rotated
+GQA_FOLD_K_UNROTATED: Edits = (("rotate && !isv, rotary_dim", "0, rotary_dim"),)
+# the folded append's rotary (queries and K) at position past + 1
+GQA_FOLD_POS_LATE: Edits = (
+    ("qk_gqa_position(position_ids, pid_stride, b, 0, past, first_prompt)",
+     "qk_gqa_position(position_ids, pid_stride, b, 0, past + 1, first_prompt)"),
+)  # fmt: skip
+# the folded combine's l without the sink's exp(sink - M)
+GQA_FOLD_NO_SINK: Edits = (("l = QK_FADD(l, expf(QK_FADD(sigma, -c_M[tid])));", "l = QK_FADD(l, 0.0f * sigma);"),)
+
+
 def _gqa(name: str, op: str, leaf: str, edits: Edits, caught_by: str | None = "matches_oracle") -> DeviceMutant:
     options = "-DQK_GQA_DECODE_SIMT" if "DECODE_SIMT" in name else ("-DQK_MMA_EMULATE" if "portable" in name else "")
     return DeviceMutant(name, "ort/gqa.hip", "", options, op, caught_by, leaf=leaf, edits=edits)
@@ -1039,6 +1052,17 @@ GQA_MUTANTS = (
     _gqa("gqa mma: int8 K scale left off the scores", "gqa_decode", "Xfp16_Wi8_Yfp16", GQA_MMA_NO_K_SCALE),
     DeviceMutant("gqa mma: groups merged unshifted", "ort/gqa.hip", "", "", "gqa_decode", "matches_oracle",
                  leaf="Xfp16_Wfp16_Yfp16", coverage=2, edits=GQA_MMA_MERGE_UNSHIFTED),
+    DeviceMutant("gqa mma folded combine: tickets never reset (only a process's first call combines)",
+                 "ort/gqa.hip", "", "", "gqa_decode", "matches_oracle", leaf="Xfp16_Wfp16_Yfp16",
+                 edits=GQA_FOLD_NO_RESET),
+    DeviceMutant("gqa mma folded combine: the sink left out of l", "ort/gqa.hip", "", "", "gqa_decode",
+                 "matches_oracle", leaf="Xfp16_Wfp16_Yfp16", coverage=2, edits=GQA_FOLD_NO_SINK),
+    DeviceMutant("gqa mma folded append: the new K row not rotated", "ort/gqa.hip", "", "", "gqa_decode",
+                 "matches_oracle", leaf="Xfp16_Wfp16_Yfp16", edits=GQA_FOLD_K_UNROTATED),
+    DeviceMutant("gqa mma folded append: rotary one position late", "ort/gqa.hip", "", "", "gqa_decode",
+                 "matches_oracle", leaf="Xfp16_Wfp16_Yfp16", coverage=2, edits=GQA_FOLD_POS_LATE),
+    DeviceMutant("control: gqa mma decode in three launches (session 10), int8", "ort/gqa.hip", "",
+                 "-DQK_GQA_COMBINE_LAUNCH -DQK_GQA_APPEND_V1", "gqa_decode", None, leaf="Xfp16_Wi8_Yfp16"),
     _gqa("control: gqa SIMT decode kernels (-DQK_GQA_DECODE_SIMT), fp16", "gqa_decode", "Xfp16_Wfp16_Yfp16", (),
          caught_by=None),
     _gqa("control: gqa mma on the portable mma (shuffles), int8", "gqa_decode", "Xfp16_Wi8_Yfp16", (),

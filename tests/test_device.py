@@ -265,6 +265,42 @@ def test_qmoe_grouped_skewed_routing(bits: int, bs: int, zp: bool, H: int, inter
         _grouped_vs_model(d, params, 9)
 
 
+@pytest.mark.parametrize("leaf", ["Xfp16_Wfp16_Yfp16", "Xfp16_Wi8_Yfp16"])
+def test_gqa_mma_decode_in_one_launch_is_the_three_launches(leaf: str) -> None:
+    """The mma decode in one launch (the CTAs append the new rows, qk_gqa_mma_append, and the CTA
+    that completes a block of splits combines it, qk_gqa_mma_combine) against session 10's three
+    launches (qk_gqa_append, the same mma kernel, qk_gqa_combine: -DQK_GQA_APPEND_V1
+    -DQK_GQA_COMBINE_LAUNCH): on every coverage-2 case of the leaf that runs an mma kernel (sinks,
+    smooth softmax, windows, rotary of both kinds, packed QKV, ragged batches, one split and many),
+    output and present caches bit-identical, twice in a row (the tickets are back at zero after a
+    call), and no append or combine launched."""
+    import cupy
+
+    from qconform.device.launchers import compile_options, kernel_of
+    from qconform.device.ort.group_query_attention import APPEND_V1, COMBINE_LAUNCH, MMA_HEADS, SOURCE, gqa_decode
+
+    others = [kernel_of(SOURCE, k) for k in ("qk_gqa_combine", "qk_gqa_append", "qk_gqa_append8")]
+    mma = [kernel_of(SOURCE, f"qk_gqa_mma_{kind}_h{h}") for kind in ("f16", "i8t") for h in MMA_HEADS]
+    op = get_op("gqa_decode")
+    compared = 0
+    for c in op.cases(leaf, 2):  # inputs and params only (no oracle run): Prepared's fields _launched reads
+        case = Prepared(c, op.make_inputs(c), op.params(c), None)
+        ran, folded = _launched(gqa_decode, "gqa_decode", case)
+        if not any(k in mma for k in ran):
+            continue
+        assert not any(k in others for k in ran), c.id
+        _, again = _launched(gqa_decode, "gqa_decode", case)
+        with compile_options(COMBINE_LAUNCH, APPEND_V1):
+            ran_l, launched = _launched(gqa_decode, "gqa_decode", case)
+            for name in ("qk_gqa_combine", "qk_gqa_append"):
+                assert kernel_of(SOURCE, name) in ran_l, (c.id, name)
+        for x, y, z in zip(folded, again, launched, strict=True):
+            x, y, z = (cupy.asnumpy(v).view(np.uint8) for v in (x, y, z))
+            assert np.array_equal(x, z) and np.array_equal(y, z), c.id
+        compared += 1
+    assert compared >= 3, f"only {compared} coverage-2 cases ran the mma kernels"
+
+
 @pytest.mark.parametrize("chunk", [1, 3, 4, 64])
 def test_gqa_prefill_flash_launch_order(chunk: int) -> None:
     """qk_gqa_prefill2's launch order (bands of ``chunk`` row blocks, the kernel's comment; the

@@ -51,7 +51,6 @@ V1_OPTION = "-DQK_GQA_PREFILL_V1"  # the build holding the session-8 kernels onl
 THREADS2 = 256  # QK_FL2_THREADS
 ROWS2 = 128  # QK_FL2_ROWS: query rows of a qk_gqa_prefill2 CTA, over its heads
 HEAD_SIZES2 = (64, 128)  # qk_gqa_prefill2_h<H>
-APPEND_THREADS = 256  # qk_gqa_append8's __launch_bounds__
 CHUNK: int | None = None  # tests: force qk_gqa_prefill2's band of row blocks (else row_chunk's pick)
 SCRATCH_KIND = {(0, "float32"): 0, (8, ""): 2, (4, ""): 3}  # qk_gqa_prefill_scratch's kind; fp16: none
 
@@ -94,35 +93,9 @@ def uses_v2(head_size: int, softcap: float, has_bias: bool, alpha: float) -> boo
 
 def _append(op: OpSpec, call: Any, sc: dict[str, Any]) -> Any:
     """qk_gqa_append8 (qk_gqa_append's outputs bit for bit, 8 channels a thread; qk_gqa_append
-    itself under -DQK_GQA_PREFILL_V1) and qk_gqa_copy_past as
-    ``qconform.device.ort.group_query_attention`` runs them; returns the rotated queries (fp32,
-    (B, S, N, H))."""
-    (q, k, v, past_k, past_v, seqlens, cos, sin, pid, _, _, k_scale, v_scale, _, pres_k, pres_v) = call.pointers
-    null = np.uint64(0)
-    k, v, cos, sin, k_scale, v_scale = (null if a is None else a for a in (k, v, cos, sin, k_scale, v_scale))
-    pid_stride = 0 if pid is None else int(pid.shape[1])
-    pid = null if pid is None else pid
-    B, S, N, Nk, H = (int(sc[n]) for n in ("batch", "sequence_length", "num_heads", "kv_num_heads", "head_size"))
-    P, Tp = int(sc["past_sequence_length"]), int(sc["present_sequence_length"])
-    bits, first, is16 = int(sc["kv_cache_bit_width"]), int(sc["first_prompt"]), int(sc["dtype"] == 1)
-    i64, i32 = np.int64, np.int32
-    qrot = cupy.empty(B * S * N * H, cupy.float32)
-    append = (q, k, v, seqlens, cos, sin, pid, k_scale, v_scale, qrot, pres_k, pres_v)
-    sizes = (i64(B), i64(S), i64(N), i64(Nk), i64(H), i64(Tp), i64(pid_stride))
-    flags = (i32(first), i32(sc["packed_qkv"]), i32(sc["rotary_dim"]), i32(sc["rotary_interleaved"]), i32(bits))
-    args = (*append, *sizes, *flags, i32(sc["kv_quant"] == 2), i32(is16))
-    if V1_OPTION in launchers.OPTIONS:  # the round-1 call: one thread per pair of channels
-        launch(op.name, splitk.SOURCE, "qk_gqa_append", B * S * (N + 2 * Nk) * (H // 2), args)
-    elif B * S:  # the same outputs, one thread per 8 channels (H % 8 == 0: HEAD_SIZES), a CTA row per token
-        grid = (B * S, -(-(N + 2 * Nk) * (H // 8) // APPEND_THREADS), 1)
-        launch_grid(op.name, splitk.SOURCE, "qk_gqa_append8", grid, APPEND_THREADS, args)
-    if P and not first:
-        words = pres_k.nbytes // (B * Nk * Tp * 4)
-        for past, pres in ((past_k, pres_k), (past_v, pres_v)):
-            if past.data.ptr != pres.data.ptr:
-                copy = (past, pres, seqlens, i64(B), i64(Nk), i64(P), i64(Tp), i64(S), i64(words))
-                launch(op.name, splitk.SOURCE, "qk_gqa_copy_past", B * Nk * P * words, copy)
-    return qrot
+    itself under -DQK_GQA_PREFILL_V1) and qk_gqa_copy_past as the split-K path runs them
+    (``qconform.device.ort.group_query_attention.append``); returns the rotated queries (fp32, (B, S, N, H))."""
+    return splitk.append(op, call, sc, V1_OPTION in launchers.OPTIONS)
 
 
 def _run(op: OpSpec, args: tuple, kwargs: dict[str, Any], out: Any, storage: str) -> Any:

@@ -3,8 +3,9 @@ arrays, for gqa_decode and gqa_prefill: present caches bit-identical to
 ``qconform.oracles.ort.group_query_attention`` (precision "reference"), the output within the
 strict contract's bound (fp32 scores, softmax and P V; ``qconform.ops.ort.attention_bounds``).
 
-Three steps on the current stream: ``qk_gqa_append`` (rotary of the new Q and K, the new K / V
-rows into present, quantized for an int8 / 4-bit cache), ``qk_gqa_copy_past`` (present rows
+Steps on the current stream: ``qk_gqa_append8`` (rotary of the new Q and K, the new K / V rows
+into present, quantized for an int8 / 4-bit cache; folded into the mma kernels below for a decode),
+``qk_gqa_copy_past`` (present rows
 [0, past_b) from the past; skipped when present is the past buffer), ``qk_gqa_flash_*`` (one CTA
 per query row, split of the keys, KV head and block of 4 of its query heads: each K / V row read
 once for the block, 16-byte loads, the (key, head) dots of a tile reduce-scattered over the lane
@@ -16,8 +17,14 @@ of the shape alone.
 With fp16 queries and an fp16 or int8 per-tensor cache of head size 16, 32, 64 or 128 (present
 16-byte aligned) the attention runs on the matrix units instead (``qk_gqa_mma_*``: one CTA per
 query row, split and KV head with up to 8 of its query heads, tiles of 16 keys a 32-lane group,
-scores and P V by mma.m16n8k16, P split into fp16 hi + lo halves); ``-DQK_GQA_DECODE_SIMT``
-keeps the SIMT flash kernels there (the bench's ``simt`` variant).
+scores and P V by mma.m16n8k16, P split into fp16 hi + lo halves), and a decode (S = 1) is one
+launch: its CTAs rotate their query heads and the CTA whose split holds the new key writes the new
+K / V rows (``qk_gqa_mma_append``, qk_gqa_append's arithmetic), and the CTA that completes a block of
+splits (a ticket per block, ``tickets``) combines it with qk_gqa_combine's arithmetic in split order
+(``qk_gqa_mma_combine``); ``-DQK_GQA_APPEND_V1`` / ``-DQK_GQA_COMBINE_LAUNCH`` launch qk_gqa_append
+and qk_gqa_combine instead (session 10: the bench's ``s10`` variant); ``-DQK_GQA_DECODE_SIMT`` keeps
+the SIMT flash kernels there (the bench's ``simt`` variant). Elsewhere the rows are appended by
+qk_gqa_append8 (a thread per 8 channels; qk_gqa_append where H % 8 != 0).
 Built with ``-DQK_GQA_LEGACY`` (``qconform.device.launchers.compile_options``) the session-7
 attention kernels ``qk_gqa_attend_*`` run instead, with ``-DQK_GQA_FLASH_V1`` the session-8 flash
 kernels (``gqa_flash_v1.h``, their splits) and the new combine (the bench's side-by-side timing).
@@ -45,6 +52,9 @@ LEGACY = "-DQK_GQA_LEGACY"  # the build option selecting the session-7 attention
 FLASH_V1 = "-DQK_GQA_FLASH_V1"  # the build option selecting the session-8 flash kernels (gqa_flash_v1.h)
 I8T_U8 = "-DQK_GQA_I8T_U8"  # int8 per-tensor flash kernels with tiles of 8 keys a lane group
 DECODE_SIMT = "-DQK_GQA_DECODE_SIMT"  # the session-9 SIMT flash kernels where the mma ones would run
+COMBINE_LAUNCH = "-DQK_GQA_COMBINE_LAUNCH"  # the mma kernels' combine as its own launch (before session 11)
+APPEND_V1 = "-DQK_GQA_APPEND_V1"  # decode's rows by qk_gqa_append (a thread a channel pair; before session 11)
+APPEND_THREADS = 256  # qk_gqa_append8's __launch_bounds__
 MMA_HEADS = (16, 32, 64, 128)  # head sizes of the qk_gqa_mma_* kernels
 MMA_TILE = 64  # keys an mma CTA takes at once: QK_GQA_MG groups x QK_GQA_MK keys
 MMA_HB = 8  # QK_GQA_MH: query heads of one KV head per mma CTA
@@ -137,6 +147,66 @@ def flash_tile(kind: str, head_size: int) -> tuple[int, int, int]:
     return words, THREADS // max(16, lane_group(head_size)) * u, resident
 
 
+def new_rows(call: Any, sc: dict[str, Any]) -> tuple:
+    """The new rows' inputs as the kernels take them: query, key, value, cos, sin and position_ids
+    (null where absent), position_ids' row stride, packed_qkv, rotary_dim, rotary_interleaved."""
+    (q, k, v, _, _, _, cos, sin, pid, *_) = call.pointers
+    null = np.uint64(0)
+    k, v, cos, sin = (null if a is None else a for a in (k, v, cos, sin))
+    pid_stride = np.int64(0 if pid is None else int(pid.shape[1]))
+    pid = null if pid is None else pid
+    flags = (sc["packed_qkv"], sc["rotary_dim"], sc["rotary_interleaved"])
+    return (q, k, v, cos, sin, pid, pid_stride, *(np.int32(f) for f in flags))
+
+
+def append(op: OpSpec, call: Any, sc: dict[str, Any], pairs: bool, rows: bool = True) -> Any:
+    """The new rows: qk_gqa_append8 (8 channels a thread, a CTA row per token; H % 8 == 0) or, with
+    ``pairs``, qk_gqa_append (a thread per pair of channels: the same outputs bit for bit), then
+    qk_gqa_copy_past where present is not the past buffer; returns the rotated queries (fp32, (B, S, N, H)).
+    ``rows`` False: the copy only (the attention kernel appends; no rotated queries: null)."""
+    (_, _, _, past_k, past_v, seqlens, _, _, _, _, _, k_scale, v_scale, _, pres_k, pres_v) = call.pointers
+    null = np.uint64(0)
+    q, k, v, cos, sin, pid, pid_stride, packed, rotary_dim, interleaved = new_rows(call, sc)
+    k_scale, v_scale = (null if a is None else a for a in (k_scale, v_scale))
+    B, S, N, Nk, H = (int(sc[n]) for n in ("batch", "sequence_length", "num_heads", "kv_num_heads", "head_size"))
+    P, Tp = int(sc["past_sequence_length"]), int(sc["present_sequence_length"])
+    bits, first, is16 = int(sc["kv_cache_bit_width"]), int(sc["first_prompt"]), int(sc["dtype"] == 1)
+    i64, i32 = np.int64, np.int32
+    qrot = cupy.empty(B * S * N * H, cupy.float32) if rows else null
+    ptrs = (q, k, v, seqlens, cos, sin, pid, k_scale, v_scale, qrot, pres_k, pres_v)
+    sizes = (i64(B), i64(S), i64(N), i64(Nk), i64(H), i64(Tp), pid_stride)
+    flags = (i32(first), packed, rotary_dim, interleaved, i32(bits))
+    args = (*ptrs, *sizes, *flags, i32(sc["kv_quant"] == 2), i32(is16))
+    if rows and pairs:
+        launch(op.name, SOURCE, "qk_gqa_append", B * S * (N + 2 * Nk) * (H // 2), args)
+    elif rows and B * S:
+        grid = (B * S, -(-(N + 2 * Nk) * (H // 8) // APPEND_THREADS), 1)
+        launch_grid(op.name, SOURCE, "qk_gqa_append8", grid, APPEND_THREADS, args)
+    if P and not first:
+        words = pres_k.nbytes // (B * Nk * Tp * 4)
+        for past, pres in ((past_k, pres_k), (past_v, pres_v)):
+            if past.data.ptr != pres.data.ptr:
+                copy = (past, pres, seqlens, i64(B), i64(Nk), i64(P), i64(Tp), i64(S), i64(words))
+                launch(op.name, SOURCE, "qk_gqa_copy_past", B * Nk * P * words, copy)
+    return qrot
+
+
+_TICKETS: dict[tuple[int, int], Any] = {}
+
+
+def tickets(n: int) -> Any:
+    """``n`` zeroed uint32 tickets of the mma kernels' folded combine for the current device and stream
+    (a CTA that completes a block returns its ticket to zero, so they are zero between calls; one
+    buffer per stream, so calls on two streams never share one), grown as needed."""
+    stream = cupy.cuda.get_current_stream()
+    key = (cupy.cuda.Device().id, stream.ptr)
+    buf = _TICKETS.get(key)
+    if buf is None or buf.size < n:
+        buf = cupy.zeros(max(n, 1024), cupy.uint32)
+        _TICKETS[key] = buf
+    return buf
+
+
 def mma_kind(kind: str, is16: bool, head_size: int, aligned: bool) -> str | None:
     """The qk_gqa_mma_* kernel's cache kind when it takes the call (fp16 queries, an fp16 or int8
     per-tensor cache, a head size of MMA_HEADS, present buffers 16-byte aligned, the default
@@ -151,19 +221,14 @@ def mma_kind(kind: str, is16: bool, head_size: int, aligned: bool) -> str | None
 def _run(op: OpSpec, args: tuple, kwargs: dict[str, Any], out: Any) -> Any:
     call = bind_call(op, args, kwargs, out)
     sc = call.bound.scalars
-    (q, k, v, past_k, past_v, seqlens, cos, sin, pid, bias, sink, k_scale, v_scale, output, pres_k, pres_v) = (
-        call.pointers
-    )
+    (_, _, _, past_k, past_v, seqlens, _, _, _, bias, sink, k_scale, v_scale, output, pres_k, pres_v) = call.pointers
     for name, a in (("past_key", past_k), ("past_value", past_v), ("out", pres_k), ("out", pres_v)):
         check_aligned(name, a, 4)  # the past rows are copied as 32-bit words
     sink_mode = 1 if sink is not None else (2 if sc["smooth_softmax"] == 1 else 0)
     null = np.uint64(0)
-    optional = (k, v, cos, sin, bias, sink, k_scale, v_scale)
-    k, v, cos, sin, bias, sink, k_scale, v_scale = (null if a is None else a for a in optional)
-    pid_stride = 0 if pid is None else int(pid.shape[1])
-    pid = null if pid is None else pid
+    bias, sink, k_scale, v_scale = (null if a is None else a for a in (bias, sink, k_scale, v_scale))
     B, S, N, Nk, H = (int(sc[n]) for n in ("batch", "sequence_length", "num_heads", "kv_num_heads", "head_size"))
-    P, T, Tp = (int(sc[n]) for n in ("past_sequence_length", "total_sequence_length", "present_sequence_length"))
+    T, Tp = int(sc["total_sequence_length"]), int(sc["present_sequence_length"])
     bits, first, is16 = int(sc["kv_cache_bit_width"]), int(sc["first_prompt"]), int(sc["dtype"] == 1)
     warp = device_info().warp_size
     dtype = np.float16 if is16 else np.float32
@@ -174,24 +239,11 @@ def _run(op: OpSpec, args: tuple, kwargs: dict[str, Any], out: Any) -> Any:
     alpha = np.float32(scale) if scale != 0 else np.float32(1) / np.sqrt(np.float32(H), dtype=np.float32)
     i64, i32 = np.int64, np.int32
 
-    qrot = cupy.empty(B * S * N * H, cupy.float32)
     per_channel = i32(sc["kv_quant"] == 2)
-    append = (q, k, v, seqlens, cos, sin, pid, k_scale, v_scale, qrot, pres_k, pres_v)
-    sizes = (i64(B), i64(S), i64(N), i64(Nk), i64(H), i64(Tp), i64(pid_stride))
-    flags = (i32(first), i32(sc["packed_qkv"]), i32(sc["rotary_dim"]), i32(sc["rotary_interleaved"]), i32(bits))
-    append_args = (*append, *sizes, *flags, per_channel, i32(is16))
-    launch(op.name, SOURCE, "qk_gqa_append", B * S * (N + 2 * Nk) * (H // 2), append_args)
-    if P and not first:
-        words = pres_k.nbytes // (B * Nk * Tp * 4)
-        for past, pres in ((past_k, pres_k), (past_v, pres_v)):
-            if past.data.ptr != pres.data.ptr:
-                copy = (past, pres, seqlens, i64(B), i64(Nk), i64(P), i64(Tp), i64(S), i64(words))
-                launch(op.name, SOURCE, "qk_gqa_copy_past", B * Nk * P * words, copy)
-
-    attend = (qrot, pres_k, pres_v, seqlens, bias, k_scale, v_scale)
     dims = (i64(S), i64(N), i64(Nk), i64(H), i64(Tp), i64(T))
     opts = (i32(first), i32(sc["local_window_size"]), i32(sc["bias_batch"]), i32(sc["bias_heads"]))
     softcap = np.float32(sc["softcap"])
+    mma = None
     if LEGACY in launchers.OPTIONS:
         head_blocks = -(-G // HEADS)
         chunk, splits = splits_for(B * S * Nk * head_blocks, T)
@@ -220,12 +272,25 @@ def _run(op: OpSpec, args: tuple, kwargs: dict[str, Any], out: Any) -> Any:
         assert splits <= MAX_SPLITS
         smem = 0
         tail = (i32(is16), alpha, softcap, i32(chunk), i32(splits))
+    # decode on the mma kernels: the new rows appended by the attention's CTAs (qk_gqa_mma_append)
+    fold_rows = mma is not None and S == 1 and APPEND_V1 not in launchers.OPTIONS
+    old_append = H % 8 != 0 or any(o in launchers.OPTIONS for o in (APPEND_V1, LEGACY, FLASH_V1))
+    qrot = append(op, call, sc, old_append, rows=not fold_rows)
     part_m = cupy.empty(B * S * N * splits, cupy.float32)
     part_l = cupy.empty(B * S * N * splits, cupy.float32)
     part_acc = cupy.empty(B * S * N * splits * H, cupy.float32)
     grid = (B * S * splits, Nk * head_blocks)
-    args = (*attend, part_m, part_l, part_acc, *dims, *opts, *tail)
-    launch_grid(op.name, SOURCE, symbol, grid, THREADS, args, smem)
+    args = (qrot, pres_k, pres_v, seqlens, bias, k_scale, v_scale, part_m, part_l, part_acc, *dims, *opts, *tail)
+    if mma is not None:
+        folded = COMBINE_LAUNCH not in launchers.OPTIONS
+        ticket = tickets(B * S * grid[1]) if folded else null
+        rows = new_rows(call, sc) if fold_rows else (null,) * 6 + (np.int64(0),) + (i32(0),) * 3
+        fold = (sink, output, ticket, i32(sink_mode), *rows)
+        launch_grid(op.name, SOURCE, symbol, grid, THREADS, (*args, *fold), smem)
+        if folded:  # the last CTA of each block combined it (qk_gqa_mma_combine)
+            return call.out
+    else:
+        launch_grid(op.name, SOURCE, symbol, grid, THREADS, args, smem)
     combine = (part_m, part_l, part_acc, sink, output, i64(B * S * N), i64(N), i64(H), i32(splits), i32(sink_mode))
     if LEGACY in launchers.OPTIONS:
         launch(op.name, SOURCE, "qk_gqa_combine_legacy", B * S * N * H, (*combine, i32(is16)))

@@ -141,6 +141,29 @@ extern "C" __global__ void __launch_bounds__(256)
     }
 }
 
+/* where head hh (Q, then K, then V) of token bs's new row starts in its input: base and element offset */
+__device__ __forceinline__ const void* qk_gqa_new_source(const void* query, const void* key, const void* value,
+                                                         int packed, qk_i64 N, qk_i64 Nk, qk_i64 H, qk_i64 bs,
+                                                         qk_i64 hh, qk_i64& src) {
+    const int kind = hh < N ? 0 : (hh < N + Nk ? 1 : 2);
+    const qk_i64 kv = kind == 1 ? hh - N : hh - N - Nk;
+    const qk_i64 row_heads = packed ? N + 2 * Nk : (kind == 0 ? N : Nk);
+    src = (bs * row_heads + (packed ? hh : (kind == 0 ? hh : kv))) * H;
+    return packed ? query : (kind == 0 ? query : (kind == 1 ? key : value));
+}
+
+/* element e of a new row from base + src, rotated at position pos where rotate and e < rotary_dim
+ * (qk_gqa_append's arithmetic: the input type's rounding) */
+__device__ __forceinline__ float qk_gqa_new_value(const void* base, qk_i64 src, int e, int rotate, int rotary_dim,
+                                                  int interleaved, const void* cos_cache, const void* sin_cache,
+                                                  qk_i64 pos, int is16) {
+    if (!rotate || e >= rotary_dim) return qk_load_f(base, src + e, is16);
+    const qk_gqa_pair p = qk_gqa_pair_of(e, rotary_dim, interleaved);
+    const qk_i64 cs = pos * (rotary_dim / 2) + p.i;
+    const float c = qk_load_f(cos_cache, cs, is16), sn = qk_load_f(sin_cache, cs, is16);
+    return qk_gqa_rotate(qk_load_f(base, src + p.ia, is16), qk_load_f(base, src + p.ib, is16), c, sn, p.second, is16);
+}
+
 /* qk_gqa_append's outputs, bit for bit (each element by the same arithmetic), one thread per 8
  * channels [e0, e0 + 8) of one new row (H % 8 == 0): blockIdx.x is the token b S + s,
  * blockIdx.y 256 + threadIdx.x the row's head hh (Q, then K, then V) times H / 8 plus the chunk;
@@ -162,26 +185,14 @@ extern "C" __global__ void __launch_bounds__(256)
     const qk_i64 past = first_prompt ? 0 : (qk_i64)seqlens_k[b] + 1 - S;
     const int kind = hh < N ? 0 : (hh < N + Nk ? 1 : 2); /* Q, K, V */
     const qk_i64 kv = kind == 1 ? hh - N : hh - N - Nk;
-    const void* base = packed ? query : (kind == 0 ? query : (kind == 1 ? key : value));
-    const qk_i64 row_heads = packed ? heads : (kind == 0 ? N : Nk);
-    const qk_i64 head = packed ? hh : (kind == 0 ? hh : kv);
-    const qk_i64 src = (bs * row_heads + head) * H;
+    qk_i64 src;
+    const void* base = qk_gqa_new_source(query, key, value, packed, N, Nk, H, bs, hh, src);
     float y[8];
     const int rotate = kind != 2 && rotary_dim > 0;
     const qk_i64 pos = rotate ? qk_gqa_position(position_ids, pid_stride, b, s, past, first_prompt) : 0;
 #pragma unroll
-    for (int k = 0; k < 8; ++k) {
-        const int e = e0 + k;
-        if (!rotate || e >= rotary_dim) {
-            y[k] = qk_load_f(base, src + e, is16);
-            continue;
-        }
-        const qk_gqa_pair p = qk_gqa_pair_of(e, rotary_dim, interleaved);
-        const qk_i64 cs = pos * (rotary_dim / 2) + p.i;
-        const float c = qk_load_f(cos_cache, cs, is16), sn = qk_load_f(sin_cache, cs, is16);
-        y[k] = qk_gqa_rotate(qk_load_f(base, src + p.ia, is16), qk_load_f(base, src + p.ib, is16), c, sn, p.second,
-                             is16);
-    }
+    for (int k = 0; k < 8; ++k)
+        y[k] = qk_gqa_new_value(base, src, e0 + k, rotate, rotary_dim, interleaved, cos_cache, sin_cache, pos, is16);
     if (kind == 0) {
         float* q = qrot + (bs * N + hh) * H + e0;
 #pragma unroll
@@ -678,7 +689,8 @@ __device__ __forceinline__ qk_u32 qk_gqa_i8pair(qk_u32 x, qk_u32 y, qk_u32 sel) 
  * P's split adds 2^-22 relative to each p (inside the bound's 8 ulp of exp). The launcher runs the
  * SIMT qk_gqa_flash_* kernels instead when built with -DQK_GQA_DECODE_SIMT (the bench's simt variant). */
 template <int KIND, int HD, int KW, int VW>
-__device__ __forceinline__ void qk_gqa_mma(const float* qrot, const void* present_key, const void* present_value,
+__device__ __forceinline__ void qk_gqa_mma(const float* qrot, const float* qblock, const void* present_key,
+                                           const void* present_value,
                                            const int* seqlens_k, const void* attention_bias, const float* k_scale,
                                            const float* v_scale, float* part_m, float* part_l, float* part_acc,
                                            qk_i64 S, qk_i64 N, qk_i64 Nk, qk_i64 Tp, qk_i64 T, int first_prompt,
@@ -718,7 +730,7 @@ __device__ __forceinline__ void qk_gqa_mma(const float* qrot, const void* presen
     qk_u32 qa[KS][2];
     {
         const bool use = gq < nh;
-        const float* qrow = qrot + (bs * N + h0 + (use ? gq : 0)) * HD;
+        const float* qrow = qblock ? qblock + (use ? gq : 0) * HD : qrot + (bs * N + h0 + (use ? gq : 0)) * HD;
 #pragma unroll
         for (int ks = 0; ks < KS; ++ks) {
             const int c = (ks / SPL) * 16 * SPL + tq * 4 * SPL + (ks % SPL) * 4;
@@ -893,20 +905,184 @@ __device__ __forceinline__ void qk_gqa_mma(const float* qrot, const void* presen
     }
 }
 
+/* The append folded into the mma kernel's launch (decode, S = 1: the default build, where the
+ * launcher passes the inputs; with -DQK_GQA_APPEND_V1, or S > 1, qk_gqa_append8 / qk_gqa_append run
+ * first): the CTA rotates its block's query heads into shared memory (qk_gqa_new_value: the values
+ * qrot would hold), and the CTA whose split holds the new key (split past / chunk) writes the new K
+ * row (rotated, then quantized for an int8 cache) and V row of its KV head into present before it
+ * reads a key (its threads read them after the barrier; no other split reads that row; with more
+ * than QK_GQA_MH query heads a KV head's head blocks write the same bytes). Returns the block's
+ * rotated query rows (stride HD). fp16 inputs (the mma kernels' queries), per-tensor int8 scales. */
+template <int KIND, int HD>
+__device__ __noinline__ const float* qk_gqa_mma_append(const void* query, const void* key, const void* value,
+                                                       const int* seqlens_k, const void* cos_cache,
+                                                       const void* sin_cache, const qk_i64* position_ids,
+                                                       const float* k_scale, const float* v_scale,
+                                                       void* present_key, void* present_value, qk_i64 N,
+                                                       qk_i64 Nk, qk_i64 Tp, qk_i64 pid_stride, int first_prompt,
+                                                       int packed, int rotary_dim, int interleaved, int chunk,
+                                                       int splits) {
+    constexpr int MH = QK_GQA_MH;
+    __shared__ float s_q[MH * HD];
+    const int tid = (int)threadIdx.x, sp = (int)(blockIdx.x % splits);
+    const qk_i64 b = blockIdx.x / splits; /* S = 1: the query row is its batch's */
+    const qk_i64 G = N / Nk, nhb = (G + MH - 1) / MH;
+    const qk_i64 g = blockIdx.y / nhb, h0 = g * G + (blockIdx.y % nhb) * MH;
+    const int nh = (int)(G - (blockIdx.y % nhb) * MH < MH ? G - (blockIdx.y % nhb) * MH : MH);
+    const qk_i64 past = first_prompt ? 0 : (qk_i64)seqlens_k[b];
+    const int rotate = rotary_dim > 0;
+    const qk_i64 pos = rotate ? qk_gqa_position(position_ids, pid_stride, b, 0, past, first_prompt) : 0;
+    for (int i = tid; i < nh * HD; i += QK_GQA_THREADS) {
+        qk_i64 src;
+        const void* base = qk_gqa_new_source(query, key, value, packed, N, Nk, HD, b, h0 + i / HD, src);
+        s_q[i] = qk_gqa_new_value(base, src, i % HD, rotate, rotary_dim, interleaved, cos_cache, sin_cache, pos, 1);
+    }
+    if (sp == past / chunk) {
+        const qk_i64 row = (b * Nk + g) * Tp + past;
+        for (int i = tid; i < 2 * HD; i += QK_GQA_THREADS) {
+            const int isv = i / HD, e = i % HD; /* K then V */
+            qk_i64 src;
+            const void* base = qk_gqa_new_source(query, key, value, packed, N, Nk, HD, b, N + isv * Nk + g, src);
+            const float y =
+                qk_gqa_new_value(base, src, e, rotate && !isv, rotary_dim, interleaved, cos_cache, sin_cache, pos, 1);
+            void* present = isv ? present_value : present_key;
+            if (KIND == 1)
+                qk_store_f(present, row * HD + e, y, 1);
+            else
+                ((qk_i8*)present)[row * HD + e] =
+                    (qk_i8)qk_gqa_quantize(y, QK_FDIV(1.0f, (isv ? v_scale : k_scale)[0]), -128, 127);
+        }
+    }
+    __syncthreads();
+    return s_q;
+}
+
+#if defined(QK_CUDA)
+__device__ __forceinline__ float qk_gqa_load_cg(const float* p) { return __ldcg(p); }
+#else
+__device__ __forceinline__ float qk_gqa_load_cg(const float* p) { return *(const volatile float*)p; }
+#endif
+
+/* The combine of qk_gqa_combine folded into the mma kernel's launch (the default build; with
+ * -DQK_GQA_COMBINE_LAUNCH the launcher passes no ticket and launches qk_gqa_combine): every CTA of
+ * a query row's KV-head block, its split's partials stored, makes them visible device-wide
+ * (__threadfence) and takes a ticket (an atomic count per block: it only elects a CTA, no value is
+ * summed by atomics); the CTA that takes the last ticket (every split stored) resets the count for
+ * the next call on the stream and combines the block's heads in split order with qk_gqa_combine's
+ * arithmetic, operation for operation: M = max(m_sp, sink), f_sp = exp(m_sp - M) (splits with
+ * m_sp = -inf left out), l = sum l_sp f_sp (+ exp(sink - M)) and o = sum acc_sp f_sp, both in split
+ * order, then o / l; so the output is the launched combine's, bit for bit, whichever CTA combines.
+ * The other CTAs' partials are read past L1 (qk_gqa_load_cg). The factors are staged QK_GQA_CF
+ * splits at a time (a pass per QK_GQA_CF splits, the sums carried over in order). */
+#define QK_GQA_CF 64 /* splits whose factors a combine pass stages */
+template <int HD>
+__device__ __noinline__ void qk_gqa_mma_combine(const float* part_m, const float* part_l, const float* part_acc,
+                                                const void* head_sink, void* output, unsigned* ticket, qk_i64 N,
+                                                qk_i64 Nk, int splits, int sink_mode, int is16) {
+    constexpr int MH = QK_GQA_MH, PER = (MH * HD + QK_GQA_THREADS - 1) / QK_GQA_THREADS;
+    __shared__ float c_f[MH * QK_GQA_CF], c_M[MH], c_l[MH];
+    __shared__ int c_last;
+    const float neg_inf = qk_gqa_neg_inf();
+    const int tid = (int)threadIdx.x, lane = tid % 32;
+    const qk_i64 bs = blockIdx.x / splits;
+    const qk_i64 G = N / Nk, nhb = (G + MH - 1) / MH;
+    const qk_i64 h0 = (blockIdx.y / nhb) * G + (blockIdx.y % nhb) * MH;
+    const int nh = (int)(G - (blockIdx.y % nhb) * MH < MH ? G - (blockIdx.y % nhb) * MH : MH);
+    __threadfence(); /* this CTA's partials before its ticket */
+    __syncthreads();
+    if (tid == 0) {
+        unsigned* t = ticket + bs * gridDim.y + blockIdx.y;
+        c_last = atomicAdd(t, 1u) == (unsigned)splits - 1u;
+        if (c_last) *t = 0u; /* every split has taken its ticket: zero for the next call */
+    }
+    __syncthreads();
+    if (!c_last) return;
+    __threadfence();
+    for (int h = tid / 32; h < nh; h += QK_GQA_THREADS / 32) { /* M of head h: 32 lanes over the splits */
+        const qk_i64 o = (bs * N + h0 + h) * splits;
+        float mx = neg_inf;
+        for (int sp = lane; sp < splits; sp += 32) mx = fmaxf(mx, qk_gqa_load_cg(part_m + o + sp));
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, QK_SHFL_XOR(mx, off, 32));
+        if (lane == 0) {
+            const float sigma = sink_mode == 1 ? qk_load_f(head_sink, h0 + h, is16) : 0.0f;
+            c_M[h] = sink_mode ? fmaxf(mx, sigma) : mx;
+        }
+    }
+    float a[PER], l = 0.0f;
+#pragma unroll
+    for (int j = 0; j < PER; ++j) a[j] = 0.0f;
+    for (int sp0 = 0; sp0 < splits; sp0 += QK_GQA_CF) {
+        const int cnt = splits - sp0 < QK_GQA_CF ? splits - sp0 : QK_GQA_CF;
+        __syncthreads(); /* c_M written; the previous pass done with c_f */
+        for (int i = tid; i < nh * QK_GQA_CF; i += QK_GQA_THREADS) {
+            const int h = i / QK_GQA_CF, j = i % QK_GQA_CF;
+            if (j >= cnt) continue;
+            const float m = qk_gqa_load_cg(part_m + (bs * N + h0 + h) * splits + sp0 + j);
+            c_f[i] = m == neg_inf ? -1.0f : expf(QK_FADD(m, -c_M[h])); /* -1: left out (a factor is >= 0) */
+        }
+        __syncthreads();
+#pragma unroll
+        for (int j = 0; j < PER; ++j) {
+            const int idx = tid + j * QK_GQA_THREADS, h = idx / HD, c = idx % HD;
+            if (h >= nh) continue;
+            const float* acc = part_acc + ((bs * N + h0 + h) * splits + sp0) * HD + c;
+            for (int k = 0; k < cnt; ++k) {
+                const float f = c_f[h * QK_GQA_CF + k];
+                if (f != -1.0f) a[j] = QK_FADD(a[j], QK_FMUL(qk_gqa_load_cg(acc + (qk_i64)k * HD), f));
+            }
+        }
+        if (tid < nh) {
+            const float* pl = part_l + (bs * N + h0 + tid) * splits + sp0;
+            for (int k = 0; k < cnt; ++k) {
+                const float f = c_f[tid * QK_GQA_CF + k];
+                if (f != -1.0f) l = QK_FADD(l, QK_FMUL(qk_gqa_load_cg(pl + k), f));
+            }
+        }
+    }
+    if (tid < nh) {
+        if (sink_mode) {
+            const float sigma = sink_mode == 1 ? qk_load_f(head_sink, h0 + tid, is16) : 0.0f;
+            l = QK_FADD(l, expf(QK_FADD(sigma, -c_M[tid])));
+        }
+        c_l[tid] = l;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+        const int idx = tid + j * QK_GQA_THREADS, h = idx / HD, c = idx % HD;
+        if (h < nh) qk_store_f(output, (bs * N + h0 + h) * HD + c, QK_FDIV(a[j], c_l[h]), is16);
+    }
+}
+
 /* qk_gqa_mma_<cache>_h<head size>: fp16 queries; f16 cache or i8t (int8, per-tensor scales); the
  * loads of a K / V row piece (KW / VW bytes) the widest the head size allows (present buffers
  * aligned to 16 bytes); C CTAs an SM (__launch_bounds__: 3, 168 registers; fp16 x 128 channels 2,
- * without spills). The arguments of the flash kernels (H and is16 unused). */
+ * without spills). The arguments of the flash kernels (H unused), then the folds': with a ticket
+ * the CTA whose split completes a block combines it into output (qk_gqa_mma_combine); with the
+ * inputs (query non-null; S = 1) the CTAs append the new rows themselves (qk_gqa_mma_append) and
+ * qrot is not read. */
 #define QK_GQA_MMA(NAME, KIND, HD, KW, VW, C)                                                                         \
     extern "C" __global__ void __launch_bounds__(QK_GQA_THREADS, C)                                                   \
         NAME(const float* qrot, const void* present_key, const void* present_value, const int* seqlens_k,            \
              const void* attention_bias, const float* k_scale, const float* v_scale, float* part_m, float* part_l,   \
              float* part_acc, qk_i64 S, qk_i64 N, qk_i64 Nk, qk_i64 H, qk_i64 Tp, qk_i64 T, int first_prompt,        \
              int window, int bias_batch, int bias_heads, int is16, float alpha, float softcap, int chunk,             \
-             int splits) {                                                                                           \
-        qk_gqa_mma<KIND, HD, KW, VW>(qrot, present_key, present_value, seqlens_k, attention_bias, k_scale, v_scale,  \
-                                     part_m, part_l, part_acc, S, N, Nk, Tp, T, first_prompt, window, bias_batch,     \
-                                     bias_heads, alpha, softcap, chunk, splits);                                      \
+             int splits, const void* head_sink, void* output, unsigned* ticket, int sink_mode, const void* query,     \
+             const void* key, const void* value, const void* cos_cache, const void* sin_cache,                        \
+             const qk_i64* position_ids, qk_i64 pid_stride, int packed, int rotary_dim, int interleaved) {            \
+        const float* qblock =                                                                                         \
+            query ? qk_gqa_mma_append<KIND, HD>(query, key, value, seqlens_k, cos_cache, sin_cache, position_ids,     \
+                                                k_scale, v_scale, (void*)present_key, (void*)present_value, N, Nk,    \
+                                                Tp, pid_stride, first_prompt, packed, rotary_dim, interleaved, chunk, \
+                                                splits)                                                               \
+                  : nullptr;                                                                                          \
+        qk_gqa_mma<KIND, HD, KW, VW>(qrot, qblock, present_key, present_value, seqlens_k, attention_bias, k_scale,   \
+                                     v_scale, part_m, part_l, part_acc, S, N, Nk, Tp, T, first_prompt, window,        \
+                                     bias_batch, bias_heads, alpha, softcap, chunk, splits);                          \
+        if (ticket)                                                                                                   \
+            qk_gqa_mma_combine<HD>(part_m, part_l, part_acc, head_sink, output, ticket, N, Nk, splits, sink_mode,     \
+                                   is16);                                                                             \
     }
 
 QK_GQA_MMA(qk_gqa_mma_f16_h16, 1, 16, 8, 4, 3)
