@@ -932,25 +932,46 @@ __device__ __noinline__ const float* qk_gqa_mma_append(const void* query, const 
     const qk_i64 past = first_prompt ? 0 : (qk_i64)seqlens_k[b];
     const int rotate = rotary_dim > 0;
     const qk_i64 pos = rotate ? qk_gqa_position(position_ids, pid_stride, b, 0, past, first_prompt) : 0;
-    for (int i = tid; i < nh * HD; i += QK_GQA_THREADS) {
-        qk_i64 src;
-        const void* base = qk_gqa_new_source(query, key, value, packed, N, Nk, HD, b, h0 + i / HD, src);
-        s_q[i] = qk_gqa_new_value(base, src, i % HD, rotate, rotary_dim, interleaved, cos_cache, sin_cache, pos, 1);
+    /* every element's loads issued before the first store (unrolled: one latency, not one an element) */
+    constexpr int QPER = (MH * HD + QK_GQA_THREADS - 1) / QK_GQA_THREADS, KPER = (2 * HD + QK_GQA_THREADS - 1) / QK_GQA_THREADS;
+    float y[QPER];
+#pragma unroll
+    for (int j = 0; j < QPER; ++j) {
+        const int i = tid + j * QK_GQA_THREADS;
+        y[j] = 0.0f;
+        if (i < nh * HD) {
+            qk_i64 src;
+            const void* base = qk_gqa_new_source(query, key, value, packed, N, Nk, HD, b, h0 + i / HD, src);
+            y[j] = qk_gqa_new_value(base, src, i % HD, rotate, rotary_dim, interleaved, cos_cache, sin_cache, pos, 1);
+        }
     }
+#pragma unroll
+    for (int j = 0; j < QPER; ++j)
+        if (tid + j * QK_GQA_THREADS < nh * HD) s_q[tid + j * QK_GQA_THREADS] = y[j];
     if (sp == past / chunk) {
         const qk_i64 row = (b * Nk + g) * Tp + past;
-        for (int i = tid; i < 2 * HD; i += QK_GQA_THREADS) {
-            const int isv = i / HD, e = i % HD; /* K then V */
-            qk_i64 src;
-            const void* base = qk_gqa_new_source(query, key, value, packed, N, Nk, HD, b, N + isv * Nk + g, src);
-            const float y =
-                qk_gqa_new_value(base, src, e, rotate && !isv, rotary_dim, interleaved, cos_cache, sin_cache, pos, 1);
+        float kv[KPER];
+#pragma unroll
+        for (int j = 0; j < KPER; ++j) {
+            const int i = tid + j * QK_GQA_THREADS, isv = i / HD; /* K then V */
+            kv[j] = 0.0f;
+            if (i < 2 * HD) {
+                qk_i64 src;
+                const void* base = qk_gqa_new_source(query, key, value, packed, N, Nk, HD, b, N + isv * Nk + g, src);
+                kv[j] = qk_gqa_new_value(base, src, i % HD, rotate && !isv, rotary_dim, interleaved, cos_cache,
+                                         sin_cache, pos, 1);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < KPER; ++j) {
+            const int i = tid + j * QK_GQA_THREADS, isv = i / HD, e = i % HD;
+            if (i >= 2 * HD) continue;
             void* present = isv ? present_value : present_key;
             if (KIND == 1)
-                qk_store_f(present, row * HD + e, y, 1);
+                qk_store_f(present, row * HD + e, kv[j], 1);
             else
                 ((qk_i8*)present)[row * HD + e] =
-                    (qk_i8)qk_gqa_quantize(y, QK_FDIV(1.0f, (isv ? v_scale : k_scale)[0]), -128, 127);
+                    (qk_i8)qk_gqa_quantize(kv[j], QK_FDIV(1.0f, (isv ? v_scale : k_scale)[0]), -128, 127);
         }
     }
     __syncthreads();
@@ -975,6 +996,7 @@ __device__ __forceinline__ float qk_gqa_load_cg(const float* p) { return *(const
  * The other CTAs' partials are read past L1 (qk_gqa_load_cg). The factors are staged QK_GQA_CF
  * splits at a time (a pass per QK_GQA_CF splits, the sums carried over in order). */
 #define QK_GQA_CF 64 /* splits whose factors a combine pass stages */
+#define QK_GQA_CU 8  /* splits of each output a thread loads before it adds them */
 template <int HD>
 __device__ __noinline__ void qk_gqa_mma_combine(const float* part_m, const float* part_l, const float* part_acc,
                                                 const void* head_sink, void* output, unsigned* ticket, qk_i64 N,
@@ -1012,24 +1034,42 @@ __device__ __noinline__ void qk_gqa_mma_combine(const float* part_m, const float
     float a[PER], l = 0.0f;
 #pragma unroll
     for (int j = 0; j < PER; ++j) a[j] = 0.0f;
+    constexpr int FPER = MH * QK_GQA_CF / QK_GQA_THREADS, U = QK_GQA_CU;
     for (int sp0 = 0; sp0 < splits; sp0 += QK_GQA_CF) {
         const int cnt = splits - sp0 < QK_GQA_CF ? splits - sp0 : QK_GQA_CF;
         __syncthreads(); /* c_M written; the previous pass done with c_f */
-        for (int i = tid; i < nh * QK_GQA_CF; i += QK_GQA_THREADS) {
-            const int h = i / QK_GQA_CF, j = i % QK_GQA_CF;
-            if (j >= cnt) continue;
-            const float m = qk_gqa_load_cg(part_m + (bs * N + h0 + h) * splits + sp0 + j);
-            c_f[i] = m == neg_inf ? -1.0f : expf(QK_FADD(m, -c_M[h])); /* -1: left out (a factor is >= 0) */
+        float m[FPER];
+#pragma unroll
+        for (int u = 0; u < FPER; ++u) { /* the loads first */
+            const int i = tid + u * QK_GQA_THREADS, h = i / QK_GQA_CF, j = i % QK_GQA_CF;
+            m[u] = h < nh && j < cnt ? qk_gqa_load_cg(part_m + (bs * N + h0 + h) * splits + sp0 + j) : neg_inf;
+        }
+#pragma unroll
+        for (int u = 0; u < FPER; ++u) {
+            const int i = tid + u * QK_GQA_THREADS, h = i / QK_GQA_CF;
+            if (h < nh) c_f[i] = m[u] == neg_inf ? -1.0f : expf(QK_FADD(m[u], -c_M[h])); /* -1: left out */
         }
         __syncthreads();
+        for (int k0 = 0; k0 < cnt; k0 += U) { /* U splits of every output of the thread in flight */
+            float v[PER][U];
 #pragma unroll
-        for (int j = 0; j < PER; ++j) {
-            const int idx = tid + j * QK_GQA_THREADS, h = idx / HD, c = idx % HD;
-            if (h >= nh) continue;
-            const float* acc = part_acc + ((bs * N + h0 + h) * splits + sp0) * HD + c;
-            for (int k = 0; k < cnt; ++k) {
-                const float f = c_f[h * QK_GQA_CF + k];
-                if (f != -1.0f) a[j] = QK_FADD(a[j], QK_FMUL(qk_gqa_load_cg(acc + (qk_i64)k * HD), f));
+            for (int j = 0; j < PER; ++j) {
+                const int idx = tid + j * QK_GQA_THREADS, h = idx / HD, c = idx % HD;
+                const float* acc = part_acc + ((bs * N + h0 + h) * splits + sp0 + k0) * HD + c;
+#pragma unroll
+                for (int u = 0; u < U; ++u)
+                    v[j][u] = h < nh && k0 + u < cnt && c_f[h * QK_GQA_CF + k0 + u] != -1.0f
+                                  ? qk_gqa_load_cg(acc + (qk_i64)u * HD)
+                                  : 0.0f;
+            }
+#pragma unroll
+            for (int j = 0; j < PER; ++j) {
+                const int h = (tid + j * QK_GQA_THREADS) / HD;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const float f = h < nh && k0 + u < cnt ? c_f[h * QK_GQA_CF + k0 + u] : -1.0f;
+                    if (f != -1.0f) a[j] = QK_FADD(a[j], QK_FMUL(v[j][u], f));
+                }
             }
         }
         if (tid < nh) {
