@@ -15,8 +15,9 @@ bound (``qconform.ops.ort.group_query_attention``), one check per cache type.
 
 ``--variants flash,combine_launch`` times the mma kernels with their combine as a launch of its own
 (``-DQK_GQA_COMBINE_LAUNCH``) beside the default build, where the CTA that completes a block of
-splits combines it; ``s10`` also appends with session 10's qk_gqa_append (``-DQK_GQA_APPEND_V1``, a
-thread per channel pair, not qk_gqa_append8). ``--variants flash,simt`` times the session-9 SIMT flash kernels
+splits combines it; ``append_launch`` launches qk_gqa_append8 first instead of appending in the
+attention's CTAs (``-DQK_GQA_APPEND_LAUNCH``); ``s10`` launches both, the append as session 10's
+qk_gqa_append (``-DQK_GQA_APPEND_V1``, a thread per channel pair, not qk_gqa_append8). ``--variants flash,simt`` times the session-9 SIMT flash kernels
 (``-DQK_GQA_DECODE_SIMT``) beside
 the default ones, which run the attention on the matrix units for this bench's fp16 queries and
 fp16 / int8 per-tensor caches (``qk_gqa_mma_*``, session 10); ``--variants flash,flash_v1,legacy``
@@ -24,7 +25,7 @@ times the session-8 flash kernels (``-DQK_GQA_FLASH_V1``) and the session-7 atte
 (``-DQK_GQA_LEGACY``) beside the default ones on the same cold sets, each variant checked on the
 catalogue's case (``flash_i8u8``: int8 tiles of 8 keys).
 
-``python -m qconform.bench.gqa [--quick] [--variants flash,combine_launch,s10,simt,flash_v1,legacy] [--json FILE]``
+``python -m qconform.bench.gqa [--quick] [--variants flash,combine_launch,append_launch,s10,simt,...] [--json FILE]``
 """
 
 from __future__ import annotations
@@ -147,6 +148,7 @@ def verify(bits: int, past: int = 4096) -> str:
 VARIANTS = {  # build options of each attention kernel
     "flash": (),  # session 10: the mma kernels for fp16 queries on fp16 / int8 per-tensor caches (combine folded: 11)
     "combine_launch": ("-DQK_GQA_COMBINE_LAUNCH",),  # the mma kernels with qk_gqa_combine launched after them
+    "append_launch": ("-DQK_GQA_APPEND_LAUNCH",),  # qk_gqa_append8 launched, the combine folded
     "s10": ("-DQK_GQA_COMBINE_LAUNCH", "-DQK_GQA_APPEND_V1"),  # session 10: qk_gqa_append, mma, qk_gqa_combine
     "simt": ("-DQK_GQA_DECODE_SIMT",),  # session 9: the SIMT flash kernels everywhere
     "flash_v1": ("-DQK_GQA_FLASH_V1",),  # session 8: every lane does every (key, head)'s butterfly and softmax

@@ -21,8 +21,9 @@ scores and P V by mma.m16n8k16, P split into fp16 hi + lo halves), and a decode 
 launch: its CTAs rotate their query heads and the CTA whose split holds the new key writes the new
 K / V rows (``qk_gqa_mma_append``, qk_gqa_append's arithmetic), and the CTA that completes a block of
 splits (a ticket per block, ``tickets``) combines it with qk_gqa_combine's arithmetic in split order
-(``qk_gqa_mma_combine``); ``-DQK_GQA_APPEND_V1`` / ``-DQK_GQA_COMBINE_LAUNCH`` launch qk_gqa_append
-and qk_gqa_combine instead (session 10: the bench's ``s10`` variant); ``-DQK_GQA_DECODE_SIMT`` keeps
+(``qk_gqa_mma_combine``); ``-DQK_GQA_APPEND_LAUNCH`` / ``-DQK_GQA_COMBINE_LAUNCH`` launch
+qk_gqa_append8 / qk_gqa_combine instead, ``-DQK_GQA_APPEND_V1`` qk_gqa_append (with the combine
+launched: session 10, the bench's ``s10`` variant); ``-DQK_GQA_DECODE_SIMT`` keeps
 the SIMT flash kernels there (the bench's ``simt`` variant). Elsewhere the rows are appended by
 qk_gqa_append8 (a thread per 8 channels; qk_gqa_append where H % 8 != 0).
 Built with ``-DQK_GQA_LEGACY`` (``qconform.device.launchers.compile_options``) the session-7
@@ -54,6 +55,7 @@ I8T_U8 = "-DQK_GQA_I8T_U8"  # int8 per-tensor flash kernels with tiles of 8 keys
 DECODE_SIMT = "-DQK_GQA_DECODE_SIMT"  # the session-9 SIMT flash kernels where the mma ones would run
 COMBINE_LAUNCH = "-DQK_GQA_COMBINE_LAUNCH"  # the mma kernels' combine as its own launch (before session 11)
 APPEND_V1 = "-DQK_GQA_APPEND_V1"  # decode's rows by qk_gqa_append (a thread a channel pair; before session 11)
+APPEND_LAUNCH = "-DQK_GQA_APPEND_LAUNCH"  # decode's rows by a qk_gqa_append8 launch, not by the mma kernels
 APPEND_THREADS = 256  # qk_gqa_append8's __launch_bounds__
 MMA_HEADS = (16, 32, 64, 128)  # head sizes of the qk_gqa_mma_* kernels
 MMA_TILE = 64  # keys an mma CTA takes at once: QK_GQA_MG groups x QK_GQA_MK keys
@@ -273,7 +275,7 @@ def _run(op: OpSpec, args: tuple, kwargs: dict[str, Any], out: Any) -> Any:
         smem = 0
         tail = (i32(is16), alpha, softcap, i32(chunk), i32(splits))
     # decode on the mma kernels: the new rows appended by the attention's CTAs (qk_gqa_mma_append)
-    fold_rows = mma is not None and S == 1 and APPEND_V1 not in launchers.OPTIONS
+    fold_rows = mma is not None and S == 1 and not any(o in launchers.OPTIONS for o in (APPEND_V1, APPEND_LAUNCH))
     old_append = H % 8 != 0 or any(o in launchers.OPTIONS for o in (APPEND_V1, LEGACY, FLASH_V1))
     qrot = append(op, call, sc, old_append, rows=not fold_rows)
     part_m = cupy.empty(B * S * N * splits, cupy.float32)
