@@ -17,7 +17,8 @@ bound (``qconform.ops.ort.group_query_attention``), one check per cache type.
 (``-DQK_GQA_COMBINE_LAUNCH``) beside the default build, where the CTA that completes a block of
 splits combines it; ``append_launch`` launches qk_gqa_append8 first instead of appending in the
 attention's CTAs (``-DQK_GQA_APPEND_LAUNCH``); ``s10`` launches both, the append as session 10's
-qk_gqa_append (``-DQK_GQA_APPEND_V1``, a thread per channel pair, not qk_gqa_append8). ``--variants flash,simt`` times the session-9 SIMT flash kernels
+qk_gqa_append (``-DQK_GQA_APPEND_V1``, a thread per channel pair, not qk_gqa_append8).
+``--variants flash,simt`` times the session-9 SIMT flash kernels
 (``-DQK_GQA_DECODE_SIMT``) beside
 the default ones, which run the attention on the matrix units for this bench's fp16 queries and
 fp16 / int8 per-tensor caches (``qk_gqa_mma_*``, session 10); ``--variants flash,flash_v1,legacy``
