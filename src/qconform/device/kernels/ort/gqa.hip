@@ -933,7 +933,8 @@ __device__ __noinline__ const float* qk_gqa_mma_append(const void* query, const 
     const int rotate = rotary_dim > 0;
     const qk_i64 pos = rotate ? qk_gqa_position(position_ids, pid_stride, b, 0, past, first_prompt) : 0;
     /* every element's loads issued before the first store (unrolled: one latency, not one an element) */
-    constexpr int QPER = (MH * HD + QK_GQA_THREADS - 1) / QK_GQA_THREADS, KPER = (2 * HD + QK_GQA_THREADS - 1) / QK_GQA_THREADS;
+    constexpr int QPER = (MH * HD + QK_GQA_THREADS - 1) / QK_GQA_THREADS;
+    constexpr int KPER = (2 * HD + QK_GQA_THREADS - 1) / QK_GQA_THREADS;
     float y[QPER];
 #pragma unroll
     for (int j = 0; j < QPER; ++j) {
