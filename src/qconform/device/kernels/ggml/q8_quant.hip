@@ -246,7 +246,8 @@ __device__ __forceinline__ float qk_seq_max(float m, float a) { return m > a ? m
 
 /* Lane l (0 or 1) of Q8_0 block blk: the quants of values 16 l .. 16 l + 15 as 4 words (little
  * endian, the block's byte order) and the block's d as fp16 bits. */
-__device__ __forceinline__ void qk_q8_0_lane(const void* in, qk_i64 blk, int l, bool active, qk_u32 (&w)[4], qk_u16& h) {
+__device__ __forceinline__ void qk_q8_0_lane(const void* in, qk_i64 blk, int l, bool active, qk_u32 (&w)[4],
+                                             qk_u16& h) {
     float c[16];
     const float4* src = (const float4*)in + blk * 8 + 4 * l;
     for (int k = 0; k < 4; ++k) {
@@ -301,8 +302,9 @@ qk_q8_0_quant(const void* in, void* out, qk_i64 n_blocks) {
 /* The keep-quant GEMVs' Q8_0 activation in one launch: qk_q8_0_quant's blocks written straight in
  * the regrouped layout the GEMVs read (keep_quant.hip KQ_A0, keep_quant_fast.hip KF_A0: 12 words a
  * block, the 8 words of quants, word 8 d as fp32 (the fp16 d widened), words 9..11 zero), which a
- * quantize and a regrouping launch wrote until session 11. Lane l stores words 4 l .. 4 l + 3, lane 0 also words 8 .. 11 (16-byte stores:
- * aq 16-byte aligned, 48 bytes a block). LANES = 2, THREADS <= 256 (even). */
+ * quantize and a regrouping launch wrote until session 11. Lane l stores words 4 l .. 4 l + 3,
+ * lane 0 also words 8 .. 11 (16-byte stores: aq 16-byte aligned, 48 bytes a block). LANES = 2,
+ * THREADS <= 256 (even). */
 #define Q8_0_WORDS 12
 extern "C" __global__ void __launch_bounds__(256)
 qk_q8_0_quant_words(const void* in, qk_u32* aq, qk_i64 n_blocks) {
