@@ -20,8 +20,9 @@
  * the contract's n = K + 4 (docs/contracts.md).
  *
  * Geometry (Q4_K / Q5_K since session 10 round 2: kf2_gemv below, one activation slice for the 4 rows;
- * round 1's layout with -DQK_KQ_FAST_V1; Q6_K / Q8_0 since session 11: kf68_gemv, per-block staging
- * slots and strided lane words, round 1's with -DQK_KQ_FAST_Q68_V1; round 1's described here): a CTA of 4 groups of 32 threads (wave-size agnostic: groups
+ * round 1's layout with -DQK_KQ_FAST_V1; Q6_K at M tile 1 and Q8_0 since session 11: kf68_gemv,
+ * per-block staging slots and strided lane words, round 1's with -DQK_KQ_FAST_Q68_V1; round 1's
+ * described here): a CTA of 4 groups of 32 threads (wave-size agnostic: groups
  * are threadIdx / 32, the shuffles have width 8) takes 4 weight rows (blockIdx.y) and MT activation rows (blockIdx.x);
  * group w takes the blocks ib = w, w + 4, ... (Q8_0: the quads of blocks), lane 8 r + c row r and
  * slice c of each. Weight slices are 16-byte loads for Q4_K (144 bytes) and Q5_K (176): every block
@@ -535,27 +536,28 @@ __device__ __forceinline__ qk_u32 kf_sw(const qk_u32* slot, int W, qk_u32 sel) {
  * (high), ql byte 64h + 32 + l elements 128h + 32 + l and 128h + 96 + l, bits 0-1, 2-3, 4-5, 6-7 of
  * qh byte 32h + l the high bits of 128h + l, + 32, + 64, + 96, scale scales[8h + l / 16] + 0, 2, 4, 6.
  * Lane c: l = 4c .. 4c + 3 (ql words 16h + c, 16h + 8 + c, qh word 32 + 8h + c, scales 8h + c / 4 +
- * 0, 2, 4, 6). Each dp4a of the unsigned 6-bit values starts from an, so it is the exact sum of
- * (u - 32) q8 (vecdotq.cuh vec_dot_q6_K_q8_1_impl_mmvq subtracts the 32 from the weights instead). */
+ * 0, 2, 4, 6: signed byte loads from the slot, as d a half word load). Each dp4a of the unsigned 6-bit
+ * values starts from an, so it is the exact sum of (u - 32) q8 (vecdotq.cuh
+ * vec_dot_q6_K_q8_1_impl_mmvq subtracts the 32 from the weights instead). */
 __device__ __forceinline__ void kf_q6_term(const qk_u32* slot, const qk_u8* blk, int c, const qk_u32 (&aw)[2][4], const int (&an)[2][4],
                                            float yd, float& acc) {
     const qk_u32 sel = kf_sel(blk);
-    const int sh = 8 * (c >> 2);
+    const int misb = (int)((unsigned long long)blk & 2u);
+    const qk_i8* sc = (const qk_i8*)slot + misb + 192 + (c >> 2); /* scales[c / 4], one byte load each */
     int isum = 0;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const qk_u32 ql0 = kf_sw(slot, 16 * h + c, sel), ql1 = kf_sw(slot, 16 * h + 8 + c, sel), qh = kf_sw(slot, 32 + 8 * h + c, sel);
-        const qk_u32 sa = kf_sw(slot, 48 + 2 * h, sel) >> sh, sb = kf_sw(slot, 49 + 2 * h, sel) >> sh;
         const qk_u32 q1 = (ql0 & KF_LO4) | ((qh << 4) & 0x30303030u);
         const qk_u32 q2 = (ql1 & KF_LO4) | ((qh << 2) & 0x30303030u);
         const qk_u32 q3 = ((ql0 >> 4) & KF_LO4) | (qh & 0x30303030u);
         const qk_u32 q4 = ((ql1 >> 4) & KF_LO4) | ((qh >> 2) & 0x30303030u);
-        isum += (int)(qk_i8)(sa & 0xFFu) * qk_dp4a((int)q1, (int)aw[h][0], an[h][0]);
-        isum += (int)(qk_i8)((sa >> 16) & 0xFFu) * qk_dp4a((int)q2, (int)aw[h][1], an[h][1]);
-        isum += (int)(qk_i8)(sb & 0xFFu) * qk_dp4a((int)q3, (int)aw[h][2], an[h][2]);
-        isum += (int)(qk_i8)((sb >> 16) & 0xFFu) * qk_dp4a((int)q4, (int)aw[h][3], an[h][3]);
+        isum += (int)sc[8 * h] * qk_dp4a((int)q1, (int)aw[h][0], an[h][0]);
+        isum += (int)sc[8 * h + 2] * qk_dp4a((int)q2, (int)aw[h][1], an[h][1]);
+        isum += (int)sc[8 * h + 4] * qk_dp4a((int)q3, (int)aw[h][2], an[h][2]);
+        isum += (int)sc[8 * h + 6] * qk_dp4a((int)q4, (int)aw[h][3], an[h][3]);
     }
-    const float dx = qk_fp16_to_float((qk_u16)((slot[52] >> (8 * ((unsigned long long)blk & 2u))) & 0xFFFFu));
+    const float dx = qk_fp16_to_float(*(const qk_u16*)((const qk_u8*)slot + misb + 208));
     acc = fmaf(QK_FMUL(dx, yd), __int2float_rn(isum), acc);
 }
 
@@ -582,7 +584,6 @@ __device__ __forceinline__ void kf68_gemv(const qk_u8* __restrict__ W, const qk_
     const qk_i64 m0 = (qk_i64)blockIdx.x * MT, n0 = (qk_i64)blockIdx.y * KF_ROWS;
     const int mt = (int)(M - m0 < MT ? M - m0 : MT);
     const qk_u8* rows[KF_ROWS];
-#pragma unroll
     int misr[KF_ROWS]; /* each row's 2-byte phase: its runs start BW TS = 0 mod 4 bytes apart */
 #pragma unroll
     for (int rr = 0; rr < KF_ROWS; ++rr) {
@@ -675,12 +676,16 @@ __device__ __forceinline__ void kf68_gemv(const qk_u8* __restrict__ W, const qk_
 #define KF_GEMV_ALL(MT, UNROLL, UNROLL2, UNROLL3)                                               \
     KF_GEMV(q4_k, 4, 144, MT, UNROLL, KF_GEMV_Q45(q4_k, 4, 144, MT, UNROLL, UNROLL2))           \
     KF_GEMV(q5_k, 5, 176, MT, UNROLL, KF_GEMV_Q45(q5_k, 5, 176, MT, UNROLL, UNROLL2))           \
-    KF_GEMV(q6_k, 6, 210, MT, UNROLL, (KF_GEMV_Q68(6, 210, MT, UNROLL, UNROLL3)))               \
+    KF_GEMV(q6_k, 6, 210, MT, UNROLL, (KF_Q6_M##MT(UNROLL, UNROLL3)))                           \
     KF_GEMV(q8_0, 0, 34, MT, UNROLL, (KF_GEMV_Q68(0, 34, MT, UNROLL, UNROLL3)))
 
 #ifndef QK_KF_STEPS_M1
 #define QK_KF_STEPS_M1 2 /* round 2: steps in flight a thread at M tile 1 (1: the bench fast-u1; ptxas then sinks loads) */
 #endif
+/* Q6_K at M tiles 2 and 4 keeps round 1's layout: kf68_gemv's needs 222 / 218 registers there (sm_90) */
+#define KF_Q6_M1(UNROLL, UNROLL3) KF_GEMV_Q68(6, 210, 1, UNROLL, UNROLL3)
+#define KF_Q6_M2(UNROLL, UNROLL3) kf_gemv<6, 210, 2, UNROLL>
+#define KF_Q6_M4(UNROLL, UNROLL3) kf_gemv<6, 210, 4, UNROLL>
 #ifndef QK_KF68_STEPS_M1
 #define QK_KF68_STEPS_M1 2 /* session 11: steps of 4 row runs in flight a warp at M tile 1 (Q6_K, Q8_0) */
 #endif
