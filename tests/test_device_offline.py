@@ -162,6 +162,7 @@ def test_every_patch_applies_once_to_the_shipped_kernel() -> None:
             "-DQK_BNB_CPU_SIMT",
             "-DQK_KQ_FAST_V1",
             "-DQK_MOE_GEMM_V1",
+            "-DQK_MOE_DECODE_V2",
         )
         assert all(o in build for o in m.options.split() if o.startswith("-D"))
 
