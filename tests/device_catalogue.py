@@ -409,9 +409,6 @@ QMOE_A_ROW_ORDER: Edits = (("A[p * units + (at ? qk_moe_apos(u, at, units) : u)]
 # the staged input read without the swizzle it was stored with (coverage 2: hidden sizes >= 64; at 32
 # the 8 units are one group, which the swizzle leaves in place)
 QMOE_STAGED_UNSWIZZLED: Edits = (("xs[qk_moe_swz(vi >> 2)]", "xs[vi >> 2]"),)
-# the one-FFMA dequantization (u4, fp16 scales) of the odd values (high nibbles, 2^11 + q) with the
-# even values' zero term -(2^7 + z) s: every odd weight off by 1920 s
-QMOE_FMA_ODD_ZERO_TERM: Edits = (("w = fmaf(qk_float(m), s, (i & 1) ? zh : zc);", "w = fmaf(qk_float(m), s, zc);"),)
 
 
 # the grouped GEMMs (qmoe_ragged_mm under --contract storage=fp16). The scatter's order within an
@@ -486,10 +483,6 @@ QMOE_MUTANTS = (
           "Xfp16_Wu4_Yfp16", QMOE_A_ROW_ORDER, coverage=2),
     _qmoe("QMoE decode: staged input read unswizzled", "matches_oracle", "qmoe_decode", "Xfp32_Wu4_Yfp32",
           QMOE_STAGED_UNSWIZZLED, coverage=2),
-    _qmoe("QMoE decode: one-FFMA dequantization, odd values with the even values' zero term", "matches_oracle",
-          "qmoe_decode", "Xfp16_Wu4_Yfp16", QMOE_FMA_ODD_ZERO_TERM),
-    _qmoe("control: QMoE decode, session 9's inner loop (-DQK_MOE_DECODE_V2), u4", None, "qmoe_decode",
-          "Xfp16_Wu4_Yfp16", define="-DQK_MOE_DECODE_V2"),
     _qmoe("control: QMoE legacy kernels (route, fc1, fc2), u4", None, "qmoe_decode", "Xfp16_Wu4_Yfp16",
           define="-DQK_MOE_LEGACY"),
     _qmoe("control: QMoE legacy kernels (route, fc1, fc2), u8 ragged", None, "qmoe_ragged_mm", "Xfp16_Wu8_Yfp16",

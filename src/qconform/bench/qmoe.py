@@ -9,14 +9,13 @@ weighted sum), and whether the kernel's output on the first set is within the ca
 (``qconform.ops.ort.qmoe``, strict contract). Targets (issue text): >= 70% of the roofline and
 faster than the PyTorch baseline. PyTorch is imported here only; without it the column says so.
 
-``python -m qconform.bench.qmoe [--quick] [--json FILE] [--variants decode,decode_v2,decode_v1,legacy]``
+``python -m qconform.bench.qmoe [--quick] [--json FILE] [--variants decode,decode_v1,legacy]``
 ``python -m qconform.bench.qmoe --prefill [--variants grouped,grouped_v1,per_token]``: qmoe_ragged_mm at
 512 and 4096 tokens under storage=fp16 (the grouped GEMMs) against a PyTorch prefill (``bench_prefill``);
 ``grouped_v1`` (round 1's tile loop, ``-DQK_MOE_GEMM_V1``) must give the same output bits as ``grouped``.
-(``--variants``: the decode path, its session-9 inner loop ``-DQK_MOE_DECODE_V2``, its session-8
-kernels ``-DQK_MOE_DECODE_V1`` and the legacy kernels ``-DQK_MOE_LEGACY``, timed side by side on the
-same cold rotation, each output checked against the bound; decode_v2 and decode_v1 take the same
-products in the same order as decode, so their output bits are decode's but for the sign of a zero)
+(``--variants``: the decode path, its session-8 kernels ``-DQK_MOE_DECODE_V1`` and the legacy kernels
+``-DQK_MOE_LEGACY``, timed side by side on the same cold rotation, each output checked against the
+bound)
 """
 
 from __future__ import annotations
@@ -131,7 +130,6 @@ def _within_bound(layer: dict[str, Any], logits: Any, params: dict[str, Any], y:
 
 VARIANTS = {  # name -> build options (qconform.device.ort.qmoe)
     "decode": (),
-    "decode_v2": ("-DQK_MOE_DECODE_V2",),
     "decode_v1": ("-DQK_MOE_DECODE_V1",),
     "legacy": ("-DQK_MOE_LEGACY",),
 }
@@ -190,7 +188,7 @@ def bench(shapes=SHAPES, reps: int = 50, n_calls: int | None = None, variants=("
         same = [
             v for v in timed if v != "decode" and ref is not None and bool((timed[v][3].view(cupy.uint16) == ref).all())
         ]
-        if len(timed) > 1:  # decode_v2 / _v1 keep the products and their order: their output bits are decode's
+        if len(timed) > 1:  # decode_v1 keeps every operation and its order: its output bits are decode's
             print(f"{name}: output on the first set bit-identical to decode's: {', '.join(same) or 'none'}")
         for variant, (ts, host, verdict, _) in timed.items():
             med = bl.median(ts)

@@ -11,16 +11,13 @@ take tasks of 4 weight rows (1..32 lanes, 16-byte loads, a 4-bit chunk's loads o
 all k slots, the grid sized to whole rounds of the resident CTAs (``qmoe_tiling.fc1_ctas``); fc1 +
 the activation go into an fp32 scratch, chunk-transposed for fc2's chunks (coalesced reads).
 ``qk_moe_fc2v``: a tile of output columns for all k slots per CTA, the slots' fp32(w * (dot + bias))
-added in selection order in shared memory (no atomics: repeat calls are bit-identical). A u4 weight
-with fp16 scales is dequantized by one byte permute and one FFMA (exactly fp32((q - z) s)), each
-lane's chunks double-buffered in registers. With ``-DQK_MOE_DECODE_V2`` in the build options: the
-session-9 inner loop (a byte permute, FADD and FMUL a weight, a division a chunk); with
-``-DQK_MOE_DECODE_V1``: the session-8 decode kernels (input and scratch read from global memory in
-lane order, one task per lane group). Both take the same products in the same order as the default,
-so the same bits (but for the sign of a zero). With ``-DQK_MOE_LEGACY`` (``compile_options``; the
-bench's ``--variants``), or past the decode path's limits (E > 512, k > 32, T * k > 65535; by default
-also hidden size > 8192): the legacy kernels, routing, fc1, fc2. Weights dequantized exactly as the
-oracle, fp32 dot products, fp32 intermediates: checked under the strict contract. Where ORT's CPU quantizes an fc's
+added in selection order in shared memory (no atomics: repeat calls are bit-identical). With
+``-DQK_MOE_DECODE_V1`` in the build options: the session-8 decode kernels (input and scratch read
+from global memory in lane order, one task per lane group; the same sums in the same order, so the
+same bits). With ``-DQK_MOE_LEGACY`` (``compile_options``; the bench's ``--variants``), or past the
+decode path's limits (E > 512, k > 32, T * k > 65535; by default also hidden size > 8192): the legacy kernels,
+routing, fc1, fc2. Weights dequantized exactly as the oracle, fp32 dot
+products, fp32 intermediates: checked under the strict contract. Where ORT's CPU quantizes an fc's
 input to int8 (block-wise weights: 8-bit, or 4-bit at accuracy_level 4; ``uses_int8_activations``),
 that fc's input is quantized as ORT does (``qk_moe_quantize``, one more launch each) and the fc
 takes a dp4a product (the contract's "int8 activations (ORT CPU)" reading). Each token is computed
@@ -75,7 +72,6 @@ THREADS = 256
 SWIGLU = ACTIVATION["swiglu"]
 LEGACY = "-DQK_MOE_LEGACY"  # build option: the routing / fc1 / fc2 kernels before the decode path
 DECODE_V1 = "-DQK_MOE_DECODE_V1"  # build option: the session-8 decode kernels (input and A read from global)
-DECODE_V2 = "-DQK_MOE_DECODE_V2"  # build option: the session-9 decode inner loop (bench --variants decode_v2)
 RAGGED_V1 = "-DQK_MOE_RAGGED_V1"  # build option: qmoe_ragged_mm per token under storage=fp16 too (session 9)
 GROUP_M, GROUP_N, GROUP_K, GROUP_THREADS = 64, 64, 64, 128  # QK_MOE_GM, QK_MOE_GN, QK_MOE_GK, QK_MOE_GT
 

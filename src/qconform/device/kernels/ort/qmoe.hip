@@ -305,8 +305,7 @@ qk_moe_fc2(const float* A, const int* sel, const float* wts, const qk_u8* W, con
 
 /* -------------------------------------------------------------------------------------------------
  * The decode path (the launcher's default; its build option -DQK_MOE_LEGACY selects the kernels
- * above; -DQK_MOE_DECODE_V1 its session-8 form, -DQK_MOE_DECODE_V2 its session-9 inner loop, both
- * the same sums in the same order). Two launches where
+ * above; -DQK_MOE_DECODE_V1 its session-8 form, the same sums in the same order). Two launches where
  * the fc inputs stay fp32: qk_moe_fc1v (every CTA routes its token itself, so no routing kernel runs
  * before it, and CTA x 0 of each token writes sel / wts for fc2), then qk_moe_fc2v (a CTA takes a tile of output columns for all k slots and adds the slots in
  * selection order in shared memory: no atomics). Work unit: a task of QK_MOE_ROWS weight rows of one
@@ -402,47 +401,18 @@ __device__ __forceinline__ void qk_moe_load(const qk_u32* p, bool vec, qk_u32* o
     }
 }
 
-/* u4 weights with fp16 scales in the default build: each weight fp32((q - z) s) by one PRMT and one
- * FFMA (qk_moe_word_v); -DQK_MOE_DECODE_V2 / _V1 keep session 9's PRMT, FADD, FMUL */
-#if defined(QK_MOE_DECODE_V1) || defined(QK_MOE_DECODE_V2)
-#define QK_MOE_FMA_DQ 0
-#else
-#define QK_MOE_FMA_DQ 1
-#endif
-
-/* the magic bytes of qk_moe_word_v's one-FFMA form: 0x45 (fp32 2^11's top byte), 0x43 (2^7's); N > 0
- * keeps it a register (as an immediate ptxas puts it in PRMT's last slot and the selector, loaded
- * from a uniform register, costs a MOV per weight: session 9's SASS) */
-__device__ __forceinline__ qk_u32 qk_moe_magic(int N) { return 0x45430000u | ((qk_u32)N >> 31); }
-
-/* acc + sum over the word's values of x * fp32((q - z) * s), in value order. zc = -fp32(2^23 + z)
- * (zh unused), or with QK_MOE_FMA_DQ for u4 / fp16 scales zc = -(2^7 + z) s and zh = -(2^11 + z) s:
- * the even values (low nibbles, byte i of word & 0x0F0F0F0F) are permuted to bits 16-19 under 0x43,
- * fp32 2^7 + q, the odd ones (high nibbles) to bits 12-15 under 0x45, 2^11 + q, and one FFMA gives
- * (2^7 + q) s - (2^7 + z) s (2^11 likewise): both products have at most 12 + 11 significant bits,
- * so they and the sum (q - z) s are exact, the same value as fp32(fp32(q - z) * s) (a zero may take
- * the other sign). fp16 scales are finite in the domain; an infinite one gives NaN here. */
+/* acc + sum over the word's values of x * fp32((q - z) * s), in value order; zc = -fp32(2^23 + z) */
 template <int BITS, bool S16>
-__device__ __forceinline__ float qk_moe_word_v(qk_u32 word, const float* xv, float s, float zc, float zh,
-                                               qk_u32 mag, float acc) {
-    constexpr bool FD = QK_MOE_FMA_DQ && BITS == 4 && S16;
-    const qk_u32 lo = word & 0x0F0F0F0Fu; /* 4 bits: values 0,2,4,6 (and below 1,3,5,7) */
-    const qk_u32 hi = FD ? word & 0xF0F0F0F0u : (word >> 4) & 0x0F0F0F0Fu;
+__device__ __forceinline__ float qk_moe_word_v(qk_u32 word, const float* xv, float s, float zc, float acc) {
+    const qk_u32 lo = word & 0x0F0F0F0Fu, hi = (word >> 4) & 0x0F0F0F0Fu; /* 4 bits: values 0,2,4,6 / 1,3,5,7 */
 #pragma unroll
     for (int i = 0; i < 32 / BITS; ++i) {
-        float w;
-        if (FD) {
-            const qk_u32 m = (i & 1) ? QK_BYTE_PERM(hi, mag, 0x7404u | (qk_u32)(i >> 1) << 4)
-                                     : QK_BYTE_PERM(lo, mag, 0x6044u | (qk_u32)(i >> 1) << 8);
-            w = fmaf(qk_float(m), s, (i & 1) ? zh : zc);
-        } else {
-            qk_u32 m; /* the bits of fp32(2^23 + q) */
-            if (BITS == 8) m = QK_BYTE_PERM(word, 0x4B000000u, 0x7540u | (qk_u32)i);
-            else if (BITS == 4) m = QK_BYTE_PERM((i & 1) ? hi : lo, 0x4B000000u, 0x7540u | (qk_u32)(i >> 1));
-            else m = qk_and_or(word >> (BITS * i), (1u << BITS) - 1u, 0x4B000000u);
-            const float d = QK_FADD(qk_float(m), zc); /* q - z, exact */
-            w = S16 ? QK_FMUL(d, s) : qk_ftz(QK_FMUL(d, s));
-        }
+        qk_u32 m; /* the bits of fp32(2^23 + q) */
+        if (BITS == 8) m = QK_BYTE_PERM(word, 0x4B000000u, 0x7540u | (qk_u32)i);
+        else if (BITS == 4) m = QK_BYTE_PERM((i & 1) ? hi : lo, 0x4B000000u, 0x7540u | (qk_u32)(i >> 1));
+        else m = qk_and_or(word >> (BITS * i), (1u << BITS) - 1u, 0x4B000000u);
+        const float d = QK_FADD(qk_float(m), zc); /* q - z, exact */
+        const float w = S16 ? QK_FMUL(d, s) : qk_ftz(QK_FMUL(d, s));
         acc = fmaf(xv[i], w, acc);
     }
     return acc;
@@ -531,11 +501,11 @@ __device__ __forceinline__ void qk_moe_rows_dot(const qk_moe_fc& f, int e, const
             for (int c4 = 0; c4 < 32 / BITS; c4 += 4)
                 qk_moe_xq<XL>(x, xoff, x16, xs, (w0 + v) * per + c4, c, V * per, f.K, xv + c4);
 #pragma unroll
-            for (int r = 0; r < QK_MOE_ROWS; ++r) acc[r] = qk_moe_word_v<BITS, S16>(wv[r][v], xv, s[r], zc[r], 0.0f, 0u, acc[r]);
+            for (int r = 0; r < QK_MOE_ROWS; ++r) acc[r] = qk_moe_word_v<BITS, S16>(wv[r][v], xv, s[r], zc[r], acc[r]);
         }
     }
 }
-#elif defined(QK_MOE_DECODE_V2)
+#else
 /* chunk c's words, scales and -fp32(2^23 + z) of rows rows[] (qk_moe_rows_dot's loads) */
 template <int BITS, int V>
 __device__ __forceinline__ void qk_moe_chunk(const qk_moe_fc& f, int e, const int* rows, const qk_i64* rr,
@@ -593,94 +563,8 @@ __device__ __forceinline__ void qk_moe_rows_dot(const qk_moe_fc& f, int e, const
             for (int c4 = 0; c4 < 32 / BITS; c4 += 4)
                 qk_moe_xq<XL>(x, xoff, x16, xs, (w0 + v) * per + c4, c, V * per, f.K, xv + c4);
 #pragma unroll
-            for (int r = 0; r < QK_MOE_ROWS; ++r) acc[r] = qk_moe_word_v<BITS, S16>(cw[r][v], xv, cs[r], czc[r], 0.0f, 0u, acc[r]);
+            for (int r = 0; r < QK_MOE_ROWS; ++r) acc[r] = qk_moe_word_v<BITS, S16>(cw[r][v], xv, cs[r], czc[r], acc[r]);
         }
-    }
-}
-#else
-/* chunk c (in quantization block kb) of rows rows[] of expert e: V words a row (one vector load
- * where vec allows) into w, the scales (read as their compile-time type: fp16 needs no flush, as
- * qk_load_f) into s, the zero points' terms into zt (-fp32(2^23 + z), or FD -(2^7 + z)). wrow: the
- * rows' words, srow: the rows' first scales (32-bit offsets from the expert's) */
-template <int BITS, int V, bool S16, bool FD>
-__device__ __forceinline__ void qk_moe_fetch(const qk_moe_fc& f, int e, const int* rows, const qk_u32* wexp,
-                                             const int* wrow, const void* sexp, const int* srow, int c, int kb,
-                                             bool vec, qk_u32 (*w)[4], float* s, float* zt) {
-#pragma unroll
-    for (int r = 0; r < QK_MOE_ROWS; ++r) {
-        qk_moe_load<V>(wexp + wrow[r] + c * V, vec, w[r]);
-        s[r] = S16 ? qk_fp16_to_float(((const qk_u16*)sexp)[srow[r] + kb]) : qk_ftz(((const float*)sexp)[srow[r] + kb]);
-        float z = (float)(1 << (BITS - 1));
-        if (f.has_zp) {
-            const qk_i64 rr = (qk_i64)e * f.N + rows[r];
-            z = (float)qk_field(f.bs ? f.z + rr * f.zp_bytes : f.z + (qk_i64)e * f.zp_bytes, BITS, f.bs ? kb : rows[r]);
-        }
-        zt[r] = FD ? -(128.0f + z) : -QK_FADD(8388608.0f, z);
-    }
-}
-
-/* this lane's partial dot products of x (K values from xoff, layout XL) with rows rows[] of expert
- * e: chunks li, li + L, ... of V words, each row's values in order (the sums of -DQK_MOE_DECODE_V2,
- * whose bits they are but for the sign of a zero). Against V2: the chunk's quantization block kept
- * by counters (no division a chunk), 32-bit row offsets, the scale read as its compile-time type,
- * two register sets taking chunks in turn (the next chunk's loads in flight while this one is
- * multiplied, without V2's copies), and qk_moe_word_v's one-FFMA dequantization */
-template <int BITS, int V, bool S16, int XL>
-__device__ __forceinline__ void qk_moe_rows_dot(const qk_moe_fc& f, int e, const int* rows, const void* x,
-                                                qk_i64 xoff, int x16, const float4* xs, int li, int L, bool vec,
-                                                float* acc) {
-    constexpr bool FD = QK_MOE_FMA_DQ && BITS == 4 && S16;
-    constexpr int per = 32 / BITS;
-    const int words = f.K / per, chunks = words / V, wpb = f.bs ? f.bs / per : words;
-    const int blocks = f.bs ? f.K / f.bs : 1, cpb = wpb / V; /* chunks a block (a chunk never spans two) */
-    const qk_u32 mag = qk_moe_magic(f.N);
-    const qk_u32* wexp = (const qk_u32*)f.w + (qk_i64)e * f.N * words;
-    const void* sexp = (const char*)f.s + (qk_i64)e * f.N * blocks * (S16 ? 2 : 4);
-    int wrow[QK_MOE_ROWS], srow[QK_MOE_ROWS];
-#pragma unroll
-    for (int r = 0; r < QK_MOE_ROWS; ++r) {
-        wrow[r] = rows[r] * words;
-        srow[r] = rows[r] * blocks;
-    }
-    int kb = li / cpb, kr = li - kb * cpb; /* the next fetch's block and its chunk in it */
-    const int dk = L / cpb, dr = L - dk * cpb;
-    auto mul = [&](qk_u32 (*w)[4], const float* s, const float* zt, int c) { /* acc + chunk c */
-        float zc[QK_MOE_ROWS], zh[QK_MOE_ROWS];
-#pragma unroll
-        for (int r = 0; r < QK_MOE_ROWS; ++r) { /* FD: -(2^7 + z) s and -(2^11 + z) s, both exact */
-            zc[r] = FD ? QK_FMUL(zt[r], s[r]) : zt[r];
-            zh[r] = FD ? QK_FMUL(QK_FADD(zt[r], -1920.0f), s[r]) : 0.0f;
-        }
-#pragma unroll
-        for (int v = 0; v < V; ++v) {
-            float xv[per];
-#pragma unroll
-            for (int c4 = 0; c4 < per; c4 += 4)
-                qk_moe_xq<XL>(x, xoff, x16, xs, (c * V + v) * per + c4, c, V * per, f.K, xv + c4);
-#pragma unroll
-            for (int r = 0; r < QK_MOE_ROWS; ++r)
-                acc[r] = qk_moe_word_v<BITS, S16>(w[r][v], xv, s[r], zc[r], zh[r], mag, acc[r]);
-        }
-    };
-    auto step = [&]() { /* the block of the chunk L further */
-        kb += dk;
-        kr += dr;
-        if (kr >= cpb) {
-            kr -= cpb;
-            ++kb;
-        }
-    };
-    qk_u32 wa[QK_MOE_ROWS][4], wb[QK_MOE_ROWS][4];
-    float sa[QK_MOE_ROWS], za[QK_MOE_ROWS], sb[QK_MOE_ROWS], zb[QK_MOE_ROWS];
-    if (li < chunks) qk_moe_fetch<BITS, V, S16, FD>(f, e, rows, wexp, wrow, sexp, srow, li, kb, vec, wa, sa, za);
-    for (int c = li; c < chunks; c += 2 * L) { /* wa holds chunk c; wb takes c + L while c is multiplied */
-        step();
-        if (c + L < chunks) qk_moe_fetch<BITS, V, S16, FD>(f, e, rows, wexp, wrow, sexp, srow, c + L, kb, vec, wb, sb, zb);
-        mul(wa, sa, za, c);
-        if (c + L >= chunks) break;
-        step();
-        if (c + 2 * L < chunks) qk_moe_fetch<BITS, V, S16, FD>(f, e, rows, wexp, wrow, sexp, srow, c + 2 * L, kb, vec, wa, sa, za);
-        mul(wb, sb, zb, c + L);
     }
 }
 #endif
