@@ -94,10 +94,8 @@ compile "$KERNELS/ort/gqa_flash.hip -DQK_GQA_PREFILL_V1 for sm_90" nvcc -cubin -
 compile "$KERNELS/bnb/gemm_mma.hip -DQK_BNB_MMA_N2_V1 for sm_90" nvcc -cubin -arch=sm_90 -Werror all-warnings \
   $INCLUDES -DQK_BNB_MMA_N2_V1 -x cu -o "$tmp/k.cubin" "$KERNELS/bnb/gemm_mma.hip"
 # the keep-quant fast GEMV's bench variants (python -m qconform.bench.ggml_gemv: fast-v1, fast-u1):
-# round 1's kernels behind -DQK_KQ_FAST_V1 (Q4_K / Q5_K) and -DQK_KQ_FAST_Q68_V1 (Q6_K / Q8_0), one step
-# in flight (-DQK_KF_STEPS_M1=1, -DQK_KF68_STEPS_M1=1), as the bench builds them (both options at
-# once), sm_90 only
-for def in "-DQK_KQ_FAST_V1 -DQK_KQ_FAST_Q68_V1" "-DQK_KF_STEPS_M1=1 -DQK_KF68_STEPS_M1=1"; do
+# round 1's Q4_K / Q5_K kernels behind -DQK_KQ_FAST_V1, round 2 with one step in flight, sm_90 only
+for def in -DQK_KQ_FAST_V1 -DQK_KF_STEPS_M1=1; do
   compile "$KERNELS/ggml/keep_quant_fast.hip $def for sm_90" nvcc -cubin -arch=sm_90 -Werror all-warnings \
     $INCLUDES $def -x cu -o "$tmp/k.cubin" "$KERNELS/ggml/keep_quant_fast.hip"
 done

@@ -817,11 +817,9 @@ KF_MIN_WRONG_HALF: Edits = (
         "const int imin = m1 * kf_half(bs[0], half) + m0 * kf_half(bs[1], half);",
     ),
 )
-# Q6_K: the high nibbles' two high bits from qh bits 2k + 2, 2k + 3 (shifted by 2 too few); both layouts
-# (round 1's kf_block, session 11's kf_q6_term: elements 128h + 64 + l from qh bits 2-3)
+# Q6_K: the high nibbles' two high bits from qh bits 2k + 2, 2k + 3 (shifted by 2 too few)
 KF_Q6_HIGH_SHIFT: Edits = (
     ("(((qh[v] >> (2 * k + 4)) & 0x03030303u) << 4)", "(((qh[v] >> (2 * k + 2)) & 0x03030303u) << 4)"),
-    ("((ql0 >> 4) & KF_LO4) | (qh & 0x30303030u);", "((ql0 >> 4) & KF_LO4) | ((qh << 2) & 0x30303030u);"),
 )
 # Q5_K: the high nibbles' fifth bit from bit 2g of qh (the low nibbles' bit)
 KF_Q5_HIGH_BIT: Edits = (
@@ -834,12 +832,8 @@ KF_NO_REALIGN: Edits = (
         "const qk_u32 sel = 0x3210u;",
     ),
 )
-# Q6_K's staged block without its last word (round 1: d stale in shared memory; session 11: the slot
-# of a 4-byte aligned block without its d half word)
-KF_Q6_STAGE_NO_D: Edits = (
-    ("if (c < 5) stg[48 + c] = v[6];", "if (c < 4) stg[48 + c] = v[6];"),
-    ("half = s == 52 && !misb;", "half = false;"),
-)
+# Q6_K's staged block without its last word (d stale in shared memory)
+KF_Q6_STAGE_NO_D: Edits = (("if (c < 5) stg[48 + c] = v[6];", "if (c < 4) stg[48 + c] = v[6];"),)
 # the partial rows of the CTA's first group (blocks 0, 4, ...) left out of the output
 KF_GROUP0_DROPPED: Edits = (("float y = part[0][rr][m];", "float y = 0.0f;"),)
 
@@ -863,11 +857,6 @@ KEEP_QUANT_FAST_MUTANTS = (
     _fast("control: keep-quant fast round 1 (-DQK_KQ_FAST_V1) under order=any (Q5_K)", "Wq5_K_Aq8_K_Yfp32", (),
           "-DQK_KQ_FAST_V1"),
     _fast("control: keep-quant fast round 2 under order=any (Q4_K)", "Wq4_K_Aq8_K_Yfp32", ()),
-    _fast("keep-quant fast Q6_K/Q8_0 round 1 (-DQK_KQ_FAST_Q68_V1): Q6_K high bits shifted by 2 too few",
-          "Wq6_K_Aq8_K_Yfp32", KF_Q6_HIGH_SHIFT, "-DQK_KQ_FAST_Q68_V1"),
-    _fast("control: keep-quant fast Q6_K/Q8_0 round 1 (-DQK_KQ_FAST_Q68_V1) under order=any (Q8_0)",
-          "Wq8_0_Aq8_0_Yfp32", (), "-DQK_KQ_FAST_Q68_V1"),
-    _fast("control: keep-quant fast session 11 under order=any (Q8_0)", "Wq8_0_Aq8_0_Yfp32", ()),
 )
 # ort/gqa_flash.hip (gqa_prefill under --contract storage=fp16; coverage 1: a chunk with a past of
 # 5 rows, window 3, softcap, a head sink and a full bias; a first prompt with smooth_softmax)

@@ -48,9 +48,9 @@ def _kq_instances(text: str) -> set[str]:
     """The keep-quant GEMVs a source instantiates through KQ_GEMV(NAME, ...) x KQ_GEMV_ALL(MT)."""
     names = re.findall(r"KQ_GEMV\((\w+), [^()]*MT\)", text)
     tiles = re.findall(r"^KQ_GEMV_ALL\((\d)\)", text, re.M)
-    # keep_quant_fast.hip: KF_GEMV(NAME, ..., MT, UNROLL, FN) x KF_GEMV_ALL(MT, UNROLL, UNROLL2, UNROLL3)
+    # keep_quant_fast.hip: KF_GEMV(NAME, ..., MT, UNROLL, FN) x KF_GEMV_ALL(MT, UNROLL, UNROLL2)
     fast = re.findall(r"KF_GEMV\((\w+), [^()]*MT, UNROLL[,)]", text)
-    fast_tiles = re.findall(r"^KF_GEMV_ALL\((\d), \d, \w+, \w+\)", text, re.M)
+    fast_tiles = re.findall(r"^KF_GEMV_ALL\((\d), \d, \w+\)", text, re.M)
     return {f"qk_kq_gemv_{n}_m{t}" for n in names for t in tiles} | {
         f"qk_kq_fast_{n}_m{t}" for n in fast for t in fast_tiles
     }
@@ -162,7 +162,6 @@ def test_every_patch_applies_once_to_the_shipped_kernel() -> None:
             "-DQK_BNB_CPU_SIMT",
             "-DQK_BNB_MMA_N2_V1",
             "-DQK_KQ_FAST_V1",
-            "-DQK_KQ_FAST_Q68_V1",
             "-DQK_MOE_GEMM_V1",
             "-DQK_GQA_COMBINE_LAUNCH",
             "-DQK_GQA_APPEND_V1",

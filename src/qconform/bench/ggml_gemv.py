@@ -1,10 +1,9 @@
 """ggml's keep-quant GEMV (``matmul_bt_quant``) on the device against its baselines, side by side in
 one run: for each weight type and layer shape at M = 1, both kernels (``exact``: the generic vec_dot
 order, ``keep_quant.hip``; ``fast``: the contract order=any, ``keep_quant_fast.hip``, Q4_K / Q5_K /
-Q6_K / Q8_0; ``fast-v1``, round 1 of it, the build options ``-DQK_KQ_FAST_V1`` (Q4_K, Q5_K: changed by
-round 2) and ``-DQK_KQ_FAST_Q68_V1`` (Q6_K, Q8_0: changed by session 11), and ``fast-u1``, one step of 4
-rows in flight a thread / warp at M tile 1 (the default: two), ``-DQK_KF_STEPS_M1=1`` /
-``-DQK_KF68_STEPS_M1=1``), each one's time spread (min / median / max over
+Q6_K / Q8_0; for the types whose kernel round 2 changed, Q4_K and Q5_K: ``fast-v1``, round 1 of it,
+the build option ``-DQK_KQ_FAST_V1``, and ``fast-u1``, round 2 with one step in flight a thread at M
+tile 1 (the default: two), ``-DQK_KF_STEPS_M1=1``), each one's time spread (min / median / max over
 batches; the activation quantization and regrouping included) beside the read-only roofline of its
 bytes (weights and activations read once), fp16 cuBLAS on unquantized weights of the same shape and
 the read-only roofline of those fp16 weights (``qconform.bench.baselines``). Correctness on the same
@@ -42,16 +41,11 @@ TARGET_ROOFLINE = 0.8
 TARGET_CUBLAS = 0.8  # of the ratio of the fp16 and the quantized rooflines
 # the launcher's order for each variant: the contract that selects its kernel
 VARIANTS = {"exact": "reference", "fast-v1": "any", "fast-u1": "any", "fast": "any"}
-# the build options of round 1's fast kernel (keep_quant_fast.hip): Q4_K / Q5_K (round 2 changed them),
-# Q6_K / Q8_0 (session 11 changed them)
-V1_OPTION, Q68_V1_OPTION = "-DQK_KQ_FAST_V1", "-DQK_KQ_FAST_Q68_V1"
-# the build options of each fast variant: round 1; one step of 4 rows in flight a thread (Q4_K / Q5_K)
-# or a warp (Q6_K / Q8_0) at M tile 1 (the default: two)
-OPTIONS = {
-    "fast-v1": (V1_OPTION, Q68_V1_OPTION),
-    "fast-u1": ("-DQK_KF_STEPS_M1=1", "-DQK_KF68_STEPS_M1=1"),
-}
-V1_TYPES = ("Q4_K", "Q5_K", "Q6_K", "Q8_0")  # the types whose fast kernel has a fast-v1 / fast-u1 build
+V1_OPTION = "-DQK_KQ_FAST_V1"  # the build option of round 1's fast kernel (keep_quant_fast.hip)
+# the build options of each fast variant: round 1; round 2 with one step of 4 row-blocks in flight a
+# thread at M tile 1 (the default: two)
+OPTIONS = {"fast-v1": (V1_OPTION,), "fast-u1": ("-DQK_KF_STEPS_M1=1",)}
+V1_TYPES = ("Q4_K", "Q5_K")  # the types whose fast kernel round 2 changed (the others: fast-v1, fast-u1 are fast)
 
 
 def _weights(qtype: str, K: int, N: int, n_sets: int) -> list[Any]:
@@ -196,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--variants",
         default="exact,fast-v1,fast-u1,fast",
-        help="comma-separated kernels: exact (generic order), fast-v1 (round 1), fast-u1 (one step in flight), fast",
+        help="comma-separated kernels: exact (generic order), fast-v1 (round 1), fast-u1 (Q4_K, Q5_K), fast",
     )
     p.add_argument("--split", action="store_true", help="fast kernels: the activation launches, the GEMV apart")
     a = p.parse_args(argv)

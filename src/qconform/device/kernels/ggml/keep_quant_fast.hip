@@ -20,9 +20,7 @@
  * the contract's n = K + 4 (docs/contracts.md).
  *
  * Geometry (Q4_K / Q5_K since session 10 round 2: kf2_gemv below, one activation slice for the 4 rows;
- * round 1's layout with -DQK_KQ_FAST_V1; Q6_K at M tile 1 and Q8_0 since session 11: kf68_gemv,
- * per-block staging slots and strided lane words, round 1's with -DQK_KQ_FAST_Q68_V1; round 1's
- * described here): a CTA of 4 groups of 32 threads (wave-size agnostic: groups
+ * round 1's layout with -DQK_KQ_FAST_V1): a CTA of 4 groups of 32 threads (wave-size agnostic: groups
  * are threadIdx / 32, the shuffles have width 8) takes 4 weight rows (blockIdx.y) and MT activation rows (blockIdx.x);
  * group w takes the blocks ib = w, w + 4, ... (Q8_0: the quads of blocks), lane 8 r + c row r and
  * slice c of each. Weight slices are 16-byte loads for Q4_K (144 bytes) and Q5_K (176): every block
@@ -58,14 +56,8 @@ __device__ __forceinline__ void kf_raw16(const qk_u8* p, qk_u32* r) {
     r[4] = *(const qk_u16*)((const qk_u8*)q + 14 + mis);
 }
 
-/* the QK_BYTE_PERM selector that realigns words read from p & ~3 to p (p 2-byte aligned) */
-__device__ __forceinline__ qk_u32 kf_sel(const qk_u8* p) {
-    const qk_u32 sel = ((unsigned long long)p & 2u) ? 0x5432u : 0x3210u;
-    return sel;
-}
-
 __device__ __forceinline__ void kf_align16(const qk_u32* r, const qk_u8* p, qk_u32 (&w)[4]) {
-    const qk_u32 sel = kf_sel(p);
+    const qk_u32 sel = ((unsigned long long)p & 2u) ? 0x5432u : 0x3210u;
 #pragma unroll
     for (int k = 0; k < 4; ++k) w[k] = QK_BYTE_PERM(r[k], r[k + 1], sel);
 }
@@ -473,222 +465,22 @@ __device__ __forceinline__ void kf2_gemv(const qk_u8* __restrict__ W, const qk_u
 #define KF_GEMV_Q45(NAME, KIND, TS, MT, UNROLL, UNROLL2) kf_gemv<KIND, TS, MT, UNROLL>
 #endif
 
-#ifndef QK_KQ_FAST_Q68_V1
-/* Q6_K / Q8_0, session 11 (without -DQK_KQ_FAST_Q68_V1; with it, kf_gemv above as in round 1): round
- * 2's sharing for the 2-byte aligned types. A warp takes BW consecutive blocks of each of the CTA's 4
- * rows a step (Q6_K 4, Q8_0 16; warp w the blocks BW w, BW (w + 4), ...), lane j block column
- * col = j / LPB of them, part c = j % LPB (Q6_K 8 lanes a block, Q8_0 2), and one activation part
- * (its words, their -32 sums for Q6_K, d) serves the 4 rows. Each row's BW blocks are staged through
- * shared memory in per-block slots (kf_slot_word: only the block's own bytes, or kf_stage_q6_k's 2
- * before it; 56 words a Q6_K block, 10 a Q8_0 one), lane j loading slot words j, j + 32, ... of the
- * row's run (one run of ~128 bytes a load instruction); the loads of all UNROLL steps of 4 rows are
- * issued before the first shared store. A lane then reads its words from the slot by pairs and
- * realigns them (kf_sw). Its words are strided ("transposed": Q6_K lane c the ql words c, c + 8 of
- * each half and qh word c, 32 values of 8 scale groups; Q8_0 lane c the quant words c, c + 2, c + 4,
- * c + 6), so that the 32 lanes of one shared load read 32 different banks (slots 56 words = 24 mod
- * 32 apart, 10 words apart for Q8_0), and the activation words are aligned 4-byte loads (no
- * kf_act16 selects). Rows past N read row N - 1 and are never stored; then width-32 xor shuffles and
- * kf_store as kf2_gemv. The term arithmetic is round 1's (header): an exact int32 sum over the
- * lane's 32 (Q8_0: 16) values, then one fmaf with f32(dx * yd). */
-#define KF_SLOT(KIND) ((KIND) == 6 ? 56 : 10)              /* slot words a block (Q6_K 53 used, Q8_0 9) */
-#define KF_BW(KIND) ((KIND) == 6 ? 4 : 16)                 /* blocks of a row a warp takes a step */
-#define KF_NV(KIND) (KF_BW(KIND) * KF_SLOT(KIND) / 32)     /* slot words a lane stages a row: 7, 5 */
-#define KF_M32 0xE0E0E0E0u                                 /* four int8 -32 */
-
-/* Lane j's slot words of a row's run of nblk <= BW blocks from R (R's 2-byte phase misr: the same for
- * every step of a row), slot word d = j + 32 k of the run, 0 for the padding; block b's 2-byte phase
- * misb = (misr + 2b) & 2 (TS = 2 mod 4). Q6_K: the aligned words s = 0..52 from blk - misb (reading
- * the 2 bytes before blk where it is 2 past a word, as kf_raw16; never before the buffer), word 52
- * (d) as its half where blk is aligned. Q8_0: s = 0..7 the aligned words from blk + misb (the quants,
- * and where blk is aligned d in word 0's low half), s = 8 the half word left (quants 30, 31 at blk + 32
- * where blk is aligned, else d at blk): only the block's own bytes. Every offset is 32-bit from R,
- * plain pointer arithmetic (global loads, not generic ones). */
-template <int KIND, int TS>
-__device__ __forceinline__ void kf_stage_run(const qk_u8* R, int misr, int nblk, int j, qk_u32 (&v)[KF_NV(KIND)]) {
-#pragma unroll
-    for (int k = 0; k < KF_NV(KIND); ++k) {
-        const int d = j + 32 * k, b = d / KF_SLOT(KIND), s = d - b * KF_SLOT(KIND), misb = (misr + 2 * b) & 2;
-        int off;
-        bool full, half;
-        if (KIND == 6) {
-            off = TS * b + 4 * s - misb;
-            full = s < 52 || (s == 52 && misb);
-            half = s == 52 && !misb;
-        } else {
-            off = TS * b + (s < 8 ? misb + 4 * s : misb ? 0 : 32);
-            full = s < 8;
-            half = s == 8;
-        }
-        const bool ok = b < nblk;
-        qk_u32 x = 0u;
-        if (ok && full) x = *(const qk_u32*)(R + off);
-        if (ok && half) x = *(const qk_u16*)(R + off);
-        v[k] = x;
-    }
-}
-
-/* the block's 4-byte word W (bytes 4W .. 4W + 3 from the slot's frame, realigned by sel) */
-__device__ __forceinline__ qk_u32 kf_sw(const qk_u32* slot, int W, qk_u32 sel) { return QK_BYTE_PERM(slot[W], slot[W + 1], sel); }
-
-/* Q6_K, one row's term of lane c of a block (slot: its staged words, blk: its address) against the
- * activation words aw[h][i] = quants 128h + 32i + 4c .. + 3 and an[h][i] = -32 times their sum.
- * dequantize_row_q6_K: ql byte 64h + l (l < 32) holds elements 128h + l (low nibble) and 128h + 64 + l
- * (high), ql byte 64h + 32 + l elements 128h + 32 + l and 128h + 96 + l, bits 0-1, 2-3, 4-5, 6-7 of
- * qh byte 32h + l the high bits of 128h + l, + 32, + 64, + 96, scale scales[8h + l / 16] + 0, 2, 4, 6.
- * Lane c: l = 4c .. 4c + 3 (ql words 16h + c, 16h + 8 + c, qh word 32 + 8h + c, scales 8h + c / 4 +
- * 0, 2, 4, 6: signed byte loads from the slot, as d a half word load). Each dp4a of the unsigned 6-bit
- * values starts from an, so it is the exact sum of (u - 32) q8 (vecdotq.cuh
- * vec_dot_q6_K_q8_1_impl_mmvq subtracts the 32 from the weights instead). */
-__device__ __forceinline__ void kf_q6_term(const qk_u32* slot, const qk_u8* blk, int c, const qk_u32 (&aw)[2][4], const int (&an)[2][4],
-                                           float yd, float& acc) {
-    const qk_u32 sel = kf_sel(blk);
-    const int misb = (int)((unsigned long long)blk & 2u);
-    const qk_i8* sc = (const qk_i8*)slot + misb + 192 + (c >> 2); /* scales[c / 4], one byte load each */
-    int isum = 0;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const qk_u32 ql0 = kf_sw(slot, 16 * h + c, sel), ql1 = kf_sw(slot, 16 * h + 8 + c, sel), qh = kf_sw(slot, 32 + 8 * h + c, sel);
-        const qk_u32 q1 = (ql0 & KF_LO4) | ((qh << 4) & 0x30303030u);
-        const qk_u32 q2 = (ql1 & KF_LO4) | ((qh << 2) & 0x30303030u);
-        const qk_u32 q3 = ((ql0 >> 4) & KF_LO4) | (qh & 0x30303030u);
-        const qk_u32 q4 = ((ql1 >> 4) & KF_LO4) | ((qh >> 2) & 0x30303030u);
-        isum += (int)sc[8 * h] * qk_dp4a((int)q1, (int)aw[h][0], an[h][0]);
-        isum += (int)sc[8 * h + 2] * qk_dp4a((int)q2, (int)aw[h][1], an[h][1]);
-        isum += (int)sc[8 * h + 4] * qk_dp4a((int)q3, (int)aw[h][2], an[h][2]);
-        isum += (int)sc[8 * h + 6] * qk_dp4a((int)q4, (int)aw[h][3], an[h][3]);
-    }
-    const float dx = qk_fp16_to_float(*(const qk_u16*)((const qk_u8*)slot + misb + 208));
-    acc = fmaf(QK_FMUL(dx, yd), __int2float_rn(isum), acc);
-}
-
-/* Q8_0, one row's term of lane c of a block: its quant words c, c + 2, c + 4, c + 6 (kf_stage_run's
- * frame: from (blk + 2) & ~3; d in slot word 0 or 8) against the activation's same words aw, ad the
- * activation's d */
-__device__ __forceinline__ void kf_q8_0_term(const qk_u32* slot, const qk_u8* blk, int c, const qk_u32 (&aw)[4], float ad, float& acc) {
-    const qk_u32 sel = kf_sel(blk + 2);
-    int sumi = 0;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) sumi = qk_dp4a((int)kf_sw(slot, c + 2 * k, sel), (int)aw[k], sumi);
-    const float dx = qk_fp16_to_float((qk_u16)((((unsigned long long)blk & 2u) ? slot[8] : slot[0]) & 0xFFFFu));
-    acc = fmaf(QK_FMUL(dx, ad), __int2float_rn(sumi), acc);
-}
-
-template <int KIND, int TS, int MT, int UNROLL>
-__device__ __forceinline__ void kf68_gemv(const qk_u8* __restrict__ W, const qk_u8* __restrict__ aq, float* __restrict__ Y,
-                                          qk_i64 M, qk_i64 N, qk_i64 nb) {
-    constexpr int AW = KIND == 0 ? KF_A0 : KF_Q8K; /* bytes per activation block */
-    constexpr int BW = KF_BW(KIND), SL = KF_SLOT(KIND), NV = KF_NV(KIND), LPB = 32 / BW;
-    __shared__ float part[KF_GROUPS][KF_ROWS][MT];
-    __shared__ qk_u32 stg[KF_GROUPS][UNROLL][KF_ROWS][BW * SL];
-    const int t = threadIdx.x, w = t >> 5, j = t & 31, col = j / LPB, c = j % LPB;
-    const qk_i64 m0 = (qk_i64)blockIdx.x * MT, n0 = (qk_i64)blockIdx.y * KF_ROWS;
-    const int mt = (int)(M - m0 < MT ? M - m0 : MT);
-    const qk_u8* rows[KF_ROWS];
-    int misr[KF_ROWS]; /* each row's 2-byte phase: its runs start BW TS = 0 mod 4 bytes apart */
-#pragma unroll
-    for (int rr = 0; rr < KF_ROWS; ++rr) {
-        rows[rr] = W + (n0 + rr < N ? n0 + rr : N - 1) * nb * TS;
-        misr[rr] = (int)((unsigned long long)rows[rr] & 2u);
-    }
-    const qk_u8* a0 = aq + m0 * nb * AW;
-    float acc[KF_ROWS][MT];
-#pragma unroll
-    for (int rr = 0; rr < KF_ROWS; ++rr)
-#pragma unroll
-        for (int m = 0; m < MT; ++m) acc[rr][m] = 0.0f;
-    for (qk_i64 sb0 = (qk_i64)BW * w; sb0 < nb; sb0 += (qk_i64)BW * KF_GROUPS * UNROLL) { /* the same trips for a warp */
-        qk_u32 v[UNROLL][KF_ROWS][NV];
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) { /* every weight load of the UNROLL steps first */
-            const qk_i64 sb = sb0 + (qk_i64)BW * KF_GROUPS * u;
-            const int nblk = sb >= nb ? 0 : nb - sb < BW ? (int)(nb - sb) : BW;
-#pragma unroll
-            for (int rr = 0; rr < KF_ROWS; ++rr) kf_stage_run<KIND, TS>(rows[rr] + sb * TS, misr[rr], nblk, j, v[u][rr]);
-        }
-        qk_syncwarp(); /* the previous trip's reads of stg are done */
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u)
-#pragma unroll
-            for (int rr = 0; rr < KF_ROWS; ++rr)
-#pragma unroll
-                for (int k = 0; k < NV; ++k) stg[w][u][rr][j + 32 * k] = v[u][rr][k];
-        qk_syncwarp();
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            const qk_i64 ib = sb0 + (qk_i64)BW * KF_GROUPS * u + col;
-            if (ib < nb) {
-#pragma unroll
-                for (int m = 0; m < MT; ++m) {
-                    const qk_u8* a = a0 + (m < mt ? m : mt - 1) * nb * AW + ib * AW;
-                    if (KIND == 6) {
-                        const qk_u32* a32 = (const qk_u32*)(a + 4);
-                        qk_u32 aw[2][4];
-                        int an[2][4];
-#pragma unroll
-                        for (int h = 0; h < 2; ++h)
-#pragma unroll
-                            for (int i = 0; i < 4; ++i) {
-                                aw[h][i] = a32[32 * h + 8 * i + c];
-                                an[h][i] = qk_dp4a((int)KF_M32, (int)aw[h][i], 0);
-                            }
-                        const float yd = *(const float*)a;
-#pragma unroll
-                        for (int rr = 0; rr < KF_ROWS; ++rr)
-                            kf_q6_term(stg[w][u][rr] + SL * col, rows[rr] + ib * TS, c, aw, an, yd, acc[rr][m]);
-                    } else {
-                        const qk_u32* a32 = (const qk_u32*)a;
-                        const qk_u32 aw[4] = {a32[c], a32[c + 2], a32[c + 4], a32[c + 6]};
-                        const float ad = qk_float(a32[8]);
-#pragma unroll
-                        for (int rr = 0; rr < KF_ROWS; ++rr) kf_q8_0_term(stg[w][u][rr] + SL * col, rows[rr] + ib * TS, c, aw, ad, acc[rr][m]);
-                    }
-                }
-            }
-        }
-    }
-#pragma unroll
-    for (int rr = 0; rr < KF_ROWS; ++rr)
-#pragma unroll
-        for (int m = 0; m < MT; ++m) {
-            float v = acc[rr][m];
-            v += QK_SHFL_XOR(v, 16, 32);
-            v += QK_SHFL_XOR(v, 8, 32);
-            v += QK_SHFL_XOR(v, 4, 32);
-            v += QK_SHFL_XOR(v, 2, 32);
-            v += QK_SHFL_XOR(v, 1, 32);
-            if (j == 0) part[w][rr][m] = v;
-        }
-    kf_store<MT>(part, t, m0, mt, N, Y);
-}
-#define KF_GEMV_Q68(KIND, TS, MT, UNROLL, UNROLL3) kf68_gemv<KIND, TS, MT, UNROLL3>
-#else
-#define KF_GEMV_Q68(KIND, TS, MT, UNROLL, UNROLL3) kf_gemv<KIND, TS, MT, UNROLL>
-#endif
-
 /* (type, KIND, type size) x MT activation rows per CTA */
 #define KF_GEMV(NAME, KIND, TS, MT, UNROLL, FN)                                                        \
     extern "C" __global__ void __launch_bounds__(32 * KF_GROUPS) qk_kq_fast_##NAME##_m##MT(          \
         const qk_u8* W, const qk_u8* aq, float* Y, qk_i64 M, qk_i64 N, qk_i64 nb) {                  \
         FN(W, aq, Y, M, N, nb);                                                                       \
     }
-/* UNROLL: round 1's blocks in flight per thread; UNROLL2: round 2's steps of 4 rows (Q4_K / Q5_K);
- * UNROLL3: session 11's steps of 4 row runs (Q6_K / Q8_0) */
-#define KF_GEMV_ALL(MT, UNROLL, UNROLL2, UNROLL3)                                               \
+/* UNROLL: round 1's blocks in flight per thread; UNROLL2: round 2's steps of 4 rows (Q4_K / Q5_K) */
+#define KF_GEMV_ALL(MT, UNROLL, UNROLL2)                                                        \
     KF_GEMV(q4_k, 4, 144, MT, UNROLL, KF_GEMV_Q45(q4_k, 4, 144, MT, UNROLL, UNROLL2))           \
     KF_GEMV(q5_k, 5, 176, MT, UNROLL, KF_GEMV_Q45(q5_k, 5, 176, MT, UNROLL, UNROLL2))           \
-    KF_GEMV(q6_k, 6, 210, MT, UNROLL, (KF_Q6_M##MT(UNROLL, UNROLL3)))                           \
-    KF_GEMV(q8_0, 0, 34, MT, UNROLL, (KF_GEMV_Q68(0, 34, MT, UNROLL, UNROLL3)))
+    KF_GEMV(q6_k, 6, 210, MT, UNROLL, (kf_gemv<6, 210, MT, UNROLL>))                            \
+    KF_GEMV(q8_0, 0, 34, MT, UNROLL, (kf_gemv<0, 34, MT, UNROLL>))
 
 #ifndef QK_KF_STEPS_M1
 #define QK_KF_STEPS_M1 2 /* round 2: steps in flight a thread at M tile 1 (1: the bench fast-u1; ptxas then sinks loads) */
 #endif
-/* Q6_K at M tiles 2 and 4 keeps round 1's layout: kf68_gemv's needs 222 / 218 registers there (sm_90) */
-#define KF_Q6_M1(UNROLL, UNROLL3) KF_GEMV_Q68(6, 210, 1, UNROLL, UNROLL3)
-#define KF_Q6_M2(UNROLL, UNROLL3) kf_gemv<6, 210, 2, UNROLL>
-#define KF_Q6_M4(UNROLL, UNROLL3) kf_gemv<6, 210, 4, UNROLL>
-#ifndef QK_KF68_STEPS_M1
-#define QK_KF68_STEPS_M1 2 /* session 11: steps of 4 row runs in flight a warp at M tile 1 (Q6_K, Q8_0) */
-#endif
-KF_GEMV_ALL(1, 4, QK_KF_STEPS_M1, QK_KF68_STEPS_M1)
-KF_GEMV_ALL(2, 2, 1, 1)
-KF_GEMV_ALL(4, 1, 1, 1)
+KF_GEMV_ALL(1, 4, QK_KF_STEPS_M1)
+KF_GEMV_ALL(2, 2, 1)
+KF_GEMV_ALL(4, 1, 1)
