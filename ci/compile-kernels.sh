@@ -89,10 +89,6 @@ compile "$KERNELS/ort/nbits_mma.hip -DQK_NBITS_ZP_SUM_V1 for sm_90" nvcc -cubin 
 # kernels of ort/gqa_flash.hip alone, behind -DQK_GQA_PREFILL_V1, sm_90 only
 compile "$KERNELS/ort/gqa_flash.hip -DQK_GQA_PREFILL_V1 for sm_90" nvcc -cubin -arch=sm_90 -Werror all-warnings \
   $INCLUDES -DQK_GQA_PREFILL_V1 -x cu -o "$tmp/k.cubin" "$KERNELS/ort/gqa_flash.hip"
-# gemm_4bit's session-10 n2 (python -m qconform.bench.bnb_gemv --variants: mma v1, the device control
-# "control: bnb mma n2 of session 10"): A read from global memory, behind -DQK_BNB_MMA_N2_V1, sm_90 only
-compile "$KERNELS/bnb/gemm_mma.hip -DQK_BNB_MMA_N2_V1 for sm_90" nvcc -cubin -arch=sm_90 -Werror all-warnings \
-  $INCLUDES -DQK_BNB_MMA_N2_V1 -x cu -o "$tmp/k.cubin" "$KERNELS/bnb/gemm_mma.hip"
 # the keep-quant fast GEMV's bench variants (python -m qconform.bench.ggml_gemv: fast-v1, fast-u1):
 # round 1's Q4_K / Q5_K kernels behind -DQK_KQ_FAST_V1, round 2 with one step in flight, sm_90 only
 for def in -DQK_KQ_FAST_V1 -DQK_KF_STEPS_M1=1; do

@@ -2,9 +2,7 @@
 kernel's own index arithmetic per lane (which bytes of W and which activations each lane loads,
 how it fills the A and B fragments), the fragments' meaning as PTX defines it (PTX ISA "Matrix
 Fragments for mma.m16n8k16 with floating point type", as in qk_portable.h's qk_mma_16816), the
-warps' K split and the reduction through shared memory in warp order (the n2 kernel's lanes copy
-their own activations through a shared-memory ring a step ahead: the same values reach the same
-fragments, so the model reads them from ``a`` directly). The tensor core's sums are
+warps' K split and the reduction through shared memory in warp order. The tensor core's sums are
 modelled as the exact sum of each mma's 16 products rounded once to fp32 and added to the fp32
 accumulator (any fp32 order is the reading's). ``mutant`` names a deliberately broken variant
 (the device catalogue's rows of the same names): the model must fail the op's bound with it."""
@@ -17,8 +15,7 @@ from qconform.formats.bf16 import fp32_to_bf16_bits
 from qconform.oracles.bnb.codes import native_4bit_table
 
 WARPS, STEP, ROWS = 8, 128, 16
-MUTANTS = ("nibbles swapped", "absmax of the previous block", "second n-half dropped", "ring slot of the next step")
-N2_MUTANTS = ("second n-half dropped", "ring slot of the next step")  # two n-tiles only: M > 8
+MUTANTS = ("nibbles swapped", "absmax of the previous block", "second n-half dropped")
 
 
 def _to_t(v: np.ndarray, dtype: str) -> np.ndarray:
@@ -73,12 +70,11 @@ def gemm_mma(
                         afrag[i, lane, 1] = _pair(int(w[1][j0]), sc[1], table, dtype, mutant)
                         afrag[i, lane, 2] = _pair(int(w[0][j0 + 1]), sc[0], table, dtype, mutant)
                         afrag[i, lane, 3] = _pair(int(w[1][j0 + 1]), sc[1], table, dtype, mutant)
-                        ka = k + WARPS * STEP if mutant == "ring slot of the next step" and NT == 2 else k
                         for nt in range(NT):
                             tok = 8 * nt + g
-                            if tok >= M or ka >= K:
+                            if tok >= M:
                                 continue
-                            v = a[tok, ka + 8 * (i >> 1) : ka + 8 * (i >> 1) + 8]  # act[nt][i >> 1]
+                            v = a[tok, k + 8 * (i >> 1) : k + 8 * (i >> 1) + 8]  # act[nt][i >> 1]
                             off = 4 * (i & 1)  # (x, y) or (z, w)
                             bfrag[nt, i, lane, 0] = v[off : off + 2]
                             bfrag[nt, i, lane, 1] = v[off + 2 : off + 4]

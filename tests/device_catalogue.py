@@ -581,11 +581,9 @@ def _bnb_kernel(
 # bnb/gemm_mma.hip (gemm_4bit's cpu reading, fp16 / bf16, M <= 16; --impl cupy): the pair table's
 # nibbles swapped (element 2j decoded from the low nibble); each lane's absmax from the previous block
 # of its row's flattening (the first block keeps its own); the second n-tile of tokens (8..15) never
-# multiplied (its outputs left at the bias: coverage 2 has M 12 and 16); n2's steps reading the ring
-# slot being filled with the warp's next step (A a step ahead, zeros past K). Controls: the portable
-# mma (qk_portable.h's shuffle form, what AMD runs; its bf16 twin is new), session 10's n2 (A read
-# from global memory, not staged through the shared-memory ring: -DQK_BNB_MMA_N2_V1) and the SIMT
-# kernel's cpu reading (-DQK_BNB_CPU_SIMT, session 8). The four mutants, modelled, fail tests/bnb_mma_model.py.
+# multiplied (its outputs left at the bias: coverage 2 has M 12 and 16). Controls: the portable
+# mma (qk_portable.h's shuffle form, what AMD runs; its bf16 twin is new) and the SIMT kernel's cpu
+# reading (-DQK_BNB_CPU_SIMT, session 8). The three mutants, modelled, fail tests/bnb_mma_model.py.
 BNB_MMA_NIBBLES_SWAPPED: Edits = (
     (
         "tab[i] = make_float2(qk_float(bits[e >> 4]), qk_float(bits[e & 15]));",
@@ -605,11 +603,7 @@ BNB_MMA_PREVIOUS_BLOCK: Edits = (
 BNB_MMA_SECOND_HALF_DROPPED: Edits = (
     ("qk_bnbm_mma<DT>(d[nt], a, b);", "if (nt == 0) qk_bnbm_mma<DT>(d[nt], a, b);"),
 )
-BNB_MMA_RING_NEXT_SLOT: Edits = (
-    ("slots + QK_BNBM_SLOT * slot, lane, d);", "slots + QK_BNBM_SLOT * (slot ^ 1), lane, d);"),
-)
 CPU_SIMT = "-DQK_BNB_CPU_SIMT"  # qconform.device.bnb.gemm.CPU_SIMT_OPTION
-N2_V1 = "-DQK_BNB_MMA_N2_V1"  # qconform.device.bnb.gemm.N2_V1_OPTION
 
 
 BNB_MUTANTS = (
@@ -667,14 +661,6 @@ BNB_MUTANTS = (
         coverage=2,
     ),
     _bnb_kernel(
-        "bnb mma: n2 reads the ring slot of the warp's next step",
-        "bnb/gemm_mma.hip",
-        "gemm_4bit",
-        "Xfp16_W4_Yfp16",
-        BNB_MMA_RING_NEXT_SLOT,
-        coverage=2,
-    ),
-    _bnb_kernel(
         "control: bnb mma, portable mma (shuffles), bf16",
         "bnb/gemm_mma.hip",
         "gemm_4bit",
@@ -682,16 +668,6 @@ BNB_MUTANTS = (
         (),
         coverage=2,
         options="-DQK_MMA_EMULATE",
-        caught_by=None,
-    ),
-    _bnb_kernel(
-        "control: bnb mma n2 of session 10 (-DQK_BNB_MMA_N2_V1: A not staged)",
-        "bnb/gemm_mma.hip",
-        "gemm_4bit",
-        "Xfp16_W4_Yfp16",
-        (),
-        coverage=2,
-        options=N2_V1,
         caught_by=None,
     ),
     _bnb_kernel(

@@ -160,7 +160,6 @@ def test_every_patch_applies_once_to_the_shipped_kernel() -> None:
             "-DQK_GQA_DECODE_SIMT",
             "-DQK_MOE_RAGGED_V1",
             "-DQK_BNB_CPU_SIMT",
-            "-DQK_BNB_MMA_N2_V1",
             "-DQK_KQ_FAST_V1",
             "-DQK_MOE_GEMM_V1",
             "-DQK_GQA_COMBINE_LAUNCH",

@@ -14,12 +14,10 @@ Targets (issue text): at M = 1 the kernel at >= 80% of its roofline and faster t
 least 0.8 x the ratio of the two read-only rooflines (cuBLAS's fp16/bf16 weights against ours);
 M = 2..16 within 1.5x of M = 1. One ``BenchRecord`` per (dtype, shape, M).
 
-``--variants`` (``--variants cpu``): instead, the default (cpu) reading's kernels side by side in one
-process, the same cold-weight rotation: session 8's SIMT kernel (the build option
-``-DQK_BNB_CPU_SIMT``), session 10's matrix-unit kernel (``-DQK_BNB_MMA_N2_V1``: its n2 reads A at
-the step that uses it; n1, M <= 8, is the same kernel in both mma builds) and the current one
-(``bnb/gemm_mma.hip``: n2 stages A a step ahead in shared memory), M = 1, 2, 4, 8, 16: each one's
-spread, new x each other, the roofline share, new x cuBLAS on the dequantized weights with the
+``--variants`` (``--variants cpu``): instead, the default (cpu) reading's two kernels side by side in
+one process, the same cold-weight rotation: session 8's SIMT kernel (the build option
+``-DQK_BNB_CPU_SIMT``) and session 10's matrix-unit kernel (``bnb/gemm_mma.hip``), M = 1, 2, 4, 8, 16:
+each one's spread, new x old, the roofline share, new x cuBLAS on the dequantized weights with the
 allowed ratio (M = 1), each one's time over its own M = 1 (the M target), and the suite's check
 (each output within the op's bound of the oracle, default contract) at M = 1 and 16.
 ``--variants cuda``: session 7's SIMT kernel (``-DQK_BNB_GEMM_V1``) and the current one in the
@@ -302,26 +300,19 @@ def _within_bound(a: Any, packed: Any, absmax: Any, ys: dict[str, Any], K: int, 
 def bench_cpu_variants(shapes=SHAPES, dtypes=DTYPES, ms=MS, reps: int = 50) -> list[BenchRecord]:
     """The cpu reading on the SIMT kernel and on the matrix units (module docstring, ``--variants``)."""
     from qconform.device.bnb import gemm_4bit
-    from qconform.device.bnb.gemm import CPU_SIMT_OPTION, N2_V1_OPTION
+    from qconform.device.bnb.gemm import CPU_SIMT_OPTION
     from qconform.device.launchers import bound, compile_options
 
     device = device_info().label
-    variants = {"old (simt)": (CPU_SIMT_OPTION,), "mma v1": (N2_V1_OPTION,), "new (mma)": ()}
-    olds = [label for label in variants if label != "new (mma)"]
+    variants = {"old (simt)": (CPU_SIMT_OPTION,), "new (mma)": ()}
     checked = (1, 16)
     records = []
     print(
-        "| A | K x N | M | "
-        + " | ".join(f"{label} us min / med / max" for label in variants)
-        + " | new x simt | new x mma v1 | roofline us | "
-        + " | ".join(f"{label} of roofline" for label in variants)
-        + " | cuBLAS us | new x cuBLAS | allowed x | "
-        + " | ".join(f"{label} x M=1" for label in variants)
-        + " | "
-        + " | ".join(f"{label} check" for label in variants)
-        + " | verdict |"
+        "| A | K x N | M | old us min / med / max | new us min / med / max | new x old | roofline us "
+        "| old of roofline | new of roofline | cuBLAS us | new x cuBLAS | allowed x | old x M=1 | new x M=1 "
+        "| old check | new check | verdict |"
     )
-    print("|---" * (10 + 4 * len(variants)) + "|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for K, N in shapes:
         sets = _weights(K, N, n_sets_for(N * K // 2))
         for dtype in dtypes:
@@ -352,7 +343,7 @@ def bench_cpu_variants(shapes=SHAPES, dtypes=DTYPES, ms=MS, reps: int = 50) -> l
                 med = {label: bl.median(t) for label, t in ts.items()}
                 if M == 1:
                     m1 = dict(med)
-                new = med["new (mma)"]
+                old, new = med["old (simt)"], med["new (mma)"]
                 x_m1 = {label: med[label] / m1[label] if m1 else float("nan") for label in variants}
                 allowed = TARGET_CUBLAS * roof_t / roof
                 if M == 1:
@@ -377,15 +368,12 @@ def bench_cpu_variants(shapes=SHAPES, dtypes=DTYPES, ms=MS, reps: int = 50) -> l
                 spread = {k: f"{min(v) * 1e6:.1f} / {bl.median(v) * 1e6:.1f} / {max(v) * 1e6:.1f}"
                           for k, v in ts.items()}  # fmt: skip
                 print(
-                    f"| {dtype} | {K} x {N} | {M} | " + " | ".join(spread[label] for label in variants)
-                    + " | " + " | ".join(f"{med[label] / new:.2f}x" for label in olds)
-                    + f" | {roof * 1e6:.1f} | " + " | ".join(f"{roof / med[label]:.0%}" for label in variants)
-                    + f" | {cub * 1e6:.1f} | {cub / new:.2f}x | {allowed:.2f}x | "
-                    + " | ".join(f"{x_m1[label]:.2f}x" for label in variants)
-                    + " | " + " | ".join(check[label] for label in variants)
-                    + f" | {'PASS' if ok else 'below target'} |",
+                    f"| {dtype} | {K} x {N} | {M} | {spread['old (simt)']} | {spread['new (mma)']} | {old / new:.2f}x "
+                    f"| {roof * 1e6:.1f} | {roof / old:.0%} | {roof / new:.0%} | {cub * 1e6:.1f} | {cub / new:.2f}x "
+                    f"| {allowed:.2f}x | {x_m1['old (simt)']:.2f}x | {x_m1['new (mma)']:.2f}x "
+                    f"| {check['old (simt)']} | {check['new (mma)']} | {'PASS' if ok else 'below target'} |",
                     flush=True,
-                )  # fmt: skip
+                )
     return records
 
 
@@ -393,8 +381,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = bench_parser("bnb_gemv", "the first shape, fp16, M = 1 and 16, fewer repeats")
     parser.add_argument(
         "--variants", nargs="?", const="cpu", choices=("cpu", "cuda"),
-        help="cpu (the default): the cpu reading's SIMT kernel, session 10's mma kernel and the current one "
-        "side by side; cuda: session 7's SIMT kernel and the current one in the simt reading",
+        help="cpu (the default): the cpu reading's SIMT and mma kernels side by side; cuda: session 7's SIMT "
+        "kernel and the current one in the simt reading",
     )  # fmt: skip
     a = parser.parse_args(argv)
     run = {None: bench, "cpu": bench_cpu_variants, "cuda": bench_variants}[a.variants]

@@ -92,25 +92,6 @@ def kernel_of(source: str, symbol: str) -> Any:
     return get_kernel(OVERRIDES.get(source, KERNEL_DIR / source), symbol, OPTIONS)
 
 
-@functools.cache
-def smem_limits() -> tuple[int, int]:
-    """(shared memory one CTA may use, shared memory per SM) of the current device."""
-    attrs = cupy.cuda.Device().attributes
-    per_cta = attrs.get("MaxSharedMemoryPerBlockOptin", 0) or attrs["MaxSharedMemoryPerBlock"]
-    return int(per_cta), int(attrs.get("MaxSharedMemoryPerMultiprocessor", per_cta))
-
-
-@functools.cache
-def allow_smem(kernel: Any, n: int) -> bool:
-    """Let ``kernel`` take ``n`` bytes of dynamic shared memory (above the 48 KiB default); False
-    where the runtime has no such attribute or refuses ``n`` (the default limit stands)."""
-    try:
-        kernel.max_dynamic_shared_size_bytes = n
-    except Exception:
-        return False
-    return True
-
-
 def bound(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[[], None]:
     """Check and bind one call of a launcher once; the returned function replays its kernel
     launches with nothing else on the host path (for timing: the checks cost more host time than

@@ -485,8 +485,7 @@ BNB_KERNELS: tuple[KernelSpec, ...] = (
     *(
         function_kernel(
             "bnb", "gemm_4bit", f"qk_gemm_4bit_mma_n{nt}", "gemm_mma.hip",
-            f"mma.sync m16n8k16, 16 weight rows x {8 * nt} tokens a CTA, K over 8 warps: cpu reading, M <= {8 * nt}"
-            + ("; A a warp step ahead through 64 KiB of dynamic shared memory" if nt == 2 else ""),
+            f"mma.sync m16n8k16, 16 weight rows x {8 * nt} tokens a CTA, K over 8 warps: cpu reading, M <= {8 * nt}",
         )  # fmt: skip
         for nt in (1, 2)
     ),

@@ -3,10 +3,7 @@ declared ABI: ``qconform abi gemm_4bit``): the oracle's call shape on CuPy array
 
 The default (cpu) reading with fp16 / bf16 activations and M <= 16 runs on the matrix units
 (``qk_gemm_4bit_mma_n{1,2}``: one or two n-tiles of 8 tokens; a CTA of 256 threads per 16 weight
-rows, K split over its 8 warps; at most MMA_CTAS_PER_SM CTAs per SM, the tiles striding over them;
-n2 stages A a warp step ahead through MMA_RING_BYTES of dynamic shared memory, and where the device
-refuses it M = 9..16 runs the SIMT kernel). Built with ``N2_V1_OPTION`` n2 is session 10's (A read
-at the step that uses it, no dynamic shared memory: the bench's ``--variants`` mma-v1 column).
+rows, K split over its 8 warps; at most MMA_CTAS_PER_SM CTAs per SM, the tiles striding over them).
 Built with ``CPU_SIMT_OPTION`` (``compile_options``) that reading stays on the SIMT kernel (the
 session-8 path: the bench's old variant, ``qconform.bench.bnb_gemv --variants``, and the device
 suite's control row). Everything else runs the SIMT kernel: one group of 32 lanes per COLS adjacent
@@ -27,7 +24,7 @@ from typing import Any
 from qconform.device import launchers
 from qconform.device.abi import bind_call
 from qconform.device.launch import check_aligned
-from qconform.device.launchers import allow_smem, kernel_of, launch_grid, smem_limits
+from qconform.device.launchers import launch_grid
 from qconform.errors import Declined
 from qconform.ops.abi import DTYPE
 from qconform.ops.bnb.gemm import GEMM_4BIT
@@ -37,10 +34,7 @@ MMA_SOURCE = "bnb/gemm_mma.hip"
 MMA_ROWS = 16  # weight rows (output columns) per CTA tile
 MMA_TOKENS = 8  # tokens per n-tile; two n-tiles at most
 MMA_CTAS_PER_SM = 2  # 256 threads x 128 registers (ptxas, sm_90; __launch_bounds__(256, 2))
-MMA_RING_BYTES = 8 * 2 * 4096  # n2: each warp's two ring slots of one step of A (16 tokens x 128 K x 2 B)
-MMA_STATIC_BYTES = 40960  # n2's static shared memory: the pair table and the partials (ptxas, sm_90)
 CPU_SIMT_OPTION = "-DQK_BNB_CPU_SIMT"  # the cpu reading on the SIMT kernel (session 8)
-N2_V1_OPTION = "-DQK_BNB_MMA_N2_V1"  # session 10's n2: A from global memory, no ring
 TILES = (1, 2, 4, 8, 16)  # rows of A per group: the kernel's instantiations (MT)
 COLS = 2  # output columns per group: the kernel's QK_BNB_COLS
 THREADS = 256  # 8 groups per CTA
@@ -80,20 +74,6 @@ def mma_geometry(M: int, N: int) -> tuple[str, int]:
     return f"qk_gemm_4bit_mma_n{1 if M <= MMA_TOKENS else 2}", min(tiles, MMA_CTAS_PER_SM * launchers.sm_count())
 
 
-def mma_smem(M: int) -> int:
-    """Dynamic shared memory of a matrix-unit launch: the n2 kernel's A rings, none for n1 or
-    N2_V1_OPTION's n2."""
-    return MMA_RING_BYTES if M > MMA_TOKENS and N2_V1_OPTION not in launchers.OPTIONS else 0
-
-
-def _smem_granted(symbol: str, smem: int) -> bool:
-    """Whether the device lets ``symbol`` take ``smem`` bytes of dynamic shared memory beside its
-    static MMA_STATIC_BYTES (always, for none)."""
-    if smem == 0:
-        return True
-    return MMA_STATIC_BYTES + smem <= smem_limits()[0] and allow_smem(kernel_of(MMA_SOURCE, symbol), smem)
-
-
 def symbol(variant: str, M: int) -> str:
     if variant not in READINGS:
         raise Declined(f"variant: the device gemm_4bit reads {', '.join(READINGS)}; not {variant!r}")
@@ -125,12 +105,10 @@ def gemm_4bit(
     M, N = call.bound.scalars["M"], call.bound.scalars["N"]
     dtype = next(label for label, code, _ in DTYPE.codes if code == call.bound.scalars["a_dtype"])
     if uses_mma(variant, dtype, M):
-        mma_name, grid = mma_geometry(M, N)
-        smem = mma_smem(M)
-        if _smem_granted(mma_name, smem):
-            if M > 0 and N > 0:
-                launch_grid(GEMM_4BIT.name, MMA_SOURCE, mma_name, grid, THREADS, call.kernel_args(), smem)
-            return call.out
+        if M > 0 and N > 0:
+            mma_name, grid = mma_geometry(M, N)
+            launch_grid(GEMM_4BIT.name, MMA_SOURCE, mma_name, grid, THREADS, call.kernel_args())
+        return call.out
     grid, threads = geometry(M, N)
     launch_grid(GEMM_4BIT.name, SOURCE, name, grid, threads, call.kernel_args())
     return call.out

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import cupy
@@ -11,16 +12,7 @@ import numpy as np
 
 from qconform.device import launchers
 from qconform.device.abi import out_buffer, shadow
-from qconform.device.launchers import (
-    allow_smem,
-    contiguous,
-    kernel_of,
-    launch,
-    launch_abi,
-    launch_grid,
-    sm_count,
-    smem_limits,
-)
+from qconform.device.launchers import contiguous, kernel_of, launch, launch_abi, launch_grid, sm_count
 from qconform.device.registry import MMA_SHAPES, decode_shape
 from qconform.errors import ArgumentError
 from qconform.ops.ort.matmul_nbits import DEQUANTIZE_NBITS, ZP_KIND, zero_point_kind
@@ -67,6 +59,24 @@ def _launch_mma(bits: int, M: int, lay: Any, ptrs: tuple, zps: Any, kind: Any, h
 RING_ACT_LIMIT = 16 * 1024  # activations staged beside the rings up to this; read from global memory beyond
 
 
+@functools.cache
+def _smem_limits() -> tuple[int, int]:
+    """(shared memory one CTA may use, shared memory per SM) of the current device."""
+    attrs = cupy.cuda.Device().attributes
+    per_cta = attrs.get("MaxSharedMemoryPerBlockOptin", 0) or attrs["MaxSharedMemoryPerBlock"]
+    return int(per_cta), int(attrs.get("MaxSharedMemoryPerMultiprocessor", per_cta))
+
+
+@functools.cache
+def _allow_smem(kernel: Any, n: int) -> bool:
+    """Let ``kernel`` take ``n`` bytes of dynamic shared memory (above the 48 KiB default)."""
+    try:
+        kernel.max_dynamic_shared_size_bytes = n
+    except Exception:  # a runtime without the attribute: the default limit stands
+        return False
+    return True
+
+
 def _launch_ring(bits: int, M: int, lay: Any, ptrs: tuple, has_bias: bool, a_vec: bool) -> bool:
     """The decode kernel with the weights streamed through shared-memory rings (default zero
     point); False when one warp's ring does not fit (the caller then takes the general kernel)."""
@@ -77,12 +87,12 @@ def _launch_ring(bits: int, M: int, lay: Any, ptrs: tuple, has_bias: bool, a_vec
     units = -(-n_chunks // sc)
     act = min(M, 8) * units * sc * 64 * 2
     act = act if act <= RING_ACT_LIMIT else 0
-    per_cta, per_sm = smem_limits()
+    per_cta, per_sm = _smem_limits()
     items = -(-lay.N // (16 * shape.r))
     wk = shape.ring_split(items, units, act, per_cta, per_sm, sm_count())
     kernel = kernel_of(MMA, shape.symbol(bits))
     smem = max(act + wk * shape.ring_bytes(), wk * shape.r * 4 * 32 * 4)
-    if wk == 0 or (smem > 48 * 1024 and not allow_smem(kernel, per_cta)):
+    if wk == 0 or (smem > 48 * 1024 and not _allow_smem(kernel, per_cta)):
         return False
     sizes = (M, lay.K, lay.N, (lay.block_size // 64).bit_length() - 1, lay.k_blocks, has_bias, a_vec, act, wk)
     args = (A, B, scales, bias, y, *(np.int32(v) for v in sizes))
@@ -119,12 +129,12 @@ def _launch_ring_f32(bits: int, M: int, lay: Any, A: Any, B: Any, scales: Any, b
     groups = -(-M // 4)
     act = 8 * kp * 2
     act = act if act <= RING_ACT_LIMIT else 0
-    per_cta, per_sm = smem_limits()
+    per_cta, per_sm = _smem_limits()
     items = -(-lay.N // (16 * shape.r))
     wk = shape.ring_split(items * groups, units, act, per_cta, per_sm, sm_count())
     kernel = kernel_of(MMA, shape.symbol_f32(bits))
     smem = max(act + wk * shape.ring_bytes(), wk * shape.r * 4 * 32 * 4)
-    if wk == 0 or (smem > 48 * 1024 and not allow_smem(kernel, per_cta)):
+    if wk == 0 or (smem > 48 * 1024 and not _allow_smem(kernel, per_cta)):
         return False
     split = cupy.empty((groups * 8, kp), cupy.float16)
     scratch = cupy.empty(groups * 4 * 3, cupy.int32)  # per token: 2^-e, 2^-(e + 12) (fp32); then the flags

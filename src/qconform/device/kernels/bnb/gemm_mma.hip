@@ -20,10 +20,7 @@
  * the k axis of mma i (0..7) of a step is permuted: its logical columns 2t, 2t + 1 are the lane's
  * values 4i, 4i + 1 (byte 2i of its 16: the weight pair in one byte, element 2j in the high nibble)
  * and 2t + 8, 2t + 9 the values 4i + 2, 4i + 3 (byte 2i + 1); so B's fragment is the lane's 4
- * consecutive activations of token g at 128 s + 32 t + 4 i: 8 bytes of A, as loaded. n2 copies
- * them (cp.async) a warp step ahead into a ring of two 4 KiB slots per warp in the dynamic shared
- * memory (QK_BNBM_WARPS x 2 x 4 KiB = 64 KiB, the launcher's MMA_RING_BYTES); n1 reads them from
- * A at the step (M = 1: 64 bytes a step from an 8 KiB A that stays in L1).
+ * consecutive activations of token g at 128 s + 32 t + 4 i: 8 bytes of A, as loaded.
  * A byte of W decodes to its T pair through a shared table of the 256 bytes' centroid pairs
  * (float2 (code[hi], code[lo]), 16 copies, copy c at bank pair c: the lanes of a half-warp never
  * conflict; 32 KiB), two fp32 multiplies by the block's absmax and one packed conversion to T.
@@ -33,9 +30,7 @@
  * A and B 16-byte aligned; blockDim.x == 256.
  * -DQK_BNB_CPU_SIMT: the session-8 build, this file empty: the launcher (CPU_SIMT_OPTION) runs the
  * cpu reading on bnb/gemm_simt.hip's qk_gemm_4bit_m<MT> instead (the bench's old variant, the
- * device suite's control), and a launch of the mma symbols would fail to load.
- * -DQK_BNB_MMA_N2_V1: session 10's n2, A read from global memory at the step (no ring, no dynamic
- * shared memory; the bench's mma v1 variant, the device control); n1 is the same in both builds. */
+ * device suite's control), and a launch of the mma symbols would fail to load. */
 #if !defined(QK_BNB_CPU_SIMT)
 #include "qk_portable.h"
 
@@ -96,15 +91,6 @@ __device__ __forceinline__ qk_u32 qk_bnbm_word(const uint4& v, int i) {
     return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-/* 1 where the n2 kernel stages A through shared memory a warp step ahead (qk_bnbm_stage);
- * -DQK_BNB_MMA_N2_V1: session 10's n2, A read from global memory at the start of the step */
-#if defined(QK_BNB_MMA_N2_V1)
-#define QK_BNBM_N2_STAGED 0
-#else
-#define QK_BNBM_N2_STAGED 1
-#endif
-#define QK_BNBM_SLOT 256 /* uint4 of a ring slot: one warp step of A, 8 chunks x 32 lanes (4 KiB) */
-
 /* steps of W loaded ahead per warp (registers: 128 at most with __launch_bounds__(256, 2)) */
 template <int NT>
 __device__ __forceinline__ int qk_bnbm_depth() {
@@ -125,43 +111,17 @@ __device__ __forceinline__ void qk_bnbm_first(const qk_u8* B, const float* absma
     }
 }
 
-/* the lane's activations of the warp step at k (values k + 8 q .. k + 8 q + 7 of token nt * 8 + g,
- * zeros past M or K: a zero weight never meets a stale inf) copied into a ring slot, chunk (nt, q) at
- * slot[32 (4 nt + q) + lane] (the 8 lanes of a quarter warp: 128 consecutive bytes, no bank
- * conflict); one group of copies, empty where the step is past the warp's last (live false, the
- * same for the warp: no copy of a step nobody reads, so two copies in flight never share a slot,
- * as PTX orders none of them). arow[nt]: the token's row of A, the row M - 1 past M (an address in
- * A where nothing is read; so is the row's last chunk past K). The lane reads back only its own
- * chunks (qk_portable.h: no barrier) */
-template <int NT>
-__device__ __forceinline__ void qk_bnbm_stage(const qk_u16* const arow[NT], qk_i64 M, qk_i64 K, qk_i64 k, int g,
-                                              int lane, bool live, uint4* slot) {
-    if (live) {
-        const qk_i64 kc = k < K ? k : K - 32;
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-            const int bytes = nt * 8 + g < M && k < K ? 16 : 0;
-#pragma unroll
-            for (int q = 0; q < 4; ++q) qk_cp_async16(slot + 32 * (4 * nt + q) + lane, arow[nt] + kc + 8 * q, bytes);
-        }
-    }
-    qk_cp_async_commit();
-}
-
-/* one step of a warp: the lane's 2 x 16 bytes of W (decoded here) against NT n-tiles of tokens, their
- * activations from the ring slot where STAGED (landed), else from A */
-template <int DT, int NT, bool STAGED>
+/* one step of a warp: the lane's 2 x 16 bytes of W (decoded here) against NT n-tiles of tokens */
+template <int DT, int NT>
 __device__ __forceinline__ void qk_bnbm_step(const qk_u16* A, const float2* tab, qk_i64 M, qk_i64 K, qk_i64 k, int g,
-                                             qk_u32 low, const uint4 w[2], const float sc[2], const uint4* slot,
-                                             int lane, float d[NT][4]) {
+                                             qk_u32 low, const uint4 w[2], const float sc[2], float d[NT][4]) {
     uint4 act[NT][4]; /* token nt * 8 + g, values k .. k + 31 */
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
         const qk_i64 tok = nt * 8 + g;
 #pragma unroll
         for (int q = 0; q < 4; ++q)
-            if (STAGED) act[nt][q] = slot[32 * (4 * nt + q) + lane];
-            else act[nt][q] = tok < M && k < K ? *(const uint4*)(A + tok * K + k + 8 * q) : make_uint4(0u, 0u, 0u, 0u);
+            act[nt][q] = tok < M && k < K ? *(const uint4*)(A + tok * K + k + 8 * q) : make_uint4(0u, 0u, 0u, 0u);
     }
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
@@ -184,26 +144,16 @@ __device__ __forceinline__ void qk_bnbm_step(const qk_u16* A, const float2* tab,
 template <int DT, int NT>
 __device__ __forceinline__ void qk_bnbm_run(const void* A, const qk_u8* B, const float* absmax, const void* bias,
                                             void* C, qk_i64 M, qk_i64 N, qk_i64 K, qk_i64 blocksize,
-                                            const float2* tab, float* red, uint4* ring) {
+                                            const float2* tab, float* red) {
     const int lane = (int)(threadIdx.x & 31), warp = (int)(threadIdx.x >> 5), g = lane >> 2, t = lane & 3;
     const int bs_shift = __ffsll(blocksize) - 1; /* blocksize: a power of two */
     const qk_u32 low = 8u * (qk_u32)(lane & (QK_BNBM_COPIES - 1));
     const qk_i64 tiles = (N + 15) / 16, steps = (K + QK_BNBM_STEP - 1) / QK_BNBM_STEP;
     const qk_u16* a16 = (const qk_u16*)A;
     const int depth = qk_bnbm_depth<NT>();
-    const bool staged = NT == 2 && QK_BNBM_N2_STAGED;
-    const qk_i64 k_first = QK_BNBM_STEP * warp + 32 * t; /* the warp's first step in every tile */
-    uint4* slots = ring + 2 * QK_BNBM_SLOT * warp;       /* the warp's two ring slots */
-    int slot = 0;                                        /* the slot of the next step's A */
-    const qk_u16* arow[NT];                              /* qk_bnbm_stage's rows of A */
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) arow[nt] = a16 + (nt * 8 + g < M ? nt * 8 + g : M - 1) * K;
     uint4 wq[4][2];
     float sc[4][2];
-    if ((qk_i64)blockIdx.x < tiles) {
-        qk_bnbm_first<NT>(B, absmax, N, K, steps, blockIdx.x, g, t, warp, bs_shift, wq, sc);
-        if (staged) qk_bnbm_stage<NT>(arow, M, K, k_first, g, lane, warp < steps, slots);
-    }
+    if ((qk_i64)blockIdx.x < tiles) qk_bnbm_first<NT>(B, absmax, N, K, steps, blockIdx.x, g, t, warp, bs_shift, wq, sc);
     for (qk_i64 tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
         const qk_i64 n0 = 16 * tile;
         const qk_i64 r0 = n0 + g < N ? n0 + g : N - 1, r1 = n0 + g + 8 < N ? n0 + g + 8 : N - 1; /* past N: not stored */
@@ -223,23 +173,13 @@ __device__ __forceinline__ void qk_bnbm_run(const void* A, const qk_u8* B, const
                 const qk_i64 ahead = s + depth * QK_BNBM_WARPS;
                 qk_bnbm_load(B, absmax, r0, r1, ahead < steps ? K : 0, QK_BNBM_STEP * ahead + 32 * t, bs_shift, wq[p],
                              sc[p]);
-                const qk_i64 k = QK_BNBM_STEP * s + 32 * t;
-                if (staged) { /* the warp's next step into the other slot; this step's copies landed */
-                    qk_bnbm_stage<NT>(arow, M, K, k + QK_BNBM_WARPS * QK_BNBM_STEP, g, lane, s + QK_BNBM_WARPS < steps,
-                                      slots + QK_BNBM_SLOT * (slot ^ 1));
-                    qk_cp_async_wait<1>();
-                }
-                qk_bnbm_step<DT, NT, NT == 2 && QK_BNBM_N2_STAGED>(a16, tab, M, K, k, g, low, w, f,
-                                                                   slots + QK_BNBM_SLOT * slot, lane, d);
-                slot ^= 1;
+                qk_bnbm_step<DT, NT>(a16, tab, M, K, QK_BNBM_STEP * s + 32 * t, g, low, w, f, d);
             }
         }
-        /* the next tile's first steps in flight during the reduction (the rings are free: their last
-         * loads above were past the steps, A's an empty group for the slot the next step reads) */
-        if (tile + gridDim.x < tiles) {
+        /* the next tile's first steps in flight during the reduction (the ring is free: its last
+         * loads above were past the steps) */
+        if (tile + gridDim.x < tiles)
             qk_bnbm_first<NT>(B, absmax, N, K, steps, tile + gridDim.x, g, t, warp, bs_shift, wq, sc);
-            if (staged) qk_bnbm_stage<NT>(arow, M, K, k_first, g, lane, warp < steps, slots + QK_BNBM_SLOT * slot);
-        }
         /* the warps' partials: red[warp][4 nt + r][lane], then one thread per output in warp order */
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
@@ -265,7 +205,6 @@ __device__ __forceinline__ void qk_bnbm_run(const void* A, const qk_u8* B, const
         }
         __syncthreads(); /* red is reused by the next tile */
     }
-    if (staged) qk_cp_async_wait<0>(); /* no copy into the ring outlives the CTA */
 }
 
 /* the table first (one CTA's copy), then the tiles; fp32 A is not this kernel's (the launcher keeps
@@ -276,7 +215,6 @@ __device__ __forceinline__ void qk_gemm_4bit_mma(const void* A, const qk_u8* B, 
                                                  qk_i64 quant_type, qk_i64 a_dtype) {
     __shared__ float2 tab[256 * QK_BNBM_COPIES];
     __shared__ float red[QK_BNBM_WARPS * 4 * NT * 32];
-    extern __shared__ uint4 qk_bnbm_ring[]; /* staged n2: the warps' A rings, QK_BNBM_WARPS x 2 slots */
     const qk_u32* bits = quant_type == QCONFORM_QUANT_TYPE_NF4 ? QK_GEMM_NF4_BITS : QK_GEMM_FP4_BITS;
     for (int i = (int)threadIdx.x; i < 256 * QK_BNBM_COPIES; i += (int)blockDim.x) {
         const int e = i / QK_BNBM_COPIES; /* byte e: the high nibble is the lower element */
@@ -284,9 +222,9 @@ __device__ __forceinline__ void qk_gemm_4bit_mma(const void* A, const qk_u8* B, 
     }
     __syncthreads();
     if (a_dtype == QCONFORM_DTYPE_FLOAT16)
-        qk_bnbm_run<QCONFORM_DTYPE_FLOAT16, NT>(A, B, absmax, bias, C, M, N, K, blocksize, tab, red, qk_bnbm_ring);
+        qk_bnbm_run<QCONFORM_DTYPE_FLOAT16, NT>(A, B, absmax, bias, C, M, N, K, blocksize, tab, red);
     else if (a_dtype == QCONFORM_DTYPE_BFLOAT16)
-        qk_bnbm_run<QCONFORM_DTYPE_BFLOAT16, NT>(A, B, absmax, bias, C, M, N, K, blocksize, tab, red, qk_bnbm_ring);
+        qk_bnbm_run<QCONFORM_DTYPE_BFLOAT16, NT>(A, B, absmax, bias, C, M, N, K, blocksize, tab, red);
 }
 
 /* n1: M <= 8 (one n-tile of tokens), n2: M <= 16 */
