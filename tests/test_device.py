@@ -266,39 +266,44 @@ def test_qmoe_grouped_skewed_routing(bits: int, bs: int, zp: bool, H: int, inter
 
 
 @pytest.mark.parametrize("leaf", ["Xfp16_Wfp16_Yfp16", "Xfp16_Wi8_Yfp16"])
-def test_gqa_mma_decode_in_one_launch_is_the_three_launches(leaf: str) -> None:
-    """The mma decode in one launch (the CTAs append the new rows, qk_gqa_mma_append, and the CTA
-    that completes a block of splits combines it, qk_gqa_mma_combine) against session 10's three
-    launches (qk_gqa_append, the same mma kernel, qk_gqa_combine: -DQK_GQA_APPEND_V1
-    -DQK_GQA_COMBINE_LAUNCH): on every coverage-2 case of the leaf that runs an mma kernel (sinks,
-    smooth softmax, windows, rotary of both kinds, packed QKV, ragged batches, one split and many),
-    output and present caches bit-identical where defined (the op's masks), twice in a row (the
-    tickets are back at zero after a call), and no append or combine launched."""
+def test_gqa_mma_decode_folds_are_the_three_launches(leaf: str) -> None:
+    """The mma decode with its new rows appended by the attention's CTAs (qk_gqa_mma_append: the
+    default build), and with the combine folded in too (-DQK_GQA_COMBINE_FOLD: the CTA that completes a
+    block of splits combines it, qk_gqa_mma_combine), against session 10's three launches
+    (qk_gqa_append, the same mma kernel, qk_gqa_combine: -DQK_GQA_APPEND_V1): on every coverage-2 case
+    of the leaf that runs an mma kernel (sinks, smooth softmax, windows, rotary of both kinds, packed
+    QKV, ragged batches, one split and many), output and present caches bit-identical where defined
+    (the op's masks), the folded combine twice in a row (its tickets are back at zero after a call),
+    and no append launched (nor a combine, folded)."""
     import cupy
 
     from qconform.device.launchers import compile_options, kernel_of
-    from qconform.device.ort.group_query_attention import APPEND_V1, COMBINE_LAUNCH, MMA_HEADS, SOURCE, gqa_decode
+    from qconform.device.ort.group_query_attention import APPEND_V1, COMBINE_FOLD, MMA_HEADS, SOURCE, gqa_decode
     from qconform.ops.ort.group_query_attention import _masks
 
-    others = [kernel_of(SOURCE, k) for k in ("qk_gqa_combine", "qk_gqa_append", "qk_gqa_append8")]
-    mma = [kernel_of(SOURCE, f"qk_gqa_mma_{kind}_h{h}") for kind in ("f16", "i8t") for h in MMA_HEADS]
+    def run(case: Prepared, *options: str) -> tuple[list | None, tuple]:
+        with compile_options(*options):
+            ran, out = _launched(gqa_decode, "gqa_decode", case)
+            names = [n for n in ("qk_gqa_append", "qk_gqa_append8", "qk_gqa_combine") if kernel_of(SOURCE, n) in ran]
+            mma = any(kernel_of(SOURCE, f"qk_gqa_mma_{k}_h{h}") in ran for k in ("f16", "i8t") for h in MMA_HEADS)
+        return names if mma else None, tuple(cupy.asnumpy(a) for a in out)
+
     op = get_op("gqa_decode")
     compared = 0
     for c in op.cases(leaf, 2):  # inputs and params only (no oracle run): Prepared's fields _launched reads
         case = Prepared(c, op.make_inputs(c), op.params(c), None)
-        ran, folded = _launched(gqa_decode, "gqa_decode", case)
-        if not any(k in mma for k in ran):
+        ran, appended = run(case)
+        if ran is None:  # not an mma case
             continue
-        assert not any(k in others for k in ran), c.id
-        _, again = _launched(gqa_decode, "gqa_decode", case)
-        with compile_options(COMBINE_LAUNCH, APPEND_V1):
-            ran_l, launched = _launched(gqa_decode, "gqa_decode", case)
-            for name in ("qk_gqa_combine", "qk_gqa_append"):
-                assert kernel_of(SOURCE, name) in ran_l, (c.id, name)
-        got = [tuple(cupy.asnumpy(a) for a in r) for r in (folded, again, launched)]
-        for mask, x, y, z in zip(_masks(case.inputs, got[0]), *got, strict=True):  # the defined elements only
-            x, y, z = (np.where(mask, 0, v.view(f"u{v.itemsize}")) for v in (x, y, z))
-            assert np.array_equal(x, z) and np.array_equal(y, z), c.id
+        assert ran == ["qk_gqa_combine"], (c.id, ran)
+        ran_f, folded = run(case, COMBINE_FOLD)
+        assert ran_f == [], (c.id, ran_f)
+        _, again = run(case, COMBINE_FOLD)
+        ran_l, launched = run(case, APPEND_V1)
+        assert ran_l == ["qk_gqa_append", "qk_gqa_combine"], (c.id, ran_l)
+        for mask, *outs in zip(_masks(case.inputs, launched), appended, folded, again, launched, strict=True):
+            x, y, z, w = (np.where(mask, 0, v.view(f"u{v.itemsize}")) for v in outs)  # the defined elements only
+            assert np.array_equal(x, w) and np.array_equal(y, w) and np.array_equal(z, w), c.id
         compared += 1
     assert compared >= 3, f"only {compared} coverage-2 cases ran the mma kernels"
 

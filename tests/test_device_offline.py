@@ -162,7 +162,7 @@ def test_every_patch_applies_once_to_the_shipped_kernel() -> None:
             "-DQK_BNB_CPU_SIMT",
             "-DQK_KQ_FAST_V1",
             "-DQK_MOE_GEMM_V1",
-            "-DQK_GQA_COMBINE_LAUNCH",
+            "-DQK_GQA_COMBINE_FOLD",
             "-DQK_GQA_APPEND_V1",
             "-DQK_GQA_APPEND_LAUNCH",
         )

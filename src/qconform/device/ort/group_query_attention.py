@@ -18,12 +18,13 @@ With fp16 queries and an fp16 or int8 per-tensor cache of head size 16, 32, 64 o
 16-byte aligned) the attention runs on the matrix units instead (``qk_gqa_mma_*``: one CTA per
 query row, split and KV head with up to 8 of its query heads, tiles of 16 keys a 32-lane group,
 scores and P V by mma.m16n8k16, P split into fp16 hi + lo halves), and a decode (S = 1) is one
-launch: its CTAs rotate their query heads and the CTA whose split holds the new key writes the new
-K / V rows (``qk_gqa_mma_append``, qk_gqa_append's arithmetic), and the CTA that completes a block of
-splits (a ticket per block, ``tickets``) combines it with qk_gqa_combine's arithmetic in split order
-(``qk_gqa_mma_combine``); ``-DQK_GQA_APPEND_LAUNCH`` / ``-DQK_GQA_COMBINE_LAUNCH`` launch
-qk_gqa_append8 / qk_gqa_combine instead, ``-DQK_GQA_APPEND_V1`` qk_gqa_append (with the combine
-launched: session 10, the bench's ``s10`` variant); ``-DQK_GQA_DECODE_SIMT`` keeps
+launch before the combine: its CTAs rotate their query heads and the CTA whose split holds the new
+key writes the new K / V rows (``qk_gqa_mma_append``, qk_gqa_append's arithmetic);
+``-DQK_GQA_APPEND_LAUNCH`` launches qk_gqa_append8 first instead, ``-DQK_GQA_APPEND_V1`` session 10's
+qk_gqa_append (the bench's ``s10`` variant). ``-DQK_GQA_COMBINE_FOLD`` folds the combine in too: the
+CTA that completes a block of splits (a ticket per block, ``tickets``) combines it with
+qk_gqa_combine's arithmetic in split order (``qk_gqa_mma_combine``; bit-identical, but measured
+slower at batch 1, docs/perf-notes.md); ``-DQK_GQA_DECODE_SIMT`` keeps
 the SIMT flash kernels there (the bench's ``simt`` variant). Elsewhere the rows are appended by
 qk_gqa_append8 (a thread per 8 channels; qk_gqa_append where H % 8 != 0).
 Built with ``-DQK_GQA_LEGACY`` (``qconform.device.launchers.compile_options``) the session-7
@@ -53,7 +54,7 @@ LEGACY = "-DQK_GQA_LEGACY"  # the build option selecting the session-7 attention
 FLASH_V1 = "-DQK_GQA_FLASH_V1"  # the build option selecting the session-8 flash kernels (gqa_flash_v1.h)
 I8T_U8 = "-DQK_GQA_I8T_U8"  # int8 per-tensor flash kernels with tiles of 8 keys a lane group
 DECODE_SIMT = "-DQK_GQA_DECODE_SIMT"  # the session-9 SIMT flash kernels where the mma ones would run
-COMBINE_LAUNCH = "-DQK_GQA_COMBINE_LAUNCH"  # the mma kernels' combine as its own launch (before session 11)
+COMBINE_FOLD = "-DQK_GQA_COMBINE_FOLD"  # the mma kernels' last CTA of a block combines it (slower at B1: perf-notes)
 APPEND_V1 = "-DQK_GQA_APPEND_V1"  # decode's rows by qk_gqa_append (a thread a channel pair; before session 11)
 APPEND_LAUNCH = "-DQK_GQA_APPEND_LAUNCH"  # decode's rows by a qk_gqa_append8 launch, not by the mma kernels
 APPEND_THREADS = 256  # qk_gqa_append8's __launch_bounds__
@@ -284,7 +285,7 @@ def _run(op: OpSpec, args: tuple, kwargs: dict[str, Any], out: Any) -> Any:
     grid = (B * S * splits, Nk * head_blocks)
     args = (qrot, pres_k, pres_v, seqlens, bias, k_scale, v_scale, part_m, part_l, part_acc, *dims, *opts, *tail)
     if mma is not None:
-        folded = COMBINE_LAUNCH not in launchers.OPTIONS
+        folded = COMBINE_FOLD in launchers.OPTIONS
         ticket = tickets(B * S * grid[1]) if folded else null
         rows = new_rows(call, sc) if fold_rows else (null,) * 6 + (np.int64(0),) + (i32(0),) * 3
         fold = (sink, output, ticket, i32(sink_mode), *rows)

@@ -985,8 +985,9 @@ __device__ __forceinline__ float qk_gqa_load_cg(const float* p) { return __ldcg(
 __device__ __forceinline__ float qk_gqa_load_cg(const float* p) { return *(const volatile float*)p; }
 #endif
 
-/* The combine of qk_gqa_combine folded into the mma kernel's launch (the default build; with
- * -DQK_GQA_COMBINE_LAUNCH the launcher passes no ticket and launches qk_gqa_combine): every CTA of
+/* The combine of qk_gqa_combine folded into the mma kernel's launch (built with -DQK_GQA_COMBINE_FOLD;
+ * otherwise the launcher passes no ticket and launches qk_gqa_combine: measured faster at batch 1,
+ * docs/perf-notes.md): every CTA of
  * a query row's KV-head block, its split's partials stored, makes them visible device-wide
  * (__threadfence) and takes a ticket (an atomic count per block: it only elects a CTA, no value is
  * summed by atomics); the CTA that takes the last ticket (every split stored) resets the count for
