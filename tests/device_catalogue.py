@@ -964,6 +964,11 @@ GQA_COMBINE_BY_CALL: Edits = (
         "    const qk_i64 heads = N + 2 * Nk, half_h = H / 2;\n",
         "    const qk_i64 heads = N + 2 * Nk, half_h = H / 2;\n    if (t == 0) atomicAdd(&qk_gqa_calls, 1u);\n",
     ),
+    (  # the append every split-K call launches since session 11 (qk_gqa_append8; qk_gqa_append where H % 8)
+        "    const int chunks = (int)H / 8, heads = (int)(N + 2 * Nk);\n",
+        "    const int chunks = (int)H / 8, heads = (int)(N + 2 * Nk);\n"
+        "    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) atomicAdd(&qk_gqa_calls, 1u);\n",
+    ),
     (
         "const int sp = sp0 + u;",
         "const int sp = ((qk_gqa_calls >> 2) & 1u) ? splits - 1 - (sp0 + u) : sp0 + u;",
@@ -1011,6 +1016,24 @@ GQA_QUANT_BEFORE_ROTARY: Edits = (
         "                ka = QK_FMUL((float)qk_gqa_quantize(ka, QK_FDIV(1.0f, sa), lo, hi), sa);\n"
         "                kb = QK_FMUL((float)qk_gqa_quantize(kb, QK_FDIV(1.0f, sb), lo, hi), sb);\n"
         "            }",
+    ),
+    (  # the decode's rows appended by the mma kernels (session 11): the same error there
+        "kv[j] = qk_gqa_new_value(base, src, i % HD, rotate && !isv, rotary_dim, interleaved, cos_cache,\n"
+        "                                         sin_cache, pos, 1);",
+        "kv[j] = qk_gqa_new_value(base, src, i % HD, rotate && !isv, rotary_dim, interleaved, cos_cache,\n"
+        "                                         sin_cache, pos, 1);\n"
+        "                const int e = i % HD;\n"
+        "                if (KIND == 2 && !isv && rotate && e < rotary_dim) {\n"
+        "                    const qk_gqa_pair p = qk_gqa_pair_of(e, rotary_dim, interleaved);\n"
+        "                    const qk_i64 cs = pos * (rotary_dim / 2) + p.i;\n"
+        "                    const float sk = k_scale[0];\n"
+        "                    const float ka = QK_FMUL((float)qk_gqa_quantize(qk_load_f(base, src + p.ia, 1),\n"
+        "                                             QK_FDIV(1.0f, sk), -128, 127), sk);\n"
+        "                    const float kb = QK_FMUL((float)qk_gqa_quantize(qk_load_f(base, src + p.ib, 1),\n"
+        "                                             QK_FDIV(1.0f, sk), -128, 127), sk);\n"
+        "                    kv[j] = qk_gqa_rotate(ka, kb, qk_load_f(cos_cache, cs, 1), qk_load_f(sin_cache, cs, 1),\n"
+        "                                          p.second, 1);\n"
+        "                }",
     ),
 )
 
