@@ -286,6 +286,23 @@ __device__ __forceinline__ void qk_gqa_load(qk_u32 (&w)[WORDS], const qk_u32* p)
     }
 }
 
+/* the query heads of CTA row blockIdx.y: its KV head g, the first of its block of at most HB of g's
+ * query heads, h0, and how many there are, nh (G = N / Nk query heads a KV head, ceil(G / HB) blocks) */
+struct qk_gqa_heads {
+    qk_i64 g, h0;
+    int nh;
+};
+
+template <int HB>
+__device__ __forceinline__ qk_gqa_heads qk_gqa_head_block(qk_i64 N, qk_i64 Nk) {
+    const qk_i64 G = N / Nk, nhb = (G + HB - 1) / HB;
+    qk_gqa_heads r;
+    r.g = blockIdx.y / nhb;
+    r.h0 = r.g * G + (blockIdx.y % nhb) * HB;
+    r.nh = (int)(G - (blockIdx.y % nhb) * HB < HB ? G - (blockIdx.y % nhb) * HB : HB);
+    return r;
+}
+
 /* the keys [k0, k0 + n) (n returned) of split sp (chunk keys a split) in the causal range [lo, L)
  * of query row s of batch b: L = min(past_b + s + 1, total_b), lo = L - W with a window of W < L keys */
 __device__ __forceinline__ int qk_gqa_split_keys(const int* seqlens_k, qk_i64 b, qk_i64 s, qk_i64 S, int first_prompt,
@@ -414,9 +431,9 @@ __device__ __forceinline__ void qk_gqa_flash(const float* qrot, const void* pres
     const int lane0 = (tid % QK_WARP) / 16 * 16;              /* the lane's 16-lane block in the warp */
     const int sp = (int)(blockIdx.x % splits);
     const qk_i64 bs = blockIdx.x / splits, b = bs / S, s = bs % S;
-    const qk_i64 G = N / Nk, nhb = (G + HB - 1) / HB;
-    const qk_i64 g = blockIdx.y / nhb, h0 = g * G + (blockIdx.y % nhb) * HB;
-    const int nh = (int)(G - (blockIdx.y % nhb) * HB < HB ? G - (blockIdx.y % nhb) * HB : HB);
+    const qk_gqa_heads blk = qk_gqa_head_block<HB>(N, Nk);
+    const qk_i64 g = blk.g, h0 = blk.h0;
+    const int nh = blk.nh;
     qk_i64 k0;
     const int n = qk_gqa_split_keys(seqlens_k, b, s, S, first_prompt, window, sp, chunk, k0);
     const qk_i64 o = (bs * N + h0) * splits + sp; /* head h's slot: o + h * splits */
@@ -713,9 +730,9 @@ __device__ __forceinline__ void qk_gqa_mma(const float* qrot, const float* qbloc
     const int tid = (int)threadIdx.x, grp = tid / 32, lane = tid % 32, gq = lane / 4, tq = lane % 4;
     const int sp = (int)(blockIdx.x % splits);
     const qk_i64 bs = blockIdx.x / splits, b = bs / S, s = bs % S;
-    const qk_i64 G = N / Nk, nhb = (G + MH - 1) / MH;
-    const qk_i64 g = blockIdx.y / nhb, h0 = g * G + (blockIdx.y % nhb) * MH;
-    const int nh = (int)(G - (blockIdx.y % nhb) * MH < MH ? G - (blockIdx.y % nhb) * MH : MH);
+    const qk_gqa_heads blk = qk_gqa_head_block<MH>(N, Nk);
+    const qk_i64 g = blk.g, h0 = blk.h0;
+    const int nh = blk.nh;
     qk_i64 k0;
     const int n = qk_gqa_split_keys(seqlens_k, b, s, S, first_prompt, window, sp, chunk, k0);
     const qk_i64 o = (bs * N + h0) * splits + sp; /* head h's slot: o + h * splits */
@@ -926,9 +943,9 @@ __device__ __noinline__ const float* qk_gqa_mma_append(const void* query, const 
     __shared__ float s_q[MH * HD];
     const int tid = (int)threadIdx.x, sp = (int)(blockIdx.x % splits);
     const qk_i64 b = blockIdx.x / splits; /* S = 1: the query row is its batch's */
-    const qk_i64 G = N / Nk, nhb = (G + MH - 1) / MH;
-    const qk_i64 g = blockIdx.y / nhb, h0 = g * G + (blockIdx.y % nhb) * MH;
-    const int nh = (int)(G - (blockIdx.y % nhb) * MH < MH ? G - (blockIdx.y % nhb) * MH : MH);
+    const qk_gqa_heads blk = qk_gqa_head_block<MH>(N, Nk);
+    const qk_i64 g = blk.g, h0 = blk.h0;
+    const int nh = blk.nh;
     const qk_i64 past = first_prompt ? 0 : (qk_i64)seqlens_k[b];
     const int rotate = rotary_dim > 0;
     const qk_i64 pos = rotate ? qk_gqa_position(position_ids, pid_stride, b, 0, past, first_prompt) : 0;
@@ -1009,9 +1026,9 @@ __device__ __noinline__ void qk_gqa_mma_combine(const float* part_m, const float
     const float neg_inf = qk_gqa_neg_inf();
     const int tid = (int)threadIdx.x, lane = tid % 32;
     const qk_i64 bs = blockIdx.x / splits;
-    const qk_i64 G = N / Nk, nhb = (G + MH - 1) / MH;
-    const qk_i64 h0 = (blockIdx.y / nhb) * G + (blockIdx.y % nhb) * MH;
-    const int nh = (int)(G - (blockIdx.y % nhb) * MH < MH ? G - (blockIdx.y % nhb) * MH : MH);
+    const qk_gqa_heads blk = qk_gqa_head_block<MH>(N, Nk);
+    const qk_i64 h0 = blk.h0;
+    const int nh = blk.nh;
     __threadfence(); /* this CTA's partials before its ticket */
     __syncthreads();
     if (tid == 0) {
