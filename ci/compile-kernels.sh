@@ -2,9 +2,9 @@
 # CI compile gate (no GPU needed): every kernel source compiled offline, warnings as errors, for
 #   AMD gfx90a (wave64) and gfx1030 (wave32) with Debian's hipcc (installed here if missing), and
 #   NVIDIA sm_90 with nvcc;
-# the device mutants (tests/device_mutants and the patched copies of shipped kernels that
-# tests/device_catalogue.py --write-sources writes, with the bench's diagnostic builds) likewise,
-# the patched copies for sm_90 only (they run in the NVIDIA device suite);
+# the device mutants of tests/device_mutants likewise; the patched copies of shipped kernels that
+# tests/device_catalogue.py --write-sources writes and the benches' diagnostic builds through the
+# CUDA front end for sm_90 (they run in the NVIDIA device suite; below);
 # the so: launcher example is also built as a shared library for both vendors, and the CUDA-only
 # test launchers for NVIDIA. Facts: docs/device-tooling.md B6 (HIP_PLATFORM=amd is required
 # because nvcc is on PATH; Debian's hipcc is 5.2.3 / clang-15).
@@ -64,36 +64,39 @@ PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" python3 tests/device_catalogue.
   >/dev/null
 # -Wno-pass-failed: on AMD the matrix-unit GEMM runs qk_mma_16816's shuffle form, and clang may
 # decline to fully unroll the prefill shape's loop nest (code size): a speed matter, not a wrong result.
-# patched copies (the device mutants) differ from a shipped source by a few lines and run only in the
-# NVIDIA device suite: sm_90 only (the shipped source's AMD builds cover its portability)
-for src in "$KERNELS"/*/*.hip tests/device_mutants/*.hip "$tmp"/patched/*/*.hip; do
-  defs="" archs="gfx90a gfx1030"
-  case "$src" in "$tmp"/patched/*) defs="-DQK_MMA_DEFAULT_ONLY" archs="" ;; esac
+for src in "$KERNELS"/*/*.hip tests/device_mutants/*.hip; do
   if [ "$amd" = 1 ]; then
-    for arch in $archs; do
-      compile "$src for $arch" hipcc --genco --offload-arch="$arch" -Werror -Wall -Wno-pass-failed $INCLUDES $defs \
+    for arch in gfx90a gfx1030; do
+      compile "$src for $arch" hipcc --genco --offload-arch="$arch" -Werror -Wall -Wno-pass-failed $INCLUDES \
         -o "$tmp/k.co" "$src"
     done
   fi
-  compile "$src for sm_90" nvcc -cubin -arch=sm_90 -Werror all-warnings $INCLUDES $defs -x cu -o "$tmp/k.cubin" "$src"
+  compile "$src for sm_90" nvcc -cubin -arch=sm_90 -Werror all-warnings $INCLUDES -x cu -o "$tmp/k.cubin" "$src"
 done
-# the bench's diagnostic build (python -m qconform.bench.gqa --variants flash,legacy): the session-7
-# attention kernels of ort/gqa.hip behind -DQK_GQA_LEGACY, sm_90 only (the bench runs on NVIDIA)
-compile "$KERNELS/ort/gqa.hip -DQK_GQA_LEGACY for sm_90" nvcc -cubin -arch=sm_90 -Werror all-warnings $INCLUDES \
-  -DQK_GQA_LEGACY -x cu -o "$tmp/k.cubin" "$KERNELS/ort/gqa.hip"
-# the session-3 zero-point arithmetic of the fp16-A matrix-unit kernels (python -m qconform.bench.nbits
-# --variants, the device mutant "mma GEMV fp16 A: zero point through sum(a)"), sm_90 only
-compile "$KERNELS/ort/nbits_mma.hip -DQK_NBITS_ZP_SUM_V1 for sm_90" nvcc -cubin -arch=sm_90 -Werror all-warnings \
-  $INCLUDES -DQK_NBITS_ZP_SUM_V1 -x cu -o "$tmp/k.cubin" "$KERNELS/ort/nbits_mma.hip"
-# the flash prefill's old variant (python -m qconform.bench.gqa_prefill --variants): the session-8
-# kernels of ort/gqa_flash.hip alone, behind -DQK_GQA_PREFILL_V1, sm_90 only
-compile "$KERNELS/ort/gqa_flash.hip -DQK_GQA_PREFILL_V1 for sm_90" nvcc -cubin -arch=sm_90 -Werror all-warnings \
-  $INCLUDES -DQK_GQA_PREFILL_V1 -x cu -o "$tmp/k.cubin" "$KERNELS/ort/gqa_flash.hip"
-# the keep-quant fast GEMV's bench variants (python -m qconform.bench.ggml_gemv: fast-v1, fast-u1):
-# round 1's Q4_K / Q5_K kernels behind -DQK_KQ_FAST_V1, round 2 with one step in flight, sm_90 only
+# patched copies (the device mutants) and the benches' diagnostic builds differ from a shipped source by
+# a few lines or a -D option and run only on NVIDIA: each goes through the CUDA front end for sm_90 with
+# warnings as errors (PTX at -O0: the parse, the templates they instantiate, the warnings), which is
+# what a few-line patch can break; the optimizer and ptxas run on the shipped sources above. That keeps
+# this gate to a few minutes on 2 cores (full builds of the ~100 copies took ~7 of its ~10 minutes).
+front() {  # label, defines..., source
+  local label=$1 src=${*: -1} defs=("${@:2:$#-2}")
+  compile "$label" nvcc -ptx -arch=sm_90 -Xcicc -O0 -Werror all-warnings $INCLUDES "${defs[@]}" -x cu \
+    -o "$tmp/k.ptx" "$src"
+}
+for src in "$tmp"/patched/*/*.hip; do
+  front "$src for sm_90 (front end)" -DQK_MMA_DEFAULT_ONLY "$src"
+done
+# the benches' diagnostic builds, sm_90 only (the benches run on NVIDIA): the session-7 attention
+# kernels of ort/gqa.hip (-DQK_GQA_LEGACY; bench.gqa --variants flash,legacy); the session-3 zero-point
+# arithmetic of the fp16-A matrix-unit kernels (-DQK_NBITS_ZP_SUM_V1; bench.nbits --variants and the
+# device mutant "mma GEMV fp16 A: zero point through sum(a)"); the flash prefill's session-8 kernels
+# (-DQK_GQA_PREFILL_V1; bench.gqa_prefill --variants); the keep-quant fast GEMV's round 1
+# (-DQK_KQ_FAST_V1) and round 2 with one step in flight (-DQK_KF_STEPS_M1=1; bench.ggml_gemv)
+front "$KERNELS/ort/gqa.hip -DQK_GQA_LEGACY" -DQK_GQA_LEGACY "$KERNELS/ort/gqa.hip"
+front "$KERNELS/ort/nbits_mma.hip -DQK_NBITS_ZP_SUM_V1" -DQK_NBITS_ZP_SUM_V1 "$KERNELS/ort/nbits_mma.hip"
+front "$KERNELS/ort/gqa_flash.hip -DQK_GQA_PREFILL_V1" -DQK_GQA_PREFILL_V1 "$KERNELS/ort/gqa_flash.hip"
 for def in -DQK_KQ_FAST_V1 -DQK_KF_STEPS_M1=1; do
-  compile "$KERNELS/ggml/keep_quant_fast.hip $def for sm_90" nvcc -cubin -arch=sm_90 -Werror all-warnings \
-    $INCLUDES $def -x cu -o "$tmp/k.cubin" "$KERNELS/ggml/keep_quant_fast.hip"
+  front "$KERNELS/ggml/keep_quant_fast.hip $def" "$def" "$KERNELS/ggml/keep_quant_fast.hip"
 done
 for src in examples/so_launcher/*.cu; do
   if [ "$amd" = 1 ]; then

@@ -410,6 +410,25 @@ QMOE_A_ROW_ORDER: Edits = (("A[p * units + (at ? qk_moe_apos(u, at, units) : u)]
 # the 8 units are one group, which the swizzle leaves in place)
 QMOE_STAGED_UNSWIZZLED: Edits = (("xs[qk_moe_swz(vi >> 2)]", "xs[vi >> 2]"),)
 
+# qk_moe_fc1m (fc1 of an fp16 input on the matrix units): the second segment of each lane's step put in
+# the first's accumulator column, so it is scaled with the scale of a segment 128 values before it
+# (coverage 2: hidden sizes above 128 values; coverage 1's fc1 rows are one step's first half)
+QMOE_M_COLUMN: Edits = (("const bool mine = g == t + 4 * h;", "const bool mine = g == t;"),)
+# the staged input left in value order: B pairs (x0 x1) against the weights' (v0 v4)
+QMOE_M_XPAIRS: Edits = (
+    (
+        "    return make_uint4(QK_BYTE_PERM(q.x, q.z, 0x5410u),",
+        "    return q;\n    return make_uint4(QK_BYTE_PERM(q.x, q.z, 0x5410u),",
+    ),
+)
+# row g + 8 converted with row g's zero point (coverage 1 has packed zero points per block and per row)
+QMOE_M_ZERO_ROW: Edits = (
+    (
+        "qk_moe_fc1m_zero(f, e, rr[r], rows[r], seg < nseg ? seg : 0, &st.ze[r][h], &st.zo[r][h]);",
+        "qk_moe_fc1m_zero(f, e, rr[0], rows[0], seg < nseg ? seg : 0, &st.ze[r][h], &st.zo[r][h]);",
+    ),
+)
+
 
 # the grouped GEMMs (qmoe_ragged_mm under --contract storage=fp16). The scatter's order within an
 # expert does not reach the output (each pair's row is its own; fc2 stores by pair, the sum runs in
@@ -485,6 +504,14 @@ QMOE_MUTANTS = (
           QMOE_STAGED_UNSWIZZLED, coverage=2),
     _qmoe("control: QMoE legacy kernels (route, fc1, fc2), u4", None, "qmoe_decode", "Xfp16_Wu4_Yfp16",
           define="-DQK_MOE_LEGACY"),
+    _qmoe("QMoE fc1 mma: a step's second segments in the first's columns", "matches_oracle", "qmoe_decode",
+          "Xfp16_Wu4_Yfp16", QMOE_M_COLUMN, coverage=2),
+    _qmoe("QMoE fc1 mma: staged input in value order", "matches_oracle", "qmoe_decode", "Xfp16_Wu4_Yfp16",
+          QMOE_M_XPAIRS),
+    _qmoe("QMoE fc1 mma: row g + 8 with row g's zero point", "matches_oracle", "qmoe_decode", "Xfp16_Wu4_Yfp16",
+          QMOE_M_ZERO_ROW),
+    _qmoe("control: QMoE fc1 of an fp16 input on qk_moe_fc1v (-DQK_MOE_FC1_SIMT)", None, "qmoe_decode",
+          "Xfp16_Wu4_Yfp16", define="-DQK_MOE_FC1_SIMT"),
     _qmoe("control: QMoE legacy kernels (route, fc1, fc2), u8 ragged", None, "qmoe_ragged_mm", "Xfp16_Wu8_Yfp16",
           define="-DQK_MOE_LEGACY"),
     _qmoe_g("QMoE grouped: last partial tile dropped", "matches_oracle", "Xfp16_Wu4_Yfp16", QMOE_G_PARTIAL_TILE),

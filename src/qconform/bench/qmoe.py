@@ -9,7 +9,7 @@ weighted sum), and whether the kernel's output on the first set is within the ca
 (``qconform.ops.ort.qmoe``, strict contract). Targets (issue text): >= 70% of the roofline and
 faster than the PyTorch baseline. PyTorch is imported here only; without it the column says so.
 
-``python -m qconform.bench.qmoe [--quick] [--json FILE] [--variants decode,decode_v1,legacy]``
+``python -m qconform.bench.qmoe [--quick] [--json FILE] [--variants decode,decode_simt,decode_v1,legacy]``
 ``python -m qconform.bench.qmoe --prefill [--variants grouped,grouped_v1,per_token]``: qmoe_ragged_mm at
 512 and 4096 tokens under storage=fp16 (the grouped GEMMs) against a PyTorch prefill (``bench_prefill``);
 ``grouped_v1`` (round 1's tile loop, ``-DQK_MOE_GEMM_V1``) must give the same output bits as ``grouped``.
@@ -130,6 +130,7 @@ def _within_bound(layer: dict[str, Any], logits: Any, params: dict[str, Any], y:
 
 VARIANTS = {  # name -> build options (qconform.device.ort.qmoe)
     "decode": (),
+    "decode_simt": ("-DQK_MOE_FC1_SIMT",),  # fc1 of the fp16 input on qk_moe_fc1v (session 9), not qk_moe_fc1m
     "decode_v1": ("-DQK_MOE_DECODE_V1",),
     "legacy": ("-DQK_MOE_LEGACY",),
 }

@@ -8,7 +8,7 @@ THREADS = 256  # threads per CTA: 8 groups of 32 lanes (wave32 and wave64 alike)
 GROUP = 32  # lanes of a reduction group (QK_MOE_GROUP)
 EMAX, KMAX, ROWS, YMAX, GRID_Y = 512, 32, 4, 2048, 65535  # qmoe.hip's QK_MOE_EMAX, _KMAX, _ROWS, _YMAX; grid.y
 XMAX = 8192  # hidden sizes whose fp32 input row qk_moe_fc1v stages in shared memory (32 KB)
-CTAS_PER_SM = 2  # qk_moe_fc1v's __launch_bounds__(256, 2)
+CTAS_PER_SM = 2  # qk_moe_fc1v's and qk_moe_fc1m's __launch_bounds__(256, 2)
 
 
 def lanes_over(n: int) -> int:
@@ -41,6 +41,20 @@ def staged_bytes(K: int) -> int:
     """Dynamic shared memory of qk_moe_fc1v for an input row of K values (K a multiple of 4): fp32,
     16-byte units in swizzled groups of 8 (qk_moe_swz stays inside a group)."""
     return 16 * 8 * -(-(K // 4) // 8)
+
+
+def mma_staged_bytes(K: int) -> int:
+    """Dynamic shared memory of qk_moe_fc1m for an fp16 input row of K values (K a multiple of 32):
+    steps of 8 segments of 32 values, 512 bytes each, zeros past K."""
+    return 512 * -(-(K // 32) // 8)
+
+
+def mma_ctas(tasks: int, warps: int, tokens: int, sms: int) -> int:
+    """CTAs per token of qk_moe_fc1m: as many as are resident together (CTAS_PER_SM per SM, shared by
+    the tokens), at most one per task; the kernel deals task w G + x to warp w of CTA x (G CTAs), so
+    the busy warps spread evenly over the SMs (1440 tasks on 132 SMs: 11 warps each, not 8 on most
+    and 16 on some). Which warp takes a task never changes its sums. ``warps``: per CTA."""
+    return max(1, min(tasks, CTAS_PER_SM * sms // tokens, -(-tasks // warps) * warps))
 
 
 def fc1_ctas(tasks: int, places: int, tokens: int, sms: int) -> int:

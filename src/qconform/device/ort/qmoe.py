@@ -60,6 +60,8 @@ from qconform.device.qmoe_tiling import (
     fc1_ctas,
     fc2_tile,
     lanes_over,
+    mma_ctas,
+    mma_staged_bytes,
     staged_bytes,
 )
 from qconform.errors import Declined
@@ -72,6 +74,7 @@ THREADS = 256
 SWIGLU = ACTIVATION["swiglu"]
 LEGACY = "-DQK_MOE_LEGACY"  # build option: the routing / fc1 / fc2 kernels before the decode path
 DECODE_V1 = "-DQK_MOE_DECODE_V1"  # build option: the session-8 decode kernels (input and A read from global)
+FC1_SIMT = "-DQK_MOE_FC1_SIMT"  # build option: fc1 of an fp16 input on qk_moe_fc1v, not the matrix units
 RAGGED_V1 = "-DQK_MOE_RAGGED_V1"  # build option: qmoe_ragged_mm per token under storage=fp16 too (session 9)
 GROUP_M, GROUP_N, GROUP_K, GROUP_THREADS = 64, 64, 64, 128  # QK_MOE_GM, QK_MOE_GN, QK_MOE_GK, QK_MOE_GT
 
@@ -106,6 +109,21 @@ def _chunking(K: int, bits: int, bs: int, int8: bool, weights: Any) -> tuple[int
     vw = chunk_words(bs, bits, bs) if int8 else chunk_words(K, bits, bs)
     lanes = lanes_over(K // bs) if int8 else lanes_over(K * bits // 32 // vw)
     return lanes, vw, int(weights.data.ptr % (4 * vw) == 0)
+
+
+def _fc1_on_mma(x16: Any, bits: int, K: int, int8: bool, v1: bool) -> bool:
+    """Whether the decode path's fc1 runs on the matrix units (``qk_moe_fc1m``): an fp16 input (exact
+    in the mma), 4-bit weights read as 16-byte segments of 32 values, no int8 activations, the
+    staged input within XMAX, and neither -DQK_MOE_FC1_SIMT nor -DQK_MOE_DECODE_V1."""
+    return (
+        bool(x16)
+        and bits == 4
+        and not int8
+        and K % 32 == 0
+        and K <= XMAX
+        and not v1
+        and (FC1_SIMT not in launchers.OPTIONS)
+    )
 
 
 def _check_domain(s: dict[str, Any], ptrs: dict[str, Any]) -> None:
@@ -176,7 +194,13 @@ def _qmoe(op: OpSpec, args: tuple, kwargs: dict[str, Any], out: Any) -> Any:
         fc1 += (i32(f * inter), i32(inter), i32(k), i32(bits), i32(bs), *flags1, x16, i32(act), *attrs)
         fc1 += (i32(s["normalize_routing_weights"]), i32(rw is not None), i32(lanes), i32(vw), i32(vec), *q1, i32(at))
         tasks = -(-inter // (ROWS // f))
-        if v1:
+        if _fc1_on_mma(x16, bits, H, int8[0], v1):
+            fc1m = (ptrs["input"], ptrs["router_probs"], null if rw is None else rw, sel, wts, *w1, a, i32(E), i32(H))
+            fc1m += (i32(f * inter), i32(inter), i32(k), i32(bs), *flags1, i32(act), *attrs)
+            fc1m += (i32(s["normalize_routing_weights"]), i32(rw is not None), i32(at))
+            grid = (mma_ctas(k * -(-f * inter // 16), THREADS // 32, T, launchers.sm_count()), T)
+            launch_grid(op.name, SOURCE, "qk_moe_fc1m", grid, THREADS, fc1m, shared_mem=mma_staged_bytes(H))
+        elif v1:
             launch_grid(op.name, SOURCE, "qk_moe_fc1v", (-(-tasks // (THREADS // lanes)), T * k), THREADS, fc1)
         else:
             grid = (fc1_ctas(k * tasks, THREADS // lanes, T, launchers.sm_count()), T)

@@ -661,6 +661,12 @@ __device__ __forceinline__ float qk_moe_biased(float a, const qk_moe_fc& f, qk_i
     return f.has_bias ? qk_ftz(QK_FADD(a, qk_ftz(qk_load_f(f.b, at, f.s16)))) : a;
 }
 
+/* fc1's activation of unit u of pair p into A (at 0: in unit order; else chunk-transposed for fc2's
+ * chunks of `at` values, qk_moe_apos) */
+__device__ __forceinline__ void qk_moe_store_a(float* A, qk_i64 p, int units, int u, int at, float v) {
+    A[p * units + (at ? qk_moe_apos(u, at, units) : u)] = v;
+}
+
 /* one fc1 task (a group of `lanes` lanes): units u0 .. u0 + 4 / f - 1 of expert e for the (token t,
  * slot) pair p (f 2 with SwiGLU: unit u's rows 2u gate, 2u + 1 linear), the activation into A's row
  * p (at 0: in unit order; else chunk-transposed for fc2's chunks of `at` values, qk_moe_apos). All
@@ -692,8 +698,7 @@ __device__ __forceinline__ void qk_moe_fc1_task(const qk_moe_fc& f, int bits, in
         if ((glu && (i & 1)) || u0 + ui >= units) continue;
         const float h = qk_moe_biased(acc[i], f, (qk_i64)e * f.N + rows[i]);
         const float l = glu ? qk_moe_biased(acc[i1], f, (qk_i64)e * f.N + rows[i1]) : 0.0f;
-        const int u = (int)u0 + ui;
-        A[p * units + (at ? qk_moe_apos(u, at, units) : u)] = qk_moe_act(act, h, l, alpha, beta, limit);
+        qk_moe_store_a(A, p, units, (int)u0 + ui, at, qk_moe_act(act, h, l, alpha, beta, limit));
     }
 }
 
@@ -754,6 +759,184 @@ qk_moe_fc1v(const void* x, const void* logits, const void* rw, int* sel, float* 
                                    limit);
     }
 #endif
+}
+
+/* ---------------------------------------------------------------- fc1 on the matrix units
+ * qk_moe_fc1m: the decode path's fc1 + activation where the input is fp16 and the weights 4-bit with
+ * fp16 scales (the launcher's choice from the shape and dtypes; -DQK_MOE_FC1_SIMT in the build options
+ * keeps qk_moe_fc1v). A weight row is read as 16-byte segments of 32 values (K a multiple of 32); a
+ * step is 8 segments. A warp takes a task (slot j, 16 rows) over all K: in a step, lane 4 g + t loads
+ * segments 8 S + t and 8 S + 4 + t of rows g and g + 8 (two steps' loads in flight), converts each
+ * word's value pairs to (q - z) exactly in fp16 (qk_and_or + qk_hfma2, as qk_moe_gemm_tile) and feeds
+ * them to qk_mma_16816 as the A fragment; the B fragment holds the input (fp16, exact) only in column
+ * t of lane t's segment (t + 4 for the second), zeros elsewhere, so column n of the fp32 accumulator
+ * collects segment 8 S + n's partial dot product of each row. After a step each lane multiplies its
+ * two columns by their blocks' scales into its row sums (fmaf), the quad's four sums are added
+ * (xor 1, then 2), and the row's bias and the activation follow as in qk_moe_fc1_task. The sums'
+ * order is fixed by the shape alone (repeat calls are bit-identical); it is not qk_moe_fc1v's order:
+ * each segment's products are added in the tensor core's fp32 before its scale multiplies them, so
+ * the weights are never rounded (fp32((q - z) s) of the reference differs by one rounding), checked
+ * under the strict contract's bound like every other decode path. */
+#define QK_MOE_SEGS 8 /* 32-value segments per step */
+
+/* the staged input: 8-value word i as the pairs (x0 x4) (x1 x5) (x2 x6) (x3 x7), the order in which
+ * a weight word's fields pair up (qk_moe_fc1m_word), so a B fragment is one 8-byte read */
+__device__ __forceinline__ uint4 qk_moe_xpairs(uint4 q) {
+    return make_uint4(QK_BYTE_PERM(q.x, q.z, 0x5410u), QK_BYTE_PERM(q.x, q.z, 0x7632u), QK_BYTE_PERM(q.y, q.w, 0x5410u),
+                      QK_BYTE_PERM(q.y, q.w, 0x7632u));
+}
+
+/* word m (0..3, unrolled: a register) of a 16-byte load */
+__device__ __forceinline__ qk_u32 qk_moe_word_of(const uint4& v, int m) {
+    return m == 0 ? v.x : m == 1 ? v.y : m == 2 ? v.z : v.w;
+}
+
+/* (q - z) of a 4-bit word's value pairs, fields h = 0: (v0 v4) (v1 v5), h = 1: (v2 v6) (v3 v7), as exact
+ * fp16 pairs: field bits OR 0x6400 is 1024 + q (or 1024 + 16 q), then one fp16 fma; ze / zo are
+ * -(1024 + z) and -(64 + z) in both halves */
+__device__ __forceinline__ void qk_moe_fc1m_word(qk_u32 w, int h, qk_u32 ze, qk_u32 zo, qk_u32* lo, qk_u32* hi) {
+    const qk_u32 src = h ? w >> 8 : w;
+    *lo = qk_hfma2(qk_and_or(src, 0x000F000Fu, 0x64006400u), 0x3C003C00u, ze);
+    *hi = qk_hfma2(qk_and_or(src, 0x00F000F0u, 0x64006400u), 0x2C002C00u, zo);
+}
+
+/* the zero point of segment `seg` of row `row` (expert e, rr = e * N + row) as the pair constants of
+ * qk_moe_fc1m_word */
+__device__ __forceinline__ void qk_moe_fc1m_zero(const qk_moe_fc& f, int e, qk_i64 rr, int row, int seg, qk_u32* ze,
+                                                 qk_u32* zo) {
+    int z = 8;
+    if (f.has_zp) z = f.bs ? qk_field(f.z + rr * f.zp_bytes, 4, seg * 32 / f.bs) : qk_field(f.z + (qk_i64)e * f.zp_bytes, 4, row);
+    *ze = (0xE400u + (qk_u32)z) * 0x10001u;
+    *zo = (0xD400u + 16u * (qk_u32)z) * 0x10001u;
+}
+
+/* one step's loads of a lane: segments 8 S + t, 8 S + 4 + t of rows g and g + 8 (zeros past the row),
+ * their zero points, and the scales of segments 8 S + 2 t, 8 S + 2 t + 1 (the lane's two accumulator
+ * columns; 0 past the row) */
+struct qk_moe_fc1m_step {
+    uint4 w[2][2]; /* [row g / g + 8][first / second segment] */
+    qk_u32 ze[2][2], zo[2][2];
+    float s[2][2]; /* [row][column 2 t + i] */
+};
+
+__device__ __forceinline__ void qk_moe_fc1m_load(const qk_moe_fc& f, int e, const qk_i64* rr, const int* rows,
+                                                 const uint4* const* wrow, int S, int t, int nseg, int blocks,
+                                                 qk_moe_fc1m_step& st) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int seg = QK_MOE_SEGS * S + 4 * h + t, col = QK_MOE_SEGS * S + 2 * t + h;
+            st.w[r][h] = seg < nseg ? wrow[r][seg] : make_uint4(0u, 0u, 0u, 0u);
+            qk_moe_fc1m_zero(f, e, rr[r], rows[r], seg < nseg ? seg : 0, &st.ze[r][h], &st.zo[r][h]);
+            st.s[r][h] = col < nseg ? qk_load_f(f.s, rr[r] * blocks + (f.bs ? col * 32 / f.bs : 0), 1) : 0.0f;
+        }
+}
+
+/* one step: 16 mma into c (column n: segment 8 S + n), then each lane's two columns times their scales
+ * into its row sums (fmaf); B fragments from the staged input xp (uint2 units: segment s's word m, half h at
+ * 8 s + 2 m + h) */
+__device__ __forceinline__ void qk_moe_fc1m_mma(const qk_moe_fc1m_step& st, const uint2* xp, int S, int g, int t,
+                                                float* acc) {
+    float c[4][4] = {}; /* [h][words 0-1 / 2-3]: four independent mma chains */
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const bool mine = g == t + 4 * h; /* column g of B holds segment 8 S + g: lane t's (h 0) or t - 4's */
+        const int seg = QK_MOE_SEGS * S + 4 * h + t;
+#pragma unroll
+        for (int m = 0; m < 4; ++m)
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                qk_u32 a[4], b[2] = {0u, 0u};
+                qk_moe_fc1m_word(qk_moe_word_of(st.w[0][h], m), half, st.ze[0][h], st.zo[0][h], &a[0], &a[2]);
+                qk_moe_fc1m_word(qk_moe_word_of(st.w[1][h], m), half, st.ze[1][h], st.zo[1][h], &a[1], &a[3]);
+                if (mine) {
+                    const uint2 v = xp[8 * seg + 2 * m + half];
+                    b[0] = v.x;
+                    b[1] = v.y;
+                }
+                qk_mma_16816(c[2 * h + m / 2], a, b);
+            }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) /* h 1's columns are zero in h 0's chains and the other way round */
+        c[0][i] = QK_FADD(QK_FADD(c[0][i], c[1][i]), QK_FADD(c[2][i], c[3][i]));
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        acc[0] = fmaf(c[0][i], st.s[0][i], acc[0]);
+        acc[1] = fmaf(c[0][2 + i], st.s[1][i], acc[1]);
+    }
+}
+
+/* routing + fc1 + the activation on the matrix units (above); grid (CTAs per token, T tokens), dynamic
+ * shared memory 512 bytes per step of K */
+extern "C" __global__ void __launch_bounds__(256, 2)
+qk_moe_fc1m(const void* x, const void* logits, const void* rw, int* sel, float* wts, const qk_u8* W, const void* S,
+            const qk_u8* Z, const void* Bias, float* A, int E, int K, int N, int units, int k, int bs, int zp_bytes,
+            int has_zp, int has_bias, int act, float alpha, float beta, float limit, int normalize, int has_rw,
+            int at) {
+    __shared__ float s_logit[QK_MOE_EMAX];
+    __shared__ int s_sel[QK_MOE_KMAX];
+    __shared__ float s_w[QK_MOE_KMAX];
+    extern __shared__ uint4 qk_moe_xw[];
+    const qk_moe_fc f = {W, S, Z, Bias, N, K, bs, zp_bytes, has_zp, has_bias, 1};
+    const qk_i64 t = blockIdx.y;
+    const int nseg = K / 32, steps = (nseg + QK_MOE_SEGS - 1) / QK_MOE_SEGS, blocks = bs ? K / bs : 1;
+    for (int i = (int)threadIdx.x; i < steps * 32; i += (int)blockDim.x) /* 8-value words, zeros past K */
+        qk_moe_xw[i] = i < K / 8 ? qk_moe_xpairs(((const uint4*)x)[t * (K / 8) + i]) : make_uint4(0u, 0u, 0u, 0u);
+    qk_moe_route_cta(logits, rw, t, E, k, normalize, has_rw, 1, s_logit, s_sel, s_w);
+    if (blockIdx.x == 0 && (int)threadIdx.x < k) {
+        sel[t * k + threadIdx.x] = s_sel[threadIdx.x];
+        wts[t * k + threadIdx.x] = s_w[threadIdx.x];
+    }
+    const bool glu = act == QK_MOE_SWIGLU;
+    const int lane = (int)(threadIdx.x & 31), g = lane >> 2, tq = lane & 3;
+    const int tiles = (N + 15) / 16, total = k * tiles, warps = (int)(blockDim.x / 32);
+    const uint2* xp = (const uint2*)qk_moe_xw;
+    /* task w G + x to warp w of CTA x (G CTAs): the tasks spread over every CTA, so over every SM */
+    for (int task = (int)(threadIdx.x / 32) * (int)gridDim.x + (int)blockIdx.x; task < total;
+         task += (int)gridDim.x * warps) {
+        const int j = task / tiles, r0 = (task - j * tiles) * 16;
+        if (!(s_w[j] > QK_MOE_SKIP)) continue; /* the whole warp */
+        const int e = s_sel[j];
+        int rows[2];
+        qk_i64 rr[2];
+        const uint4* wrow[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            rows[r] = r0 + g + 8 * r < N ? r0 + g + 8 * r : N - 1;
+            rr[r] = (qk_i64)e * N + rows[r];
+            wrow[r] = (const uint4*)(W + rr[r] * (qk_i64)(K / 2));
+        }
+        float acc[2] = {0.0f, 0.0f};
+        qk_moe_fc1m_step b0, b1;
+        qk_moe_fc1m_load(f, e, rr, rows, wrow, 0, tq, nseg, blocks, b0);
+        if (steps > 1) qk_moe_fc1m_load(f, e, rr, rows, wrow, 1, tq, nseg, blocks, b1);
+        for (int s = 0; s < steps; s += 2) {
+            qk_moe_fc1m_mma(b0, xp, s, g, tq, acc);
+            if (s + 2 < steps) qk_moe_fc1m_load(f, e, rr, rows, wrow, s + 2, tq, nseg, blocks, b0);
+            if (s + 1 < steps) {
+                qk_moe_fc1m_mma(b1, xp, s + 1, g, tq, acc);
+                if (s + 3 < steps) qk_moe_fc1m_load(f, e, rr, rows, wrow, s + 3, tq, nseg, blocks, b1);
+            }
+        }
+        float h[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            acc[r] = QK_FADD(acc[r], QK_SHFL_XOR(acc[r], 1, 32));
+            acc[r] = QK_FADD(acc[r], QK_SHFL_XOR(acc[r], 2, 32));
+            h[r] = qk_moe_biased(acc[r], f, rr[r]);
+        }
+        const qk_i64 p = t * k + j;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const float l = QK_SHFL(h[r], (lane + 4) & 31, 32); /* row g + 1's (SwiGLU: the linear row) */
+            const int row = r0 + g + 8 * r;
+            if (tq != 0 || row >= N || (glu && (g & 1))) continue;
+            const int u = glu ? row / 2 : row;
+            if (u < units) qk_moe_store_a(A, p, units, u, at, qk_moe_act(act, h[r], glu ? l : 0.0f, alpha, beta, limit));
+        }
+    }
 }
 
 /* fc2 + the weighted sum. grid (tiles of `tile` output columns, T tokens); the CTA's tasks (slot j,
