@@ -10,7 +10,17 @@ PYTHON="${PYTHON:-python3}"
   "$PYTHON" -m pip install --quiet "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu
 "$PYTHON" -m pip install --quiet ".[test,upstream,upstream-bnb]"
 "$PYTHON" -m ruff check src tests
+# the main job (README: `qconform run`, the oracles against the golden sets on a host without a GPU),
+# beside the compile gate: it also fills numba's on-disk cache of the oracles' compiled functions
+# (cache=True), which the pytest workers then load instead of each compiling them again (about 70 s
+# of compilation per process on a fresh install); its verdict is pytest's too (tests/test_readme.py)
+mkdir -p build
+"$PYTHON" -m qconform run >build/qconform-run.log 2>&1 &
+run_pid=$!
 bash ci/compile-kernels.sh
+run_rc=0
+wait "$run_pid" || run_rc=$?
+echo "ci/test.sh: qconform run (oracles against the golden sets): exit $run_rc; $(tail -n 1 build/qconform-run.log)"
 # ggml's own C from a pinned llama-cpp-python sdist (ci/ggml-lib.sh, docs/ggml-formats.md 0): the
 # C-comparison tests run against it. Without it they skip: a loud warning here, a failure with CI=true.
 ggml_rc=0

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+import qconform
+
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 BLOCK = re.compile(r"```\n(\$ qconform .*?)```", re.S)
@@ -50,7 +52,10 @@ def normalize(lines: list[str], cwd: Path) -> list[str]:
 
 def run_session(steps: list[tuple[str, list[str]]], cwd: Path) -> list[tuple[str, list[str]]]:
     """Each command's actual output lines (``echo $?``: the previous command's exit status)."""
-    env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{cwd}", "COLUMNS": "100"}
+    # the qconform this process imported (the repo's src/ in an editable install, the installed copy
+    # in CI), so the session runs the same code and shares its numba cache (ci/test.sh fills it)
+    here = Path(qconform.__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": f"{here}{os.pathsep}{cwd}", "COLUMNS": "100"}
     got, status = [], 0
     for command, _ in steps:
         if command == "echo $?":
