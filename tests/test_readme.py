@@ -42,7 +42,7 @@ def normalize(lines: list[str], cwd: Path) -> list[str]:
     norm = []
     for line in lines:
         line = line.replace(str(cwd), ".")
-        line = re.sub(r"\S*/golden/v\d+", ".../golden/vN", line)
+        line = re.sub(r"\S*/(?:golden|_golden_sets)/v\d+", ".../golden/vN", line)  # repo or installed copy
         cells = re.split(r"\s{2,}", line.strip())
         if len(cells) == 8 and cells[-1] in ("PASS", "FAIL", "SKIP"):
             cells[5] = "N"

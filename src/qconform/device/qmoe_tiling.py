@@ -49,23 +49,12 @@ def mma_staged_bytes(K: int) -> int:
     return 512 * -(-(K // 32) // 8)
 
 
-def mma_ctas(tasks: int, tokens: int, sms: int) -> int:
+def mma_ctas(tasks: int, warps: int, tokens: int, sms: int) -> int:
     """CTAs per token of qk_moe_fc1m: as many as are resident together (CTAS_PER_SM per SM, shared by
-    the tokens), at most one per task; the kernel deals its tasks round the CTAs first, so the busy
-    warps spread evenly over the SMs (1440 tasks on 132 SMs: 11 warps each, not 8 on most and 16 on
-    some). Which warp takes a task never changes its sums."""
-    return max(1, min(tasks, CTAS_PER_SM * sms // tokens))
-
-
-SPLIT_TASKS = 1024  # qk_moe_fc1m: calls of at most this many (token, slot, 16 rows) tasks split each task's K
-
-
-def mma_split(tasks: int) -> int:
-    """Warps per task of qk_moe_fc1m for a call of ``tasks`` (token, slot, 16-row) tasks: 2 (each
-    half of K, the halves' sums added in that order) where the tasks are few enough that one warp
-    each leaves most of the resident warps idle (Qwen3-30B-A3B's 768: 6 warps an SM of 16), else 1
-    (gpt-oss-20b's 1440). A function of the shape alone: a shape's sums have one order."""
-    return 2 if tasks <= SPLIT_TASKS else 1
+    the tokens), at most one per task; the kernel deals task w G + x to warp w of CTA x (G CTAs), so
+    the busy warps spread evenly over the SMs (1440 tasks on 132 SMs: 11 warps each, not 8 on most
+    and 16 on some). Which warp takes a task never changes its sums. ``warps``: per CTA."""
+    return max(1, min(tasks, CTAS_PER_SM * sms // tokens, -(-tasks // warps) * warps))
 
 
 def fc1_ctas(tasks: int, places: int, tokens: int, sms: int) -> int:

@@ -61,7 +61,6 @@ from qconform.device.qmoe_tiling import (
     fc2_tile,
     lanes_over,
     mma_ctas,
-    mma_split,
     mma_staged_bytes,
     staged_bytes,
 )
@@ -198,9 +197,8 @@ def _qmoe(op: OpSpec, args: tuple, kwargs: dict[str, Any], out: Any) -> Any:
         if _fc1_on_mma(x16, bits, H, int8[0], v1):
             fc1m = (ptrs["input"], ptrs["router_probs"], null if rw is None else rw, sel, wts, *w1, a, i32(E), i32(H))
             fc1m += (i32(f * inter), i32(inter), i32(k), i32(bs), *flags1, i32(act), *attrs)
-            m_tasks = k * -(-f * inter // 16)
-            fc1m += (i32(s["normalize_routing_weights"]), i32(rw is not None), i32(at), i32(mma_split(T * m_tasks)))
-            grid = (mma_ctas(m_tasks, T, launchers.sm_count()), T)
+            fc1m += (i32(s["normalize_routing_weights"]), i32(rw is not None), i32(at))
+            grid = (mma_ctas(k * -(-f * inter // 16), THREADS // 32, T, launchers.sm_count()), T)
             launch_grid(op.name, SOURCE, "qk_moe_fc1m", grid, THREADS, fc1m, shared_mem=mma_staged_bytes(H))
         elif v1:
             launch_grid(op.name, SOURCE, "qk_moe_fc1v", (-(-tasks // (THREADS // lanes)), T * k), THREADS, fc1)

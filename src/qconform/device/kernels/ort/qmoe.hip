@@ -869,13 +869,12 @@ __device__ __forceinline__ void qk_moe_fc1m_mma(const qk_moe_fc1m_step& st, cons
 }
 
 /* routing + fc1 + the activation on the matrix units (above); grid (CTAs per token, T tokens), dynamic
- * shared memory 512 bytes per step of K; split (1 or 2, the launcher's choice from the shape): warps
- * per task, each taking its share of the steps */
+ * shared memory 512 bytes per step of K */
 extern "C" __global__ void __launch_bounds__(256, 2)
 qk_moe_fc1m(const void* x, const void* logits, const void* rw, int* sel, float* wts, const qk_u8* W, const void* S,
             const qk_u8* Z, const void* Bias, float* A, int E, int K, int N, int units, int k, int bs, int zp_bytes,
             int has_zp, int has_bias, int act, float alpha, float beta, float limit, int normalize, int has_rw,
-            int at, int split) {
+            int at) {
     __shared__ float s_logit[QK_MOE_EMAX];
     __shared__ int s_sel[QK_MOE_KMAX];
     __shared__ float s_w[QK_MOE_KMAX];
@@ -894,19 +893,11 @@ qk_moe_fc1m(const void* x, const void* logits, const void* rw, int* sel, float* 
     const int lane = (int)(threadIdx.x & 31), g = lane >> 2, tq = lane & 3;
     const int tiles = (N + 15) / 16, total = k * tiles, warps = (int)(blockDim.x / 32);
     const uint2* xp = (const uint2*)qk_moe_xw;
-    /* split 1: warp w of CTA x takes tasks (i P + w) G + x, i = 0, 1, ... (P = 8 places, G CTAs): the
-     * tasks spread over every CTA, so over every SM. split 2: P = 4; warps w and w + 4 take the same
-     * task, the first and the second half of the steps, and warp w adds warp w + 4's sums to its own
-     * (in that order) through shared memory; every warp runs the same rounds (barriers) */
-    __shared__ float s_part[4][32][2];
-    const int places = warps / split, place = (int)(threadIdx.x / 32) % places, part = (int)(threadIdx.x / 32) / places;
-    const int rounds = (total + places * (int)gridDim.x - 1) / (places * (int)gridDim.x);
-    const int half = (steps + split - 1) / split, sb = part * half, se = sb + half < steps ? sb + half : steps;
-    for (int i = 0; i < rounds; ++i) {
-        const int task = (i * places + place) * (int)gridDim.x + (int)blockIdx.x;
-        const int j = task < total ? task / tiles : 0, r0 = (task - j * tiles) * 16;
-        const bool live = task < total && s_w[j] > QK_MOE_SKIP; /* the whole warp */
-        if (split == 1 && !live) continue;
+    /* task w G + x to warp w of CTA x (G CTAs): the tasks spread over every CTA, so over every SM */
+    for (int task = (int)(threadIdx.x / 32) * (int)gridDim.x + (int)blockIdx.x; task < total;
+         task += (int)gridDim.x * warps) {
+        const int j = task / tiles, r0 = (task - j * tiles) * 16;
+        if (!(s_w[j] > QK_MOE_SKIP)) continue; /* the whole warp */
         const int e = s_sel[j];
         int rows[2];
         qk_i64 rr[2];
@@ -918,31 +909,16 @@ qk_moe_fc1m(const void* x, const void* logits, const void* rw, int* sel, float* 
             wrow[r] = (const uint4*)(W + rr[r] * (qk_i64)(K / 2));
         }
         float acc[2] = {0.0f, 0.0f};
-        if (live && sb < se) {
-            qk_moe_fc1m_step b0, b1;
-            qk_moe_fc1m_load(f, e, rr, rows, wrow, sb, tq, nseg, blocks, b0);
-            if (sb + 1 < se) qk_moe_fc1m_load(f, e, rr, rows, wrow, sb + 1, tq, nseg, blocks, b1);
-            for (int s = sb; s < se; s += 2) {
-                qk_moe_fc1m_mma(b0, xp, s, g, tq, acc);
-                if (s + 2 < se) qk_moe_fc1m_load(f, e, rr, rows, wrow, s + 2, tq, nseg, blocks, b0);
-                if (s + 1 < se) {
-                    qk_moe_fc1m_mma(b1, xp, s + 1, g, tq, acc);
-                    if (s + 3 < se) qk_moe_fc1m_load(f, e, rr, rows, wrow, s + 3, tq, nseg, blocks, b1);
-                }
+        qk_moe_fc1m_step b0, b1;
+        qk_moe_fc1m_load(f, e, rr, rows, wrow, 0, tq, nseg, blocks, b0);
+        if (steps > 1) qk_moe_fc1m_load(f, e, rr, rows, wrow, 1, tq, nseg, blocks, b1);
+        for (int s = 0; s < steps; s += 2) {
+            qk_moe_fc1m_mma(b0, xp, s, g, tq, acc);
+            if (s + 2 < steps) qk_moe_fc1m_load(f, e, rr, rows, wrow, s + 2, tq, nseg, blocks, b0);
+            if (s + 1 < steps) {
+                qk_moe_fc1m_mma(b1, xp, s + 1, g, tq, acc);
+                if (s + 3 < steps) qk_moe_fc1m_load(f, e, rr, rows, wrow, s + 3, tq, nseg, blocks, b1);
             }
-        }
-        if (split == 2) {
-            if (part == 1) {
-                s_part[place][lane][0] = acc[0];
-                s_part[place][lane][1] = acc[1];
-            }
-            __syncthreads();
-            if (part == 0) {
-                acc[0] = QK_FADD(acc[0], s_part[place][lane][0]);
-                acc[1] = QK_FADD(acc[1], s_part[place][lane][1]);
-            }
-            __syncthreads();
-            if (part == 1 || !live) continue;
         }
         float h[2];
 #pragma unroll
