@@ -50,11 +50,10 @@ def mma_staged_bytes(K: int) -> int:
 
 
 def mma_ctas(tasks: int, warps: int, tokens: int, sms: int) -> int:
-    """CTAs per token of qk_moe_fc1m: as many as are resident together (CTAS_PER_SM per SM, shared by
-    the tokens), at most one per task; the kernel deals task w G + x to warp w of CTA x (G CTAs), so
-    the busy warps spread evenly over the SMs (1440 tasks on 132 SMs: 11 warps each, not 8 on most
-    and 16 on some). Which warp takes a task never changes its sums. ``warps``: per CTA."""
-    return max(1, min(tasks, CTAS_PER_SM * sms // tokens, -(-tasks // warps) * warps))
+    """CTAs per token of qk_moe_fc1m: one per ``warps`` tasks, at most as many as are resident
+    together (CTAS_PER_SM per SM, shared by the tokens); the kernel deals task w G + x to warp w of
+    CTA x (G CTAs). Which warp takes a task never changes its sums."""
+    return max(1, min(-(-tasks // warps), CTAS_PER_SM * sms // tokens))
 
 
 def fc1_ctas(tasks: int, places: int, tokens: int, sms: int) -> int:

@@ -810,33 +810,30 @@ __device__ __forceinline__ void qk_moe_fc1m_zero(const qk_moe_fc& f, int e, qk_i
     *zo = (0xD400u + 16u * (qk_u32)z) * 0x10001u;
 }
 
-/* one step's loads of a lane: segments 8 S + t, 8 S + 4 + t of rows g and g + 8 (zeros past the row),
- * their zero points, and the scales of segments 8 S + 2 t, 8 S + 2 t + 1 (the lane's two accumulator
- * columns; 0 past the row) */
+/* one step's weights of a lane: segments 8 S + t, 8 S + 4 + t of rows g and g + 8 (zeros past the row) */
 struct qk_moe_fc1m_step {
     uint4 w[2][2]; /* [row g / g + 8][first / second segment] */
     qk_u32 ze[2][2], zo[2][2];
-    float s[2][2]; /* [row][column 2 t + i] */
 };
 
 __device__ __forceinline__ void qk_moe_fc1m_load(const qk_moe_fc& f, int e, const qk_i64* rr, const int* rows,
-                                                 const uint4* const* wrow, int S, int t, int nseg, int blocks,
+                                                 const uint4* const* wrow, int S, int t, int nseg,
                                                  qk_moe_fc1m_step& st) {
 #pragma unroll
     for (int r = 0; r < 2; ++r)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            const int seg = QK_MOE_SEGS * S + 4 * h + t, col = QK_MOE_SEGS * S + 2 * t + h;
+            const int seg = QK_MOE_SEGS * S + 4 * h + t;
             st.w[r][h] = seg < nseg ? wrow[r][seg] : make_uint4(0u, 0u, 0u, 0u);
             qk_moe_fc1m_zero(f, e, rr[r], rows[r], seg < nseg ? seg : 0, &st.ze[r][h], &st.zo[r][h]);
-            st.s[r][h] = col < nseg ? qk_load_f(f.s, rr[r] * blocks + (f.bs ? col * 32 / f.bs : 0), 1) : 0.0f;
         }
 }
 
 /* one step: 16 mma into c (column n: segment 8 S + n), then each lane's two columns times their scales
- * into its row sums (fmaf); B fragments from the staged input xp (uint2 units: segment s's word m, half h at
+ * into its row sums; B fragments from the staged input xp (uint2 units: segment s's word m, half h at
  * 8 s + 2 m + h) */
-__device__ __forceinline__ void qk_moe_fc1m_mma(const qk_moe_fc1m_step& st, const uint2* xp, int S, int g, int t,
+__device__ __forceinline__ void qk_moe_fc1m_mma(const qk_moe_fc& f, const qk_i64* rr, const qk_moe_fc1m_step& st,
+                                                const uint2* xp, int S, int g, int t, int nseg, int blocks,
                                                 float* acc) {
     float c[4][4] = {}; /* [h][words 0-1 / 2-3]: four independent mma chains */
 #pragma unroll
@@ -863,8 +860,12 @@ __device__ __forceinline__ void qk_moe_fc1m_mma(const qk_moe_fc1m_step& st, cons
         c[0][i] = QK_FADD(QK_FADD(c[0][i], c[1][i]), QK_FADD(c[2][i], c[3][i]));
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-        acc[0] = fmaf(c[0][i], st.s[0][i], acc[0]);
-        acc[1] = fmaf(c[0][2 + i], st.s[1][i], acc[1]);
+        const int seg = QK_MOE_SEGS * S + 2 * t + i;
+        const int blk = f.bs ? seg * 32 / f.bs : 0;
+        const float s0 = seg < nseg ? qk_load_f(f.s, rr[0] * blocks + blk, 1) : 0.0f;
+        const float s1 = seg < nseg ? qk_load_f(f.s, rr[1] * blocks + blk, 1) : 0.0f;
+        acc[0] = fmaf(c[0][i], s0, acc[0]);
+        acc[1] = fmaf(c[0][2 + i], s1, acc[1]);
     }
 }
 
@@ -910,14 +911,14 @@ qk_moe_fc1m(const void* x, const void* logits, const void* rw, int* sel, float* 
         }
         float acc[2] = {0.0f, 0.0f};
         qk_moe_fc1m_step b0, b1;
-        qk_moe_fc1m_load(f, e, rr, rows, wrow, 0, tq, nseg, blocks, b0);
-        if (steps > 1) qk_moe_fc1m_load(f, e, rr, rows, wrow, 1, tq, nseg, blocks, b1);
+        qk_moe_fc1m_load(f, e, rr, rows, wrow, 0, tq, nseg, b0);
+        if (steps > 1) qk_moe_fc1m_load(f, e, rr, rows, wrow, 1, tq, nseg, b1);
         for (int s = 0; s < steps; s += 2) {
-            qk_moe_fc1m_mma(b0, xp, s, g, tq, acc);
-            if (s + 2 < steps) qk_moe_fc1m_load(f, e, rr, rows, wrow, s + 2, tq, nseg, blocks, b0);
+            qk_moe_fc1m_mma(f, rr, b0, xp, s, g, tq, nseg, blocks, acc);
+            if (s + 2 < steps) qk_moe_fc1m_load(f, e, rr, rows, wrow, s + 2, tq, nseg, b0);
             if (s + 1 < steps) {
-                qk_moe_fc1m_mma(b1, xp, s + 1, g, tq, acc);
-                if (s + 3 < steps) qk_moe_fc1m_load(f, e, rr, rows, wrow, s + 3, tq, nseg, blocks, b1);
+                qk_moe_fc1m_mma(f, rr, b1, xp, s + 1, g, tq, nseg, blocks, acc);
+                if (s + 3 < steps) qk_moe_fc1m_load(f, e, rr, rows, wrow, s + 3, tq, nseg, b1);
             }
         }
         float h[2];
