@@ -9,15 +9,19 @@ routing kernel's results bit for bit), so nothing waits between routing and fc1 
 back to the host; CTA x 0 of each token stores the experts and weights for fc2. Its lane groups then
 take tasks of 4 weight rows (1..32 lanes, 16-byte loads, a 4-bit chunk's loads one chunk ahead) over
 all k slots, the grid sized to whole rounds of the resident CTAs (``qmoe_tiling.fc1_ctas``); fc1 +
-the activation go into an fp32 scratch, chunk-transposed for fc2's chunks (coalesced reads).
+the activation go into an fp32 scratch, chunk-transposed for fc2's chunks (coalesced reads). An fp16
+input with 4-bit weights takes ``qk_moe_fc1m`` instead (``_fc1_on_mma``; ``-DQK_MOE_FC1_SIMT`` keeps
+``qk_moe_fc1v``): the same routing and staging, then fc1 on the matrix units, a warp per 16 weight rows
+of a slot over all K, (q - z) exact in fp16 and each 32-value segment's fp32 sum times its scale (no
+weight rounded), ``qmoe_tiling.mma_ctas`` CTAs.
 ``qk_moe_fc2v``: a tile of output columns for all k slots per CTA, the slots' fp32(w * (dot + bias))
 added in selection order in shared memory (no atomics: repeat calls are bit-identical). With
 ``-DQK_MOE_DECODE_V1`` in the build options: the session-8 decode kernels (input and scratch read
 from global memory in lane order, one task per lane group; the same sums in the same order, so the
 same bits). With ``-DQK_MOE_LEGACY`` (``compile_options``; the bench's ``--variants``), or past the
 decode path's limits (E > 512, k > 32, T * k > 65535; by default also hidden size > 8192): the legacy kernels,
-routing, fc1, fc2. Weights dequantized exactly as the oracle, fp32 dot
-products, fp32 intermediates: checked under the strict contract. Where ORT's CPU quantizes an fc's
+routing, fc1, fc2. Weights dequantized exactly as the oracle (``qk_moe_fc1m``: never rounded), fp32
+dot products, fp32 intermediates: checked under the strict contract. Where ORT's CPU quantizes an fc's
 input to int8 (block-wise weights: 8-bit, or 4-bit at accuracy_level 4; ``uses_int8_activations``),
 that fc's input is quantized as ORT does (``qk_moe_quantize``, one more launch each) and the fc
 takes a dp4a product (the contract's "int8 activations (ORT CPU)" reading). Each token is computed
