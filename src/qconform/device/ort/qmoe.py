@@ -193,23 +193,25 @@ def _qmoe(op: OpSpec, args: tuple, kwargs: dict[str, Any], out: Any) -> Any:
         w1, flags1 = fc("fc1", f * inter, H)
         lanes2, vw2, vec2 = _chunking(inter, bits, bs, int8[1], ptrs["fc2_experts_weights"])
         at = 0 if v1 or int8[1] else vw2 * 32 // bits  # fc1's output chunk-transposed for fc2's chunks
-        lanes, vw, vec = _chunking(H, bits, bs, int8[0], ptrs["fc1_experts_weights"])
-        fc1 = (ptrs["input"], ptrs["router_probs"], null if rw is None else rw, sel, wts, *w1, a, i32(E), i32(H))
-        fc1 += (i32(f * inter), i32(inter), i32(k), i32(bits), i32(bs), *flags1, x16, i32(act), *attrs)
-        fc1 += (i32(s["normalize_routing_weights"]), i32(rw is not None), i32(lanes), i32(vw), i32(vec), *q1, i32(at))
-        tasks = -(-inter // (ROWS // f))
+        # the arguments qk_moe_fc1m and qk_moe_fc1v share: routing in, fc1's weights and its output
+        head = (ptrs["input"], ptrs["router_probs"], null if rw is None else rw, sel, wts, *w1, a, i32(E), i32(H))
+        head += (i32(f * inter), i32(inter), i32(k))
+        routing = (i32(s["normalize_routing_weights"]), i32(rw is not None))
         if _fc1_on_mma(x16, bits, H, int8[0], v1):
-            fc1m = (ptrs["input"], ptrs["router_probs"], null if rw is None else rw, sel, wts, *w1, a, i32(E), i32(H))
-            fc1m += (i32(f * inter), i32(inter), i32(k), i32(bs), *flags1, i32(act), *attrs)
-            fc1m += (i32(s["normalize_routing_weights"]), i32(rw is not None), i32(at))
+            fc1m = (*head, i32(bs), *flags1, i32(act), *attrs, *routing, i32(at))
             grid = (mma_ctas(k * -(-f * inter // 16), THREADS // 32, T, launchers.sm_count()), T)
             launch_grid(op.name, SOURCE, "qk_moe_fc1m", grid, THREADS, fc1m, shared_mem=mma_staged_bytes(H))
-        elif v1:
-            launch_grid(op.name, SOURCE, "qk_moe_fc1v", (-(-tasks // (THREADS // lanes)), T * k), THREADS, fc1)
         else:
-            grid = (fc1_ctas(k * tasks, THREADS // lanes, T, launchers.sm_count()), T)
-            smem = 0 if int8[0] else staged_bytes(H)
-            launch_grid(op.name, SOURCE, "qk_moe_fc1v", grid, THREADS, fc1, shared_mem=smem)
+            lanes, vw, vec = _chunking(H, bits, bs, int8[0], ptrs["fc1_experts_weights"])
+            fc1 = (*head, i32(bits), i32(bs), *flags1, x16, i32(act), *attrs, *routing)
+            fc1 += (i32(lanes), i32(vw), i32(vec), *q1, i32(at))
+            tasks = -(-inter // (ROWS // f))
+            if v1:
+                launch_grid(op.name, SOURCE, "qk_moe_fc1v", (-(-tasks // (THREADS // lanes)), T * k), THREADS, fc1)
+            else:
+                grid = (fc1_ctas(k * tasks, THREADS // lanes, T, launchers.sm_count()), T)
+                smem = 0 if int8[0] else staged_bytes(H)
+                launch_grid(op.name, SOURCE, "qk_moe_fc1v", grid, THREADS, fc1, shared_mem=smem)
         q2 = codes(a, T * k, inter, i32(0), wts) if int8[1] else (null, null)
         w2, flags2 = fc("fc2", H, inter)
         tile = fc2_tile(H, T, k, lanes2)
