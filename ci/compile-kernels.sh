@@ -64,8 +64,7 @@ PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" python3 tests/device_catalogue.
   >/dev/null
 # -Wno-pass-failed: on AMD the matrix-unit GEMM runs qk_mma_16816's shuffle form, and clang may
 # decline to fully unroll the prefill shape's loop nest (code size): a speed matter, not a wrong result.
-# the largest sources first (ls -S), so the longest compiles do not run alone at the end
-for src in $(ls -S "$KERNELS"/*/*.hip tests/device_mutants/*.hip); do
+for src in "$KERNELS"/*/*.hip tests/device_mutants/*.hip; do
   if [ "$amd" = 1 ]; then
     for arch in gfx90a gfx1030; do
       compile "$src for $arch" hipcc --genco --offload-arch="$arch" -Werror -Wall -Wno-pass-failed $INCLUDES \
