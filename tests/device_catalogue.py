@@ -288,6 +288,15 @@ RING_DROP_LAST_WARP: Edits = (
     ("for (int k = 1; k < wk_n; ++k) v += qk_red[", "for (int k = 1; k < wk_n - 1; ++k) v += qk_red["),
 )
 
+# the unchecked chunks (every superchunk but a row's last) read every token's activations from
+# token 0's row
+RING_FULL_TOKEN: Edits = (("const int tok_row = min(g, n_tok - 1);", "const int tok_row = 0;"),)
+# the last CTA reads its rows shifted down to end at N but stores them at the unshifted rows
+RING_SHIFT_STORE: Edits = (
+    ("const int n = rbase + 16 * r + 8 * (i >> 1) + g;", "const int n = row0 + 16 * r + 8 * (i >> 1) + g;"),
+    ("if (n < row0 || tok >= M) continue;", "if (n >= N || tok >= M) continue;"),
+)
+
 # the fp32-activation ring kernel (qk_nbits_mmaf, activations split into fp16 hi + lo): the lo
 # parts never added; lo scaled back by 2^-e (the 2^12 of the split forgotten); every token group
 # reading group 0's rows
@@ -320,6 +329,8 @@ ORT_MUTANTS = (
     _mma("ring GEMV: activation pairs in swapped K slots", "matches_oracle", edits=RING_SLOT_SWAP),
     _mma("ring GEMV: the quad transpose reads unswizzled slots", "matches_oracle", edits=RING_TRANSPOSE),
     _mma("ring GEMV: last K split not added", "matches_oracle", edits=RING_DROP_LAST_WARP, leaf="Xfp16_Wu4_Yfp16"),
+    _mma("ring GEMV: unchecked chunks read token 0's activations", "matches_oracle", edits=RING_FULL_TOKEN),
+    _mma("ring GEMV: the last CTA's shifted rows stored unshifted", "matches_oracle", edits=RING_SHIFT_STORE),
     _mma("ring GEMV fp32 A: the lo parts not added", "matches_oracle", edits=RING_F32_NO_LO, leaf="Xfp32_Wu2_Yfp32"),
     _mma("ring GEMV fp32 A: lo scaled back by 2^-e", "matches_oracle", edits=RING_F32_LO_SCALE, leaf="Xfp32_Wu4_Yfp32"),
     _mma("ring GEMV fp32 A: group 1 reads group 0", "matches_oracle", edits=RING_F32_GROUP, leaf="Xfp32_Wu2_Yfp32"),

@@ -79,9 +79,12 @@ def _allow_smem(kernel: Any, n: int) -> bool:
 
 def _launch_ring(bits: int, M: int, lay: Any, ptrs: tuple, has_bias: bool, a_vec: bool) -> bool:
     """The decode kernel with the weights streamed through shared-memory rings (default zero
-    point); False when one warp's ring does not fit (the caller then takes the general kernel)."""
+    point); False when one warp's ring does not fit or N is below one CTA's 16 r rows (the caller
+    then takes the general kernel)."""
     A, B, scales, _, bias, y = ptrs
     shape = decode_shape(lay.N, sm_count())
+    if lay.N < 16 * shape.r:  # the kernel's CTAs read 16 r whole rows of B
+        return False
     n_chunks = -(-lay.K // 64)
     sc = 8 // bits  # chunks of 64 per superchunk
     units = -(-n_chunks // sc)
@@ -120,8 +123,10 @@ def _launch_ring_f32(bits: int, M: int, lay: Any, A: Any, B: Any, scales: Any, b
     than 2^28 below its row's maximum: tests/nbits_f32_model.py); the ring kernel's CTAs of a
     flagged token's group compute their outputs from A in fp32 instead (``qk_nbits_f32_tile``,
     decided on the device: no host sync, no launch more). False when one warp's ring does not fit
-    (the caller takes the per-output kernel)."""
+    or N is below one CTA's 16 r rows (the caller takes the per-output kernel)."""
     shape = decode_shape(lay.N, sm_count())
+    if lay.N < 16 * shape.r:  # the kernel's CTAs read 16 r whole rows of B
+        return False
     n_chunks = -(-lay.K // 64)
     sc = 8 // bits
     units = -(-n_chunks // sc)

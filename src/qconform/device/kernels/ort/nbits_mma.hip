@@ -104,6 +104,13 @@ __device__ __forceinline__ void qk_load_act(qk_u32 h[8], const qk_u16* A, int to
     }
 }
 
+/* a lane's 16 activations at ka and kb of a row (16-byte aligned, both runs inside it): 16-byte loads */
+__device__ __forceinline__ void qk_act16(qk_u32 h[8], const qk_u16* row, int ka, int kb) {
+    const uint4 v0 = *(const uint4*)(row + ka), v1 = *(const uint4*)(row + kb);
+    h[0] = v0.x; h[1] = v0.y; h[2] = v0.z; h[3] = v0.w;
+    h[4] = v1.x; h[5] = v1.y; h[6] = v1.z; h[7] = v1.w;
+}
+
 /* the same out of the staged rows (Kp halves each, zero past K) */
 __device__ __forceinline__ void qk_load_act_smem(qk_u32 h[8], const qk_u16* sA, int tok, int n_tok, int Kp, int ka,
                                                     int kb) {
@@ -112,9 +119,7 @@ __device__ __forceinline__ void qk_load_act_smem(qk_u32 h[8], const qk_u16* sA, 
         for (int i = 0; i < 8; ++i) h[i] = 0u;
         return;
     }
-    const uint4 v0 = *(const uint4*)(sA + tok * Kp + ka), v1 = *(const uint4*)(sA + tok * Kp + kb);
-    h[0] = v0.x; h[1] = v0.y; h[2] = v0.z; h[3] = v0.w;
-    h[4] = v1.x; h[5] = v1.y; h[6] = v1.z; h[7] = v1.w;
+    qk_act16(h, sA + tok * Kp, ka, kb);
 }
 
 /* one row's words for chunk c, lane t */
@@ -200,27 +205,27 @@ __device__ __forceinline__ int qk_chunk_block(int c, int cpb_shift, int n_chunks
     return c >> cpb_shift;
 }
 
-/* the CTA copies rows tok0 .. tok0 + n_tok of A into shared memory, Kp halves each, zeros past K */
+/* the CTA copies rows tok0 .. tok0 + n_tok of A into shared memory, Kp halves each, zeros past K
+ * (row by row: no division per 16 bytes) */
 __device__ __forceinline__ void qk_stage_act(qk_u16* sA, const qk_u16* A, int tok0, int n_tok, int K, int Kp,
                                              int a_vec) {
-    const int per_row = Kp / 8;
-    for (int i = (int)threadIdx.x; i < n_tok * per_row; i += (int)blockDim.x) {
-        const int r = i / per_row, k = (i - r * per_row) * 8;
-        const qk_u16* src = A + (qk_i64)(tok0 + r) * K + k;
-        uint4 v;
-        if (a_vec && k + 8 <= K) {
-            v = *(const uint4*)src;
-        } else {
-            qk_u32 x[4];
+    for (int r = 0; r < n_tok; ++r)
+        for (int k = 8 * (int)threadIdx.x; k < Kp; k += 8 * (int)blockDim.x) {
+            const qk_u16* src = A + (qk_i64)(tok0 + r) * K + k;
+            uint4 v;
+            if (a_vec && k + 8 <= K) {
+                v = *(const uint4*)src;
+            } else {
+                qk_u32 x[4];
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const qk_u32 lo = k + 2 * j < K ? src[2 * j] : 0u, hi = k + 2 * j + 1 < K ? src[2 * j + 1] : 0u;
-                x[j] = lo | hi << 16;
+                for (int j = 0; j < 4; ++j) {
+                    const qk_u32 lo = k + 2 * j < K ? src[2 * j] : 0u, hi = k + 2 * j + 1 < K ? src[2 * j + 1] : 0u;
+                    x[j] = lo | hi << 16;
+                }
+                v = make_uint4(x[0], x[1], x[2], x[3]);
             }
-            v = make_uint4(x[0], x[1], x[2], x[3]);
+            *(uint4*)(sA + r * Kp + k) = v;
         }
-        *(uint4*)(sA + r * Kp + k) = v;
-    }
 }
 
 template <int BITS, int R>
@@ -456,30 +461,78 @@ struct QkRing {
 
 /* copy superchunk s into stage j: each lane its 16 bytes of each row (zeros past the row) and
  * the 4-byte word holding the scale of chunk SC s + t % SC (zeros past the K chunks): two fp16
- * scales, or the fp32 scale itself (F32) */
-template <int BITS, int R, int S, bool F32>
-__device__ __forceinline__ void qk_issue_super(const QkRing<R>& ring, int j, const qk_u8* const wrow[R][2],
-                                               const int rows[R][2], const void* scales, qk_i64 n_scales, int s,
-                                               int t, qk_i64 row_bytes, int n_chunks, int cpb_shift, int k_blocks) {
-    constexpr int SC = 8 / BITS;
-    const qk_i64 off = (qk_i64)s * 64 + 16 * t;
+ * scales, or the fp32 scale itself (F32). Row 8 (2 r + h) of the lane's: its 16 bytes of
+ * superchunk 0 at wbase + (2 r + h) wstep, its first scale at sbase + (2 r + h) sstep; send: the end
+ * of the scales. FULL (s before the row's last superchunk): every piece inside its row and every
+ * chunk inside K, no bounds checked but the tensor's last scale word. */
+template <int BITS, int R, int S, bool F32, bool FULL>
+__device__ __forceinline__ void qk_issue_super(const QkRing<R>& ring, int j, const qk_u8* wbase, qk_i64 wstep,
+                                               const qk_u8* sbase, qk_i64 sstep, const qk_u8* send, int s, int t,
+                                               qk_i64 row_bytes, int n_chunks, int cpb_shift) {
+    constexpr int SC = 8 / BITS, E = F32 ? 4 : 2;
+    const qk_i64 off = (qk_i64)s * 64;
     const int c = s * SC + t % SC;
+    const bool in_k = FULL || c < n_chunks, in_row = FULL || off + 16 * t + 16 <= row_bytes;
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            const bool in_row = off + 16 <= row_bytes;
-            qk_cp_async16(ring.piece(j, r, h), wrow[r][h] + (in_row ? off : 0), in_row ? 16 : 0);
-            const qk_i64 i = (qk_i64)rows[r][h] * k_blocks + (c >> cpb_shift);
-            if (F32) {
-                const int bytes = c >= n_chunks ? 0 : 4;
-                qk_cp_async4(ring.scale(j, r, h, S), (const float*)scales + (bytes ? i : 0), bytes);
-            } else {
-                const qk_i64 i0 = i & ~(qk_i64)1;
-                const int bytes = c >= n_chunks ? 0 : (i0 + 1 < n_scales ? 4 : 2);
-                qk_cp_async4(ring.scale(j, r, h, S), (const qk_u16*)scales + (bytes ? i0 : 0), bytes);
-            }
+            const qk_u8* w = wbase + (2 * r + h) * wstep;
+            qk_cp_async16(ring.piece(j, r, h), in_row ? w + off : w - 16 * t, in_row ? 16 : 0);
+            const qk_u8* p = sbase + (2 * r + h) * sstep + (in_k ? (c >> cpb_shift) * E : 0);
+            if (!F32) p = (const qk_u8*)((size_t)p & ~(size_t)3);
+            const int bytes = !in_k ? 0 : (F32 || p + 4 <= send ? 4 : 2);
+            qk_cp_async4(ring.scale(j, r, h, S), p, bytes);
         }
+}
+
+/* qk_nbits_mmaa's chunks of superchunk s: each chunk's 4 mma per 16-row tile (weights ws, the
+ * transposed words; scales sc16, the quad's words of the superchunk's chunks), scaled into acc.
+ * FULL (s before the row's last superchunk, the activations staged or 16-byte aligned): every
+ * chunk inside K, the activations read without bounds from row tok_row = min(g, n_tok - 1) of the
+ * staged rows (SMEM) or of A (token columns >= M are never stored, and an mma's output column
+ * depends on its own B column alone); else each chunk checked against K and each token against
+ * n_tok. */
+template <int BITS, int R, bool F32, bool FULL, bool SMEM>
+__device__ __forceinline__ void qk_ring_chunks(float acc[R * 4], const qk_u32 ws[R][2][4], const qk_u32 sc16[R][2],
+                                               const qk_u32 zoff[4], const qk_u16* sA, const qk_u16* A, int s,
+                                               int n_chunks, int g, int tok_row, int n_tok, int Kp, int a_len,
+                                               int ka, int kb, int act_bytes, int a_vec) {
+    constexpr int WPR = BITS / 2, SC = 8 / BITS;
+#pragma unroll
+    for (int cc = 0; cc < SC; ++cc) {
+        const int c = s * SC + cc;
+        if (!FULL && c >= n_chunks) continue; /* (not break: AMD clang then unrolls the loop) */
+        qk_u32 act[8], bf[4][2];
+        if (FULL) qk_act16(act, SMEM ? sA + tok_row * Kp : A + (qk_i64)tok_row * a_len, c * 64 + ka, c * 64 + kb);
+        else if (act_bytes) qk_load_act_smem(act, sA, g, n_tok, Kp, c * 64 + ka, c * 64 + kb);
+        else qk_load_act(act, A, g, n_tok, a_len, c * 64 + ka, c * 64 + kb, a_vec);
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+            int pp[2], qq[2];
+            qk_slot_pairs<BITS>(m, pp, qq);
+            bf[m][0] = qk_act_pair(act, pp[0], pp[1]);
+            bf[m][1] = qk_act_pair(act, qq[0], qq[1]);
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            /* one chain of the 4 products (two chains of two, added after, were 2-3% slower:
+             * docs/perf-notes.md) */
+            float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int m = 0; m < 4; ++m) {
+                qk_u32 a[4];
+                qk_weight_pairs<BITS>(ws[r][0] + cc * WPR, m, zoff, &a[0], &a[2]);
+                qk_weight_pairs<BITS>(ws[r][1] + cc * WPR, m, zoff, &a[1], &a[3]);
+                qk_mma_16816(d, a, bf[m]);
+            }
+            const qk_u32 w0 = QK_SHFL(sc16[r][0], cc, 4), w1 = QK_SHFL(sc16[r][1], cc, 4);
+            const float s0 = F32 ? qk_float(w0) : qk_fp16_to_float((qk_u16)w0);
+            const float s1 = F32 ? qk_float(w1) : qk_fp16_to_float((qk_u16)w1);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[r * 4 + i] = fmaf(i < 2 ? s0 : s1, d[i], acc[r * 4 + i]);
+        }
+    }
 }
 
 /* M <= 8 (one group of 8 tokens), default zero point (2^(BITS-1), folded into the weights), fp16
@@ -501,7 +554,7 @@ __device__ __forceinline__ void qk_nbits_mmaa(const qk_u16* A, const qk_u8* B, c
                                               void* Y, const float* inv, int M, int K, int N, int cpb_shift,
                                               int k_blocks, int has_bias, int a_vec, int act_bytes, int wk_n) {
     extern __shared__ float qk_red[];
-    constexpr int WPR = BITS / 2, NACC = R * 4, SC = 8 / BITS;
+    constexpr int NACC = R * 4, SC = 8 / BITS;
     constexpr int RING_WORDS = S * R * 2 * 32 * 5;
     const int lane = (int)(threadIdx.x & 31), g = lane >> 2, t = lane & 3;
     const int wk = (int)(threadIdx.x >> 5);
@@ -517,24 +570,30 @@ __device__ __forceinline__ void qk_nbits_mmaa(const qk_u16* A, const qk_u8* B, c
     qk_u16* sA = (qk_u16*)qk_red;
     const QkRing<R> ring{(qk_u32*)((char*)qk_red + act_bytes) + wk * RING_WORDS, lane};
     const int ka = BITS == 2 ? 16 * t : 8 * t, kb = BITS == 2 ? 16 * t + 8 : 32 + 8 * t;
+    const int tok_row = min(g, n_tok - 1);
     qk_u32 zoff[4]; /* q - z, the default zero point folded in */
     qk_fold_offsets<BITS>(1 << (BITS - 1), zoff);
 
-    int rows[R][2];
-    const qk_u8* wrow[R][2];
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            rows[r][h] = min(row0 + 16 * r + 8 * h + g, N - 1);
-            wrow[r][h] = B + rows[r][h] * row_bytes;
-        }
+    /* the CTA's rows: 16 R from row0, shifted down to end at N in the last CTA (N >= 16 R: the
+     * launcher's rule), so that every row read is a row of B (the rows below row0 are stored by
+     * the CTA before); lane 4 g + t's rows are rbase + g + 8 (2 r + h) */
+    const int rbase = min(row0, N - 16 * R);
+    constexpr int E = F32 ? 4 : 2;
+    const qk_u8* wbase = B + (rbase + g) * row_bytes + 16 * t;
+    const qk_u8* sbase = (const qk_u8*)scales + (qk_i64)(rbase + g) * k_blocks * E;
+    const qk_i64 wstep = 8 * row_bytes, sstep = (qk_i64)8 * k_blocks * E;
+    const qk_u8* send = (const qk_u8*)scales + n_scales * E;
+    const int n_full = n_super - 1; /* superchunks before the last: no bounds to check */
     /* the first S - 1 superchunks start before the activations are staged */
 #pragma unroll
     for (int j = 0; j < S - 1; ++j) {
-        if (s_lo + j < s_hi)
-            qk_issue_super<BITS, R, S, F32>(ring, j, wrow, rows, scales, n_scales, s_lo + j, t, row_bytes, n_chunks,
-                                            cpb_shift, k_blocks);
+        const int sj = s_lo + j;
+        if (sj < min(s_hi, n_full))
+            qk_issue_super<BITS, R, S, F32, true>(ring, j, wbase, wstep, sbase, sstep, send, sj, t, row_bytes,
+                                                  n_chunks, cpb_shift);
+        else if (sj < s_hi)
+            qk_issue_super<BITS, R, S, F32, false>(ring, j, wbase, wstep, sbase, sstep, send, sj, t, row_bytes,
+                                                  n_chunks, cpb_shift);
         qk_cp_async_commit();
     }
     if (act_bytes) {
@@ -549,9 +608,13 @@ __device__ __forceinline__ void qk_nbits_mmaa(const qk_u16* A, const qk_u8* B, c
     for (int s = s_lo, j = 0; s < s_hi; ++s, j = j + 1 == S ? 0 : j + 1) {
         const int jn = j == 0 ? S - 1 : j - 1; /* the stage read last iteration: refilled S - 1 ahead */
         qk_syncwarp(); /* the quad read each other's copies of stage jn: all done before it is refilled */
-        if (s + S - 1 < s_hi)
-            qk_issue_super<BITS, R, S, F32>(ring, jn, wrow, rows, scales, n_scales, s + S - 1, t, row_bytes, n_chunks,
-                                            cpb_shift, k_blocks);
+        const int sn = s + S - 1;
+        if (sn < min(s_hi, n_full))
+            qk_issue_super<BITS, R, S, F32, true>(ring, jn, wbase, wstep, sbase, sstep, send, sn, t, row_bytes,
+                                                  n_chunks, cpb_shift);
+        else if (sn < s_hi)
+            qk_issue_super<BITS, R, S, F32, false>(ring, jn, wbase, wstep, sbase, sstep, send, sn, t, row_bytes,
+                                                  n_chunks, cpb_shift);
         qk_cp_async_commit();
         qk_cp_async_wait<S - 1>();
         qk_syncwarp(); /* stage j: every lane's copies landed, visible to the quad */
@@ -564,42 +627,19 @@ __device__ __forceinline__ void qk_nbits_mmaa(const qk_u16* A, const qk_u8* B, c
 #pragma unroll
                 for (int c = 0; c < 4; ++c) ws[r][h][c] = ring.transposed(j, r, h, c);
                 const qk_u32 word = *ring.scale(j, r, h, S);
-                const qk_i64 i = (qk_i64)rows[r][h] * k_blocks + (c_own >> cpb_shift);
-                sc16[r][h] = F32 ? word : ((i & 1) ? word >> 16 : word & 0xFFFFu);
+                /* the fp16 scale's half of the word (the scales 4-byte aligned) */
+                const bool upper = (size_t)(sbase + (2 * r + h) * sstep + (c_own >> cpb_shift) * 2) & 2;
+                sc16[r][h] = F32 ? word : (upper ? word >> 16 : word & 0xFFFFu);
             }
-#pragma unroll
-        for (int cc = 0; cc < SC; ++cc) {
-            const int c = s * SC + cc;
-            if (c >= n_chunks) continue; /* (not break: AMD clang then unrolls the loop) */
-            qk_u32 act[8], bf[4][2];
-            if (act_bytes) qk_load_act_smem(act, sA, g, n_tok, Kp, c * 64 + ka, c * 64 + kb);
-            else qk_load_act(act, A, g, n_tok, a_len, c * 64 + ka, c * 64 + kb, a_vec);
-#pragma unroll
-            for (int m = 0; m < 4; ++m) {
-                int pp[2], qq[2];
-                qk_slot_pairs<BITS>(m, pp, qq);
-                bf[m][0] = qk_act_pair(act, pp[0], pp[1]);
-                bf[m][1] = qk_act_pair(act, qq[0], qq[1]);
-            }
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-                /* one chain of the 4 products (two chains of two, added after, were 2-3% slower:
-                 * docs/perf-notes.md) */
-                float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-                for (int m = 0; m < 4; ++m) {
-                    qk_u32 a[4];
-                    qk_weight_pairs<BITS>(ws[r][0] + cc * WPR, m, zoff, &a[0], &a[2]);
-                    qk_weight_pairs<BITS>(ws[r][1] + cc * WPR, m, zoff, &a[1], &a[3]);
-                    qk_mma_16816(d, a, bf[m]);
-                }
-                const qk_u32 w0 = QK_SHFL(sc16[r][0], cc, 4), w1 = QK_SHFL(sc16[r][1], cc, 4);
-                const float s0 = F32 ? qk_float(w0) : qk_fp16_to_float((qk_u16)w0);
-                const float s1 = F32 ? qk_float(w1) : qk_fp16_to_float((qk_u16)w1);
-#pragma unroll
-                for (int i = 0; i < 4; ++i) acc[r * 4 + i] = fmaf(i < 2 ? s0 : s1, d[i], acc[r * 4 + i]);
-            }
-        }
+        if (s < n_full && act_bytes)
+            qk_ring_chunks<BITS, R, F32, true, true>(acc, ws, sc16, zoff, sA, A, s, n_chunks, g, tok_row, n_tok, Kp,
+                                                     a_len, ka, kb, act_bytes, a_vec);
+        else if (s < n_full && a_vec)
+            qk_ring_chunks<BITS, R, F32, true, false>(acc, ws, sc16, zoff, sA, A, s, n_chunks, g, tok_row, n_tok, Kp,
+                                                      a_len, ka, kb, act_bytes, a_vec);
+        else
+            qk_ring_chunks<BITS, R, F32, false, false>(acc, ws, sc16, zoff, sA, A, s, n_chunks, g, tok_row, n_tok, Kp,
+                                                       a_len, ka, kb, act_bytes, a_vec);
     }
 
     if (wk_n > 1) {
@@ -620,20 +660,20 @@ __device__ __forceinline__ void qk_nbits_mmaa(const qk_u16* A, const qk_u8* B, c
     for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            const int n = row0 + 16 * r + 8 * (i >> 1) + g;
+            const int n = rbase + 16 * r + 8 * (i >> 1) + g;
             float v = acc[r * 4 + i];
             if (F32) {
                 /* lane t < 2 adds lane t + 2's lo sums (same rows and tokens), each part times its
                  * power of two: y = fma(lo, 2^-(e + 12), hi 2^-e) */
                 const float lo = QK_SHFL_XOR(v, 2, 4);
                 const int tok = 4 * grp + 2 * (t & 1) + (i & 1);
-                if (t >= 2 || n >= N || tok >= M) continue;
+                if (t >= 2 || n < row0 || tok >= M) continue;
                 v = fmaf(lo, inv[2 * tok + 1], QK_FMUL(v, inv[2 * tok]));
                 if (has_bias) v = QK_FADD(v, ((const float*)bias)[n]);
                 ((float*)Y)[(qk_i64)tok * N + n] = v;
             } else {
                 const int tok = 2 * t + (i & 1);
-                if (n >= N || tok >= M) continue;
+                if (n < row0 || tok >= M) continue;
                 if (has_bias) v += qk_fp16_to_float(((const qk_u16*)bias)[n]);
                 ((qk_u16*)Y)[(qk_i64)tok * N + n] = __half_as_ushort(qk_half_rn(v));
             }
