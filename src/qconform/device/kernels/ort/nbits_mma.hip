@@ -486,6 +486,15 @@ __device__ __forceinline__ void qk_issue_super(const QkRing<R>& ring, int j, con
         }
 }
 
+/* the ring kernel's unchecked chunk paths (qk_ring_chunks<FULL>) on NVIDIA; AMD's compiler spends
+ * minutes on their instantiations of the shuffle-emulated mma (hipcc 5.2, gfx90a: 327 s for this
+ * file with them, 66 s without), so there every superchunk takes the checked path (the same sums) */
+#if defined(QK_CUDA)
+#define QK_RING_UNCHECKED 1
+#else
+#define QK_RING_UNCHECKED 0
+#endif
+
 /* qk_nbits_mmaa's chunks of superchunk s: each chunk's 4 mma per 16-row tile (weights ws, the
  * transposed words; scales sc16, the quad's words of the superchunk's chunks), scaled into acc.
  * FULL (s before the row's last superchunk, the activations staged or 16-byte aligned): every
@@ -631,6 +640,7 @@ __device__ __forceinline__ void qk_nbits_mmaa(const qk_u16* A, const qk_u8* B, c
                 const bool upper = (size_t)(sbase + (2 * r + h) * sstep + (c_own >> cpb_shift) * 2) & 2;
                 sc16[r][h] = F32 ? word : (upper ? word >> 16 : word & 0xFFFFu);
             }
+#if QK_RING_UNCHECKED
         if (s < n_full && act_bytes)
             qk_ring_chunks<BITS, R, F32, true, true>(acc, ws, sc16, zoff, sA, A, s, n_chunks, g, tok_row, n_tok, Kp,
                                                      a_len, ka, kb, act_bytes, a_vec);
@@ -638,6 +648,7 @@ __device__ __forceinline__ void qk_nbits_mmaa(const qk_u16* A, const qk_u8* B, c
             qk_ring_chunks<BITS, R, F32, true, false>(acc, ws, sc16, zoff, sA, A, s, n_chunks, g, tok_row, n_tok, Kp,
                                                       a_len, ka, kb, act_bytes, a_vec);
         else
+#endif
             qk_ring_chunks<BITS, R, F32, false, false>(acc, ws, sc16, zoff, sA, A, s, n_chunks, g, tok_row, n_tok, Kp,
                                                        a_len, ka, kb, act_bytes, a_vec);
     }
