@@ -642,6 +642,21 @@ def test_qmoe_first_call_of_a_fresh_shape_then_128_identical(op_name: str) -> No
         assert again.tobytes() == first.tobytes(), f"call {call + 2} differs from the first"
 
 
+def test_compile_options_nest() -> None:
+    """A block's compile options add to an enclosing block's: a bench helper's own
+    ``compile_options()`` (no options) inside a caller's keeps the caller's build (session 13: it
+    replaced them, so three "side by side" builds timed the default one)."""
+    from qconform.device import launchers
+
+    with launchers.compile_options("-DQK_A"):
+        with launchers.compile_options():
+            assert launchers.OPTIONS == ("-DQK_A",)
+        with launchers.compile_options("-DQK_B", "-DQK_A"):
+            assert launchers.OPTIONS == ("-DQK_A", "-DQK_B")
+        assert launchers.OPTIONS == ("-DQK_A",)
+    assert launchers.OPTIONS == ()
+
+
 @pytest.mark.parametrize("bits", [2, 4])
 @pytest.mark.parametrize("zp", ["none", "packed"])
 def test_own_kernel_matmul_nbits_f32_spike_rows(bits: int, zp: str) -> None:

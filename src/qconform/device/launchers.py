@@ -47,9 +47,10 @@ OVERRIDES: dict[str, Path] = {}  # kernels/<family>/<name> -> the file loaded in
 def compile_options(*options: str) -> Iterator[None]:
     """Build and launch this module's kernels with extra compile options inside the block (build
     options such as ``-DQK_MMA_DEFAULT_ONLY`` and ``-DQK_MMA_EMULATE``: the device controls, faster
-    mutant and diagnostic builds)."""
+    mutant and diagnostic builds), added to those of an enclosing block: a bench helper's own
+    ``compile_options()`` keeps a caller's build options instead of dropping them."""
     global OPTIONS
-    saved, OPTIONS = OPTIONS, tuple(options)
+    saved, OPTIONS = OPTIONS, OPTIONS + tuple(o for o in options if o not in OPTIONS)
     try:
         yield
     finally:
