@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, NamedTuple
 
 import cupy
 import numpy as np
@@ -77,29 +77,48 @@ def _allow_smem(kernel: Any, n: int) -> bool:
     return True
 
 
-def _launch_ring(bits: int, M: int, lay: Any, ptrs: tuple, has_bias: bool, a_vec: bool) -> bool:
-    """The decode kernel with the weights streamed through shared-memory rings (default zero
-    point); False when one warp's ring does not fit or N is below one CTA's 16 r rows (the caller
-    then takes the general kernel)."""
-    A, B, scales, _, bias, y = ptrs
+class _RingPlan(NamedTuple):
+    symbol: str  # the ring kernel
+    kp: int  # K rounded up to whole superchunks
+    act: int  # bytes of staged activations (0: read from global memory)
+    items: int  # CTAs along N (16 r rows each)
+    wk: int  # warps per CTA, splitting the superchunks
+    smem: int  # dynamic shared memory per CTA
+
+
+def _ring_plan(bits: int, lay: Any, act_rows: int, groups: int, f32: bool) -> _RingPlan | None:
+    """The ring kernel's launch for ``act_rows`` activation rows staged per CTA and ``groups`` token
+    groups (blockIdx.y); None when N is below one CTA's 16 r rows (its CTAs read 16 r whole rows of
+    B) or one warp's ring does not fit."""
     shape = decode_shape(lay.N, sm_count())
-    if lay.N < 16 * shape.r:  # the kernel's CTAs read 16 r whole rows of B
-        return False
+    if lay.N < 16 * shape.r:
+        return None
     n_chunks = -(-lay.K // 64)
     sc = 8 // bits  # chunks of 64 per superchunk
     units = -(-n_chunks // sc)
-    act = min(M, 8) * units * sc * 64 * 2
+    kp = units * sc * 64
+    act = act_rows * kp * 2
     act = act if act <= RING_ACT_LIMIT else 0
     per_cta, per_sm = _smem_limits()
     items = -(-lay.N // (16 * shape.r))
-    wk = shape.ring_split(items, units, act, per_cta, per_sm, sm_count())
-    kernel = kernel_of(MMA, shape.symbol(bits))
+    wk = shape.ring_split(items * groups, units, act, per_cta, per_sm, sm_count())
+    symbol = shape.symbol_f32(bits) if f32 else shape.symbol(bits)
     smem = max(act + wk * shape.ring_bytes(), wk * shape.r * 4 * 32 * 4)
-    if wk == 0 or (smem > 48 * 1024 and not _allow_smem(kernel, per_cta)):
+    if wk == 0 or (smem > 48 * 1024 and not _allow_smem(kernel_of(MMA, symbol), per_cta)):
+        return None
+    return _RingPlan(symbol, kp, act, items, wk, smem)
+
+
+def _launch_ring(bits: int, M: int, lay: Any, ptrs: tuple, has_bias: bool, a_vec: bool) -> bool:
+    """The decode kernel with the weights streamed through shared-memory rings (default zero
+    point); False where ``_ring_plan`` finds none (the caller then takes the general kernel)."""
+    A, B, scales, _, bias, y = ptrs
+    plan = _ring_plan(bits, lay, min(M, 8), 1, f32=False)
+    if plan is None:
         return False
-    sizes = (M, lay.K, lay.N, (lay.block_size // 64).bit_length() - 1, lay.k_blocks, has_bias, a_vec, act, wk)
+    sizes = (M, lay.K, lay.N, (lay.block_size // 64).bit_length() - 1, lay.k_blocks, has_bias, a_vec, plan.act, plan.wk)
     args = (A, B, scales, bias, y, *(np.int32(v) for v in sizes))
-    launch_grid("matmul_nbits", MMA, shape.symbol(bits), items, 32 * wk, args, smem)
+    launch_grid("matmul_nbits", MMA, plan.symbol, plan.items, 32 * plan.wk, args, plan.smem)
     return True
 
 
@@ -122,25 +141,13 @@ def _launch_ring_f32(bits: int, M: int, lay: Any, A: Any, B: Any, scales: Any, b
     blockIdx.y, and flags each token with a nonzero activation the split does not carry (one more
     than 2^28 below its row's maximum: tests/nbits_f32_model.py); the ring kernel's CTAs of a
     flagged token's group compute their outputs from A in fp32 instead (``qk_nbits_f32_tile``,
-    decided on the device: no host sync, no launch more). False when one warp's ring does not fit
-    or N is below one CTA's 16 r rows (the caller takes the per-output kernel)."""
-    shape = decode_shape(lay.N, sm_count())
-    if lay.N < 16 * shape.r:  # the kernel's CTAs read 16 r whole rows of B
-        return False
-    n_chunks = -(-lay.K // 64)
-    sc = 8 // bits
-    units = -(-n_chunks // sc)
-    kp = units * sc * 64
+    decided on the device: no host sync, no launch more). False where ``_ring_plan`` finds none (the
+    caller takes the per-output kernel)."""
     groups = -(-M // 4)
-    act = 8 * kp * 2
-    act = act if act <= RING_ACT_LIMIT else 0
-    per_cta, per_sm = _smem_limits()
-    items = -(-lay.N // (16 * shape.r))
-    wk = shape.ring_split(items * groups, units, act, per_cta, per_sm, sm_count())
-    kernel = kernel_of(MMA, shape.symbol_f32(bits))
-    smem = max(act + wk * shape.ring_bytes(), wk * shape.r * 4 * 32 * 4)
-    if wk == 0 or (smem > 48 * 1024 and not _allow_smem(kernel, per_cta)):
+    plan = _ring_plan(bits, lay, 8, groups, f32=True)  # 8 rows: hi and lo of a group's 4 tokens
+    if plan is None:
         return False
+    kp = plan.kp
     split = cupy.empty((groups * 8, kp), cupy.float16)
     scratch = cupy.empty(groups * 4 * 3, cupy.int32)  # per token: 2^-e, 2^-(e + 12) (fp32); then the flags
     inv, flags = scratch[: groups * 8].view(cupy.float32), scratch[groups * 8 :]  # flags 16-byte aligned
@@ -148,9 +155,10 @@ def _launch_ring_f32(bits: int, M: int, lay: Any, A: Any, B: Any, scales: Any, b
     split_args = (A, split, inv, flags, *np.int32([M, lay.K, kp, a_vec]))
     launch_grid("matmul_nbits", MMA, "qk_nbits_split_a", groups * 4, 1024, split_args)
     bias_ptr = A if bias is None else bias
-    sizes = (M, lay.K, lay.N, (lay.block_size // 64).bit_length() - 1, lay.k_blocks, bias is not None, 1, act, wk)
+    block_shift = (lay.block_size // 64).bit_length() - 1
+    sizes = (M, lay.K, lay.N, block_shift, lay.k_blocks, bias is not None, 1, plan.act, plan.wk)
     args = (split, B, scales, bias_ptr, y, inv, flags, A, *(np.int32(v) for v in sizes))
-    launch_grid("matmul_nbits", MMA, shape.symbol_f32(bits), (items, groups), 32 * wk, args, smem)
+    launch_grid("matmul_nbits", MMA, plan.symbol, (plan.items, groups), 32 * plan.wk, args, plan.smem)
     return True
 
 
