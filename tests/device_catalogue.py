@@ -279,10 +279,19 @@ RING_SCALE: Edits = (
         "const qk_u32 w0 = QK_SHFL(sc16[r][0], cc == SC - 1 ? cc - 1 : cc, 4)",
     ),
 )
-# the activation pair of register P in the other order than the weights'
-RING_SLOT_SWAP: Edits = (("bf[m][0] = qk_act_pair(act, pp[0], pp[1]);", "bf[m][0] = qk_act_pair(act, pp[1], pp[0]);"),)
+# the activation pair of register P in the other order than the weights' (paired when staged and
+# when read from A)
+RING_SLOT_SWAP: Edits = (
+    ("o[2 * m] = qk_act_pair(h, pp[0], pp[1]);", "o[2 * m] = qk_act_pair(h, pp[1], pp[0]);"),
+    ("act[2 * m] : qk_act_pair(act, pp[0], pp[1]);", "act[2 * m] : qk_act_pair(act, pp[1], pp[0]);"),
+)
 # the quad's transposed words read from the ring without the XOR swizzle the copies were written with
-RING_TRANSPOSE: Edits = (("32 + qk_ring_slot(lane >> 2, c)) * 4", "32 + 4 * (lane >> 2) + c) * 4"),)
+RING_TRANSPOSE: Edits = (
+    (
+        "return stage[(r * 2 + h) * 128 + (tr ^ (4 * c))];",
+        "return stage[(r * 2 + h) * 128 + 16 * (lane >> 2) + 4 * c + (lane & 3)];",
+    ),
+)
 # the last K split's partial sums never added
 RING_DROP_LAST_WARP: Edits = (
     ("for (int k = 1; k < wk_n; ++k) v += qk_red[", "for (int k = 1; k < wk_n - 1; ++k) v += qk_red["),

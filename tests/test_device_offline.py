@@ -34,11 +34,13 @@ def _kernel_symbols(text: str) -> set[str]:
 
 
 def _mma_instances(text: str) -> set[str]:
-    """The matrix-unit kernels a source instantiates through QK_NBITS_MMA(BITS, R, T, P, O) and
-    QK_NBITS_MMAA(BITS, R, S) (the fp16-A ring kernel and its fp32-A twin qk_nbits_mmaf)."""
+    """The matrix-unit kernels a source instantiates through QK_NBITS_MMA(BITS, R, T, P, O),
+    QK_NBITS_MMAA(BITS, R, S) and QK_NBITS_MMAA_O(BITS, R, S, O) (the fp16-A ring kernel and its
+    fp32-A twin qk_nbits_mmaf; _o{O} ending the bounded ones' symbols)."""
     bits = re.findall(r"^QK_NBITS_MMA_BITS\((\d)\)", text, re.M)
     general = re.findall(r"QK_NBITS_MMA\(BITS, (\d+), (\d+), (\d+), (\d+)\)", text)
     ring = re.findall(r"QK_NBITS_MMAA\(BITS, (\d+), (\d+)\)", text)
+    ring += [(r, s + "_o" + o) for r, s, o in re.findall(r"QK_NBITS_MMAA_O\(BITS, (\d+), (\d+), (\d+)\)", text)]
     return {f"qk_nbits_mma_u{b}_r{r}_t{t}_p{p}_o{o}" for r, t, p, o in general for b in bits} | {
         f"qk_nbits_mma{kind}_u{b}_r{r}_s{s}" for r, s in ring for b in bits for kind in ("a", "f")
     }
@@ -273,11 +275,12 @@ def test_every_mma_shape_is_instantiated() -> None:
     made = _mma_instances(text)
     default_only = text[text.index("#define QK_NBITS_MMA_BITS(BITS)") :]
     for shape in MMA_SHAPES.values():  # compiled with -DQK_MMA_DEFAULT_ONLY too
-        macro = (
-            f"QK_NBITS_MMAA(BITS, {shape.r}, {shape.p})"
-            if shape.ring
-            else f"QK_NBITS_MMA(BITS, {shape.r}, {shape.t}, {shape.p}, {shape.o})"
-        )
+        if not shape.ring:
+            macro = f"QK_NBITS_MMA(BITS, {shape.r}, {shape.t}, {shape.p}, {shape.o})"
+        elif shape.o >= 2:
+            macro = f"QK_NBITS_MMAA_O(BITS, {shape.r}, {shape.p}, {shape.o})"
+        else:
+            macro = f"QK_NBITS_MMAA(BITS, {shape.r}, {shape.p})"
         assert macro in default_only, shape
     for shape in (*MMA_SHAPES.values(), *MMA_DECODE_CANDIDATES):
         for bits in (2, 4):
@@ -301,6 +304,26 @@ def test_ring_split_for_the_bench_shapes() -> None:
     assert shape.ring_split(160, 70, 0, per_cta, per_sm, 132) == 8  # 35 KiB of activations: read from L2
     assert shape.ring_split(160, 5, 0, per_cta, per_sm, 132) == 2  # 5 superchunks: 2 per warp at most
     assert MmaShape(r=2, t=1, p=64, ring=True).ring_split(560, 20, 10240, 48 * 1024, per_sm, 132) == 0
+
+
+def test_ring_tail_wave_choice() -> None:
+    """The ring kernel's resident CTAs (H200: 228 KiB of shared memory an SM) and the tail-wave rule:
+    5120 x 17920 at M 8 (560 CTAs of 4 warps, 30 KiB of rings each) fits 4 CTAs an SM at 128
+    registers (528 slots: a last wave of 32 CTAs, so decode_wave) and 6 at 80 (792: one wave); the
+    lm_head's 3136 one-warp CTAs (~2 waves at either) and 4096 x 14336's 448 of 8 warps (2 an SM at
+    128 registers: 264 slots, 1.7 waves) keep decode; exactly one wave is no tail."""
+    from qconform.device.registry import MmaShape, tail_wave
+
+    per_sm = 228 * 1024
+    assert MmaShape.ring_ctas_per_sm(4, 30720, 128, per_sm) == 4
+    assert MmaShape.ring_ctas_per_sm(4, 30720, 80, per_sm) == 6
+    assert MmaShape.ring_ctas_per_sm(4, 41984, 80, per_sm) == 5  # 10 KiB of staged activations more
+    assert MmaShape.ring_ctas_per_sm(8, 61440, 128, per_sm) == 2
+    assert MmaShape.ring_ctas_per_sm(1, 7680, 128, per_sm) == 16
+    assert MmaShape.ring_ctas_per_sm(1, 7680, 40, per_sm) == 26  # shared memory the limit: 26 x 8.5 KiB
+    assert tail_wave(560, 4 * 132) and not tail_wave(560, 6 * 132)
+    assert not tail_wave(3136, 16 * 132) and not tail_wave(448, 2 * 132)
+    assert not tail_wave(528, 528) and tail_wave(660, 528) and not tail_wave(661, 528)
 
 
 def test_decode_shape_by_rows_per_sm() -> None:

@@ -148,14 +148,17 @@ def tune(K: int, N: int, reps: int) -> None:
             for wps in (8, 16, 32):
                 slot = "decode" if shape.ring else "decode_zp"
                 registry.MMA_SHAPES[slot] = replace(shape, warps_per_sm=wps)
-                if not shape.ring:
+                if shape.ring:  # the candidate also where a tail wave would take decode_wave
+                    registry.MMA_SHAPES["decode_wave"] = registry.MMA_SHAPES["decode"]
+                else:
                     registry.MMA_SHAPES["decode"] = replace(default["decode"], ring=False)
                 try:
                     ts, y = _time_kernel(a, weights, K, N, bits, reps)
                 finally:
                     registry.MMA_SHAPES.update(default)
                 err = float(cupy.linalg.norm(y[0].astype(cupy.float64) - ref) / cupy.linalg.norm(ref))
-                what = f"ring r={shape.r} stages={shape.p}" if shape.ring else f"r={shape.r} p={shape.p} o={shape.o}"
+                what = f"ring r={shape.r} stages={shape.p}" if shape.ring else f"r={shape.r} p={shape.p}"
+                what += f" o={shape.o}"
                 what += "" if limit else ", activations from global memory"
                 print(f"  u{bits} {what} warps/SM={wps}: {_us(ts)}  relL2 {err:.1e}")
         launcher.RING_ACT_LIMIT = staged

@@ -225,17 +225,21 @@ class MmaShape:
     wi: int = 1
     warps_per_sm: int = 16
     # qk_nbits_mmaa: 16-byte weight loads streamed through a shared-memory ring of p stages per
-    # warp, one group of 8 tokens, the default zero point (t = wi = 1, o unused)
+    # warp, one group of 8 tokens, the default zero point (t = wi = 1; o >= 2: compiled for o CTAs
+    # of 256 threads an SM, symbol ending _o{o}; 1: the compiler's registers)
     ring: bool = False
+
+    def _ring_suffix(self) -> str:
+        return f"_o{self.o}" if self.o >= 2 else ""
 
     def symbol(self, bits: int) -> str:
         if self.ring:
-            return f"qk_nbits_mmaa_u{bits}_r{self.r}_s{self.p}"
+            return f"qk_nbits_mmaa_u{bits}_r{self.r}_s{self.p}{self._ring_suffix()}"
         return f"qk_nbits_mma_u{bits}_r{self.r}_t{self.t}_p{self.p}_o{self.o}"
 
     def symbol_f32(self, bits: int) -> str:
         """The ring kernel's fp32-activation twin (activations split into fp16 hi + lo first)."""
-        return f"qk_nbits_mmaf_u{bits}_r{self.r}_s{self.p}"
+        return f"qk_nbits_mmaf_u{bits}_r{self.r}_s{self.p}{self._ring_suffix()}"
 
     def ring_bytes(self) -> int:
         """Shared memory of one warp's ring: per stage, 16 R rows x (16 weight + 4 scale) bytes x 4 lanes."""
@@ -258,6 +262,18 @@ class MmaShape:
                 break
         return best
 
+    @staticmethod
+    def ring_ctas_per_sm(wk: int, smem: int, regs: int, smem_sm: int) -> int:
+        """The ring kernel's CTAs of ``wk`` warps resident on one SM at once: by CTAs, warps,
+        shared memory (``smem`` bytes a CTA, 1 KiB reserved each) and ``regs`` registers a thread."""
+        per_thread = -(-regs // REG_ALLOC_UNIT) * REG_ALLOC_UNIT
+        return min(
+            MAX_CTAS_PER_SM,
+            MAX_WARPS_PER_SM // wk,
+            smem_sm // (smem + 1024),
+            REGS_PER_SM // (per_thread * 32 * wk),
+        )
+
     def k_split(self, items: int, n_chunks: int, regs: int, sms: int) -> int:
         """The most warps per item (1, 2, 4, 8) that keeps the launch within ``warps_per_sm``
         warps per SM and every CTA resident at once (one wave, from the kernel's registers),
@@ -276,13 +292,17 @@ class MmaShape:
 
 
 MMA_SHAPES = {
-    "decode": MmaShape(r=2, t=1, p=3, ring=True, warps_per_sm=16),
-    "decode_narrow": MmaShape(r=1, t=1, p=4, ring=True, warps_per_sm=16),
+    "decode": MmaShape(r=2, t=1, p=3, o=2, ring=True, warps_per_sm=16),
+    "decode_wave": MmaShape(r=2, t=1, p=3, ring=True, warps_per_sm=16),
+    "decode_narrow": MmaShape(r=1, t=1, p=4, o=3, ring=True, warps_per_sm=16),
     "decode_zp": MmaShape(r=2, t=1, p=2, o=1),
     "prefill": MmaShape(r=2, t=4, p=2, o=1, wk=1, wi=4),
 }
-"""decode: M <= 8 (one group of 8 tokens); decode_narrow: the same for weights of too few rows to
-give every SM two of decode's tiles (``decode_shape``); prefill: larger M. The shapes the device suite ran
+"""decode: M <= 8 (one group of 8 tokens), compiled for 2 CTAs of 256 threads an SM (up to 128
+registers); decode_wave: the same with the compiler's registers (80), taken where decode's CTAs would
+leave a nearly empty last wave (``tail_wave``); decode_narrow: the same for weights of too few rows to
+give every SM two of decode's tiles (``decode_shape``), compiled for 3 CTAs (80 registers, not 56);
+prefill: larger M. The shapes the device suite ran
 (docs/perf-notes.md has the bench's times for every candidate)."""
 
 
@@ -294,9 +314,21 @@ def decode_shape(N: int, sms: int) -> MmaShape:
     return MMA_SHAPES["decode_narrow"] if -(-N // (16 * wide.r)) < 2 * sms else wide
 
 
+TAIL_WAVE = 1.25
+
+
+def tail_wave(ctas: int, slots: int) -> bool:
+    """``ctas`` CTAs on ``slots`` resident at once leave a last wave at most a quarter full (over
+    one wave, at most TAIL_WAVE waves). Measured on the H200 (docs/perf-notes.md, session 14): 5120 x
+    17920 at M 8 took 23.5 / 36.3 us (u2 / u4) with decode's 560 CTAs on 528 slots, 21.8 / 31.5 with
+    decode_wave's 792."""
+    return slots < ctas <= TAIL_WAVE * slots
+
+
 MMA_DECODE_CANDIDATES = (
     *(MmaShape(r, 1, p, o) for r, p, o in ((2, 2, 1), (2, 2, 3), (2, 4, 2), (4, 2, 2), (1, 4, 4))),
-    *(MmaShape(r, 1, p, ring=True) for r, p in ((2, 4), (2, 3), (2, 2), (1, 4), (1, 6), (4, 2))),
+    *(MmaShape(r, 1, p, o, ring=True) for r, p, o in ((2, 4, 1), (2, 3, 2), (2, 3, 1), (2, 2, 1))),
+    *(MmaShape(r, 1, p, o, ring=True) for r, p, o in ((1, 4, 3), (1, 4, 1), (1, 6, 1), (4, 2, 1))),
 )
 """The decode shapes the GEMV bench times (each also at several ``warps_per_sm``)."""
 

@@ -13,7 +13,7 @@ import numpy as np
 from qconform.device import launchers
 from qconform.device.abi import out_buffer, shadow
 from qconform.device.launchers import contiguous, kernel_of, launch, launch_abi, launch_grid, sm_count
-from qconform.device.registry import MMA_SHAPES, decode_shape
+from qconform.device.registry import MMA_SHAPES, MmaShape, decode_shape, tail_wave
 from qconform.errors import ArgumentError
 from qconform.ops.ort.matmul_nbits import DEQUANTIZE_NBITS, ZP_KIND, zero_point_kind
 from qconform.oracles.ort.matmul_nbits import check_a, check_nbits_args
@@ -88,9 +88,25 @@ class _RingPlan(NamedTuple):
 
 def _ring_plan(bits: int, lay: Any, act_rows: int, groups: int, f32: bool) -> _RingPlan | None:
     """The ring kernel's launch for ``act_rows`` activation rows staged per CTA and ``groups`` token
-    groups (blockIdx.y); None when N is below one CTA's 16 r rows (its CTAs read 16 r whole rows of
-    B) or one warp's ring does not fit."""
+    groups (blockIdx.y): ``decode_shape``'s, or decode_wave's where decode's CTAs would leave a nearly
+    empty last wave (``tail_wave``) and decode_wave's fit one; None as ``_shape_plan``."""
     shape = decode_shape(lay.N, sm_count())
+    plan = _shape_plan(shape, bits, lay, act_rows, groups, f32)
+    if plan is None or shape is not MMA_SHAPES["decode"] or not tail_wave(plan.items * groups, _slots(plan)):
+        return plan
+    wave = _shape_plan(MMA_SHAPES["decode_wave"], bits, lay, act_rows, groups, f32)
+    return wave if wave is not None and _slots(wave) >= plan.items * groups else plan
+
+
+def _slots(plan: _RingPlan) -> int:
+    """The plan's CTAs resident at once on the device (by its kernel's registers)."""
+    regs = kernel_of(MMA, plan.symbol).num_regs
+    return MmaShape.ring_ctas_per_sm(plan.wk, plan.smem, regs, _smem_limits()[1]) * sm_count()
+
+
+def _shape_plan(shape: MmaShape, bits: int, lay: Any, act_rows: int, groups: int, f32: bool) -> _RingPlan | None:
+    """``shape``'s ring launch; None when N is below one CTA's 16 r rows (its CTAs read 16 r whole
+    rows of B) or one warp's ring does not fit."""
     if lay.N < 16 * shape.r:
         return None
     n_chunks = -(-lay.K // 64)

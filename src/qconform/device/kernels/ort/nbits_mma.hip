@@ -228,6 +228,32 @@ __device__ __forceinline__ void qk_stage_act(qk_u16* sA, const qk_u16* A, int to
         }
 }
 
+/* The ring kernel's staged activations, paired: rows 0 .. n_tok of A (a_len halves each) into
+ * rows of Kp halves, zeros past a_len; the 16 halves lane t reads of chunk c (at ka, kb) stored at
+ * 64 c + 16 t in the order of its mma operands, (bf[m][0], bf[m][1]) for m = 0 .. 3 (qk_act_pair of
+ * qk_slot_pairs), so that a chunk's operands are two 16-byte loads and no byte permutes. */
+template <int BITS>
+__device__ __forceinline__ void qk_stage_act_paired(qk_u16* sA, const qk_u16* A, int n_tok, int a_len, int Kp,
+                                                    int a_vec) {
+    for (int r = 0; r < n_tok; ++r)
+        for (int q = (int)threadIdx.x; q < Kp / 16; q += (int)blockDim.x) {
+            const int k0 = 64 * (q >> 2), t = q & 3;
+            qk_u32 h[8], o[8];
+            qk_load_act(h, A, r, n_tok, a_len, k0 + (BITS == 2 ? 16 * t : 8 * t),
+                        k0 + (BITS == 2 ? 16 * t + 8 : 32 + 8 * t), a_vec);
+#pragma unroll
+            for (int m = 0; m < 4; ++m) {
+                int pp[2], qq[2];
+                qk_slot_pairs<BITS>(m, pp, qq);
+                o[2 * m] = qk_act_pair(h, pp[0], pp[1]);
+                o[2 * m + 1] = qk_act_pair(h, qq[0], qq[1]);
+            }
+            uint4* dst = (uint4*)(sA + r * Kp + 16 * q);
+            dst[0] = make_uint4(o[0], o[1], o[2], o[3]);
+            dst[1] = make_uint4(o[4], o[5], o[6], o[7]);
+        }
+}
+
 template <int BITS, int R>
 __device__ __forceinline__ void qk_load_chunk(qk_u32 w[R][2][BITS / 2], qk_u32 sz[R][2], const qk_u8* const wrow[R][2],
                                               const int rows[R][2], const qk_u16* scales, const void* zp, int c, int t,
@@ -442,18 +468,23 @@ __device__ __forceinline__ void qk_nbits_mma(const qk_u16* A, const qk_u8* B, co
  * touches 32 different banks */
 __device__ __forceinline__ int qk_ring_slot(int g, int c) { return 4 * g + (c ^ ((g >> 1) & 3)); }
 
-/* Stage j of a warp's ring, per lane: R x 2 weight pieces of 16 bytes, then R x 2 scale words */
+/* Stage j of a warp's ring, per lane: R x 2 weight pieces of 16 bytes, then R x 2 scale words.
+ * tr: the word of a piece lane 4 g + t reads for quad lane 0 (word t of slot qk_ring_slot(g, 0));
+ * quad lane c's is tr ^ 4 c (the swizzle XORs bits 2-3 of the word index only), so the transposed
+ * reads of a stage need no per-read address arithmetic. */
 template <int R>
 struct QkRing {
     qk_u32* base;
-    int lane;
+    int lane, tr;
+    __device__ __forceinline__ QkRing(qk_u32* b, int l) : base(b), lane(l), tr(qk_ring_slot(l >> 2, 0) * 4 + (l & 3)) {}
     __device__ __forceinline__ uint4* piece(int j, int r, int h) const {
         return (uint4*)base + ((j * R + r) * 2 + h) * 32 + qk_ring_slot(lane >> 2, lane & 3);
     }
     /* word t of quad lane c's piece, for lane 4g + t: the quad transpose, read from shared memory */
-    __device__ __forceinline__ qk_u32 transposed(int j, int r, int h, int c) const {
-        return base[(((j * R + r) * 2 + h) * 32 + qk_ring_slot(lane >> 2, c)) * 4 + (lane & 3)];
+    __device__ __forceinline__ qk_u32 transposed(const qk_u32* stage, int r, int h, int c) const {
+        return stage[(r * 2 + h) * 128 + (tr ^ (4 * c))];
     }
+    __device__ __forceinline__ const qk_u32* stage(int j) const { return base + j * R * 2 * 128; }
     __device__ __forceinline__ qk_u32* scale(int j, int r, int h, int stages) const {
         return base + stages * R * 2 * 32 * 4 + ((j * R + r) * 2 + h) * 32 + lane;
     }
@@ -463,12 +494,14 @@ struct QkRing {
  * the 4-byte word holding the scale of chunk SC s + t % SC (zeros past the K chunks): two fp16
  * scales, or the fp32 scale itself (F32). Row 8 (2 r + h) of the lane's: its 16 bytes of
  * superchunk 0 at wbase + (2 r + h) wstep, its first scale at sbase + (2 r + h) sstep; send: the end
- * of the scales. FULL (s before the row's last superchunk): every piece inside its row and every
- * chunk inside K, no bounds checked but the tensor's last scale word. */
+ * of the scales; tail: the low 32 bits of the address of the tensor's last scale word when that
+ * word reaches past send (fp16 scales ending 2 bytes into it), else 1 (no 4-aligned word's). FULL
+ * (s before the row's last superchunk): every piece inside its row and every chunk inside K, no
+ * bounds checked but that word (by the low 32 bits of its address: the scales span < 4 GB). */
 template <int BITS, int R, int S, bool F32, bool FULL>
 __device__ __forceinline__ void qk_issue_super(const QkRing<R>& ring, int j, const qk_u8* wbase, qk_i64 wstep,
-                                               const qk_u8* sbase, qk_i64 sstep, const qk_u8* send, int s, int t,
-                                               qk_i64 row_bytes, int n_chunks, int cpb_shift) {
+                                               const qk_u8* sbase, qk_i64 sstep, const qk_u8* send, qk_u32 tail,
+                                               int s, int t, qk_i64 row_bytes, int n_chunks, int cpb_shift) {
     constexpr int SC = 8 / BITS, E = F32 ? 4 : 2;
     const qk_i64 off = (qk_i64)s * 64;
     const int c = s * SC + t % SC;
@@ -481,7 +514,8 @@ __device__ __forceinline__ void qk_issue_super(const QkRing<R>& ring, int j, con
             qk_cp_async16(ring.piece(j, r, h), in_row ? w + off : w - 16 * t, in_row ? 16 : 0);
             const qk_u8* p = sbase + (2 * r + h) * sstep + (in_k ? (c >> cpb_shift) * E : 0);
             if (!F32) p = (const qk_u8*)((size_t)p & ~(size_t)3);
-            const int bytes = !in_k ? 0 : (F32 || p + 4 <= send ? 4 : 2);
+            const int bytes = FULL ? (F32 || (qk_u32)(size_t)p != tail ? 4 : 2)
+                                   : (!in_k ? 0 : (F32 || p + 4 <= send ? 4 : 2));
             qk_cp_async4(ring.scale(j, r, h, S), p, bytes);
         }
 }
@@ -508,20 +542,24 @@ __device__ __forceinline__ void qk_ring_chunks(float acc[R * 4], const qk_u32 ws
                                                int n_chunks, int g, int tok_row, int n_tok, int Kp, int a_len,
                                                int ka, int kb, int act_bytes, int a_vec) {
     constexpr int WPR = BITS / 2, SC = 8 / BITS;
+    const int kq = BITS == 2 ? ka : 2 * ka; /* 16 t: the lane's paired activations in a staged chunk */
 #pragma unroll
     for (int cc = 0; cc < SC; ++cc) {
         const int c = s * SC + cc;
         if (!FULL && c >= n_chunks) continue; /* (not break: AMD clang then unrolls the loop) */
         qk_u32 act[8], bf[4][2];
-        if (FULL) qk_act16(act, SMEM ? sA + tok_row * Kp : A + (qk_i64)tok_row * a_len, c * 64 + ka, c * 64 + kb);
-        else if (act_bytes) qk_load_act_smem(act, sA, g, n_tok, Kp, c * 64 + ka, c * 64 + kb);
+        /* staged: paired by qk_stage_act_paired; from A: paired here */
+        const bool paired = FULL ? SMEM : act_bytes != 0;
+        if (FULL && SMEM) qk_act16(act, sA + tok_row * Kp, c * 64 + kq, c * 64 + kq + 8);
+        else if (FULL) qk_act16(act, A + (qk_i64)tok_row * a_len, c * 64 + ka, c * 64 + kb);
+        else if (act_bytes) qk_load_act_smem(act, sA, g, n_tok, Kp, c * 64 + kq, c * 64 + kq + 8);
         else qk_load_act(act, A, g, n_tok, a_len, c * 64 + ka, c * 64 + kb, a_vec);
 #pragma unroll
         for (int m = 0; m < 4; ++m) {
             int pp[2], qq[2];
             qk_slot_pairs<BITS>(m, pp, qq);
-            bf[m][0] = qk_act_pair(act, pp[0], pp[1]);
-            bf[m][1] = qk_act_pair(act, qq[0], qq[1]);
+            bf[m][0] = paired ? act[2 * m] : qk_act_pair(act, pp[0], pp[1]);
+            bf[m][1] = paired ? act[2 * m + 1] : qk_act_pair(act, qq[0], qq[1]);
         }
 #pragma unroll
         for (int r = 0; r < R; ++r) {
@@ -577,7 +615,7 @@ __device__ __forceinline__ void qk_nbits_mmaa(const qk_u16* A, const qk_u8* B, c
     if (F32) A += (qk_i64)grp * 8 * Kp;
     const int a_len = F32 ? Kp : K; /* the activation rows' length */
     qk_u16* sA = (qk_u16*)qk_red;
-    const QkRing<R> ring{(qk_u32*)((char*)qk_red + act_bytes) + wk * RING_WORDS, lane};
+    const QkRing<R> ring((qk_u32*)((char*)qk_red + act_bytes) + wk * RING_WORDS, lane);
     const int ka = BITS == 2 ? 16 * t : 8 * t, kb = BITS == 2 ? 16 * t + 8 : 32 + 8 * t;
     const int tok_row = min(g, n_tok - 1);
     qk_u32 zoff[4]; /* q - z, the default zero point folded in */
@@ -592,21 +630,22 @@ __device__ __forceinline__ void qk_nbits_mmaa(const qk_u16* A, const qk_u8* B, c
     const qk_u8* sbase = (const qk_u8*)scales + (qk_i64)(rbase + g) * k_blocks * E;
     const qk_i64 wstep = 8 * row_bytes, sstep = (qk_i64)8 * k_blocks * E;
     const qk_u8* send = (const qk_u8*)scales + n_scales * E;
+    const qk_u32 tail = (size_t)send & 3 ? (qk_u32)(size_t)(send - 2) : 1u;
     const int n_full = n_super - 1; /* superchunks before the last: no bounds to check */
     /* the first S - 1 superchunks start before the activations are staged */
 #pragma unroll
     for (int j = 0; j < S - 1; ++j) {
         const int sj = s_lo + j;
         if (sj < min(s_hi, n_full))
-            qk_issue_super<BITS, R, S, F32, true>(ring, j, wbase, wstep, sbase, sstep, send, sj, t, row_bytes,
+            qk_issue_super<BITS, R, S, F32, true>(ring, j, wbase, wstep, sbase, sstep, send, tail, sj, t, row_bytes,
                                                   n_chunks, cpb_shift);
         else if (sj < s_hi)
-            qk_issue_super<BITS, R, S, F32, false>(ring, j, wbase, wstep, sbase, sstep, send, sj, t, row_bytes,
+            qk_issue_super<BITS, R, S, F32, false>(ring, j, wbase, wstep, sbase, sstep, send, tail, sj, t, row_bytes,
                                                   n_chunks, cpb_shift);
         qk_cp_async_commit();
     }
     if (act_bytes) {
-        qk_stage_act(sA, A, 0, n_tok, a_len, Kp, a_vec);
+        qk_stage_act_paired<BITS>(sA, A, n_tok, a_len, Kp, a_vec);
         __syncthreads();
     }
 
@@ -619,25 +658,25 @@ __device__ __forceinline__ void qk_nbits_mmaa(const qk_u16* A, const qk_u8* B, c
         qk_syncwarp(); /* the quad read each other's copies of stage jn: all done before it is refilled */
         const int sn = s + S - 1;
         if (sn < min(s_hi, n_full))
-            qk_issue_super<BITS, R, S, F32, true>(ring, jn, wbase, wstep, sbase, sstep, send, sn, t, row_bytes,
+            qk_issue_super<BITS, R, S, F32, true>(ring, jn, wbase, wstep, sbase, sstep, send, tail, sn, t, row_bytes,
                                                   n_chunks, cpb_shift);
         else if (sn < s_hi)
-            qk_issue_super<BITS, R, S, F32, false>(ring, jn, wbase, wstep, sbase, sstep, send, sn, t, row_bytes,
+            qk_issue_super<BITS, R, S, F32, false>(ring, jn, wbase, wstep, sbase, sstep, send, tail, sn, t, row_bytes,
                                                   n_chunks, cpb_shift);
         qk_cp_async_commit();
         qk_cp_async_wait<S - 1>();
         qk_syncwarp(); /* stage j: every lane's copies landed, visible to the quad */
         qk_u32 ws[R][2][4], sc16[R][2];
-        const int c_own = s * SC + t % SC;
+        const qk_u32* stage = ring.stage(j);
+        /* the fp16 scale's half of its word: the same for every row (sstep is a multiple of 16) */
+        const bool upper = (size_t)(sbase + ((s * SC + t % SC) >> cpb_shift) * 2) & 2;
 #pragma unroll
         for (int r = 0; r < R; ++r)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
 #pragma unroll
-                for (int c = 0; c < 4; ++c) ws[r][h][c] = ring.transposed(j, r, h, c);
+                for (int c = 0; c < 4; ++c) ws[r][h][c] = ring.transposed(stage, r, h, c);
                 const qk_u32 word = *ring.scale(j, r, h, S);
-                /* the fp16 scale's half of the word (the scales 4-byte aligned) */
-                const bool upper = (size_t)(sbase + (2 * r + h) * sstep + (c_own >> cpb_shift) * 2) & 2;
                 sc16[r][h] = F32 ? word : (upper ? word >> 16 : word & 0xFFFFu);
             }
 #if QK_RING_UNCHECKED
@@ -805,15 +844,18 @@ __device__ __forceinline__ bool qk_group_flagged(const int* flags, int grp) {
 }
 
 /* qk_nbits_mmaa_u{bits}_r{R}_s{S}: M <= 8, default zero point, 16 R rows per CTA, wk_n warps; and its
- * fp32 twin qk_nbits_mmaf_u{bits}_r{R}_s{S} (split activations, a token group of 4 per blockIdx.y) */
-#define QK_NBITS_MMAA(BITS, R, S)                                                                                      \
-    extern "C" __global__ void __launch_bounds__(256) qk_nbits_mmaa_u##BITS##_r##R##_s##S(                             \
+ * fp32 twin qk_nbits_mmaf_u{bits}_r{R}_s{S} (split activations, a token group of 4 per blockIdx.y).
+ * QK_NBITS_MMAA: registers as the compiler chooses; QK_NBITS_MMAA_O (symbols ending _o{O}): for O
+ * CTAs of 256 threads an SM (registers capped at 65536 / (256 O); a minimum of 1 is not the
+ * compiler's choice: it took 165 registers). The launcher picks (docs/perf-notes.md, session 14). */
+#define QK_NBITS_MMAA_DEF(BITS, R, S, BOUNDS, SUFFIX)                                                                \
+    extern "C" __global__ void BOUNDS qk_nbits_mmaa_u##BITS##_r##R##_s##S##SUFFIX(                                   \
         const qk_u16* A, const qk_u8* B, const qk_u16* scales, const qk_u16* bias, qk_u16* Y, int M, int K, int N,    \
         int cpb_shift, int k_blocks, int has_bias, int a_vec, int act_bytes, int wk_n) {                               \
         qk_nbits_mmaa<BITS, R, S, false>(A, B, scales, bias, Y, nullptr, M, K, N, cpb_shift, k_blocks, has_bias,      \
                                          a_vec, act_bytes, wk_n);                                                      \
     }                                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(256) qk_nbits_mmaf_u##BITS##_r##R##_s##S(                             \
+    extern "C" __global__ void BOUNDS qk_nbits_mmaf_u##BITS##_r##R##_s##S##SUFFIX(                                   \
         const qk_u16* A, const qk_u8* B, const float* scales, const float* bias, float* Y, const float* inv,           \
         const int* flags, const float* A32, int M, int K, int N, int cpb_shift, int k_blocks, int has_bias, int a_vec, \
         int act_bytes, int wk_n) {                                                                                     \
@@ -825,6 +867,12 @@ __device__ __forceinline__ bool qk_group_flagged(const int* flags, int grp) {
         qk_nbits_mmaa<BITS, R, S, true>(A, B, scales, bias, Y, inv, M, K, N, cpb_shift, k_blocks, has_bias, a_vec,     \
                                         act_bytes, wk_n);                                                              \
     }
+#define QK_NBITS_MMAA(BITS, R, S) QK_NBITS_MMAA_DEF(BITS, R, S, __launch_bounds__(256), )
+#if defined(QK_CUDA)
+#define QK_NBITS_MMAA_O(BITS, R, S, O) QK_NBITS_MMAA_DEF(BITS, R, S, __launch_bounds__(256, O), _o##O)
+#else /* AMD: the same symbols, the compiler's registers */
+#define QK_NBITS_MMAA_O(BITS, R, S, O) QK_NBITS_MMAA_DEF(BITS, R, S, __launch_bounds__(256), _o##O)
+#endif
 
 /* the instantiations the launcher picks from: qk_nbits_mma_u{bits}_r{R}_t{T}_p{P}_o{O}, at least O
  * CTAs of 256 threads per SM (registers capped at 65536 / (256 O)) */
@@ -843,6 +891,7 @@ __device__ __forceinline__ bool qk_group_flagged(const int* flags, int grp) {
 #else
 #define QK_NBITS_MMA_CANDIDATES(BITS)                                                                                  \
     QK_NBITS_MMAA(BITS, 2, 4)                                                                                          \
+    QK_NBITS_MMAA(BITS, 1, 4)                                                                                          \
     QK_NBITS_MMAA(BITS, 2, 2)                                                                                          \
     QK_NBITS_MMAA(BITS, 1, 6)                                                                                          \
     QK_NBITS_MMAA(BITS, 4, 2)                                                                                          \
@@ -852,8 +901,9 @@ __device__ __forceinline__ bool qk_group_flagged(const int* flags, int grp) {
     QK_NBITS_MMA(BITS, 1, 1, 4, 4)
 #endif
 #define QK_NBITS_MMA_BITS(BITS)                                                                                        \
+    QK_NBITS_MMAA_O(BITS, 2, 3, 2)                                                                                     \
     QK_NBITS_MMAA(BITS, 2, 3)                                                                                          \
-    QK_NBITS_MMAA(BITS, 1, 4)                                                                                          \
+    QK_NBITS_MMAA_O(BITS, 1, 4, 3)                                                                                     \
     QK_NBITS_MMA(BITS, 2, 1, 2, 1)                                                                                     \
     QK_NBITS_MMA(BITS, 2, 4, 2, 1)                                                                                     \
     QK_NBITS_MMA_CANDIDATES(BITS)
