@@ -848,19 +848,19 @@ __device__ __forceinline__ bool qk_group_flagged(const int* flags, int grp) {
  * QK_NBITS_MMAA: registers as the compiler chooses; QK_NBITS_MMAA_O (symbols ending _o{O}): for O
  * CTAs of 256 threads an SM (registers capped at 65536 / (256 O); a minimum of 1 is not the
  * compiler's choice: it took 165 registers). The launcher picks (docs/perf-notes.md, session 14). */
-#define QK_NBITS_MMAA_DEF(BITS, R, S, BOUNDS, SUFFIX)                                                                \
-    extern "C" __global__ void BOUNDS qk_nbits_mmaa_u##BITS##_r##R##_s##S##SUFFIX(                                   \
-        const qk_u16* A, const qk_u8* B, const qk_u16* scales, const qk_u16* bias, qk_u16* Y, int M, int K, int N,    \
+#define QK_NBITS_MMAA_DEF(BITS, R, S, BOUNDS, SUFFIX)                                                                  \
+    extern "C" __global__ void BOUNDS qk_nbits_mmaa_u##BITS##_r##R##_s##S##SUFFIX(                                     \
+        const qk_u16* A, const qk_u8* B, const qk_u16* scales, const qk_u16* bias, qk_u16* Y, int M, int K, int N,     \
         int cpb_shift, int k_blocks, int has_bias, int a_vec, int act_bytes, int wk_n) {                               \
-        qk_nbits_mmaa<BITS, R, S, false>(A, B, scales, bias, Y, nullptr, M, K, N, cpb_shift, k_blocks, has_bias,      \
+        qk_nbits_mmaa<BITS, R, S, false>(A, B, scales, bias, Y, nullptr, M, K, N, cpb_shift, k_blocks, has_bias,       \
                                          a_vec, act_bytes, wk_n);                                                      \
     }                                                                                                                  \
-    extern "C" __global__ void BOUNDS qk_nbits_mmaf_u##BITS##_r##R##_s##S##SUFFIX(                                   \
+    extern "C" __global__ void BOUNDS qk_nbits_mmaf_u##BITS##_r##R##_s##S##SUFFIX(                                     \
         const qk_u16* A, const qk_u8* B, const float* scales, const float* bias, float* Y, const float* inv,           \
         const int* flags, const float* A32, int M, int K, int N, int cpb_shift, int k_blocks, int has_bias, int a_vec, \
         int act_bytes, int wk_n) {                                                                                     \
-        if (qk_group_flagged(flags, (int)blockIdx.y)) { /* uniform: the whole CTA, before any copy or barrier */     \
-            qk_nbits_f32_tile(A32, B, scales, bias, Y, M, K, N, (int)blockIdx.x * 16 * R, 16 * R, (int)blockIdx.y,    \
+        if (qk_group_flagged(flags, (int)blockIdx.y)) { /* uniform: the whole CTA, before any copy or barrier */       \
+            qk_nbits_f32_tile(A32, B, scales, bias, Y, M, K, N, (int)blockIdx.x * 16 * R, 16 * R, (int)blockIdx.y,     \
                               BITS, 64 << cpb_shift, k_blocks, has_bias);                                              \
             return;                                                                                                    \
         }                                                                                                              \
@@ -877,11 +877,11 @@ __device__ __forceinline__ bool qk_group_flagged(const int* flags, int grp) {
 /* the instantiations the launcher picks from: qk_nbits_mma_u{bits}_r{R}_t{T}_p{P}_o{O}, at least O
  * CTAs of 256 threads per SM (registers capped at 65536 / (256 O)) */
 #define QK_NBITS_MMA(BITS, R, T, P, O)                                                                                 \
-    extern "C" __global__ void __launch_bounds__(256, O) qk_nbits_mma_u##BITS##_r##R##_t##T##_p##P##_o##O(            \
-        const qk_u16* A, const qk_u8* B, const qk_u16* scales, const void* zp, float zps, const qk_u16* bias,         \
+    extern "C" __global__ void __launch_bounds__(256, O) qk_nbits_mma_u##BITS##_r##R##_t##T##_p##P##_o##O(             \
+        const qk_u16* A, const qk_u8* B, const qk_u16* scales, const void* zp, float zps, const qk_u16* bias,          \
         qk_u16* Y, int M, int K, int N, int cpb_shift, int k_blocks, int zp_bytes, int zp_kind, int has_bias,          \
         int a_vec, int act_smem, int wk_n, int wi_n) {                                                                 \
-        qk_nbits_mma<BITS, R, T, P>(A, B, scales, zp, zps, bias, Y, M, K, N, cpb_shift, k_blocks, zp_bytes, zp_kind,  \
+        qk_nbits_mma<BITS, R, T, P>(A, B, scales, zp, zps, bias, Y, M, K, N, cpb_shift, k_blocks, zp_bytes, zp_kind,   \
                                     has_bias, a_vec, act_smem, wk_n, wi_n);                                            \
     }
 /* the shapes in MMA_SHAPES (qconform.device.registry), then the bench's other decode candidates
