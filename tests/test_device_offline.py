@@ -288,22 +288,25 @@ def test_every_mma_shape_is_instantiated() -> None:
 
 
 def test_ring_split_for_the_bench_shapes() -> None:
-    """The ring decode kernel's K split (H200: 132 SMs, 227 KiB per CTA, 228 KiB per SM; r=2 s=3:
-    7680 bytes of ring per warp): 5120 x 17920 u2 (560 items, 20 superchunks, 10 KiB staged
-    activations) takes 4 warps (2240 >= 16 x 132 warps; the CTAs then no longer fit one wave,
-    which the bench measured faster than 2); 17920 x 5120 (160 items, 70 superchunks, activations
-    not staged) takes 8;
-    a short K stops at 2 superchunks per warp; a ring that cannot fit one warp gives 0 (the
-    launcher then takes the general kernel)."""
+    """The ring decode kernel's K split (H200: 132 SMs, 227 KiB per CTA; r=2 s=3: 7680 bytes of ring
+    per warp): 4 warps where that gives the launch 12 warps an SM (5120 x 17920 u2: 560 items, 20
+    superchunks, 10 KiB staged; the lm_head's 3136 items), else 8 (17920 x 5120: 160 items, 70
+    superchunks, activations not staged; 4 would give 4.8 warps an SM); a short K stops at 2
+    superchunks per warp, shared memory at the CTA's limit; a ring that cannot fit one warp gives 0
+    (the launcher then takes the general kernel)."""
     from qconform.device.registry import MMA_SHAPES, MmaShape
 
     shape = MMA_SHAPES["decode"]
     assert shape.ring and shape.ring_bytes() == 3 * 2 * 2 * 32 * 20
-    per_cta, per_sm = 227 * 1024, 228 * 1024
-    assert shape.ring_split(560, 20, 10240, per_cta, per_sm, 132) == 4
-    assert shape.ring_split(160, 70, 0, per_cta, per_sm, 132) == 8  # 35 KiB of activations: read from L2
-    assert shape.ring_split(160, 5, 0, per_cta, per_sm, 132) == 2  # 5 superchunks: 2 per warp at most
-    assert MmaShape(r=2, t=1, p=64, ring=True).ring_split(560, 20, 10240, 48 * 1024, per_sm, 132) == 0
+    per_cta = 227 * 1024
+    assert shape.ring_split(560, 20, 10240, per_cta, 132) == 4
+    assert shape.ring_split(3136, 20, 10240, per_cta, 132) == 4
+    assert shape.ring_split(396, 20, 10240, per_cta, 132) == 4  # 396 x 4 = 12 x 132
+    assert shape.ring_split(395, 20, 10240, per_cta, 132) == 8
+    assert shape.ring_split(160, 70, 0, per_cta, 132) == 8  # 35 KiB of activations: read from L2
+    assert shape.ring_split(160, 5, 0, per_cta, 132) == 2  # 5 superchunks: 2 per warp at most
+    assert shape.ring_split(160, 70, 40 * 1024, 64 * 1024, 132) == 2  # 40 KiB + 4 rings pass 64 KiB
+    assert MmaShape(r=2, t=1, p=64, ring=True).ring_split(560, 20, 10240, 48 * 1024, 132) == 0
 
 
 def test_ring_tail_wave_choice() -> None:

@@ -245,20 +245,23 @@ class MmaShape:
         """Shared memory of one warp's ring: per stage, 16 R rows x (16 weight + 4 scale) bytes x 4 lanes."""
         return self.p * self.r * 2 * 32 * 20
 
-    def ring_split(self, items: int, units: int, act_bytes: int, smem_cta: int, smem_sm: int, sms: int) -> int:
-        """The warps per CTA (1, 2, 4, 8) splitting the ring kernel's ``units`` superchunks: the
-        fewest that bring the launch to ``warps_per_sm`` warps per SM (or stop fitting in one wave
-        of CTAs), each warp at least 2 superchunks, the CTA's shared memory within ``smem_cta``;
-        0 if one warp does not fit. (Measured: allowing a second wave for more warps per SM is
-        faster than one wave of fewer, docs/perf-notes.md.)"""
+    def ring_split(self, items: int, units: int, act_bytes: int, smem_cta: int, sms: int) -> int:
+        """The warps per CTA (1, 2, 4, 8) splitting the ring kernel's ``units`` superchunks: 4, or 8
+        where 4 would give the launch fewer than ``warps_per_sm`` warps an SM in all; fewer where K
+        has under 2 superchunks a warp or the CTA's shared memory (``act_bytes`` of staged
+        activations and the rings) would pass ``smem_cta``; 0 if one warp does not fit. Measured
+        on the H200 with each split forced (docs/perf-notes.md, session 14), bench shapes x u2 / u4 x
+        M 1 / 8: where 4 is taken (5120 x 17920, 4096 x 14336, the lm_head) it was the fastest or
+        within 3% of it in 11 of 12 cells (lm_head u4 M 1: 89.2 us, against 131.1 with the 1 the
+        previous rule chose; 4096 x 14336 u2 M 1: 14.5 against 18.0 with 8; the exception 5120 x
+        17920 u4 M 8: 31.4 against 27.8 with 2), and where 8 is taken (17920 x 5120, 14336 x 4096:
+        320 and 256 CTAs) it was the fastest in all 8."""
         best = 0
         for wk in (1, 2, 4, 8):
-            smem = act_bytes + wk * self.ring_bytes()
-            if smem > smem_cta or (best and units < 2 * wk):
+            if act_bytes + wk * self.ring_bytes() > smem_cta or (best and units < 2 * wk):
                 break
             best = wk
-            per_sm = min(MAX_CTAS_PER_SM, MAX_WARPS_PER_SM // wk, smem_sm // (smem + 1024))
-            if items * wk >= self.warps_per_sm * sms or items >= per_sm * sms:
+            if wk >= 4 and items * wk >= self.warps_per_sm * sms:
                 break
         return best
 
@@ -292,9 +295,9 @@ class MmaShape:
 
 
 MMA_SHAPES = {
-    "decode": MmaShape(r=2, t=1, p=3, o=2, ring=True, warps_per_sm=16),
-    "decode_wave": MmaShape(r=2, t=1, p=3, ring=True, warps_per_sm=16),
-    "decode_narrow": MmaShape(r=1, t=1, p=4, o=3, ring=True, warps_per_sm=16),
+    "decode": MmaShape(r=2, t=1, p=3, o=2, ring=True, warps_per_sm=12),
+    "decode_wave": MmaShape(r=2, t=1, p=3, ring=True, warps_per_sm=12),
+    "decode_narrow": MmaShape(r=1, t=1, p=4, o=3, ring=True, warps_per_sm=12),
     "decode_zp": MmaShape(r=2, t=1, p=2, o=1),
     "prefill": MmaShape(r=2, t=4, p=2, o=1, wk=1, wi=4),
 }

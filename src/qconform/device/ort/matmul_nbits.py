@@ -115,9 +115,9 @@ def _shape_plan(shape: MmaShape, bits: int, lay: Any, act_rows: int, groups: int
     kp = units * sc * 64
     act = act_rows * kp * 2
     act = act if act <= RING_ACT_LIMIT else 0
-    per_cta, per_sm = _smem_limits()
+    per_cta = _smem_limits()[0]
     items = -(-lay.N // (16 * shape.r))
-    wk = shape.ring_split(items * groups, units, act, per_cta, per_sm, sm_count())
+    wk = shape.ring_split(items * groups, units, act, per_cta, sm_count())
     symbol = shape.symbol_f32(bits) if f32 else shape.symbol(bits)
     smem = max(act + wk * shape.ring_bytes(), wk * shape.r * 4 * 32 * 4)
     if wk == 0 or (smem > 48 * 1024 and not _allow_smem(kernel_of(MMA, symbol), per_cta)):
