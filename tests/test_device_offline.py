@@ -313,8 +313,8 @@ def test_ring_tail_wave_choice() -> None:
     """The ring kernel's resident CTAs (H200: 228 KiB of shared memory an SM) and the tail-wave rule:
     5120 x 17920 at M 8 (560 CTAs of 4 warps, 30 KiB of rings each) fits 4 CTAs an SM at 128
     registers (528 slots: a last wave of 32 CTAs, so decode_wave) and 6 at 80 (792: one wave); the
-    lm_head's 3136 one-warp CTAs (~2 waves at either) and 4096 x 14336's 448 of 8 warps (2 an SM at
-    128 registers: 264 slots, 1.7 waves) keep decode; exactly one wave is no tail."""
+    lm_head's 3136 CTAs of 4 warps (5.9 waves on 528 slots) and 4096 x 14336's 448 (one wave) keep
+    decode, as would 8-warp CTAs at 2 an SM (264 slots: 1.7 waves); exactly one wave is no tail."""
     from qconform.device.registry import MmaShape, tail_wave
 
     per_sm = 228 * 1024
@@ -325,7 +325,7 @@ def test_ring_tail_wave_choice() -> None:
     assert MmaShape.ring_ctas_per_sm(1, 7680, 128, per_sm) == 16
     assert MmaShape.ring_ctas_per_sm(1, 7680, 40, per_sm) == 26  # shared memory the limit: 26 x 8.5 KiB
     assert tail_wave(560, 4 * 132) and not tail_wave(560, 6 * 132)
-    assert not tail_wave(3136, 16 * 132) and not tail_wave(448, 2 * 132)
+    assert not tail_wave(3136, 4 * 132) and not tail_wave(448, 4 * 132) and not tail_wave(448, 2 * 132)
     assert not tail_wave(528, 528) and tail_wave(660, 528) and not tail_wave(661, 528)
 
 
