@@ -111,8 +111,15 @@ def bound(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[[], Non
 
 
 @functools.cache
+@functools.cache
+def device_attributes(device: int) -> dict[str, int]:
+    """CuPy's ``Device(device).attributes`` (a runtime query per attribute), read once per device:
+    the launchers consult them on every call."""
+    return dict(cupy.cuda.Device(device).attributes)
+
+
 def sm_count() -> int:
-    return int(cupy.cuda.Device().attributes["MultiProcessorCount"])
+    return int(device_attributes(cupy.cuda.Device().id)["MultiProcessorCount"])
 
 
 def launch_abi(op: OpSpec, source: str, symbol: str, args: tuple, kwargs: dict[str, Any], out: Any = None) -> Any:
