@@ -315,15 +315,15 @@ def test_ring_tail_wave_choice() -> None:
     registers (528 slots: a last wave of 32 CTAs, so decode_wave) and 6 at 80 (792: one wave); the
     lm_head's 3136 CTAs of 4 warps (5.9 waves on 528 slots) and 4096 x 14336's 448 (one wave) keep
     decode, as would 8-warp CTAs at 2 an SM (264 slots: 1.7 waves); exactly one wave is no tail."""
-    from qconform.device.registry import MmaShape, tail_wave
+    from qconform.device.registry import resident_ctas, tail_wave
 
     per_sm = 228 * 1024
-    assert MmaShape.ring_ctas_per_sm(4, 30720, 128, per_sm) == 4
-    assert MmaShape.ring_ctas_per_sm(4, 30720, 80, per_sm) == 6
-    assert MmaShape.ring_ctas_per_sm(4, 41984, 80, per_sm) == 5  # 10 KiB of staged activations more
-    assert MmaShape.ring_ctas_per_sm(8, 61440, 128, per_sm) == 2
-    assert MmaShape.ring_ctas_per_sm(1, 7680, 128, per_sm) == 16
-    assert MmaShape.ring_ctas_per_sm(1, 7680, 40, per_sm) == 26  # shared memory the limit: 26 x 8.5 KiB
+    assert resident_ctas(4, 128, 30720, per_sm) == 4
+    assert resident_ctas(4, 80, 30720, per_sm) == 6
+    assert resident_ctas(4, 80, 41984, per_sm) == 5  # 10 KiB of staged activations more
+    assert resident_ctas(8, 128, 61440, per_sm) == 2
+    assert resident_ctas(1, 128, 7680, per_sm) == 16
+    assert resident_ctas(1, 40, 7680, per_sm) == 26  # shared memory the limit: 26 x 8.5 KiB
     assert tail_wave(560, 4 * 132) and not tail_wave(560, 6 * 132)
     assert not tail_wave(3136, 4 * 132) and not tail_wave(448, 4 * 132) and not tail_wave(448, 2 * 132)
     assert not tail_wave(528, 528) and tail_wave(660, 528) and not tail_wave(661, 528)

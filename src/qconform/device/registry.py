@@ -209,6 +209,15 @@ def parse_impl_spec(spec: str) -> tuple[Path, str, Launch]:
     return path, parts[1], Launch(**opts, options=tuple(options))
 
 
+def resident_ctas(warps: int, regs: int, smem: int = 0, smem_sm: int = 0) -> int:
+    """CTAs of ``warps`` warps resident on one SM at once: by CTAs, warps and ``regs`` registers a
+    thread (allocated in units of REG_ALLOC_UNIT), and with ``smem_sm`` given by shared memory
+    (``smem`` bytes a CTA, 1 KiB reserved each)."""
+    per_thread = -(-regs // REG_ALLOC_UNIT) * REG_ALLOC_UNIT
+    ctas = min(MAX_CTAS_PER_SM, MAX_WARPS_PER_SM // warps, REGS_PER_SM // (per_thread * 32 * warps))
+    return min(ctas, smem_sm // (smem + 1024)) if smem_sm else ctas
+
+
 @dataclass(frozen=True)
 class MmaShape:
     """The matrix-unit MatMulNBits kernel's work split: a warp owns ``r`` tiles of 16 rows x ``t``
@@ -265,18 +274,6 @@ class MmaShape:
                 break
         return best
 
-    @staticmethod
-    def ring_ctas_per_sm(wk: int, smem: int, regs: int, smem_sm: int) -> int:
-        """The ring kernel's CTAs of ``wk`` warps resident on one SM at once: by CTAs, warps,
-        shared memory (``smem`` bytes a CTA, 1 KiB reserved each) and ``regs`` registers a thread."""
-        per_thread = -(-regs // REG_ALLOC_UNIT) * REG_ALLOC_UNIT
-        return min(
-            MAX_CTAS_PER_SM,
-            MAX_WARPS_PER_SM // wk,
-            smem_sm // (smem + 1024),
-            REGS_PER_SM // (per_thread * 32 * wk),
-        )
-
     def k_split(self, items: int, n_chunks: int, regs: int, sms: int) -> int:
         """The most warps per item (1, 2, 4, 8) that keeps the launch within ``warps_per_sm``
         warps per SM and every CTA resident at once (one wave, from the kernel's registers),
@@ -285,10 +282,7 @@ class MmaShape:
             return self.wk
         best = 1
         for wk in (2, 4, 8):
-            warps = wk * self.wi
-            per_thread = -(-regs // REG_ALLOC_UNIT) * REG_ALLOC_UNIT
-            per_sm = min(MAX_CTAS_PER_SM, MAX_WARPS_PER_SM // warps, REGS_PER_SM // (per_thread * 32 * warps))
-            one_wave = -(-items // self.wi) <= per_sm * sms
+            one_wave = -(-items // self.wi) <= resident_ctas(wk * self.wi, regs) * sms
             if one_wave and items * wk <= self.warps_per_sm * sms and n_chunks >= 2 * wk * self.p:
                 best = wk
         return best

@@ -13,7 +13,7 @@ import numpy as np
 from qconform.device import launchers
 from qconform.device.abi import out_buffer, shadow
 from qconform.device.launchers import contiguous, kernel_of, launch, launch_abi, launch_grid, sm_count
-from qconform.device.registry import MMA_SHAPES, MmaShape, decode_shape, tail_wave
+from qconform.device.registry import MMA_SHAPES, MmaShape, decode_shape, resident_ctas, tail_wave
 from qconform.errors import ArgumentError
 from qconform.ops.ort.matmul_nbits import DEQUANTIZE_NBITS, ZP_KIND, zero_point_kind
 from qconform.oracles.ort.matmul_nbits import check_a, check_nbits_args
@@ -101,7 +101,7 @@ def _ring_plan(bits: int, lay: Any, act_rows: int, groups: int, f32: bool) -> _R
 def _slots(plan: _RingPlan) -> int:
     """The plan's CTAs resident at once on the device (by its kernel's registers)."""
     regs = kernel_of(MMA, plan.symbol).num_regs
-    return MmaShape.ring_ctas_per_sm(plan.wk, plan.smem, regs, _smem_limits()[1]) * sm_count()
+    return resident_ctas(plan.wk, regs, plan.smem, _smem_limits()[1]) * sm_count()
 
 
 def _shape_plan(shape: MmaShape, bits: int, lay: Any, act_rows: int, groups: int, f32: bool) -> _RingPlan | None:
