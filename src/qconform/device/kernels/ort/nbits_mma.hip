@@ -228,6 +228,13 @@ __device__ __forceinline__ void qk_stage_act(qk_u16* sA, const qk_u16* A, int to
         }
 }
 
+/* the K positions in a chunk of lane t's 16 activations in the ring kernel (two runs of 8, the K
+ * slots of its transposed words): u2 16 t and 16 t + 8, u4 8 t and 32 + 8 t */
+template <int BITS>
+__device__ __forceinline__ int qk_ring_ka(int t) { return BITS == 2 ? 16 * t : 8 * t; }
+template <int BITS>
+__device__ __forceinline__ int qk_ring_kb(int t) { return BITS == 2 ? 16 * t + 8 : 32 + 8 * t; }
+
 /* The ring kernel's staged activations, paired: rows 0 .. n_tok of A (a_len halves each) into
  * rows of Kp halves, zeros past a_len; the 16 halves lane t reads of chunk c (at ka, kb) stored at
  * 64 c + 16 t in the order of its mma operands, (bf[m][0], bf[m][1]) for m = 0 .. 3 (qk_act_pair of
@@ -239,8 +246,7 @@ __device__ __forceinline__ void qk_stage_act_paired(qk_u16* sA, const qk_u16* A,
         for (int q = (int)threadIdx.x; q < Kp / 16; q += (int)blockDim.x) {
             const int k0 = 64 * (q >> 2), t = q & 3;
             qk_u32 h[8], o[8];
-            qk_load_act(h, A, r, n_tok, a_len, k0 + (BITS == 2 ? 16 * t : 8 * t),
-                        k0 + (BITS == 2 ? 16 * t + 8 : 32 + 8 * t), a_vec);
+            qk_load_act(h, A, r, n_tok, a_len, k0 + qk_ring_ka<BITS>(t), k0 + qk_ring_kb<BITS>(t), a_vec);
 #pragma unroll
             for (int m = 0; m < 4; ++m) {
                 int pp[2], qq[2];
@@ -616,7 +622,7 @@ __device__ __forceinline__ void qk_nbits_mmaa(const qk_u16* A, const qk_u8* B, c
     const int a_len = F32 ? Kp : K; /* the activation rows' length */
     qk_u16* sA = (qk_u16*)qk_red;
     const QkRing<R> ring((qk_u32*)((char*)qk_red + act_bytes) + wk * RING_WORDS, lane);
-    const int ka = BITS == 2 ? 16 * t : 8 * t, kb = BITS == 2 ? 16 * t + 8 : 32 + 8 * t;
+    const int ka = qk_ring_ka<BITS>(t), kb = qk_ring_kb<BITS>(t);
     const int tok_row = min(g, n_tok - 1);
     qk_u32 zoff[4]; /* q - z, the default zero point folded in */
     qk_fold_offsets<BITS>(1 << (BITS - 1), zoff);
