@@ -312,14 +312,18 @@ def test_ring_split_for_the_bench_shapes() -> None:
 def test_ring_tail_wave_choice() -> None:
     """The ring kernel's resident CTAs (H200: 228 KiB of shared memory an SM) and the tail-wave rule:
     5120 x 17920 at M 8 (560 CTAs of 4 warps, 30 KiB of rings each) fits 4 CTAs an SM at 128
-    registers (528 slots: a last wave of 32 CTAs, so decode_wave) and 6 at 80 (792: one wave); the
+    registers (528 slots: a last wave of 32 CTAs), so fewer_warps: 3 warps a CTA, 5 an SM at 128
+    registers (660 slots: one wave); decode_wave (6 at 80: 792) where those would not fit; the
     lm_head's 3136 CTAs of 4 warps (5.9 waves on 528 slots) and 4096 x 14336's 448 (one wave) keep
     decode, as would 8-warp CTAs at 2 an SM (264 slots: 1.7 waves); exactly one wave is no tail."""
-    from qconform.device.registry import resident_ctas, tail_wave
+    from qconform.device.registry import fewer_warps, resident_ctas, tail_wave
 
     per_sm = 228 * 1024
     assert resident_ctas(4, 128, 30720, per_sm) == 4
     assert resident_ctas(4, 80, 30720, per_sm) == 6
+    assert (fewer_warps(4), fewer_warps(8), fewer_warps(2), fewer_warps(1)) == (3, 6, 2, 1)
+    assert resident_ctas(3, 128, 23040, per_sm) == 5 and not tail_wave(560, 5 * 132)
+    assert resident_ctas(3, 128, 33280, per_sm) == 5  # 10 KiB of staged activations more (M 1)
     assert resident_ctas(4, 80, 41984, per_sm) == 5  # 10 KiB of staged activations more
     assert resident_ctas(8, 128, 61440, per_sm) == 2
     assert resident_ctas(1, 128, 7680, per_sm) == 16

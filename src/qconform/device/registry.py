@@ -297,7 +297,7 @@ MMA_SHAPES = {
 }
 """decode: M <= 8 (one group of 8 tokens), compiled for 2 CTAs of 256 threads an SM (up to 128
 registers); decode_wave: the same with the compiler's registers (80 u2, 70 u4), taken where decode's CTAs would
-leave a nearly empty last wave (``tail_wave``); decode_narrow: the same for weights of too few rows to
+leave a nearly empty last wave (``tail_wave``) even with ``fewer_warps``; decode_narrow: the same for weights of too few rows to
 give every SM two of decode's tiles (``decode_shape``), compiled for 3 CTAs (80 registers, not 56);
 prefill: larger M. The shapes the device suite ran
 (docs/perf-notes.md has the bench's times for every candidate)."""
@@ -320,6 +320,15 @@ def tail_wave(ctas: int, slots: int) -> bool:
     17920 at M 8 took 23.5 / 36.3 us (u2 / u4) with decode's 560 CTAs on 528 slots, 21.8 / 31.5 with
     decode_wave's 792."""
     return slots < ctas <= TAIL_WAVE * slots
+
+
+def fewer_warps(wk: int) -> int:
+    """The ring kernel's warps a CTA tried first where ``wk`` would leave a tail wave: three quarters
+    of them (4 -> 3, 8 -> 6; the kernel splits the superchunks over any number). Measured on the H200
+    (docs/perf-notes.md, session 15): 5120 x 17920's 560 CTAs with 3 warps (5 an SM at 128 registers,
+    660 slots) took 20.0 / 21.4 / 25.3 / 25.8 us (u2 M 1, u2 M 8, u4 M 1, u4 M 8) against
+    decode_wave's 20.0 / 22.0 / 26.4 / 32.1."""
+    return wk - wk // 4
 
 
 MMA_DECODE_CANDIDATES = (

@@ -13,7 +13,7 @@ import numpy as np
 from qconform.device import launchers
 from qconform.device.abi import out_buffer, shadow
 from qconform.device.launchers import contiguous, kernel_of, launch, launch_abi, launch_grid, sm_count
-from qconform.device.registry import MMA_SHAPES, MmaShape, decode_shape, resident_ctas, tail_wave
+from qconform.device.registry import MMA_SHAPES, MmaShape, decode_shape, fewer_warps, resident_ctas, tail_wave
 from qconform.errors import ArgumentError
 from qconform.ops.ort.matmul_nbits import DEQUANTIZE_NBITS, ZP_KIND, zero_point_kind
 from qconform.oracles.ort.matmul_nbits import check_a, check_nbits_args
@@ -88,14 +88,20 @@ class _RingPlan(NamedTuple):
 
 def _ring_plan(bits: int, lay: Any, act_rows: int, groups: int, f32: bool) -> _RingPlan | None:
     """The ring kernel's launch for ``act_rows`` activation rows staged per CTA and ``groups`` token
-    groups (blockIdx.y): ``decode_shape``'s, or decode_wave's where decode's CTAs would leave a nearly
-    empty last wave (``tail_wave``) and decode_wave's fit one; None as ``_shape_plan``."""
+    groups (blockIdx.y): ``decode_shape``'s; where decode's CTAs would leave a nearly empty last wave
+    (``tail_wave``), decode with ``fewer_warps`` a CTA if its CTAs then fit one wave, else
+    decode_wave's if they fit one; None as ``_shape_plan``."""
     shape = decode_shape(lay.N, sm_count())
     plan = _shape_plan(shape, bits, lay, act_rows, groups, f32)
-    if plan is None or shape is not MMA_SHAPES["decode"] or not tail_wave(plan.items * groups, _slots(plan)):
+    ctas = 0 if plan is None else plan.items * groups
+    if plan is None or shape is not MMA_SHAPES["decode"] or not tail_wave(ctas, _slots(plan)):
         return plan
+    if fewer_warps(plan.wk) < plan.wk:
+        fewer = _shape_plan(shape, bits, lay, act_rows, groups, f32, wk=fewer_warps(plan.wk))
+        if fewer is not None and _slots(fewer) >= ctas:
+            return fewer
     wave = _shape_plan(MMA_SHAPES["decode_wave"], bits, lay, act_rows, groups, f32)
-    return wave if wave is not None and _slots(wave) >= plan.items * groups else plan
+    return wave if wave is not None and _slots(wave) >= ctas else plan
 
 
 def _slots(plan: _RingPlan) -> int:
@@ -104,9 +110,11 @@ def _slots(plan: _RingPlan) -> int:
     return resident_ctas(plan.wk, regs, plan.smem, _smem_limits()[1]) * sm_count()
 
 
-def _shape_plan(shape: MmaShape, bits: int, lay: Any, act_rows: int, groups: int, f32: bool) -> _RingPlan | None:
-    """``shape``'s ring launch; None when N is below one CTA's 16 r rows (its CTAs read 16 r whole
-    rows of B) or one warp's ring does not fit."""
+def _shape_plan(
+    shape: MmaShape, bits: int, lay: Any, act_rows: int, groups: int, f32: bool, wk: int = 0
+) -> _RingPlan | None:
+    """``shape``'s ring launch with ``wk`` warps a CTA (0: ``MmaShape.ring_split``'s); None when N is
+    below one CTA's 16 r rows (its CTAs read 16 r whole rows of B) or one warp's ring does not fit."""
     if lay.N < 16 * shape.r:
         return None
     n_chunks = -(-lay.K // 64)
@@ -117,7 +125,7 @@ def _shape_plan(shape: MmaShape, bits: int, lay: Any, act_rows: int, groups: int
     act = act if act <= RING_ACT_LIMIT else 0
     per_cta = _smem_limits()[0]
     items = -(-lay.N // (16 * shape.r))
-    wk = shape.ring_split(items * groups, units, act, per_cta, sm_count())
+    wk = wk or shape.ring_split(items * groups, units, act, per_cta, sm_count())
     symbol = shape.symbol_f32(bits) if f32 else shape.symbol(bits)
     smem = max(act + wk * shape.ring_bytes(), wk * shape.r * 4 * 32 * 4)
     if wk == 0 or (smem > 48 * 1024 and not _allow_smem(kernel_of(MMA, symbol), per_cta)):
