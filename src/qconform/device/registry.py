@@ -296,10 +296,10 @@ MMA_SHAPES = {
     "prefill": MmaShape(r=2, t=4, p=2, o=1, wk=1, wi=4),
 }
 """decode: M <= 8 (one group of 8 tokens), compiled for 2 CTAs of 256 threads an SM (up to 128
-registers); decode_wave: the same with the compiler's registers (80 u2, 70 u4), taken where decode's CTAs would
-leave a nearly empty last wave (``tail_wave``) even with ``fewer_warps``; decode_narrow: the same for weights of too few rows to
-give every SM two of decode's tiles (``decode_shape``), compiled for 3 CTAs (80 registers, not 56);
-prefill: larger M. The shapes the device suite ran
+registers); decode_wave: the same with the compiler's registers (80 u2, 70 u4), taken where decode's
+CTAs would leave a nearly empty last wave (``tail_wave``) even with ``fewer_warps``; decode_narrow:
+the same for weights of too few rows to give every SM two of decode's tiles (``decode_shape``),
+compiled for 3 CTAs (80 registers, not 56); prefill: larger M. The shapes the device suite ran
 (docs/perf-notes.md has the bench's times for every candidate)."""
 
 
