@@ -8,8 +8,15 @@
 # the so: launcher example is also built as a shared library for both vendors, and the CUDA-only
 # test launchers for NVIDIA. Facts: docs/device-tooling.md B6 (HIP_PLATFORM=amd is required
 # because nvcc is on PATH; Debian's hipcc is 5.2.3 / clang-15).
+#   bash ci/compile-kernels.sh [all|shipped|patched]
+# shipped: the sources in the repository (no Python package needed: ci/test.sh runs it while pip
+# installs); patched: the device mutants' patched copies and the benches' diagnostic builds (they
+# need qconform's dependencies installed); all (default): both.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+PART="${1:-all}"
+case "$PART" in all | shipped | patched) ;; *) echo "usage: ci/compile-kernels.sh [all|shipped|patched]" >&2; exit 2 ;; esac
+part() { [ "$PART" = all ] || [ "$PART" = "$1" ]; }
 KERNELS=src/qconform/device/kernels
 INCLUDES="-I$KERNELS -I$KERNELS/common"
 export HIP_PLATFORM=amd
@@ -27,7 +34,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 n=0
 amd=1
-if ! install_hipcc; then
+if part shipped && ! install_hipcc; then
   amd=0
   echo "compile-kernels: WARNING: hipcc is not installed and could not be installed (apt-get as root or sudo): AMD targets NOT compiled" >&2
 fi
@@ -58,73 +65,79 @@ compile() {  # label, command... : run in the background, JOBS at a time, each w
   if [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; then wait -n || fail=1; fi
 }
 
-# patched sources: tmp/patched/<mutant>/<file>, beside copies of the headers of the shipped file's folder;
-# built as the suite and the bench load them: the launcher's MatMulNBits shapes only (-DQK_MMA_DEFAULT_ONLY)
-PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" python3 tests/device_catalogue.py --write-sources "$tmp/patched" \
-  >/dev/null
-# -Wno-pass-failed: on AMD the matrix-unit GEMM runs qk_mma_16816's shuffle form, and clang may
-# decline to fully unroll the prefill shape's loop nest (code size): a speed matter, not a wrong result.
-for src in "$KERNELS"/*/*.hip tests/device_mutants/*.hip; do
-  if [ "$amd" = 1 ]; then
-    for arch in gfx90a gfx1030; do
-      compile "$src for $arch" hipcc --genco --offload-arch="$arch" -Werror -Wall -Wno-pass-failed $INCLUDES \
-        -o "$tmp/k.co" "$src"
-    done
-  fi
-  compile "$src for sm_90" nvcc -cubin -arch=sm_90 -Werror all-warnings $INCLUDES -x cu -o "$tmp/k.cubin" "$src"
-done
-# patched copies (the device mutants) and the benches' diagnostic builds differ from a shipped source by
-# a few lines or a -D option and run only on NVIDIA: each goes through the CUDA front end for sm_90 with
-# warnings as errors (PTX at -O0: the parse, the templates they instantiate, the warnings), which is
-# what a few-line patch can break; the optimizer and ptxas run on the shipped sources above. That keeps
-# this gate to a few minutes on 2 cores (full builds of the ~100 copies took ~7 of its ~10 minutes).
-front() {  # label, defines..., source
-  local label=$1 src=${*: -1} defs=("${@:2:$#-2}")
-  compile "$label" nvcc -ptx -arch=sm_90 -Xcicc -O0 -Werror all-warnings $INCLUDES "${defs[@]}" -x cu \
-    -o "$tmp/k.ptx" "$src"
-}
-for src in "$tmp"/patched/*/*.hip; do
-  front "$src for sm_90 (front end)" -DQK_MMA_DEFAULT_ONLY "$src"
-done
-# the benches' diagnostic builds, sm_90 only (the benches run on NVIDIA): the session-7 attention
-# kernels of ort/gqa.hip (-DQK_GQA_LEGACY; bench.gqa --variants flash,legacy); the session-3 zero-point
-# arithmetic of the fp16-A matrix-unit kernels (-DQK_NBITS_ZP_SUM_V1; bench.nbits --variants and the
-# device mutant "mma GEMV fp16 A: zero point through sum(a)"); the flash prefill's session-8 kernels
-# (-DQK_GQA_PREFILL_V1; bench.gqa_prefill --variants); the keep-quant fast GEMV's round 1
-# (-DQK_KQ_FAST_V1) and round 2 with one step in flight (-DQK_KF_STEPS_M1=1; bench.ggml_gemv)
-front "$KERNELS/ort/gqa.hip -DQK_GQA_LEGACY" -DQK_GQA_LEGACY "$KERNELS/ort/gqa.hip"
-front "$KERNELS/ort/nbits_mma.hip -DQK_NBITS_ZP_SUM_V1" -DQK_NBITS_ZP_SUM_V1 "$KERNELS/ort/nbits_mma.hip"
-front "$KERNELS/ort/gqa_flash.hip -DQK_GQA_PREFILL_V1" -DQK_GQA_PREFILL_V1 "$KERNELS/ort/gqa_flash.hip"
-for def in -DQK_KQ_FAST_V1 -DQK_KF_STEPS_M1=1; do
-  front "$KERNELS/ggml/keep_quant_fast.hip $def" "$def" "$KERNELS/ggml/keep_quant_fast.hip"
-done
-for src in examples/so_launcher/*.cu; do
-  if [ "$amd" = 1 ]; then
-    compile "$src (shared library) for gfx90a" hipcc -shared -fPIC --offload-arch=gfx90a -x hip -Werror $INCLUDES \
-      -o "$tmp/l.so" "$src"
-  fi
-  compile "$src (shared library) for sm_90" nvcc --cudart shared -shared -Xcompiler -fPIC -arch=sm_90 \
-    -Werror all-warnings $INCLUDES -o "$tmp/l.so" "$src"
-done
-for src in tests/device_mutants/*.cu; do  # CUDA-only test launchers
-  compile "$src (shared library) for sm_90" nvcc --cudart shared -shared -Xcompiler -fPIC -arch=sm_90 \
-    -Werror all-warnings $INCLUDES -o "$tmp/l.so" "$src"
-done
-for src in examples/hip_kernel/*.hip; do  # the worked user hip: kernels (tests/user_kernels.py), like the kernels
-  if [ "$amd" = 1 ]; then
-    for arch in gfx90a gfx1030; do
-      compile "$src for $arch" hipcc --genco --offload-arch="$arch" -Werror -Wall -Wno-pass-failed $INCLUDES \
-        -o "$tmp/k.co" "$src"
-    done
-  fi
-  compile "$src for sm_90" nvcc -cubin -arch=sm_90 -Werror all-warnings $INCLUDES -x cu -o "$tmp/k.cubin" "$src"
-done
+if part shipped; then
+  # -Wno-pass-failed: on AMD the matrix-unit GEMM runs qk_mma_16816's shuffle form, and clang may
+  # decline to fully unroll the prefill shape's loop nest (code size): a speed matter, not a wrong result.
+  # AMD builds take -DQK_MMA_DEFAULT_ONLY: the MatMulNBits bench's other decode candidates run on
+  # NVIDIA only (sm_90 builds them; on AMD they were half of this gate's longest compiles).
+  for src in "$KERNELS"/*/*.hip tests/device_mutants/*.hip; do
+    if [ "$amd" = 1 ]; then
+      for arch in gfx90a gfx1030; do
+        compile "$src for $arch" hipcc --genco --offload-arch="$arch" -Werror -Wall -Wno-pass-failed $INCLUDES \
+          -DQK_MMA_DEFAULT_ONLY -o "$tmp/k.co" "$src"
+      done
+    fi
+    compile "$src for sm_90" nvcc -cubin -arch=sm_90 -Werror all-warnings $INCLUDES -x cu -o "$tmp/k.cubin" "$src"
+  done
+  for src in examples/so_launcher/*.cu; do
+    if [ "$amd" = 1 ]; then
+      compile "$src (shared library) for gfx90a" hipcc -shared -fPIC --offload-arch=gfx90a -x hip -Werror $INCLUDES \
+        -o "$tmp/l.so" "$src"
+    fi
+    compile "$src (shared library) for sm_90" nvcc --cudart shared -shared -Xcompiler -fPIC -arch=sm_90 \
+      -Werror all-warnings $INCLUDES -o "$tmp/l.so" "$src"
+  done
+  for src in tests/device_mutants/*.cu; do  # CUDA-only test launchers
+    compile "$src (shared library) for sm_90" nvcc --cudart shared -shared -Xcompiler -fPIC -arch=sm_90 \
+      -Werror all-warnings $INCLUDES -o "$tmp/l.so" "$src"
+  done
+  for src in examples/hip_kernel/*.hip; do  # the worked user hip: kernels (tests/user_kernels.py), like the kernels
+    if [ "$amd" = 1 ]; then
+      for arch in gfx90a gfx1030; do
+        compile "$src for $arch" hipcc --genco --offload-arch="$arch" -Werror -Wall -Wno-pass-failed $INCLUDES \
+          -o "$tmp/k.co" "$src"
+      done
+    fi
+    compile "$src for sm_90" nvcc -cubin -arch=sm_90 -Werror all-warnings $INCLUDES -x cu -o "$tmp/k.cubin" "$src"
+  done
+fi
+if part patched; then
+  # patched sources: tmp/patched/<mutant>/<file>, beside copies of the headers of the shipped file's folder;
+  # built as the suite and the bench load them: the launcher's MatMulNBits shapes only (-DQK_MMA_DEFAULT_ONLY)
+  PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" python3 tests/device_catalogue.py --write-sources "$tmp/patched" \
+    >/dev/null
+  # patched copies (the device mutants) and the benches' diagnostic builds differ from a shipped source by
+  # a few lines or a -D option and run only on NVIDIA: each goes through the CUDA front end for sm_90 with
+  # warnings as errors (PTX at -O0: the parse, the templates they instantiate, the warnings), which is
+  # what a few-line patch can break; the optimizer and ptxas run on the shipped sources above. That keeps
+  # this gate to a few minutes on 2 cores (full builds of the ~100 copies took ~7 of its ~10 minutes).
+  front() {  # label, defines..., source
+    local label=$1 src=${*: -1} defs=("${@:2:$#-2}")
+    compile "$label" nvcc -ptx -arch=sm_90 -Xcicc -O0 -Werror all-warnings $INCLUDES "${defs[@]}" -x cu \
+      -o "$tmp/k.ptx" "$src"
+  }
+  for src in "$tmp"/patched/*/*.hip; do
+    front "$src for sm_90 (front end)" -DQK_MMA_DEFAULT_ONLY "$src"
+  done
+  # the benches' diagnostic builds, sm_90 only (the benches run on NVIDIA): the session-7 attention
+  # kernels of ort/gqa.hip (-DQK_GQA_LEGACY; bench.gqa --variants flash,legacy); the session-3 zero-point
+  # arithmetic of the fp16-A matrix-unit kernels (-DQK_NBITS_ZP_SUM_V1; bench.nbits --variants and the
+  # device mutant "mma GEMV fp16 A: zero point through sum(a)"); the flash prefill's session-8 kernels
+  # (-DQK_GQA_PREFILL_V1; bench.gqa_prefill --variants); the keep-quant fast GEMV's round 1
+  # (-DQK_KQ_FAST_V1) and round 2 with one step in flight (-DQK_KF_STEPS_M1=1; bench.ggml_gemv)
+  front "$KERNELS/ort/gqa.hip -DQK_GQA_LEGACY" -DQK_GQA_LEGACY "$KERNELS/ort/gqa.hip"
+  front "$KERNELS/ort/nbits_mma.hip -DQK_NBITS_ZP_SUM_V1" -DQK_NBITS_ZP_SUM_V1 "$KERNELS/ort/nbits_mma.hip"
+  front "$KERNELS/ort/gqa_flash.hip -DQK_GQA_PREFILL_V1" -DQK_GQA_PREFILL_V1 "$KERNELS/ort/gqa_flash.hip"
+  for def in -DQK_KQ_FAST_V1 -DQK_KF_STEPS_M1=1; do
+    front "$KERNELS/ggml/keep_quant_fast.hip $def" "$def" "$KERNELS/ggml/keep_quant_fast.hip"
+  done
+fi
 for pid in $(jobs -p); do wait "$pid" || fail=1; done
 [ "$fail" = 0 ] || { echo "compile-kernels: a compile FAILED (log above)" >&2; exit 1; }
 targets=""
-[ "$amd" = 1 ] && targets="gfx90a, gfx1030"
+[ "$amd" = 1 ] && part shipped && targets="gfx90a, gfx1030"
 if [ "$nv" = 1 ]; then targets="${targets:+$targets and }sm_90"; fi
 skipped=""
 [ "$amd" = 0 ] && skipped="$skipped; AMD SKIPPED"
 if [ "$nv" = 0 ]; then skipped="$skipped; NVIDIA SKIPPED"; fi
-echo "compile-kernels: $n compiles passed (${targets:-no compiler: nothing compiled}$skipped)"
+echo "compile-kernels ($PART): $n compiles passed (${targets:-no compiler: nothing compiled}$skipped)"
