@@ -111,7 +111,6 @@ def bound(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[[], Non
 
 
 @functools.cache
-@functools.cache
 def device_attributes(device: int) -> dict[str, int]:
     """CuPy's ``Device(device).attributes`` (a runtime query per attribute), read once per device:
     the launchers consult them on every call."""
