@@ -676,6 +676,46 @@ def test_own_kernel_matmul_nbits_f32_spike_rows(bits: int, zp: str) -> None:
     _repeatable_within_strict_bound(matmul_nbits, args, kwargs, inputs, params)
 
 
+TAIL_WAVE = [(b, x, m) for b in (2, 4) for x in ("fp16", "fp32") for m in (1, 5)]
+
+
+@pytest.mark.parametrize("bits,x,M", TAIL_WAVE, ids=[f"u{b}-{x}-M{m}" for b, x, m in TAIL_WAVE])
+def test_own_kernel_matmul_nbits_tail_wave_split(bits: int, x: str, M: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ring decode with ``fewer_warps`` (3) a CTA where 4 would leave a tail wave, on a small
+    layer: the launcher told the device has 2 SMs, N one 32-row CTA more than decode's 4-warp CTAs
+    fill (from the kernel's registers); the launch has 96 threads a CTA (fp32 A: the split, then
+    the ring kernel), the answer within the strict bound and bit-identical call to call."""
+    import importlib
+    from types import SimpleNamespace
+
+    import cupy
+
+    from qconform.device.launch import RECORDING
+    from qconform.device.registry import MMA_SHAPES, fewer_warps
+    from qconform.ops.spec import Case
+
+    launcher = importlib.import_module("qconform.device.ort.matmul_nbits")  # the module, not its function
+    monkeypatch.setattr(launcher, "sm_count", lambda: 2)
+    K, f32 = 2048, x == "fp32"
+    act_rows, groups = (8, -(-M // 4)) if f32 else (M, 1)
+    trial = launcher._shape_plan(MMA_SHAPES["decode"], bits, SimpleNamespace(K=K, N=32 * 64), act_rows, groups, f32)
+    assert trial is not None and trial.wk == 4
+    N = 32 * (launcher._slots(trial) // groups + 1)
+    leaf = f"X{x}_Wu{bits}_Y{x}"
+    case = Case("matmul_nbits", leaf, 7, (M, K, N), "normal", {"block_size": 64, "zp": "none"})
+    op = get_op("matmul_nbits")
+    inputs, params = op.make_inputs(case), {**case.params, "bits": bits}
+    args, kwargs = op.call_args({k: cupy.asarray(v) for k, v in inputs.items()}, params)
+    RECORDING.append([])
+    try:
+        launcher.matmul_nbits(*args, **kwargs)
+    finally:
+        launches = RECORDING.pop()
+    threads = [launch[2] for launch in launches]
+    assert threads == ([1024] if f32 else []) + [32 * fewer_warps(4)], (N, threads)
+    _repeatable_within_strict_bound(launcher.matmul_nbits, args, kwargs, inputs, params)
+
+
 FP16_SPIKES = [
     (b, zp, m)
     for b in (2, 4)
