@@ -702,7 +702,7 @@ def test_own_kernel_matmul_nbits_tail_wave_split(bits: int, x: str, M: int, monk
     assert trial is not None and trial.wk == 4
     N = 32 * (launcher._slots(trial) // groups + 1)
     leaf = f"X{x}_Wu{bits}_Y{x}"
-    case = Case("matmul_nbits", leaf, 7, (M, K, N), "normal", {"block_size": 64, "zp": "none"})
+    case = Case("matmul_nbits", leaf, 7, (M, K, N), "normal", {"block_size": 64, "zp": "none", "K": K})
     op = get_op("matmul_nbits")
     inputs, params = op.make_inputs(case), {**case.params, "bits": bits}
     args, kwargs = op.call_args({k: cupy.asarray(v) for k, v in inputs.items()}, params)
