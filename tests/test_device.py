@@ -79,8 +79,9 @@ def _passes_at_coverage_2(op_name: str, leaf: str, contract: str = "") -> tuple[
     return result, prepared
 
 
-def _recorded(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[list, Any]:
-    """The kernels one call of ``fn`` launches, in order, and its output."""
+def _launches(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[list, Any]:
+    """The launches one call of ``fn`` makes, in order (kernel, grid, threads, shared memory,
+    arguments), and its output."""
     from qconform.device.launch import RECORDING
 
     RECORDING.append([])
@@ -88,6 +89,12 @@ def _recorded(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[list, 
         out = fn(*args, **kwargs)
     finally:
         launches = RECORDING.pop()
+    return launches, out
+
+
+def _recorded(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[list, Any]:
+    """The kernels one call of ``fn`` launches, in order, and its output."""
+    launches, out = _launches(fn, *args, **kwargs)
     return [launch[0] for launch in launches], out
 
 
@@ -690,7 +697,6 @@ def test_own_kernel_matmul_nbits_tail_wave_split(bits: int, x: str, M: int, monk
 
     import cupy
 
-    from qconform.device.launch import RECORDING
     from qconform.device.registry import MMA_SHAPES, fewer_warps
     from qconform.ops.spec import Case
 
@@ -706,11 +712,7 @@ def test_own_kernel_matmul_nbits_tail_wave_split(bits: int, x: str, M: int, monk
     op = get_op("matmul_nbits")
     inputs, params = op.make_inputs(case), {**case.params, "bits": bits}
     args, kwargs = op.call_args({k: cupy.asarray(v) for k, v in inputs.items()}, params)
-    RECORDING.append([])
-    try:
-        launcher.matmul_nbits(*args, **kwargs)
-    finally:
-        launches = RECORDING.pop()
+    launches, _ = _launches(launcher.matmul_nbits, *args, **kwargs)
     threads = [launch[2] for launch in launches]
     assert threads == ([1024] if f32 else []) + [32 * fewer_warps(4)], (N, threads)
     _repeatable_within_strict_bound(launcher.matmul_nbits, args, kwargs, inputs, params)

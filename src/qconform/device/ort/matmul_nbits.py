@@ -93,11 +93,14 @@ def _ring_plan(bits: int, lay: Any, act_rows: int, groups: int, f32: bool) -> _R
     decode_wave's if they fit one; None as ``_shape_plan``."""
     shape = decode_shape(lay.N, sm_count())
     plan = _shape_plan(shape, bits, lay, act_rows, groups, f32)
-    ctas = 0 if plan is None else plan.items * groups
-    if plan is None or shape is not MMA_SHAPES["decode"] or not tail_wave(ctas, _slots(plan)):
+    if plan is None or shape is not MMA_SHAPES["decode"]:
         return plan
-    if fewer_warps(plan.wk) < plan.wk:
-        fewer = _shape_plan(shape, bits, lay, act_rows, groups, f32, wk=fewer_warps(plan.wk))
+    ctas = plan.items * groups
+    if not tail_wave(ctas, _slots(plan)):
+        return plan
+    wk = fewer_warps(plan.wk)
+    if wk < plan.wk:
+        fewer = _shape_plan(shape, bits, lay, act_rows, groups, f32, wk=wk)
         if fewer is not None and _slots(fewer) >= ctas:
             return fewer
     wave = _shape_plan(MMA_SHAPES["decode_wave"], bits, lay, act_rows, groups, f32)
