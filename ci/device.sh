@@ -8,7 +8,7 @@
 # users: the worked user kernels with their wrong twins; time: the throughput tables (each part
 # well under one 10-minute device call); FAMILY (ggml, ort, ...: `qconform list --families`) limits check and time
 # to one family.
-# BENCHES (names: gqa gqa-prefill qmoe qmoe-prefill nbits bnb-gemv bnb-gemv-cpu ggml-gemv throughput) limits the time part
+# BENCHES (names: gqa gqa-prefill qmoe qmoe-prefill nbits nbits-prefill bnb-gemv bnb-gemv-cpu ggml-gemv throughput) limits the time part
 # to those benches: with every family it takes longer than one 10-minute device call.
 # QUICK=1 passes --quick to each bench (their smaller shape sets: one device call for all of them).
 # Logs and tables land under $OUT (default /tmp/qconform-device).
@@ -108,6 +108,7 @@ if part time; then
   timed qmoe ort qconform.bench.qmoe
   timed qmoe-prefill ort qconform.bench.qmoe --prefill
   timed nbits ort qconform.bench.nbits
+  timed nbits-prefill ort qconform.bench.nbits --prefill
   timed bnb-gemv bnb qconform.bench.bnb_gemv
   timed bnb-gemv-cpu bnb qconform.bench.bnb_gemv --variants cpu
   timed ggml-gemv ggml qconform.bench.ggml_gemv
@@ -141,6 +142,7 @@ fi
 if part time; then
   show "throughput" bench.md
   show "MatMulNBits decode against its baselines (records: bench-nbits.json)" bench-nbits.md
+  show "MatMulNBits prefill GEMM against cuBLAS (records: bench-nbits-prefill.json)" bench-nbits-prefill.md
   show "GroupQueryAttention decode against its baselines (records: bench-gqa.json)" bench-gqa.md
   show "GroupQueryAttention flash prefill against SDPA's flash backend (records: bench-gqa-prefill.json)" bench-gqa-prefill.md
   show "QMoE decode against its baselines (records: bench-qmoe.json)" bench-qmoe.md

@@ -306,6 +306,26 @@ RING_SHIFT_STORE: Edits = (
     ("if (n < row0 || tok >= M) continue;", "if (n >= N || tok >= M) continue;"),
 )
 
+# the prefill GEMM (qk_nbits_gemm, default zero point, M >= 64): the last K chunk never computed;
+# each row's scale taken from the half of its scale word that block 0 uses (wrong where k_blocks is
+# odd: every other block of every other row); the last token row never stored; every token tile
+# reading the first tile's activations
+GEMM_LAST_CHUNK: Edits = (
+    (
+        "for (int c = 0; c < n_chunks; ++c) {\n        qk_cp_async_wait<S - 2>();",
+        "for (int c = 0; c < n_chunks - 1; ++c) {\n        qk_cp_async_wait<S - 2>();",
+    ),
+)
+GEMM_SCALE_HALF: Edits = (("(sS[lr] >> (16 * ((parity[r][h] ^ kb) & 1)))", "(sS[lr] >> (16 * (parity[r][h] & 1)))"),)
+GEMM_LAST_TOKEN: Edits = (("if (tok >= M || n >= N) continue;", "if (tok >= M - 1 || n >= N) continue;"),)
+GEMM_TOKEN_TILE: Edits = (
+    (
+        "qk_gemm_issue<BITS, R, WN, WM, S>(smem + j * STAGE, A, B, scales, j, row0, tok0,",
+        "qk_gemm_issue<BITS, R, WN, WM, S>(smem + j * STAGE, A, B, scales, j, row0, 0,",
+    ),
+    ("A, B, scales, c + S - 1, row0, tok0, M,", "A, B, scales, c + S - 1, row0, 0, M,"),
+)
+
 # the fp32-activation ring kernel (qk_nbits_mmaf, activations split into fp16 hi + lo): the lo
 # parts never added; lo scaled back by 2^-e (the 2^12 of the split forgotten); every token group
 # reading group 0's rows
@@ -340,6 +360,10 @@ ORT_MUTANTS = (
     _mma("ring GEMV: last K split not added", "matches_oracle", edits=RING_DROP_LAST_WARP, leaf="Xfp16_Wu4_Yfp16"),
     _mma("ring GEMV: unchecked chunks read token 0's activations", "matches_oracle", edits=RING_FULL_TOKEN),
     _mma("ring GEMV: the last CTA's shifted rows stored unshifted", "matches_oracle", edits=RING_SHIFT_STORE),
+    _mma("prefill GEMM: the last K chunk not computed", "matches_oracle", edits=GEMM_LAST_CHUNK),
+    _mma("prefill GEMM: scales from block 0's half", "matches_oracle", edits=GEMM_SCALE_HALF, leaf="Xfp16_Wu4_Yfp16"),
+    _mma("prefill GEMM: the last token row not stored", "writes_every_output", edits=GEMM_LAST_TOKEN),
+    _mma("prefill GEMM: all token tiles read tile 0", "matches_oracle", edits=GEMM_TOKEN_TILE, leaf="Xfp16_Wu4_Yfp16"),
     _mma("ring GEMV fp32 A: the lo parts not added", "matches_oracle", edits=RING_F32_NO_LO, leaf="Xfp32_Wu2_Yfp32"),
     _mma("ring GEMV fp32 A: lo scaled back by 2^-e", "matches_oracle", edits=RING_F32_LO_SCALE, leaf="Xfp32_Wu4_Yfp32"),
     _mma("ring GEMV fp32 A: group 1 reads group 0", "matches_oracle", edits=RING_F32_GROUP, leaf="Xfp32_Wu2_Yfp32"),

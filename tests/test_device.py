@@ -718,6 +718,59 @@ def test_own_kernel_matmul_nbits_tail_wave_split(bits: int, x: str, M: int, monk
     _repeatable_within_strict_bound(launcher.matmul_nbits, args, kwargs, inputs, params)
 
 
+PREFILL_GEMM = [  # (bits, M, K, N, block, bias): tiles exact; every tail; N below one tile, not a multiple of 8
+    (2, 64, 1024, 256, 64, False),
+    (4, 100, 1000, 300, 128, True),
+    (2, 130, 2048, 520, 256, True),
+    (4, 64, 4104, 72, 64, False),
+    (2, 200, 640, 17, 64, True),
+    (4, 257, 576, 264, 64, True),
+]
+
+
+@pytest.mark.parametrize(
+    "bits,M,K,N,block,bias", PREFILL_GEMM, ids=[f"u{c[0]}-M{c[1]}-K{c[2]}-N{c[3]}" for c in PREFILL_GEMM]
+)
+def test_own_kernel_matmul_nbits_prefill_gemm(
+    bits: int, M: int, K: int, N: int, block: int, bias: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The prefill GEMM (qk_nbits_gemm, fp16 A, default zero point, M >= GEMM_MIN_M) is the one
+    launch; every output written (an out buffer of NaN), the answer within the strict bound and
+    bit-identical call to call, and bit-identical to the previous prefill kernel (qk_nbits_mma's
+    prefill shape: the same sums, the kernel's comment)."""
+    import importlib
+
+    import cupy
+
+    from qconform.device.launchers import kernel_of
+    from qconform.device.registry import GEMM_SHAPE, MMA_SHAPES
+    from qconform.ops.spec import Case
+
+    launcher = importlib.import_module("qconform.device.ort.matmul_nbits")  # the module, not its function
+    case = Case(
+        "matmul_nbits",
+        f"Xfp16_Wu{bits}_Yfp16",
+        11,
+        (M, K, N),
+        "normal",
+        {"block_size": block, "zp": "none", "K": K, "bias": bias},
+    )
+    op = get_op("matmul_nbits")
+    inputs, params = op.make_inputs(case), {**case.params, "bits": bits}
+    args, kwargs = op.call_args({k: cupy.asarray(v) for k, v in inputs.items()}, params)
+    ran, _ = _recorded(launcher.matmul_nbits, *args, **kwargs)
+    assert ran == [kernel_of(launcher.MMA, GEMM_SHAPE.symbol(bits))]
+    out = cupy.full((M, N), np.nan, cupy.float16)
+    got = cupy.asnumpy(launcher.matmul_nbits(*args, **kwargs, out=out))
+    assert not np.isnan(got).any(), int(np.isnan(got).sum())
+    _repeatable_within_strict_bound(launcher.matmul_nbits, args, kwargs, inputs, params)
+    monkeypatch.setattr(launcher, "GEMM_MIN_M", 1 << 62)
+    ran_old, _ = _recorded(launcher.matmul_nbits, *args, **kwargs)
+    assert ran_old == [kernel_of(launcher.MMA, MMA_SHAPES["prefill"].symbol(bits))]
+    old = cupy.asnumpy(launcher.matmul_nbits(*args, **kwargs))
+    assert old.tobytes() == got.tobytes(), int((old.view(np.uint16) != got.view(np.uint16)).sum())
+
+
 FP16_SPIKES = [
     (b, zp, m)
     for b in (2, 4)

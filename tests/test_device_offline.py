@@ -46,6 +46,14 @@ def _mma_instances(text: str) -> set[str]:
     }
 
 
+def _gemm_instances(text: str) -> set[str]:
+    """The prefill GEMMs a source instantiates through QK_NBITS_GEMM(BITS, R, WN, WM, S) x
+    QK_NBITS_GEMM_BITS(BITS)."""
+    bits = re.findall(r"^QK_NBITS_GEMM_BITS\((\d)\)", text, re.M)
+    tiles = re.findall(r"QK_NBITS_GEMM\(BITS, (\d+), (\d+), (\d+), (\d+)\)", text)
+    return {f"qk_nbits_gemm_u{b}_r{r}_n{wn}_m{wm}_s{st}" for r, wn, wm, st in tiles for b in bits}
+
+
 def _kq_instances(text: str) -> set[str]:
     """The keep-quant GEMVs a source instantiates through KQ_GEMV(NAME, ...) x KQ_GEMV_ALL(MT)."""
     names = re.findall(r"KQ_GEMV\((\w+), [^()]*MT\)", text)
@@ -78,7 +86,8 @@ def test_every_registered_kernel_exists_in_its_source() -> None:
     for k in KERNELS:
         assert k.op in CATALOGUE
         text = k.path.read_text()
-        instances = _mma_instances(text) | _kq_instances(text) | _gqa_instances(text) | _moe_instances(text)
+        instances = _mma_instances(text) | _gemm_instances(text) | _kq_instances(text) | _gqa_instances(text)
+        instances |= _moe_instances(text)
         assert k.symbol in _kernel_symbols(text) | instances, k.symbol
     for source, symbol, _ in TOOL_KERNELS:
         assert symbol in _kernel_symbols((KERNEL_DIR / source).read_text()), symbol

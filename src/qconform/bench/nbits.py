@@ -312,6 +312,125 @@ def zp_variants(
     return ok
 
 
+PREFILL_SHAPES = ((5120, 17920), (4096, 14336))
+PREFILL_MS = (512, 1024, 2048, 4096)
+
+
+def _bind(a: Any, weights: list[tuple[Any, Any]], K: int, N: int, bits: int, y: Any, **patch: Any) -> list[Any]:
+    """Bound matmul_nbits calls over ``weights`` writing ``y``, with the launcher module's names in
+    ``patch`` replaced while they bind (``GEMM_MIN_M``, ``GEMM_SHAPE``: which kernel and tiles)."""
+    from qconform.device import ort as ort_launch
+
+    launcher = importlib.import_module("qconform.device.ort.matmul_nbits")  # the module, not its function
+    saved = {name: getattr(launcher, name) for name in patch}
+    try:
+        for name, value in patch.items():
+            setattr(launcher, name, value)
+        kw = {"K": K, "N": N, "bits": bits, "block_size": BLOCK, "out": y}
+        return [ort_launch.bound(ort_launch.matmul_nbits, a, b, s, **kw) for b, s in weights]
+    finally:
+        for name, value in saved.items():
+            setattr(launcher, name, value)
+
+
+def _fastest_matmul(a: Any, ws: list[Any], y: Any, reps: int) -> tuple[str, list[float]]:
+    """fp16 a @ w.T over the (N, K) fp16 weights ``ws``: CuPy's matmul and torch's (where
+    installed), the faster."""
+    best = ("cupy.matmul", bl.times(lambda i: cupy.matmul(a, ws[i].T, out=y), len(ws), reps))
+    try:
+        import torch
+    except ImportError:
+        return best
+    ta, ty, tw = torch.from_dlpack(a), torch.from_dlpack(y), [torch.from_dlpack(w) for w in ws]
+    mine = bl.times(lambda i: torch.matmul(ta, tw[i].t(), out=ty), len(ws), reps)
+    return ("torch.matmul", mine) if bl.median(mine) < bl.median(best[1]) else best
+
+
+def prefill(
+    shapes=PREFILL_SHAPES, bits_list=(2, 4), ms=PREFILL_MS, reps: int = 10, candidates: bool = False
+) -> list[BenchRecord]:
+    """The prefill table: the GEMM (``qk_nbits_gemm``) against the previous kernel (the prefill
+    shape of ``qk_nbits_mma``), fp16 cuBLAS on the weights dequantized once (outside the timing) and
+    the copy-bandwidth dequant + cuBLAS. Check: the GEMM's Y bit-identical to the previous
+    kernel's (the same sums, the kernel's comment; that kernel is checked against the oracle by the
+    device tests). ``candidates``: every tile shape of ``registry.GEMM_CANDIDATES`` too."""
+    info = device_info()
+    device = f"{info.name} {info.label}"
+    records: list[BenchRecord] = []
+    print(f"{device}; prefill, block {BLOCK}; us as min / median / max of 5 batches of {reps} launches (2 weight sets)")
+    print(
+        "| K x N | M | bits | kernel us | TFLOP/s | previous kernel us | fp16 cuBLAS us | of cuBLAS "
+        "| dequant + cuBLAS us | speed-up | check |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for K, N in shapes:
+        for bits in bits_list:
+            weights = weight_sets(K, N, bits, 2, bits)
+            deq = bl.dequantize_f16(bits)
+            w16 = [cupy.empty((N, K), cupy.float16) for _ in weights]
+            for (b, s), w in zip(weights, w16, strict=True):
+                deq(b, s, w)
+            for M in ms:
+                a = cupy.random.default_rng(M).standard_normal((M, K), dtype=cupy.float32).astype(cupy.float16)
+                y, y_old, y16 = (cupy.empty((M, N), cupy.float16) for _ in range(3))
+                shapes_timed = [registry.GEMM_SHAPE, *(registry.GEMM_CANDIDATES if candidates else ())]
+                old = _bind(a, weights, K, N, bits, y_old, GEMM_MIN_M=1 << 62)
+                t_old = bl.times(lambda i, c=old: c[i](), len(old), reps)
+                old[0]()
+                timed, differ = {}, {}
+                for shape in shapes_timed:
+                    calls = _bind(a, weights, K, N, bits, y, GEMM_SHAPE=shape)
+                    timed[shape] = bl.times(lambda i, c=calls: c[i](), len(calls), reps)
+                    calls[0]()
+                    differ[shape] = int(cupy.count_nonzero(y.view(cupy.uint16) != y_old.view(cupy.uint16)))
+                name, t_cub = _fastest_matmul(a, w16, y16, reps)
+
+                def deq_cublas(i: int, a=a, y16=y16, deq=deq, weights=weights, w16=w16) -> None:
+                    deq(*weights[i], w16[i])
+                    cupy.matmul(a, w16[i].T, out=y16)
+
+                t_dq = bl.times(deq_cublas, len(weights), reps)
+                diff = differ[registry.GEMM_SHAPE]
+                check = "PASS: bit-identical to qk_nbits_mma" if diff == 0 else f"FAIL: {diff} outputs differ"
+                ts = timed[registry.GEMM_SHAPE]
+                flops = 2 * M * K * N
+                rec = BenchRecord(
+                    f"matmul_nbits prefill u{bits} fp16",
+                    (M, K, N, BLOCK),
+                    device,
+                    b.nbytes + s.nbytes + a.nbytes + y.nbytes,
+                    flops,
+                    tuple(t * 1e6 for t in ts),
+                    check.split(":")[0],
+                    {
+                        f"fp16 cuBLAS, weights dequantized once ({name})": bl.median(t_cub) * 1e6,
+                        "copy-bandwidth dequant + cuBLAS": bl.median(t_dq) * 1e6,
+                        "previous kernel (qk_nbits_mma prefill shape)": bl.median(t_old) * 1e6,
+                    },
+                )
+                records.append(rec)
+                med = bl.median(ts)
+                cells = (
+                    f"{K} x {N}",
+                    str(M),
+                    str(bits),
+                    _us(ts),
+                    f"{flops / med / 1e12:.0f}",
+                    _us(t_old),
+                    _us(t_cub),
+                    f"{bl.median(t_cub) / med:.2f}x",
+                    _us(t_dq),
+                    f"{bl.median(t_dq) / med:.2f}x",
+                    check,
+                )
+                print("| " + " | ".join(cells) + " |", flush=True)
+                for shape in shapes_timed[1:]:
+                    t, same = timed[shape], "bit-identical" if differ[shape] == 0 else f"{differ[shape]} differ"
+                    tflops = flops / bl.median(t) / 1e12
+                    print(f"|  tiles {shape.symbol(bits)} | {M} | {bits} | {_us(t)} | {tflops:.0f} | {same} |")
+    return records
+
+
 def weights_for(K: int, N: int, bits: int) -> list[tuple[Any, Any]]:
     return weight_sets(K, N, bits, n_sets_for(N * K * bits // 8), bits)
 
@@ -336,9 +455,16 @@ def main(argv: list[str] | None = None) -> int:
         choices=("all", "f32", "zp"),
         help="old and new kernels side by side, only: fp32 A (f32), fp16 A with zero points (zp), or both",
     )
+    p.add_argument("--prefill", action="store_true", help="the prefill GEMM's table only (M = 512 .. 4096)")
+    p.add_argument("--candidates", action="store_true", help="with --prefill: every GEMM tile shape too")
     p.add_argument("--json", help="write the records here")
     args = p.parse_args(argv)
     np.seterr(all="ignore")
+    if args.prefill:
+        records = prefill(PREFILL_SHAPES[:1] if args.quick else PREFILL_SHAPES, candidates=args.candidates)
+        if args.json:
+            write_records(Path(args.json), records)
+        return 0 if all(r.verdict == "PASS" for r in records) else 1
     if args.variants:
         ok = True
         if args.variants in ("all", "f32"):

@@ -331,6 +331,50 @@ def fewer_warps(wk: int) -> int:
     return wk - wk // 4
 
 
+@dataclass(frozen=True)
+class GemmShape:
+    """The MatMulNBits prefill GEMM's tiles (``qk_nbits_gemm``, ort/nbits_mma.hip): ``wn`` x ``wm``
+    warps a CTA, each ``r`` tiles of 16 weight rows x 32 tokens; ``s`` K chunks of 64 in the CTA's
+    shared-memory ring."""
+
+    r: int
+    wn: int
+    wm: int
+    s: int
+
+    def symbol(self, bits: int) -> str:
+        return f"qk_nbits_gemm_u{bits}_r{self.r}_n{self.wn}_m{self.wm}_s{self.s}"
+
+    @property
+    def rows(self) -> int:
+        return 16 * self.r * self.wn
+
+    @property
+    def tokens(self) -> int:
+        return 32 * self.wm
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.wn * self.wm
+
+    def smem(self, bits: int) -> int:
+        """Dynamic shared memory of a CTA: ``s`` stages (per row 8 bits weight bytes and a 4-byte
+        scale word, per token 144 bytes of activations) or the fp16 output tile (rows of
+        ``rows`` + 8 halves a token), the larger."""
+        stage = self.rows * (8 * bits + 4) + self.tokens * 144
+        return max(self.s * stage, self.tokens * (self.rows + 8) * 2)
+
+
+GEMM_SHAPE = GemmShape(r=4, wn=2, wm=4, s=4)
+"""The prefill GEMM's tiles: 128 weight rows x 128 tokens a CTA, 8 warps, 4 stages. Measured on the
+H200 against the candidates (docs/perf-notes.md, session 16): the fastest at 5120 x 17920, u2 / u4,
+M 512 .. 4096, by 4-14% over the next."""
+GEMM_CANDIDATES = (GemmShape(4, 4, 2, 4), GemmShape(4, 4, 2, 3), GemmShape(2, 4, 4, 4), GemmShape(2, 4, 2, 4))
+"""The other tiles the prefill bench times (compiled unless -DQK_MMA_DEFAULT_ONLY)."""
+GEMM_MIN_M = 64
+"""Activation rows from which MatMulNBits (fp16 A, default zero point) takes the GEMM."""
+
+
 MMA_DECODE_CANDIDATES = (
     *(MmaShape(r, 1, p, o) for r, p, o in ((2, 2, 1), (2, 2, 3), (2, 4, 2), (4, 2, 2), (1, 4, 4))),
     *(MmaShape(r, 1, p, o, ring=True) for r, p, o in ((2, 4, 1), (2, 3, 2), (2, 3, 1), (2, 2, 1))),
@@ -364,6 +408,10 @@ def _mma_symbols() -> tuple[KernelSpec, ...]:
             for bits in (2, 4)
         )
         + (_ort("matmul_nbits", "qk_nbits_split_a", "nbits_mma.hip", "fp32 A to fp16 hi + lo rows, per-token 2^e"),)
+        + tuple(
+            _ort("matmul_nbits", GEMM_SHAPE.symbol(bits), "nbits_mma.hip", f"prefill u{bits} GEMM, shared-memory ring")
+            for bits in (2, 4)
+        )
     )
 
 

@@ -13,7 +13,17 @@ import numpy as np
 from qconform.device import launchers
 from qconform.device.abi import out_buffer, shadow
 from qconform.device.launchers import contiguous, kernel_of, launch, launch_abi, launch_grid, sm_count
-from qconform.device.registry import MMA_SHAPES, MmaShape, decode_shape, fewer_warps, resident_ctas, tail_wave
+from qconform.device.registry import (
+    GEMM_MIN_M,
+    GEMM_SHAPE,
+    MMA_SHAPES,
+    GemmShape,
+    MmaShape,
+    decode_shape,
+    fewer_warps,
+    resident_ctas,
+    tail_wave,
+)
 from qconform.errors import ArgumentError
 from qconform.ops.ort.matmul_nbits import DEQUANTIZE_NBITS, ZP_KIND, zero_point_kind
 from qconform.oracles.ort.matmul_nbits import check_a, check_nbits_args
@@ -40,6 +50,8 @@ def _launch_mma(bits: int, M: int, lay: Any, ptrs: tuple, zps: Any, kind: Any, h
     if M <= 8 and ring:
         if _launch_ring(bits, M, lay, ptrs, has_bias, a_vec):
             return
+    if M >= GEMM_MIN_M and ring and a_vec and _launch_gemm(bits, M, lay, ptrs, has_bias):
+        return
     shape = MMA_SHAPES["decode_zp" if M <= 8 else "prefill"]
     items = -(-lay.N // (16 * shape.r)) * -(-M // (8 * shape.t))
     n_chunks = -(-lay.K // 64)
@@ -54,6 +66,25 @@ def _launch_mma(bits: int, M: int, lay: Any, ptrs: tuple, zps: Any, kind: Any, h
     flags = (a_vec, act_smem, wk, shape.wi)
     args = (A, B, scales, zp, zps, bias, y, *(np.int32(v) for v in (*sizes, *flags)))
     launch_grid("matmul_nbits", MMA, shape.symbol(bits), grid, 32 * wk * shape.wi, args, max(red, staged * act_smem))
+
+
+def _launch_gemm(bits: int, M: int, lay: Any, ptrs: tuple, has_bias: bool) -> bool:
+    """The prefill GEMM (``qk_nbits_gemm`` of ``GEMM_SHAPE``; the caller checked its domain: default
+    zero point, K % 8 == 0, A and B 16-byte aligned, scales 4-byte aligned); False where its
+    shared memory does not fit or M needs more than 2^16 - 1 token tiles."""
+    A, B, scales, _, bias, y = ptrs
+    shape: GemmShape = GEMM_SHAPE
+    if -(-M // shape.tokens) >= 2**16:
+        return False
+    symbol, smem = shape.symbol(bits), shape.smem(bits)
+    if smem > _smem_limits()[0] or (smem > 48 * 1024 and not _allow_smem(kernel_of(MMA, symbol), _smem_limits()[0])):
+        return False
+    grid = (-(-lay.N // shape.rows), -(-M // shape.tokens))
+    y_vec = lay.N % 8 == 0 and y.data.ptr % 16 == 0
+    sizes = (M, lay.K, lay.N, (lay.block_size // 64).bit_length() - 1, lay.k_blocks, has_bias, y_vec)
+    args = (A, B, scales, bias, y, *(np.int32(v) for v in sizes))
+    launch_grid("matmul_nbits", MMA, symbol, grid, shape.threads, args, smem)
+    return True
 
 
 RING_ACT_LIMIT = 16 * 1024  # activations staged beside the rings up to this; read from global memory beyond

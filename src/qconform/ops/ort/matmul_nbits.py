@@ -99,6 +99,7 @@ _MMA_TILING = (  # (M, K, N), block, zero point, bias: decode M <= 8, prefill be
     ((37, 1000, 50), 64, "scalar", False),
     ((70, 2056, 33), 64, "none", True),
     ((6, 2112, 40), 64, "none", True),  # the ring kernels with activations read from global memory
+    ((130, 1088, 264), 128, "none", False),  # the prefill GEMM: 3 token tiles, 2 row tiles, a half block last
 )
 
 

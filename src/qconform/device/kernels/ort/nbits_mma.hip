@@ -915,3 +915,206 @@ __device__ __forceinline__ bool qk_group_flagged(const int* flags, int grp) {
     QK_NBITS_MMA_CANDIDATES(BITS)
 QK_NBITS_MMA_BITS(2)
 QK_NBITS_MMA_BITS(4)
+
+/* ------------------------------------------------ prefill: a tiled GEMM on the matrix units */
+/* qk_nbits_gemm_u{BITS}_r{R}_n{WN}_m{WM}_s{S}: M > 8, default zero point, K % 8 == 0, 16-byte
+ * aligned A and B, 4-byte aligned scales. A CTA owns 16 R WN weight rows x 32 WM tokens; each of
+ * its WN x WM warps owns 16 R rows x 32 tokens (R tiles of 16 rows, T = 4 groups of 8 tokens). Per
+ * 64-wide K chunk c the CTA copies, S - 1 chunks ahead, into stage c % S of a shared-memory ring
+ * (cp.async): its rows' 8 BITS weight bytes of the chunk, the 4-byte word holding each row's scale
+ * (the half-word is picked when read; 2 bytes copied for the tensor's last scale), and its tokens'
+ * 64 activations (zeros past M and K; rows padded by 16 bytes, so that a warp's 16-byte reads of 8
+ * tokens x 4 lanes touch every bank once). The arithmetic per chunk and row is qk_nbits_mma's (the
+ * same K slots, qk_slot_pairs; d from 0 over the chunk's 4 mma in slot order; acc = fma(s, d, acc)
+ * in chunk order; bias added in fp32, one rounding to fp16), so Y is bit-identical to the prefill
+ * shape's qk_nbits_mma on the same device. The outputs go through shared memory and are stored 16
+ * bytes at a time where N % 8 == 0 and Y is 16-byte aligned (y_vec). */
+template <int BITS>
+struct QkGemmStage {
+    static constexpr int WB = 8 * BITS; /* weight bytes of a row per chunk */
+    static constexpr int AROW = 72;     /* halves per staged token row: 64 + 8 of padding */
+};
+
+template <int BITS, int R, int WN, int WM, int S>
+__device__ __forceinline__ void qk_gemm_issue(qk_u8* stage, const qk_u16* A, const qk_u8* B, const qk_u16* scales,
+                                              int c, int row0, int tok0, int M, int K, int N, qk_i64 row_bytes,
+                                              int cpb_shift, int k_blocks) {
+    constexpr int BN = 16 * R * WN, BM = 32 * WM, WB = QkGemmStage<BITS>::WB, AROW = QkGemmStage<BITS>::AROW;
+    constexpr int THREADS = 32 * WN * WM;
+    qk_u8* sW = stage;
+    qk_u32* sS = (qk_u32*)(stage + BN * WB);
+    qk_u16* sA = (qk_u16*)(stage + BN * (WB + 4));
+    const int tid = (int)threadIdx.x;
+#pragma unroll
+    for (int i = tid; i < BN * WB / 16; i += THREADS) {
+        const int r = i / (WB / 16), p = i % (WB / 16);
+        const qk_u8* src = B + (qk_i64)min(row0 + r, N - 1) * row_bytes + (qk_i64)c * WB + 16 * p;
+        qk_cp_async16(sW + 16 * i, src, 16);
+    }
+    const qk_i64 n_scales = (qk_i64)N * k_blocks;
+#pragma unroll
+    for (int r = tid; r < BN; r += THREADS) {
+        const qk_i64 idx = (qk_i64)min(row0 + r, N - 1) * k_blocks + (c >> cpb_shift);
+        qk_cp_async4(sS + r, scales + (idx & ~(qk_i64)1), (idx | 1) < n_scales ? 4 : 2);
+    }
+#pragma unroll
+    for (int i = tid; i < BM * 8; i += THREADS) {
+        const int r = i >> 3, k = 64 * c + 8 * (i & 7), tok = tok0 + r;
+        const bool in = tok < M && k < K;
+        qk_cp_async16(sA + r * AROW + 8 * (i & 7), in ? A + (qk_i64)tok * K + k : A, in ? 16 : 0);
+    }
+}
+
+template <int BITS, int R, int WN, int WM, int S>
+__device__ __forceinline__ void qk_nbits_gemm(const qk_u16* A, const qk_u8* B, const qk_u16* scales,
+                                              const qk_u16* bias, qk_u16* Y, int M, int K, int N, int cpb_shift,
+                                              int k_blocks, int has_bias, int y_vec) {
+    extern __shared__ float qk_red[];
+    constexpr int T = 4, WPR = BITS / 2, BN = 16 * R * WN, BM = 32 * WM;
+    constexpr int WB = QkGemmStage<BITS>::WB, AROW = QkGemmStage<BITS>::AROW;
+    constexpr int STAGE = BN * (WB + 4) + BM * AROW * 2;
+    qk_u8* smem = (qk_u8*)qk_red;
+    const int lane = (int)(threadIdx.x & 31), g = lane >> 2, t = lane & 3, warp = (int)(threadIdx.x >> 5);
+    const int wn = warp % WN, wm = warp / WN;
+    const int row0 = (int)blockIdx.x * BN, tok0 = (int)blockIdx.y * BM;
+    const int n_chunks = (K + 63) / 64;
+    const qk_i64 row_bytes = (qk_i64)k_blocks * ((64 << cpb_shift) * BITS / 8);
+
+    qk_u32 off[4]; /* q - z for the default zero point 2^(BITS - 1) (an integer: no sum(a) term) */
+    qk_int_offsets<BITS>(1 << (BITS - 1), off);
+    int parity[R][2]; /* the half of its scale word holding row n's scale of block 0: (n k_blocks) & 1 */
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+            parity[r][h] = (int)(((qk_i64)min(row0 + 16 * R * wn + 16 * r + 8 * h + g, N - 1) * k_blocks) & 1);
+
+    float acc[R * T * 4];
+#pragma unroll
+    for (int i = 0; i < R * T * 4; ++i) acc[i] = 0.0f;
+
+#pragma unroll
+    for (int j = 0; j < S - 1; ++j) {
+        if (j < n_chunks)
+            qk_gemm_issue<BITS, R, WN, WM, S>(smem + j * STAGE, A, B, scales, j, row0, tok0, M, K, N, row_bytes,
+                                           cpb_shift, k_blocks);
+        qk_cp_async_commit();
+    }
+    for (int c = 0; c < n_chunks; ++c) {
+        qk_cp_async_wait<S - 2>();
+        __syncthreads(); /* chunk c is in its stage for every thread; stage (c - 1) % S is free */
+        if (c + S - 1 < n_chunks)
+            qk_gemm_issue<BITS, R, WN, WM, S>(smem + ((c + S - 1) % S) * STAGE, A, B, scales, c + S - 1, row0, tok0, M,
+                                           K, N, row_bytes, cpb_shift, k_blocks);
+        qk_cp_async_commit();
+
+        const qk_u8* stage = smem + (c % S) * STAGE;
+        const qk_u32* sW = (const qk_u32*)stage;
+        const qk_u32* sS = (const qk_u32*)(stage + BN * WB);
+        const qk_u16* sA = (const qk_u16*)(stage + BN * (WB + 4));
+        qk_u32 bf[T][4][2];
+#pragma unroll
+        for (int tg = 0; tg < T; ++tg) {
+            qk_u32 act[8];
+            const qk_u16* row = sA + (32 * wm + 8 * tg + g) * AROW;
+            qk_act16(act, row, 16 * t, 16 * t + 8);
+#pragma unroll
+            for (int m = 0; m < 4; ++m) {
+                int p[2], q[2];
+                qk_slot_pairs<BITS>(m, p, q);
+                bf[tg][m][0] = qk_act_pair(act, p[0], p[1]);
+                bf[tg][m][1] = qk_act_pair(act, q[0], q[1]);
+            }
+        }
+        const int kb = c >> cpb_shift;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            qk_u32 w[2][WPR];
+            float sc[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int lr = 16 * R * wn + 16 * r + 8 * h + g;
+#pragma unroll
+                for (int i = 0; i < WPR; ++i) w[h][i] = sW[lr * (WB / 4) + WPR * t + i];
+                sc[h] = qk_fp16_to_float((qk_u16)(sS[lr] >> (16 * ((parity[r][h] ^ kb) & 1))));
+            }
+            float d[T][4];
+#pragma unroll
+            for (int tg = 0; tg < T; ++tg)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) d[tg][i] = 0.0f;
+#pragma unroll
+            for (int m = 0; m < 4; ++m) {
+                qk_u32 a[4];
+                qk_weight_pairs<BITS>(w[0], m, off, &a[0], &a[2]);
+                qk_weight_pairs<BITS>(w[1], m, off, &a[1], &a[3]);
+#pragma unroll
+                for (int tg = 0; tg < T; ++tg) qk_mma_16816(d[tg], a, bf[tg][m]);
+            }
+#pragma unroll
+            for (int tg = 0; tg < T; ++tg)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    float& x = acc[(r * T + tg) * 4 + i];
+                    x = fmaf(sc[i >> 1], d[tg][i], x);
+                }
+        }
+    }
+    qk_cp_async_wait<0>();
+    __syncthreads(); /* every warp is done with the stages: they become the output tile */
+
+    constexpr int YROW = BN + 8; /* halves per staged token row of outputs */
+    qk_u16* sY = (qk_u16*)smem;
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int ln = 16 * R * wn + 16 * r + 8 * h + g;
+            const float b = has_bias && row0 + ln < N ? qk_fp16_to_float(bias[row0 + ln]) : 0.0f;
+#pragma unroll
+            for (int tg = 0; tg < T; ++tg)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    float v = acc[(r * T + tg) * 4 + 2 * h + e];
+                    if (has_bias) v += b;
+                    sY[(32 * wm + 8 * tg + 2 * t + e) * YROW + ln] = __half_as_ushort(qk_half_rn(v));
+                }
+        }
+    __syncthreads();
+    for (int i = (int)threadIdx.x; i < BM * (BN / 8); i += 32 * WN * WM) {
+        const int tl = i / (BN / 8), n = row0 + 8 * (i % (BN / 8)), tok = tok0 + tl;
+        if (tok >= M || n >= N) continue;
+        const qk_u16* src = sY + tl * YROW + (n - row0);
+        qk_u16* dst = Y + (qk_i64)tok * N + n;
+        if (y_vec) {
+            *(uint4*)dst = *(const uint4*)src;
+            continue;
+        }
+        for (int e = 0; e < 8 && n + e < N; ++e) dst[e] = src[e];
+    }
+}
+
+/* the instantiations the launcher picks from (qconform.device.registry.GEMM_SHAPES), then the bench's
+ * other candidates; 32 WN WM threads a CTA, one CTA an SM at least. Dynamic shared memory: S stages or
+ * the output tile, the larger (registry.GemmShape.smem) */
+#define QK_NBITS_GEMM(BITS, R, WN, WM, S)                                                                              \
+    extern "C" __global__ void __launch_bounds__(32 * WN * WM, 1)                                                      \
+        qk_nbits_gemm_u##BITS##_r##R##_n##WN##_m##WM##_s##S(                                                           \
+        const qk_u16* A, const qk_u8* B, const qk_u16* scales, const qk_u16* bias, qk_u16* Y, int M, int K, int N,     \
+        int cpb_shift, int k_blocks, int has_bias, int y_vec) {                                                        \
+        qk_nbits_gemm<BITS, R, WN, WM, S>(A, B, scales, bias, Y, M, K, N, cpb_shift, k_blocks, has_bias, y_vec);       \
+    }
+#ifdef QK_MMA_DEFAULT_ONLY
+#define QK_NBITS_GEMM_CANDIDATES(BITS)
+#else
+#define QK_NBITS_GEMM_CANDIDATES(BITS)                                                                                 \
+    QK_NBITS_GEMM(BITS, 4, 4, 2, 4)                                                                                    \
+    QK_NBITS_GEMM(BITS, 4, 4, 2, 3)                                                                                    \
+    QK_NBITS_GEMM(BITS, 2, 4, 4, 4)                                                                                    \
+    QK_NBITS_GEMM(BITS, 2, 4, 2, 4)
+#endif
+#define QK_NBITS_GEMM_BITS(BITS)                                                                                       \
+    QK_NBITS_GEMM(BITS, 4, 2, 4, 4)                                                                                    \
+    QK_NBITS_GEMM_CANDIDATES(BITS)
+QK_NBITS_GEMM_BITS(2)
+QK_NBITS_GEMM_BITS(4)
