@@ -318,13 +318,7 @@ GEMM_LAST_CHUNK: Edits = (
 )
 GEMM_SCALE_HALF: Edits = (("(sS[lr] >> (16 * ((parity[r][h] ^ kb) & 1)))", "(sS[lr] >> (16 * (parity[r][h] & 1)))"),)
 GEMM_LAST_TOKEN: Edits = (("if (tok >= M || n >= N) continue;", "if (tok >= M - 1 || n >= N) continue;"),)
-GEMM_TOKEN_TILE: Edits = (
-    (
-        "qk_gemm_issue<BITS, R, WN, WM, S>(smem + j * STAGE, A, B, scales, j, row0, tok0,",
-        "qk_gemm_issue<BITS, R, WN, WM, S>(smem + j * STAGE, A, B, scales, j, row0, 0,",
-    ),
-    ("A, B, scales, c + S - 1, row0, tok0, M,", "A, B, scales, c + S - 1, row0, 0, M,"),
-)
+GEMM_TOKEN_TILE: Edits = (("const int r0 = tok0 + (tid >> 3);", "const int r0 = tid >> 3;"),)
 
 # the fp32-activation ring kernel (qk_nbits_mmaf, activations split into fp16 hi + lo): the lo
 # parts never added; lo scaled back by 2^-e (the 2^12 of the split forgotten); every token group

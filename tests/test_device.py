@@ -719,6 +719,7 @@ def test_own_kernel_matmul_nbits_tail_wave_split(bits: int, x: str, M: int, monk
 
 
 PREFILL_GEMM = [  # (bits, M, K, N, block, bias): tiles exact; every tail; N below one tile, not a multiple of 8
+    (2, 16, 512, 96, 64, True),
     (2, 64, 1024, 256, 64, False),
     (4, 100, 1000, 300, 128, True),
     (2, 130, 2048, 520, 256, True),
@@ -734,16 +735,16 @@ PREFILL_GEMM = [  # (bits, M, K, N, block, bias): tiles exact; every tail; N bel
 def test_own_kernel_matmul_nbits_prefill_gemm(
     bits: int, M: int, K: int, N: int, block: int, bias: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The prefill GEMM (qk_nbits_gemm, fp16 A, default zero point, M >= GEMM_MIN_M) is the one
-    launch; every output written (an out buffer of NaN), the answer within the strict bound and
-    bit-identical call to call, and bit-identical to the previous prefill kernel (qk_nbits_mma's
-    prefill shape: the same sums, the kernel's comment)."""
+    """The prefill GEMM (qk_nbits_gemm with gemm_shape's tiles, fp16 A, default zero point, M >=
+    GEMM_MIN_M) is the one launch; every output written (an out buffer of NaN), the answer within
+    the strict bound and bit-identical call to call, and bit-identical to the previous prefill
+    kernel (qk_nbits_mma's prefill shape: the same sums, the kernel's comment)."""
     import importlib
 
     import cupy
 
     from qconform.device.launchers import kernel_of
-    from qconform.device.registry import GEMM_SHAPE, MMA_SHAPES
+    from qconform.device.registry import MMA_SHAPES, gemm_shape
     from qconform.ops.spec import Case
 
     launcher = importlib.import_module("qconform.device.ort.matmul_nbits")  # the module, not its function
@@ -759,7 +760,7 @@ def test_own_kernel_matmul_nbits_prefill_gemm(
     inputs, params = op.make_inputs(case), {**case.params, "bits": bits}
     args, kwargs = op.call_args({k: cupy.asarray(v) for k, v in inputs.items()}, params)
     ran, _ = _recorded(launcher.matmul_nbits, *args, **kwargs)
-    assert ran == [kernel_of(launcher.MMA, GEMM_SHAPE.symbol(bits))]
+    assert ran == [kernel_of(launcher.MMA, gemm_shape(M).symbol(bits))]
     out = cupy.full((M, N), np.nan, cupy.float16)
     got = cupy.asnumpy(launcher.matmul_nbits(*args, **kwargs, out=out))
     assert not np.isnan(got).any(), int(np.isnan(got).sum())
@@ -782,15 +783,16 @@ FP16_SPIKES = [
 def test_own_kernel_matmul_nbits_fp16_spike_rows(bits: int, zp: str, M: int) -> None:
     """fp16 A with a row holding 65504 on weights q = z beside activations ~1e-3 (the catalogue's
     fp16 spike cases, coverage 2): zero points at M 6 on the decode kernel (qk_nbits_mma, decode_zp
-    shape), M 40 on the prefill shape; the zero point's integer part folded into the weights, so the
-    row's small products survive. Each answer within the strict bound and bit-identical call to call."""
+    shape), M 40 on the prefill shape, or the prefill GEMM for the default zero point; the zero
+    point's integer part folded into the weights, so the row's small products survive. Each answer
+    within the strict bound and bit-identical call to call."""
     from qconform.device.launchers import kernel_of
     from qconform.device.ort.matmul_nbits import MMA, matmul_nbits
-    from qconform.device.registry import MMA_SHAPES
+    from qconform.device.registry import GEMM_MIN_M, MMA_SHAPES, gemm_shape
 
     leaf = f"Xfp16_Wu{bits}_Yfp16"
     _, inputs, params, args, kwargs = _spike(leaf, bits, lambda c: c.params["zp"] == zp and c.shape[0] == M)
     ran, _ = _recorded(matmul_nbits, *args, **kwargs)
-    shape = MMA_SHAPES["decode_zp" if M <= 8 else "prefill"]
+    shape = gemm_shape(M) if zp == "none" and M >= GEMM_MIN_M else MMA_SHAPES["decode_zp" if M <= 8 else "prefill"]
     assert ran == [kernel_of(MMA, shape.symbol(bits))]
     _repeatable_within_strict_bound(matmul_nbits, args, kwargs, inputs, params)

@@ -365,14 +365,24 @@ class GemmShape:
         return max(self.s * stage, self.tokens * (self.rows + 8) * 2)
 
 
-GEMM_SHAPE = GemmShape(r=4, wn=2, wm=4, s=4)
-"""The prefill GEMM's tiles: 128 weight rows x 128 tokens a CTA, 8 warps, 4 stages. Measured on the
-H200 against the candidates (docs/perf-notes.md, session 16): the fastest at 5120 x 17920, u2 / u4,
-M 512 .. 4096, by 4-14% over the next."""
-GEMM_CANDIDATES = (GemmShape(4, 4, 2, 4), GemmShape(4, 4, 2, 3), GemmShape(2, 4, 4, 4), GemmShape(2, 4, 2, 4))
+GEMM_SHAPES = {"short": GemmShape(r=4, wn=4, wm=2, s=4), "long": GemmShape(r=4, wn=2, wm=4, s=4)}
+"""The prefill GEMM's tiles: short (M <= GEMM_SHORT_M): 256 weight rows x 64 tokens a CTA; long:
+128 x 128; both 8 warps and 4 stages. Measured on the H200 with the candidates (docs/perf-notes.md,
+session 16), 5120 x 17920, u2 / u4: long the fastest at M 512 .. 4096 (by 4-14%), short at M 16 ..
+64 (98-103 us against 185 for long)."""
+GEMM_SHORT_M = 64
+GEMM_CANDIDATES = (GemmShape(4, 4, 2, 3), GemmShape(2, 4, 4, 4), GemmShape(2, 4, 2, 4))
 """The other tiles the prefill bench times (compiled unless -DQK_MMA_DEFAULT_ONLY)."""
-GEMM_MIN_M = 64
-"""Activation rows from which MatMulNBits (fp16 A, default zero point) takes the GEMM."""
+
+
+def gemm_shape(M: int) -> GemmShape:
+    """The prefill GEMM's tiles for M activation rows."""
+    return GEMM_SHAPES["short" if M <= GEMM_SHORT_M else "long"]
+
+
+GEMM_MIN_M = 16
+"""Activation rows from which MatMulNBits (fp16 A, default zero point) takes the GEMM: at M 16 and
+32 on 5120 x 17920 the short tiles took 97-103 us, the previous kernel 101-106 (session 16)."""
 
 
 MMA_DECODE_CANDIDATES = (
@@ -409,7 +419,8 @@ def _mma_symbols() -> tuple[KernelSpec, ...]:
         )
         + (_ort("matmul_nbits", "qk_nbits_split_a", "nbits_mma.hip", "fp32 A to fp16 hi + lo rows, per-token 2^e"),)
         + tuple(
-            _ort("matmul_nbits", GEMM_SHAPE.symbol(bits), "nbits_mma.hip", f"prefill u{bits} GEMM, shared-memory ring")
+            _ort("matmul_nbits", shape.symbol(bits), "nbits_mma.hip", f"prefill u{bits} GEMM, {use} tiles")
+            for use, shape in GEMM_SHAPES.items()
             for bits in (2, 4)
         )
     )

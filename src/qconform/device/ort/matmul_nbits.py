@@ -15,12 +15,11 @@ from qconform.device.abi import out_buffer, shadow
 from qconform.device.launchers import contiguous, kernel_of, launch, launch_abi, launch_grid, sm_count
 from qconform.device.registry import (
     GEMM_MIN_M,
-    GEMM_SHAPE,
     MMA_SHAPES,
-    GemmShape,
     MmaShape,
     decode_shape,
     fewer_warps,
+    gemm_shape,
     resident_ctas,
     tail_wave,
 )
@@ -69,11 +68,11 @@ def _launch_mma(bits: int, M: int, lay: Any, ptrs: tuple, zps: Any, kind: Any, h
 
 
 def _launch_gemm(bits: int, M: int, lay: Any, ptrs: tuple, has_bias: bool) -> bool:
-    """The prefill GEMM (``qk_nbits_gemm`` of ``GEMM_SHAPE``; the caller checked its domain: default
-    zero point, K % 8 == 0, A and B 16-byte aligned, scales 4-byte aligned); False where its
+    """The prefill GEMM (``qk_nbits_gemm`` with ``gemm_shape``'s tiles; the caller checked its domain:
+    default zero point, K % 8 == 0, A and B 16-byte aligned, scales 4-byte aligned); False where its
     shared memory does not fit or M needs more than 2^16 - 1 token tiles."""
     A, B, scales, _, bias, y = ptrs
-    shape: GemmShape = GEMM_SHAPE
+    shape = gemm_shape(M)
     if -(-M // shape.tokens) >= 2**16:
         return False
     symbol, smem = shape.symbol(bits), shape.smem(bits)

@@ -935,33 +935,103 @@ struct QkGemmStage {
     static constexpr int AROW = 72;     /* halves per staged token row: 64 + 8 of padding */
 };
 
-template <int BITS, int R, int WN, int WM, int S>
-__device__ __forceinline__ void qk_gemm_issue(qk_u8* stage, const qk_u16* A, const qk_u8* B, const qk_u16* scales,
-                                              int c, int row0, int tok0, int M, int K, int N, qk_i64 row_bytes,
-                                              int cpb_shift, int k_blocks) {
-    constexpr int BN = 16 * R * WN, BM = 32 * WM, WB = QkGemmStage<BITS>::WB, AROW = QkGemmStage<BITS>::AROW;
-    constexpr int THREADS = 32 * WN * WM;
-    qk_u8* sW = stage;
-    qk_u32* sS = (qk_u32*)(stage + BN * WB);
-    qk_u16* sA = (qk_u16*)(stage + BN * (WB + 4));
-    const int tid = (int)threadIdx.x;
+/* A thread's share of a chunk's copies into a stage (weights, scale words, activations of a CTA of
+ * THREADS threads, BN rows and BM tokens): its sources, destinations and bounds computed once, so a
+ * chunk's copies are its pointers plus the chunk's offset. Piece i of a kind is thread i % THREADS's. */
+template <int BITS, int BN, int BM, int THREADS>
+struct QkGemmCopies {
+    static constexpr int WB = QkGemmStage<BITS>::WB, AROW = QkGemmStage<BITS>::AROW;
+    static constexpr int NW = (BN * WB / 16 + THREADS - 1) / THREADS, NA = BM * 8 / THREADS;
+    static_assert(BN <= THREADS && (BM * 8) % THREADS == 0, "one scale word a thread at most; whole activation rounds");
+    const qk_u8* w[NW];  /* weight piece j of chunk 0, or nullptr past the CTA's pieces */
+    const qk_u16* a;     /* activation piece 0 of chunk 0 (row tok0 + tid / 8, k 8 (tid % 8)) */
+    qk_i64 a_step;       /* halves between its activation pieces (THREADS / 8 rows) */
+    qk_i64 s_idx;        /* its scale row's first index (row * k_blocks), -1 past the CTA's rows */
+    qk_i64 n_scales;
+    const qk_u16* scales;
+    const qk_u16* A;
+    int a_rows;          /* its activation pieces inside M: j < a_rows */
+    int ak, K, cpb_shift;
+
+    __device__ __forceinline__ QkGemmCopies(const qk_u16* A_, const qk_u8* B, const qk_u16* scales_, int row0,
+                                            int tok0, int M, int K_, int N, qk_i64 row_bytes, int cpb_shift_,
+                                            int k_blocks) {
+        const int tid = (int)threadIdx.x;
 #pragma unroll
-    for (int i = tid; i < BN * WB / 16; i += THREADS) {
-        const int r = i / (WB / 16), p = i % (WB / 16);
-        const qk_u8* src = B + (qk_i64)min(row0 + r, N - 1) * row_bytes + (qk_i64)c * WB + 16 * p;
-        qk_cp_async16(sW + 16 * i, src, 16);
+        for (int j = 0; j < NW; ++j) {
+            const int i = tid + j * THREADS, r = i / (WB / 16), p = i % (WB / 16);
+            w[j] = i < BN * WB / 16 ? B + (qk_i64)min(row0 + r, N - 1) * row_bytes + 16 * p : nullptr;
+        }
+        s_idx = tid < BN ? (qk_i64)min(row0 + tid, N - 1) * k_blocks : -1;
+        n_scales = (qk_i64)N * k_blocks;
+        scales = scales_;
+        A = A_;
+        ak = 8 * (tid & 7);
+        const int r0 = tok0 + (tid >> 3);
+        a = A_ + (qk_i64)min(r0, M - 1) * K_ + ak;
+        a_step = (qk_i64)(THREADS / 8) * K_;
+        a_rows = r0 < M ? (M - 1 - r0) / (THREADS / 8) + 1 : 0;
+        K = K_;
+        cpb_shift = cpb_shift_;
     }
-    const qk_i64 n_scales = (qk_i64)N * k_blocks;
+
+    /* chunk c into stage (weights: BN rows x WB bytes; scale words: BN x 4 bytes; activations: BM
+     * rows of AROW halves, zeros past M and K) */
+    __device__ __forceinline__ void issue(qk_u8* stage, int c) const {
+        const int tid = (int)threadIdx.x;
 #pragma unroll
-    for (int r = tid; r < BN; r += THREADS) {
-        const qk_i64 idx = (qk_i64)min(row0 + r, N - 1) * k_blocks + (c >> cpb_shift);
-        qk_cp_async4(sS + r, scales + (idx & ~(qk_i64)1), (idx | 1) < n_scales ? 4 : 2);
+        for (int j = 0; j < NW; ++j)
+            if (w[j] != nullptr) qk_cp_async16(stage + 16 * (tid + j * THREADS), w[j] + (qk_i64)c * WB, 16);
+        if (s_idx >= 0) {
+            const qk_i64 idx = s_idx + (c >> cpb_shift);
+            qk_cp_async4(stage + BN * WB + 4 * tid, scales + (idx & ~(qk_i64)1), (idx | 1) < n_scales ? 4 : 2);
+        }
+        qk_u16* sA = (qk_u16*)(stage + BN * (WB + 4)) + (tid >> 3) * AROW + ak;
+        const bool in_k = 64 * c + ak < K;
+#pragma unroll
+        for (int j = 0; j < NA; ++j) {
+            const bool in = in_k && j < a_rows;
+            qk_cp_async16(sA + j * (THREADS / 8) * AROW, in ? a + j * a_step + 64 * c : A, in ? 16 : 0);
+        }
     }
+};
+
+/* the CTA's outputs (acc: a warp's R tiles x 4 token groups) plus bias, rounded to fp16, through
+ * shared memory (tokens x (16 R WN + 8) halves) into Y: 16-byte stores where y_vec */
+template <int R, int WN, int WM>
+__device__ __forceinline__ void qk_gemm_store(const float acc[R * 16], qk_u8* smem, const qk_u16* bias, qk_u16* Y,
+                                              int M, int N, int row0, int tok0, int has_bias, int y_vec) {
+    constexpr int T = 4, BN = 16 * R * WN, BM = 32 * WM;
+    const int lane = (int)(threadIdx.x & 31), g = lane >> 2, t = lane & 3, warp = (int)(threadIdx.x >> 5);
+    const int wn = warp % WN, wm = warp / WN;
+    constexpr int YROW = BN + 8; /* halves per staged token row of outputs */
+    qk_u16* sY = (qk_u16*)smem;
 #pragma unroll
-    for (int i = tid; i < BM * 8; i += THREADS) {
-        const int r = i >> 3, k = 64 * c + 8 * (i & 7), tok = tok0 + r;
-        const bool in = tok < M && k < K;
-        qk_cp_async16(sA + r * AROW + 8 * (i & 7), in ? A + (qk_i64)tok * K + k : A, in ? 16 : 0);
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int ln = 16 * R * wn + 16 * r + 8 * h + g;
+            const float b = has_bias && row0 + ln < N ? qk_fp16_to_float(bias[row0 + ln]) : 0.0f;
+#pragma unroll
+            for (int tg = 0; tg < T; ++tg)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    float v = acc[(r * T + tg) * 4 + 2 * h + e];
+                    if (has_bias) v += b;
+                    sY[(32 * wm + 8 * tg + 2 * t + e) * YROW + ln] = __half_as_ushort(qk_half_rn(v));
+                }
+        }
+    __syncthreads();
+    for (int i = (int)threadIdx.x; i < BM * (BN / 8); i += 32 * WN * WM) {
+        const int tl = i / (BN / 8), n = row0 + 8 * (i % (BN / 8)), tok = tok0 + tl;
+        if (tok >= M || n >= N) continue;
+        const qk_u16* src = sY + tl * YROW + (n - row0);
+        qk_u16* dst = Y + (qk_i64)tok * N + n;
+        if (y_vec) {
+            *(uint4*)dst = *(const uint4*)src;
+            continue;
+        }
+        for (int e = 0; e < 8 && n + e < N; ++e) dst[e] = src[e];
     }
 }
 
@@ -993,19 +1063,17 @@ __device__ __forceinline__ void qk_nbits_gemm(const qk_u16* A, const qk_u8* B, c
 #pragma unroll
     for (int i = 0; i < R * T * 4; ++i) acc[i] = 0.0f;
 
+    const QkGemmCopies<BITS, BN, BM, 32 * WN * WM> copies(A, B, scales, row0, tok0, M, K, N, row_bytes, cpb_shift,
+                                                         k_blocks);
 #pragma unroll
     for (int j = 0; j < S - 1; ++j) {
-        if (j < n_chunks)
-            qk_gemm_issue<BITS, R, WN, WM, S>(smem + j * STAGE, A, B, scales, j, row0, tok0, M, K, N, row_bytes,
-                                           cpb_shift, k_blocks);
+        if (j < n_chunks) copies.issue(smem + j * STAGE, j);
         qk_cp_async_commit();
     }
     for (int c = 0; c < n_chunks; ++c) {
         qk_cp_async_wait<S - 2>();
         __syncthreads(); /* chunk c is in its stage for every thread; stage (c - 1) % S is free */
-        if (c + S - 1 < n_chunks)
-            qk_gemm_issue<BITS, R, WN, WM, S>(smem + ((c + S - 1) % S) * STAGE, A, B, scales, c + S - 1, row0, tok0, M,
-                                           K, N, row_bytes, cpb_shift, k_blocks);
+        if (c + S - 1 < n_chunks) copies.issue(smem + ((c + S - 1) % S) * STAGE, c + S - 1);
         qk_cp_async_commit();
 
         const qk_u8* stage = smem + (c % S) * STAGE;
@@ -1063,35 +1131,7 @@ __device__ __forceinline__ void qk_nbits_gemm(const qk_u16* A, const qk_u8* B, c
     qk_cp_async_wait<0>();
     __syncthreads(); /* every warp is done with the stages: they become the output tile */
 
-    constexpr int YROW = BN + 8; /* halves per staged token row of outputs */
-    qk_u16* sY = (qk_u16*)smem;
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int ln = 16 * R * wn + 16 * r + 8 * h + g;
-            const float b = has_bias && row0 + ln < N ? qk_fp16_to_float(bias[row0 + ln]) : 0.0f;
-#pragma unroll
-            for (int tg = 0; tg < T; ++tg)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    float v = acc[(r * T + tg) * 4 + 2 * h + e];
-                    if (has_bias) v += b;
-                    sY[(32 * wm + 8 * tg + 2 * t + e) * YROW + ln] = __half_as_ushort(qk_half_rn(v));
-                }
-        }
-    __syncthreads();
-    for (int i = (int)threadIdx.x; i < BM * (BN / 8); i += 32 * WN * WM) {
-        const int tl = i / (BN / 8), n = row0 + 8 * (i % (BN / 8)), tok = tok0 + tl;
-        if (tok >= M || n >= N) continue;
-        const qk_u16* src = sY + tl * YROW + (n - row0);
-        qk_u16* dst = Y + (qk_i64)tok * N + n;
-        if (y_vec) {
-            *(uint4*)dst = *(const uint4*)src;
-            continue;
-        }
-        for (int e = 0; e < 8 && n + e < N; ++e) dst[e] = src[e];
-    }
+    qk_gemm_store<R, WN, WM>(acc, smem, bias, Y, M, N, row0, tok0, has_bias, y_vec);
 }
 
 /* the instantiations the launcher picks from (qconform.device.registry.GEMM_SHAPES), then the bench's
@@ -1108,13 +1148,13 @@ __device__ __forceinline__ void qk_nbits_gemm(const qk_u16* A, const qk_u8* B, c
 #define QK_NBITS_GEMM_CANDIDATES(BITS)
 #else
 #define QK_NBITS_GEMM_CANDIDATES(BITS)                                                                                 \
-    QK_NBITS_GEMM(BITS, 4, 4, 2, 4)                                                                                    \
     QK_NBITS_GEMM(BITS, 4, 4, 2, 3)                                                                                    \
     QK_NBITS_GEMM(BITS, 2, 4, 4, 4)                                                                                    \
     QK_NBITS_GEMM(BITS, 2, 4, 2, 4)
 #endif
 #define QK_NBITS_GEMM_BITS(BITS)                                                                                       \
     QK_NBITS_GEMM(BITS, 4, 2, 4, 4)                                                                                    \
+    QK_NBITS_GEMM(BITS, 4, 4, 2, 4)                                                                                    \
     QK_NBITS_GEMM_CANDIDATES(BITS)
 QK_NBITS_GEMM_BITS(2)
 QK_NBITS_GEMM_BITS(4)
