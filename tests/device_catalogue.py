@@ -309,14 +309,16 @@ RING_SHIFT_STORE: Edits = (
 # the prefill GEMM (qk_nbits_gemm, default zero point, M >= 64): the last K chunk never computed;
 # each row's scale taken from the half of its scale word that block 0 uses (wrong where k_blocks is
 # odd: every other block of every other row); the last token row never stored; every token tile
-# reading the first tile's activations
+# reading the first tile's activations; packed zero points read at the field of the first block of
+# their word, not their own block's
 GEMM_LAST_CHUNK: Edits = (
     (
         "for (int c = 0; c < n_chunks; ++c) {\n        qk_cp_async_wait<S - 2>();",
         "for (int c = 0; c < n_chunks - 1; ++c) {\n        qk_cp_async_wait<S - 2>();",
     ),
 )
-GEMM_SCALE_HALF: Edits = (("(sS[lr] >> (16 * ((parity[r][h] ^ kb) & 1)))", "(sS[lr] >> (16 * (parity[r][h] & 1)))"),)
+GEMM_SCALE_HALF: Edits = (("(sS[lr] >> (16 * ((rowbits[r][h] ^ kb) & 1)))", "(sS[lr] >> (16 * (rowbits[r][h] & 1)))"),)
+GEMM_ZP_BLOCK: Edits = (("(((rowbits[r][h] & 0x18) + kb * BITS) & 31)", "((rowbits[r][h] & 0x18) & 31)"),)
 GEMM_LAST_TOKEN: Edits = (("if (tok >= M || n >= N) continue;", "if (tok >= M - 1 || n >= N) continue;"),)
 GEMM_TOKEN_TILE: Edits = (("const int r0 = tok0 + (tid >> 3);", "const int r0 = tid >> 3;"),)
 
@@ -356,6 +358,7 @@ ORT_MUTANTS = (
     _mma("ring GEMV: the last CTA's shifted rows stored unshifted", "matches_oracle", edits=RING_SHIFT_STORE),
     _mma("prefill GEMM: the last K chunk not computed", "matches_oracle", edits=GEMM_LAST_CHUNK),
     _mma("prefill GEMM: scales from block 0's half", "matches_oracle", edits=GEMM_SCALE_HALF, leaf="Xfp16_Wu4_Yfp16"),
+    _mma("prefill GEMM: packed zero points of the word's first block", "matches_oracle", edits=GEMM_ZP_BLOCK),
     _mma("prefill GEMM: the last token row not stored", "writes_every_output", edits=GEMM_LAST_TOKEN),
     _mma("prefill GEMM: all token tiles read tile 0", "matches_oracle", edits=GEMM_TOKEN_TILE, leaf="Xfp16_Wu4_Yfp16"),
     _mma("ring GEMV fp32 A: the lo parts not added", "matches_oracle", edits=RING_F32_NO_LO, leaf="Xfp32_Wu2_Yfp32"),

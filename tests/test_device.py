@@ -718,27 +718,31 @@ def test_own_kernel_matmul_nbits_tail_wave_split(bits: int, x: str, M: int, monk
     _repeatable_within_strict_bound(launcher.matmul_nbits, args, kwargs, inputs, params)
 
 
-PREFILL_GEMM = [  # (bits, M, K, N, block, bias): tiles exact; every tail; N below one tile, not a multiple of 8
-    (2, 16, 512, 96, 64, True),
-    (2, 64, 1024, 256, 64, False),
-    (4, 100, 1000, 300, 128, True),
-    (2, 130, 2048, 520, 256, True),
-    (4, 64, 4104, 72, 64, False),
-    (2, 200, 640, 17, 64, True),
-    (4, 257, 576, 264, 64, True),
+PREFILL_GEMM = [  # (bits, M, K, N, block, bias, zero points): tiles exact; every tail; N below a tile, not % 8
+    (2, 16, 512, 96, 64, True, "none"),
+    (2, 64, 1024, 256, 64, False, "none"),
+    (4, 100, 1000, 300, 128, True, "none"),
+    (2, 130, 2048, 520, 256, True, "none"),
+    (4, 64, 4104, 72, 64, False, "none"),
+    (2, 200, 640, 17, 64, True, "none"),
+    (4, 257, 576, 264, 64, True, "none"),
+    (2, 70, 1344, 136, 64, False, "packed"),  # 21 blocks: 6 zero-point bytes a row (not a multiple of 4)
+    (4, 150, 2112, 330, 64, True, "packed"),  # 33 blocks: 17 bytes a row
+    (4, 40, 1024, 264, 128, False, "packed"),
 ]
 
 
 @pytest.mark.parametrize(
-    "bits,M,K,N,block,bias", PREFILL_GEMM, ids=[f"u{c[0]}-M{c[1]}-K{c[2]}-N{c[3]}" for c in PREFILL_GEMM]
+    "bits,M,K,N,block,bias,zp", PREFILL_GEMM, ids=[f"u{c[0]}-M{c[1]}-K{c[2]}-N{c[3]}-{c[6]}" for c in PREFILL_GEMM]
 )
 def test_own_kernel_matmul_nbits_prefill_gemm(
-    bits: int, M: int, K: int, N: int, block: int, bias: bool, monkeypatch: pytest.MonkeyPatch
+    bits: int, M: int, K: int, N: int, block: int, bias: bool, zp: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The prefill GEMM (qk_nbits_gemm with gemm_shape's tiles, fp16 A, default zero point, M >=
-    GEMM_MIN_M) is the one launch; every output written (an out buffer of NaN), the answer within
-    the strict bound and bit-identical call to call, and bit-identical to the previous prefill
-    kernel (qk_nbits_mma's prefill shape: the same sums, the kernel's comment)."""
+    """The prefill GEMM (qk_nbits_gemm with gemm_shape's tiles, fp16 A, the default zero point or
+    packed ones (its _z twin), M >= GEMM_MIN_M) is the one launch; every
+    output written (an out buffer of NaN), the answer within the strict bound and bit-identical call
+    to call, and bit-identical to the previous prefill kernel (qk_nbits_mma's prefill shape: the same
+    sums, the kernel's comment)."""
     import importlib
 
     import cupy
@@ -748,19 +752,13 @@ def test_own_kernel_matmul_nbits_prefill_gemm(
     from qconform.ops.spec import Case
 
     launcher = importlib.import_module("qconform.device.ort.matmul_nbits")  # the module, not its function
-    case = Case(
-        "matmul_nbits",
-        f"Xfp16_Wu{bits}_Yfp16",
-        11,
-        (M, K, N),
-        "normal",
-        {"block_size": block, "zp": "none", "K": K, "bias": bias},
-    )
+    params = {"block_size": block, "zp": zp, "K": K, "bias": bias}
+    case = Case("matmul_nbits", f"Xfp16_Wu{bits}_Yfp16", 11, (M, K, N), "normal", params)
     op = get_op("matmul_nbits")
     inputs, params = op.make_inputs(case), {**case.params, "bits": bits}
     args, kwargs = op.call_args({k: cupy.asarray(v) for k, v in inputs.items()}, params)
     ran, _ = _recorded(launcher.matmul_nbits, *args, **kwargs)
-    assert ran == [kernel_of(launcher.MMA, gemm_shape(M).symbol(bits))]
+    assert ran == [kernel_of(launcher.MMA, gemm_shape(M).symbol(bits, zp == "packed"))]
     out = cupy.full((M, N), np.nan, cupy.float16)
     got = cupy.asnumpy(launcher.matmul_nbits(*args, **kwargs, out=out))
     assert not np.isnan(got).any(), int(np.isnan(got).sum())
@@ -783,7 +781,7 @@ FP16_SPIKES = [
 def test_own_kernel_matmul_nbits_fp16_spike_rows(bits: int, zp: str, M: int) -> None:
     """fp16 A with a row holding 65504 on weights q = z beside activations ~1e-3 (the catalogue's
     fp16 spike cases, coverage 2): zero points at M 6 on the decode kernel (qk_nbits_mma, decode_zp
-    shape), M 40 on the prefill shape, or the prefill GEMM for the default zero point; the zero
+    shape), M 40 on the prefill shape, or the prefill GEMM for default / packed ones; the zero
     point's integer part folded into the weights, so the row's small products survive. Each answer
     within the strict bound and bit-identical call to call."""
     from qconform.device.launchers import kernel_of
@@ -793,6 +791,8 @@ def test_own_kernel_matmul_nbits_fp16_spike_rows(bits: int, zp: str, M: int) -> 
     leaf = f"Xfp16_Wu{bits}_Yfp16"
     _, inputs, params, args, kwargs = _spike(leaf, bits, lambda c: c.params["zp"] == zp and c.shape[0] == M)
     ran, _ = _recorded(matmul_nbits, *args, **kwargs)
-    shape = gemm_shape(M) if zp == "none" and M >= GEMM_MIN_M else MMA_SHAPES["decode_zp" if M <= 8 else "prefill"]
-    assert ran == [kernel_of(MMA, shape.symbol(bits))]
+    if zp in ("none", "packed") and M >= GEMM_MIN_M:
+        assert ran == [kernel_of(MMA, gemm_shape(M).symbol(bits, zp == "packed"))]
+    else:
+        assert ran == [kernel_of(MMA, MMA_SHAPES["decode_zp" if M <= 8 else "prefill"].symbol(bits))]
     _repeatable_within_strict_bound(matmul_nbits, args, kwargs, inputs, params)

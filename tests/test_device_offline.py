@@ -47,11 +47,16 @@ def _mma_instances(text: str) -> set[str]:
 
 
 def _gemm_instances(text: str) -> set[str]:
-    """The prefill GEMMs a source instantiates through QK_NBITS_GEMM(BITS, R, WN, WM, S) x
-    QK_NBITS_GEMM_BITS(BITS)."""
+    """The prefill GEMMs a source instantiates through QK_NBITS_GEMM(BITS, R, WN, WM, S) and
+    QK_NBITS_GEMM_Z (the same and its packed-zero-point twin, ending _z) x QK_NBITS_GEMM_BITS(BITS)."""
     bits = re.findall(r"^QK_NBITS_GEMM_BITS\((\d)\)", text, re.M)
-    tiles = re.findall(r"QK_NBITS_GEMM\(BITS, (\d+), (\d+), (\d+), (\d+)\)", text)
-    return {f"qk_nbits_gemm_u{b}_r{r}_n{wn}_m{wm}_s{st}" for r, wn, wm, st in tiles for b in bits}
+    tiles = re.findall(r"QK_NBITS_GEMM(_Z)?\(BITS, (\d+), (\d+), (\d+), (\d+)\)", text)
+    return {
+        f"qk_nbits_gemm_u{b}_r{r}_n{wn}_m{wm}_s{st}{suffix}"
+        for z, r, wn, wm, st in tiles
+        for b in bits
+        for suffix in (("", "_z") if z else ("",))
+    }
 
 
 def _kq_instances(text: str) -> set[str]:

@@ -342,8 +342,9 @@ class GemmShape:
     wm: int
     s: int
 
-    def symbol(self, bits: int) -> str:
-        return f"qk_nbits_gemm_u{bits}_r{self.r}_n{self.wn}_m{self.wm}_s{self.s}"
+    def symbol(self, bits: int, packed: bool = False) -> str:
+        """The kernel; ``packed``: its twin reading packed zero points (symbol ending _z)."""
+        return f"qk_nbits_gemm_u{bits}_r{self.r}_n{self.wn}_m{self.wm}_s{self.s}" + ("_z" if packed else "")
 
     @property
     def rows(self) -> int:
@@ -357,11 +358,11 @@ class GemmShape:
     def threads(self) -> int:
         return 32 * self.wn * self.wm
 
-    def smem(self, bits: int) -> int:
-        """Dynamic shared memory of a CTA: ``s`` stages (per row 8 bits weight bytes and a 4-byte
-        scale word, per token 144 bytes of activations) or the fp16 output tile (rows of
-        ``rows`` + 8 halves a token), the larger."""
-        stage = self.rows * (8 * bits + 4) + self.tokens * 144
+    def smem(self, bits: int, packed: bool = False) -> int:
+        """Dynamic shared memory of a CTA: ``s`` stages (per row 8 bits weight bytes, a 4-byte scale
+        word and with ``packed`` zero points a 4-byte zero-point word, per token 144 bytes of
+        activations) or the fp16 output tile (rows of ``rows`` + 8 halves a token), the larger."""
+        stage = self.rows * (8 * bits + (8 if packed else 4)) + self.tokens * 144
         return max(self.s * stage, self.tokens * (self.rows + 8) * 2)
 
 
@@ -381,7 +382,7 @@ def gemm_shape(M: int) -> GemmShape:
 
 
 GEMM_MIN_M = 16
-"""Activation rows from which MatMulNBits (fp16 A, default zero point) takes the GEMM: at M 16 and
+"""Activation rows from which MatMulNBits (fp16 A, default or packed zero points) takes the GEMM: at M 16 and
 32 on 5120 x 17920 the short tiles took 97-103 us, the previous kernel 101-106 (session 16)."""
 
 
@@ -419,9 +420,10 @@ def _mma_symbols() -> tuple[KernelSpec, ...]:
         )
         + (_ort("matmul_nbits", "qk_nbits_split_a", "nbits_mma.hip", "fp32 A to fp16 hi + lo rows, per-token 2^e"),)
         + tuple(
-            _ort("matmul_nbits", shape.symbol(bits), "nbits_mma.hip", f"prefill u{bits} GEMM, {use} tiles")
+            _ort("matmul_nbits", shape.symbol(bits, z), "nbits_mma.hip", f"prefill u{bits} GEMM, {use} tiles{zd}")
             for use, shape in GEMM_SHAPES.items()
             for bits in (2, 4)
+            for z, zd in ((False, ""), (True, ", packed zero points"))
         )
     )
 

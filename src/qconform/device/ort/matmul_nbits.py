@@ -49,7 +49,9 @@ def _launch_mma(bits: int, M: int, lay: Any, ptrs: tuple, zps: Any, kind: Any, h
     if M <= 8 and ring:
         if _launch_ring(bits, M, lay, ptrs, has_bias, a_vec):
             return
-    if M >= GEMM_MIN_M and ring and a_vec and _launch_gemm(bits, M, lay, ptrs, has_bias):
+    packed = kind == ZP_PACKED and zp.data.ptr % 4 == 0
+    gemm_ok = (kind == ZP_DEFAULT or packed) and B.data.ptr % 16 == 0 and scales.data.ptr % 4 == 0 and a_vec
+    if M >= GEMM_MIN_M and gemm_ok and _launch_gemm(bits, M, lay, ptrs, packed, has_bias):
         return
     shape = MMA_SHAPES["decode_zp" if M <= 8 else "prefill"]
     items = -(-lay.N // (16 * shape.r)) * -(-M // (8 * shape.t))
@@ -67,21 +69,22 @@ def _launch_mma(bits: int, M: int, lay: Any, ptrs: tuple, zps: Any, kind: Any, h
     launch_grid("matmul_nbits", MMA, shape.symbol(bits), grid, 32 * wk * shape.wi, args, max(red, staged * act_smem))
 
 
-def _launch_gemm(bits: int, M: int, lay: Any, ptrs: tuple, has_bias: bool) -> bool:
+def _launch_gemm(bits: int, M: int, lay: Any, ptrs: tuple, packed: bool, has_bias: bool) -> bool:
     """The prefill GEMM (``qk_nbits_gemm`` with ``gemm_shape``'s tiles; the caller checked its domain:
-    default zero point, K % 8 == 0, A and B 16-byte aligned, scales 4-byte aligned); False where its
-    shared memory does not fit or M needs more than 2^16 - 1 token tiles."""
-    A, B, scales, _, bias, y = ptrs
+    the default zero point or ``packed`` ones, K % 8 == 0, A and B 16-byte aligned, scales and packed
+    zero points 4-byte aligned); False where its shared memory does not fit or M needs more than
+    2^16 - 1 token tiles. (Float and scalar zero points stay on ``qk_nbits_mma``.)"""
+    A, B, scales, zp, bias, y = ptrs
     shape = gemm_shape(M)
     if -(-M // shape.tokens) >= 2**16:
         return False
-    symbol, smem = shape.symbol(bits), shape.smem(bits)
+    symbol, smem = shape.symbol(bits, packed), shape.smem(bits, packed)
     if smem > _smem_limits()[0] or (smem > 48 * 1024 and not _allow_smem(kernel_of(MMA, symbol), _smem_limits()[0])):
         return False
     grid = (-(-lay.N // shape.rows), -(-M // shape.tokens))
     y_vec = lay.N % 8 == 0 and y.data.ptr % 16 == 0
-    sizes = (M, lay.K, lay.N, (lay.block_size // 64).bit_length() - 1, lay.k_blocks, has_bias, y_vec)
-    args = (A, B, scales, bias, y, *(np.int32(v) for v in sizes))
+    sizes = (M, lay.K, lay.N, (lay.block_size // 64).bit_length() - 1, lay.k_blocks, lay.zp_bytes, has_bias, y_vec)
+    args = (A, B, scales, zp if packed else np.uint64(0), bias, y, *(np.int32(v) for v in sizes))
     launch_grid("matmul_nbits", MMA, symbol, grid, shape.threads, args, smem)
     return True
 

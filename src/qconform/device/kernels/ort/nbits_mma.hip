@@ -917,13 +917,13 @@ QK_NBITS_MMA_BITS(2)
 QK_NBITS_MMA_BITS(4)
 
 /* ------------------------------------------------ prefill: a tiled GEMM on the matrix units */
-/* qk_nbits_gemm_u{BITS}_r{R}_n{WN}_m{WM}_s{S}: M > 8, default zero point, K % 8 == 0, 16-byte
- * aligned A and B, 4-byte aligned scales. A CTA owns 16 R WN weight rows x 32 WM tokens; each of
- * its WN x WM warps owns 16 R rows x 32 tokens (R tiles of 16 rows, T = 4 groups of 8 tokens). Per
- * 64-wide K chunk c the CTA copies, S - 1 chunks ahead, into stage c % S of a shared-memory ring
+/* qk_nbits_gemm_u{BITS}_r{R}_n{WN}_m{WM}_s{S}[_z]: M > 8, the default zero point (or packed ones: ZP,
+ * symbols ending _z), K % 8 == 0, 16-byte aligned A and B, 4-byte aligned scales and zero points. A CTA owns 16 R WN weight rows x 32 WM tokens; each
+ * of its WN x WM warps owns 16 R rows x 32 tokens (R tiles of 16 rows, T = 4 groups of 8 tokens).
+ * Per 64-wide K chunk c the CTA copies, S - 1 chunks ahead, into stage c % S of a shared-memory ring
  * (cp.async): its rows' 8 BITS weight bytes of the chunk, the 4-byte word holding each row's scale
- * (the half-word is picked when read; 2 bytes copied for the tensor's last scale), and its tokens'
- * 64 activations (zeros past M and K; rows padded by 16 bytes, so that a warp's 16-byte reads of 8
+ * (the half-word is picked when read; 2 bytes copied for the tensor's last scale), ZP: the 4-byte
+ * word holding each row's packed zero point (its field picked when read), and its tokens' 64 activations (zeros past M and K; rows padded by 16 bytes, so that a warp's 16-byte reads of 8
  * tokens x 4 lanes touch every bank once). The arithmetic per chunk and row is qk_nbits_mma's (the
  * same K slots, qk_slot_pairs; d from 0 over the chunk's 4 mma in slot order; acc = fma(s, d, acc)
  * in chunk order; bias added in fp32, one rounding to fp16), so Y is bit-identical to the prefill
@@ -938,12 +938,14 @@ struct QkGemmStage {
 /* A thread's share of a chunk's copies into a stage (weights, scale words, activations of a CTA of
  * THREADS threads, BN rows and BM tokens): its sources, destinations and bounds computed once, so a
  * chunk's copies are its pointers plus the chunk's offset. Piece i of a kind is thread i % THREADS's. */
-template <int BITS, int BN, int BM, int THREADS>
+template <int BITS, int BN, int BM, int THREADS, bool ZP>
 struct QkGemmCopies {
     static constexpr int WB = QkGemmStage<BITS>::WB, AROW = QkGemmStage<BITS>::AROW;
     static constexpr int NW = (BN * WB / 16 + THREADS - 1) / THREADS, NA = BM * 8 / THREADS;
     static_assert(BN <= THREADS && (BM * 8) % THREADS == 0, "one scale word a thread at most; whole activation rounds");
     const qk_u8* w[NW];  /* weight piece j of chunk 0, or nullptr past the CTA's pieces */
+    const qk_u8* z;      /* its row's packed zero points, or nullptr (none, or past the CTA's rows) */
+    const qk_u8* z_end;
     const qk_u16* a;     /* activation piece 0 of chunk 0 (row tok0 + tid / 8, k 8 (tid % 8)) */
     qk_i64 a_step;       /* halves between its activation pieces (THREADS / 8 rows) */
     qk_i64 s_idx;        /* its scale row's first index (row * k_blocks), -1 past the CTA's rows */
@@ -953,9 +955,9 @@ struct QkGemmCopies {
     int a_rows;          /* its activation pieces inside M: j < a_rows */
     int ak, K, cpb_shift;
 
-    __device__ __forceinline__ QkGemmCopies(const qk_u16* A_, const qk_u8* B, const qk_u16* scales_, int row0,
-                                            int tok0, int M, int K_, int N, qk_i64 row_bytes, int cpb_shift_,
-                                            int k_blocks) {
+    __device__ __forceinline__ QkGemmCopies(const qk_u16* A_, const qk_u8* B, const qk_u16* scales_, const qk_u8* zp,
+                                            int zp_bytes, int row0, int tok0, int M, int K_, int N, qk_i64 row_bytes,
+                                            int cpb_shift_, int k_blocks) {
         const int tid = (int)threadIdx.x;
 #pragma unroll
         for (int j = 0; j < NW; ++j) {
@@ -963,6 +965,8 @@ struct QkGemmCopies {
             w[j] = i < BN * WB / 16 ? B + (qk_i64)min(row0 + r, N - 1) * row_bytes + 16 * p : nullptr;
         }
         s_idx = tid < BN ? (qk_i64)min(row0 + tid, N - 1) * k_blocks : -1;
+        z = ZP && tid < BN ? zp + (qk_i64)min(row0 + tid, N - 1) * zp_bytes : nullptr;
+        z_end = zp + (qk_i64)N * zp_bytes;
         n_scales = (qk_i64)N * k_blocks;
         scales = scales_;
         A = A_;
@@ -975,8 +979,9 @@ struct QkGemmCopies {
         cpb_shift = cpb_shift_;
     }
 
-    /* chunk c into stage (weights: BN rows x WB bytes; scale words: BN x 4 bytes; activations: BM
-     * rows of AROW halves, zeros past M and K) */
+    /* chunk c into stage (weights: BN rows x WB bytes; scale words: BN x 4 bytes; ZP: the 4-byte
+     * words holding the rows' packed zero points, 4-aligned from the tensor's start, zeros past its
+     * end: BN x 4 bytes; activations: BM rows of AROW halves, zeros past M and K) */
     __device__ __forceinline__ void issue(qk_u8* stage, int c) const {
         const int tid = (int)threadIdx.x;
 #pragma unroll
@@ -986,7 +991,11 @@ struct QkGemmCopies {
             const qk_i64 idx = s_idx + (c >> cpb_shift);
             qk_cp_async4(stage + BN * WB + 4 * tid, scales + (idx & ~(qk_i64)1), (idx | 1) < n_scales ? 4 : 2);
         }
-        qk_u16* sA = (qk_u16*)(stage + BN * (WB + 4)) + (tid >> 3) * AROW + ak;
+        if (ZP && z != nullptr) {
+            const qk_u8* word = (const qk_u8*)((size_t)(z + (((c >> cpb_shift) * BITS) >> 3)) & ~(size_t)3);
+            qk_cp_async4(stage + BN * (WB + 4) + 4 * tid, word, (int)min((qk_i64)4, (qk_i64)(z_end - word)));
+        }
+        qk_u16* sA = (qk_u16*)(stage + BN * (WB + (ZP ? 8 : 4))) + (tid >> 3) * AROW + ak;
         const bool in_k = 64 * c + ak < K;
 #pragma unroll
         for (int j = 0; j < NA; ++j) {
@@ -1035,14 +1044,14 @@ __device__ __forceinline__ void qk_gemm_store(const float acc[R * 16], qk_u8* sm
     }
 }
 
-template <int BITS, int R, int WN, int WM, int S>
-__device__ __forceinline__ void qk_nbits_gemm(const qk_u16* A, const qk_u8* B, const qk_u16* scales,
+template <int BITS, int R, int WN, int WM, int S, bool ZP>
+__device__ __forceinline__ void qk_nbits_gemm(const qk_u16* A, const qk_u8* B, const qk_u16* scales, const qk_u8* zp,
                                               const qk_u16* bias, qk_u16* Y, int M, int K, int N, int cpb_shift,
-                                              int k_blocks, int has_bias, int y_vec) {
+                                              int k_blocks, int zp_bytes, int has_bias, int y_vec) {
     extern __shared__ float qk_red[];
     constexpr int T = 4, WPR = BITS / 2, BN = 16 * R * WN, BM = 32 * WM;
     constexpr int WB = QkGemmStage<BITS>::WB, AROW = QkGemmStage<BITS>::AROW;
-    constexpr int STAGE = BN * (WB + 4) + BM * AROW * 2;
+    constexpr int STAGE = BN * (WB + (ZP ? 8 : 4)) + BM * AROW * 2;
     qk_u8* smem = (qk_u8*)qk_red;
     const int lane = (int)(threadIdx.x & 31), g = lane >> 2, t = lane & 3, warp = (int)(threadIdx.x >> 5);
     const int wn = warp % WN, wm = warp / WN;
@@ -1052,19 +1061,23 @@ __device__ __forceinline__ void qk_nbits_gemm(const qk_u16* A, const qk_u8* B, c
 
     qk_u32 off[4]; /* q - z for the default zero point 2^(BITS - 1) (an integer: no sum(a) term) */
     qk_int_offsets<BITS>(1 << (BITS - 1), off);
-    int parity[R][2]; /* the half of its scale word holding row n's scale of block 0: (n k_blocks) & 1 */
+    /* per row n: bit 0 the half of its scale word holding its block-0 scale ((n k_blocks) & 1), bits
+     * 3-4 the byte of its zero-point word where its packed zero points start ((n zp_bytes) & 3) */
+    int rowbits[R][2];
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
-            parity[r][h] = (int)(((qk_i64)min(row0 + 16 * R * wn + 16 * r + 8 * h + g, N - 1) * k_blocks) & 1);
+        for (int h = 0; h < 2; ++h) {
+            const qk_i64 n = min(row0 + 16 * R * wn + 16 * r + 8 * h + g, N - 1);
+            rowbits[r][h] = (int)((n * k_blocks) & 1) | (ZP ? (int)((n * zp_bytes) & 3) << 3 : 0);
+        }
 
     float acc[R * T * 4];
 #pragma unroll
     for (int i = 0; i < R * T * 4; ++i) acc[i] = 0.0f;
 
-    const QkGemmCopies<BITS, BN, BM, 32 * WN * WM> copies(A, B, scales, row0, tok0, M, K, N, row_bytes, cpb_shift,
-                                                         k_blocks);
+    const QkGemmCopies<BITS, BN, BM, 32 * WN * WM, ZP> copies(A, B, scales, zp, zp_bytes, row0, tok0, M, K, N,
+                                                             row_bytes, cpb_shift, k_blocks);
 #pragma unroll
     for (int j = 0; j < S - 1; ++j) {
         if (j < n_chunks) copies.issue(smem + j * STAGE, j);
@@ -1079,7 +1092,8 @@ __device__ __forceinline__ void qk_nbits_gemm(const qk_u16* A, const qk_u8* B, c
         const qk_u8* stage = smem + (c % S) * STAGE;
         const qk_u32* sW = (const qk_u32*)stage;
         const qk_u32* sS = (const qk_u32*)(stage + BN * WB);
-        const qk_u16* sA = (const qk_u16*)(stage + BN * (WB + 4));
+        const qk_u32* sZ = (const qk_u32*)(stage + BN * (WB + 4));
+        const qk_u16* sA = (const qk_u16*)(stage + BN * (WB + (ZP ? 8 : 4)));
         qk_u32 bf[T][4][2];
 #pragma unroll
         for (int tg = 0; tg < T; ++tg) {
@@ -1097,14 +1111,21 @@ __device__ __forceinline__ void qk_nbits_gemm(const qk_u16* A, const qk_u8* B, c
         const int kb = c >> cpb_shift;
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-            qk_u32 w[2][WPR];
+            qk_u32 w[2][WPR], zoff[2][4];
             float sc[2];
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int lr = 16 * R * wn + 16 * r + 8 * h + g;
 #pragma unroll
                 for (int i = 0; i < WPR; ++i) w[h][i] = sW[lr * (WB / 4) + WPR * t + i];
-                sc[h] = qk_fp16_to_float((qk_u16)(sS[lr] >> (16 * ((parity[r][h] ^ kb) & 1))));
+                sc[h] = qk_fp16_to_float((qk_u16)(sS[lr] >> (16 * ((rowbits[r][h] ^ kb) & 1))));
+                if (ZP) { /* packed zero points */
+                    const int zi = (int)(sZ[lr] >> (((rowbits[r][h] & 0x18) + kb * BITS) & 31)) & ((1 << BITS) - 1);
+                    qk_int_offsets<BITS>(zi, zoff[h]);
+                } else {
+#pragma unroll
+                    for (int m = 0; m < 4; ++m) zoff[h][m] = off[m];
+                }
             }
             float d[T][4];
 #pragma unroll
@@ -1114,8 +1135,8 @@ __device__ __forceinline__ void qk_nbits_gemm(const qk_u16* A, const qk_u8* B, c
 #pragma unroll
             for (int m = 0; m < 4; ++m) {
                 qk_u32 a[4];
-                qk_weight_pairs<BITS>(w[0], m, off, &a[0], &a[2]);
-                qk_weight_pairs<BITS>(w[1], m, off, &a[1], &a[3]);
+                qk_weight_pairs<BITS>(w[0], m, zoff[0], &a[0], &a[2]);
+                qk_weight_pairs<BITS>(w[1], m, zoff[1], &a[1], &a[3]);
 #pragma unroll
                 for (int tg = 0; tg < T; ++tg) qk_mma_16816(d[tg], a, bf[tg][m]);
             }
@@ -1137,13 +1158,20 @@ __device__ __forceinline__ void qk_nbits_gemm(const qk_u16* A, const qk_u8* B, c
 /* the instantiations the launcher picks from (qconform.device.registry.GEMM_SHAPES), then the bench's
  * other candidates; 32 WN WM threads a CTA, one CTA an SM at least. Dynamic shared memory: S stages or
  * the output tile, the larger (registry.GemmShape.smem) */
-#define QK_NBITS_GEMM(BITS, R, WN, WM, S)                                                                              \
+#define QK_NBITS_GEMM_DEF(BITS, R, WN, WM, S, ZP, SUFFIX)                                                              \
     extern "C" __global__ void __launch_bounds__(32 * WN * WM, 1)                                                      \
-        qk_nbits_gemm_u##BITS##_r##R##_n##WN##_m##WM##_s##S(                                                           \
-        const qk_u16* A, const qk_u8* B, const qk_u16* scales, const qk_u16* bias, qk_u16* Y, int M, int K, int N,     \
-        int cpb_shift, int k_blocks, int has_bias, int y_vec) {                                                        \
-        qk_nbits_gemm<BITS, R, WN, WM, S>(A, B, scales, bias, Y, M, K, N, cpb_shift, k_blocks, has_bias, y_vec);       \
+        qk_nbits_gemm_u##BITS##_r##R##_n##WN##_m##WM##_s##S##SUFFIX(                                                   \
+        const qk_u16* A, const qk_u8* B, const qk_u16* scales, const qk_u8* zp, const qk_u16* bias, qk_u16* Y, int M,  \
+        int K, int N, int cpb_shift, int k_blocks, int zp_bytes, int has_bias, int y_vec) {                            \
+        qk_nbits_gemm<BITS, R, WN, WM, S, ZP>(A, B, scales, zp, bias, Y, M, K, N, cpb_shift, k_blocks, zp_bytes,       \
+                                              has_bias, y_vec);                                                        \
     }
+/* QK_NBITS_GEMM: the default zero point (zp not read); QK_NBITS_GEMM_Z the same tiles with packed
+ * zero points as well (symbol ending _z) */
+#define QK_NBITS_GEMM(BITS, R, WN, WM, S) QK_NBITS_GEMM_DEF(BITS, R, WN, WM, S, false, )
+#define QK_NBITS_GEMM_Z(BITS, R, WN, WM, S)                                                                            \
+    QK_NBITS_GEMM_DEF(BITS, R, WN, WM, S, false, )                                                                     \
+    QK_NBITS_GEMM_DEF(BITS, R, WN, WM, S, true, _z)
 #ifdef QK_MMA_DEFAULT_ONLY
 #define QK_NBITS_GEMM_CANDIDATES(BITS)
 #else
@@ -1153,8 +1181,8 @@ __device__ __forceinline__ void qk_nbits_gemm(const qk_u16* A, const qk_u8* B, c
     QK_NBITS_GEMM(BITS, 2, 4, 2, 4)
 #endif
 #define QK_NBITS_GEMM_BITS(BITS)                                                                                       \
-    QK_NBITS_GEMM(BITS, 4, 2, 4, 4)                                                                                    \
-    QK_NBITS_GEMM(BITS, 4, 4, 2, 4)                                                                                    \
+    QK_NBITS_GEMM_Z(BITS, 4, 2, 4, 4)                                                                                  \
+    QK_NBITS_GEMM_Z(BITS, 4, 4, 2, 4)                                                                                  \
     QK_NBITS_GEMM_CANDIDATES(BITS)
 QK_NBITS_GEMM_BITS(2)
 QK_NBITS_GEMM_BITS(4)
