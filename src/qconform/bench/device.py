@@ -106,35 +106,6 @@ def bench_device(rows: int = 4096, width: int = 14336, reps: int = 30) -> list[t
     return rows_out
 
 
-def bench_prefill(M: int = 2048, K: int = 5120, N: int = 17920, reps: int = 5) -> tuple[float, float]:
-    """MatMulNBits prefill (fp16, u2, block 64) against dequantize-to-fp16 + cuBLAS: TFLOP/s
-    and the ratio (warm: weights and activations fit the L2 together)."""
-    from qconform.bench.nbits import weight_sets
-    from qconform.device import ort as ort_launch
-
-    ((b, s),) = weight_sets(K, N, 2, 1, 7)
-    a = cupy.random.default_rng(1).standard_normal((M, K), dtype=cupy.float32).astype(cupy.float16)
-    y = cupy.empty((M, N), cupy.float16)
-    kw = {"K": K, "N": N, "bits": 2, "block_size": 64}
-    call = ort_launch.bound(ort_launch.matmul_nbits, a, b, s, **kw, out=y)
-    w32 = cupy.empty((N, K), cupy.float32)
-    deq = ort_launch.bound(ort_launch.dequantize_nbits, b, s, **kw, out=w32)
-
-    def baseline(_: int) -> None:
-        deq()
-        cupy.matmul(a, w32.astype(cupy.float16).T)
-
-    t = _median_time(lambda _: call(), 1, reps, batches=3)
-    tb = _median_time(baseline, 1, reps, batches=3)
-    flops = 2 * M * N * K
-    print()
-    print(f"| MatMulNBits prefill M={M}, {K}x{N}, u2 fp16 | us | TFLOP/s | dequant+cuBLAS us | speed-up |")
-    print("|---|---|---|---|---|")
-    print(f"| matrix-unit kernel | {t * 1e6:.0f} | {flops / t / 1e12:.0f} | {tb * 1e6:.0f} | {tb / t:.2f}x |")
-    return t, tb
-
-
 if __name__ == "__main__":
     np.seterr(all="ignore")
     bench_device()
-    bench_prefill()
