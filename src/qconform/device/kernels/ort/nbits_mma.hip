@@ -917,18 +917,20 @@ QK_NBITS_MMA_BITS(2)
 QK_NBITS_MMA_BITS(4)
 
 /* ------------------------------------------------ prefill: a tiled GEMM on the matrix units */
-/* qk_nbits_gemm_u{BITS}_r{R}_n{WN}_m{WM}_s{S}[_z]: M > 8, the default zero point (or packed ones: ZP,
- * symbols ending _z), K % 8 == 0, 16-byte aligned A and B, 4-byte aligned scales and zero points. A CTA owns 16 R WN weight rows x 32 WM tokens; each
- * of its WN x WM warps owns 16 R rows x 32 tokens (R tiles of 16 rows, T = 4 groups of 8 tokens).
- * Per 64-wide K chunk c the CTA copies, S - 1 chunks ahead, into stage c % S of a shared-memory ring
- * (cp.async): its rows' 8 BITS weight bytes of the chunk, the 4-byte word holding each row's scale
- * (the half-word is picked when read; 2 bytes copied for the tensor's last scale), ZP: the 4-byte
- * word holding each row's packed zero point (its field picked when read), and its tokens' 64 activations (zeros past M and K; rows padded by 16 bytes, so that a warp's 16-byte reads of 8
- * tokens x 4 lanes touch every bank once). The arithmetic per chunk and row is qk_nbits_mma's (the
- * same K slots, qk_slot_pairs; d from 0 over the chunk's 4 mma in slot order; acc = fma(s, d, acc)
- * in chunk order; bias added in fp32, one rounding to fp16), so Y is bit-identical to the prefill
- * shape's qk_nbits_mma on the same device. The outputs go through shared memory and are stored 16
- * bytes at a time where N % 8 == 0 and Y is 16-byte aligned (y_vec). */
+/* qk_nbits_gemm_u{BITS}_r{R}_n{WN}_m{WM}_s{S}[_z]: any M (the launcher's: M >= 16), the default zero
+ * point (or packed ones: ZP, symbols ending _z), K % 8 == 0, 16-byte aligned A and B, 4-byte aligned
+ * scales and zero points. A CTA owns 16 R WN weight rows x 32 WM tokens; each of its WN x WM warps
+ * owns 16 R rows x 32 tokens (R tiles of 16 rows, T = 4 groups of 8 tokens). Per 64-wide K chunk c
+ * the CTA copies, S - 1 chunks ahead, into stage c % S of a shared-memory ring (cp.async): its rows'
+ * 8 BITS weight bytes of the chunk, the 4-byte word holding each row's scale (the half-word is
+ * picked when read; 2 bytes copied for the tensor's last scale), ZP: the 4-byte word holding each
+ * row's packed zero point (its field picked when read), and its tokens' 64 activations (zeros past
+ * M and K; rows padded by 16 bytes, so that a warp's 16-byte reads of 8 tokens x 4 lanes touch every
+ * bank once). The arithmetic per chunk and row is qk_nbits_mma's (the same K slots, qk_slot_pairs;
+ * q - zi folded into the weights; d from 0 over the chunk's 4 mma in slot order; acc = fma(s, d,
+ * acc) in chunk order; bias added in fp32, one rounding to fp16), so Y is bit-identical to the
+ * prefill shape's qk_nbits_mma on the same device. The outputs go through shared memory and are
+ * stored 16 bytes at a time where N % 8 == 0 and Y is 16-byte aligned (y_vec). */
 template <int BITS>
 struct QkGemmStage {
     static constexpr int WB = 8 * BITS; /* weight bytes of a row per chunk */
@@ -966,7 +968,7 @@ struct QkGemmCopies {
         }
         s_idx = tid < BN ? (qk_i64)min(row0 + tid, N - 1) * k_blocks : -1;
         z = ZP && tid < BN ? zp + (qk_i64)min(row0 + tid, N - 1) * zp_bytes : nullptr;
-        z_end = zp + (qk_i64)N * zp_bytes;
+        z_end = ZP ? zp + (qk_i64)N * zp_bytes : nullptr;
         n_scales = (qk_i64)N * k_blocks;
         scales = scales_;
         A = A_;
