@@ -382,8 +382,8 @@ def gemm_shape(M: int) -> GemmShape:
 
 
 GEMM_MIN_M = 16
-"""Activation rows from which MatMulNBits (fp16 A, default or packed zero points) takes the GEMM: at M 16 and
-32 on 5120 x 17920 the short tiles took 97-103 us, the previous kernel 101-106 (session 16)."""
+"""Activation rows from which MatMulNBits (fp16 A, default or packed zero points) takes the GEMM: at
+M 16 and 32 on 5120 x 17920 the short tiles took 97-103 us, the previous kernel 101-106 (session 16)."""
 
 
 MMA_DECODE_CANDIDATES = (

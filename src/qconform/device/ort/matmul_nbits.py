@@ -45,14 +45,14 @@ ACT_SMEM_LIMIT = 48 * 1024  # activations staged in shared memory up to this (Cu
 def _launch_mma(bits: int, M: int, lay: Any, ptrs: tuple, zps: Any, kind: Any, has_bias: bool, a_vec: bool) -> None:
     """The matrix-unit kernel; ``ptrs`` = (A, B, scales, zero points, bias, Y)."""
     A, B, scales, zp, bias, y = ptrs
-    ring = MMA_SHAPES["decode"].ring and kind == ZP_DEFAULT and B.data.ptr % 16 == 0 and scales.data.ptr % 4 == 0
-    if M <= 8 and ring:
+    aligned = B.data.ptr % 16 == 0 and scales.data.ptr % 4 == 0  # the ring's and the GEMM's 16- / 4-byte copies
+    if M <= 8 and MMA_SHAPES["decode"].ring and kind == ZP_DEFAULT and aligned:
         if _launch_ring(bits, M, lay, ptrs, has_bias, a_vec):
             return
     packed = kind == ZP_PACKED and zp.data.ptr % 4 == 0
-    gemm_ok = (kind == ZP_DEFAULT or packed) and B.data.ptr % 16 == 0 and scales.data.ptr % 4 == 0 and a_vec
-    if M >= GEMM_MIN_M and gemm_ok and _launch_gemm(bits, M, lay, ptrs, packed, has_bias):
-        return
+    if M >= GEMM_MIN_M and (kind == ZP_DEFAULT or packed) and aligned and a_vec:
+        if _launch_gemm(bits, M, lay, ptrs, packed, has_bias):
+            return
     shape = MMA_SHAPES["decode_zp" if M <= 8 else "prefill"]
     items = -(-lay.N // (16 * shape.r)) * -(-M // (8 * shape.t))
     n_chunks = -(-lay.K // 64)
