@@ -172,17 +172,24 @@ def tune(K: int, N: int, reps: int) -> None:
             launcher.RING_ACT_LIMIT = staged
 
 
-def bench(shapes=SHAPES, bits_list=(2, 4), ms=(1,), reps: int = 50, verdicts: bool = True) -> list[BenchRecord]:
-    """The decode table (and records) over ``shapes`` x ``bits_list`` x ``ms``."""
+def _table_head(caption: str, columns: tuple[str, ...]) -> str:
+    """Print a table's caption (after the device's name) and header; return the device's name."""
     info = device_info()
     device = f"{info.name} {info.label}"
-    records: list[BenchRecord] = []
-    print(f"{device}; times in us as min / median / max of 5 batches of {reps} back-to-back cold launches")
-    print(
-        "| K x N | M | bits | kernel us | read-only roofline us | of roofline | fp16 cuBLAS us | speed-up "
-        "| dequant + cuBLAS us | speed-up | verdict |"
+    print(f"{device}; {caption}")
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
+    return device
+
+
+def bench(shapes=SHAPES, bits_list=(2, 4), ms=(1,), reps: int = 50, verdicts: bool = True) -> list[BenchRecord]:
+    """The decode table (and records) over ``shapes`` x ``bits_list`` x ``ms``."""
+    device = _table_head(
+        f"times in us as min / median / max of 5 batches of {reps} back-to-back cold launches",
+        ("K x N", "M", "bits", "kernel us", "read-only roofline us", "of roofline", "fp16 cuBLAS us", "speed-up")
+        + ("dequant + cuBLAS us", "speed-up", "verdict"),
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    records: list[BenchRecord] = []
     for K, N in shapes:
         cublas = {M: cublas_fp16(K, N, M, reps) for M in ms}
         for bits in bits_list:
@@ -377,15 +384,12 @@ def prefill(
     kernel's (the same sums, the kernel's comment; that kernel is checked against the oracle by the
     device tests), else within the strict bound (``_strict_check``). ``candidates``: the other tiles
     of ``registry.GEMM_SHAPES`` and ``GEMM_CANDIDATES`` too."""
-    info = device_info()
-    device = f"{info.name} {info.label}"
-    records: list[BenchRecord] = []
-    print(f"{device}; prefill, block {BLOCK}; us as min / median / max of 5 batches of {reps} launches (2 weight sets)")
-    print(
-        "| K x N | M | bits | kernel us | TFLOP/s | previous kernel us | fp16 cuBLAS us | of cuBLAS "
-        "| dequant + cuBLAS us | speed-up | check |"
+    device = _table_head(
+        f"prefill, block {BLOCK}; us as min / median / max of 5 batches of {reps} launches (2 weight sets)",
+        ("K x N", "M", "bits", "kernel us", "TFLOP/s", "previous kernel us", "fp16 cuBLAS us", "of cuBLAS")
+        + ("dequant + cuBLAS us", "speed-up", "check"),
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    records: list[BenchRecord] = []
     for K, N in shapes:
         for bits in bits_list:
             weights = weight_sets(K, N, bits, 2, bits)
