@@ -414,3 +414,24 @@ def test_rows_after_a_lost_context_run_in_a_fresh_process(monkeypatch: pytest.Mo
     assert dc.run_rows(rows) == 2 + child_ok
     (cmd,) = calls
     assert cmd[-2:] == ["--rows", str(ALL.index(rows[2]))]
+
+
+def test_prefill_gemm_tiles() -> None:
+    """The prefill GEMM's tiles and shared memory (``qk_nbits_gemm``'s STAGE: per row 8 bits weight
+    bytes, a scale word and with packed zero points a zero-point word, per token 72 halves; 4 stages;
+    or the fp16 output tile of tokens x (rows + 8) halves): short (256 rows x 64 tokens) to M 64,
+    long (128 x 128) beyond; u2 short 4 x (256 x 20 + 64 x 144) = 57344 bytes (its output tile 64 x
+    264 x 2 = 33792), u4 long with packed zero points 4 x (128 x 40 + 128 x 144) = 94208; every tile
+    shape within the H200's 227 KiB a CTA."""
+    from qconform.device.registry import GEMM_CANDIDATES, GEMM_MIN_M, GEMM_SHAPES, gemm_shape
+
+    short, long = GEMM_SHAPES["short"], GEMM_SHAPES["long"]
+    assert gemm_shape(GEMM_MIN_M) is short and gemm_shape(64) is short and gemm_shape(65) is long
+    assert (short.rows, short.tokens, short.threads) == (256, 64, 256)
+    assert (long.rows, long.tokens, long.threads) == (128, 128, 256)
+    assert short.smem(2) == 57344 and long.smem(4, packed=True) == 94208 and long.smem(2) == 83968
+    assert short.symbol(2, packed=True) == "qk_nbits_gemm_u2_r4_n4_m2_s4_z"
+    assert long.symbol(4) == "qk_nbits_gemm_u4_r4_n2_m4_s4"
+    for shape in (*GEMM_SHAPES.values(), *GEMM_CANDIDATES):
+        for bits in (2, 4):
+            assert shape.tokens * (shape.rows + 8) * 2 <= shape.smem(bits) <= 227 * 1024, (shape, bits)
