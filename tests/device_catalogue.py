@@ -306,7 +306,7 @@ RING_SHIFT_STORE: Edits = (
     ("if (n < row0 || tok >= M) continue;", "if (n >= N || tok >= M) continue;"),
 )
 
-# the prefill GEMM (qk_nbits_gemm, default zero point, M >= 64): the last K chunk never computed;
+# the prefill GEMM (qk_nbits_gemm, default or packed zero points, M >= 16): the last K chunk never computed;
 # each row's scale taken from the half of its scale word that block 0 uses (wrong where k_blocks is
 # odd: every other block of every other row); the last token row never stored; every token tile
 # reading the first tile's activations; packed zero points read at the field of the first block of

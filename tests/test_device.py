@@ -739,10 +739,10 @@ def test_own_kernel_matmul_nbits_prefill_gemm(
     bits: int, M: int, K: int, N: int, block: int, bias: bool, zp: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The prefill GEMM (qk_nbits_gemm with gemm_shape's tiles, fp16 A, the default zero point or
-    packed ones (its _z twin), M >= GEMM_MIN_M) is the one launch; every
-    output written (an out buffer of NaN), the answer within the strict bound and bit-identical call
-    to call, and bit-identical to the previous prefill kernel (qk_nbits_mma's prefill shape: the same
-    sums, the kernel's comment)."""
+    packed ones (its _z twin), M >= GEMM_MIN_M) is the one launch; every output written (an out
+    buffer of NaN), the answer within the strict bound and bit-identical call to call, and
+    bit-identical to the previous prefill kernel (qk_nbits_mma's prefill shape: the same sums, the
+    kernel's comment)."""
     import importlib
 
     import cupy
