@@ -931,10 +931,14 @@ QK_NBITS_MMA_BITS(4)
  * acc) in chunk order; bias added in fp32, one rounding to fp16), so Y is bit-identical to the
  * prefill shape's qk_nbits_mma on the same device. The outputs go through shared memory and are
  * stored 16 bytes at a time where N % 8 == 0 and Y is 16-byte aligned (y_vec). */
-template <int BITS>
+/* One stage of the ring, in bytes from its start: BN rows x WB weight bytes, BN scale words, ZP: BN
+ * zero-point words, BM token rows x AROW halves (registry.GemmShape.smem says the same) */
+template <int BITS, int BN, int BM, bool ZP>
 struct QkGemmStage {
     static constexpr int WB = 8 * BITS; /* weight bytes of a row per chunk */
     static constexpr int AROW = 72;     /* halves per staged token row: 64 + 8 of padding */
+    static constexpr int SCALES = BN * WB, ZPS = SCALES + BN * 4, ACT = ZPS + (ZP ? BN * 4 : 0);
+    static constexpr int BYTES = ACT + BM * AROW * 2;
 };
 
 /* A thread's share of a chunk's copies into a stage (weights, scale words, activations of a CTA of
@@ -942,7 +946,8 @@ struct QkGemmStage {
  * chunk's copies are its pointers plus the chunk's offset. Piece i of a kind is thread i % THREADS's. */
 template <int BITS, int BN, int BM, int THREADS, bool ZP>
 struct QkGemmCopies {
-    static constexpr int WB = QkGemmStage<BITS>::WB, AROW = QkGemmStage<BITS>::AROW;
+    typedef QkGemmStage<BITS, BN, BM, ZP> Stage;
+    static constexpr int WB = Stage::WB, AROW = Stage::AROW;
     static constexpr int NW = (BN * WB / 16 + THREADS - 1) / THREADS, NA = BM * 8 / THREADS;
     static_assert(BN <= THREADS && (BM * 8) % THREADS == 0, "one scale word a thread at most; whole activation rounds");
     const qk_u8* w[NW];  /* weight piece j of chunk 0, or nullptr past the CTA's pieces */
@@ -991,13 +996,13 @@ struct QkGemmCopies {
             if (w[j] != nullptr) qk_cp_async16(stage + 16 * (tid + j * THREADS), w[j] + (qk_i64)c * WB, 16);
         if (s_idx >= 0) {
             const qk_i64 idx = s_idx + (c >> cpb_shift);
-            qk_cp_async4(stage + BN * WB + 4 * tid, scales + (idx & ~(qk_i64)1), (idx | 1) < n_scales ? 4 : 2);
+            qk_cp_async4(stage + Stage::SCALES + 4 * tid, scales + (idx & ~(qk_i64)1), (idx | 1) < n_scales ? 4 : 2);
         }
         if (ZP && z != nullptr) {
             const qk_u8* word = (const qk_u8*)((size_t)(z + (((c >> cpb_shift) * BITS) >> 3)) & ~(size_t)3);
-            qk_cp_async4(stage + BN * (WB + 4) + 4 * tid, word, (int)min((qk_i64)4, (qk_i64)(z_end - word)));
+            qk_cp_async4(stage + Stage::ZPS + 4 * tid, word, (int)min((qk_i64)4, (qk_i64)(z_end - word)));
         }
-        qk_u16* sA = (qk_u16*)(stage + BN * (WB + (ZP ? 8 : 4))) + (tid >> 3) * AROW + ak;
+        qk_u16* sA = (qk_u16*)(stage + Stage::ACT) + (tid >> 3) * AROW + ak;
         const bool in_k = 64 * c + ak < K;
 #pragma unroll
         for (int j = 0; j < NA; ++j) {
@@ -1052,8 +1057,8 @@ __device__ __forceinline__ void qk_nbits_gemm(const qk_u16* A, const qk_u8* B, c
                                               int k_blocks, int zp_bytes, int has_bias, int y_vec) {
     extern __shared__ float qk_red[];
     constexpr int T = 4, WPR = BITS / 2, BN = 16 * R * WN, BM = 32 * WM;
-    constexpr int WB = QkGemmStage<BITS>::WB, AROW = QkGemmStage<BITS>::AROW;
-    constexpr int STAGE = BN * (WB + (ZP ? 8 : 4)) + BM * AROW * 2;
+    typedef QkGemmStage<BITS, BN, BM, ZP> Stage;
+    constexpr int WB = Stage::WB, AROW = Stage::AROW, STAGE = Stage::BYTES;
     qk_u8* smem = (qk_u8*)qk_red;
     const int lane = (int)(threadIdx.x & 31), g = lane >> 2, t = lane & 3, warp = (int)(threadIdx.x >> 5);
     const int wn = warp % WN, wm = warp / WN;
@@ -1093,9 +1098,9 @@ __device__ __forceinline__ void qk_nbits_gemm(const qk_u16* A, const qk_u8* B, c
 
         const qk_u8* stage = smem + (c % S) * STAGE;
         const qk_u32* sW = (const qk_u32*)stage;
-        const qk_u32* sS = (const qk_u32*)(stage + BN * WB);
-        const qk_u32* sZ = (const qk_u32*)(stage + BN * (WB + 4));
-        const qk_u16* sA = (const qk_u16*)(stage + BN * (WB + (ZP ? 8 : 4)));
+        const qk_u32* sS = (const qk_u32*)(stage + Stage::SCALES);
+        const qk_u32* sZ = (const qk_u32*)(stage + Stage::ZPS);
+        const qk_u16* sA = (const qk_u16*)(stage + Stage::ACT);
         qk_u32 bf[T][4][2];
 #pragma unroll
         for (int tg = 0; tg < T; ++tg) {
