@@ -106,16 +106,21 @@ def _launched(fn: Callable[..., Any], op_name: str, case: Prepared, **extra: Any
     return _recorded(fn, *args, **extra, **kwargs)
 
 
-def _spike(leaf: str, bits: int, keep: Callable[[Any], bool]) -> tuple[Any, dict, dict, tuple, dict]:
-    """matmul_nbits's one coverage-2 ``spike`` case of ``leaf`` that ``keep`` picks: the case, its
-    inputs and params, and its call's arguments on the device."""
+def _nbits_call(case: Any, bits: int) -> tuple[dict, dict, tuple, dict]:
+    """A matmul_nbits case's inputs and params (with ``bits``), and its call's arguments on the device."""
     import cupy
 
     op = get_op("matmul_nbits")
-    (case,) = [c for c in op.cases(leaf, 2) if c.pattern == "spike" and keep(c)]
     inputs, params = op.make_inputs(case), {**case.params, "bits": bits}
     args, kwargs = op.call_args({k: cupy.asarray(v) for k, v in inputs.items()}, params)
-    return case, inputs, params, args, kwargs
+    return inputs, params, args, kwargs
+
+
+def _spike(leaf: str, bits: int, keep: Callable[[Any], bool]) -> tuple[Any, dict, dict, tuple, dict]:
+    """matmul_nbits's one coverage-2 ``spike`` case of ``leaf`` that ``keep`` picks: the case, its
+    inputs and params, and its call's arguments on the device."""
+    (case,) = [c for c in get_op("matmul_nbits").cases(leaf, 2) if c.pattern == "spike" and keep(c)]
+    return case, *_nbits_call(case, bits)
 
 
 def _repeatable_within_strict_bound(
@@ -695,8 +700,6 @@ def test_own_kernel_matmul_nbits_tail_wave_split(bits: int, x: str, M: int, monk
     import importlib
     from types import SimpleNamespace
 
-    import cupy
-
     from qconform.device.registry import MMA_SHAPES, fewer_warps
     from qconform.ops.spec import Case
 
@@ -709,9 +712,7 @@ def test_own_kernel_matmul_nbits_tail_wave_split(bits: int, x: str, M: int, monk
     N = 32 * (launcher._slots(trial) // groups + 1)
     leaf = f"X{x}_Wu{bits}_Y{x}"
     case = Case("matmul_nbits", leaf, 7, (M, K, N), "normal", {"block_size": 64, "zp": "none", "K": K})
-    op = get_op("matmul_nbits")
-    inputs, params = op.make_inputs(case), {**case.params, "bits": bits}
-    args, kwargs = op.call_args({k: cupy.asarray(v) for k, v in inputs.items()}, params)
+    inputs, params, args, kwargs = _nbits_call(case, bits)
     launches, _ = _launches(launcher.matmul_nbits, *args, **kwargs)
     threads = [launch[2] for launch in launches]
     assert threads == ([1024] if f32 else []) + [32 * fewer_warps(4)], (N, threads)
@@ -754,9 +755,7 @@ def test_own_kernel_matmul_nbits_prefill_gemm(
     launcher = importlib.import_module("qconform.device.ort.matmul_nbits")  # the module, not its function
     params = {"block_size": block, "zp": zp, "K": K, "bias": bias}
     case = Case("matmul_nbits", f"Xfp16_Wu{bits}_Yfp16", 11, (M, K, N), "normal", params)
-    op = get_op("matmul_nbits")
-    inputs, params = op.make_inputs(case), {**case.params, "bits": bits}
-    args, kwargs = op.call_args({k: cupy.asarray(v) for k, v in inputs.items()}, params)
+    inputs, params, args, kwargs = _nbits_call(case, bits)
     ran, _ = _recorded(launcher.matmul_nbits, *args, **kwargs)
     assert ran == [kernel_of(launcher.MMA, gemm_shape(M).symbol(bits, zp == "packed"))]
     out = cupy.full((M, N), np.nan, cupy.float16)
