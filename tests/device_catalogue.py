@@ -1117,6 +1117,11 @@ GQA_FOLD_POS_LATE: Edits = (
 )  # fmt: skip
 # the folded combine's l without the sink's exp(sink - M)
 GQA_FOLD_NO_SINK: Edits = (("l = QK_FADD(l, expf(QK_FADD(sigma, -c_M[tid])));", "l = QK_FADD(l, 0.0f * sigma);"),)
+# the folded combine's 16-byte pieces read at channel q of a head row, not 4 q (overlapping pieces)
+GQA_FOLD_PIECE_STRIDE: Edits = (("* HD + (idx % Q4) * 4;", "* HD + (idx % Q4);"),)
+# the first trip's K / V loaded before the folded append in every split, the one holding the new row
+# too: that split reads the row before its own CTA has written it
+GQA_EARLY_STALE_ROW: Edits = (("const bool early = new_row < k0 || new_row >= k0 + n;", "const bool early = true;"),)
 
 
 def _gqa(name: str, op: str, leaf: str, edits: Edits, caught_by: str | None = "matches_oracle") -> DeviceMutant:
@@ -1149,6 +1154,12 @@ GQA_MUTANTS = (
     DeviceMutant("gqa mma folded combine (-DQK_GQA_COMBINE_FOLD): the sink left out of l", "ort/gqa.hip", "",
                  "-DQK_GQA_COMBINE_FOLD", "gqa_decode", "matches_oracle", leaf="Xfp16_Wfp16_Yfp16", coverage=2,
                  edits=GQA_FOLD_NO_SINK),
+    DeviceMutant("gqa mma folded combine (-DQK_GQA_COMBINE_FOLD): 4-channel pieces at channel q, not 4 q",
+                 "ort/gqa.hip", "", "-DQK_GQA_COMBINE_FOLD", "gqa_decode", "matches_oracle", leaf="Xfp16_Wfp16_Yfp16",
+                 edits=GQA_FOLD_PIECE_STRIDE),
+    DeviceMutant("gqa mma: first trip loaded before the folded append where the split holds the new row",
+                 "ort/gqa.hip", "", "", "gqa_decode", "matches_oracle", leaf="Xfp16_Wfp16_Yfp16",
+                 edits=GQA_EARLY_STALE_ROW),
     DeviceMutant("gqa mma folded append: the new K row not rotated", "ort/gqa.hip", "", "", "gqa_decode",
                  "matches_oracle", leaf="Xfp16_Wfp16_Yfp16", edits=GQA_FOLD_K_UNROTATED),
     DeviceMutant("gqa mma folded append: rotary one position late", "ort/gqa.hip", "", "", "gqa_decode",

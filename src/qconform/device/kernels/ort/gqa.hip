@@ -705,8 +705,8 @@ __device__ __forceinline__ qk_u32 qk_gqa_i8pair(qk_u32 x, qk_u32 y, qk_u32 sel) 
  * on the split's P V. Every fp32 step is one of the bound's (qconform.ops.ort.attention_bounds);
  * P's split adds 2^-22 relative to each p (inside the bound's 8 ulp of exp). The launcher runs the
  * SIMT qk_gqa_flash_* kernels instead when built with -DQK_GQA_DECODE_SIMT (the bench's simt variant). */
-template <int KIND, int HD, int KW, int VW>
-__device__ __forceinline__ void qk_gqa_mma(const float* qrot, const float* qblock, const void* present_key,
+template <int KIND, int HD, int KW, int VW, class Prologue>
+__device__ __forceinline__ void qk_gqa_mma(Prologue prologue, qk_i64 new_row, const float* qrot, const void* present_key,
                                            const void* present_value,
                                            const int* seqlens_k, const void* attention_bias, const float* k_scale,
                                            const float* v_scale, float* part_m, float* part_l, float* part_acc,
@@ -743,6 +743,35 @@ __device__ __forceinline__ void qk_gqa_mma(const float* qrot, const float* qbloc
         }
         return;
     }
+    const qk_i64 row_bytes = (qk_i64)HD * EB;
+    const char* kbase = (const char*)present_key + ((b * Nk + g) * Tp + k0) * row_bytes;
+    const char* vbase = (const char*)present_value + ((b * Nk + g) * Tp + k0) * row_bytes;
+    qk_u32 kw[2][KL][KWD], vw[4][VL][VWD]; /* a trip's K and V pieces */
+    /* trip t0's loads: K rows t0 + gq (tile 0) and t0 + 8 + gq (tile 1), this lane's KW-byte pieces;
+     * V rows t0 + 2tq, + 1, + 8, + 9: channels (lv 8 + gq) E .. + E (past the split: a row it reads anyway) */
+    const auto load_trip = [&](int t0) {
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+            const int i = t0 + nt * 8 + gq < n ? t0 + nt * 8 + gq : n - 1;
+            const char* p = kbase + (qk_i64)i * row_bytes + tq * KW;
+#pragma unroll
+            for (int li = 0; li < KL; ++li) qk_gqa_ldw<KW>(kw[nt][li], p + li * 4 * KW);
+        }
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            const int kr = 2 * tq + (r & 1) + (r >> 1) * 8;
+            const int i = t0 + kr < n ? t0 + kr : n - 1;
+            const char* p = vbase + (qk_i64)i * row_bytes + gq * VW;
+#pragma unroll
+            for (int lv = 0; lv < VL; ++lv) qk_gqa_ldw<VW>(vw[r][lv], p + lv * 8 * VW);
+        }
+    };
+    /* the group's first trip is in flight while the prologue (the folded append: rotary of the block's
+     * queries, the new rows) runs, except in the split that holds the new row, which reads it after */
+    const bool early = new_row < k0 || new_row >= k0 + n;
+    if (early && grp * MK < n) load_trip(grp * MK);
+    const float* qblock = prologue();
+    if (!early && grp * MK < n) load_trip(grp * MK);
     /* Q's A fragments of head gq (rows 8 .. 15 zero): a0 = channels j 0, 1 of kstep s, a2 = j 2, 3 */
     qk_u32 qa[KS][2];
     {
@@ -757,9 +786,6 @@ __device__ __forceinline__ void qk_gqa_mma(const float* qrot, const float* qbloc
         }
     }
     const float ks0 = KIND == 2 ? k_scale[0] : 1.0f;
-    const qk_i64 row_bytes = (qk_i64)HD * EB;
-    const char* kbase = (const char*)present_key + ((b * Nk + g) * Tp + k0) * row_bytes;
-    const char* vbase = (const char*)present_value + ((b * Nk + g) * Tp + k0) * row_bytes;
     const qk_i64 bias_row = bias_batch ? ((bias_batch == 1 ? 0 : b) * bias_heads) : 0;
     const qk_i64 bias0 = ((bias_row + (bias_heads == 1 ? 0 : h0)) * S + s) * T + k0;
     const qk_i64 bias_hs = bias_heads == 1 ? 0 : S * T;
@@ -770,24 +796,7 @@ __device__ __forceinline__ void qk_gqa_mma(const float* qrot, const float* qbloc
     const bool head_ok = gq < nh;
 
     for (int t0 = grp * MK; t0 < n; t0 += MG * MK) { /* the same trips for the group's 32 lanes */
-        /* K rows t0 + gq (tile 0) and t0 + 8 + gq (tile 1), this lane's KW-byte pieces */
-        qk_u32 kw[2][KL][KWD], vw[4][VL][VWD];
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
-            const int i = t0 + nt * 8 + gq < n ? t0 + nt * 8 + gq : n - 1; /* past the split: a row it reads anyway */
-            const char* p = kbase + (qk_i64)i * row_bytes + tq * KW;
-#pragma unroll
-            for (int li = 0; li < KL; ++li) qk_gqa_ldw<KW>(kw[nt][li], p + li * 4 * KW);
-        }
-        /* V rows t0 + 2tq, + 1, + 8, + 9: channels (lv 8 + gq) E .. + E */
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-            const int kr = 2 * tq + (r & 1) + (r >> 1) * 8;
-            const int i = t0 + kr < n ? t0 + kr : n - 1;
-            const char* p = vbase + (qk_i64)i * row_bytes + gq * VW;
-#pragma unroll
-            for (int lv = 0; lv < VL; ++lv) qk_gqa_ldw<VW>(vw[r][lv], p + lv * 8 * VW);
-        }
+        if (t0 != grp * MK) load_trip(t0);
         /* the scores: d[nt][0..1] = S[gq][keys nt 8 + 2tq, + 1] */
         float d[2][4];
 #pragma unroll
@@ -998,36 +1007,45 @@ __device__ __noinline__ const float* qk_gqa_mma_append(const void* query, const 
 
 #if defined(QK_CUDA)
 __device__ __forceinline__ float qk_gqa_load_cg(const float* p) { return __ldcg(p); }
+__device__ __forceinline__ float4 qk_gqa_load_cg4(const float* p) { return __ldcg((const float4*)p); }
 #else
 __device__ __forceinline__ float qk_gqa_load_cg(const float* p) { return *(const volatile float*)p; }
+__device__ __forceinline__ float4 qk_gqa_load_cg4(const float* p) {
+    const volatile float* v = p;
+    return make_float4(v[0], v[1], v[2], v[3]);
+}
 #endif
 
 /* The combine of qk_gqa_combine folded into the mma kernel's launch (built with -DQK_GQA_COMBINE_FOLD;
- * otherwise the launcher passes no ticket and launches qk_gqa_combine: measured faster at batch 1,
- * docs/perf-notes.md): every CTA of
- * a query row's KV-head block, its split's partials stored, makes them visible device-wide
- * (__threadfence) and takes a ticket (an atomic count per block: it only elects a CTA, no value is
- * summed by atomics); the CTA that takes the last ticket (every split stored) resets the count for
- * the next call on the stream and combines the block's heads in split order with qk_gqa_combine's
- * arithmetic, operation for operation: M = max(m_sp, sink), f_sp = exp(m_sp - M) (splits with
- * m_sp = -inf left out), l = sum l_sp f_sp (+ exp(sink - M)) and o = sum acc_sp f_sp, both in split
- * order, then o / l; so the output is the launched combine's, bit for bit, whichever CTA combines.
- * The other CTAs' partials are read past L1 (qk_gqa_load_cg). The factors are staged QK_GQA_CF
- * splits at a time (a pass per QK_GQA_CF splits, the sums carried over in order). */
-#define QK_GQA_CF 64 /* splits whose factors a combine pass stages */
-#define QK_GQA_CU 8  /* splits of each output a thread loads before it adds them */
+ * otherwise the launcher passes no ticket and launches qk_gqa_combine): every CTA of a query row's
+ * KV-head block, its split's partials stored, makes them visible device-wide (__threadfence) and
+ * takes a ticket (an atomic count per block: it only elects a CTA, no value is summed by atomics);
+ * the CTA that takes the last ticket (every split stored) resets the count for the next call on the
+ * stream and combines the block's heads in split order with qk_gqa_combine's arithmetic, operation
+ * for operation: M = max(m_sp, sink), f_sp = exp(m_sp - M) (splits with m_sp = -inf left out),
+ * l = sum l_sp f_sp (+ exp(sink - M)) and o = sum acc_sp f_sp, both in split order, then o / l; so
+ * the output is the launched combine's, bit for bit, whichever CTA combines. The other CTAs'
+ * partials are read past L1 (qk_gqa_load_cg), every load of a step issued before its values are
+ * used: a pass stages QK_GQA_CF splits' factors and l_sp (a thread per (head, split)), then each
+ * thread sums 4 channels of a head, QK_GQA_CU splits' 16-byte pieces in flight. (Session 11's form
+ * read l_sp one split at a time behind a branch, 33 L2 latencies in a row: docs/perf-notes.md.) */
+#define QK_GQA_CF 64 /* splits whose factors and l a combine pass stages */
+#define QK_GQA_CU 8  /* splits of each 4-channel piece a thread loads before it adds them */
 template <int HD>
 __device__ __noinline__ void qk_gqa_mma_combine(const float* part_m, const float* part_l, const float* part_acc,
                                                 const void* head_sink, void* output, unsigned* ticket, qk_i64 N,
                                                 qk_i64 Nk, int splits, int sink_mode, int is16) {
-    constexpr int MH = QK_GQA_MH, PER = (MH * HD + QK_GQA_THREADS - 1) / QK_GQA_THREADS;
-    __shared__ float c_f[MH * QK_GQA_CF], c_M[MH], c_l[MH];
+    constexpr int MH = QK_GQA_MH, T = QK_GQA_THREADS, CF = QK_GQA_CF, U = QK_GQA_CU, Q4 = HD / 4;
+    constexpr int PER = (MH * Q4 + T - 1) / T; /* 4-channel pieces of the block's heads a thread */
+    constexpr int FPER = MH * CF / T;          /* (head, split) factors a thread stages a pass */
+    static_assert(HD % 4 == 0 && MH * CF % T == 0, "combine tiling");
+    __shared__ float c_f[MH * CF], c_lv[MH * CF], c_M[MH], c_l[MH];
     __shared__ int c_last;
     const float neg_inf = qk_gqa_neg_inf();
     const int tid = (int)threadIdx.x, lane = tid % 32;
     const qk_i64 bs = blockIdx.x / splits;
     const qk_gqa_heads blk = qk_gqa_head_block<MH>(N, Nk);
-    const qk_i64 h0 = blk.h0;
+    const qk_i64 h0 = blk.h0, row0 = (bs * N + h0) * splits; /* head h's split sp: row0 + h splits + sp */
     const int nh = blk.nh;
     __threadfence(); /* this CTA's partials before its ticket */
     __syncthreads();
@@ -1039,10 +1057,16 @@ __device__ __noinline__ void qk_gqa_mma_combine(const float* part_m, const float
     __syncthreads();
     if (!c_last) return;
     __threadfence();
-    for (int h = tid / 32; h < nh; h += QK_GQA_THREADS / 32) { /* M of head h: 32 lanes over the splits */
-        const qk_i64 o = (bs * N + h0 + h) * splits;
+    for (int h = tid / 32; h < nh; h += T / 32) { /* M of head h: 32 lanes over the splits, 4 loads in flight */
         float mx = neg_inf;
-        for (int sp = lane; sp < splits; sp += 32) mx = fmaxf(mx, qk_gqa_load_cg(part_m + o + sp));
+        for (int sp0 = lane; sp0 < splits; sp0 += 128) {
+            float m4[4];
+#pragma unroll
+            for (int u = 0; u < 4; ++u)
+                m4[u] = sp0 + 32 * u < splits ? qk_gqa_load_cg(part_m + row0 + h * splits + sp0 + 32 * u) : neg_inf;
+#pragma unroll
+            for (int u = 0; u < 4; ++u) mx = fmaxf(mx, m4[u]);
+        }
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, QK_SHFL_XOR(mx, off, 32));
         if (lane == 0) {
@@ -1050,52 +1074,60 @@ __device__ __noinline__ void qk_gqa_mma_combine(const float* part_m, const float
             c_M[h] = sink_mode ? fmaxf(mx, sigma) : mx;
         }
     }
-    float a[PER], l = 0.0f;
+    float4 a[PER];
+    float l = 0.0f;
 #pragma unroll
-    for (int j = 0; j < PER; ++j) a[j] = 0.0f;
-    constexpr int FPER = MH * QK_GQA_CF / QK_GQA_THREADS, U = QK_GQA_CU;
-    for (int sp0 = 0; sp0 < splits; sp0 += QK_GQA_CF) {
-        const int cnt = splits - sp0 < QK_GQA_CF ? splits - sp0 : QK_GQA_CF;
-        __syncthreads(); /* c_M written; the previous pass done with c_f */
-        float m[FPER];
+    for (int j = 0; j < PER; ++j) a[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int sp0 = 0; sp0 < splits; sp0 += CF) {
+        const int cnt = splits - sp0 < CF ? splits - sp0 : CF;
+        __syncthreads(); /* c_M written; the previous pass done with c_f and c_lv */
+        float m[FPER], lv[FPER];
 #pragma unroll
         for (int u = 0; u < FPER; ++u) { /* the loads first */
-            const int i = tid + u * QK_GQA_THREADS, h = i / QK_GQA_CF, j = i % QK_GQA_CF;
-            m[u] = h < nh && j < cnt ? qk_gqa_load_cg(part_m + (bs * N + h0 + h) * splits + sp0 + j) : neg_inf;
+            const int i = tid + u * T, h = i / CF, j = i % CF;
+            const bool in = h < nh && j < cnt;
+            m[u] = in ? qk_gqa_load_cg(part_m + row0 + h * splits + sp0 + j) : neg_inf;
+            lv[u] = in ? qk_gqa_load_cg(part_l + row0 + h * splits + sp0 + j) : 0.0f;
         }
 #pragma unroll
         for (int u = 0; u < FPER; ++u) {
-            const int i = tid + u * QK_GQA_THREADS, h = i / QK_GQA_CF;
-            if (h < nh) c_f[i] = m[u] == neg_inf ? -1.0f : expf(QK_FADD(m[u], -c_M[h])); /* -1: left out */
+            const int i = tid + u * T, h = i / CF;
+            if (h < nh) {
+                c_f[i] = m[u] == neg_inf ? -1.0f : expf(QK_FADD(m[u], -c_M[h])); /* -1: left out */
+                c_lv[i] = lv[u];
+            }
         }
         __syncthreads();
-        for (int k0 = 0; k0 < cnt; k0 += U) { /* U splits of every output of the thread in flight */
-            float v[PER][U];
+        for (int k0 = 0; k0 < cnt; k0 += U) { /* U splits of each of the thread's pieces in flight */
+            float4 v[PER][U];
 #pragma unroll
             for (int j = 0; j < PER; ++j) {
-                const int idx = tid + j * QK_GQA_THREADS, h = idx / HD, c = idx % HD;
-                const float* acc = part_acc + ((bs * N + h0 + h) * splits + sp0 + k0) * HD + c;
+                const int idx = tid + j * T, h = idx / Q4;
+                const float* acc = part_acc + (row0 + h * splits + sp0 + k0) * HD + (idx % Q4) * 4;
 #pragma unroll
                 for (int u = 0; u < U; ++u)
-                    v[j][u] = h < nh && k0 + u < cnt && c_f[h * QK_GQA_CF + k0 + u] != -1.0f
-                                  ? qk_gqa_load_cg(acc + (qk_i64)u * HD)
-                                  : 0.0f;
+                    v[j][u] = h < nh && k0 + u < cnt ? qk_gqa_load_cg4(acc + (qk_i64)u * HD)
+                                                     : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             }
 #pragma unroll
             for (int j = 0; j < PER; ++j) {
-                const int h = (tid + j * QK_GQA_THREADS) / HD;
+                const int h = (tid + j * T) / Q4;
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
-                    const float f = h < nh && k0 + u < cnt ? c_f[h * QK_GQA_CF + k0 + u] : -1.0f;
-                    if (f != -1.0f) a[j] = QK_FADD(a[j], QK_FMUL(v[j][u], f));
+                    const float f = h < nh && k0 + u < cnt ? c_f[h * CF + k0 + u] : -1.0f;
+                    if (f != -1.0f) {
+                        a[j].x = QK_FADD(a[j].x, QK_FMUL(v[j][u].x, f));
+                        a[j].y = QK_FADD(a[j].y, QK_FMUL(v[j][u].y, f));
+                        a[j].z = QK_FADD(a[j].z, QK_FMUL(v[j][u].z, f));
+                        a[j].w = QK_FADD(a[j].w, QK_FMUL(v[j][u].w, f));
+                    }
                 }
             }
         }
         if (tid < nh) {
-            const float* pl = part_l + (bs * N + h0 + tid) * splits + sp0;
             for (int k = 0; k < cnt; ++k) {
-                const float f = c_f[tid * QK_GQA_CF + k];
-                if (f != -1.0f) l = QK_FADD(l, QK_FMUL(qk_gqa_load_cg(pl + k), f));
+                const float f = c_f[tid * CF + k];
+                if (f != -1.0f) l = QK_FADD(l, QK_FMUL(c_lv[tid * CF + k], f));
             }
         }
     }
@@ -1109,8 +1141,13 @@ __device__ __noinline__ void qk_gqa_mma_combine(const float* part_m, const float
     __syncthreads();
 #pragma unroll
     for (int j = 0; j < PER; ++j) {
-        const int idx = tid + j * QK_GQA_THREADS, h = idx / HD, c = idx % HD;
-        if (h < nh) qk_store_f(output, (bs * N + h0 + h) * HD + c, QK_FDIV(a[j], c_l[h]), is16);
+        const int idx = tid + j * T, h = idx / Q4, c = (idx % Q4) * 4;
+        if (h >= nh) continue;
+        const qk_i64 y = (bs * N + h0 + h) * HD + c;
+        qk_store_f(output, y, QK_FDIV(a[j].x, c_l[h]), is16);
+        qk_store_f(output, y + 1, QK_FDIV(a[j].y, c_l[h]), is16);
+        qk_store_f(output, y + 2, QK_FDIV(a[j].z, c_l[h]), is16);
+        qk_store_f(output, y + 3, QK_FDIV(a[j].w, c_l[h]), is16);
     }
 }
 
@@ -1130,15 +1167,17 @@ __device__ __noinline__ void qk_gqa_mma_combine(const float* part_m, const float
              int splits, const void* head_sink, void* output, unsigned* ticket, int sink_mode, const void* query,     \
              const void* key, const void* value, const void* cos_cache, const void* sin_cache,                        \
              const qk_i64* position_ids, qk_i64 pid_stride, int packed, int rotary_dim, int interleaved) {            \
-        const float* qblock =                                                                                         \
-            query ? qk_gqa_mma_append<KIND, HD>(query, key, value, seqlens_k, cos_cache, sin_cache, position_ids,     \
-                                                k_scale, v_scale, (void*)present_key, (void*)present_value, N, Nk,    \
-                                                Tp, pid_stride, first_prompt, packed, rotary_dim, interleaved, chunk, \
-                                                splits)                                                               \
-                  : nullptr;                                                                                          \
-        qk_gqa_mma<KIND, HD, KW, VW>(qrot, qblock, present_key, present_value, seqlens_k, attention_bias, k_scale,   \
-                                     v_scale, part_m, part_l, part_acc, S, N, Nk, Tp, T, first_prompt, window,        \
-                                     bias_batch, bias_heads, alpha, softcap, chunk, splits);                          \
+        const auto prologue = [&]() -> const float* {                                                                 \
+            return query ? qk_gqa_mma_append<KIND, HD>(query, key, value, seqlens_k, cos_cache, sin_cache,            \
+                                                       position_ids, k_scale, v_scale, (void*)present_key,            \
+                                                       (void*)present_value, N, Nk, Tp, pid_stride, first_prompt,     \
+                                                       packed, rotary_dim, interleaved, chunk, splits)                \
+                         : nullptr;                                                                                   \
+        };                                                                                                            \
+        const qk_i64 new_row = query ? (first_prompt ? 0 : (qk_i64)seqlens_k[blockIdx.x / splits]) : -1;             \
+        qk_gqa_mma<KIND, HD, KW, VW>(prologue, new_row, qrot, present_key, present_value, seqlens_k, attention_bias, \
+                                     k_scale, v_scale, part_m, part_l, part_acc, S, N, Nk, Tp, T, first_prompt,       \
+                                     window, bias_batch, bias_heads, alpha, softcap, chunk, splits);                  \
         if (ticket)                                                                                                   \
             qk_gqa_mma_combine<HD>(part_m, part_l, part_acc, head_sink, output, ticket, N, Nk, splits, sink_mode,     \
                                    is16);                                                                             \
