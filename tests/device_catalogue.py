@@ -1119,9 +1119,6 @@ GQA_FOLD_POS_LATE: Edits = (
 GQA_FOLD_NO_SINK: Edits = (("l = QK_FADD(l, expf(QK_FADD(sigma, -c_M[tid])));", "l = QK_FADD(l, 0.0f * sigma);"),)
 # the folded combine's 16-byte pieces read at channel q of a head row, not 4 q (overlapping pieces)
 GQA_FOLD_PIECE_STRIDE: Edits = (("* HD + (idx % Q4) * 4;", "* HD + (idx % Q4);"),)
-# the first trip's K / V loaded before the folded append in every split, the one holding the new row
-# too: that split reads the row before its own CTA has written it
-GQA_EARLY_STALE_ROW: Edits = (("const bool early = new_row < k0 || new_row >= k0 + n;", "const bool early = true;"),)
 
 
 def _gqa(name: str, op: str, leaf: str, edits: Edits, caught_by: str | None = "matches_oracle") -> DeviceMutant:
@@ -1157,15 +1154,12 @@ GQA_MUTANTS = (
     DeviceMutant("gqa mma folded combine (-DQK_GQA_COMBINE_FOLD): 4-channel pieces at channel q, not 4 q",
                  "ort/gqa.hip", "", "-DQK_GQA_COMBINE_FOLD", "gqa_decode", "matches_oracle", leaf="Xfp16_Wfp16_Yfp16",
                  edits=GQA_FOLD_PIECE_STRIDE),
-    DeviceMutant("gqa mma: first trip loaded before the folded append where the split holds the new row",
-                 "ort/gqa.hip", "", "", "gqa_decode", "matches_oracle", leaf="Xfp16_Wfp16_Yfp16",
-                 edits=GQA_EARLY_STALE_ROW),
     DeviceMutant("gqa mma folded append: the new K row not rotated", "ort/gqa.hip", "", "", "gqa_decode",
                  "matches_oracle", leaf="Xfp16_Wfp16_Yfp16", edits=GQA_FOLD_K_UNROTATED),
     DeviceMutant("gqa mma folded append: rotary one position late", "ort/gqa.hip", "", "", "gqa_decode",
                  "matches_oracle", leaf="Xfp16_Wfp16_Yfp16", coverage=2, edits=GQA_FOLD_POS_LATE),
     DeviceMutant("control: gqa mma decode in three launches (session 10), int8", "ort/gqa.hip", "",
-                 "-DQK_GQA_APPEND_V1", "gqa_decode", None, leaf="Xfp16_Wi8_Yfp16"),
+                 "-DQK_GQA_APPEND_V1 -DQK_GQA_COMBINE_LAUNCH", "gqa_decode", None, leaf="Xfp16_Wi8_Yfp16"),
     DeviceMutant("control: gqa mma decode in one launch (-DQK_GQA_COMBINE_FOLD), int8", "ort/gqa.hip", "",
                  "-DQK_GQA_COMBINE_FOLD", "gqa_decode", None, leaf="Xfp16_Wi8_Yfp16"),
     _gqa("control: gqa SIMT decode kernels (-DQK_GQA_DECODE_SIMT), fp16", "gqa_decode", "Xfp16_Wfp16_Yfp16", (),

@@ -81,7 +81,8 @@ def _passes_at_coverage_2(op_name: str, leaf: str, contract: str = "") -> tuple[
 
 def _launches(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[list, Any]:
     """The launches one call of ``fn`` makes, in order (kernel, grid, threads, shared memory,
-    arguments), and its output."""
+    arguments), and its output buffers: the launches are recorded instead of run
+    (``qconform.device.launch.RECORDING``), so the buffers are never written."""
     from qconform.device.launch import RECORDING
 
     RECORDING.append([])
@@ -93,16 +94,22 @@ def _launches(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[list, 
 
 
 def _recorded(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[list, Any]:
-    """The kernels one call of ``fn`` launches, in order, and its output."""
+    """The kernels one call of ``fn`` launches, in order (recorded, not run), and its output buffers."""
     launches, out = _launches(fn, *args, **kwargs)
     return [launch[0] for launch in launches], out
 
 
-def _launched(fn: Callable[..., Any], op_name: str, case: Prepared, **extra: Any) -> tuple[list, Any]:
-    """The kernels ``fn`` launches on ``case``'s inputs (copied to the device), and its output."""
+def _device(inputs: dict[str, np.ndarray]) -> dict[str, Any]:
+    """A case's inputs copied to the device (fresh copies: a call may write into its inputs)."""
     import cupy
 
-    args, kwargs = get_op(op_name).call_args({k: cupy.asarray(v) for k, v in case.inputs.items()}, case.params)
+    return {k: cupy.asarray(v) for k, v in inputs.items()}
+
+
+def _launched(fn: Callable[..., Any], op_name: str, case: Prepared, **extra: Any) -> tuple[list, Any]:
+    """The kernels ``fn`` launches on ``case``'s inputs (copied to the device), and its output
+    buffers (recorded, not run: never written)."""
+    args, kwargs = get_op(op_name).call_args(_device(case.inputs), case.params)
     return _recorded(fn, *args, **extra, **kwargs)
 
 
@@ -280,42 +287,63 @@ def test_qmoe_grouped_skewed_routing(bits: int, bs: int, zp: bool, H: int, inter
 @pytest.mark.parametrize("leaf", ["Xfp16_Wfp16_Yfp16", "Xfp16_Wi8_Yfp16"])
 def test_gqa_mma_decode_folds_are_the_three_launches(leaf: str) -> None:
     """The mma decode with its new rows appended by the attention's CTAs (qk_gqa_mma_append: the
-    default build), and with the combine folded in too (-DQK_GQA_COMBINE_FOLD: the CTA that completes a
-    block of splits combines it, qk_gqa_mma_combine), against session 10's three launches
-    (qk_gqa_append, the same mma kernel, qk_gqa_combine: -DQK_GQA_APPEND_V1): on every coverage-2 case
-    of the leaf that runs an mma kernel (sinks, smooth softmax, windows, rotary of both kinds, packed
-    QKV, ragged batches, one split and many), output and present caches bit-identical where defined
-    (the op's masks), the folded combine twice in a row (its tickets are back at zero after a call),
-    and no append launched (nor a combine, folded)."""
+    default build, which folds the combine in up to FOLD_MAX_SPLITS splits), with the combine always
+    folded in (-DQK_GQA_COMBINE_FOLD: the CTA that completes a block of splits combines it,
+    qk_gqa_mma_combine) and always launched (-DQK_GQA_COMBINE_LAUNCH), against session 10's three
+    launches (qk_gqa_append, the same mma kernel, qk_gqa_combine: -DQK_GQA_APPEND_V1
+    -DQK_GQA_COMBINE_LAUNCH): on every coverage-2 case of the leaf that runs an mma kernel (sinks,
+    smooth softmax, windows, rotary of both kinds, packed QKV, ragged batches, one split and many),
+    output and present caches bit-identical where defined (the op's masks), the folded combine twice
+    in a row (its tickets are back at zero after a call), and the launches each build makes. The
+    launches are recorded in one call (recorded, not run) and the outputs taken from another."""
     import cupy
 
     from qconform.device.launchers import compile_options, kernel_of
-    from qconform.device.ort.group_query_attention import APPEND_V1, COMBINE_FOLD, MMA_HEADS, SOURCE, gqa_decode
+    from qconform.device.ort.group_query_attention import (
+        APPEND_V1,
+        COMBINE_FOLD,
+        COMBINE_LAUNCH,
+        FOLD_MAX_SPLITS,
+        MMA_HEADS,
+        SOURCE,
+        gqa_decode,
+    )
     from qconform.ops.ort.group_query_attention import _masks
 
-    def run(case: Prepared, *options: str) -> tuple[list | None, tuple]:
-        with compile_options(*options):
-            ran, out = _launched(gqa_decode, "gqa_decode", case)
-            names = [n for n in ("qk_gqa_append", "qk_gqa_append8", "qk_gqa_combine") if kernel_of(SOURCE, n) in ran]
-            mma = any(kernel_of(SOURCE, f"qk_gqa_mma_{k}_h{h}") in ran for k in ("f16", "i8t") for h in MMA_HEADS)
-        return names if mma else None, tuple(cupy.asnumpy(a) for a in out)
-
     op = get_op("gqa_decode")
+
+    def run(case: Prepared, *options: str) -> tuple[list | None, int, tuple]:
+        """(the build's append and combine launches, or None without an mma kernel; its splits; its outputs)"""
+        with compile_options(*options):
+            args, kwargs = op.call_args(_device(case.inputs), case.params)
+            launches, _ = _launches(gqa_decode, *args, **kwargs)
+            ran = [k for k, *_ in launches]
+            names = [n for n in ("qk_gqa_append", "qk_gqa_append8", "qk_gqa_combine") if kernel_of(SOURCE, n) in ran]
+            mmas = [kernel_of(SOURCE, f"qk_gqa_mma_{k}_h{h}") for k in ("f16", "i8t") for h in MMA_HEADS]
+            grids = [grid for k, grid, *_ in launches if k in mmas]
+            args, kwargs = op.call_args(_device(case.inputs), case.params)
+            out = tuple(cupy.asnumpy(a) for a in gqa_decode(*args, **kwargs))
+        B, S = case.inputs["query"].shape[:2]
+        return (names, grids[0][0] // (B * S), out) if grids else (None, 0, out)
+
     compared = 0
-    for c in op.cases(leaf, 2):  # inputs and params only (no oracle run): Prepared's fields _launched reads
+    for c in op.cases(leaf, 2):  # inputs and params only (no oracle run)
         case = Prepared(c, op.make_inputs(c), op.params(c), None)
-        ran, appended = run(case)
+        ran, splits, default = run(case)
         if ran is None:  # not an mma case
             continue
-        assert ran == ["qk_gqa_combine"], (c.id, ran)
-        ran_f, folded = run(case, COMBINE_FOLD)
+        assert ran == ([] if splits <= FOLD_MAX_SPLITS else ["qk_gqa_combine"]), (c.id, splits, ran)
+        ran_f, _, folded = run(case, COMBINE_FOLD)
         assert ran_f == [], (c.id, ran_f)
-        _, again = run(case, COMBINE_FOLD)
-        ran_l, launched = run(case, APPEND_V1)
+        _, _, again = run(case, COMBINE_FOLD)
+        ran_c, _, launched = run(case, COMBINE_LAUNCH)
+        assert ran_c == ["qk_gqa_combine"], (c.id, ran_c)
+        ran_l, _, session10 = run(case, APPEND_V1, COMBINE_LAUNCH)
         assert ran_l == ["qk_gqa_append", "qk_gqa_combine"], (c.id, ran_l)
-        for mask, *outs in zip(_masks(case.inputs, launched), appended, folded, again, launched, strict=True):
-            x, y, z, w = (np.where(mask, 0, v.view(f"u{v.itemsize}")) for v in outs)  # the defined elements only
-            assert np.array_equal(x, w) and np.array_equal(y, w) and np.array_equal(z, w), c.id
+        for mask, *outs in zip(_masks(case.inputs, session10), default, folded, again, launched, session10,
+                               strict=True):  # fmt: skip
+            w, *others = (np.where(mask, 0, v.view(f"u{v.itemsize}")) for v in (outs[-1], *outs[:-1]))
+            assert all(np.array_equal(x, w) for x in others), c.id  # the defined elements only
         compared += 1
     assert compared >= 3, f"only {compared} coverage-2 cases ran the mma kernels"
 

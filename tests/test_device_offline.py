@@ -180,6 +180,7 @@ def test_every_patch_applies_once_to_the_shipped_kernel() -> None:
             "-DQK_MOE_GEMM_V1",
             "-DQK_GQA_COMBINE_FOLD",
             "-DQK_GQA_APPEND_V1",
+            "-DQK_GQA_COMBINE_LAUNCH",
             "-DQK_GQA_APPEND_LAUNCH",
             "-DQK_MOE_FC1_SIMT",
         )

@@ -13,11 +13,13 @@ than the fp16 one. The verdict column is the conformance of the same kernels on 
 sized case (batch 1, past 4096, the same heads): present caches bit-exact, the output within its
 bound (``qconform.ops.ort.group_query_attention``), one check per cache type.
 
-``--variants flash,combine_fold,append_launch,s10`` times beside the default build (the decode's new
-rows appended by the mma kernels' CTAs, the combine launched after them) the combine folded in too
-(``-DQK_GQA_COMBINE_FOLD``: the CTA that completes a block of splits combines it), the rows appended
-by a qk_gqa_append8 launch first (``-DQK_GQA_APPEND_LAUNCH``), and session 10's qk_gqa_append
-launch (``-DQK_GQA_APPEND_V1``, a thread per channel pair).
+``--variants flash,combine_fold,combine_launch,append_launch,s10`` times beside the default build (the
+decode's new rows appended by the mma kernels' CTAs, the combine folded in up to
+``FOLD_MAX_SPLITS`` splits, else launched after them) the combine always folded in
+(``-DQK_GQA_COMBINE_FOLD``: the CTA that completes a block of splits combines it), always launched
+(``-DQK_GQA_COMBINE_LAUNCH``), the rows appended by a qk_gqa_append8 launch first
+(``-DQK_GQA_APPEND_LAUNCH``), and session 10's qk_gqa_append and qk_gqa_combine launches
+(``-DQK_GQA_APPEND_V1 -DQK_GQA_COMBINE_LAUNCH``, a thread per channel pair).
 ``--variants flash,simt`` times the session-9 SIMT flash kernels
 (``-DQK_GQA_DECODE_SIMT``) beside
 the default ones, which run the attention on the matrix units for this bench's fp16 queries and
@@ -26,7 +28,7 @@ times the session-8 flash kernels (``-DQK_GQA_FLASH_V1``) and the session-7 atte
 (``-DQK_GQA_LEGACY``) beside the default ones on the same cold sets, each variant checked on the
 catalogue's case (``flash_i8u8``: int8 tiles of 8 keys).
 
-``python -m qconform.bench.gqa [--quick] [--variants flash,combine_fold,append_launch,s10,simt,...] [--json FILE]``
+``python -m qconform.bench.gqa [--quick] [--variants flash,combine_fold,combine_launch,s10,...] [--json FILE]``
 """
 
 from __future__ import annotations
@@ -148,9 +150,10 @@ def verify(bits: int, past: int = 4096) -> str:
 
 VARIANTS = {  # build options of each attention kernel
     "flash": (),  # the mma kernels for fp16 queries on fp16 / int8 per-tensor caches (a decode appends: session 11)
-    "combine_fold": ("-DQK_GQA_COMBINE_FOLD",),  # and the last CTA of a block combines it (no combine launch)
+    "combine_fold": ("-DQK_GQA_COMBINE_FOLD",),  # the last CTA of a block combines it (no combine launch) always
+    "combine_launch": ("-DQK_GQA_COMBINE_LAUNCH",),  # qk_gqa_combine launched after the mma kernel always
     "append_launch": ("-DQK_GQA_APPEND_LAUNCH",),  # qk_gqa_append8 launched before the mma kernel
-    "s10": ("-DQK_GQA_APPEND_V1",),  # session 10: qk_gqa_append, the mma kernel, qk_gqa_combine
+    "s10": ("-DQK_GQA_APPEND_V1", "-DQK_GQA_COMBINE_LAUNCH"),  # session 10: qk_gqa_append, mma, qk_gqa_combine
     "simt": ("-DQK_GQA_DECODE_SIMT",),  # session 9: the SIMT flash kernels everywhere
     "flash_v1": ("-DQK_GQA_FLASH_V1",),  # session 8: every lane does every (key, head)'s butterfly and softmax
     "flash_i8u8": ("-DQK_GQA_I8T_U8",),  # int8 per-tensor tiles of 8 keys a group (3 CTAs an SM); fp16 as flash

@@ -21,10 +21,12 @@ scores and P V by mma.m16n8k16, P split into fp16 hi + lo halves), and a decode 
 launch before the combine: its CTAs rotate their query heads and the CTA whose split holds the new
 key writes the new K / V rows (``qk_gqa_mma_append``, qk_gqa_append's arithmetic);
 ``-DQK_GQA_APPEND_LAUNCH`` launches qk_gqa_append8 first instead, ``-DQK_GQA_APPEND_V1`` session 10's
-qk_gqa_append (the bench's ``s10`` variant). ``-DQK_GQA_COMBINE_FOLD`` folds the combine in too: the
-CTA that completes a block of splits (a ticket per block, ``tickets``) combines it with
-qk_gqa_combine's arithmetic in split order (``qk_gqa_mma_combine``; bit-identical, but measured
-slower at batch 1, docs/perf-notes.md); ``-DQK_GQA_DECODE_SIMT`` keeps
+qk_gqa_append (the bench's ``s10`` variant). Up to FOLD_MAX_SPLITS splits the combine is folded in
+too (``fold_combine``): the CTA that completes a block of splits (a ticket per block, ``tickets``)
+combines it with qk_gqa_combine's arithmetic in split order (``qk_gqa_mma_combine``; bit-identical;
+measured faster at batch 16, not at batch 1's 33 splits: docs/perf-notes.md);
+``-DQK_GQA_COMBINE_FOLD`` / ``-DQK_GQA_COMBINE_LAUNCH`` fold it / launch it whatever the splits;
+``-DQK_GQA_DECODE_SIMT`` keeps
 the SIMT flash kernels there (the bench's ``simt`` variant). Elsewhere the rows are appended by
 qk_gqa_append8 (a thread per 8 channels; qk_gqa_append where H % 8 != 0).
 Built with ``-DQK_GQA_LEGACY`` (``qconform.device.launchers.compile_options``) the session-7
@@ -54,7 +56,9 @@ LEGACY = "-DQK_GQA_LEGACY"  # the build option selecting the session-7 attention
 FLASH_V1 = "-DQK_GQA_FLASH_V1"  # the build option selecting the session-8 flash kernels (gqa_flash_v1.h)
 I8T_U8 = "-DQK_GQA_I8T_U8"  # int8 per-tensor flash kernels with tiles of 8 keys a lane group
 DECODE_SIMT = "-DQK_GQA_DECODE_SIMT"  # the session-9 SIMT flash kernels where the mma ones would run
-COMBINE_FOLD = "-DQK_GQA_COMBINE_FOLD"  # the mma kernels' last CTA of a block combines it (slower at B1: perf-notes)
+COMBINE_FOLD = "-DQK_GQA_COMBINE_FOLD"  # the mma kernels' last CTA of a block combines it, whatever the splits
+COMBINE_LAUNCH = "-DQK_GQA_COMBINE_LAUNCH"  # qk_gqa_combine launched after the mma kernels, whatever the splits
+FOLD_MAX_SPLITS = 8  # the mma kernels fold the combine up to this many splits (measured: docs/perf-notes.md)
 APPEND_V1 = "-DQK_GQA_APPEND_V1"  # decode's rows by qk_gqa_append (a thread a channel pair; before session 11)
 APPEND_LAUNCH = "-DQK_GQA_APPEND_LAUNCH"  # decode's rows by a qk_gqa_append8 launch, not by the mma kernels
 APPEND_THREADS = 256  # qk_gqa_append8's __launch_bounds__
@@ -210,6 +214,15 @@ def tickets(n: int) -> Any:
     return buf
 
 
+def fold_combine(splits: int) -> bool:
+    """Whether the mma kernels combine the splits themselves (the CTA completing a block of splits,
+    ``qk_gqa_mma_combine``) rather than a qk_gqa_combine launch after them: up to FOLD_MAX_SPLITS
+    splits (a function of the shape alone), or as the build options ask."""
+    if COMBINE_FOLD in launchers.OPTIONS or COMBINE_LAUNCH in launchers.OPTIONS:
+        return COMBINE_FOLD in launchers.OPTIONS
+    return splits <= FOLD_MAX_SPLITS
+
+
 def mma_kind(kind: str, is16: bool, head_size: int, aligned: bool) -> str | None:
     """The qk_gqa_mma_* kernel's cache kind when it takes the call (fp16 queries, an fp16 or int8
     per-tensor cache, a head size of MMA_HEADS, present buffers 16-byte aligned, the default
@@ -285,7 +298,7 @@ def _run(op: OpSpec, args: tuple, kwargs: dict[str, Any], out: Any) -> Any:
     grid = (B * S * splits, Nk * head_blocks)
     args = (qrot, pres_k, pres_v, seqlens, bias, k_scale, v_scale, part_m, part_l, part_acc, *dims, *opts, *tail)
     if mma is not None:
-        folded = COMBINE_FOLD in launchers.OPTIONS
+        folded = fold_combine(splits)
         ticket = tickets(B * S * grid[1]) if folded else null
         rows = new_rows(call, sc) if fold_rows else (null,) * 6 + (np.int64(0),) + (i32(0),) * 3
         fold = (sink, output, ticket, i32(sink_mode), *rows)

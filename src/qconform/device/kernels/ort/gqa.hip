@@ -705,8 +705,8 @@ __device__ __forceinline__ qk_u32 qk_gqa_i8pair(qk_u32 x, qk_u32 y, qk_u32 sel) 
  * on the split's P V. Every fp32 step is one of the bound's (qconform.ops.ort.attention_bounds);
  * P's split adds 2^-22 relative to each p (inside the bound's 8 ulp of exp). The launcher runs the
  * SIMT qk_gqa_flash_* kernels instead when built with -DQK_GQA_DECODE_SIMT (the bench's simt variant). */
-template <int KIND, int HD, int KW, int VW, class Prologue>
-__device__ __forceinline__ void qk_gqa_mma(Prologue prologue, qk_i64 new_row, const float* qrot, const void* present_key,
+template <int KIND, int HD, int KW, int VW>
+__device__ __forceinline__ void qk_gqa_mma(const float* qrot, const float* qblock, const void* present_key,
                                            const void* present_value,
                                            const int* seqlens_k, const void* attention_bias, const float* k_scale,
                                            const float* v_scale, float* part_m, float* part_l, float* part_acc,
@@ -743,35 +743,6 @@ __device__ __forceinline__ void qk_gqa_mma(Prologue prologue, qk_i64 new_row, co
         }
         return;
     }
-    const qk_i64 row_bytes = (qk_i64)HD * EB;
-    const char* kbase = (const char*)present_key + ((b * Nk + g) * Tp + k0) * row_bytes;
-    const char* vbase = (const char*)present_value + ((b * Nk + g) * Tp + k0) * row_bytes;
-    qk_u32 kw[2][KL][KWD], vw[4][VL][VWD]; /* a trip's K and V pieces */
-    /* trip t0's loads: K rows t0 + gq (tile 0) and t0 + 8 + gq (tile 1), this lane's KW-byte pieces;
-     * V rows t0 + 2tq, + 1, + 8, + 9: channels (lv 8 + gq) E .. + E (past the split: a row it reads anyway) */
-    const auto load_trip = [&](int t0) {
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
-            const int i = t0 + nt * 8 + gq < n ? t0 + nt * 8 + gq : n - 1;
-            const char* p = kbase + (qk_i64)i * row_bytes + tq * KW;
-#pragma unroll
-            for (int li = 0; li < KL; ++li) qk_gqa_ldw<KW>(kw[nt][li], p + li * 4 * KW);
-        }
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-            const int kr = 2 * tq + (r & 1) + (r >> 1) * 8;
-            const int i = t0 + kr < n ? t0 + kr : n - 1;
-            const char* p = vbase + (qk_i64)i * row_bytes + gq * VW;
-#pragma unroll
-            for (int lv = 0; lv < VL; ++lv) qk_gqa_ldw<VW>(vw[r][lv], p + lv * 8 * VW);
-        }
-    };
-    /* the group's first trip is in flight while the prologue (the folded append: rotary of the block's
-     * queries, the new rows) runs, except in the split that holds the new row, which reads it after */
-    const bool early = new_row < k0 || new_row >= k0 + n;
-    if (early && grp * MK < n) load_trip(grp * MK);
-    const float* qblock = prologue();
-    if (!early && grp * MK < n) load_trip(grp * MK);
     /* Q's A fragments of head gq (rows 8 .. 15 zero): a0 = channels j 0, 1 of kstep s, a2 = j 2, 3 */
     qk_u32 qa[KS][2];
     {
@@ -786,6 +757,9 @@ __device__ __forceinline__ void qk_gqa_mma(Prologue prologue, qk_i64 new_row, co
         }
     }
     const float ks0 = KIND == 2 ? k_scale[0] : 1.0f;
+    const qk_i64 row_bytes = (qk_i64)HD * EB;
+    const char* kbase = (const char*)present_key + ((b * Nk + g) * Tp + k0) * row_bytes;
+    const char* vbase = (const char*)present_value + ((b * Nk + g) * Tp + k0) * row_bytes;
     const qk_i64 bias_row = bias_batch ? ((bias_batch == 1 ? 0 : b) * bias_heads) : 0;
     const qk_i64 bias0 = ((bias_row + (bias_heads == 1 ? 0 : h0)) * S + s) * T + k0;
     const qk_i64 bias_hs = bias_heads == 1 ? 0 : S * T;
@@ -796,7 +770,24 @@ __device__ __forceinline__ void qk_gqa_mma(Prologue prologue, qk_i64 new_row, co
     const bool head_ok = gq < nh;
 
     for (int t0 = grp * MK; t0 < n; t0 += MG * MK) { /* the same trips for the group's 32 lanes */
-        if (t0 != grp * MK) load_trip(t0);
+        /* K rows t0 + gq (tile 0) and t0 + 8 + gq (tile 1), this lane's KW-byte pieces */
+        qk_u32 kw[2][KL][KWD], vw[4][VL][VWD];
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+            const int i = t0 + nt * 8 + gq < n ? t0 + nt * 8 + gq : n - 1; /* past the split: a row it reads anyway */
+            const char* p = kbase + (qk_i64)i * row_bytes + tq * KW;
+#pragma unroll
+            for (int li = 0; li < KL; ++li) qk_gqa_ldw<KW>(kw[nt][li], p + li * 4 * KW);
+        }
+        /* V rows t0 + 2tq, + 1, + 8, + 9: channels (lv 8 + gq) E .. + E */
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            const int kr = 2 * tq + (r & 1) + (r >> 1) * 8;
+            const int i = t0 + kr < n ? t0 + kr : n - 1;
+            const char* p = vbase + (qk_i64)i * row_bytes + gq * VW;
+#pragma unroll
+            for (int lv = 0; lv < VL; ++lv) qk_gqa_ldw<VW>(vw[r][lv], p + lv * 8 * VW);
+        }
         /* the scores: d[nt][0..1] = S[gq][keys nt 8 + 2tq, + 1] */
         float d[2][4];
 #pragma unroll
@@ -1025,20 +1016,121 @@ __device__ __forceinline__ float4 qk_gqa_load_cg4(const float* p) {
  * for operation: M = max(m_sp, sink), f_sp = exp(m_sp - M) (splits with m_sp = -inf left out),
  * l = sum l_sp f_sp (+ exp(sink - M)) and o = sum acc_sp f_sp, both in split order, then o / l; so
  * the output is the launched combine's, bit for bit, whichever CTA combines. The other CTAs'
- * partials are read past L1 (qk_gqa_load_cg), every load of a step issued before its values are
- * used: a pass stages QK_GQA_CF splits' factors and l_sp (a thread per (head, split)), then each
- * thread sums 4 channels of a head, QK_GQA_CU splits' 16-byte pieces in flight. (Session 11's form
- * read l_sp one split at a time behind a branch, 33 L2 latencies in a row: docs/perf-notes.md.) */
-#define QK_GQA_CF 64 /* splits whose factors and l a combine pass stages */
-#define QK_GQA_CU 8  /* splits of each 4-channel piece a thread loads before it adds them */
-template <int HD>
+ * partials are read past L1 (qk_gqa_load_cg), as few L2 latencies in a row as the registers allow:
+ * a pass of up to QK_GQA_CF splits stages their m_sp and l_sp (a thread per (head, split)) while the
+ * first CU 16-byte pieces of partial P V of each thread are already in flight; with at most
+ * QK_GQA_CF splits M is taken from the staged m_sp, else from a pass over them before. Each thread
+ * sums 4 channels of a head (qk_gqa_combine_add). (Session 11's form read l_sp one split at a time
+ * behind a branch, 33 L2 latencies in a row at batch 1: docs/perf-notes.md.) */
+#define QK_GQA_CF 64 /* splits whose m, l and factors a combine pass stages */
+/* 16-byte pieces a combining thread has in flight: 32 where a kernel has the registers (2 CTAs an SM) */
+#define QK_GQA_CU(C) ((C) == 2 ? 32 : 16)
+
+/* the thread's P pieces j (piece tid + j T: head idx / (HD / 4), channels 4 (idx % (HD / 4)) ..) of
+ * partial P V for the U splits from sp (those of them below cnt, counted from sp) */
+template <int HD, int P, int U>
+__device__ __forceinline__ void qk_gqa_combine_load(float4 (&v)[P][U], const float* part_acc, qk_i64 row0, int splits,
+                                                    int sp, int cnt, int nh, int tid) {
+    constexpr int Q4 = HD / 4;
+#pragma unroll
+    for (int j = 0; j < P; ++j) {
+        const int idx = tid + j * QK_GQA_THREADS, h = idx / Q4;
+        const float* acc = part_acc + (row0 + h * splits + sp) * HD + (idx % Q4) * 4;
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+            v[j][u] = h < nh && u < cnt ? qk_gqa_load_cg4(acc + (qk_i64)u * HD) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+}
+
+/* o_j += acc_sp f_sp for those U splits in split order (f = c_f[h QK_GQA_CF + u], -1: left out) */
+template <int HD, int P, int U, int PA>
+__device__ __forceinline__ void qk_gqa_combine_add(float4 (&a)[PA], const float4 (&v)[P][U], const float* c_f, int cnt,
+                                                   int nh, int tid) {
+#pragma unroll
+    for (int j = 0; j < P; ++j) {
+        const int h = (tid + j * QK_GQA_THREADS) / (HD / 4);
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const float f = h < nh && u < cnt ? c_f[h * QK_GQA_CF + u] : -1.0f;
+            if (f != -1.0f) {
+                a[j].x = QK_FADD(a[j].x, QK_FMUL(v[j][u].x, f));
+                a[j].y = QK_FADD(a[j].y, QK_FMUL(v[j][u].y, f));
+                a[j].z = QK_FADD(a[j].z, QK_FMUL(v[j][u].z, f));
+                a[j].w = QK_FADD(a[j].w, QK_FMUL(v[j][u].w, f));
+            }
+        }
+    }
+}
+
+/* the combining CTA's passes (P pieces a thread, U splits of each in flight): o in a, l of head tid
+ * (tid < nh) returned; c_M holds M where splits > QK_GQA_CF, else the first pass writes it */
+template <int HD, int P, int U, int PA>
+__device__ __forceinline__ float qk_gqa_combine_passes(float4 (&a)[PA], const float* part_m, const float* part_l,
+                                                       const float* part_acc, const void* head_sink, float* c_f,
+                                                       float* c_lv, float* c_M, qk_i64 row0, qk_i64 h0, int splits,
+                                                       int nh, int sink_mode, int is16) {
+    constexpr int T = QK_GQA_THREADS, CF = QK_GQA_CF, FPER = QK_GQA_MH * CF / T;
+    const float neg_inf = qk_gqa_neg_inf();
+    const int tid = (int)threadIdx.x, lane = tid % 32;
+    float l = 0.0f;
+    for (int sp0 = 0; sp0 < splits; sp0 += CF) {
+        const int cnt = splits - sp0 < CF ? splits - sp0 : CF;
+        float4 v[P][U];
+        qk_gqa_combine_load<HD>(v, part_acc, row0, splits, sp0, cnt, nh, tid); /* in flight through the factors */
+        float m[FPER], lv[FPER];
+#pragma unroll
+        for (int u = 0; u < FPER; ++u) {
+            const int i = tid + u * T, h = i / CF, k = i % CF;
+            const bool in = h < nh && k < cnt;
+            m[u] = in ? qk_gqa_load_cg(part_m + row0 + h * splits + sp0 + k) : neg_inf;
+            lv[u] = in ? qk_gqa_load_cg(part_l + row0 + h * splits + sp0 + k) : 0.0f;
+        }
+        __syncthreads(); /* the previous pass done with c_f and c_lv */
+#pragma unroll
+        for (int u = 0; u < FPER; ++u) {
+            c_f[tid + u * T] = m[u];
+            c_lv[tid + u * T] = lv[u];
+        }
+        __syncthreads();
+        if (splits <= CF) { /* M of head h from the staged m: a warp a head */
+            for (int h = tid / 32; h < nh; h += T / 32) {
+                float mx = fmaxf(c_f[h * CF + lane], c_f[h * CF + lane + 32]); /* -inf past cnt */
+#pragma unroll
+                for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, QK_SHFL_XOR(mx, off, 32));
+                if (lane == 0) {
+                    const float sigma = sink_mode == 1 ? qk_load_f(head_sink, h0 + h, is16) : 0.0f;
+                    c_M[h] = sink_mode ? fmaxf(mx, sigma) : mx;
+                }
+            }
+            __syncthreads();
+        }
+#pragma unroll
+        for (int u = 0; u < FPER; ++u) { /* -1: left out */
+            const int i = tid + u * T, h = i / CF;
+            if (h < nh) c_f[i] = m[u] == neg_inf ? -1.0f : expf(QK_FADD(m[u], -c_M[h]));
+        }
+        __syncthreads();
+        for (int k0 = 0; k0 < cnt; k0 += U) {
+            if (k0) qk_gqa_combine_load<HD>(v, part_acc, row0, splits, sp0 + k0, cnt - k0, nh, tid);
+            qk_gqa_combine_add<HD>(a, v, c_f + k0, cnt - k0, nh, tid);
+        }
+        if (tid < nh) {
+            for (int k = 0; k < cnt; ++k) {
+                const float f = c_f[tid * CF + k];
+                if (f != -1.0f) l = QK_FADD(l, QK_FMUL(c_lv[tid * CF + k], f));
+            }
+        }
+    }
+    return l;
+}
+
+template <int HD, int CU>
 __device__ __noinline__ void qk_gqa_mma_combine(const float* part_m, const float* part_l, const float* part_acc,
                                                 const void* head_sink, void* output, unsigned* ticket, qk_i64 N,
                                                 qk_i64 Nk, int splits, int sink_mode, int is16) {
-    constexpr int MH = QK_GQA_MH, T = QK_GQA_THREADS, CF = QK_GQA_CF, U = QK_GQA_CU, Q4 = HD / 4;
+    constexpr int MH = QK_GQA_MH, T = QK_GQA_THREADS, CF = QK_GQA_CF, Q4 = HD / 4;
     constexpr int PER = (MH * Q4 + T - 1) / T; /* 4-channel pieces of the block's heads a thread */
-    constexpr int FPER = MH * CF / T;          /* (head, split) factors a thread stages a pass */
-    static_assert(HD % 4 == 0 && MH * CF % T == 0, "combine tiling");
+    static_assert(HD % 4 == 0 && MH * CF % T == 0 && CF == 64, "combine tiling");
     __shared__ float c_f[MH * CF], c_lv[MH * CF], c_M[MH], c_l[MH];
     __shared__ int c_last;
     const float neg_inf = qk_gqa_neg_inf();
@@ -1057,80 +1149,35 @@ __device__ __noinline__ void qk_gqa_mma_combine(const float* part_m, const float
     __syncthreads();
     if (!c_last) return;
     __threadfence();
-    for (int h = tid / 32; h < nh; h += T / 32) { /* M of head h: 32 lanes over the splits, 4 loads in flight */
-        float mx = neg_inf;
-        for (int sp0 = lane; sp0 < splits; sp0 += 128) {
-            float m4[4];
+    if (splits > CF) { /* M of head h over every split first: 32 lanes over the splits, 4 loads in flight */
+        for (int h = tid / 32; h < nh; h += T / 32) {
+            float mx = neg_inf;
+            for (int sp0 = lane; sp0 < splits; sp0 += 128) {
+                float m4[4];
 #pragma unroll
-            for (int u = 0; u < 4; ++u)
-                m4[u] = sp0 + 32 * u < splits ? qk_gqa_load_cg(part_m + row0 + h * splits + sp0 + 32 * u) : neg_inf;
+                for (int u = 0; u < 4; ++u)
+                    m4[u] = sp0 + 32 * u < splits ? qk_gqa_load_cg(part_m + row0 + h * splits + sp0 + 32 * u) : neg_inf;
 #pragma unroll
-            for (int u = 0; u < 4; ++u) mx = fmaxf(mx, m4[u]);
-        }
+                for (int u = 0; u < 4; ++u) mx = fmaxf(mx, m4[u]);
+            }
 #pragma unroll
-        for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, QK_SHFL_XOR(mx, off, 32));
-        if (lane == 0) {
-            const float sigma = sink_mode == 1 ? qk_load_f(head_sink, h0 + h, is16) : 0.0f;
-            c_M[h] = sink_mode ? fmaxf(mx, sigma) : mx;
+            for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, QK_SHFL_XOR(mx, off, 32));
+            if (lane == 0) {
+                const float sigma = sink_mode == 1 ? qk_load_f(head_sink, h0 + h, is16) : 0.0f;
+                c_M[h] = sink_mode ? fmaxf(mx, sigma) : mx;
+            }
         }
     }
     float4 a[PER];
-    float l = 0.0f;
 #pragma unroll
     for (int j = 0; j < PER; ++j) a[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int sp0 = 0; sp0 < splits; sp0 += CF) {
-        const int cnt = splits - sp0 < CF ? splits - sp0 : CF;
-        __syncthreads(); /* c_M written; the previous pass done with c_f and c_lv */
-        float m[FPER], lv[FPER];
-#pragma unroll
-        for (int u = 0; u < FPER; ++u) { /* the loads first */
-            const int i = tid + u * T, h = i / CF, j = i % CF;
-            const bool in = h < nh && j < cnt;
-            m[u] = in ? qk_gqa_load_cg(part_m + row0 + h * splits + sp0 + j) : neg_inf;
-            lv[u] = in ? qk_gqa_load_cg(part_l + row0 + h * splits + sp0 + j) : 0.0f;
-        }
-#pragma unroll
-        for (int u = 0; u < FPER; ++u) {
-            const int i = tid + u * T, h = i / CF;
-            if (h < nh) {
-                c_f[i] = m[u] == neg_inf ? -1.0f : expf(QK_FADD(m[u], -c_M[h])); /* -1: left out */
-                c_lv[i] = lv[u];
-            }
-        }
-        __syncthreads();
-        for (int k0 = 0; k0 < cnt; k0 += U) { /* U splits of each of the thread's pieces in flight */
-            float4 v[PER][U];
-#pragma unroll
-            for (int j = 0; j < PER; ++j) {
-                const int idx = tid + j * T, h = idx / Q4;
-                const float* acc = part_acc + (row0 + h * splits + sp0 + k0) * HD + (idx % Q4) * 4;
-#pragma unroll
-                for (int u = 0; u < U; ++u)
-                    v[j][u] = h < nh && k0 + u < cnt ? qk_gqa_load_cg4(acc + (qk_i64)u * HD)
-                                                     : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            }
-#pragma unroll
-            for (int j = 0; j < PER; ++j) {
-                const int h = (tid + j * T) / Q4;
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const float f = h < nh && k0 + u < cnt ? c_f[h * CF + k0 + u] : -1.0f;
-                    if (f != -1.0f) {
-                        a[j].x = QK_FADD(a[j].x, QK_FMUL(v[j][u].x, f));
-                        a[j].y = QK_FADD(a[j].y, QK_FMUL(v[j][u].y, f));
-                        a[j].z = QK_FADD(a[j].z, QK_FMUL(v[j][u].z, f));
-                        a[j].w = QK_FADD(a[j].w, QK_FMUL(v[j][u].w, f));
-                    }
-                }
-            }
-        }
-        if (tid < nh) {
-            for (int k = 0; k < cnt; ++k) {
-                const float f = c_f[tid * CF + k];
-                if (f != -1.0f) l = QK_FADD(l, QK_FMUL(c_lv[tid * CF + k], f));
-            }
-        }
-    }
+    float l;
+    if (PER > 1 && nh * Q4 <= T) /* one piece a thread: all its in-flight loads on it */
+        l = qk_gqa_combine_passes<HD, 1, CU>(a, part_m, part_l, part_acc, head_sink, c_f, c_lv, c_M, row0, h0, splits,
+                                             nh, sink_mode, is16);
+    else
+        l = qk_gqa_combine_passes<HD, PER, CU / PER>(a, part_m, part_l, part_acc, head_sink, c_f, c_lv, c_M, row0,
+                                                     h0, splits, nh, sink_mode, is16);
     if (tid < nh) {
         if (sink_mode) {
             const float sigma = sink_mode == 1 ? qk_load_f(head_sink, h0 + tid, is16) : 0.0f;
@@ -1167,20 +1214,18 @@ __device__ __noinline__ void qk_gqa_mma_combine(const float* part_m, const float
              int splits, const void* head_sink, void* output, unsigned* ticket, int sink_mode, const void* query,     \
              const void* key, const void* value, const void* cos_cache, const void* sin_cache,                        \
              const qk_i64* position_ids, qk_i64 pid_stride, int packed, int rotary_dim, int interleaved) {            \
-        const auto prologue = [&]() -> const float* {                                                                 \
-            return query ? qk_gqa_mma_append<KIND, HD>(query, key, value, seqlens_k, cos_cache, sin_cache,            \
-                                                       position_ids, k_scale, v_scale, (void*)present_key,            \
-                                                       (void*)present_value, N, Nk, Tp, pid_stride, first_prompt,     \
-                                                       packed, rotary_dim, interleaved, chunk, splits)                \
-                         : nullptr;                                                                                   \
-        };                                                                                                            \
-        const qk_i64 new_row = query ? (first_prompt ? 0 : (qk_i64)seqlens_k[blockIdx.x / splits]) : -1;             \
-        qk_gqa_mma<KIND, HD, KW, VW>(prologue, new_row, qrot, present_key, present_value, seqlens_k, attention_bias, \
-                                     k_scale, v_scale, part_m, part_l, part_acc, S, N, Nk, Tp, T, first_prompt,       \
-                                     window, bias_batch, bias_heads, alpha, softcap, chunk, splits);                  \
+        const float* qblock =                                                                                         \
+            query ? qk_gqa_mma_append<KIND, HD>(query, key, value, seqlens_k, cos_cache, sin_cache, position_ids,     \
+                                                k_scale, v_scale, (void*)present_key, (void*)present_value, N, Nk,    \
+                                                Tp, pid_stride, first_prompt, packed, rotary_dim, interleaved, chunk, \
+                                                splits)                                                               \
+                  : nullptr;                                                                                          \
+        qk_gqa_mma<KIND, HD, KW, VW>(qrot, qblock, present_key, present_value, seqlens_k, attention_bias, k_scale,   \
+                                     v_scale, part_m, part_l, part_acc, S, N, Nk, Tp, T, first_prompt, window,        \
+                                     bias_batch, bias_heads, alpha, softcap, chunk, splits);                          \
         if (ticket)                                                                                                   \
-            qk_gqa_mma_combine<HD>(part_m, part_l, part_acc, head_sink, output, ticket, N, Nk, splits, sink_mode,     \
-                                   is16);                                                                             \
+            qk_gqa_mma_combine<HD, QK_GQA_CU(C)>(part_m, part_l, part_acc, head_sink, output, ticket, N, Nk, splits,  \
+                                                 sink_mode, is16);                                                    \
     }
 
 QK_GQA_MMA(qk_gqa_mma_f16_h16, 1, 16, 8, 4, 3)
