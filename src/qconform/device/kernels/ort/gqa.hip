@@ -1007,10 +1007,11 @@ __device__ __forceinline__ float4 qk_gqa_load_cg4(const float* p) {
 }
 #endif
 
-/* The combine of qk_gqa_combine folded into the mma kernel's launch (built with -DQK_GQA_COMBINE_FOLD;
- * otherwise the launcher passes no ticket and launches qk_gqa_combine): every CTA of a query row's
- * KV-head block, its split's partials stored, makes them visible device-wide (__threadfence) and
- * takes a ticket (an atomic count per block: it only elects a CTA, no value is summed by atomics);
+/* The combine of qk_gqa_combine folded into the mma kernel's launch (where the launcher passes a ticket
+ * buffer: up to its FOLD_MAX_SPLITS splits, or always with -DQK_GQA_COMBINE_FOLD; otherwise, or with
+ * -DQK_GQA_COMBINE_LAUNCH, it launches qk_gqa_combine; both options are read by the launcher, the
+ * kernels are the same): every CTA of a query row's KV-head block, its split's partials stored,
+ * makes them visible device-wide (__threadfence) and takes a ticket (an atomic count per block: it only elects a CTA, no value is summed by atomics);
  * the CTA that takes the last ticket (every split stored) resets the count for the next call on the
  * stream and combines the block's heads in split order with qk_gqa_combine's arithmetic, operation
  * for operation: M = max(m_sp, sink), f_sp = exp(m_sp - M) (splits with m_sp = -inf left out),
