@@ -58,7 +58,7 @@ I8T_U8 = "-DQK_GQA_I8T_U8"  # int8 per-tensor flash kernels with tiles of 8 keys
 DECODE_SIMT = "-DQK_GQA_DECODE_SIMT"  # the session-9 SIMT flash kernels where the mma ones would run
 COMBINE_FOLD = "-DQK_GQA_COMBINE_FOLD"  # the mma kernels' last CTA of a block combines it, whatever the splits
 COMBINE_LAUNCH = "-DQK_GQA_COMBINE_LAUNCH"  # qk_gqa_combine launched after the mma kernels, whatever the splits
-FOLD_MAX_SPLITS = 8  # the mma kernels fold the combine up to this many splits (measured: docs/perf-notes.md)
+FOLD_MAX_SPLITS = 16  # the mma kernels fold the combine up to this many splits (measured: docs/perf-notes.md)
 APPEND_V1 = "-DQK_GQA_APPEND_V1"  # decode's rows by qk_gqa_append (a thread a channel pair; before session 11)
 APPEND_LAUNCH = "-DQK_GQA_APPEND_LAUNCH"  # decode's rows by a qk_gqa_append8 launch, not by the mma kernels
 APPEND_THREADS = 256  # qk_gqa_append8's __launch_bounds__
@@ -198,15 +198,16 @@ def append(op: OpSpec, call: Any, sc: dict[str, Any], pairs: bool, rows: bool = 
     return qrot
 
 
-_TICKETS: dict[tuple[int, int], Any] = {}
+_TICKETS: dict[tuple[int, int, int], Any] = {}  # (device, stream, id of the kernel) -> tickets (kernels live on)
 
 
-def tickets(n: int) -> Any:
-    """``n`` zeroed uint32 tickets of the mma kernels' folded combine for the current device and stream
+def tickets(n: int, kernel: Any) -> Any:
+    """``n`` zeroed uint32 tickets of ``kernel``'s folded combine for the current device and stream
     (a CTA that completes a block returns its ticket to zero, so they are zero between calls; one
-    buffer per stream, so calls on two streams never share one), grown as needed."""
+    buffer per stream, so calls on two streams never share one, and per kernel build, so a build
+    that leaves them set, such as a device mutant, spoils no other build's calls), grown as needed."""
     stream = cupy.cuda.get_current_stream()
-    key = (cupy.cuda.Device().id, stream.ptr)
+    key = (cupy.cuda.Device().id, stream.ptr, id(kernel))
     buf = _TICKETS.get(key)
     if buf is None or buf.size < n:
         buf = cupy.zeros(max(n, 1024), cupy.uint32)
@@ -299,7 +300,7 @@ def _run(op: OpSpec, args: tuple, kwargs: dict[str, Any], out: Any) -> Any:
     args = (qrot, pres_k, pres_v, seqlens, bias, k_scale, v_scale, part_m, part_l, part_acc, *dims, *opts, *tail)
     if mma is not None:
         folded = fold_combine(splits)
-        ticket = tickets(B * S * grid[1]) if folded else null
+        ticket = tickets(B * S * grid[1], launchers.kernel_of(SOURCE, symbol)) if folded else null
         rows = new_rows(call, sc) if fold_rows else (null,) * 6 + (np.int64(0),) + (i32(0),) * 3
         fold = (sink, output, ticket, i32(sink_mode), *rows)
         launch_grid(op.name, SOURCE, symbol, grid, THREADS, (*args, *fold), smem)
