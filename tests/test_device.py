@@ -342,8 +342,8 @@ def test_gqa_mma_decode_folds_are_the_three_launches(leaf: str) -> None:
         assert ran_l == ["qk_gqa_append", "qk_gqa_combine"], (c.id, ran_l)
         for mask, *outs in zip(_masks(case.inputs, session10), default, folded, again, launched, session10,
                                strict=True):  # fmt: skip
-            w, *others = (np.where(mask, 0, v.view(f"u{v.itemsize}")) for v in (outs[-1], *outs[:-1]))
-            assert all(np.array_equal(x, w) for x in others), c.id  # the defined elements only
+            *others, w = (np.where(mask, 0, v.view(f"u{v.itemsize}")) for v in outs)  # the defined elements only
+            assert all(np.array_equal(x, w) for x in others), c.id
         compared += 1
     assert compared >= 3, f"only {compared} coverage-2 cases ran the mma kernels"
 

@@ -1011,18 +1011,19 @@ __device__ __forceinline__ float4 qk_gqa_load_cg4(const float* p) {
  * buffer: up to its FOLD_MAX_SPLITS splits, or always with -DQK_GQA_COMBINE_FOLD; otherwise, or with
  * -DQK_GQA_COMBINE_LAUNCH, it launches qk_gqa_combine; both options are read by the launcher, the
  * kernels are the same): every CTA of a query row's KV-head block, its split's partials stored,
- * makes them visible device-wide (__threadfence) and takes a ticket (an atomic count per block: it only elects a CTA, no value is summed by atomics);
- * the CTA that takes the last ticket (every split stored) resets the count for the next call on the
- * stream and combines the block's heads in split order with qk_gqa_combine's arithmetic, operation
- * for operation: M = max(m_sp, sink), f_sp = exp(m_sp - M) (splits with m_sp = -inf left out),
- * l = sum l_sp f_sp (+ exp(sink - M)) and o = sum acc_sp f_sp, both in split order, then o / l; so
- * the output is the launched combine's, bit for bit, whichever CTA combines. The other CTAs'
- * partials are read past L1 (qk_gqa_load_cg), as few L2 latencies in a row as the registers allow:
- * a pass of up to QK_GQA_CF splits stages their m_sp and l_sp (a thread per (head, split)) while the
- * first CU 16-byte pieces of partial P V of each thread are already in flight; with at most
- * QK_GQA_CF splits M is taken from the staged m_sp, else from a pass over them before. Each thread
- * sums 4 channels of a head (qk_gqa_combine_add). (Session 11's form read l_sp one split at a time
- * behind a branch, 33 L2 latencies in a row at batch 1: docs/perf-notes.md.) */
+ * makes them visible device-wide (__threadfence) and takes a ticket (an atomic count per block: it
+ * only elects a CTA, no value is summed by atomics); the CTA that takes the last ticket (every split
+ * stored) resets the count for the next call on the stream and combines the block's heads in split
+ * order with qk_gqa_combine's arithmetic, operation for operation: M = max(m_sp, sink),
+ * f_sp = exp(m_sp - M) (splits with m_sp = -inf left out), l = sum l_sp f_sp (+ exp(sink - M)) and
+ * o = sum acc_sp f_sp, both in split order, then o / l; so the output is the launched combine's, bit
+ * for bit, whichever CTA combines. The other CTAs' partials are read past L1 (qk_gqa_load_cg), as
+ * few L2 latencies in a row as the registers allow: a pass of up to QK_GQA_CF splits stages their
+ * m_sp and l_sp (a thread per (head, split)) while the first CU 16-byte pieces of partial P V of
+ * each thread are already in flight; with at most QK_GQA_CF splits M is taken from the staged m_sp,
+ * else from a pass over them before. Each thread sums 4 channels of a head (qk_gqa_combine_add).
+ * (Session 11's form read l_sp one split at a time behind a branch, 33 L2 latencies in a row at
+ * batch 1: docs/perf-notes.md.) */
 #define QK_GQA_CF 64 /* splits whose m, l and factors a combine pass stages */
 /* 16-byte pieces a combining thread has in flight: 32 where a kernel has the registers (2 CTAs an SM) */
 #define QK_GQA_CU(C) ((C) == 2 ? 32 : 16)
