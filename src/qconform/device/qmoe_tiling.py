@@ -49,6 +49,37 @@ def mma_staged_bytes(K: int) -> int:
     return 512 * -(-(K // 32) // 8)
 
 
+REF_WARPS = 2112  # warps resident together on an H200 (132 SMs x 16): the K-split rules' fixed reference
+
+
+def _serial_steps(rounds: int, steps: int, parts: int) -> int:
+    """Steps a warp runs one after the other: its rounds, each a part of ``steps`` plus one step's
+    worth for the loads the first waits for (two steps in flight; measured on the H200,
+    docs/perf-notes.md)."""
+    return rounds * (-(-steps // parts) + 1)
+
+
+def mma_parts(tasks: int, K: int) -> int:
+    """Warps sharing a task of qk_moe_fc1m (1, 2, 4 or 8), each a run of its steps (8 segments of 32
+    values), their sums added in part order: the fewest serial steps with ``tasks`` x parts warps
+    over REF_WARPS at a time (ties: fewer parts). A function of the shape alone, so the order is."""
+    steps = -(-K // 256)
+    return min((1, 2, 4, 8), key=lambda p: (_serial_steps(-(-tasks * p // REF_WARPS), steps, p), p))
+
+
+def fc2m_parts(k: int, K: int) -> int:
+    """Warps sharing a (slot, 16 columns) task of qk_moe_fc2m (1, 2 or 4): a CTA's 8 warps take its k x
+    parts pairs in rounds; the fewest serial steps (ties: fewer parts). A function of the shape alone."""
+    steps = -(-K // 256)
+    return min((1, 2, 4), key=lambda p: (_serial_steps(-(-k * p // 8), steps, p), p))
+
+
+def fc2m_staged_bytes(k: int, K: int) -> int:
+    """Dynamic shared memory of qk_moe_fc2m: the token's k rows of fc1's output as three bf16 planes,
+    512 bytes each per step of K (8 segments of 32 values), zeros past K."""
+    return 3 * k * 512 * -(-K // 256)
+
+
 def mma_ctas(tasks: int, warps: int, tokens: int, sms: int) -> int:
     """CTAs per token of qk_moe_fc1m: one per ``warps`` tasks, at most as many as are resident
     together (CTAS_PER_SM per SM, shared by the tokens); the kernel deals task w G + x to warp w of

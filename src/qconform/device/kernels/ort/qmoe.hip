@@ -800,133 +800,238 @@ __device__ __forceinline__ void qk_moe_fc1m_word(qk_u32 w, int h, qk_u32 ze, qk_
     *hi = qk_hfma2(qk_and_or(src, 0x00F000F0u, 0x64006400u), 0x2C002C00u, zo);
 }
 
-/* the zero point of segment `seg` of row `row` (expert e, rr = e * N + row) as the pair constants of
- * qk_moe_fc1m_word */
-__device__ __forceinline__ void qk_moe_fc1m_zero(const qk_moe_fc& f, int e, qk_i64 rr, int row, int seg, qk_u32* ze,
-                                                 qk_u32* zo) {
-    int z = 8;
-    if (f.has_zp) z = f.bs ? qk_field(f.z + rr * f.zp_bytes, 4, seg * 32 / f.bs) : qk_field(f.z + (qk_i64)e * f.zp_bytes, 4, row);
-    *ze = (0xE400u + (qk_u32)z) * 0x10001u;
-    *zo = (0xD400u + 16u * (qk_u32)z) * 0x10001u;
+/* bf16 (q - z) of field f (0..3: values f and f + 4) of a 4-bit word: field bits OR 0x4300 (bf16 128)
+ * is 128 + q, then one bf16 fma adds zc = -(128 + z), both halves (exact) */
+__device__ __forceinline__ qk_u32 qk_moe_bf_pair(qk_u32 w, int f, qk_u32 zc) {
+    return qk_bfma2(qk_and_or(w >> (4 * f), 0x000F000Fu, 0x43004300u), 0x3F803F80u, zc);
 }
 
-/* one step's weights of a lane: segments 8 S + t, 8 S + 4 + t of rows g and g + 8 (zeros past the row) */
+/* the pair constants for zero point z: qk_moe_fc1m_word's -(1024 + z), -(64 + z) in fp16, or (BF16)
+ * qk_moe_bf_pair's -(128 + z) in bf16 */
+template <bool BF16>
+__device__ __forceinline__ void qk_moe_fc1m_consts(qk_u32 z, qk_u32* ze, qk_u32* zo) {
+    *ze = (BF16 ? 0xC300u + z : 0xE400u + z) * 0x10001u;
+    *zo = (0xD400u + 16u * z) * 0x10001u;
+}
+
+/* the packed zero point of segment `seg` of row `row` (expert e, rr = e * N + row): block seg >> bsh,
+ * or the row's */
+__device__ __forceinline__ qk_u32 qk_moe_zero_of(const qk_moe_fc& f, int e, qk_i64 rr, int row, int seg, int bsh) {
+    return (qk_u32)(f.bs ? qk_field(f.z + rr * f.zp_bytes, 4, seg >> bsh) : qk_field(f.z + (qk_i64)e * f.zp_bytes, 4, row));
+}
+
+/* one step's weights of a lane: segments 8 S + t, 8 S + 4 + t of rows g and g + 8 (zeros past the row),
+ * their zero points' pair constants (ZP: packed zero points; else the default 8, constants), and the
+ * fp16 scales of the segments 8 S + 2 t + i its accumulator columns take (loaded with the weights, so a
+ * step's scales are in flight with its weights, not fetched after its mma) */
 struct qk_moe_fc1m_step {
     uint4 w[2][2]; /* [row g / g + 8][first / second segment] */
     qk_u32 ze[2][2], zo[2][2];
+    float s[2][2]; /* [row g / g + 8][column 2 t / 2 t + 1] */
 };
 
-__device__ __forceinline__ void qk_moe_fc1m_load(const qk_moe_fc& f, int e, const qk_i64* rr, const int* rows,
-                                                 const uint4* const* wrow, int S, int t, int nseg,
-                                                 qk_moe_fc1m_step& st) {
+/* a task's rows g and g + 8 (lane 4 g + t): rr = e * N + row, the weight rows (16-byte segments) and the
+ * scale rows */
+struct qk_moe_rows2 {
+    qk_i64 rr[2];
+    int row[2];
+    const uint4* w[2];
+    const qk_u16* s[2];
+};
+
+__device__ __forceinline__ qk_moe_rows2 qk_moe_rows_of(const qk_moe_fc& f, int e, int r0, int g, int blocks) {
+    qk_moe_rows2 R;
 #pragma unroll
-    for (int r = 0; r < 2; ++r)
+    for (int r = 0; r < 2; ++r) {
+        R.row[r] = r0 + g + 8 * r < f.N ? r0 + g + 8 * r : f.N - 1;
+        R.rr[r] = (qk_i64)e * f.N + R.row[r];
+        R.w[r] = (const uint4*)(f.w + R.rr[r] * (qk_i64)(f.K / 2));
+        R.s[r] = (const qk_u16*)f.s + R.rr[r] * blocks;
+    }
+    return R;
+}
+
+/* segment seg's block: seg >> bsh (bsh = log2(block_size / 32); 31 for per-row scales: block 0) */
+template <bool ZP, bool BF16>
+__device__ __forceinline__ void qk_moe_fc1m_load(const qk_moe_fc& f, int e, const qk_moe_rows2& R, int S, int t,
+                                                 int nseg, int bsh, qk_moe_fc1m_step& st) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int seg = QK_MOE_SEGS * S + 4 * h + t;
-            st.w[r][h] = seg < nseg ? wrow[r][seg] : make_uint4(0u, 0u, 0u, 0u);
-            qk_moe_fc1m_zero(f, e, rr[r], rows[r], seg < nseg ? seg : 0, &st.ze[r][h], &st.zo[r][h]);
+            st.w[r][h] = seg < nseg ? R.w[r][seg] : make_uint4(0u, 0u, 0u, 0u);
+            qk_u32 z = 8u;
+            if (ZP) z = qk_moe_zero_of(f, e, R.rr[r], R.row[r], seg < nseg ? seg : 0, bsh);
+            qk_moe_fc1m_consts<BF16>(z, &st.ze[r][h], &st.zo[r][h]);
         }
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int seg = QK_MOE_SEGS * S + 2 * t + i;
+            st.s[r][i] = seg < nseg ? qk_fp16_to_float(R.s[r][seg >> bsh]) : 0.0f;
+        }
+    }
 }
 
-/* one step: 16 mma into c (column n: segment 8 S + n), then each lane's two columns times their scales
- * into its row sums; B fragments from the staged input xp (uint2 units: segment s's word m, half h at
- * 8 s + 2 m + h) */
-__device__ __forceinline__ void qk_moe_fc1m_mma(const qk_moe_fc& f, const qk_i64* rr, const qk_moe_fc1m_step& st,
-                                                const uint2* xp, int S, int g, int t, int nseg, int blocks,
-                                                float* acc) {
+/* the end of a step: the four chains added (h 1's columns are zero in h 0's chains and the other way
+ * round), then each lane's two columns times their scales into its row sums */
+__device__ __forceinline__ void qk_moe_fc1m_scale(float c[4][4], const qk_moe_fc1m_step& st, float* acc) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) c[0][i] = QK_FADD(QK_FADD(c[0][i], c[1][i]), QK_FADD(c[2][i], c[3][i]));
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        acc[0] = fmaf(c[0][i], st.s[0][i], acc[0]);
+        acc[1] = fmaf(c[0][2 + i], st.s[1][i], acc[1]);
+    }
+}
+
+/* the B fragments' source of lane 4 g + t for segments 8 S + 4 h + t: its segment's staged units
+ * (uint2: word m, half h at 2 m + h) where column g of B is that segment's, the 8 zero units otherwise */
+__device__ __forceinline__ const uint2* qk_moe_bsrc(const uint2* xp, const uint2* zero, int S, int h, int g, int t) {
+    const bool mine = g == t + 4 * h; /* column g of B holds segment 8 S + g: lane t's (h 0) or t - 4's */
+    return mine ? xp + 8 * (QK_MOE_SEGS * S + 4 * h + t) : zero;
+}
+
+/* one step: 16 mma into c (column n: segment 8 S + n), then qk_moe_fc1m_scale. B fragments from the
+ * staged input xp (qk_moe_bsrc: every lane reads, none branches) */
+__device__ __forceinline__ void qk_moe_fc1m_mma(const qk_moe_fc1m_step& st, const uint2* xp, const uint2* zero, int S,
+                                                int g, int t, float* acc) {
     float c[4][4] = {}; /* [h][words 0-1 / 2-3]: four independent mma chains */
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        const bool mine = g == t + 4 * h; /* column g of B holds segment 8 S + g: lane t's (h 0) or t - 4's */
-        const int seg = QK_MOE_SEGS * S + 4 * h + t;
+        const uint2* src = qk_moe_bsrc(xp, zero, S, h, g, t);
 #pragma unroll
         for (int m = 0; m < 4; ++m)
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
-                qk_u32 a[4], b[2] = {0u, 0u};
+                qk_u32 a[4];
                 qk_moe_fc1m_word(qk_moe_word_of(st.w[0][h], m), half, st.ze[0][h], st.zo[0][h], &a[0], &a[2]);
                 qk_moe_fc1m_word(qk_moe_word_of(st.w[1][h], m), half, st.ze[1][h], st.zo[1][h], &a[1], &a[3]);
-                if (mine) {
-                    const uint2 v = xp[8 * seg + 2 * m + half];
-                    b[0] = v.x;
-                    b[1] = v.y;
-                }
+                const uint2 v = src[2 * m + half];
+                const qk_u32 b[2] = {v.x, v.y};
                 qk_mma_16816(c[2 * h + m / 2], a, b);
             }
     }
+    qk_moe_fc1m_scale(c, st, acc);
+}
+
+/* qk_moe_fc1m_mma for qk_moe_fc2m: the weights as bf16 (q - z) and the input as three bf16 parts (the
+ * planes xp, xp + ps, xp + 2 ps), each part's mma into the same chain */
+__device__ __forceinline__ void qk_moe_fc2m_mma(const qk_moe_fc1m_step& st, const uint2* xp, int ps, const uint2* zero,
+                                                int S, int g, int t, float* acc) {
+    float c[4][4] = {};
 #pragma unroll
-    for (int i = 0; i < 4; ++i) /* h 1's columns are zero in h 0's chains and the other way round */
-        c[0][i] = QK_FADD(QK_FADD(c[0][i], c[1][i]), QK_FADD(c[2][i], c[3][i]));
+    for (int h = 0; h < 2; ++h) {
+        const uint2* src = qk_moe_bsrc(xp, zero, S, h, g, t);
+        const int step = src != zero ? ps : 0;
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const int seg = QK_MOE_SEGS * S + 2 * t + i;
-        const int blk = f.bs ? seg * 32 / f.bs : 0;
-        const float s0 = seg < nseg ? qk_load_f(f.s, rr[0] * blocks + blk, 1) : 0.0f;
-        const float s1 = seg < nseg ? qk_load_f(f.s, rr[1] * blocks + blk, 1) : 0.0f;
-        acc[0] = fmaf(c[0][i], s0, acc[0]);
-        acc[1] = fmaf(c[0][2 + i], s1, acc[1]);
+        for (int m = 0; m < 4; ++m)
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const qk_u32 w0 = qk_moe_word_of(st.w[0][h], m), w1 = qk_moe_word_of(st.w[1][h], m);
+                const qk_u32 a[4] = {qk_moe_bf_pair(w0, 2 * half, st.ze[0][h]), qk_moe_bf_pair(w1, 2 * half, st.ze[1][h]),
+                                     qk_moe_bf_pair(w0, 2 * half + 1, st.ze[0][h]),
+                                     qk_moe_bf_pair(w1, 2 * half + 1, st.ze[1][h])};
+#pragma unroll
+                for (int p = 0; p < 3; ++p) {
+                    const uint2 v = src[p * step + 2 * m + half];
+                    const qk_u32 b[2] = {v.x, v.y};
+                    qk_mma_16816_bf16(c[2 * h + m / 2], a, b);
+                }
+            }
+    }
+    qk_moe_fc1m_scale(c, st, acc);
+}
+
+/* a warp's run of one task (rows R of expert e) over steps [s_lo, s_hi), two steps' loads in flight:
+ * the lane's row sums (before the quad's are added). BF16: qk_moe_fc2m_mma over the three planes of
+ * ps uint2 units, else qk_moe_fc1m_mma. */
+template <bool ZP, bool BF16>
+__device__ __forceinline__ void qk_moe_m_run(const qk_moe_fc& f, int e, const qk_moe_rows2& R, const uint2* xp,
+                                             int ps, const uint2* zero, int s_lo, int s_hi, int g, int t, int nseg,
+                                             int bsh, float* acc) {
+    if (s_lo >= s_hi) return;
+    qk_moe_fc1m_step b0, b1;
+    qk_moe_fc1m_load<ZP, BF16>(f, e, R, s_lo, t, nseg, bsh, b0);
+    if (s_lo + 1 < s_hi) qk_moe_fc1m_load<ZP, BF16>(f, e, R, s_lo + 1, t, nseg, bsh, b1);
+    for (int s = s_lo; s < s_hi; s += 2) {
+        if (BF16) qk_moe_fc2m_mma(b0, xp, ps, zero, s, g, t, acc);
+        else qk_moe_fc1m_mma(b0, xp, zero, s, g, t, acc);
+        if (s + 2 < s_hi) qk_moe_fc1m_load<ZP, BF16>(f, e, R, s + 2, t, nseg, bsh, b0);
+        if (s + 1 < s_hi) {
+            if (BF16) qk_moe_fc2m_mma(b1, xp, ps, zero, s + 1, g, t, acc);
+            else qk_moe_fc1m_mma(b1, xp, zero, s + 1, g, t, acc);
+            if (s + 3 < s_hi) qk_moe_fc1m_load<ZP, BF16>(f, e, R, s + 3, t, nseg, bsh, b1);
+        }
     }
 }
 
+/* log2(block_size / 32) (block_size a power of two >= 32), 31 for per-row scales */
+__device__ __forceinline__ int qk_moe_seg_shift(int bs) { return bs ? 26 - __clz(bs) : 31; }
+
+#define QK_MOE_M_WARPS 8 /* warps per CTA of qk_moe_fc1m / qk_moe_fc2m (256 threads) */
+
 /* routing + fc1 + the activation on the matrix units (above); grid (CTAs per token, T tokens), dynamic
- * shared memory 512 bytes per step of K */
-extern "C" __global__ void __launch_bounds__(256, 2)
-qk_moe_fc1m(const void* x, const void* logits, const void* rw, int* sel, float* wts, const qk_u8* W, const void* S,
-            const qk_u8* Z, const void* Bias, float* A, int E, int K, int N, int units, int k, int bs, int zp_bytes,
-            int has_zp, int has_bias, int act, float alpha, float beta, float limit, int normalize, int has_rw,
-            int at) {
+ * shared memory 512 bytes per step of K. `parts` warps (1, 2, 4 or 8; qmoe_tiling.mma_parts, a function
+ * of the shape) share a task: part p takes steps [p steps / parts, (p + 1) steps / parts) and part 0
+ * adds the parts' sums in part order (through shared memory), so the order is fixed by the shape. Task
+ * slot q = warp / parts of CTA x takes tasks base + q G + x (G CTAs): every CTA, so every SM, busy. */
+template <bool ZP>
+__device__ __forceinline__ void qk_moe_fc1m_body(const void* x, const void* logits, const void* rw, int* sel,
+                                                 float* wts, const qk_u8* W, const void* S, const qk_u8* Z,
+                                                 const void* Bias, float* A, int E, int K, int N, int units, int k,
+                                                 int bs, int zp_bytes, int has_zp, int has_bias, int act,
+                                                 float alpha, float beta, float limit, int normalize, int has_rw,
+                                                 int at, int parts) {
     __shared__ float s_logit[QK_MOE_EMAX];
     __shared__ int s_sel[QK_MOE_KMAX];
     __shared__ float s_w[QK_MOE_KMAX];
+    __shared__ float s_part[QK_MOE_M_WARPS][2][32];
+    __shared__ uint2 s_zero[8];
     extern __shared__ uint4 qk_moe_xw[];
     const qk_moe_fc f = {W, S, Z, Bias, N, K, bs, zp_bytes, has_zp, has_bias, 1};
     const qk_i64 t = blockIdx.y;
     const int nseg = K / 32, steps = (nseg + QK_MOE_SEGS - 1) / QK_MOE_SEGS, blocks = bs ? K / bs : 1;
+    const int bsh = qk_moe_seg_shift(bs);
     for (int i = (int)threadIdx.x; i < steps * 32; i += (int)blockDim.x) /* 8-value words, zeros past K */
         qk_moe_xw[i] = i < K / 8 ? qk_moe_xpairs(((const uint4*)x)[t * (K / 8) + i]) : make_uint4(0u, 0u, 0u, 0u);
+    if (threadIdx.x < 8) s_zero[threadIdx.x] = make_uint2(0u, 0u);
     qk_moe_route_cta(logits, rw, t, E, k, normalize, has_rw, 1, s_logit, s_sel, s_w);
     if (blockIdx.x == 0 && (int)threadIdx.x < k) {
         sel[t * k + threadIdx.x] = s_sel[threadIdx.x];
         wts[t * k + threadIdx.x] = s_w[threadIdx.x];
     }
     const bool glu = act == QK_MOE_SWIGLU;
-    const int lane = (int)(threadIdx.x & 31), g = lane >> 2, tq = lane & 3;
-    const int tiles = (N + 15) / 16, total = k * tiles, warps = (int)(blockDim.x / 32);
-    const uint2* xp = (const uint2*)qk_moe_xw;
-    /* task w G + x to warp w of CTA x (G CTAs): the tasks spread over every CTA, so over every SM */
-    for (int task = (int)(threadIdx.x / 32) * (int)gridDim.x + (int)blockIdx.x; task < total;
-         task += (int)gridDim.x * warps) {
-        const int j = task / tiles, r0 = (task - j * tiles) * 16;
-        if (!(s_w[j] > QK_MOE_SKIP)) continue; /* the whole warp */
-        const int e = s_sel[j];
-        int rows[2];
-        qk_i64 rr[2];
-        const uint4* wrow[2];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            rows[r] = r0 + g + 8 * r < N ? r0 + g + 8 * r : N - 1;
-            rr[r] = (qk_i64)e * N + rows[r];
-            wrow[r] = (const uint4*)(W + rr[r] * (qk_i64)(K / 2));
-        }
+    const int lane = (int)(threadIdx.x & 31), g = lane >> 2, tq = lane & 3, warp = (int)(threadIdx.x / 32);
+    const int tiles = (N + 15) / 16, total = k * tiles, slots = QK_MOE_M_WARPS / parts;
+    const int q = warp / parts, part = warp - q * parts;
+    const int s_lo = part * steps / parts, s_hi = (part + 1) * steps / parts;
+    for (int base = 0; base < total; base += (int)gridDim.x * slots) { /* the same trip count in every warp */
+        const int task = base + q * (int)gridDim.x + (int)blockIdx.x;
+        const int j = task < total ? task / tiles : 0, r0 = (task - j * tiles) * 16;
+        const bool live = task < total && s_w[j] > QK_MOE_SKIP; /* the same in a task's parts */
+        const qk_moe_rows2 R = qk_moe_rows_of(f, s_sel[j], r0, g, blocks);
         float acc[2] = {0.0f, 0.0f};
-        qk_moe_fc1m_step b0, b1;
-        qk_moe_fc1m_load(f, e, rr, rows, wrow, 0, tq, nseg, b0);
-        if (steps > 1) qk_moe_fc1m_load(f, e, rr, rows, wrow, 1, tq, nseg, b1);
-        for (int s = 0; s < steps; s += 2) {
-            qk_moe_fc1m_mma(f, rr, b0, xp, s, g, tq, nseg, blocks, acc);
-            if (s + 2 < steps) qk_moe_fc1m_load(f, e, rr, rows, wrow, s + 2, tq, nseg, b0);
-            if (s + 1 < steps) {
-                qk_moe_fc1m_mma(f, rr, b1, xp, s + 1, g, tq, nseg, blocks, acc);
-                if (s + 3 < steps) qk_moe_fc1m_load(f, e, rr, rows, wrow, s + 3, tq, nseg, b1);
-            }
+        if (live)
+            qk_moe_m_run<ZP, false>(f, s_sel[j], R, (const uint2*)qk_moe_xw, 0, s_zero, s_lo, s_hi, g, tq, nseg, bsh,
+                                    acc);
+        if (parts > 1) { /* part 0 adds the parts in order */
+            s_part[warp][0][lane] = acc[0];
+            s_part[warp][1][lane] = acc[1];
+            __syncthreads();
+            if (part == 0)
+#pragma unroll
+                for (int r = 0; r < 2; ++r)
+                    for (int p = 1; p < parts; ++p) acc[r] = QK_FADD(acc[r], s_part[warp + p][r][lane]);
+            __syncthreads(); /* read before the next round's parts are stored */
         }
+        if (!live || part != 0) continue;
         float h[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             acc[r] = QK_FADD(acc[r], QK_SHFL_XOR(acc[r], 1, 32));
             acc[r] = QK_FADD(acc[r], QK_SHFL_XOR(acc[r], 2, 32));
-            h[r] = qk_moe_biased(acc[r], f, rr[r]);
+            h[r] = qk_moe_biased(acc[r], f, R.rr[r]);
         }
         const qk_i64 p = t * k + j;
 #pragma unroll
@@ -939,6 +1044,135 @@ qk_moe_fc1m(const void* x, const void* logits, const void* rw, int* sel, float* 
         }
     }
 }
+
+/* qk_moe_fc1m: default zero points (8); qk_moe_fc1m_z: packed zero points */
+#define QK_MOE_FC1M(NAME, ZP)                                                                                    \
+    extern "C" __global__ void __launch_bounds__(256, 2)                                                        \
+    NAME(const void* x, const void* logits, const void* rw, int* sel, float* wts, const qk_u8* W, const void* S, \
+         const qk_u8* Z, const void* Bias, float* A, int E, int K, int N, int units, int k, int bs, int zp_bytes,  \
+         int has_zp, int has_bias, int act, float alpha, float beta, float limit, int normalize, int has_rw,       \
+         int at, int parts) {                                                                                    \
+        qk_moe_fc1m_body<ZP>(x, logits, rw, sel, wts, W, S, Z, Bias, A, E, K, N, units, k, bs, zp_bytes, has_zp,  \
+                             has_bias, act, alpha, beta, limit, normalize, has_rw, at, parts);                     \
+    }
+QK_MOE_FC1M(qk_moe_fc1m, false)
+QK_MOE_FC1M(qk_moe_fc1m_z, true)
+
+/* ---------------------------------------------------------------- fc2 on the matrix units
+ * qk_moe_fc2m: the decode path's fc2 + the weighted sum where the input is fp16 (so the scales, bias and
+ * output) and the weights 4-bit: fc1's fp32 output A (row order) is carried exactly into the mma as
+ * three bf16 parts a = b1 + b2 + b3 (qk_moe_bf16x3), the weights as exact bf16 (q - z), so every
+ * product is exact in fp32 and each 32-value segment's fp32 sum (its three parts' mma in one chain) is
+ * times its scale, as in qk_moe_fc1m. A CTA takes 16 output columns of one token for all k slots: it
+ * stages the token's k rows of A as the three bf16 planes (dynamic shared memory, k x 3 x 512 bytes per
+ * step of K), then its warps take the (slot, part) pairs (parts: qmoe_tiling.fc2m_parts, a function of
+ * the shape) round the warps; each pair's quad sums go to shared memory, and one thread per column adds
+ * a slot's parts in part order, the bias, then the k slots' fp32(w * y) in selection order as
+ * qk_moe_fc2v (no atomics: the order is fixed by the shape). The launcher's -DQK_MOE_FC2_SIMT keeps
+ * qk_moe_fc2v. */
+
+/* a = b1 + b2 + b3 in bf16, exactly for finite |a| >= 2^-110 (b1: a's upper 16 bits; r = a - b1 is
+ * exact and has at most 16 significant bits; b2: r's upper 16; r - b2 has at most 8, so it is b3
+ * itself; below 2^-110, b3's bits under 2^-126 are lost), each part's bits in the low half; a not
+ * finite: a as bf16 (NaN stays NaN), 0, 0 */
+__device__ __forceinline__ void qk_moe_bf16x3(float a, qk_u32 p[3]) {
+    const qk_u32 ab = qk_bits(a);
+    if ((ab & 0x7F800000u) == 0x7F800000u) {
+        p[0] = (ab >> 16) | ((ab & 0x007FFFFFu) ? 0x40u : 0u);
+        p[1] = p[2] = 0u;
+        return;
+    }
+    const float r = QK_FSUB(a, qk_float(ab & 0xFFFF0000u));
+    const qk_u32 rb = qk_bits(r);
+    p[0] = ab >> 16;
+    p[1] = rb >> 16;
+    p[2] = qk_bits(QK_FSUB(r, qk_float(rb & 0xFFFF0000u))) >> 16;
+}
+
+template <bool ZP>
+__device__ __forceinline__ void qk_moe_fc2m_body(const float* A, const int* sel, const float* wts, const qk_u8* W,
+                                                 const void* S, const qk_u8* Z, const void* Bias, void* Y, int K,
+                                                 int N, int k, int bs, int zp_bytes, int has_zp, int has_bias,
+                                                 int parts) {
+    __shared__ int s_sel[QK_MOE_KMAX];
+    __shared__ float s_w[QK_MOE_KMAX];
+    __shared__ float s_dot[QK_MOE_KMAX * 4][16]; /* (slot, part): the 16 columns' sums */
+    __shared__ uint2 s_zero[8];
+    extern __shared__ uint4 qk_moe_xw[];
+    const qk_moe_fc f = {W, S, Z, Bias, N, K, bs, zp_bytes, has_zp, has_bias, 1};
+    const qk_i64 t = blockIdx.y;
+    const int n0 = (int)blockIdx.x * 16;
+    const int nseg = K / 32, steps = (nseg + QK_MOE_SEGS - 1) / QK_MOE_SEGS, blocks = bs ? K / bs : 1;
+    const int words = steps * 32, bsh = qk_moe_seg_shift(bs); /* 16-byte units of a staged plane */
+    if ((int)threadIdx.x < k) {
+        s_sel[threadIdx.x] = sel[t * k + threadIdx.x];
+        s_w[threadIdx.x] = wts[t * k + threadIdx.x];
+    }
+    if (threadIdx.x < 8) s_zero[threadIdx.x] = make_uint2(0u, 0u);
+    __syncthreads();
+    /* 8-value word u of slot j's row: planes (j, p) at (3 j + p) words, pairs (x0 x4) (x1 x5) (x2 x6)
+     * (x3 x7) as qk_moe_xpairs; zeros past K and for skipped slots (whose rows fc1 never wrote) */
+    for (int i = (int)threadIdx.x; i < k * words; i += (int)blockDim.x) {
+        const int j = i / words, u = i - j * words;
+        qk_u32 v[3][8] = {};
+        if (u < K / 8 && s_w[j] > QK_MOE_SKIP) {
+            const float4* src = (const float4*)(A + (t * k + j) * (qk_i64)K) + 2 * u;
+            const float4 lo = src[0], hi = src[1];
+            const float x[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+            for (int c = 0; c < 8; ++c) {
+                qk_u32 pc[3];
+                qk_moe_bf16x3(x[c], pc);
+#pragma unroll
+                for (int p = 0; p < 3; ++p) v[p][c] = pc[p];
+            }
+        }
+#pragma unroll
+        for (int p = 0; p < 3; ++p)
+            qk_moe_xw[(3 * j + p) * words + u] = make_uint4(v[p][0] | v[p][4] << 16, v[p][1] | v[p][5] << 16,
+                                                            v[p][2] | v[p][6] << 16, v[p][3] | v[p][7] << 16);
+    }
+    __syncthreads();
+    const int lane = (int)(threadIdx.x & 31), g = lane >> 2, tq = lane & 3, warp = (int)(threadIdx.x / 32);
+    for (int pi = warp; pi < k * parts; pi += QK_MOE_M_WARPS) {
+        const int j = pi / parts, part = pi - j * parts;
+        if (!(s_w[j] > QK_MOE_SKIP)) continue; /* the whole warp */
+        const qk_moe_rows2 R = qk_moe_rows_of(f, s_sel[j], n0, g, blocks);
+        float acc[2] = {0.0f, 0.0f};
+        qk_moe_m_run<ZP, true>(f, s_sel[j], R, (const uint2*)(qk_moe_xw + 3 * j * words), 2 * words, s_zero,
+                               part * steps / parts, (part + 1) * steps / parts, g, tq, nseg, bsh, acc);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            acc[r] = QK_FADD(acc[r], QK_SHFL_XOR(acc[r], 1, 32));
+            acc[r] = QK_FADD(acc[r], QK_SHFL_XOR(acc[r], 2, 32));
+            if (tq == 0) s_dot[pi][g + 8 * r] = acc[r];
+        }
+    }
+    __syncthreads();
+    const int c = (int)threadIdx.x;
+    if (c >= 16 || n0 + c >= N) return;
+    float out = 0.0f;
+    for (int j = 0; j < k; ++j) {
+        const float w = s_w[j];
+        if (!(w > QK_MOE_SKIP)) continue;
+        float d = s_dot[j * parts][c];
+        for (int p = 1; p < parts; ++p) d = QK_FADD(d, s_dot[j * parts + p][c]);
+        const float y = qk_moe_biased(d, f, (qk_i64)s_sel[j] * N + n0 + c);
+        out = qk_ftz(QK_FADD(out, qk_ftz(QK_FMUL(w, y))));
+    }
+    qk_store_f(Y, t * N + n0 + c, out, 1);
+}
+
+/* qk_moe_fc2m: default zero points (8); qk_moe_fc2m_z: packed zero points. grid (ceil(N / 16), T) */
+#define QK_MOE_FC2M(NAME, ZP)                                                                                    \
+    extern "C" __global__ void __launch_bounds__(256, 2)                                                        \
+    NAME(const float* A, const int* sel, const float* wts, const qk_u8* W, const void* S, const qk_u8* Z,         \
+         const void* Bias, void* Y, int K, int N, int k, int bs, int zp_bytes, int has_zp, int has_bias,          \
+         int parts) {                                                                                            \
+        qk_moe_fc2m_body<ZP>(A, sel, wts, W, S, Z, Bias, Y, K, N, k, bs, zp_bytes, has_zp, has_bias, parts);    \
+    }
+QK_MOE_FC2M(qk_moe_fc2m, false)
+QK_MOE_FC2M(qk_moe_fc2m_z, true)
 
 /* fc2 + the weighted sum. grid (tiles of `tile` output columns, T tokens); the CTA's tasks (slot j,
  * 4 columns) go round its 32-lane groups, each column's fp32(dot + bias) into shared memory; then
