@@ -135,17 +135,17 @@ def _fc1_on_mma(x16: Any, bits: int, K: int, int8: bool, v1: bool) -> bool:
     )
 
 
-def _fc2_on_mma(x16: Any, bits: int, K: int, k: int, int8: bool, v1: bool, zp: bool) -> bool:
-    """Whether the decode path's fc2 runs on the matrix units (``qk_moe_fc2m``): an fp16 input's layer
-    (fp16 scales, bias and output), 4-bit weights in segments of 32 values, no int8 activations, the k
-    staged rows of fc1's output within FC2M_SMEM and the device's per-CTA limit, and neither
-    -DQK_MOE_FC2_SIMT nor -DQK_MOE_DECODE_V1."""
-    if not x16 or bits != 4 or int8 or K % 32 or v1 or FC2_SIMT in launchers.OPTIONS:
+def _fc2_on_mma(fc1m: bool, K: int, k: int, int8: bool, zp: bool) -> bool:
+    """Whether the decode path's fc2 runs on the matrix units (``qk_moe_fc2m``): fc1 on ``qk_moe_fc1m``
+    (an fp16 input's layer, 4-bit weights; it writes fc2m's bf16 planes), K in segments of 32 values, no
+    int8 activations, the k staged rows within FC2M_SMEM and the device's per-CTA limit, and no
+    -DQK_MOE_FC2_SIMT."""
+    if not fc1m or int8 or K % 32 or FC2_SIMT in launchers.OPTIONS:
         return False
     smem, limit = fc2m_staged_bytes(k, K), launchers.smem_limits()[0]
     if smem > min(FC2M_SMEM, limit - 16 * 1024):
         return False
-    return smem <= 48 * 1024 or launchers.allow_smem(kernel_of(SOURCE, _fc2m_symbol(zp)), limit)
+    return smem <= 48 * 1024 or launchers.allow_smem(kernel_of(SOURCE, _fc2m_symbol(zp)), smem)
 
 
 def _fc2m_symbol(zp: bool) -> str:
@@ -214,13 +214,17 @@ def _qmoe(op: OpSpec, args: tuple, kwargs: dict[str, Any], out: Any) -> Any:
         q1 = codes(ptrs["input"], T, H, x16, null) if int8[0] else (null, null)
         w1, flags1 = fc("fc1", f * inter, H)
         lanes2, vw2, vec2 = _chunking(inter, bits, bs, int8[1], ptrs["fc2_experts_weights"])
-        m2 = _fc2_on_mma(x16, bits, inter, k, int8[1], v1, ptrs["fc2_zero_points"] is not None)
-        at = 0 if v1 or int8[1] or m2 else vw2 * 32 // bits  # fc1's output chunk-transposed for fc2v's chunks
+        m1 = _fc1_on_mma(x16, bits, H, int8[0], v1)
+        m2 = _fc2_on_mma(m1, inter, k, int8[1], ptrs["fc2_zero_points"] is not None)
+        if m2:  # fc1's output as qk_moe_fc2m's three bf16 planes a pair (qk_moe_store_planes)
+            a = cupy.empty(fc2m_staged_bytes(T * k, inter) // 4, cupy.float32)
+        # fc1's output: fc2m's planes (-1), in row order (0), or chunk-transposed for fc2v's chunks
+        at = -1 if m2 else 0 if v1 or int8[1] else vw2 * 32 // bits
         # the arguments qk_moe_fc1m and qk_moe_fc1v share: routing in, fc1's weights and its output
         head = (ptrs["input"], ptrs["router_probs"], null if rw is None else rw, sel, wts, *w1, a, i32(E), i32(H))
         head += (i32(f * inter), i32(inter), i32(k))
         routing = (i32(s["normalize_routing_weights"]), i32(rw is not None))
-        if _fc1_on_mma(x16, bits, H, int8[0], v1):
+        if m1:
             tasks = k * -(-f * inter // 16)
             parts = mma_parts(tasks, H)
             fc1m = (*head, i32(bs), *flags1, i32(act), *attrs, *routing, i32(at), i32(parts))

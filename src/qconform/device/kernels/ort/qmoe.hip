@@ -661,9 +661,42 @@ __device__ __forceinline__ float qk_moe_biased(float a, const qk_moe_fc& f, qk_i
     return f.has_bias ? qk_ftz(QK_FADD(a, qk_ftz(qk_load_f(f.b, at, f.s16)))) : a;
 }
 
-/* fc1's activation of unit u of pair p into A (at 0: in unit order; else chunk-transposed for fc2's
- * chunks of `at` values, qk_moe_apos) */
+/* a = b1 + b2 + b3 in bf16, exactly for finite |a| >= 2^-110 (b1: a's upper 16 bits; r = a - b1 is
+ * exact and has at most 16 significant bits; b2: r's upper 16; r - b2 has at most 8, so it is b3
+ * itself; below 2^-110, b3's bits under 2^-126 are lost), each part's bits in the low half; a not
+ * finite: a as bf16 (NaN stays NaN), 0, 0 */
+__device__ __forceinline__ void qk_moe_bf16x3(float a, qk_u32 p[3]) {
+    const qk_u32 ab = qk_bits(a);
+    if ((ab & 0x7F800000u) == 0x7F800000u) {
+        p[0] = (ab >> 16) | ((ab & 0x007FFFFFu) ? 0x40u : 0u);
+        p[1] = p[2] = 0u;
+        return;
+    }
+    const float r = QK_FSUB(a, qk_float(ab & 0xFFFF0000u));
+    const qk_u32 rb = qk_bits(r);
+    p[0] = ab >> 16;
+    p[1] = rb >> 16;
+    p[2] = qk_bits(QK_FSUB(r, qk_float(rb & 0xFFFF0000u))) >> 16;
+}
+
+/* fc1's output u (of `units`) of (token, slot) pair p into qk_moe_fc2m's three bf16 planes of the pair:
+ * plane q (0..2; 32 16-byte units a step of K: 32 ceil(units / 256) units) holds part q of each value,
+ * 8-value unit u / 8 in the pairs (x0 x4) (x1 x5) (x2 x6) (x3 x7) as qk_moe_xpairs */
+__device__ __forceinline__ void qk_moe_store_planes(qk_u16* P, qk_i64 p, int units, int u, float v) {
+    const qk_i64 words = 32 * (qk_i64)((units + 255) / 256);
+    qk_u32 pc[3];
+    qk_moe_bf16x3(v, pc);
+#pragma unroll
+    for (int q = 0; q < 3; ++q) P[((p * 3 + q) * words + u / 8) * 8 + 2 * (u & 3) + ((u >> 2) & 1)] = (qk_u16)pc[q];
+}
+
+/* fc1's activation of unit u of pair p into A (at 0: in unit order; at > 0: chunk-transposed for fc2's
+ * chunks of `at` values, qk_moe_apos; at < 0: qk_moe_fc2m's bf16 planes) */
 __device__ __forceinline__ void qk_moe_store_a(float* A, qk_i64 p, int units, int u, int at, float v) {
+    if (at < 0) { /* qk_moe_fc2m's bf16 planes (qk_moe_store_planes) */
+        qk_moe_store_planes((qk_u16*)A, p, units, u, v);
+        return;
+    }
     A[p * units + (at ? qk_moe_apos(u, at, units) : u)] = v;
 }
 
@@ -970,6 +1003,7 @@ __device__ __forceinline__ void qk_moe_m_run(const qk_moe_fc& f, int e, const qk
 __device__ __forceinline__ int qk_moe_seg_shift(int bs) { return bs ? 26 - __clz(bs) : 31; }
 
 #define QK_MOE_M_WARPS 8 /* warps per CTA of qk_moe_fc1m / qk_moe_fc2m (256 threads) */
+#define QK_MOE_F2_BATCH 4 /* qk_moe_fc2m's staging: words a thread loads before converting */
 
 /* routing + fc1 + the activation on the matrix units (above); grid (CTAs per token, T tokens), dynamic
  * shared memory 512 bytes per step of K. `parts` warps (1, 2, 4 or 8; qmoe_tiling.mma_parts, a function
@@ -1060,37 +1094,19 @@ QK_MOE_FC1M(qk_moe_fc1m_z, true)
 
 /* ---------------------------------------------------------------- fc2 on the matrix units
  * qk_moe_fc2m: the decode path's fc2 + the weighted sum where the input is fp16 (so the scales, bias and
- * output) and the weights 4-bit: fc1's fp32 output A (row order) is carried exactly into the mma as
- * three bf16 parts a = b1 + b2 + b3 (qk_moe_bf16x3), the weights as exact bf16 (q - z), so every
- * product is exact in fp32 and each 32-value segment's fp32 sum (its three parts' mma in one chain) is
- * times its scale, as in qk_moe_fc1m. A CTA takes 16 output columns of one token for all k slots: it
- * stages the token's k rows of A as the three bf16 planes (dynamic shared memory, k x 3 x 512 bytes per
- * step of K), then its warps take the (slot, part) pairs (parts: qmoe_tiling.fc2m_parts, a function of
+ * output) and the weights 4-bit: fc1's fp32 output is carried exactly into the mma as three bf16
+ * parts a = b1 + b2 + b3 (qk_moe_bf16x3; qk_moe_fc1m stores them as planes, qk_moe_store_planes), the
+ * weights as exact bf16 (q - z), so every product is exact in fp32 and each 32-value segment's fp32 sum
+ * (its three parts' mma in one chain) is times its scale, as in qk_moe_fc1m. A CTA takes 16 output
+ * columns of one token for all k slots: it copies the token's 3 k planes into dynamic shared memory
+ * (k x 3 x 512 bytes per step of K), then its warps take the (slot, part) pairs (parts: qmoe_tiling.fc2m_parts, a function of
  * the shape) round the warps; each pair's quad sums go to shared memory, and one thread per column adds
  * a slot's parts in part order, the bias, then the k slots' fp32(w * y) in selection order as
  * qk_moe_fc2v (no atomics: the order is fixed by the shape). The launcher's -DQK_MOE_FC2_SIMT keeps
  * qk_moe_fc2v. */
 
-/* a = b1 + b2 + b3 in bf16, exactly for finite |a| >= 2^-110 (b1: a's upper 16 bits; r = a - b1 is
- * exact and has at most 16 significant bits; b2: r's upper 16; r - b2 has at most 8, so it is b3
- * itself; below 2^-110, b3's bits under 2^-126 are lost), each part's bits in the low half; a not
- * finite: a as bf16 (NaN stays NaN), 0, 0 */
-__device__ __forceinline__ void qk_moe_bf16x3(float a, qk_u32 p[3]) {
-    const qk_u32 ab = qk_bits(a);
-    if ((ab & 0x7F800000u) == 0x7F800000u) {
-        p[0] = (ab >> 16) | ((ab & 0x007FFFFFu) ? 0x40u : 0u);
-        p[1] = p[2] = 0u;
-        return;
-    }
-    const float r = QK_FSUB(a, qk_float(ab & 0xFFFF0000u));
-    const qk_u32 rb = qk_bits(r);
-    p[0] = ab >> 16;
-    p[1] = rb >> 16;
-    p[2] = qk_bits(QK_FSUB(r, qk_float(rb & 0xFFFF0000u))) >> 16;
-}
-
 template <bool ZP>
-__device__ __forceinline__ void qk_moe_fc2m_body(const float* A, const int* sel, const float* wts, const qk_u8* W,
+__device__ __forceinline__ void qk_moe_fc2m_body(const uint4* planes, const int* sel, const float* wts, const qk_u8* W,
                                                  const void* S, const qk_u8* Z, const void* Bias, void* Y, int K,
                                                  int N, int k, int bs, int zp_bytes, int has_zp, int has_bias,
                                                  int parts) {
@@ -1110,27 +1126,20 @@ __device__ __forceinline__ void qk_moe_fc2m_body(const float* A, const int* sel,
     }
     if (threadIdx.x < 8) s_zero[threadIdx.x] = make_uint2(0u, 0u);
     __syncthreads();
-    /* 8-value word u of slot j's row: planes (j, p) at (3 j + p) words, pairs (x0 x4) (x1 x5) (x2 x6)
-     * (x3 x7) as qk_moe_xpairs; zeros past K and for skipped slots (whose rows fc1 never wrote) */
-    for (int i = (int)threadIdx.x; i < k * words; i += (int)blockDim.x) {
-        const int j = i / words, u = i - j * words;
-        qk_u32 v[3][8] = {};
-        if (u < K / 8 && s_w[j] > QK_MOE_SKIP) {
-            const float4* src = (const float4*)(A + (t * k + j) * (qk_i64)K) + 2 * u;
-            const float4 lo = src[0], hi = src[1];
-            const float x[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+    /* the token's 3 k planes (qk_moe_store_planes, written by qk_moe_fc1m) copied, zeros past K and for
+     * skipped slots (whose planes fc1 never wrote); a thread loads QK_MOE_F2_BATCH units before it stores */
+    const int n = 3 * k * words;
+    const uint4* src = planes + t * n;
+    for (int i0 = (int)threadIdx.x; i0 < n; i0 += QK_MOE_F2_BATCH * (int)blockDim.x) {
+        uint4 v[QK_MOE_F2_BATCH];
 #pragma unroll
-            for (int c = 0; c < 8; ++c) {
-                qk_u32 pc[3];
-                qk_moe_bf16x3(x[c], pc);
-#pragma unroll
-                for (int p = 0; p < 3; ++p) v[p][c] = pc[p];
-            }
+        for (int b = 0; b < QK_MOE_F2_BATCH; ++b) {
+            const int i = i0 + b * (int)blockDim.x, jp = i / words, u = i - jp * words;
+            v[b] = i < n && u < K / 8 && s_w[jp / 3] > QK_MOE_SKIP ? src[i] : make_uint4(0u, 0u, 0u, 0u);
         }
 #pragma unroll
-        for (int p = 0; p < 3; ++p)
-            qk_moe_xw[(3 * j + p) * words + u] = make_uint4(v[p][0] | v[p][4] << 16, v[p][1] | v[p][5] << 16,
-                                                            v[p][2] | v[p][6] << 16, v[p][3] | v[p][7] << 16);
+        for (int b = 0; b < QK_MOE_F2_BATCH; ++b)
+            if (i0 + b * (int)blockDim.x < n) qk_moe_xw[i0 + b * (int)blockDim.x] = v[b];
     }
     __syncthreads();
     const int lane = (int)(threadIdx.x & 31), g = lane >> 2, tq = lane & 3, warp = (int)(threadIdx.x / 32);
@@ -1166,10 +1175,10 @@ __device__ __forceinline__ void qk_moe_fc2m_body(const float* A, const int* sel,
 /* qk_moe_fc2m: default zero points (8); qk_moe_fc2m_z: packed zero points. grid (ceil(N / 16), T) */
 #define QK_MOE_FC2M(NAME, ZP)                                                                                    \
     extern "C" __global__ void __launch_bounds__(256, 2)                                                        \
-    NAME(const float* A, const int* sel, const float* wts, const qk_u8* W, const void* S, const qk_u8* Z,         \
+    NAME(const uint4* planes, const int* sel, const float* wts, const qk_u8* W, const void* S, const qk_u8* Z,   \
          const void* Bias, void* Y, int K, int N, int k, int bs, int zp_bytes, int has_zp, int has_bias,          \
          int parts) {                                                                                            \
-        qk_moe_fc2m_body<ZP>(A, sel, wts, W, S, Z, Bias, Y, K, N, k, bs, zp_bytes, has_zp, has_bias, parts);    \
+        qk_moe_fc2m_body<ZP>(planes, sel, wts, W, S, Z, Bias, Y, K, N, k, bs, zp_bytes, has_zp, has_bias, parts); \
     }
 QK_MOE_FC2M(qk_moe_fc2m, false)
 QK_MOE_FC2M(qk_moe_fc2m_z, true)
