@@ -9,6 +9,7 @@ import pytest
 from qconform.device.qmoe_tiling import (
     CTAS_PER_SM,
     GROUP,
+    REF_WARPS,
     ROWS,
     THREADS,
     XMAX,
@@ -17,6 +18,7 @@ from qconform.device.qmoe_tiling import (
     fc1_ctas,
     fc2_tile,
     lanes_over,
+    mma_parts,
     staged_bytes,
 )
 
@@ -79,3 +81,28 @@ def test_fc1_ctas_take_every_task_in_the_fewest_rounds(tasks: int, places: int, 
     assert 1 <= ctas <= resident
     assert rounds == -(-tasks // (places * min(resident, -(-tasks // places))))
     assert (ctas - 1) * places * rounds < tasks  # no CTA without a task
+
+
+def _serial(tasks: int, K: int, parts: int) -> int:
+    """qk_moe_fc1m's steps one after the other with ``parts`` warps a task, REF_WARPS at a time: the
+    rounds, each a part's steps plus one for the first loads (the rule's model, restated)."""
+    steps = -(-K // 256)
+    return -(-tasks * parts // REF_WARPS) * (-(-steps // parts) + 1)
+
+
+@pytest.mark.parametrize("tasks", [1, 8, 96, 768, 1440, 2112, 5000, 100000])
+@pytest.mark.parametrize("K", [32, 256, 512, 768, 2048, 2880, XMAX])
+def test_mma_parts_takes_the_fewest_serial_steps(tasks: int, K: int) -> None:
+    parts = mma_parts(tasks, K)
+    assert parts in (1, 2, 4, 8)
+    best = min(_serial(tasks, K, p) for p in (1, 2, 4, 8))
+    assert _serial(tasks, K, parts) == best
+    assert all(_serial(tasks, K, p) > best for p in (1, 2, 4, 8) if p < parts)  # ties: fewer parts
+    if K <= 256:  # one step: nothing to split
+        assert parts == 1
+
+
+def test_mma_parts_of_the_bench_layers() -> None:
+    # measured on the H200 (docs/perf-notes.md, session 18): gpt-oss-20b's fc1 (1440 tasks of 16 rows, 12
+    # steps) fastest at 4 parts, Qwen3-30B-A3B's (768 tasks, 8 steps) at 2; the rule picks those
+    assert mma_parts(4 * 5760 // 16, 2880) == 4 and mma_parts(8 * 1536 // 16, 2048) == 2

@@ -11,9 +11,11 @@ take tasks of 4 weight rows (1..32 lanes, 16-byte loads, a 4-bit chunk's loads o
 all k slots, the grid sized to whole rounds of the resident CTAs (``qmoe_tiling.fc1_ctas``); fc1 +
 the activation go into an fp32 scratch, chunk-transposed for fc2's chunks (coalesced reads). An fp16
 input with 4-bit weights takes ``qk_moe_fc1m`` instead (``_fc1_on_mma``; ``-DQK_MOE_FC1_SIMT`` keeps
-``qk_moe_fc1v``): the same routing and staging, then fc1 on the matrix units, a warp per 16 weight rows
-of a slot over all K, (q - z) exact in fp16 and each 32-value segment's fp32 sum times its scale (no
-weight rounded), ``qmoe_tiling.mma_ctas`` CTAs.
+``qk_moe_fc1v``): the same routing and staging, then fc1 on the matrix units, a task of 16 weight rows
+of a slot whose K is split over 1, 2, 4 or 8 warps (``qmoe_tiling.mma_parts``, a function of the shape;
+the parts' sums added in part order), (q - z) exact in fp16 and each 32-value segment's fp32 sum times
+its scale (no weight rounded), ``qmoe_tiling.mma_ctas`` CTAs; ``qk_moe_fc1m_z`` where fc1 has packed
+zero points.
 ``qk_moe_fc2v``: a tile of output columns for all k slots per CTA, the slots' fp32(w * (dot + bias))
 added in selection order in shared memory (no atomics: repeat calls are bit-identical). With
 ``-DQK_MOE_DECODE_V1`` in the build options: the session-8 decode kernels (input and scratch read
