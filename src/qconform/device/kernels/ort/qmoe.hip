@@ -765,14 +765,15 @@ qk_moe_fc1v(const void* x, const void* logits, const void* rw, int* sel, float* 
  * qk_moe_fc1m: the decode path's fc1 + activation where the input is fp16 and the weights 4-bit with
  * fp16 scales (the launcher's choice from the shape and dtypes; -DQK_MOE_FC1_SIMT in the build options
  * keeps qk_moe_fc1v). A weight row is read as 16-byte segments of 32 values (K a multiple of 32); a
- * step is 8 segments. A warp takes a task (slot j, 16 rows) over all K: in a step, lane 4 g + t loads
+ * step is 8 segments. A task (slot j, 16 rows) is split over `parts` warps, each a run of its steps
+ * (qk_moe_fc1m_body); in a step, lane 4 g + t loads
  * segments 8 S + t and 8 S + 4 + t of rows g and g + 8 (two steps' loads in flight), converts each
  * word's value pairs to (q - z) exactly in fp16 (qk_and_or + qk_hfma2, as qk_moe_gemm_tile) and feeds
  * them to qk_mma_16816 as the A fragment; the B fragment holds the input (fp16, exact) only in column
  * t of lane t's segment (t + 4 for the second), zeros elsewhere, so column n of the fp32 accumulator
  * collects segment 8 S + n's partial dot product of each row. After a step each lane multiplies its
- * two columns by their blocks' scales into its row sums (fmaf), the quad's four sums are added
- * (xor 1, then 2), and the row's bias and the activation follow as in qk_moe_fc1_task. The sums'
+ * two columns by their blocks' scales into its row sums (fmaf); after the run the parts' sums are added
+ * in part order, then the quad's four (xor 1, then 2), and the row's bias and the activation follow as in qk_moe_fc1_task. The sums'
  * order is fixed by the shape alone (repeat calls are bit-identical); it is not qk_moe_fc1v's order:
  * each segment's products are added in the tensor core's fp32 before its scale multiplies them, so
  * the weights are never rounded (fp32((q - z) s) of the reference differs by one rounding), checked
