@@ -650,8 +650,9 @@ def _bnb_kernel(
 # nibbles swapped (element 2j decoded from the low nibble); each lane's absmax from the previous block
 # of its row's flattening (the first block keeps its own); the second n-tile of tokens (8..15) never
 # multiplied (its outputs left at the bias: coverage 2 has M 12 and 16). Controls: the portable
-# mma (qk_portable.h's shuffle form, what AMD runs; its bf16 twin is new) and the SIMT kernel's cpu
-# reading (-DQK_BNB_CPU_SIMT, session 8). The three mutants, modelled, fail tests/bnb_mma_model.py.
+# mma (qk_portable.h's shuffle form) with the 16-copy table (-DQK_BNBM_TAB16): what AMD runs; and
+# the SIMT kernel's cpu reading (-DQK_BNB_CPU_SIMT, session 8). The three mutants, modelled, fail
+# tests/bnb_mma_model.py.
 BNB_MMA_NIBBLES_SWAPPED: Edits = (
     (
         "tab[i] = make_float2(qk_float(bits[e >> 4]), qk_float(bits[e & 15]));",
@@ -671,6 +672,12 @@ BNB_MMA_PREVIOUS_BLOCK: Edits = (
 BNB_MMA_SECOND_HALF_DROPPED: Edits = (
     ("qk_bnbm_mma<DT>(d[nt], a, b);", "if (nt == 0) qk_bnbm_mma<DT>(d[nt], a, b);"),
 )
+# the CUDA build's table offset (one PRMT) takes the other byte of the half-word: each 16-bit word's
+# two weight pairs swapped
+BNB_MMA_PRMT_BYTE: Edits = (
+    ("__byte_perm(w, low, 0x5504u | ((qk_u32)j << 4))", "__byte_perm(w, low, 0x5504u | ((qk_u32)(j ^ 1) << 4))"),
+)
+TAB16 = "-DQK_BNBM_TAB16"  # qconform.device.bnb.gemm.TAB16_OPTION: the 16-copy table HIP builds
 CPU_SIMT = "-DQK_BNB_CPU_SIMT"  # qconform.device.bnb.gemm.CPU_SIMT_OPTION
 
 
@@ -729,13 +736,16 @@ BNB_MUTANTS = (
         coverage=2,
     ),
     _bnb_kernel(
-        "control: bnb mma, portable mma (shuffles), bf16",
+        "bnb mma: PRMT offset of the byte beside", "bnb/gemm_mma.hip", "gemm_4bit", "Xfp16_W4_Yfp16", BNB_MMA_PRMT_BYTE
+    ),
+    _bnb_kernel(
+        "control: bnb mma, portable mma (shuffles) and the 16-copy table, bf16",
         "bnb/gemm_mma.hip",
         "gemm_4bit",
         "Xbf16_W4_Ybf16",
         (),
         coverage=2,
-        options="-DQK_MMA_EMULATE",
+        options=f"-DQK_MMA_EMULATE {TAB16}",
         caught_by=None,
     ),
     _bnb_kernel(

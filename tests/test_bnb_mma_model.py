@@ -29,14 +29,14 @@ def _taken(leaf: str, coverage: int, max_k: int) -> list:
     ]  # fmt: skip
 
 
-def _verdict(case, mutant: str | None = None) -> tuple[bool, str]:
+def _verdict(case, mutant: str | None = None, build: str = "prmt") -> tuple[bool, str]:
     inputs, params = OP.make_inputs(case), OP.params(case)
     dtype, (M, K, N) = params["dtype"], case.shape
     bias = inputs.get("bias")
     got = gemm_mma(
         to_values(inputs["A"], dtype).reshape(M, K), inputs["B"], inputs["absmax"],
         None if bias is None else to_values(bias, dtype), N, K, params["blocksize"], params["quant_type"], dtype,
-        mutant,
+        mutant, build,
     )  # fmt: skip
     got = from_f32(got, dtype)
     details = []
@@ -49,12 +49,13 @@ def _verdict(case, mutant: str | None = None) -> tuple[bool, str]:
     return False, details[0]
 
 
+@pytest.mark.parametrize("build", ["prmt", "tab16"])
 @pytest.mark.parametrize("leaf", LEAVES)
-def test_model_within_the_bound(leaf: str) -> None:
+def test_model_within_the_bound(leaf: str, build: str) -> None:
     cases = _taken(leaf, 2, 4096)
     assert {c.shape[0] for c in cases} >= {1, 2, 3, 4, 5, 6, 7, 8, 12, 16}, "M = 1..16, one and two n-tiles"
     for c in cases:
-        ok, detail = _verdict(c)
+        ok, detail = _verdict(c, build=build)
         assert ok, (c.id, detail)
 
 
@@ -77,3 +78,17 @@ def test_model_matches_exactly_rounded_sums_somewhere() -> None:
         to_values(inputs["bias"], "float16"), 16, 256, params["blocksize"], params["quant_type"], "float16",
     )  # fmt: skip
     assert np.mean(from_f32(got, "float16") == e.want) >= 0.75
+
+
+def test_both_tables_decode_the_same_weights() -> None:
+    """The CUDA build's 32-copy table (PRMT offsets) and the 16-copy one (shift and mask) give the same
+    output bits on a two n-tile case; the PRMT mutant's do not."""
+    (c,) = [c for c in _taken("Xfp16_W4_Yfp16", 2, 4096) if c.shape[0] == 12][:1]
+    inputs, params = OP.make_inputs(c), OP.params(c)
+    (M, K, N), bias = c.shape, inputs.get("bias")
+    bias = None if bias is None else to_values(bias, "float16")
+    args = (to_values(inputs["A"], "float16").reshape(M, K), inputs["B"], inputs["absmax"], bias, N, K,
+            params["blocksize"], params["quant_type"], "float16")  # fmt: skip
+    prmt, tab16 = gemm_mma(*args, build="prmt"), gemm_mma(*args, build="tab16")
+    assert np.array_equal(prmt, tab16)
+    assert not np.array_equal(gemm_mma(*args, mutant="PRMT offset of the byte beside"), prmt)

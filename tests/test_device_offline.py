@@ -185,6 +185,7 @@ def test_every_patch_applies_once_to_the_shipped_kernel() -> None:
             "-DQK_GQA_COMBINE_LAUNCH",
             "-DQK_GQA_APPEND_LAUNCH",
             "-DQK_MOE_FC1_SIMT",
+            "-DQK_BNBM_TAB16",
         )
         assert all(o in build for o in m.options.split() if o.startswith("-D"))
 

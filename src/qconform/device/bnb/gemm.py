@@ -4,6 +4,9 @@ declared ABI: ``qconform abi gemm_4bit``): the oracle's call shape on CuPy array
 The default (cpu) reading with fp16 / bf16 activations and M <= 16 runs on the matrix units
 (``qk_gemm_4bit_mma_n{1,2}``: one or two n-tiles of 8 tokens; a CTA of 256 threads per 16 weight
 rows, K split over its 8 warps; at most MMA_CTAS_PER_SM CTAs per SM, the tiles striding over them).
+On CUDA its pair table takes 32 copies in 64 KiB of dynamic shared memory (``mma_smem``: a byte's
+offset one PRMT); on HIP, with ``TAB16_OPTION`` and where a device's per-CTA limit is smaller, 16
+static copies (32 KiB).
 Built with ``CPU_SIMT_OPTION`` (``compile_options``) that reading stays on the SIMT kernel (the
 session-8 path: the bench's old variant, ``qconform.bench.bnb_gemv --variants``, and the device
 suite's control row). Everything else runs the SIMT kernel: one group of 32 lanes per COLS adjacent
@@ -19,12 +22,14 @@ its 16-byte chunk loads need K % 32 == 0). A and B must be 16-byte aligned."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from qconform.device import launchers
 from qconform.device.abi import bind_call
 from qconform.device.launch import check_aligned
 from qconform.device.launchers import launch_grid
+from qconform.device.loader import device_info
 from qconform.errors import Declined
 from qconform.ops.abi import DTYPE
 from qconform.ops.bnb.gemm import GEMM_4BIT
@@ -34,6 +39,9 @@ MMA_SOURCE = "bnb/gemm_mma.hip"
 MMA_ROWS = 16  # weight rows (output columns) per CTA tile
 MMA_TOKENS = 8  # tokens per n-tile; two n-tiles at most
 MMA_CTAS_PER_SM = 2  # 256 threads x 128 registers (ptxas, sm_90; __launch_bounds__(256, 2))
+TAB16_OPTION = "-DQK_BNBM_TAB16"  # CUDA builds: the pair table in 16 static copies, as on HIP
+TABLE32_BYTES = 256 * 32 * 8  # the CUDA build's pair table: 256 float2 entries in 32 copies
+MMA_WARPS = 8  # the kernel's QK_BNBM_WARPS (THREADS / 32)
 CPU_SIMT_OPTION = "-DQK_BNB_CPU_SIMT"  # the cpu reading on the SIMT kernel (session 8)
 TILES = (1, 2, 4, 8, 16)  # rows of A per group: the kernel's instantiations (MT)
 COLS = 2  # output columns per group: the kernel's QK_BNB_COLS
@@ -74,6 +82,25 @@ def mma_geometry(M: int, N: int) -> tuple[str, int]:
     return f"qk_gemm_4bit_mma_n{1 if M <= MMA_TOKENS else 2}", min(tiles, MMA_CTAS_PER_SM * launchers.sm_count())
 
 
+def mma_smem(M: int) -> int:
+    """Dynamic shared memory of a matrix-unit launch: the 32-copy pair table and the warps' partials
+    (CUDA builds); 0 where the kernel keeps 16 static copies (HIP, TAB16_OPTION)."""
+    if device_info().is_hip or TAB16_OPTION in launchers.OPTIONS:
+        return 0
+    n_tiles = 1 if M <= MMA_TOKENS else 2
+    return TABLE32_BYTES + MMA_WARPS * 32 * 4 * n_tiles * 4  # red: a warp's 4 fp32 a lane per n-tile
+
+
+@functools.cache
+def _allow_smem(kernel: Any, n: int) -> bool:
+    """Let ``kernel`` take ``n`` bytes of dynamic shared memory (above the 48 KiB default)."""
+    try:
+        kernel.max_dynamic_shared_size_bytes = n
+    except Exception:  # beyond the device's per-CTA limit, or a runtime without the attribute
+        return False
+    return True
+
+
 def symbol(variant: str, M: int) -> str:
     if variant not in READINGS:
         raise Declined(f"variant: the device gemm_4bit reads {', '.join(READINGS)}; not {variant!r}")
@@ -107,7 +134,12 @@ def gemm_4bit(
     if uses_mma(variant, dtype, M):
         if M > 0 and N > 0:
             mma_name, grid = mma_geometry(M, N)
-            launch_grid(GEMM_4BIT.name, MMA_SOURCE, mma_name, grid, THREADS, call.kernel_args())
+            smem = mma_smem(M)
+            if smem and not _allow_smem(launchers.kernel_of(MMA_SOURCE, mma_name), mma_smem(2 * MMA_TOKENS)):
+                with launchers.compile_options(TAB16_OPTION):  # a device without that much per CTA
+                    launch_grid(GEMM_4BIT.name, MMA_SOURCE, mma_name, grid, THREADS, call.kernel_args())
+                return call.out
+            launch_grid(GEMM_4BIT.name, MMA_SOURCE, mma_name, grid, THREADS, call.kernel_args(), smem)
         return call.out
     grid, threads = geometry(M, N)
     launch_grid(GEMM_4BIT.name, SOURCE, name, grid, threads, call.kernel_args())

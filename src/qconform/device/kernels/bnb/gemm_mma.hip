@@ -22,8 +22,9 @@
  * and 2t + 8, 2t + 9 the values 4i + 2, 4i + 3 (byte 2i + 1); so B's fragment is the lane's 4
  * consecutive activations of token g at 128 s + 32 t + 4 i: 8 bytes of A, as loaded.
  * A byte of W decodes to its T pair through a shared table of the 256 bytes' centroid pairs
- * (float2 (code[hi], code[lo]), 16 copies, copy c at bank pair c: the lanes of a half-warp never
- * conflict; 32 KiB), two fp32 multiplies by the block's absmax and one packed conversion to T.
+ * (float2 (code[hi], code[lo]); lane l reads copy l % QK_BNBM_COPIES, so the lanes of a half-warp
+ * never conflict: 32 copies and 64 KiB on CUDA, 16 and 32 KiB elsewhere, QK_BNBM_COPIES below), two
+ * fp32 multiplies by the block's absmax and one packed conversion to T.
  * The warps' 16 x 8 fp32 partials meet in shared memory and one thread per output adds them in warp
  * order, then the bias: a fixed order, so repeated calls are bit-identical (no atomics).
  * K must be a multiple of 32 (the 16-byte loads) and of blocksize (the launcher declines others);
@@ -40,7 +41,15 @@
 
 #define QK_BNBM_WARPS 8    /* warps per CTA (the launcher's THREADS / 32) */
 #define QK_BNBM_STEP 128   /* K values per warp step: 4 lanes x 32 */
-#define QK_BNBM_COPIES 16  /* copies of the pair table */
+/* copies of the pair table: on CUDA 32 in dynamic shared memory (64 KiB, byte e's copy c at 256 e + 8 c:
+ * a byte's offset is one PRMT); on HIP (64 KiB of LDS a work-group) and under -DQK_BNBM_TAB16 16
+ * static copies (byte e's copy c at 128 e + 8 c: a shift and a LOP3) */
+#if defined(QK_CUDA) && !defined(QK_BNBM_TAB16)
+#define QK_BNBM_PRMT
+#define QK_BNBM_COPIES 32
+#else
+#define QK_BNBM_COPIES 16
+#endif
 
 /* (lo, hi) rounded to T (nearest even) and packed, lo in the low half */
 template <int DT>
@@ -66,7 +75,13 @@ __device__ __forceinline__ void qk_bnbm_mma(float d[4], const qk_u32 a[4], const
  * scale s: T(fl32(code * s)) each */
 template <int DT>
 __device__ __forceinline__ qk_u32 qk_bnbm_decode(const float2* tab, qk_u32 w, int j, qk_u32 low, float s) {
+#if defined(QK_BNBM_PRMT)
+    /* byte j of w to byte 1, low (the copy's 8 c < 256) in byte 0: the entry at 256 byte + 8 c */
+    const qk_u32 at = __byte_perm(w, low, 0x5504u | ((qk_u32)j << 4));
+    const float2 c = *(const float2*)((const qk_u8*)tab + at);
+#else
     const float2 c = *(const float2*)((const qk_u8*)tab + qk_bnb_pair_at(w, j, low));
+#endif
     return qk_bnbm_pack<DT>(QK_FMUL(c.x, s), QK_FMUL(c.y, s));
 }
 
@@ -213,8 +228,14 @@ template <int NT>
 __device__ __forceinline__ void qk_gemm_4bit_mma(const void* A, const qk_u8* B, const float* absmax, const void* bias,
                                                  void* C, qk_i64 M, qk_i64 N, qk_i64 K, qk_i64 blocksize,
                                                  qk_i64 quant_type, qk_i64 a_dtype) {
+#if defined(QK_BNBM_PRMT)
+    extern __shared__ float2 qk_bnbm_smem[]; /* the table (64 KiB), then red (the launcher's bytes) */
+    float2* tab = qk_bnbm_smem;
+    float* red = (float*)(qk_bnbm_smem + 256 * QK_BNBM_COPIES);
+#else
     __shared__ float2 tab[256 * QK_BNBM_COPIES];
     __shared__ float red[QK_BNBM_WARPS * 4 * NT * 32];
+#endif
     const qk_u32* bits = quant_type == QCONFORM_QUANT_TYPE_NF4 ? QK_GEMM_NF4_BITS : QK_GEMM_FP4_BITS;
     for (int i = (int)threadIdx.x; i < 256 * QK_BNBM_COPIES; i += (int)blockDim.x) {
         const int e = i / QK_BNBM_COPIES; /* byte e: the high nibble is the lower element */
