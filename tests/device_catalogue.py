@@ -670,7 +670,7 @@ BNB_MMA_PREVIOUS_BLOCK: Edits = (
     ),
 )
 BNB_MMA_SECOND_HALF_DROPPED: Edits = (
-    ("qk_bnbm_mma<DT>(d[nt], a, b);", "if (nt == 0) qk_bnbm_mma<DT>(d[nt], a, b);"),
+    ("qk_bnbm_mma<DT>(d[rt][nt], a, b);", "if (nt == 0) qk_bnbm_mma<DT>(d[rt][nt], a, b);"),
 )
 # the CUDA build's table offset (one PRMT) takes the other byte of the half-word: each 16-bit word's
 # two weight pairs swapped

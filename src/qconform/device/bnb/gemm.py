@@ -2,8 +2,9 @@
 declared ABI: ``qconform abi gemm_4bit``): the oracle's call shape on CuPy arrays.
 
 The default (cpu) reading with fp16 / bf16 activations and M <= 16 runs on the matrix units
-(``qk_gemm_4bit_mma_n{1,2}``: one or two n-tiles of 8 tokens; a CTA of 256 threads per 16 weight
-rows, K split over its 8 warps; at most MMA_CTAS_PER_SM CTAs per SM, the tiles striding over them).
+(``qk_gemm_4bit_mma_n{1,2}``: one or two n-tiles of 8 tokens; a CTA of 256 threads per 16 RT weight
+rows, K split over its 8 warps, each warp step taking RT 16-row tiles against the same activations;
+at most MMA_CTAS_PER_SM CTAs per SM, the tiles striding over them).
 On CUDA its pair table takes 32 copies in 64 KiB of dynamic shared memory (``mma_smem``: a byte's
 offset one PRMT); on HIP, with ``TAB16_OPTION`` and where a device's per-CTA limit is smaller, 16
 static copies (32 KiB).
@@ -36,7 +37,7 @@ from qconform.ops.bnb.gemm import GEMM_4BIT
 
 SOURCE = "bnb/gemm_simt.hip"
 MMA_SOURCE = "bnb/gemm_mma.hip"
-MMA_ROWS = 16  # weight rows (output columns) per CTA tile
+RT_N1, RT_N2 = 2, 2  # 16-row tiles a warp step of n1 / n2 takes: the kernel's QK_BNBM_RT_N1 / _N2
 MMA_TOKENS = 8  # tokens per n-tile; two n-tiles at most
 MMA_CTAS_PER_SM = 2  # 256 threads x 128 registers (ptxas, sm_90; __launch_bounds__(256, 2))
 TAB16_OPTION = "-DQK_BNBM_TAB16"  # CUDA builds: the pair table in 16 static copies, as on HIP
@@ -76,9 +77,14 @@ def uses_mma(variant: str, dtype: str, M: int) -> bool:
     return variant == "cpu" and dtype in ("float16", "bfloat16") and M <= 2 * MMA_TOKENS and not simt_build
 
 
+def mma_tile_rows(M: int) -> int:
+    """Weight rows (output columns) a CTA tile of the matrix-unit kernel for M tokens holds."""
+    return 16 * (RT_N1 if M <= MMA_TOKENS else RT_N2)
+
+
 def mma_geometry(M: int, N: int) -> tuple[str, int]:
-    """(symbol, CTAs) of a matrix-unit launch: n-tiles of tokens, 16-row tiles over the SMs."""
-    tiles = -(-N // MMA_ROWS)
+    """(symbol, CTAs) of a matrix-unit launch: n-tiles of tokens, row tiles over the SMs."""
+    tiles = -(-N // mma_tile_rows(M))
     return f"qk_gemm_4bit_mma_n{1 if M <= MMA_TOKENS else 2}", min(tiles, MMA_CTAS_PER_SM * launchers.sm_count())
 
 
@@ -88,7 +94,8 @@ def mma_smem(M: int) -> int:
     if device_info().is_hip or TAB16_OPTION in launchers.OPTIONS:
         return 0
     n_tiles = 1 if M <= MMA_TOKENS else 2
-    return TABLE32_BYTES + MMA_WARPS * 32 * 4 * n_tiles * 4  # red: a warp's 4 fp32 a lane per n-tile
+    red = MMA_WARPS * 32 * 4 * n_tiles * mma_tile_rows(M) // 16 * 4  # a warp's 4 fp32 a lane per n-tile, row tile
+    return TABLE32_BYTES + red
 
 
 @functools.cache
@@ -135,7 +142,7 @@ def gemm_4bit(
         if M > 0 and N > 0:
             mma_name, grid = mma_geometry(M, N)
             smem = mma_smem(M)
-            if smem and not _allow_smem(launchers.kernel_of(MMA_SOURCE, mma_name), mma_smem(2 * MMA_TOKENS)):
+            if smem and not _allow_smem(launchers.kernel_of(MMA_SOURCE, mma_name), smem):
                 with launchers.compile_options(TAB16_OPTION):  # a device without that much per CTA
                     launch_grid(GEMM_4BIT.name, MMA_SOURCE, mma_name, grid, THREADS, call.kernel_args())
                 return call.out

@@ -106,30 +106,52 @@ __device__ __forceinline__ qk_u32 qk_bnbm_word(const uint4& v, int i) {
     return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
+/* RT: 16-row tiles a warp step takes (sharing the step's activation fragments); a CTA tile is 16 RT
+ * rows. The launcher's RT_N1 / RT_N2 (qconform.device.bnb.gemm) are these defaults. */
+#ifndef QK_BNBM_RT_N1
+#define QK_BNBM_RT_N1 2
+#endif
+#ifndef QK_BNBM_RT_N2
+#define QK_BNBM_RT_N2 2
+#endif
+
 /* steps of W loaded ahead per warp (registers: 128 at most with __launch_bounds__(256, 2)) */
-template <int NT>
+template <int NT, int RT>
 __device__ __forceinline__ int qk_bnbm_depth() {
-    return NT == 1 ? 4 : 3;
+    return RT == 2 ? 2 : NT == 1 ? 4 : 3;
+}
+
+/* lane rows (g, g + 8) of 16-row tile rt of CTA tile `tile`, clamped to N - 1 (not stored) */
+template <int RT>
+__device__ __forceinline__ void qk_bnbm_rows(qk_i64 N, qk_i64 tile, int rt, int g, qk_i64& r0, qk_i64& r1) {
+    const qk_i64 n0 = 16 * (RT * tile + rt);
+    r0 = n0 + g < N ? n0 + g : N - 1;
+    r1 = n0 + g + 8 < N ? n0 + g + 8 : N - 1;
 }
 
 /* the ring's first steps of a tile: warp w's steps w, w + 8, ... */
-template <int NT>
+template <int NT, int RT>
 __device__ __forceinline__ void qk_bnbm_first(const qk_u8* B, const float* absmax, qk_i64 N, qk_i64 K, qk_i64 steps,
-                                              qk_i64 tile, int g, int t, int warp, int bs_shift, uint4 wq[4][2],
-                                              float sc[4][2]) {
-    const qk_i64 n0 = 16 * tile;
-    const qk_i64 r0 = n0 + g < N ? n0 + g : N - 1, r1 = n0 + g + 8 < N ? n0 + g + 8 : N - 1;
+                                              qk_i64 tile, int g, int t, int warp, int bs_shift, uint4 wq[4][RT][2],
+                                              float sc[4][RT][2]) {
 #pragma unroll
-    for (int p = 0; p < qk_bnbm_depth<NT>(); ++p) {
-        const qk_i64 s = warp + (qk_i64)p * QK_BNBM_WARPS;
-        qk_bnbm_load(B, absmax, r0, r1, s < steps ? K : 0, QK_BNBM_STEP * s + 32 * t, bs_shift, wq[p], sc[p]);
+    for (int rt = 0; rt < RT; ++rt) {
+        qk_i64 r0, r1;
+        qk_bnbm_rows<RT>(N, tile, rt, g, r0, r1);
+#pragma unroll
+        for (int p = 0; p < qk_bnbm_depth<NT, RT>(); ++p) {
+            const qk_i64 s = warp + (qk_i64)p * QK_BNBM_WARPS;
+            qk_bnbm_load(B, absmax, r0, r1, s < steps ? K : 0, QK_BNBM_STEP * s + 32 * t, bs_shift, wq[p][rt],
+                         sc[p][rt]);
+        }
     }
 }
 
-/* one step of a warp: the lane's 2 x 16 bytes of W (decoded here) against NT n-tiles of tokens */
-template <int DT, int NT>
+/* one step of a warp: the lane's RT x 2 x 16 bytes of W (decoded here) against NT n-tiles of tokens */
+template <int DT, int NT, int RT>
 __device__ __forceinline__ void qk_bnbm_step(const qk_u16* A, const float2* tab, qk_i64 M, qk_i64 K, qk_i64 k, int g,
-                                             qk_u32 low, const uint4 w[2], const float sc[2], float d[NT][4]) {
+                                             qk_u32 low, const uint4 w[RT][2], const float sc[RT][2],
+                                             float d[RT][NT][4]) {
     uint4 act[NT][4]; /* token nt * 8 + g, values k .. k + 31 */
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
@@ -141,71 +163,87 @@ __device__ __forceinline__ void qk_bnbm_step(const qk_u16* A, const float2* tab,
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
         const int word = i >> 1, j0 = 2 * (i & 1);
-        const qk_u32 w0 = qk_bnbm_word(w[0], word), w1 = qk_bnbm_word(w[1], word);
-        qk_u32 a[4];
-        a[0] = qk_bnbm_decode<DT>(tab, w0, j0, low, sc[0]);     /* row g, values 4i, 4i + 1 */
-        a[1] = qk_bnbm_decode<DT>(tab, w1, j0, low, sc[1]);     /* row g + 8 */
-        a[2] = qk_bnbm_decode<DT>(tab, w0, j0 + 1, low, sc[0]); /* row g, values 4i + 2, 4i + 3 */
-        a[3] = qk_bnbm_decode<DT>(tab, w1, j0 + 1, low, sc[1]);
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-            const uint4 v = act[nt][i >> 1];
-            const qk_u32 b[2] = {(i & 1) ? v.z : v.x, (i & 1) ? v.w : v.y};
-            qk_bnbm_mma<DT>(d[nt], a, b);
+        for (int rt = 0; rt < RT; ++rt) {
+            const qk_u32 w0 = qk_bnbm_word(w[rt][0], word), w1 = qk_bnbm_word(w[rt][1], word);
+            qk_u32 a[4];
+            a[0] = qk_bnbm_decode<DT>(tab, w0, j0, low, sc[rt][0]);     /* row g, values 4i, 4i + 1 */
+            a[1] = qk_bnbm_decode<DT>(tab, w1, j0, low, sc[rt][1]);     /* row g + 8 */
+            a[2] = qk_bnbm_decode<DT>(tab, w0, j0 + 1, low, sc[rt][0]); /* row g, values 4i + 2, 4i + 3 */
+            a[3] = qk_bnbm_decode<DT>(tab, w1, j0 + 1, low, sc[rt][1]);
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                const uint4 v = act[nt][i >> 1];
+                const qk_u32 b[2] = {(i & 1) ? v.z : v.x, (i & 1) ? v.w : v.y};
+                qk_bnbm_mma<DT>(d[rt][nt], a, b);
+            }
         }
     }
 }
 
-template <int DT, int NT>
+template <int DT, int NT, int RT>
 __device__ __forceinline__ void qk_bnbm_run(const void* A, const qk_u8* B, const float* absmax, const void* bias,
                                             void* C, qk_i64 M, qk_i64 N, qk_i64 K, qk_i64 blocksize,
                                             const float2* tab, float* red) {
     const int lane = (int)(threadIdx.x & 31), warp = (int)(threadIdx.x >> 5), g = lane >> 2, t = lane & 3;
     const int bs_shift = __ffsll(blocksize) - 1; /* blocksize: a power of two */
     const qk_u32 low = 8u * (qk_u32)(lane & (QK_BNBM_COPIES - 1));
-    const qk_i64 tiles = (N + 15) / 16, steps = (K + QK_BNBM_STEP - 1) / QK_BNBM_STEP;
+    const qk_i64 tiles = (N + 16 * RT - 1) / (16 * RT), steps = (K + QK_BNBM_STEP - 1) / QK_BNBM_STEP;
     const qk_u16* a16 = (const qk_u16*)A;
-    const int depth = qk_bnbm_depth<NT>();
-    uint4 wq[4][2];
-    float sc[4][2];
-    if ((qk_i64)blockIdx.x < tiles) qk_bnbm_first<NT>(B, absmax, N, K, steps, blockIdx.x, g, t, warp, bs_shift, wq, sc);
+    const int depth = qk_bnbm_depth<NT, RT>();
+    constexpr int PER = 4 * NT * 32; /* a 16-row tile's partials a warp */
+    uint4 wq[4][RT][2];
+    float sc[4][RT][2];
+    if ((qk_i64)blockIdx.x < tiles) qk_bnbm_first<NT, RT>(B, absmax, N, K, steps, blockIdx.x, g, t, warp, bs_shift, wq, sc);
     for (qk_i64 tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-        const qk_i64 n0 = 16 * tile;
-        const qk_i64 r0 = n0 + g < N ? n0 + g : N - 1, r1 = n0 + g + 8 < N ? n0 + g + 8 : N - 1; /* past N: not stored */
-        float d[NT][4];
+        qk_i64 r0[RT], r1[RT];
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
+        for (int rt = 0; rt < RT; ++rt) qk_bnbm_rows<RT>(N, tile, rt, g, r0[rt], r1[rt]);
+        float d[RT][NT][4];
 #pragma unroll
-            for (int r = 0; r < 4; ++r) d[nt][r] = 0.0f;
+        for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int r = 0; r < 4; ++r) d[rt][nt][r] = 0.0f;
 #pragma unroll 1
         for (qk_i64 s0 = warp; s0 < steps; s0 += depth * QK_BNBM_WARPS) {
 #pragma unroll
             for (int p = 0; p < depth; ++p) {
                 const qk_i64 s = s0 + (qk_i64)p * QK_BNBM_WARPS; /* the same for the whole warp */
                 if (s >= steps) break;
-                const uint4 w[2] = {wq[p][0], wq[p][1]};
-                const float f[2] = {sc[p][0], sc[p][1]};
+                uint4 w[RT][2];
+                float f[RT][2];
                 const qk_i64 ahead = s + depth * QK_BNBM_WARPS;
-                qk_bnbm_load(B, absmax, r0, r1, ahead < steps ? K : 0, QK_BNBM_STEP * ahead + 32 * t, bs_shift, wq[p],
-                             sc[p]);
-                qk_bnbm_step<DT, NT>(a16, tab, M, K, QK_BNBM_STEP * s + 32 * t, g, low, w, f, d);
+#pragma unroll
+                for (int rt = 0; rt < RT; ++rt) {
+                    w[rt][0] = wq[p][rt][0];
+                    w[rt][1] = wq[p][rt][1];
+                    f[rt][0] = sc[p][rt][0];
+                    f[rt][1] = sc[p][rt][1];
+                    qk_bnbm_load(B, absmax, r0[rt], r1[rt], ahead < steps ? K : 0, QK_BNBM_STEP * ahead + 32 * t,
+                                 bs_shift, wq[p][rt], sc[p][rt]);
+                }
+                qk_bnbm_step<DT, NT, RT>(a16, tab, M, K, QK_BNBM_STEP * s + 32 * t, g, low, w, f, d);
             }
         }
         /* the next tile's first steps in flight during the reduction (the ring is free: its last
          * loads above were past the steps) */
         if (tile + gridDim.x < tiles)
-            qk_bnbm_first<NT>(B, absmax, N, K, steps, tile + gridDim.x, g, t, warp, bs_shift, wq, sc);
-        /* the warps' partials: red[warp][4 nt + r][lane], then one thread per output in warp order */
+            qk_bnbm_first<NT, RT>(B, absmax, N, K, steps, tile + gridDim.x, g, t, warp, bs_shift, wq, sc);
+        /* the warps' partials: red[warp][rt][4 nt + r][lane], then one thread per output in warp order */
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
+        for (int rt = 0; rt < RT; ++rt)
 #pragma unroll
-            for (int r = 0; r < 4; ++r) red[(warp * 4 * NT + 4 * nt + r) * 32 + lane] = d[nt][r];
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int r = 0; r < 4; ++r) red[((warp * RT + rt) * 4 * NT + 4 * nt + r) * 32 + lane] = d[rt][nt][r];
         __syncthreads();
-        if ((int)threadIdx.x < 4 * NT * 32) {
-            const int e = (int)threadIdx.x, l = e & 31, r = e >> 5, nt = r >> 2, rr = r & 3;
-            const qk_i64 n = n0 + (l >> 2) + 8 * (rr >> 1), tok = 8 * nt + 2 * (l & 3) + (rr & 1);
+        for (int e = (int)threadIdx.x; e < RT * PER; e += (int)blockDim.x) {
+            const int rt = e / PER, l = e & 31, r = (e % PER) >> 5, nt = r >> 2, rr = r & 3;
+            const qk_i64 n = 16 * (RT * tile + rt) + (l >> 2) + 8 * (rr >> 1), tok = 8 * nt + 2 * (l & 3) + (rr & 1);
             float v = red[e];
-            for (int w = 1; w < QK_BNBM_WARPS; ++w) v = QK_FADD(v, red[w * 4 * NT * 32 + e]);
+            for (int w = 1; w < QK_BNBM_WARPS; ++w) v = QK_FADD(v, red[w * RT * PER + e]);
             if (n < N && tok < M) {
                 const qk_u16* b16 = (const qk_u16*)bias;
                 qk_u16* c16 = (qk_u16*)C;
@@ -224,7 +262,7 @@ __device__ __forceinline__ void qk_bnbm_run(const void* A, const qk_u8* B, const
 
 /* the table first (one CTA's copy), then the tiles; fp32 A is not this kernel's (the launcher keeps
  * it on the SIMT kernel): nothing is written for it */
-template <int NT>
+template <int NT, int RT>
 __device__ __forceinline__ void qk_gemm_4bit_mma(const void* A, const qk_u8* B, const float* absmax, const void* bias,
                                                  void* C, qk_i64 M, qk_i64 N, qk_i64 K, qk_i64 blocksize,
                                                  qk_i64 quant_type, qk_i64 a_dtype) {
@@ -234,7 +272,7 @@ __device__ __forceinline__ void qk_gemm_4bit_mma(const void* A, const qk_u8* B, 
     float* red = (float*)(qk_bnbm_smem + 256 * QK_BNBM_COPIES);
 #else
     __shared__ float2 tab[256 * QK_BNBM_COPIES];
-    __shared__ float red[QK_BNBM_WARPS * 4 * NT * 32];
+    __shared__ float red[QK_BNBM_WARPS * RT * 4 * NT * 32];
 #endif
     const qk_u32* bits = quant_type == QCONFORM_QUANT_TYPE_NF4 ? QK_GEMM_NF4_BITS : QK_GEMM_FP4_BITS;
     for (int i = (int)threadIdx.x; i < 256 * QK_BNBM_COPIES; i += (int)blockDim.x) {
@@ -243,17 +281,17 @@ __device__ __forceinline__ void qk_gemm_4bit_mma(const void* A, const qk_u8* B, 
     }
     __syncthreads();
     if (a_dtype == QCONFORM_DTYPE_FLOAT16)
-        qk_bnbm_run<QCONFORM_DTYPE_FLOAT16, NT>(A, B, absmax, bias, C, M, N, K, blocksize, tab, red);
+        qk_bnbm_run<QCONFORM_DTYPE_FLOAT16, NT, RT>(A, B, absmax, bias, C, M, N, K, blocksize, tab, red);
     else if (a_dtype == QCONFORM_DTYPE_BFLOAT16)
-        qk_bnbm_run<QCONFORM_DTYPE_BFLOAT16, NT>(A, B, absmax, bias, C, M, N, K, blocksize, tab, red);
+        qk_bnbm_run<QCONFORM_DTYPE_BFLOAT16, NT, RT>(A, B, absmax, bias, C, M, N, K, blocksize, tab, red);
 }
 
 /* n1: M <= 8 (one n-tile of tokens), n2: M <= 16 */
 extern "C" __global__ void __launch_bounds__(256, 2) qk_gemm_4bit_mma_n1(QCONFORM_GEMM_4BIT_PARAMS) {
-    qk_gemm_4bit_mma<1>(A, B, absmax, bias, C, M, N, K, blocksize, quant_type, a_dtype);
+    qk_gemm_4bit_mma<1, QK_BNBM_RT_N1>(A, B, absmax, bias, C, M, N, K, blocksize, quant_type, a_dtype);
 }
 extern "C" __global__ void __launch_bounds__(256, 2) qk_gemm_4bit_mma_n2(QCONFORM_GEMM_4BIT_PARAMS) {
-    qk_gemm_4bit_mma<2>(A, B, absmax, bias, C, M, N, K, blocksize, quant_type, a_dtype);
+    qk_gemm_4bit_mma<2, QK_BNBM_RT_N2>(A, B, absmax, bias, C, M, N, K, blocksize, quant_type, a_dtype);
 }
 
 #endif /* QK_BNB_CPU_SIMT */
