@@ -417,18 +417,25 @@ def test_own_kernel_bnb_gemm_simt_is_bit_exact(leaf: str) -> None:
         assert got.tobytes() == want.tobytes(), (c.id, int((got != want).sum()), got.size)
 
 
+@pytest.mark.parametrize("rt", [0, 2])
 @pytest.mark.parametrize("leaf", ["Xfp16_W4_Yfp16", "Xbf16_W4_Ybf16"])
-def test_own_kernel_bnb_gemm_mma_default_reading(leaf: str) -> None:
+def test_own_kernel_bnb_gemm_mma_default_reading(leaf: str, rt: int, monkeypatch) -> None:
     """The default (cpu) reading with fp16 / bf16 activations and M <= 16 runs the matrix-unit kernel
     (``bnb/gemm_mma.hip``): every property at coverage 2 (M = 1..8 on one n-tile of tokens, 12 and 16
     on two, M 32 / 64 on the SIMT kernel), declined only K % blocksize != 0, repeat calls
-    bit-identical; and the mma kernel is what ran, n1 for M <= 8 and n2 for 9..16."""
+    bit-identical; and the mma kernel is what ran, n1 for M <= 8 and n2 for 9..16. The cases' N
+    leave the launcher's rule at one 16-row tile a warp step for M <= 8 (``_n1_r1``); ``rt`` 2 forces
+    the two-tile kernel there (what large layers run)."""
+    from qconform.device.bnb import gemm as launcher
     from qconform.device.bnb.gemm import MMA_SOURCE, gemm_4bit
     from qconform.device.launchers import kernel_of
 
+    if rt:
+        monkeypatch.setattr(launcher, "mma_row_tiles", lambda M, N: rt)
     result, prepared = _passes_at_coverage_2("gemm_4bit", leaf)
     assert {o.case for o in result.declined} == {p.case.id for p in prepared if not _handles("gemm_4bit", p.case)}
-    for M, symbol in ((4, "qk_gemm_4bit_mma_n1"), (12, "qk_gemm_4bit_mma_n2")):
+    n1 = "qk_gemm_4bit_mma_n1" if rt == 2 else "qk_gemm_4bit_mma_n1_r1"
+    for M, symbol in ((4, n1), (12, "qk_gemm_4bit_mma_n2")):
         p = next(p for p in prepared if p.case.shape[0] == M and _handles("gemm_4bit", p.case))
         ran, _ = _launched(gemm_4bit, "gemm_4bit", p)
         assert ran == [kernel_of(MMA_SOURCE, symbol)], (M, symbol)

@@ -2,9 +2,9 @@
 declared ABI: ``qconform abi gemm_4bit``): the oracle's call shape on CuPy arrays.
 
 The default (cpu) reading with fp16 / bf16 activations and M <= 16 runs on the matrix units
-(``qk_gemm_4bit_mma_n{1,2}``: one or two n-tiles of 8 tokens; a CTA of 256 threads per 16 RT weight
-rows, K split over its 8 warps, each warp step taking RT 16-row tiles against the same activations;
-at most MMA_CTAS_PER_SM CTAs per SM, the tiles striding over them).
+(``qk_gemm_4bit_mma_n{1,2}``, ``_n1_r1``: one or two n-tiles of 8 tokens; a CTA of 256 threads per 16
+RT weight rows, K split over its 8 warps, each warp step taking RT 16-row tiles against the same
+activations (``mma_row_tiles``); at most MMA_CTAS_PER_SM CTAs per SM, the tiles striding over them).
 On CUDA its pair table takes 32 copies in 64 KiB of dynamic shared memory (``mma_smem``: a byte's
 offset one PRMT); on HIP, with ``TAB16_OPTION`` and where a device's per-CTA limit is smaller, 16
 static copies (32 KiB).
@@ -37,7 +37,6 @@ from qconform.ops.bnb.gemm import GEMM_4BIT
 
 SOURCE = "bnb/gemm_simt.hip"
 MMA_SOURCE = "bnb/gemm_mma.hip"
-RT_N1, RT_N2 = 2, 2  # 16-row tiles a warp step of n1 / n2 takes: the kernel's QK_BNBM_RT_N1 / _N2
 MMA_TOKENS = 8  # tokens per n-tile; two n-tiles at most
 MMA_CTAS_PER_SM = 2  # 256 threads x 128 registers (ptxas, sm_90; __launch_bounds__(256, 2))
 TAB16_OPTION = "-DQK_BNBM_TAB16"  # CUDA builds: the pair table in 16 static copies, as on HIP
@@ -77,24 +76,32 @@ def uses_mma(variant: str, dtype: str, M: int) -> bool:
     return variant == "cpu" and dtype in ("float16", "bfloat16") and M <= 2 * MMA_TOKENS and not simt_build
 
 
-def mma_tile_rows(M: int) -> int:
-    """Weight rows (output columns) a CTA tile of the matrix-unit kernel for M tokens holds."""
-    return 16 * (RT_N1 if M <= MMA_TOKENS else RT_N2)
+def mma_row_tiles(M: int, N: int) -> int:
+    """RT, the 16-row tiles a warp step of the matrix-unit kernel takes (a CTA tile: 16 RT rows). Two
+    share each step's activation fragments (half the activation loads a weight: M = 9..16 takes 2);
+    at M <= 8 two only where the 32-row tiles still fill every resident CTA slot (fewer CTAs, fewer
+    bytes in flight: on the H200 NF4 14336 x 4096, M = 1 23.9 us at RT 2 on 128 CTAs against 21.7 at
+    RT 1 on 256; 4096 x 14336 21.9 against 23.1, docs/perf-notes.md session 19)."""
+    if M > MMA_TOKENS or -(-N // 32) >= MMA_CTAS_PER_SM * launchers.sm_count():
+        return 2
+    return 1
 
 
-def mma_geometry(M: int, N: int) -> tuple[str, int]:
-    """(symbol, CTAs) of a matrix-unit launch: n-tiles of tokens, row tiles over the SMs."""
-    tiles = -(-N // mma_tile_rows(M))
-    return f"qk_gemm_4bit_mma_n{1 if M <= MMA_TOKENS else 2}", min(tiles, MMA_CTAS_PER_SM * launchers.sm_count())
+def mma_geometry(M: int, N: int) -> tuple[str, int, int]:
+    """(symbol, CTAs, RT) of a matrix-unit launch: n-tiles of tokens, row tiles over the SMs."""
+    rt = mma_row_tiles(M, N)
+    tiles = -(-N // (16 * rt))
+    symbol = f"qk_gemm_4bit_mma_n{1 if M <= MMA_TOKENS else 2}" + ("_r1" if rt == 1 else "")
+    return symbol, min(tiles, MMA_CTAS_PER_SM * launchers.sm_count()), rt
 
 
-def mma_smem(M: int) -> int:
+def mma_smem(M: int, rt: int) -> int:
     """Dynamic shared memory of a matrix-unit launch: the 32-copy pair table and the warps' partials
     (CUDA builds); 0 where the kernel keeps 16 static copies (HIP, TAB16_OPTION)."""
     if device_info().is_hip or TAB16_OPTION in launchers.OPTIONS:
         return 0
     n_tiles = 1 if M <= MMA_TOKENS else 2
-    red = MMA_WARPS * 32 * 4 * n_tiles * mma_tile_rows(M) // 16 * 4  # a warp's 4 fp32 a lane per n-tile, row tile
+    red = MMA_WARPS * 32 * 4 * n_tiles * rt * 4  # a warp's 4 fp32 a lane per n-tile and row tile
     return TABLE32_BYTES + red
 
 
@@ -140,8 +147,8 @@ def gemm_4bit(
     dtype = next(label for label, code, _ in DTYPE.codes if code == call.bound.scalars["a_dtype"])
     if uses_mma(variant, dtype, M):
         if M > 0 and N > 0:
-            mma_name, grid = mma_geometry(M, N)
-            smem = mma_smem(M)
+            mma_name, grid, rt = mma_geometry(M, N)
+            smem = mma_smem(M, rt)
             if smem and not _allow_smem(launchers.kernel_of(MMA_SOURCE, mma_name), smem):
                 with launchers.compile_options(TAB16_OPTION):  # a device without that much per CTA
                     launch_grid(GEMM_4BIT.name, MMA_SOURCE, mma_name, grid, THREADS, call.kernel_args())

@@ -107,13 +107,8 @@ __device__ __forceinline__ qk_u32 qk_bnbm_word(const uint4& v, int i) {
 }
 
 /* RT: 16-row tiles a warp step takes (sharing the step's activation fragments); a CTA tile is 16 RT
- * rows. The launcher's RT_N1 / RT_N2 (qconform.device.bnb.gemm) are these defaults. */
-#ifndef QK_BNBM_RT_N1
-#define QK_BNBM_RT_N1 2
-#endif
-#ifndef QK_BNBM_RT_N2
-#define QK_BNBM_RT_N2 2
-#endif
+ * rows. qk_gemm_4bit_mma_n1 / _n2 take RT 2, qk_gemm_4bit_mma_n1_r1 RT 1 (the launcher's rule:
+ * qconform.device.bnb.gemm.mma_geometry). */
 
 /* steps of W loaded ahead per warp (registers: 128 at most with __launch_bounds__(256, 2)) */
 template <int NT, int RT>
@@ -286,12 +281,15 @@ __device__ __forceinline__ void qk_gemm_4bit_mma(const void* A, const qk_u8* B, 
         qk_bnbm_run<QCONFORM_DTYPE_BFLOAT16, NT, RT>(A, B, absmax, bias, C, M, N, K, blocksize, tab, red);
 }
 
-/* n1: M <= 8 (one n-tile of tokens), n2: M <= 16 */
+/* n1: M <= 8 (one n-tile of tokens), n2: M <= 16; RT 2, n1_r1 RT 1 */
 extern "C" __global__ void __launch_bounds__(256, 2) qk_gemm_4bit_mma_n1(QCONFORM_GEMM_4BIT_PARAMS) {
-    qk_gemm_4bit_mma<1, QK_BNBM_RT_N1>(A, B, absmax, bias, C, M, N, K, blocksize, quant_type, a_dtype);
+    qk_gemm_4bit_mma<1, 2>(A, B, absmax, bias, C, M, N, K, blocksize, quant_type, a_dtype);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) qk_gemm_4bit_mma_n1_r1(QCONFORM_GEMM_4BIT_PARAMS) {
+    qk_gemm_4bit_mma<1, 1>(A, B, absmax, bias, C, M, N, K, blocksize, quant_type, a_dtype);
 }
 extern "C" __global__ void __launch_bounds__(256, 2) qk_gemm_4bit_mma_n2(QCONFORM_GEMM_4BIT_PARAMS) {
-    qk_gemm_4bit_mma<2, QK_BNBM_RT_N2>(A, B, absmax, bias, C, M, N, K, blocksize, quant_type, a_dtype);
+    qk_gemm_4bit_mma<2, 2>(A, B, absmax, bias, C, M, N, K, blocksize, quant_type, a_dtype);
 }
 
 #endif /* QK_BNB_CPU_SIMT */
