@@ -585,10 +585,11 @@ BNB_KERNELS: tuple[KernelSpec, ...] = (
     ),
     *(
         function_kernel(
-            "bnb", "gemm_4bit", f"qk_gemm_4bit_mma_n{nt}", "gemm_mma.hip",
-            f"mma.sync m16n8k16, 16 weight rows x {8 * nt} tokens a CTA, K over 8 warps: cpu reading, M <= {8 * nt}",
+            "bnb", "gemm_4bit", f"qk_gemm_4bit_mma_n{nt}{suffix}", "gemm_mma.hip",
+            f"mma.sync m16n8k16, {16 * rt} weight rows x {8 * nt} tokens a CTA ({rt} 16-row tiles a warp step), K "
+            f"over 8 warps: cpu reading, M <= {8 * nt}",
         )  # fmt: skip
-        for nt in (1, 2)
+        for nt, rt, suffix in ((1, 2, ""), (1, 1, "_r1"), (2, 2, ""))
     ),
 )
 """The bitsandbytes family's kernels (``qconform.device.bnb``)."""
