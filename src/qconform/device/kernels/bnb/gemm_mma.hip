@@ -10,12 +10,13 @@
  * exact in fp32 (the tensor core's), the sums fp32 in the hardware's order, the bias added in fp32,
  * C rounded once to T: the reading's "fp32 sums in any order", checked within the op's bound.
  *
- * Geometry (qconform.device.bnb.gemm, symbols qk_gemm_4bit_mma_n{1,2}): a CTA of 8 warps takes a
- * tile of 16 weight rows (output columns n0 .. n0 + 15; tiles stride over the grid) and splits K
- * among its warps in steps of 128: warp w takes the steps w, w + 8, ... Per step a lane (g = lane /
- * 4, t = lane % 4) loads 16 bytes (32 values, k = 128 s + 32 t ..) of rows n0 + g and n0 + g + 8 with
- * their two absmax (K % blocksize == 0 and blocksize >= 32: the 32 values share one block), 4 steps
- * (n2: 3) ahead in registers. mma.sync m16n8k16 takes the weight rows as its 16 rows and the tokens as its
+ * Geometry (qconform.device.bnb.gemm, symbols qk_gemm_4bit_mma_n{1,2}, _n1_r1): a CTA of 8 warps
+ * takes a tile of 16 RT weight rows (RT 16-row tiles, n0 = 16 (RT tile + rt); tiles stride over the
+ * grid) and splits K among its warps in steps of 128: warp w takes the steps w, w + 8, ... A step
+ * takes all RT 16-row tiles against the same activation fragments. Per step and 16-row tile a lane
+ * (g = lane / 4, t = lane % 4) loads 16 bytes (32 values, k = 128 s + 32 t ..) of rows n0 + g and
+ * n0 + g + 8 with their two absmax (K % blocksize == 0 and blocksize >= 32: the 32 values share one
+ * block), 4 steps (n2: 3; RT 2: 2) ahead in registers. mma.sync m16n8k16 takes the weight rows as its 16 rows and the tokens as its
  * 8 columns (n-tile 1: tokens 0..7, n-tile 2: tokens 8..15). The sums run over k in any order, so
  * the k axis of mma i (0..7) of a step is permuted: its logical columns 2t, 2t + 1 are the lane's
  * values 4i, 4i + 1 (byte 2i of its 16: the weight pair in one byte, element 2j in the high nibble)
@@ -106,11 +107,8 @@ __device__ __forceinline__ qk_u32 qk_bnbm_word(const uint4& v, int i) {
     return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-/* RT: 16-row tiles a warp step takes (sharing the step's activation fragments); a CTA tile is 16 RT
- * rows. qk_gemm_4bit_mma_n1 / _n2 take RT 2, qk_gemm_4bit_mma_n1_r1 RT 1 (the launcher's rule:
- * qconform.device.bnb.gemm.mma_geometry). */
-
-/* steps of W loaded ahead per warp (registers: 128 at most with __launch_bounds__(256, 2)) */
+/* steps of W loaded ahead per warp (registers: 128 at most with __launch_bounds__(256, 2)); RT, the
+ * 16-row tiles a step takes: qk_gemm_4bit_mma_n1 / _n2 2, _n1_r1 1 (the launcher's mma_row_tiles) */
 template <int NT, int RT>
 __device__ __forceinline__ int qk_bnbm_depth() {
     return RT == 2 ? 2 : NT == 1 ? 4 : 3;
