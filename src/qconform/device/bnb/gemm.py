@@ -28,6 +28,7 @@ from typing import Any
 
 from qconform.device import launchers
 from qconform.device.abi import bind_call
+from qconform.device.bnb_tiling import TOKENS, row_tiles
 from qconform.device.launch import check_aligned
 from qconform.device.launchers import launch_grid
 from qconform.device.loader import device_info
@@ -37,7 +38,7 @@ from qconform.ops.bnb.gemm import GEMM_4BIT
 
 SOURCE = "bnb/gemm_simt.hip"
 MMA_SOURCE = "bnb/gemm_mma.hip"
-MMA_TOKENS = 8  # tokens per n-tile; two n-tiles at most
+MMA_TOKENS = TOKENS  # tokens per n-tile; two n-tiles at most
 MMA_CTAS_PER_SM = 2  # 256 threads x 128 registers (ptxas, sm_90; __launch_bounds__(256, 2))
 TAB16_OPTION = "-DQK_BNBM_TAB16"  # CUDA builds: the pair table in 16 static copies, as on HIP
 TABLE32_BYTES = 256 * 32 * 8  # the CUDA build's pair table: 256 float2 entries in 32 copies
@@ -77,14 +78,8 @@ def uses_mma(variant: str, dtype: str, M: int) -> bool:
 
 
 def mma_row_tiles(M: int, N: int) -> int:
-    """RT, the 16-row tiles a warp step of the matrix-unit kernel takes (a CTA tile: 16 RT rows). Two
-    share each step's activation fragments (half the activation loads a weight: M = 9..16 takes 2);
-    at M <= 8 two only where the 32-row tiles still fill every resident CTA slot (fewer CTAs, fewer
-    bytes in flight: on the H200 NF4 14336 x 4096, M = 1 23.9 us at RT 2 on 128 CTAs against 21.7 at
-    RT 1 on 256; 4096 x 14336 21.9 against 23.1, docs/perf-notes.md session 19)."""
-    if M > MMA_TOKENS or -(-N // 32) >= MMA_CTAS_PER_SM * launchers.sm_count():
-        return 2
-    return 1
+    """RT of a matrix-unit launch: ``qconform.device.bnb_tiling.row_tiles`` on this GPU's CTA slots."""
+    return row_tiles(M, N, MMA_CTAS_PER_SM * launchers.sm_count())
 
 
 def mma_geometry(M: int, N: int) -> tuple[str, int, int]:
