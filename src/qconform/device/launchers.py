@@ -117,6 +117,18 @@ def device_attributes(device: int) -> dict[str, int]:
     return dict(cupy.cuda.Device(device).attributes)
 
 
+@functools.cache
+def allow_smem(kernel: Any, n: int) -> bool:
+    """Let ``kernel`` take ``n`` bytes of dynamic shared memory (above the 48 KiB default); False where
+    the device refuses (beyond its per-CTA limit, counting the kernel's static shared memory) or the
+    runtime lacks the attribute."""
+    try:
+        kernel.max_dynamic_shared_size_bytes = n
+    except Exception:
+        return False
+    return True
+
+
 def sm_count() -> int:
     return int(device_attributes(cupy.cuda.Device().id)["MultiProcessorCount"])
 

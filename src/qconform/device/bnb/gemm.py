@@ -23,7 +23,6 @@ its 16-byte chunk loads need K % 32 == 0). A and B must be 16-byte aligned."""
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 from qconform.device import launchers
@@ -100,16 +99,6 @@ def mma_smem(M: int, rt: int) -> int:
     return TABLE32_BYTES + red
 
 
-@functools.cache
-def _allow_smem(kernel: Any, n: int) -> bool:
-    """Let ``kernel`` take ``n`` bytes of dynamic shared memory (above the 48 KiB default)."""
-    try:
-        kernel.max_dynamic_shared_size_bytes = n
-    except Exception:  # beyond the device's per-CTA limit, or a runtime without the attribute
-        return False
-    return True
-
-
 def symbol(variant: str, M: int) -> str:
     if variant not in READINGS:
         raise Declined(f"variant: the device gemm_4bit reads {', '.join(READINGS)}; not {variant!r}")
@@ -144,7 +133,7 @@ def gemm_4bit(
         if M > 0 and N > 0:
             mma_name, grid, rt = mma_geometry(M, N)
             smem = mma_smem(M, rt)
-            if smem and not _allow_smem(launchers.kernel_of(MMA_SOURCE, mma_name), smem):
+            if smem and not launchers.allow_smem(launchers.kernel_of(MMA_SOURCE, mma_name), smem):
                 with launchers.compile_options(TAB16_OPTION):  # a device without that much per CTA
                     launch_grid(GEMM_4BIT.name, MMA_SOURCE, mma_name, grid, THREADS, call.kernel_args())
                 return call.out

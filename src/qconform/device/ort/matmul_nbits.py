@@ -12,7 +12,7 @@ import numpy as np
 
 from qconform.device import launchers
 from qconform.device.abi import out_buffer, shadow
-from qconform.device.launchers import contiguous, kernel_of, launch, launch_abi, launch_grid, sm_count
+from qconform.device.launchers import allow_smem, contiguous, kernel_of, launch, launch_abi, launch_grid, sm_count
 from qconform.device.registry import (
     GEMM_MIN_M,
     MMA_SHAPES,
@@ -79,7 +79,7 @@ def _launch_gemm(bits: int, M: int, lay: Any, ptrs: tuple, packed: bool, has_bia
     if -(-M // shape.tokens) >= 2**16:
         return False
     symbol, smem = shape.symbol(bits, packed), shape.smem(bits, packed)
-    if smem > _smem_limits()[0] or (smem > 48 * 1024 and not _allow_smem(kernel_of(MMA, symbol), _smem_limits()[0])):
+    if smem > _smem_limits()[0] or (smem > 48 * 1024 and not allow_smem(kernel_of(MMA, symbol), _smem_limits()[0])):
         return False
     grid = (-(-lay.N // shape.rows), -(-M // shape.tokens))
     y_vec = lay.N % 8 == 0 and y.data.ptr % 16 == 0
@@ -98,16 +98,6 @@ def _smem_limits() -> tuple[int, int]:
     attrs = cupy.cuda.Device().attributes
     per_cta = attrs.get("MaxSharedMemoryPerBlockOptin", 0) or attrs["MaxSharedMemoryPerBlock"]
     return int(per_cta), int(attrs.get("MaxSharedMemoryPerMultiprocessor", per_cta))
-
-
-@functools.cache
-def _allow_smem(kernel: Any, n: int) -> bool:
-    """Let ``kernel`` take ``n`` bytes of dynamic shared memory (above the 48 KiB default)."""
-    try:
-        kernel.max_dynamic_shared_size_bytes = n
-    except Exception:  # a runtime without the attribute: the default limit stands
-        return False
-    return True
 
 
 class _RingPlan(NamedTuple):
@@ -164,7 +154,7 @@ def _shape_plan(
     wk = wk or shape.ring_split(items * groups, units, act, per_cta, sm_count())
     symbol = shape.symbol_f32(bits) if f32 else shape.symbol(bits)
     smem = max(act + wk * shape.ring_bytes(), wk * shape.r * 4 * 32 * 4)
-    if wk == 0 or (smem > 48 * 1024 and not _allow_smem(kernel_of(MMA, symbol), per_cta)):
+    if wk == 0 or (smem > 48 * 1024 and not allow_smem(kernel_of(MMA, symbol), per_cta)):
         return None
     return _RingPlan(symbol, kp, act, items, wk, smem)
 
