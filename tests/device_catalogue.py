@@ -651,7 +651,7 @@ def _bnb_kernel(
 # of its row's flattening (the first block keeps its own); the second n-tile of tokens (8..15) never
 # multiplied (its outputs left at the bias: coverage 2 has M 12 and 16). Controls: the portable
 # mma (qk_portable.h's shuffle form) with the 16-copy table (-DQK_BNBM_TAB16): what AMD runs; and
-# the SIMT kernel's cpu reading (-DQK_BNB_CPU_SIMT, session 8). The three mutants, modelled, fail
+# the SIMT kernel's cpu reading (-DQK_BNB_CPU_SIMT, session 8). The four mutants, modelled, fail
 # tests/bnb_mma_model.py.
 BNB_MMA_NIBBLES_SWAPPED: Edits = (
     (
@@ -677,7 +677,7 @@ BNB_MMA_SECOND_HALF_DROPPED: Edits = (
 BNB_MMA_PRMT_BYTE: Edits = (
     ("__byte_perm(w, low, 0x5504u | ((qk_u32)j << 4))", "__byte_perm(w, low, 0x5504u | ((qk_u32)(j ^ 1) << 4))"),
 )
-TAB16 = "-DQK_BNBM_TAB16"  # qconform.device.bnb.gemm.TAB16_OPTION: the 16-copy table HIP builds
+TAB16 = "-DQK_BNBM_TAB16"  # qconform.device.bnb.gemm.TAB16_OPTION: the 16-copy table, as HIP builds it
 CPU_SIMT = "-DQK_BNB_CPU_SIMT"  # qconform.device.bnb.gemm.CPU_SIMT_OPTION
 
 
