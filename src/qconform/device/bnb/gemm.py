@@ -41,7 +41,6 @@ MMA_TOKENS = TOKENS  # tokens per n-tile; two n-tiles at most
 MMA_CTAS_PER_SM = 2  # 256 threads x 128 registers (ptxas, sm_90; __launch_bounds__(256, 2))
 TAB16_OPTION = "-DQK_BNBM_TAB16"  # CUDA builds: the pair table in 16 static copies, as on HIP
 TABLE32_BYTES = 256 * 32 * 8  # the CUDA build's pair table: 256 float2 entries in 32 copies
-MMA_WARPS = 8  # the kernel's QK_BNBM_WARPS (THREADS / 32)
 CPU_SIMT_OPTION = "-DQK_BNB_CPU_SIMT"  # the cpu reading on the SIMT kernel (session 8)
 TILES = (1, 2, 4, 8, 16)  # rows of A per group: the kernel's instantiations (MT)
 COLS = 2  # output columns per group: the kernel's QK_BNB_COLS
@@ -95,7 +94,7 @@ def mma_smem(M: int, rt: int) -> int:
     if device_info().is_hip or TAB16_OPTION in launchers.OPTIONS:
         return 0
     n_tiles = 1 if M <= MMA_TOKENS else 2
-    red = MMA_WARPS * 32 * 4 * n_tiles * rt * 4  # a warp's 4 fp32 a lane per n-tile and row tile
+    red = THREADS * 4 * n_tiles * rt * 4  # each lane's 4 fp32 partials per n-tile and row tile
     return TABLE32_BYTES + red
 
 
@@ -132,12 +131,11 @@ def gemm_4bit(
     if uses_mma(variant, dtype, M):
         if M > 0 and N > 0:
             mma_name, grid, rt = mma_geometry(M, N)
-            smem = mma_smem(M, rt)
+            smem, options = mma_smem(M, rt), ()
             if smem and not launchers.allow_smem(launchers.kernel_of(MMA_SOURCE, mma_name), smem):
-                with launchers.compile_options(TAB16_OPTION):  # a device without that much per CTA
-                    launch_grid(GEMM_4BIT.name, MMA_SOURCE, mma_name, grid, THREADS, call.kernel_args())
-                return call.out
-            launch_grid(GEMM_4BIT.name, MMA_SOURCE, mma_name, grid, THREADS, call.kernel_args(), smem)
+                smem, options = 0, (TAB16_OPTION,)  # a device without that much per CTA: the static table
+            with launchers.compile_options(*options):
+                launch_grid(GEMM_4BIT.name, MMA_SOURCE, mma_name, grid, THREADS, call.kernel_args(), smem)
         return call.out
     grid, threads = geometry(M, N)
     launch_grid(GEMM_4BIT.name, SOURCE, name, grid, threads, call.kernel_args())

@@ -16,8 +16,8 @@
  * takes all RT 16-row tiles against the same activation fragments. Per step and 16-row tile a lane
  * (g = lane / 4, t = lane % 4) loads 16 bytes (32 values, k = 128 s + 32 t ..) of rows n0 + g and
  * n0 + g + 8 with their two absmax (K % blocksize == 0 and blocksize >= 32: the 32 values share one
- * block), 4 steps (n2: 3; RT 2: 2) ahead in registers. mma.sync m16n8k16 takes the weight rows as its 16 rows and the tokens as its
- * 8 columns (n-tile 1: tokens 0..7, n-tile 2: tokens 8..15). The sums run over k in any order, so
+ * block), 4 steps (n2: 3; RT 2: 2) ahead in registers. mma.sync m16n8k16 takes the weight rows as
+ * its 16 rows and the tokens as its 8 columns (n-tile 1: tokens 0..7, n-tile 2: tokens 8..15). The sums run over k in any order, so
  * the k axis of mma i (0..7) of a step is permuted: its logical columns 2t, 2t + 1 are the lane's
  * values 4i, 4i + 1 (byte 2i of its 16: the weight pair in one byte, element 2j in the high nibble)
  * and 2t + 8, 2t + 9 the values 4i + 2, 4i + 3 (byte 2i + 1); so B's fragment is the lane's 4

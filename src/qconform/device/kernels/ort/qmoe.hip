@@ -773,8 +773,8 @@ qk_moe_fc1v(const void* x, const void* logits, const void* rw, int* sel, float* 
  * t of lane t's segment (t + 4 for the second), zeros elsewhere, so column n of the fp32 accumulator
  * collects segment 8 S + n's partial dot product of each row. After a step each lane multiplies its
  * two columns by their blocks' scales into its row sums (fmaf); after the run the parts' sums are added
- * in part order, then the quad's four (xor 1, then 2), and the row's bias and the activation follow as in qk_moe_fc1_task. The sums'
- * order is fixed by the shape alone (repeat calls are bit-identical); it is not qk_moe_fc1v's order:
+ * in part order, then the quad's four (xor 1, then 2), and the row's bias and the activation follow as
+ * in qk_moe_fc1_task. The sums' order is fixed by the shape alone (repeat calls are bit-identical); it is not qk_moe_fc1v's order:
  * each segment's products are added in the tensor core's fp32 before its scale multiplies them, so
  * the weights are never rounded (fp32((q - z) s) of the reference differs by one rounding), checked
  * under the strict contract's bound like every other decode path. */
