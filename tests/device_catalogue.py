@@ -470,6 +470,15 @@ QMOE_M_ZERO_ROW: Edits = (
     ),
 )
 
+# qk_moe_fc2m (fc2 of an fp16 layer on the matrix units, fc1's fp32 output as three bf16 parts): the input
+# carried by its first bf16 part alone (8 significant bits, far outside the strict bound)
+QMOE_F2_ONE_PART: Edits = (("for (int p = 0; p < 3; ++p) {", "for (int p = 0; p < 1; ++p) {"),)
+# every slot's warps reading slot 0's staged rows of fc1's output
+QMOE_F2_SLOT0: Edits = (("(const uint2*)(qk_moe_xw + 3 * j * words)", "(const uint2*)qk_moe_xw"),)
+# the odd fields of a weight word (values 1 5, 3 7) converted from the even ones
+QMOE_F2_FIELD: Edits = (
+    ("qk_moe_bf_pair(w0, 2 * half + 1, st.ze[0][h]),", "qk_moe_bf_pair(w0, 2 * half, st.ze[0][h]),"),
+)
 
 # the grouped GEMMs (qmoe_ragged_mm under --contract storage=fp16). The scatter's order within an
 # expert does not reach the output (each pair's row is its own; fc2 stores by pair, the sum runs in
@@ -524,7 +533,7 @@ def _qmoe_g(name: str, caught_by: str | None, leaf: str, edits: Edits = (), defi
 
 QMOE_MUTANTS = (
     _qmoe("QMoE: a tuner samples fused or unfused products on the first calls", "repeatable", "qmoe_decode",
-          "Xfp16_Wu4_Yfp16", QMOE_TUNER_SAMPLES),
+          "Xfp32_Wu4_Yfp32", QMOE_TUNER_SAMPLES),
     _qmoe("QMoE: ties to the lower expert index", "matches_oracle", "qmoe_ragged_mm", "Xfp16_Wu4_Yfp16",
           QMOE_TIES_LOWER),
     _qmoe("QMoE: normalize_routing_weights honoured", "matches_oracle", "qmoe_decode", "Xfp32_Wu4_Yfp32",
@@ -537,7 +546,7 @@ QMOE_MUTANTS = (
     _qmoe("QMoE dp4a: zero points ignored", "matches_oracle", "qmoe_decode", "Xfp16_Wu8_Yfp16", QMOE_INT8_NO_ZP),
     _qmoe("QMoE decode: routing butterfly without the comparison", "matches_oracle", "qmoe_ragged_mm",
           "Xfp32_Wu4_Yfp32", QMOE_ROUTE_NO_COMPARE),
-    _qmoe("QMoE decode: 16-byte weight load's words swapped", "matches_oracle", "qmoe_decode", "Xfp16_Wu4_Yfp16",
+    _qmoe("QMoE decode: 16-byte weight load's words swapped", "matches_oracle", "qmoe_decode", "Xfp32_Wu4_Yfp32",
           QMOE_VEC_WORDS_SWAPPED),
     _qmoe("QMoE decode: fc1's output in row order, read chunk-transposed", "matches_oracle", "qmoe_decode",
           "Xfp16_Wu4_Yfp16", QMOE_A_ROW_ORDER, coverage=2),
@@ -553,6 +562,14 @@ QMOE_MUTANTS = (
           QMOE_M_ZERO_ROW),
     _qmoe("control: QMoE fc1 of an fp16 input on qk_moe_fc1v (-DQK_MOE_FC1_SIMT)", None, "qmoe_decode",
           "Xfp16_Wu4_Yfp16", define="-DQK_MOE_FC1_SIMT"),
+    _qmoe("QMoE fc2 mma: the input as one bf16 part", "matches_oracle", "qmoe_decode", "Xfp16_Wu4_Yfp16",
+          QMOE_F2_ONE_PART),
+    _qmoe("QMoE fc2 mma: every slot reads slot 0's staged rows", "matches_oracle", "qmoe_decode", "Xfp16_Wu4_Yfp16",
+          QMOE_F2_SLOT0),
+    _qmoe("QMoE fc2 mma: a word's odd fields from its even ones", "matches_oracle", "qmoe_decode", "Xfp16_Wu4_Yfp16",
+          QMOE_F2_FIELD),
+    _qmoe("control: QMoE fc2 of an fp16 layer on qk_moe_fc2v (-DQK_MOE_FC2_SIMT)", None, "qmoe_decode",
+          "Xfp16_Wu4_Yfp16", define="-DQK_MOE_FC2_SIMT"),
     _qmoe("control: QMoE legacy kernels (route, fc1, fc2), u8 ragged", None, "qmoe_ragged_mm", "Xfp16_Wu8_Yfp16",
           define="-DQK_MOE_LEGACY"),
     _qmoe_g("QMoE grouped: last partial tile dropped", "matches_oracle", "Xfp16_Wu4_Yfp16", QMOE_G_PARTIAL_TILE),

@@ -80,9 +80,9 @@ def _gqa_instances(text: str) -> set[str]:
 
 def _moe_instances(text: str) -> set[str]:
     """The grouped QMoE GEMMs a source instantiates through QK_MOE_GEMM(B), and the fc1 kernels through
-    QK_MOE_FC1M(NAME, ZP) (qmoe.hip)."""
+    QK_MOE_FC1M(NAME, ZP) and QK_MOE_FC2M(NAME, ZP) (qmoe.hip)."""
     gemms = {f"qk_moe_gemm{fc}_u{b}" for b in re.findall(r"^QK_MOE_GEMM\((\d)\)", text, re.M) for fc in (1, 2)}
-    return gemms | set(re.findall(r"^QK_MOE_FC1M\((\w+), ", text, re.M))
+    return gemms | set(re.findall(r"^QK_MOE_FC[12]M\((\w+), ", text, re.M))
 
 
 def test_every_registered_kernel_exists_in_its_source() -> None:
@@ -186,6 +186,7 @@ def test_every_patch_applies_once_to_the_shipped_kernel() -> None:
             "-DQK_GQA_APPEND_LAUNCH",
             "-DQK_MOE_FC1_SIMT",
             "-DQK_BNBM_TAB16",
+            "-DQK_MOE_FC2_SIMT",
         )
         assert all(o in build for o in m.options.split() if o.startswith("-D"))
 

@@ -133,6 +133,14 @@ def sm_count() -> int:
     return int(device_attributes(cupy.cuda.Device().id)["MultiProcessorCount"])
 
 
+@functools.cache
+def smem_limits() -> tuple[int, int]:
+    """(shared memory one CTA may use, shared memory per SM) of the current device."""
+    attrs = device_attributes(cupy.cuda.Device().id)
+    per_cta = attrs.get("MaxSharedMemoryPerBlockOptin", 0) or attrs["MaxSharedMemoryPerBlock"]
+    return int(per_cta), int(attrs.get("MaxSharedMemoryPerMultiprocessor", per_cta))
+
+
 def launch_abi(op: OpSpec, source: str, symbol: str, args: tuple, kwargs: dict[str, Any], out: Any = None) -> Any:
     """One call of ``op`` (the oracle's call shape on CuPy arrays) through our kernel ``symbol``,
     which takes the op's declared ABI (``qconform abi OP``): bound and checked by the same code as

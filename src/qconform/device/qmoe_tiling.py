@@ -67,6 +67,19 @@ def mma_parts(tasks: int, K: int) -> int:
     return min((1, 2, 4, 8), key=lambda p: (_serial_steps(-(-tasks * p // REF_WARPS), steps, p), p))
 
 
+def fc2m_parts(k: int, K: int) -> int:
+    """Warps sharing a (slot, 16 columns) task of qk_moe_fc2m (1, 2 or 4): a CTA's 8 warps take its k x
+    parts pairs in rounds; the fewest serial steps (ties: fewer parts). A function of the shape alone."""
+    steps = -(-K // 256)
+    return min((1, 2, 4), key=lambda p: (_serial_steps(-(-k * p // 8), steps, p), p))
+
+
+def fc2m_staged_bytes(k: int, K: int) -> int:
+    """Dynamic shared memory of qk_moe_fc2m: the token's k rows of fc1's output as three bf16 planes,
+    512 bytes each per step of K (8 segments of 32 values), zeros past K."""
+    return 3 * k * 512 * -(-K // 256)
+
+
 def mma_ctas(tasks: int, warps: int, tokens: int, sms: int) -> int:
     """CTAs per token of qk_moe_fc1m: one per ``warps`` tasks, at most as many as are resident
     together (CTAS_PER_SM per SM, shared by the tokens); the kernel deals task w G + x to warp w of

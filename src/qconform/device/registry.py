@@ -464,6 +464,8 @@ ORT_KERNELS: tuple[KernelSpec, ...] = (
         for symbol, doc in (
             ("qk_moe_fc1m", "fp16 input, 4-bit weights: fc1 tasks of 16 rows on the matrix units, the activation"),
             ("qk_moe_fc1m_z", "qk_moe_fc1m with packed zero points"),
+            ("qk_moe_fc2m", "fp16 layer, 4-bit weights: fc2 of 16 columns a CTA, the input as three bf16 parts, mma"),
+            ("qk_moe_fc2m_z", "qk_moe_fc2m with packed zero points"),
             ("qk_moe_fc1v", "input staged in shared memory, routing per CTA, fc1 tasks of 4 rows, the activation"),
             ("qk_moe_fc2v", "4 fc2 columns a lane task, the k slots summed in selection order in shared memory"),
             ("qk_moe_route", "-DQK_MOE_LEGACY: one thread per token: top-k (ties to the higher index), weights"),

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import functools
 from typing import Any, NamedTuple
 
 import cupy
@@ -12,7 +11,16 @@ import numpy as np
 
 from qconform.device import launchers
 from qconform.device.abi import out_buffer, shadow
-from qconform.device.launchers import allow_smem, contiguous, kernel_of, launch, launch_abi, launch_grid, sm_count
+from qconform.device.launchers import (
+    allow_smem,
+    contiguous,
+    kernel_of,
+    launch,
+    launch_abi,
+    launch_grid,
+    sm_count,
+    smem_limits,
+)
 from qconform.device.registry import (
     GEMM_MIN_M,
     MMA_SHAPES,
@@ -79,7 +87,7 @@ def _launch_gemm(bits: int, M: int, lay: Any, ptrs: tuple, packed: bool, has_bia
     if -(-M // shape.tokens) >= 2**16:
         return False
     symbol, smem = shape.symbol(bits, packed), shape.smem(bits, packed)
-    if smem > _smem_limits()[0] or (smem > 48 * 1024 and not allow_smem(kernel_of(MMA, symbol), _smem_limits()[0])):
+    if smem > smem_limits()[0] or (smem > 48 * 1024 and not allow_smem(kernel_of(MMA, symbol), smem_limits()[0])):
         return False
     grid = (-(-lay.N // shape.rows), -(-M // shape.tokens))
     y_vec = lay.N % 8 == 0 and y.data.ptr % 16 == 0
@@ -90,14 +98,6 @@ def _launch_gemm(bits: int, M: int, lay: Any, ptrs: tuple, packed: bool, has_bia
 
 
 RING_ACT_LIMIT = 16 * 1024  # activations staged beside the rings up to this; read from global memory beyond
-
-
-@functools.cache
-def _smem_limits() -> tuple[int, int]:
-    """(shared memory one CTA may use, shared memory per SM) of the current device."""
-    attrs = cupy.cuda.Device().attributes
-    per_cta = attrs.get("MaxSharedMemoryPerBlockOptin", 0) or attrs["MaxSharedMemoryPerBlock"]
-    return int(per_cta), int(attrs.get("MaxSharedMemoryPerMultiprocessor", per_cta))
 
 
 class _RingPlan(NamedTuple):
@@ -133,7 +133,7 @@ def _ring_plan(bits: int, lay: Any, act_rows: int, groups: int, f32: bool) -> _R
 def _slots(plan: _RingPlan) -> int:
     """The plan's CTAs resident at once on the device (by its kernel's registers)."""
     regs = kernel_of(MMA, plan.symbol).num_regs
-    return resident_ctas(plan.wk, regs, plan.smem, _smem_limits()[1]) * sm_count()
+    return resident_ctas(plan.wk, regs, plan.smem, smem_limits()[1]) * sm_count()
 
 
 def _shape_plan(
@@ -149,7 +149,7 @@ def _shape_plan(
     kp = units * sc * 64
     act = act_rows * kp * 2
     act = act if act <= RING_ACT_LIMIT else 0
-    per_cta = _smem_limits()[0]
+    per_cta = smem_limits()[0]
     items = -(-lay.N // (16 * shape.r))
     wk = wk or shape.ring_split(items * groups, units, act, per_cta, sm_count())
     symbol = shape.symbol_f32(bits) if f32 else shape.symbol(bits)

@@ -55,7 +55,7 @@ import numpy as np
 
 from qconform.device import launchers
 from qconform.device.abi import bind_call
-from qconform.device.launchers import launch, launch_grid
+from qconform.device.launchers import kernel_of, launch, launch_grid
 from qconform.device.qmoe_tiling import (
     EMAX,
     GRID_Y,
@@ -65,6 +65,8 @@ from qconform.device.qmoe_tiling import (
     chunk_words,
     fc1_ctas,
     fc2_tile,
+    fc2m_parts,
+    fc2m_staged_bytes,
     lanes_over,
     mma_ctas,
     mma_parts,
@@ -82,6 +84,8 @@ SWIGLU = ACTIVATION["swiglu"]
 LEGACY = "-DQK_MOE_LEGACY"  # build option: the routing / fc1 / fc2 kernels before the decode path
 DECODE_V1 = "-DQK_MOE_DECODE_V1"  # build option: the session-8 decode kernels (input and A read from global)
 FC1_SIMT = "-DQK_MOE_FC1_SIMT"  # build option: fc1 of an fp16 input on qk_moe_fc1v, not the matrix units
+FC2_SIMT = "-DQK_MOE_FC2_SIMT"  # build option: fc2 of an fp16 input's layer on qk_moe_fc2v, not the matrix units
+FC2M_SMEM = 96 * 1024  # the most dynamic shared memory qk_moe_fc2m takes (2 CTAs per SM on an H200)
 RAGGED_V1 = "-DQK_MOE_RAGGED_V1"  # build option: qmoe_ragged_mm per token under storage=fp16 too (session 9)
 GROUP_M, GROUP_N, GROUP_K, GROUP_THREADS = 64, 64, 64, 128  # QK_MOE_GM, QK_MOE_GN, QK_MOE_GK, QK_MOE_GT
 
@@ -131,6 +135,23 @@ def _fc1_on_mma(x16: Any, bits: int, K: int, int8: bool, v1: bool) -> bool:
         and not v1
         and (FC1_SIMT not in launchers.OPTIONS)
     )
+
+
+def _fc2_on_mma(fc1m: bool, K: int, k: int, int8: bool, zp: bool) -> bool:
+    """Whether the decode path's fc2 runs on the matrix units (``qk_moe_fc2m``): fc1 on ``qk_moe_fc1m``
+    (an fp16 input's layer, 4-bit weights; it writes fc2m's bf16 planes), K in segments of 32 values, no
+    int8 activations, the k staged rows within FC2M_SMEM and the device's per-CTA limit, and no
+    -DQK_MOE_FC2_SIMT."""
+    if not fc1m or int8 or K % 32 or FC2_SIMT in launchers.OPTIONS:
+        return False
+    smem, limit = fc2m_staged_bytes(k, K), launchers.smem_limits()[0]
+    if smem > min(FC2M_SMEM, limit - 16 * 1024):
+        return False
+    return smem <= 48 * 1024 or launchers.allow_smem(kernel_of(SOURCE, _fc2m_symbol(zp)), smem)
+
+
+def _fc2m_symbol(zp: bool) -> str:
+    return "qk_moe_fc2m_z" if zp else "qk_moe_fc2m"
 
 
 def _check_domain(s: dict[str, Any], ptrs: dict[str, Any]) -> None:
@@ -195,12 +216,17 @@ def _qmoe(op: OpSpec, args: tuple, kwargs: dict[str, Any], out: Any) -> Any:
         q1 = codes(ptrs["input"], T, H, x16, null) if int8[0] else (null, null)
         w1, flags1 = fc("fc1", f * inter, H)
         lanes2, vw2, vec2 = _chunking(inter, bits, bs, int8[1], ptrs["fc2_experts_weights"])
-        at = 0 if v1 or int8[1] else vw2 * 32 // bits  # fc1's output chunk-transposed for fc2's chunks
+        m1 = _fc1_on_mma(x16, bits, H, int8[0], v1)
+        m2 = _fc2_on_mma(m1, inter, k, int8[1], ptrs["fc2_zero_points"] is not None)
+        if m2:  # fc1's output as qk_moe_fc2m's three bf16 planes a pair (qk_moe_store_planes)
+            a = cupy.empty(fc2m_staged_bytes(T * k, inter) // 4, cupy.float32)
+        # fc1's output: fc2m's planes (-1), in row order (0), or chunk-transposed for fc2v's chunks
+        at = -1 if m2 else 0 if v1 or int8[1] else vw2 * 32 // bits
         # the arguments qk_moe_fc1m and qk_moe_fc1v share: routing in, fc1's weights and its output
         head = (ptrs["input"], ptrs["router_probs"], null if rw is None else rw, sel, wts, *w1, a, i32(E), i32(H))
         head += (i32(f * inter), i32(inter), i32(k))
         routing = (i32(s["normalize_routing_weights"]), i32(rw is not None))
-        if _fc1_on_mma(x16, bits, H, int8[0], v1):
+        if m1:
             tasks = k * -(-f * inter // 16)
             parts = mma_parts(tasks, H)
             fc1m = (*head, i32(bs), *flags1, i32(act), *attrs, *routing, i32(at), i32(parts))
@@ -220,6 +246,11 @@ def _qmoe(op: OpSpec, args: tuple, kwargs: dict[str, Any], out: Any) -> Any:
                 launch_grid(op.name, SOURCE, "qk_moe_fc1v", grid, THREADS, fc1, shared_mem=smem)
         q2 = codes(a, T * k, inter, i32(0), wts) if int8[1] else (null, null)
         w2, flags2 = fc("fc2", H, inter)
+        if m2:
+            fc2 = (a, sel, wts, *w2, call.out, i32(inter), i32(H), i32(k), i32(bs), *flags2, i32(fc2m_parts(k, inter)))
+            smem = fc2m_staged_bytes(k, inter)
+            launch_grid(op.name, SOURCE, _fc2m_symbol(bool(flags2[1])), (-(-H // 16), T), THREADS, fc2, smem)
+            return call.out
         tile = fc2_tile(H, T, k, lanes2)
         fc2 = (a, sel, wts, *w2, call.out, i32(inter), i32(H), i32(k), i32(bits), i32(bs), *flags2, x16)
         fc2 += (i32(lanes2), i32(vw2), i32(vec2), i32(tile), *q2)

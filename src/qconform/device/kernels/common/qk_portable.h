@@ -43,6 +43,7 @@ typedef long long qk_i64;
 /* IEEE fp32 operations, round to nearest even, never fused */
 #define QK_FMUL(a, b) __fmul_rn((a), (b))
 #define QK_FADD(a, b) __fadd_rn((a), (b))
+#define QK_FSUB(a, b) __fsub_rn((a), (b))
 #define QK_FDIV(a, b) __fdiv_rn((a), (b))
 
 __device__ __forceinline__ qk_u32 qk_bits(float v) { return __float_as_uint(v); }
@@ -122,6 +123,20 @@ __device__ __forceinline__ qk_u32 qk_hfma2(qk_u32 x, qk_u32 m, qk_u32 c) {
     typedef _Float16 h2 __attribute__((ext_vector_type(2)));
     const h2 r = __builtin_bit_cast(h2, x) * __builtin_bit_cast(h2, m) + __builtin_bit_cast(h2, c);
     return __builtin_bit_cast(qk_u32, r);
+#endif
+}
+
+/* the same per bf16 half (CUDA fma.rn.bf16x2, sm_80+; elsewhere each half in fp32, whose upper 16 bits
+ * are the bf16 result where it is exact: the callers only use it where x * m and the result are). */
+__device__ __forceinline__ qk_u32 qk_bfma2(qk_u32 x, qk_u32 m, qk_u32 c) {
+#if defined(QK_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    qk_u32 d;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(x), "r"(m), "r"(c));
+    return d;
+#else
+    const float lo = fmaf(qk_float(x << 16), qk_float(m << 16), qk_float(c << 16));
+    const float hi = fmaf(qk_float(x & 0xFFFF0000u), qk_float(m & 0xFFFF0000u), qk_float(c & 0xFFFF0000u));
+    return (qk_bits(lo) >> 16) | (qk_bits(hi) & 0xFFFF0000u);
 #endif
 }
 

@@ -661,9 +661,42 @@ __device__ __forceinline__ float qk_moe_biased(float a, const qk_moe_fc& f, qk_i
     return f.has_bias ? qk_ftz(QK_FADD(a, qk_ftz(qk_load_f(f.b, at, f.s16)))) : a;
 }
 
-/* fc1's activation of unit u of pair p into A (at 0: in unit order; else chunk-transposed for fc2's
- * chunks of `at` values, qk_moe_apos) */
+/* a = b1 + b2 + b3 in bf16, exactly for finite |a| >= 2^-110 (b1: a's upper 16 bits; r = a - b1 is
+ * exact and has at most 16 significant bits; b2: r's upper 16; r - b2 has at most 8, so it is b3
+ * itself; below 2^-110, b3's bits under 2^-126 are lost), each part's bits in the low half; a not
+ * finite: a as bf16 (NaN stays NaN), 0, 0 */
+__device__ __forceinline__ void qk_moe_bf16x3(float a, qk_u32 p[3]) {
+    const qk_u32 ab = qk_bits(a);
+    if ((ab & 0x7F800000u) == 0x7F800000u) {
+        p[0] = (ab >> 16) | ((ab & 0x007FFFFFu) ? 0x40u : 0u);
+        p[1] = p[2] = 0u;
+        return;
+    }
+    const float r = QK_FSUB(a, qk_float(ab & 0xFFFF0000u));
+    const qk_u32 rb = qk_bits(r);
+    p[0] = ab >> 16;
+    p[1] = rb >> 16;
+    p[2] = qk_bits(QK_FSUB(r, qk_float(rb & 0xFFFF0000u))) >> 16;
+}
+
+/* fc1's output u (of `units`) of (token, slot) pair p into qk_moe_fc2m's three bf16 planes of the pair:
+ * plane q (0..2; 32 16-byte units a step of K: 32 ceil(units / 256) units) holds part q of each value,
+ * 8-value unit u / 8 in the pairs (x0 x4) (x1 x5) (x2 x6) (x3 x7) as qk_moe_xpairs */
+__device__ __forceinline__ void qk_moe_store_planes(qk_u16* P, qk_i64 p, int units, int u, float v) {
+    const qk_i64 words = 32 * (qk_i64)((units + 255) / 256);
+    qk_u32 pc[3];
+    qk_moe_bf16x3(v, pc);
+#pragma unroll
+    for (int q = 0; q < 3; ++q) P[((p * 3 + q) * words + u / 8) * 8 + 2 * (u & 3) + ((u >> 2) & 1)] = (qk_u16)pc[q];
+}
+
+/* fc1's activation of unit u of pair p into A (at 0: in unit order; at > 0: chunk-transposed for fc2's
+ * chunks of `at` values, qk_moe_apos; at < 0: qk_moe_fc2m's bf16 planes) */
 __device__ __forceinline__ void qk_moe_store_a(float* A, qk_i64 p, int units, int u, int at, float v) {
+    if (at < 0) { /* qk_moe_fc2m's bf16 planes (qk_moe_store_planes) */
+        qk_moe_store_planes((qk_u16*)A, p, units, u, v);
+        return;
+    }
     A[p * units + (at ? qk_moe_apos(u, at, units) : u)] = v;
 }
 
@@ -801,9 +834,17 @@ __device__ __forceinline__ void qk_moe_fc1m_word(qk_u32 w, int h, qk_u32 ze, qk_
     *hi = qk_hfma2(qk_and_or(src, 0x00F000F0u, 0x64006400u), 0x2C002C00u, zo);
 }
 
-/* the pair constants of qk_moe_fc1m_word for zero point z: -(1024 + z), -(64 + z) in fp16 */
+/* bf16 (q - z) of field f (0..3: values f and f + 4) of a 4-bit word: field bits OR 0x4300 (bf16 128)
+ * is 128 + q, then one bf16 fma adds zc = -(128 + z), both halves (exact) */
+__device__ __forceinline__ qk_u32 qk_moe_bf_pair(qk_u32 w, int f, qk_u32 zc) {
+    return qk_bfma2(qk_and_or(w >> (4 * f), 0x000F000Fu, 0x43004300u), 0x3F803F80u, zc);
+}
+
+/* the pair constants for zero point z: qk_moe_fc1m_word's -(1024 + z), -(64 + z) in fp16, or (BF16)
+ * qk_moe_bf_pair's -(128 + z) in bf16 */
+template <bool BF16>
 __device__ __forceinline__ void qk_moe_fc1m_consts(qk_u32 z, qk_u32* ze, qk_u32* zo) {
-    *ze = (0xE400u + z) * 0x10001u;
+    *ze = (BF16 ? 0xC300u + z : 0xE400u + z) * 0x10001u;
     *zo = (0xD400u + 16u * z) * 0x10001u;
 }
 
@@ -845,7 +886,7 @@ __device__ __forceinline__ qk_moe_rows2 qk_moe_rows_of(const qk_moe_fc& f, int e
 }
 
 /* segment seg's block: seg >> bsh (bsh = log2(block_size / 32); 31 for per-row scales: block 0) */
-template <bool ZP>
+template <bool ZP, bool BF16>
 __device__ __forceinline__ void qk_moe_fc1m_load(const qk_moe_fc& f, int e, const qk_moe_rows2& R, int S, int t,
                                                  int nseg, int bsh, qk_moe_fc1m_step& st) {
 #pragma unroll
@@ -856,7 +897,7 @@ __device__ __forceinline__ void qk_moe_fc1m_load(const qk_moe_fc& f, int e, cons
             st.w[r][h] = seg < nseg ? R.w[r][seg] : make_uint4(0u, 0u, 0u, 0u);
             qk_u32 z = 8u;
             if (ZP) z = qk_moe_zero_of(f, e, R.rr[r], R.row[r], seg < nseg ? seg : 0, bsh);
-            qk_moe_fc1m_consts(z, &st.ze[r][h], &st.zo[r][h]);
+            qk_moe_fc1m_consts<BF16>(z, &st.ze[r][h], &st.zo[r][h]);
         }
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
@@ -908,22 +949,53 @@ __device__ __forceinline__ void qk_moe_fc1m_mma(const qk_moe_fc1m_step& st, cons
     qk_moe_fc1m_scale(c, st, acc);
 }
 
+/* qk_moe_fc1m_mma for qk_moe_fc2m: the weights as bf16 (q - z) and the input as three bf16 parts (the
+ * planes xp, xp + ps, xp + 2 ps), each part's mma into the same chain */
+__device__ __forceinline__ void qk_moe_fc2m_mma(const qk_moe_fc1m_step& st, const uint2* xp, int ps, const uint2* zero,
+                                                int S, int g, int t, float* acc) {
+    float c[4][4] = {};
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const uint2* src = qk_moe_bsrc(xp, zero, S, h, g, t);
+        const int step = src != zero ? ps : 0;
+#pragma unroll
+        for (int m = 0; m < 4; ++m)
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const qk_u32 w0 = qk_moe_word_of(st.w[0][h], m), w1 = qk_moe_word_of(st.w[1][h], m);
+                const qk_u32 a[4] = {qk_moe_bf_pair(w0, 2 * half, st.ze[0][h]), qk_moe_bf_pair(w1, 2 * half, st.ze[1][h]),
+                                     qk_moe_bf_pair(w0, 2 * half + 1, st.ze[0][h]),
+                                     qk_moe_bf_pair(w1, 2 * half + 1, st.ze[1][h])};
+#pragma unroll
+                for (int p = 0; p < 3; ++p) {
+                    const uint2 v = src[p * step + 2 * m + half];
+                    const qk_u32 b[2] = {v.x, v.y};
+                    qk_mma_16816_bf16(c[2 * h + m / 2], a, b);
+                }
+            }
+    }
+    qk_moe_fc1m_scale(c, st, acc);
+}
+
 /* a warp's run of one task (rows R of expert e) over steps [s_lo, s_hi), two steps' loads in flight:
- * the lane's row sums (before the quad's are added) */
-template <bool ZP>
+ * the lane's row sums (before the quad's are added). BF16: qk_moe_fc2m_mma over the three planes of
+ * ps uint2 units, else qk_moe_fc1m_mma. */
+template <bool ZP, bool BF16>
 __device__ __forceinline__ void qk_moe_m_run(const qk_moe_fc& f, int e, const qk_moe_rows2& R, const uint2* xp,
-                                             const uint2* zero, int s_lo, int s_hi, int g, int t, int nseg, int bsh,
-                                             float* acc) {
+                                             int ps, const uint2* zero, int s_lo, int s_hi, int g, int t, int nseg,
+                                             int bsh, float* acc) {
     if (s_lo >= s_hi) return;
     qk_moe_fc1m_step b0, b1;
-    qk_moe_fc1m_load<ZP>(f, e, R, s_lo, t, nseg, bsh, b0);
-    if (s_lo + 1 < s_hi) qk_moe_fc1m_load<ZP>(f, e, R, s_lo + 1, t, nseg, bsh, b1);
+    qk_moe_fc1m_load<ZP, BF16>(f, e, R, s_lo, t, nseg, bsh, b0);
+    if (s_lo + 1 < s_hi) qk_moe_fc1m_load<ZP, BF16>(f, e, R, s_lo + 1, t, nseg, bsh, b1);
     for (int s = s_lo; s < s_hi; s += 2) {
-        qk_moe_fc1m_mma(b0, xp, zero, s, g, t, acc);
-        if (s + 2 < s_hi) qk_moe_fc1m_load<ZP>(f, e, R, s + 2, t, nseg, bsh, b0);
+        if (BF16) qk_moe_fc2m_mma(b0, xp, ps, zero, s, g, t, acc);
+        else qk_moe_fc1m_mma(b0, xp, zero, s, g, t, acc);
+        if (s + 2 < s_hi) qk_moe_fc1m_load<ZP, BF16>(f, e, R, s + 2, t, nseg, bsh, b0);
         if (s + 1 < s_hi) {
-            qk_moe_fc1m_mma(b1, xp, zero, s + 1, g, t, acc);
-            if (s + 3 < s_hi) qk_moe_fc1m_load<ZP>(f, e, R, s + 3, t, nseg, bsh, b1);
+            if (BF16) qk_moe_fc2m_mma(b1, xp, ps, zero, s + 1, g, t, acc);
+            else qk_moe_fc1m_mma(b1, xp, zero, s + 1, g, t, acc);
+            if (s + 3 < s_hi) qk_moe_fc1m_load<ZP, BF16>(f, e, R, s + 3, t, nseg, bsh, b1);
         }
     }
 }
@@ -931,7 +1003,8 @@ __device__ __forceinline__ void qk_moe_m_run(const qk_moe_fc& f, int e, const qk
 /* log2(block_size / 32) (block_size a power of two >= 32), 31 for per-row scales */
 __device__ __forceinline__ int qk_moe_seg_shift(int bs) { return bs ? 26 - __clz(bs) : 31; }
 
-#define QK_MOE_M_WARPS 8 /* warps per CTA of qk_moe_fc1m (256 threads) */
+#define QK_MOE_M_WARPS 8 /* warps per CTA of qk_moe_fc1m / qk_moe_fc2m (256 threads) */
+#define QK_MOE_F2_BATCH 4 /* qk_moe_fc2m's staging: words a thread loads before converting */
 
 /* routing + fc1 + the activation on the matrix units (above); grid (CTAs per token, T tokens), dynamic
  * shared memory 512 bytes per step of K. `parts` warps (1, 2, 4 or 8; qmoe_tiling.mma_parts, a function
@@ -975,7 +1048,8 @@ __device__ __forceinline__ void qk_moe_fc1m_body(const void* x, const void* logi
         const qk_moe_rows2 R = qk_moe_rows_of(f, s_sel[j], r0, g, blocks);
         float acc[2] = {0.0f, 0.0f};
         if (live)
-            qk_moe_m_run<ZP>(f, s_sel[j], R, (const uint2*)qk_moe_xw, s_zero, s_lo, s_hi, g, tq, nseg, bsh, acc);
+            qk_moe_m_run<ZP, false>(f, s_sel[j], R, (const uint2*)qk_moe_xw, 0, s_zero, s_lo, s_hi, g, tq, nseg, bsh,
+                                    acc);
         if (parts > 1) { /* part 0 adds the parts in order */
             s_part[warp][0][lane] = acc[0];
             s_part[warp][1][lane] = acc[1];
@@ -1018,6 +1092,97 @@ __device__ __forceinline__ void qk_moe_fc1m_body(const void* x, const void* logi
     }
 QK_MOE_FC1M(qk_moe_fc1m, false)
 QK_MOE_FC1M(qk_moe_fc1m_z, true)
+
+/* ---------------------------------------------------------------- fc2 on the matrix units
+ * qk_moe_fc2m: the decode path's fc2 + the weighted sum where the input is fp16 (so the scales, bias and
+ * output) and the weights 4-bit: fc1's fp32 output is carried exactly into the mma as three bf16
+ * parts a = b1 + b2 + b3 (qk_moe_bf16x3; qk_moe_fc1m stores them as planes, qk_moe_store_planes), the
+ * weights as exact bf16 (q - z), so every product is exact in fp32 and each 32-value segment's fp32 sum
+ * (its three parts' mma in one chain) is times its scale, as in qk_moe_fc1m. A CTA takes 16 output
+ * columns of one token for all k slots: it copies the token's 3 k planes into dynamic shared memory
+ * (k x 3 x 512 bytes per step of K), then its warps take the (slot, part) pairs (parts: qmoe_tiling.fc2m_parts, a function of
+ * the shape) round the warps; each pair's quad sums go to shared memory, and one thread per column adds
+ * a slot's parts in part order, the bias, then the k slots' fp32(w * y) in selection order as
+ * qk_moe_fc2v (no atomics: the order is fixed by the shape). The launcher's -DQK_MOE_FC2_SIMT keeps
+ * qk_moe_fc2v. */
+
+template <bool ZP>
+__device__ __forceinline__ void qk_moe_fc2m_body(const uint4* planes, const int* sel, const float* wts, const qk_u8* W,
+                                                 const void* S, const qk_u8* Z, const void* Bias, void* Y, int K,
+                                                 int N, int k, int bs, int zp_bytes, int has_zp, int has_bias,
+                                                 int parts) {
+    __shared__ int s_sel[QK_MOE_KMAX];
+    __shared__ float s_w[QK_MOE_KMAX];
+    __shared__ float s_dot[QK_MOE_KMAX * 4][16]; /* (slot, part): the 16 columns' sums */
+    __shared__ uint2 s_zero[8];
+    extern __shared__ uint4 qk_moe_xw[];
+    const qk_moe_fc f = {W, S, Z, Bias, N, K, bs, zp_bytes, has_zp, has_bias, 1};
+    const qk_i64 t = blockIdx.y;
+    const int n0 = (int)blockIdx.x * 16;
+    const int nseg = K / 32, steps = (nseg + QK_MOE_SEGS - 1) / QK_MOE_SEGS, blocks = bs ? K / bs : 1;
+    const int words = steps * 32, bsh = qk_moe_seg_shift(bs); /* 16-byte units of a staged plane */
+    if ((int)threadIdx.x < k) {
+        s_sel[threadIdx.x] = sel[t * k + threadIdx.x];
+        s_w[threadIdx.x] = wts[t * k + threadIdx.x];
+    }
+    if (threadIdx.x < 8) s_zero[threadIdx.x] = make_uint2(0u, 0u);
+    __syncthreads();
+    /* the token's 3 k planes (qk_moe_store_planes, written by qk_moe_fc1m) copied, zeros past K and for
+     * skipped slots (whose planes fc1 never wrote); a thread loads QK_MOE_F2_BATCH units before it stores */
+    const int n = 3 * k * words;
+    const uint4* src = planes + t * n;
+    for (int i0 = (int)threadIdx.x; i0 < n; i0 += QK_MOE_F2_BATCH * (int)blockDim.x) {
+        uint4 v[QK_MOE_F2_BATCH];
+#pragma unroll
+        for (int b = 0; b < QK_MOE_F2_BATCH; ++b) {
+            const int i = i0 + b * (int)blockDim.x, jp = i / words, u = i - jp * words;
+            v[b] = i < n && u < K / 8 && s_w[jp / 3] > QK_MOE_SKIP ? src[i] : make_uint4(0u, 0u, 0u, 0u);
+        }
+#pragma unroll
+        for (int b = 0; b < QK_MOE_F2_BATCH; ++b)
+            if (i0 + b * (int)blockDim.x < n) qk_moe_xw[i0 + b * (int)blockDim.x] = v[b];
+    }
+    __syncthreads();
+    const int lane = (int)(threadIdx.x & 31), g = lane >> 2, tq = lane & 3, warp = (int)(threadIdx.x / 32);
+    for (int pi = warp; pi < k * parts; pi += QK_MOE_M_WARPS) {
+        const int j = pi / parts, part = pi - j * parts;
+        if (!(s_w[j] > QK_MOE_SKIP)) continue; /* the whole warp */
+        const qk_moe_rows2 R = qk_moe_rows_of(f, s_sel[j], n0, g, blocks);
+        float acc[2] = {0.0f, 0.0f};
+        qk_moe_m_run<ZP, true>(f, s_sel[j], R, (const uint2*)(qk_moe_xw + 3 * j * words), 2 * words, s_zero,
+                               part * steps / parts, (part + 1) * steps / parts, g, tq, nseg, bsh, acc);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            acc[r] = QK_FADD(acc[r], QK_SHFL_XOR(acc[r], 1, 32));
+            acc[r] = QK_FADD(acc[r], QK_SHFL_XOR(acc[r], 2, 32));
+            if (tq == 0) s_dot[pi][g + 8 * r] = acc[r];
+        }
+    }
+    __syncthreads();
+    const int c = (int)threadIdx.x;
+    if (c >= 16 || n0 + c >= N) return;
+    float out = 0.0f;
+    for (int j = 0; j < k; ++j) {
+        const float w = s_w[j];
+        if (!(w > QK_MOE_SKIP)) continue;
+        float d = s_dot[j * parts][c];
+        for (int p = 1; p < parts; ++p) d = QK_FADD(d, s_dot[j * parts + p][c]);
+        const float y = qk_moe_biased(d, f, (qk_i64)s_sel[j] * N + n0 + c);
+        out = qk_ftz(QK_FADD(out, qk_ftz(QK_FMUL(w, y))));
+    }
+    qk_store_f(Y, t * N + n0 + c, out, 1);
+}
+
+/* qk_moe_fc2m: default zero points (8); qk_moe_fc2m_z: packed zero points. grid (ceil(N / 16), T) */
+#define QK_MOE_FC2M(NAME, ZP)                                                                                    \
+    extern "C" __global__ void __launch_bounds__(256, 2)                                                        \
+    NAME(const uint4* planes, const int* sel, const float* wts, const qk_u8* W, const void* S, const qk_u8* Z,   \
+         const void* Bias, void* Y, int K, int N, int k, int bs, int zp_bytes, int has_zp, int has_bias,          \
+         int parts) {                                                                                            \
+        qk_moe_fc2m_body<ZP>(planes, sel, wts, W, S, Z, Bias, Y, K, N, k, bs, zp_bytes, has_zp, has_bias, parts); \
+    }
+QK_MOE_FC2M(qk_moe_fc2m, false)
+QK_MOE_FC2M(qk_moe_fc2m_z, true)
 
 /* fc2 + the weighted sum. grid (tiles of `tile` output columns, T tokens); the CTA's tasks (slot j,
  * 4 columns) go round its 32-lane groups, each column's fp32(dot + bias) into shared memory; then
