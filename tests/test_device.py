@@ -657,6 +657,41 @@ def test_rcp_table_rule_and_sm90_table() -> None:
         assert m.is_shipped, m.sha256
 
 
+@pytest.mark.parametrize("zp", [False, True])
+def test_qmoe_decode_mma_tasks_in_rounds_keep_the_bits(zp: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """qk_moe_fc1m and qk_moe_fc2m with several tasks a warp: fc1m's 192 tasks (4 parts: 2 a CTA) on
+    1 and 5 CTAs (96 and 20 rounds, the last partial) and fc2m at 4 parts (a warp takes 2 (slot, part)
+    pairs of k 4), so each task starts from weights loaded during the one before (qk_moe_m_loop; with
+    packed zero points each loads its own); K of 576 and 384 (a partial last step; parts of 0 and 1
+    steps): the output bits of the default grid, whose tasks each sum in the same order, and that
+    grid's output within the catalogue's bound."""
+    import cupy
+
+    import qconform.device.ort.qmoe as Q
+    from qconform.contracts import STRICT
+    from qconform.device.launchers import kernel_of
+    from qconform.ops.ort.qmoe import qmoe_numerics, random_qmoe_case
+    from qconform.properties.bounds import check_bound
+
+    op = get_op("qmoe_decode")
+    rng = np.random.default_rng(1700 + zp)
+    inputs = random_qmoe_case(rng, tokens=1, hidden=576, inter=384, experts=6, bits=4, block_size=32,
+                              dtype=np.float16, zero_points=zp, bias=True)  # fmt: skip
+    params = {"act": "fp16", "k": 4, "bits": 4, "bs": 32, "swiglu": "oss"}
+    dev_args, dev_kwargs = op.call_args(_device(inputs), params)
+    ran, _ = _recorded(Q.qmoe_decode, *dev_args, **dev_kwargs)
+    suffix = "_z" if zp else ""
+    assert {kernel_of(Q.SOURCE, f"qk_moe_fc{i}m{suffix}") for i in (1, 2)} <= set(ran)
+    want = cupy.asnumpy(Q.qmoe_decode(*dev_args, **dev_kwargs))
+    readings = qmoe_numerics(inputs, params, STRICT, True)
+    assert any(check_bound(want, ex.want, ex.model, STRICT, True, str).ok for ex in readings)
+    monkeypatch.setattr(Q, "fc2m_parts", lambda k, K: 4)
+    for ctas in (1, 5):
+        monkeypatch.setattr(Q, "mma_ctas", lambda tasks, warps, tokens, sms, c=ctas: c)
+        got = cupy.asnumpy(Q.qmoe_decode(*dev_args, **dev_kwargs))
+        assert got.tobytes() == want.tobytes(), f"{ctas} CTAs: {np.flatnonzero(got != want)[:8]}"
+
+
 @pytest.mark.parametrize("op_name", ["qmoe_decode", "qmoe_ragged_mm"])
 def test_qmoe_first_call_of_a_fresh_shape_then_128_identical(op_name: str) -> None:
     """The issue's property on our QMoE kernels: the first call of a shape this process has not run
