@@ -474,22 +474,10 @@ QMOE_M_ZERO_ROW: Edits = (
 # carried by its first bf16 part alone (8 significant bits, far outside the strict bound)
 QMOE_F2_ONE_PART: Edits = (("for (int p = 0; p < 3; ++p) {", "for (int p = 0; p < 1; ++p) {"),)
 # every slot's warps reading slot 0's staged rows of fc1's output
-QMOE_F2_SLOT0: Edits = (("(const uint2*)(qk_moe_xw + 3 * me.j * words)", "(const uint2*)qk_moe_xw"),)
+QMOE_F2_SLOT0: Edits = (("(const uint2*)(qk_moe_xw + 3 * j * words)", "(const uint2*)qk_moe_xw"),)
 # the odd fields of a weight word (values 1 5, 3 7) converted from the even ones
 QMOE_F2_FIELD: Edits = (
     ("qk_moe_bf_pair(w0, 2 * half + 1, st.ze[0][h]),", "qk_moe_bf_pair(w0, 2 * half, st.ze[0][h]),"),
-)
-# qk_moe_fc1m's tasks all on CTA 0, in rounds of its slots (legal: each task sums in the same order, the
-# same bits), so a warp's tasks follow one another on every case
-QMOE_M_ONE_CTA: Edits = (
-    (
-        "const int stride = (int)gridDim.x * slots, mine = q * (int)gridDim.x + (int)blockIdx.x;",
-        "const int stride = slots, mine = blockIdx.x ? total : q;",
-    ),
-)
-# ... and the next task's first step loaded from the current task's rows
-QMOE_M_NEXT_ROWS: Edits = QMOE_M_ONE_CTA + (
-    ("qk_moe_rows_of(f, nx.e, nx.r0, g, blocks), s_lo, t, nseg, bsh, b0);", "R, s_lo, t, nseg, bsh, b0);"),
 )
 
 # the grouped GEMMs (qmoe_ragged_mm under --contract storage=fp16). The scatter's order within an
@@ -582,10 +570,6 @@ QMOE_MUTANTS = (
           QMOE_F2_FIELD),
     _qmoe("control: QMoE fc2 of an fp16 layer on qk_moe_fc2v (-DQK_MOE_FC2_SIMT)", None, "qmoe_decode",
           "Xfp16_Wu4_Yfp16", define="-DQK_MOE_FC2_SIMT"),
-    _qmoe("control: QMoE fc1 mma: every task on CTA 0, in rounds", None, "qmoe_decode", "Xfp16_Wu4_Yfp16",
-          QMOE_M_ONE_CTA),
-    _qmoe("QMoE fc1 mma: the next task's first step from this task's rows", "matches_oracle", "qmoe_decode",
-          "Xfp16_Wu4_Yfp16", QMOE_M_NEXT_ROWS),
     _qmoe("control: QMoE legacy kernels (route, fc1, fc2), u8 ragged", None, "qmoe_ragged_mm", "Xfp16_Wu8_Yfp16",
           define="-DQK_MOE_LEGACY"),
     _qmoe_g("QMoE grouped: last partial tile dropped", "matches_oracle", "Xfp16_Wu4_Yfp16", QMOE_G_PARTIAL_TILE),

@@ -661,10 +661,9 @@ def test_rcp_table_rule_and_sm90_table() -> None:
 def test_qmoe_decode_mma_tasks_in_rounds_keep_the_bits(zp: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """qk_moe_fc1m and qk_moe_fc2m with several tasks a warp: fc1m's 192 tasks (4 parts: 2 a CTA) on
     1 and 5 CTAs (96 and 20 rounds, the last partial) and fc2m at 4 parts (a warp takes 2 (slot, part)
-    pairs of k 4), so each task starts from weights loaded during the one before (qk_moe_m_loop; with
-    packed zero points each loads its own); K of 576 and 384 (a partial last step; parts of 0 and 1
-    steps): the output bits of the default grid, whose tasks each sum in the same order, and that
-    grid's output within the catalogue's bound."""
+    pairs of k 4); K of 576 and 384 (a partial last step; parts of 0 and 1 steps): the output bits of
+    the default grid (each task sums in an order fixed by the shape, whichever warp and round take it),
+    and that grid's output within the catalogue's bound."""
     import cupy
 
     import qconform.device.ort.qmoe as Q

@@ -885,30 +885,10 @@ __device__ __forceinline__ qk_moe_rows2 qk_moe_rows_of(const qk_moe_fc& f, int e
     return R;
 }
 
-/* segment seg's block: seg >> bsh (bsh = log2(block_size / 32); 31 for per-row scales: block 0). A step
- * inside K loads without bounds, and its columns' segments 2 t, 2 t + 1 share one scale unless blocks
- * are 32 values (bsh 0): one 2-byte load a row */
+/* segment seg's block: seg >> bsh (bsh = log2(block_size / 32); 31 for per-row scales: block 0) */
 template <bool ZP, bool BF16>
 __device__ __forceinline__ void qk_moe_fc1m_load(const qk_moe_fc& f, int e, const qk_moe_rows2& R, int S, int t,
                                                  int nseg, int bsh, qk_moe_fc1m_step& st) {
-    if (QK_MOE_SEGS * (S + 1) <= nseg) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const uint4* w = R.w[r] + QK_MOE_SEGS * S + t;
-            st.w[r][0] = w[0];
-            st.w[r][1] = w[4];
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                qk_u32 z = 8u;
-                if (ZP) z = qk_moe_zero_of(f, e, R.rr[r], R.row[r], QK_MOE_SEGS * S + 4 * h + t, bsh);
-                qk_moe_fc1m_consts<BF16>(z, &st.ze[r][h], &st.zo[r][h]);
-            }
-            const qk_u16* s = R.s[r] + ((QK_MOE_SEGS * S + 2 * t) >> bsh);
-            st.s[r][0] = qk_fp16_to_float(s[0]);
-            st.s[r][1] = bsh ? st.s[r][0] : qk_fp16_to_float(s[1]);
-        }
-        return;
-    }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
 #pragma unroll
@@ -927,15 +907,12 @@ __device__ __forceinline__ void qk_moe_fc1m_load(const qk_moe_fc& f, int e, cons
     }
 }
 
-/* the end of a step: the four chains added (h 1's columns are zero in h 0's chains and the other way
- * round), then each lane's two columns times their scales into its row sums */
-__device__ __forceinline__ void qk_moe_fc1m_scale(float c[4][4], const qk_moe_fc1m_step& st, float* acc) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) c[0][i] = QK_FADD(QK_FADD(c[0][i], c[1][i]), QK_FADD(c[2][i], c[3][i]));
+/* the end of a step: each lane's two columns of c times their scales into its row sums */
+__device__ __forceinline__ void qk_moe_fc1m_scale(const float c[4], const qk_moe_fc1m_step& st, float* acc) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-        acc[0] = fmaf(c[0][i], st.s[0][i], acc[0]);
-        acc[1] = fmaf(c[0][2 + i], st.s[1][i], acc[1]);
+        acc[0] = fmaf(c[i], st.s[0][i], acc[0]);
+        acc[1] = fmaf(c[2 + i], st.s[1][i], acc[1]);
     }
 }
 
@@ -946,11 +923,13 @@ __device__ __forceinline__ const uint2* qk_moe_bsrc(const uint2* xp, const uint2
     return mine ? xp + 8 * (QK_MOE_SEGS * S + 4 * h + t) : zero;
 }
 
-/* one step: 16 mma into c (column n: segment 8 S + n), then qk_moe_fc1m_scale. B fragments from the
- * staged input xp (qk_moe_bsrc: every lane reads, none branches) */
+/* one step: 16 mma in one chain into c (column n: segment 8 S + n; an h 0 mma adds zeros to columns 4..7,
+ * an h 1 mma to 0..3, exactly), then qk_moe_fc1m_scale. B fragments from the staged input xp
+ * (qk_moe_bsrc: every lane reads, none branches). One chain, not four added after the step: 12 fp32 adds
+ * and 12 registers fewer (docs/perf-notes.md, session 20). */
 __device__ __forceinline__ void qk_moe_fc1m_mma(const qk_moe_fc1m_step& st, const uint2* xp, const uint2* zero, int S,
                                                 int g, int t, float* acc) {
-    float c[4][4] = {}; /* [h][words 0-1 / 2-3]: four independent mma chains */
+    float c[4] = {};
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const uint2* src = qk_moe_bsrc(xp, zero, S, h, g, t);
@@ -963,7 +942,7 @@ __device__ __forceinline__ void qk_moe_fc1m_mma(const qk_moe_fc1m_step& st, cons
                 qk_moe_fc1m_word(qk_moe_word_of(st.w[1][h], m), half, st.ze[1][h], st.zo[1][h], &a[1], &a[3]);
                 const uint2 v = src[2 * m + half];
                 const qk_u32 b[2] = {v.x, v.y};
-                qk_mma_16816(c[2 * h + m / 2], a, b);
+                qk_mma_16816(c, a, b);
             }
     }
     qk_moe_fc1m_scale(c, st, acc);
@@ -973,7 +952,7 @@ __device__ __forceinline__ void qk_moe_fc1m_mma(const qk_moe_fc1m_step& st, cons
  * planes xp, xp + ps, xp + 2 ps), each part's mma into the same chain */
 __device__ __forceinline__ void qk_moe_fc2m_mma(const qk_moe_fc1m_step& st, const uint2* xp, int ps, const uint2* zero,
                                                 int S, int g, int t, float* acc) {
-    float c[4][4] = {};
+    float c[4] = {};
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const uint2* src = qk_moe_bsrc(xp, zero, S, h, g, t);
@@ -990,67 +969,32 @@ __device__ __forceinline__ void qk_moe_fc2m_mma(const qk_moe_fc1m_step& st, cons
                 for (int p = 0; p < 3; ++p) {
                     const uint2 v = src[p * step + 2 * m + half];
                     const qk_u32 b[2] = {v.x, v.y};
-                    qk_mma_16816_bf16(c[2 * h + m / 2], a, b);
+                    qk_mma_16816_bf16(c, a, b);
                 }
             }
     }
     qk_moe_fc1m_scale(c, st, acc);
 }
 
-/* the first two steps of a warp's run over [s_lo, s_hi) (rows R of expert e) into b0, b1 */
+/* a warp's run of one task (rows R of expert e) over steps [s_lo, s_hi), two steps' loads in flight:
+ * the lane's row sums (before the quad's are added). BF16: qk_moe_fc2m_mma over the three planes of
+ * ps uint2 units, else qk_moe_fc1m_mma. */
 template <bool ZP, bool BF16>
-__device__ __forceinline__ void qk_moe_m_first(const qk_moe_fc& f, int e, const qk_moe_rows2& R, int s_lo, int s_hi,
-                                               int t, int nseg, int bsh, qk_moe_fc1m_step& b0, qk_moe_fc1m_step& b1) {
-    if (s_lo < s_hi) qk_moe_fc1m_load<ZP, BF16>(f, e, R, s_lo, t, nseg, bsh, b0);
+__device__ __forceinline__ void qk_moe_m_run(const qk_moe_fc& f, int e, const qk_moe_rows2& R, const uint2* xp,
+                                             int ps, const uint2* zero, int s_lo, int s_hi, int g, int t, int nseg,
+                                             int bsh, float* acc) {
+    if (s_lo >= s_hi) return;
+    qk_moe_fc1m_step b0, b1;
+    qk_moe_fc1m_load<ZP, BF16>(f, e, R, s_lo, t, nseg, bsh, b0);
     if (s_lo + 1 < s_hi) qk_moe_fc1m_load<ZP, BF16>(f, e, R, s_lo + 1, t, nseg, bsh, b1);
-}
-
-/* a warp's task (its steps [s_lo, s_hi) of 16 rows of slot j): whether it runs, its expert and first row */
-struct qk_moe_next {
-    bool live;
-    int j, e, r0;
-};
-
-/* the task of rows r0.. of slot j (one that exists where `in`) */
-__device__ __forceinline__ qk_moe_next qk_moe_task_of(bool in, int j, int r0, const int* s_sel, const float* s_w) {
-    qk_moe_next T;
-    T.j = in ? j : 0;
-    T.r0 = r0;
-    T.e = s_sel[T.j];
-    T.live = in && s_w[T.j] > QK_MOE_SKIP;
-    return T;
-}
-
-/* task `task` of qk_moe_fc1m's `total` (k slots x `tiles` tiles of 16 rows) */
-__device__ __forceinline__ qk_moe_next qk_moe_fc1m_task(int task, int total, int tiles, const int* s_sel,
-                                                        const float* s_w) {
-    const int j = task < total ? task / tiles : 0;
-    return qk_moe_task_of(task < total, j, (task - j * tiles) * 16, s_sel, s_w);
-}
-
-/* a warp's run of one task (rows R of expert e) over steps [s_lo, s_hi) from qk_moe_m_first's b0, b1, two
- * steps' loads in flight: the lane's row sums (before the quad's are added). Without packed zero points
- * (their rows' registers would spill), a buffer's last step of the task loads the next task's first or
- * second step (nx.live), so the next run starts with its weights in flight; with them each run starts
- * from qk_moe_m_first. BF16: qk_moe_fc2m_mma over the three planes of ps uint2 units, else
- * qk_moe_fc1m_mma. */
-template <bool ZP, bool BF16>
-__device__ __forceinline__ void qk_moe_m_loop(const qk_moe_fc& f, int e, const qk_moe_rows2& R, const uint2* xp,
-                                              int ps, const uint2* zero, int s_lo, int s_hi, int g, int t, int nseg,
-                                              int bsh, int blocks, const qk_moe_next& nx, qk_moe_fc1m_step& b0,
-                                              qk_moe_fc1m_step& b1, float* acc) {
     for (int s = s_lo; s < s_hi; s += 2) {
         if (BF16) qk_moe_fc2m_mma(b0, xp, ps, zero, s, g, t, acc);
         else qk_moe_fc1m_mma(b0, xp, zero, s, g, t, acc);
         if (s + 2 < s_hi) qk_moe_fc1m_load<ZP, BF16>(f, e, R, s + 2, t, nseg, bsh, b0);
-        else if (!ZP && nx.live)
-            qk_moe_fc1m_load<ZP, BF16>(f, nx.e, qk_moe_rows_of(f, nx.e, nx.r0, g, blocks), s_lo, t, nseg, bsh, b0);
         if (s + 1 < s_hi) {
             if (BF16) qk_moe_fc2m_mma(b1, xp, ps, zero, s + 1, g, t, acc);
             else qk_moe_fc1m_mma(b1, xp, zero, s + 1, g, t, acc);
             if (s + 3 < s_hi) qk_moe_fc1m_load<ZP, BF16>(f, e, R, s + 3, t, nseg, bsh, b1);
-            else if (!ZP && nx.live && s_lo + 1 < s_hi)
-                qk_moe_fc1m_load<ZP, BF16>(f, nx.e, qk_moe_rows_of(f, nx.e, nx.r0, g, blocks), s_lo + 1, t, nseg, bsh, b1);
         }
     }
 }
@@ -1096,23 +1040,15 @@ __device__ __forceinline__ void qk_moe_fc1m_body(const void* x, const void* logi
     const int tiles = (N + 15) / 16, total = k * tiles, slots = QK_MOE_M_WARPS / parts;
     const int q = warp / parts, part = warp - q * parts;
     const int s_lo = part * steps / parts, s_hi = (part + 1) * steps / parts;
-    const int stride = (int)gridDim.x * slots, mine = q * (int)gridDim.x + (int)blockIdx.x;
-    qk_moe_fc1m_step b0, b1; /* a round's first two steps, loaded during the round before */
-    qk_moe_next nx = qk_moe_fc1m_task(mine, total, tiles, s_sel, s_w);
-    if (!ZP && nx.live) qk_moe_m_first<ZP, false>(f, nx.e, qk_moe_rows_of(f, nx.e, nx.r0, g, blocks), s_lo, s_hi, tq, nseg, bsh, b0, b1);
-    for (int base = 0; base < total; base += stride) { /* the same trip count in every warp */
-        const qk_moe_next me = nx;
-        nx = qk_moe_fc1m_task(base + stride + mine, total, tiles, s_sel, s_w);
-        const int j = me.j, r0 = me.r0;
-        const bool live = me.live; /* the same in a task's parts */
-        const qk_moe_rows2 R = qk_moe_rows_of(f, me.e, r0, g, blocks);
+    for (int base = 0; base < total; base += (int)gridDim.x * slots) { /* the same trip count in every warp */
+        const int task = base + q * (int)gridDim.x + (int)blockIdx.x;
+        const int j = task < total ? task / tiles : 0, r0 = (task - j * tiles) * 16;
+        const bool live = task < total && s_w[j] > QK_MOE_SKIP; /* the same in a task's parts */
+        const qk_moe_rows2 R = qk_moe_rows_of(f, s_sel[j], r0, g, blocks);
         float acc[2] = {0.0f, 0.0f};
-        if (live) {
-            if (ZP) qk_moe_m_first<ZP, false>(f, me.e, R, s_lo, s_hi, tq, nseg, bsh, b0, b1);
-            qk_moe_m_loop<ZP, false>(f, me.e, R, (const uint2*)qk_moe_xw, 0, s_zero, s_lo, s_hi, g, tq, nseg, bsh, blocks,
-                                     nx, b0, b1, acc);
-        } else if (!ZP && nx.live)
-            qk_moe_m_first<ZP, false>(f, nx.e, qk_moe_rows_of(f, nx.e, nx.r0, g, blocks), s_lo, s_hi, tq, nseg, bsh, b0, b1);
+        if (live)
+            qk_moe_m_run<ZP, false>(f, s_sel[j], R, (const uint2*)qk_moe_xw, 0, s_zero, s_lo, s_hi, g, tq, nseg, bsh,
+                                    acc);
         if (parts > 1) { /* part 0 adds the parts in order */
             s_part[warp][0][lane] = acc[0];
             s_part[warp][1][lane] = acc[1];
@@ -1190,12 +1126,6 @@ __device__ __forceinline__ void qk_moe_fc2m_body(const uint4* planes, const int*
     }
     if (threadIdx.x < 8) s_zero[threadIdx.x] = make_uint2(0u, 0u);
     __syncthreads();
-    const int lane = (int)(threadIdx.x & 31), g = lane >> 2, tq = lane & 3, warp = (int)(threadIdx.x / 32);
-    const int pairs = k * parts, part = warp % parts; /* pair pi = warp + 8 i: slot pi / parts, part warp % parts */
-    const int s_lo = part * steps / parts, s_hi = (part + 1) * steps / parts;
-    qk_moe_fc1m_step b0, b1; /* a pair's first two steps, loaded before it (the warp's first pair's during the copy) */
-    qk_moe_next nx = qk_moe_task_of(warp < pairs, warp / parts, n0, s_sel, s_w);
-    if (!ZP && nx.live) qk_moe_m_first<ZP, true>(f, nx.e, qk_moe_rows_of(f, nx.e, n0, g, blocks), s_lo, s_hi, tq, nseg, bsh, b0, b1);
     /* the token's 3 k planes (qk_moe_store_planes, written by qk_moe_fc1m) copied, zeros past K and for
      * skipped slots (whose planes fc1 never wrote); a thread loads QK_MOE_F2_BATCH units before it stores */
     const int n = 3 * k * words;
@@ -1212,20 +1142,14 @@ __device__ __forceinline__ void qk_moe_fc2m_body(const uint4* planes, const int*
             if (i0 + b * (int)blockDim.x < n) qk_moe_xw[i0 + b * (int)blockDim.x] = v[b];
     }
     __syncthreads();
-    for (int pi = warp; pi < pairs; pi += QK_MOE_M_WARPS) {
-        const qk_moe_next me = nx;
-        const int pn = pi + QK_MOE_M_WARPS;
-        nx = qk_moe_task_of(pn < pairs, pn / parts, n0, s_sel, s_w);
-        if (!me.live) { /* the whole warp */
-            if (!ZP && nx.live)
-                qk_moe_m_first<ZP, true>(f, nx.e, qk_moe_rows_of(f, nx.e, n0, g, blocks), s_lo, s_hi, tq, nseg, bsh, b0, b1);
-            continue;
-        }
-        const qk_moe_rows2 R = qk_moe_rows_of(f, me.e, n0, g, blocks);
+    const int lane = (int)(threadIdx.x & 31), g = lane >> 2, tq = lane & 3, warp = (int)(threadIdx.x / 32);
+    for (int pi = warp; pi < k * parts; pi += QK_MOE_M_WARPS) {
+        const int j = pi / parts, part = pi - j * parts;
+        if (!(s_w[j] > QK_MOE_SKIP)) continue; /* the whole warp */
+        const qk_moe_rows2 R = qk_moe_rows_of(f, s_sel[j], n0, g, blocks);
         float acc[2] = {0.0f, 0.0f};
-        if (ZP) qk_moe_m_first<ZP, true>(f, me.e, R, s_lo, s_hi, tq, nseg, bsh, b0, b1);
-        qk_moe_m_loop<ZP, true>(f, me.e, R, (const uint2*)(qk_moe_xw + 3 * me.j * words), 2 * words, s_zero, s_lo, s_hi,
-                                g, tq, nseg, bsh, blocks, nx, b0, b1, acc);
+        qk_moe_m_run<ZP, true>(f, s_sel[j], R, (const uint2*)(qk_moe_xw + 3 * j * words), 2 * words, s_zero,
+                               part * steps / parts, (part + 1) * steps / parts, g, tq, nseg, bsh, acc);
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             acc[r] = QK_FADD(acc[r], QK_SHFL_XOR(acc[r], 1, 32));
