@@ -17,7 +17,14 @@ the parts' sums added in part order), (q - z) exact in fp16 and each 32-value se
 its scale (no weight rounded), ``qmoe_tiling.mma_ctas`` CTAs; ``qk_moe_fc1m_z`` where fc1 has packed
 zero points.
 ``qk_moe_fc2v``: a tile of output columns for all k slots per CTA, the slots' fp32(w * (dot + bias))
-added in selection order in shared memory (no atomics: repeat calls are bit-identical). With
+added in selection order in shared memory (no atomics: repeat calls are bit-identical). Where fc1 runs
+on ``qk_moe_fc1m`` and fc2's K is a multiple of 32 with no int8 activations, fc2 takes ``qk_moe_fc2m``
+instead (``_fc2_on_mma``; ``-DQK_MOE_FC2_SIMT`` keeps ``qk_moe_fc2v``): fc1m stores its fp32 output as
+three bf16 planes (a = b1 + b2 + b3, exact), a CTA stages its token's k rows of them in shared memory
+(``qmoe_tiling.fc2m_staged_bytes``, at most FC2M_SMEM) and takes 16 output columns over all k slots on
+the matrix units ((q - z) exact in bf16, so every product is exact in fp32), each slot's K split over
+``qmoe_tiling.fc2m_parts`` warps and added in part order, then the slots' fp32(w * (dot + bias)) in
+selection order as in ``qk_moe_fc2v``. With
 ``-DQK_MOE_DECODE_V1`` in the build options: the session-8 decode kernels (input and scratch read
 from global memory in lane order, one task per lane group; the same sums in the same order, so the
 same bits). With ``-DQK_MOE_LEGACY`` (``compile_options``; the bench's ``--variants``), or past the
