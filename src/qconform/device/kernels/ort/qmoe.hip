@@ -661,10 +661,11 @@ __device__ __forceinline__ float qk_moe_biased(float a, const qk_moe_fc& f, qk_i
     return f.has_bias ? qk_ftz(QK_FADD(a, qk_ftz(qk_load_f(f.b, at, f.s16)))) : a;
 }
 
-/* a = b1 + b2 + b3 in bf16, exactly for finite |a| >= 2^-110 (b1: a's upper 16 bits; r = a - b1 is
- * exact and has at most 16 significant bits; b2: r's upper 16; r - b2 has at most 8, so it is b3
- * itself; below 2^-110, b3's bits under 2^-126 are lost), each part's bits in the low half; a not
- * finite: a as bf16 (NaN stays NaN), 0, 0 */
+/* a = b1 + b2 + b3 in bf16 (b1: a's upper 16 bits; r = a - b1 is exact and has at most 16 significant
+ * bits; b2: r's upper 16; r - b2 has at most 8, so it is b3 itself), exactly for finite |a| >= 2^-103 as
+ * built (flush-to-zero: r - b2 must stay a normal fp32; 2^-110 without it); below, what is lost is under
+ * 2^-126 (tests/test_qmoe_bf16_split.py). Each part's bits in the low half; a not finite: a as bf16 (NaN
+ * stays NaN), 0, 0 */
 __device__ __forceinline__ void qk_moe_bf16x3(float a, qk_u32 p[3]) {
     const qk_u32 ab = qk_bits(a);
     if ((ab & 0x7F800000u) == 0x7F800000u) {
