@@ -4,6 +4,7 @@ states them. Offline (no CuPy)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from qconform.device.qmoe_tiling import (
@@ -17,6 +18,8 @@ from qconform.device.qmoe_tiling import (
     chunk_words,
     fc1_ctas,
     fc2_tile,
+    fc2m_parts,
+    fc2m_staged_bytes,
     lanes_over,
     mma_parts,
     staged_bytes,
@@ -106,3 +109,64 @@ def test_mma_parts_of_the_bench_layers() -> None:
     # measured on the H200 (docs/perf-notes.md, session 18): gpt-oss-20b's fc1 (1440 tasks of 16 rows, 12
     # steps) fastest at 4 parts, Qwen3-30B-A3B's (768 tasks, 8 steps) at 2; the rule picks those
     assert mma_parts(4 * 5760 // 16, 2880) == 4 and mma_parts(8 * 1536 // 16, 2048) == 2
+
+
+def _serial_fc2m(k: int, K: int, parts: int) -> int:
+    """qk_moe_fc2m's steps one after the other in a CTA of 8 warps taking its k x parts (slot, part)
+    pairs in rounds: each round a part's steps plus one for the first loads (the rule's model)."""
+    steps = -(-K // 256)
+    return -(-k * parts // 8) * (-(-steps // parts) + 1)
+
+
+FC2M_CELLS = [(k, K) for k in (1, 2, 4, 6, 8, 16, 32) for K in (32, 256, 512, 768, 1024, 1536, 2880)]
+FC2M_MUTANTS = {
+    "always 1 part": lambda k, K: 1,
+    "ties to more parts": lambda k, K: min((1, 2, 4), key=lambda p: (_serial_fc2m(k, K, p), -p)),
+    "8 parts (past s_dot's k x 4 rows)": lambda k, K: min((1, 2, 4, 8), key=lambda p: (_serial_fc2m(k, K, p), p)),
+}
+
+
+def _fc2m_rule_holds(rule, k: int, K: int) -> bool:
+    """``rule(k, K)`` is 1, 2 or 4 (s_dot holds k x 4 pairs; a warp's pairs warp + 8 i keep one part), the
+    fewest serial steps, ties to fewer parts."""
+    parts = rule(k, K)
+    if parts not in (1, 2, 4):
+        return False
+    best = min(_serial_fc2m(k, K, p) for p in (1, 2, 4))
+    return _serial_fc2m(k, K, parts) == best and all(_serial_fc2m(k, K, p) > best for p in (1, 2, 4) if p < parts)
+
+
+@pytest.mark.parametrize("k, K", FC2M_CELLS)
+def test_fc2m_parts_takes_the_fewest_serial_steps(k: int, K: int) -> None:
+    assert _fc2m_rule_holds(fc2m_parts, k, K)
+    if K <= 256:
+        assert fc2m_parts(k, K) == 1
+
+
+@pytest.mark.parametrize("name", FC2M_MUTANTS)
+def test_fc2m_parts_mutants_caught(name: str) -> None:
+    assert not all(_fc2m_rule_holds(FC2M_MUTANTS[name], k, K) for k, K in FC2M_CELLS), name
+
+
+def test_fc2m_parts_of_the_bench_layer() -> None:
+    # measured on the H200 (docs/perf-notes.md, session 20): gpt-oss-20b's fc2 (k 4, K 2880) 50.3 us at the
+    # rule's 2 parts, 53.7 at 1, 50.7 at 4
+    assert fc2m_parts(4, 2880) == 2
+
+
+@pytest.mark.parametrize("k, K", [(1, 32), (4, 2880), (8, 768), (8, 1536), (3, 200 * 32)])
+def test_fc2m_planes_fit_the_staged_bytes(k: int, K: int) -> None:
+    # qk_moe_store_planes writes value u of slot j's plane q at halfword ((j 3 + q) words + u / 8) 8 +
+    # 2 (u & 3) + ((u >> 2) & 1), words = 32 ceil(K / 256) 16-byte units; qk_moe_fc2m reads slot j's
+    # planes from unit 3 j words, steps x 32 units each: every value lands once, inside the bytes staged
+    words = 32 * -(-K // 256)
+    u = np.arange(K)
+    at = {
+        int(((j * 3 + q) * words + v // 8) * 8 + 2 * (v & 3) + ((v >> 2) & 1))
+        for j in range(k)
+        for q in range(3)
+        for v in u.tolist()
+    }
+    assert len(at) == 3 * k * K
+    assert max(at) * 2 + 2 <= fc2m_staged_bytes(k, K)
+    assert fc2m_staged_bytes(k, K) == 3 * k * words * 16
