@@ -147,9 +147,9 @@ def _fc1_on_mma(x16: Any, bits: int, K: int, int8: bool, v1: bool) -> bool:
 def _fc2_on_mma(fc1m: bool, K: int, k: int, int8: bool, zp: bool) -> bool:
     """Whether the decode path's fc2 runs on the matrix units (``qk_moe_fc2m``): fc1 on ``qk_moe_fc1m``
     (an fp16 input's layer, 4-bit weights; it writes fc2m's bf16 planes), K in segments of 32 values, no
-    int8 activations, the k staged rows within FC2M_SMEM and the device's per-CTA limit, and no
-    -DQK_MOE_FC2_SIMT."""
-    if not fc1m or int8 or K % 32 or FC2_SIMT in launchers.OPTIONS:
+    int8 activations, the k staged rows within FC2M_SMEM and the device's per-CTA limit, no
+    -DQK_MOE_FC2_SIMT, and NVIDIA (qmoe.hip builds qk_moe_fc2m there only)."""
+    if not fc1m or int8 or K % 32 or FC2_SIMT in launchers.OPTIONS or cupy.cuda.runtime.is_hip:
         return False
     smem, limit = fc2m_staged_bytes(k, K), launchers.smem_limits()[0]
     if smem > min(FC2M_SMEM, limit - 16 * 1024):

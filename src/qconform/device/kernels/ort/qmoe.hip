@@ -1181,8 +1181,11 @@ __device__ __forceinline__ void qk_moe_fc2m_body(const uint4* planes, const int*
          int parts) {                                                                                            \
         qk_moe_fc2m_body<ZP>(planes, sel, wts, W, S, Z, Bias, Y, K, N, k, bs, zp_bytes, has_zp, has_bias, parts); \
     }
+#if defined(QK_CUDA) /* NVIDIA only: AMD has no bf16 mma here, and the shuffled form of fc2m's 96 mma a loop made a
+                       * gfx90a build of this file take tens of minutes; the launcher keeps qk_moe_fc2v there */
 QK_MOE_FC2M(qk_moe_fc2m, false)
 QK_MOE_FC2M(qk_moe_fc2m_z, true)
+#endif
 
 /* fc2 + the weighted sum. grid (tiles of `tile` output columns, T tokens); the CTA's tasks (slot j,
  * 4 columns) go round its 32-lane groups, each column's fp32(dot + bias) into shared memory; then
