@@ -133,9 +133,9 @@ def sm_count() -> int:
     return int(device_attributes(cupy.cuda.Device().id)["MultiProcessorCount"])
 
 
-@functools.cache
 def smem_limits() -> tuple[int, int]:
-    """(shared memory one CTA may use, shared memory per SM) of the current device."""
+    """(shared memory one CTA may use, shared memory per SM) of the current device (its attributes
+    read once: ``device_attributes``)."""
     attrs = device_attributes(cupy.cuda.Device().id)
     per_cta = attrs.get("MaxSharedMemoryPerBlockOptin", 0) or attrs["MaxSharedMemoryPerBlock"]
     return int(per_cta), int(attrs.get("MaxSharedMemoryPerMultiprocessor", per_cta))

@@ -216,7 +216,6 @@ def _qmoe(op: OpSpec, args: tuple, kwargs: dict[str, Any], out: Any) -> Any:
     f = 2 if act == SWIGLU else 1
     level = int(s["accuracy_level"])
     int8 = [uses_int8_activations(FcLayout(n, K, bits, bs or None), level) for n, K in ((f * inter, H), (H, inter))]
-    a = cupy.empty((T * k, inter), cupy.float32)
     v1 = DECODE_V1 in launchers.OPTIONS
     if LEGACY not in launchers.OPTIONS and E <= EMAX and k <= KMAX and T * k <= GRID_Y and (v1 or H <= XMAX):
         attrs = (np.float32(s["activation_alpha"]), np.float32(s["activation_beta"]), np.float32(s["swiglu_limit"]))
@@ -225,9 +224,9 @@ def _qmoe(op: OpSpec, args: tuple, kwargs: dict[str, Any], out: Any) -> Any:
         lanes2, vw2, vec2 = _chunking(inter, bits, bs, int8[1], ptrs["fc2_experts_weights"])
         m1 = _fc1_on_mma(x16, bits, H, int8[0], v1)
         m2 = _fc2_on_mma(m1, inter, k, int8[1], ptrs["fc2_zero_points"] is not None)
-        if m2:  # fc1's output as qk_moe_fc2m's three bf16 planes a pair (qk_moe_store_planes)
-            a = cupy.empty(fc2m_staged_bytes(T * k, inter) // 4, cupy.float32)
-        # fc1's output: fc2m's planes (-1), in row order (0), or chunk-transposed for fc2v's chunks
+        # fc1's output: fc2m's three bf16 planes a pair (-1, qk_moe_store_planes), in row order (0), or
+        # chunk-transposed for fc2v's chunks
+        a = cupy.empty(fc2m_staged_bytes(T * k, inter) // 4 if m2 else T * k * inter, cupy.float32)
         at = -1 if m2 else 0 if v1 or int8[1] else vw2 * 32 // bits
         # the arguments qk_moe_fc1m and qk_moe_fc1v share: routing in, fc1's weights and its output
         head = (ptrs["input"], ptrs["router_probs"], null if rw is None else rw, sel, wts, *w1, a, i32(E), i32(H))
@@ -264,6 +263,7 @@ def _qmoe(op: OpSpec, args: tuple, kwargs: dict[str, Any], out: Any) -> Any:
         launch_grid(op.name, SOURCE, "qk_moe_fc2v", (-(-H // tile), T), THREADS, fc2)
         return call.out
     launch_grid(op.name, SOURCE, "qk_moe_route", _grid(T, 1), THREADS, route)
+    a = cupy.empty(T * k * inter, cupy.float32)  # fc1's output, in row order
     lanes, unroll = (tiling_int8(H, bs), 1) if int8[0] else tiling(H, bits)
     q1 = codes(ptrs["input"], T, H, x16, null) if int8[0] else (null, null)
     w1, flags1 = fc("fc1", f * inter, H)
