@@ -326,7 +326,7 @@ GEMM_TOKEN_TILE: Edits = (("const int r0 = tok0 + (tid >> 3);", "const int r0 = 
 # parts never added; lo scaled back by 2^-e (the 2^12 of the split forgotten); every token group
 # reading group 0's rows
 RING_F32_NO_LO: Edits = (
-    ("v = fmaf(lo, inv[2 * tok + 1], QK_FMUL(v, inv[2 * tok]));", "v = QK_FMUL(v, inv[2 * tok]);"),
+    ("v = fmaf(acc[r * 4 + i + 1], inv[2 * tok + 1], QK_FMUL(v, inv[2 * tok]));", "v = QK_FMUL(v, inv[2 * tok]);"),
 )
 RING_F32_LO_SCALE: Edits = (
     ("inv[2 * m + 1] = qk_float((qk_u32)(127 - e - 12) << 23);", "inv[2 * m + 1] = qk_float((qk_u32)(127 - e) << 23);"),
@@ -334,7 +334,17 @@ RING_F32_LO_SCALE: Edits = (
 RING_F32_GROUP: Edits = (("if (F32) A += (qk_i64)grp * 8 * Kp;", "if (F32) A += 0;"),)
 # the split never flags a token: the ring kernel takes every group, also a row whose small
 # activations fp16 hi + lo cannot carry (the spike case: 1e30 on weights q = z beside normal ones)
-RING_F32_NO_FLAG: Edits = (("if (lost) lost_any = 1;", "if (lost) lost_any = 0;"),)
+RING_F32_NO_FLAG: Edits = (("flags[m] = fabsf(qk_ftz(QK_FMUL(amin, scale))) < QK_SPLIT_FLOOR;", "flags[m] = 0;"),)
+# each CTA of the split takes the exponent of its own K slice's maximum, not the row's (the outlier
+# case: the row's maximum in the last slice)
+RING_F32_SLICE_MAX: Edits = (
+    (
+        "#pragma unroll 4\n    for (int k = 4 * tid; k < K; k += 4 * nt) {",
+        "const int sl = 4 * ((Kp / 4 + (int)gridDim.x - 1) / (int)gridDim.x);\n"
+        "#pragma unroll 4\n"
+        "    for (int k = (int)blockIdx.x * sl + 4 * tid; k < min(K, ((int)blockIdx.x + 1) * sl); k += 4 * nt) {",
+    ),
+)
 
 # the per-output kernel's word path with the zero point applied through sum(a) (a q s - a z s per
 # element): a 1e30 activation on weights q = z wipes the lane's sum (the spike case, packed zero points)
@@ -365,6 +375,7 @@ ORT_MUTANTS = (
     _mma("ring GEMV fp32 A: lo scaled back by 2^-e", "matches_oracle", edits=RING_F32_LO_SCALE, leaf="Xfp32_Wu4_Yfp32"),
     _mma("ring GEMV fp32 A: group 1 reads group 0", "matches_oracle", edits=RING_F32_GROUP, leaf="Xfp32_Wu2_Yfp32"),
     _mma("ring GEMV fp32 A: no token flagged", "matches_oracle", edits=RING_F32_NO_FLAG, leaf="Xfp32_Wu2_Yfp32"),
+    _mma("ring GEMV fp32 A: exponent of a K slice", "matches_oracle", edits=RING_F32_SLICE_MAX, leaf="Xfp32_Wu4_Yfp32"),
     DeviceMutant(
         "per-output GEMV: zero point through sum(a)",
         "ort/nbits_gemv.hip",

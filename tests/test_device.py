@@ -776,7 +776,7 @@ def test_own_kernel_matmul_nbits_tail_wave_split(bits: int, x: str, M: int, monk
     launcher = importlib.import_module("qconform.device.ort.matmul_nbits")  # the module, not its function
     monkeypatch.setattr(launcher, "sm_count", lambda: 2)
     K, f32 = 2048, x == "fp32"
-    act_rows, groups = (8, -(-M // 4)) if f32 else (M, 1)
+    act_rows, groups = (2 * min(M, 4), -(-M // 4)) if f32 else (M, 1)
     trial = launcher._shape_plan(MMA_SHAPES["decode"], bits, SimpleNamespace(K=K, N=32 * 64), act_rows, groups, f32)
     assert trial is not None and trial.wk == 4
     N = 32 * (launcher._slots(trial) // groups + 1)
@@ -785,7 +785,7 @@ def test_own_kernel_matmul_nbits_tail_wave_split(bits: int, x: str, M: int, monk
     inputs, params, args, kwargs = _nbits_call(case, bits)
     launches, _ = _launches(launcher.matmul_nbits, *args, **kwargs)
     threads = [launch[2] for launch in launches]
-    assert threads == ([1024] if f32 else []) + [32 * fewer_warps(4)], (N, threads)
+    assert threads == ([launcher.SPLIT_THREADS] if f32 else []) + [32 * fewer_warps(4)], (N, threads)
     _repeatable_within_strict_bound(launcher.matmul_nbits, args, kwargs, inputs, params)
 
 

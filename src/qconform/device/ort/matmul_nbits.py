@@ -173,6 +173,7 @@ def _launch_ring(bits: int, M: int, lay: Any, ptrs: tuple, has_bias: bool, a_vec
 
 
 F32_PER_OUTPUT = "-DQK_NBITS_F32_PER_OUTPUT"  # build option: fp32 A on the per-output kernel (the old variant)
+SPLIT_SLICE, SPLIT_THREADS = 2048, 512  # qk_nbits_split_a's K per CTA (about: the grid sets it) and threads
 F32_MIN_K = 64  # below, the split's 2^-23 per activation is not within the bound of K terms (tests/nbits_f32_model.py)
 
 
@@ -186,15 +187,15 @@ def _f32_ring_ok(bits: int, block_size: int, M: int, lay: Any, zp_kind: int, B: 
 
 
 def _launch_ring_f32(bits: int, M: int, lay: Any, A: Any, B: Any, scales: Any, bias: Any, y: Any) -> bool:
-    """fp32 A through the ring kernel (``qk_nbits_mmaf_*``): ``qk_nbits_split_a`` writes each token
-    as fp16 hi + lo rows (a per-token power of two first), groups of 4 tokens (8 rows) per
-    blockIdx.y, and flags each token with a nonzero activation the split does not carry (one more
-    than 2^28 below its row's maximum: tests/nbits_f32_model.py); the ring kernel's CTAs of a
-    flagged token's group compute their outputs from A in fp32 instead (``qk_nbits_f32_tile``,
-    decided on the device: no host sync, no launch more). False where ``_ring_plan`` finds none (the
-    caller takes the per-output kernel)."""
+    """fp32 A through the ring kernel (``qk_nbits_mmaf_*``): ``qk_nbits_split_a`` (a CTA per
+    ``SPLIT_SLICE`` of K and token) writes each token as fp16 hi + lo rows (a per-token power of two
+    first), groups of 4 tokens (8 rows) per blockIdx.y, and flags each token with a nonzero
+    activation the split does not carry (one more than 2^28 below its row's maximum:
+    tests/nbits_f32_model.py); the ring kernel's CTAs of a flagged token's group compute their
+    outputs from A in fp32 instead (``qk_nbits_f32_tile``, decided on the device: no host sync, no
+    launch more). False where ``_ring_plan`` finds none (the caller takes the per-output kernel)."""
     groups = -(-M // 4)
-    plan = _ring_plan(bits, lay, 8, groups, f32=True)  # 8 rows: hi and lo of a group's 4 tokens
+    plan = _ring_plan(bits, lay, 2 * min(M, 4), groups, f32=True)  # hi and lo rows of a group's tokens
     if plan is None:
         return False
     kp = plan.kp
@@ -203,7 +204,7 @@ def _launch_ring_f32(bits: int, M: int, lay: Any, A: Any, B: Any, scales: Any, b
     inv, flags = scratch[: groups * 8].view(cupy.float32), scratch[groups * 8 :]  # flags 16-byte aligned
     a_vec = lay.K % 4 == 0 and A.data.ptr % 16 == 0
     split_args = (A, split, inv, flags, *np.int32([M, lay.K, kp, a_vec]))
-    launch_grid("matmul_nbits", MMA, "qk_nbits_split_a", groups * 4, 1024, split_args)
+    launch_grid("matmul_nbits", MMA, "qk_nbits_split_a", (-(-kp // SPLIT_SLICE), M), SPLIT_THREADS, split_args)
     bias_ptr = A if bias is None else bias
     block_shift = (lay.block_size // 64).bit_length() - 1
     sizes = (M, lay.K, lay.N, block_shift, lay.k_blocks, bias is not None, 1, plan.act, plan.wk)

@@ -595,13 +595,13 @@ __device__ __forceinline__ void qk_ring_chunks(float acc[R * 4], const qk_u32 ws
  * the staged activations (act_bytes, 16-byte aligned; 0 when read from global memory), then the
  * warps' rings, reused for the partial sums.
  *
- * F32: fp32 activations / scales / bias / Y, the activations split by qk_nbits_split_a into the
- * 8 fp16 rows of a token group (hi of tokens 4 blockIdx.y + 0..3, then their lo; rows of Kp
- * halves, K rounded up to whole superchunks, zeros past K): the mma's token columns 0..3 take the hi
- * parts, 4..7 the lo parts, so one mma does both and lane t of a quad holds hi sums (t < 2) or lo
- * sums (t >= 2) of tokens 2 (t & 1) + 0..1. The epilogue adds lane t + 2's lo sums, each part
- * times its exact power of two (inv: 2^-e, 2^-(e + 12) per token). A group the split flagged never
- * gets here: the kernel's wrapper sends its CTAs to qk_nbits_f32_tile. */
+ * F32: fp32 activations / scales / bias / Y, the activations split by qk_nbits_split_a into fp16
+ * rows of a token group (token 4 blockIdx.y + j's hi in row 2j, its lo in row 2j + 1; rows of Kp
+ * halves, K rounded up to whole superchunks, zeros past K; 2 rows a token of the group below M
+ * read): the mma's token columns 2j and 2j + 1 take the two parts, so one mma does both and lane t
+ * of a quad holds the hi and lo sums of token t. The epilogue adds them, each part times its exact
+ * power of two (inv: 2^-e, 2^-(e + 12) per token). A group the split flagged never gets here: the
+ * kernel's wrapper sends its CTAs to qk_nbits_f32_tile. */
 template <int BITS, int R, int S, bool F32>
 __device__ __forceinline__ void qk_nbits_mmaa(const qk_u16* A, const qk_u8* B, const void* scales, const void* bias,
                                               void* Y, const float* inv, int M, int K, int N, int cpb_shift,
@@ -616,8 +616,8 @@ __device__ __forceinline__ void qk_nbits_mmaa(const qk_u16* A, const qk_u8* B, c
     const int s_lo = wk * n_super / wk_n, s_hi = (wk + 1) * n_super / wk_n;
     const qk_i64 row_bytes = (qk_i64)k_blocks * ((64 << cpb_shift) * BITS / 8);
     const qk_i64 n_scales = (qk_i64)N * k_blocks;
-    const int Kp = n_super * SC * 64, n_tok = F32 ? 8 : min(8, M);
     const int grp = F32 ? (int)blockIdx.y : 0; /* F32: the token group (4 tokens) of this CTA */
+    const int Kp = n_super * SC * 64, n_tok = F32 ? 2 * min(4, M - 4 * grp) : min(8, M); /* F32: hi, lo rows */
     if (F32) A += (qk_i64)grp * 8 * Kp;
     const int a_len = F32 ? Kp : K; /* the activation rows' length */
     qk_u16* sA = (qk_u16*)qk_red;
@@ -719,12 +719,11 @@ __device__ __forceinline__ void qk_nbits_mmaa(const qk_u16* A, const qk_u8* B, c
             const int n = rbase + 16 * r + 8 * (i >> 1) + g;
             float v = acc[r * 4 + i];
             if (F32) {
-                /* lane t < 2 adds lane t + 2's lo sums (same rows and tokens), each part times its
-                 * power of two: y = fma(lo, 2^-(e + 12), hi 2^-e) */
-                const float lo = QK_SHFL_XOR(v, 2, 4);
-                const int tok = 4 * grp + 2 * (t & 1) + (i & 1);
-                if (t >= 2 || n < row0 || tok >= M) continue;
-                v = fmaf(lo, inv[2 * tok + 1], QK_FMUL(v, inv[2 * tok]));
+                /* lane t holds token 4 grp + t's hi sums (even i) and lo sums (odd i) of the same
+                 * row, each part times its power of two: y = fma(lo, 2^-(e + 12), hi 2^-e) */
+                const int tok = 4 * grp + t;
+                if ((i & 1) || n < row0 || tok >= M) continue;
+                v = fmaf(acc[r * 4 + i + 1], inv[2 * tok + 1], QK_FMUL(v, inv[2 * tok]));
                 if (has_bias) v = QK_FADD(v, ((const float*)bias)[n]);
                 ((float*)Y)[(qk_i64)tok * N + n] = v;
             } else {
@@ -736,17 +735,21 @@ __device__ __forceinline__ void qk_nbits_mmaa(const qk_u16* A, const qk_u8* B, c
         }
 }
 
-/* The fp32 activations of the F32 ring kernel as fp16 pairs: per token m (one CTA of 1024 threads
- * each), e with max|a| 2^e in [2^14, 2^15) (clamped to [-113, 114]: 2^-e and 2^-(e + 12) normal),
- * x = a 2^e (exact but for flushed subnormals), hi = fp16(x), lo = fp16((x - hi) 2^12) (x - hi
- * exact: |lo| <= 2^15; 0 where hi is not finite). S: groups of 8 rows of Kp halves (hi of tokens
- * 4q + 0..3, then their lo), zeros past K and for the tokens >= M of the last group; inv[2m],
- * inv[2m + 1] = 2^-e, 2^-(e + 12). Each thread takes 4 consecutive K (16-byte loads when a_vec),
- * reads them again for the split (from cache). The error model: tests/nbits_f32_model.py.
- * flags[m] = 1 when a finite nonzero activation of token m (after flush-to-zero) has |x| <
- * QK_SPLIT_FLOOR = 2^-14 (x flushed included): from 2^-14 up hi + lo carry x to 2^-23 of itself,
- * below they may not (fp16's range); 0 otherwise and for m >= M. The ring kernel computes a
- * flagged token's group of 4 with qk_nbits_f32_tile instead. */
+/* The fp32 activations of the F32 ring kernel as fp16 pairs: per token m (blockIdx.y), e with
+ * max|a| 2^e in [2^14, 2^15) (clamped to [-113, 114]: 2^-e and 2^-(e + 12) normal), x = a 2^e (exact
+ * but for flushed subnormals), hi = fp16(x), lo = fp16((x - hi) 2^12) (x - hi exact: |lo| <= 2^15; 0
+ * where hi is not finite). S: groups of 8 rows of Kp halves, token 4q + j's hi in row 2j of group q
+ * and its lo in row 2j + 1 (the mma's token columns: lane t of a quad then holds both parts of one
+ * token), zeros past K; rows of tokens >= M are not written (the ring kernel reads 2 rows a token).
+ * inv[2m], inv[2m + 1] = 2^-e, 2^-(e + 12). flags[m] = 1 when a finite nonzero activation of token
+ * m (after flush-to-zero) has |x| < QK_SPLIT_FLOOR = 2^-14 (x flushed included): from 2^-14 up hi +
+ * lo carry x to 2^-23 of itself, below they may not (fp16's range); 0 otherwise and for M <= m <
+ * 4 ceil(M / 4). x is nondecreasing in |a|, so that is the row's smallest such |a| scaled the same
+ * way. The ring kernel computes a flagged token's group of 4 with qk_nbits_f32_tile instead.
+ * The error model: tests/nbits_f32_model.py.
+ * Each CTA reads its token's whole row for the two statistics (max and min are exact in any order:
+ * every CTA of a token finds the same e) and converts K slice blockIdx.x of gridDim.x, 4 consecutive
+ * K a thread (16-byte loads when a_vec). */
 #define QK_SPLIT_FLOOR 6.103515625e-05f
 __device__ __forceinline__ void qk_split_load4(float v[4], const float* a, int k, int K, int a_vec) {
     if (a_vec && k + 4 <= K) {
@@ -758,53 +761,61 @@ __device__ __forceinline__ void qk_split_load4(float v[4], const float* a, int k
     for (int i = 0; i < 4; ++i) v[i] = k + i < K ? a[k + i] : 0.0f;
 }
 
-extern "C" __global__ void __launch_bounds__(1024) qk_nbits_split_a(const float* A, qk_u16* S, float* inv, int* flags,
-                                                                    int M, int K, int Kp, int a_vec) {
-    __shared__ float red[1024];
-    __shared__ int lost_any;
-    const int m = (int)blockIdx.x, tid = (int)threadIdx.x, nt = (int)blockDim.x;
-    qk_u16* hi = S + ((qk_i64)(m >> 2) * 8 + (m & 3)) * Kp;
-    qk_u16* lo = hi + 4 * (qk_i64)Kp;
-    if (m >= M) {
-        for (int k = 4 * tid; k < Kp; k += 4 * nt) *(uint2*)(hi + k) = *(uint2*)(lo + k) = make_uint2(0u, 0u);
-        if (tid == 0) flags[m] = 0;
-        return;
-    }
-    if (tid == 0) lost_any = 0; /* (ordered before every write by the reduction's barriers) */
+extern "C" __global__ void __launch_bounds__(512) qk_nbits_split_a(const float* A, qk_u16* S, float* inv, int* flags,
+                                                                   int M, int K, int Kp, int a_vec) {
+    __shared__ float red[2][16]; /* per 32-lane group: max |a|, min nonzero |a| */
+    const int m = (int)blockIdx.y, tid = (int)threadIdx.x, nt = (int)blockDim.x;
     const float* a = A + (qk_i64)m * K;
-    float amax = 0.0f;
+    float amax = 0.0f, amin = qk_float(0x7f800000u);
+#pragma unroll 4
     for (int k = 4 * tid; k < K; k += 4 * nt) {
         float v[4];
         qk_split_load4(v, a, k, K, a_vec);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const float x = fabsf(qk_ftz(v[i]));
-            if (x <= 3.4028234663852886e38f) amax = fmaxf(amax, x); /* finite values only */
+            if (x <= 3.4028234663852886e38f) { /* finite values only */
+                amax = fmaxf(amax, x);
+                if (x != 0.0f) amin = fminf(amin, x);
+            }
         }
     }
-    red[tid] = amax;
-    __syncthreads();
-    for (int w = nt / 2; w > 0; w >>= 1) {
-        if (tid < w) red[tid] = fmaxf(red[tid], red[tid + w]);
-        __syncthreads();
+    for (int off = 16; off > 0; off >>= 1) {
+        amax = fmaxf(amax, QK_SHFL_XOR(amax, off, 32));
+        amin = fminf(amin, QK_SHFL_XOR(amin, off, 32));
     }
-    amax = red[0];
+    if ((tid & 31) == 0) {
+        red[0][tid >> 5] = amax;
+        red[1][tid >> 5] = amin;
+    }
+    __syncthreads();
+    amax = red[0][0];
+    amin = red[1][0];
+    for (int i = 1; i < nt >> 5; ++i) {
+        amax = fmaxf(amax, red[0][i]);
+        amin = fminf(amin, red[1][i]);
+    }
     const int ex = (int)((qk_bits(amax) >> 23) & 0xFFu) - 127; /* floor(log2 amax), amax normal */
     const int e = amax > 0.0f ? min(max(14 - ex, -113), 114) : 0;
     const float scale = qk_float((qk_u32)(127 + e) << 23);
-    if (tid == 0) {
+    if (blockIdx.x == 0 && tid == 0) {
         inv[2 * m] = qk_float((qk_u32)(127 - e) << 23);
         inv[2 * m + 1] = qk_float((qk_u32)(127 - e - 12) << 23);
+        flags[m] = fabsf(qk_ftz(QK_FMUL(amin, scale))) < QK_SPLIT_FLOOR; /* amin infinite: no such activation */
     }
-    int lost = 0;
-    for (int k = 4 * tid; k < Kp; k += 4 * nt) {
+    if (blockIdx.x == 0 && m == M - 1)
+        for (int j = M + tid; j < ((M + 3) & ~3); j += nt) flags[j] = 0;
+    qk_u16* hi = S + ((qk_i64)(m >> 2) * 8 + 2 * (m & 3)) * Kp;
+    qk_u16* lo = hi + Kp;
+    const int slice = 4 * ((Kp / 4 + (int)gridDim.x - 1) / (int)gridDim.x); /* Kp: a multiple of 64 */
+    const int k_end = min(Kp, ((int)blockIdx.x + 1) * slice);
+    for (int k = (int)blockIdx.x * slice + 4 * tid; k < k_end; k += 4 * nt) {
         float v[4];
         qk_u32 h[4], l[4];
         qk_split_load4(v, a, k, K, a_vec);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            const float a0 = qk_ftz(v[i]), x = qk_ftz(QK_FMUL(a0, scale));
-            lost |= a0 != 0.0f && fabsf(a0) <= 3.4028234663852886e38f && fabsf(x) < QK_SPLIT_FLOOR;
+            const float x = qk_ftz(QK_FMUL(qk_ftz(v[i]), scale));
             h[i] = qk_fp16_bits(x);
             const float hf = qk_fp16_to_float((qk_u16)h[i]);
             l[i] = fabsf(hf) <= 65504.0f ? qk_fp16_bits(qk_ftz(QK_FMUL(qk_ftz(QK_FADD(x, -hf)), 4096.0f))) : 0u;
@@ -812,9 +823,6 @@ extern "C" __global__ void __launch_bounds__(1024) qk_nbits_split_a(const float*
         *(uint2*)(hi + k) = make_uint2(h[0] | h[1] << 16, h[2] | h[3] << 16);
         *(uint2*)(lo + k) = make_uint2(l[0] | l[1] << 16, l[2] | l[3] << 16);
     }
-    if (lost) lost_any = 1;
-    __syncthreads();
-    if (tid == 0) flags[m] = lost_any;
 }
 
 /* The outputs of a flagged token group's tile (qk_nbits_split_a's flags: the ring kernel's CTA
