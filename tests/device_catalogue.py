@@ -335,6 +335,14 @@ RING_F32_GROUP: Edits = (("if (F32) A += (qk_i64)grp * 8 * Kp;", "if (F32) A += 
 # the split never flags a token: the ring kernel takes every group, also a row whose small
 # activations fp16 hi + lo cannot carry (the spike case: 1e30 on weights q = z beside normal ones)
 RING_F32_NO_FLAG: Edits = (("flags[m] = fabsf(qk_ftz(QK_FMUL(amin, scale))) < QK_SPLIT_FLOOR;", "flags[m] = 0;"),)
+# every token's sums scaled back by the exponent of its group's first token (the outlier case of
+# rows 3 or 4 powers of two apart)
+RING_F32_FIRST_E: Edits = (
+    (
+        "v = fmaf(acc[r * 4 + i + 1], inv[2 * tok + 1], QK_FMUL(v, inv[2 * tok]));",
+        "v = fmaf(acc[r * 4 + i + 1], inv[8 * grp + 1], QK_FMUL(v, inv[8 * grp]));",
+    ),
+)
 # each CTA of the split takes the exponent of its own K slice's maximum, not the row's (the outlier
 # case: the row's maximum in the last slice)
 RING_F32_SLICE_MAX: Edits = (
@@ -376,6 +384,7 @@ ORT_MUTANTS = (
     _mma("ring GEMV fp32 A: group 1 reads group 0", "matches_oracle", edits=RING_F32_GROUP, leaf="Xfp32_Wu2_Yfp32"),
     _mma("ring GEMV fp32 A: no token flagged", "matches_oracle", edits=RING_F32_NO_FLAG, leaf="Xfp32_Wu2_Yfp32"),
     _mma("ring GEMV fp32 A: exponent of a K slice", "matches_oracle", edits=RING_F32_SLICE_MAX, leaf="Xfp32_Wu4_Yfp32"),
+    _mma("ring GEMV fp32 A: group's first exponent", "matches_oracle", edits=RING_F32_FIRST_E, leaf="Xfp32_Wu2_Yfp32"),
     DeviceMutant(
         "per-output GEMV: zero point through sum(a)",
         "ort/nbits_gemv.hip",

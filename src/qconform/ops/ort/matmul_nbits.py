@@ -128,9 +128,11 @@ def _nbits_cases(op: str, leaf: str, coverage: int, with_a: bool) -> list[Case]:
     group of 4 tokens of their own); M = 12, packed zero points, K 200 (a kernel applying the zero
     point through sum(a), s (sum a q - z sum a), loses them to cancellation).
 
-    outlier (fp32 A, coverage 2): channel K - 3 of every row 2^10 above the rest, K 4160, M 3,
-    default zero point: the row's maximum lies in the last slice of a kernel that splits K (an fp16
-    hi + lo split whose shared exponent comes from part of the row loses the rest).
+    outlier (fp32 A, coverage 2): channel K - 3 of every row 2^10 above the rest, default zero
+    point: K 4160, M 3, the row's maximum in the last slice of a kernel that splits K (an fp16 hi +
+    lo split whose shared exponent comes from part of the row loses the rest); K 1024, M 4, the
+    rows' maxima 3 or 4 different powers of two apart (a split that takes one row's exponent for
+    another's).
 
     spike (fp16 A, coverage 2): row 1 activations ~1e-3 and one 65504 (k = 1) on weights q = z,
     every zero-point kind (float: block 0's zero point 2^(bits - 1), the others' fractional;
@@ -183,7 +185,8 @@ def _nbits_cases(op: str, leaf: str, coverage: int, with_a: bool) -> list[Case]:
     if coverage >= 2 and with_a and "Xfp32" in leaf:  # fp32's dynamic range: a row an fp16 split or a sum(a) form loses
         add((6, 256, 40), 500, "spike", block_size=64, zp="none", bias=True)
         add((12, 200, 24), 501, "spike", block_size=64, zp="packed")
-        add((3, 4160, 24), 503, "outlier", block_size=64, zp="none")  # seed: no row flagged by the split
+        add((3, 4160, 24), 503, "outlier", block_size=64, zp="none")  # seeds: no row flagged by the split,
+        add((4, 1024, 24), 504, "outlier", block_size=64, zp="none")  # rows of 3 or 4 different exponents
     if coverage >= 2 and with_a and "Xfp16" in leaf:  # a 65504 activation on q = z: the sum(a) form cancels
         for i, zp in enumerate(ZP_KINDS + ("scalar",)):
             add((6, 256, 40), 510 + i, "spike", block_size=64, zp=zp)  # no bias: it would drown row 1 in fp16
