@@ -427,16 +427,16 @@ QMOE_TIES_LOWER: Edits = (("return v > bv || (v == bv && e > be);", "return v > 
 # normalize_routing_weights=0 honoured: the full softmax's probabilities of the selected experts
 QMOE_NORMALIZE_HONOURED: Edits = (
     (
-        "                float sum = 0.0f;\n"
-        "                for (int j = 0; j < k; ++j) sum = qk_ftz(QK_FADD(sum, s_w[j]));",
-        "                float sum = 0.0f;\n"
-        "                if (!has_rw && !normalize) {\n"
-        "                    const float top = s_logit[s_sel[0]];\n"
-        "                    for (int e = 0; e < E; ++e)\n"
-        "                        sum = qk_ftz(QK_FADD(sum, qk_ftz(expf(qk_ftz(QK_FADD(s_logit[e], -top))))));\n"
-        "                } else {\n"
-        "                    for (int j = 0; j < k; ++j) sum = qk_ftz(QK_FADD(sum, s_w[j]));\n"
-        "                }",
+        "            float sum = 0.0f;\n"
+        "            for (int j = 0; j < k; ++j) sum = qk_ftz(QK_FADD(sum, s_w[j]));",
+        "            float sum = 0.0f;\n"
+        "            if (!has_rw && !normalize) {\n"
+        "                const float top = s_logit[s_sel[0]];\n"
+        "                for (int e = 0; e < E; ++e)\n"
+        "                    sum = qk_ftz(QK_FADD(sum, qk_ftz(expf(qk_ftz(QK_FADD(s_logit[e], -top))))));\n"
+        "            } else {\n"
+        "                for (int j = 0; j < k; ++j) sum = qk_ftz(QK_FADD(sum, s_w[j]));\n"
+        "            }",
     ),
 )
 # SwiGLU's gate and linear halves read as fc1's first and second half (ORT interleaves them)
@@ -456,9 +456,22 @@ QMOE_INT8_NO_ZP: Edits = (
         "            const int d = dot[r];\n            (void)z;\n",
     ),
 )
-# the routing butterfly keeps a lane's own pick whenever it has one: each pick is lane 0's best
+# the routing butterfly keeps a lane's own pick whenever it has one: each pick is lane 0's best (the
+# scanning routing: coverage 2's router of 256 experts)
 QMOE_ROUTE_NO_COMPARE: Edits = (
     ("if (oe >= 0 && (be < 0 || qk_moe_above(ov, oe, bv, be))) {", "if (oe >= 0 && be < 0) {"),
+)
+# the ranking routing counts equal logits as above either way: tied experts share a rank, a rank is
+# left unset (the ties cases)
+QMOE_RANK_TIES: Edits = (
+    (
+        "for (int o = part; o < E; o += tpe) rank += qk_moe_above(s_logit[o], o, v, e);",
+        "for (int o = part; o < E; o += tpe) rank += o != e && s_logit[o] >= v;",
+    ),
+)
+# the ranking routing takes one thread's share of the count (the tpe threads' counts not added)
+QMOE_RANK_PARTIAL: Edits = (
+    ("for (int off = 1; off < tpe; off *= 2) rank += ", "for (int off = 1; off < 1; off *= 2) rank += "),
 )
 # the 16-byte load's words taken in the wrong order (the second and third swapped)
 QMOE_VEC_WORDS_SWAPPED: Edits = (
@@ -565,7 +578,11 @@ QMOE_MUTANTS = (
           QMOE_LIMIT_LINEAR_ONLY),
     _qmoe("QMoE dp4a: zero points ignored", "matches_oracle", "qmoe_decode", "Xfp16_Wu8_Yfp16", QMOE_INT8_NO_ZP),
     _qmoe("QMoE decode: routing butterfly without the comparison", "matches_oracle", "qmoe_ragged_mm",
-          "Xfp32_Wu4_Yfp32", QMOE_ROUTE_NO_COMPARE),
+          "Xfp32_Wu4_Yfp32", QMOE_ROUTE_NO_COMPARE, coverage=2),
+    _qmoe("QMoE decode: ranked routing counts ties as above", "matches_oracle", "qmoe_decode", "Xfp16_Wu4_Yfp16",
+          QMOE_RANK_TIES),
+    _qmoe("QMoE decode: ranked routing from one thread's share", "matches_oracle", "qmoe_decode", "Xfp32_Wu4_Yfp32",
+          QMOE_RANK_PARTIAL),
     _qmoe("QMoE decode: 16-byte weight load's words swapped", "matches_oracle", "qmoe_decode", "Xfp32_Wu4_Yfp32",
           QMOE_VEC_WORDS_SWAPPED),
     _qmoe("QMoE decode: fc1's output in row order, read chunk-transposed", "matches_oracle", "qmoe_decode",

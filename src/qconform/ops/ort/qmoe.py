@@ -209,8 +209,9 @@ def _cases(op: str, leaf: str, coverage: int) -> list[Case]:
     gpt-oss-20b (2880 -> 384, I 384, 32 -> 8 experts, k 4, block 32, SwiGLU 1.702 / 1 / 7, biases),
     DeepSeek-V2-Lite (2048 -> 256, 1408 -> 176, 64 -> 16 experts, k 6, per-row scales); silu,
     gelu, relu and identity; router_weights plain and renormalized; accuracy_level 4 (ORT's int8
-    activations for 4-bit block-wise weights); block 64 with 128-wide layers. coverage 3: the
-    models' own sizes.
+    activations for 4-bit block-wise weights); block 64 with 128-wide layers; a router of 256
+    experts (k 2, ties; a fused routing may take another road when E^2 is large against k).
+    coverage 3: the models' own sizes.
 
     core: kernel-shaped (pattern ``core``, seeds 400..; 1 at coverage 1, 5 from coverage 2): H and
     I multiples of 32 (of 128 from coverage 2), blocks 32..128, E 2..64, k 1..8; tokens 1 (decode)
@@ -238,6 +239,7 @@ def _cases(op: str, leaf: str, coverage: int) -> list[Case]:
             _case(op, leaf, 17, (t(3), 64, 32, 3), k=3, act_type="identity", bias=True),
             _case(op, leaf, 18, (t(12), 256, 128, 8), k=2, bs=32, zp=True, level=4),
             _case(op, leaf, 19, (t(10), 128, 64, 5), "skew", k=5, bs=64, rw="norm", swiglu="clamp"),
+            _case(op, leaf, 24, (t(3), 32, 32, 256), "ties", k=2, bs=32),  # a wide router (256 experts)
         ]
         core = [
             ((t(1), 256, 512, 8), {"k": 2, "bs": 128}),

@@ -325,17 +325,55 @@ qk_moe_fc2(const float* A, const int* sel, const float* wts, const qk_u8* W, con
 #define QK_MOE_GROUP 32   /* lanes of a reduction group */
 
 /* token t's top-k (s_sel, rank order) and mixing weights (s_w): qk_moe_route's results bit for bit.
- * Group 0 takes each pick as the best of 32 lanes' best eligible logits (lane l scans e = l, l + 32,
- * ...; a butterfly keeps the better of each pair): (value, index) ordered totally, so it is the serial
- * scan's pick. The weights: lane 0, qk_moe_route's arithmetic in its order. Called by every thread. */
+ * The logits are loaded (a thread's first QK_MOE_EMAX / 256 in registers), then `stage` runs (the
+ * caller's input staging: its loads in flight with the logits'), then they are stored.
+ * Without a NaN logit (qk_moe_above is then a strict total order) the serial scan's j-th pick is
+ * the logit with exactly j logits above it: where E^2 <= 2048 k (fewer comparisons than k scan rounds
+ * take), every logit is ranked at once, tpe threads of a 32-lane group counting the logits above it
+ * over a stride of tpe. Else group 0 takes each pick as the best of 32 lanes' best eligible logits
+ * (lane l scans e = l, l + 32, ...; a butterfly keeps the better of each pair): (value, index) ordered
+ * totally, so it is the serial scan's pick. The weights: thread 0, qk_moe_route's arithmetic in its
+ * order. Called by every thread. */
+template <class Stage>
 __device__ __forceinline__ void qk_moe_route_cta(const void* logits, const void* rw, qk_i64 t, int E, int k,
                                                  int normalize, int has_rw, int x16, float* s_logit, int* s_sel,
-                                                 float* s_w) {
+                                                 float* s_w, Stage stage) {
     const qk_i64 row = t * E;
-    for (int e = (int)threadIdx.x; e < E; e += (int)blockDim.x) s_logit[e] = qk_load_f(logits, row + e, x16);
-    __syncthreads();
-    if (threadIdx.x < QK_MOE_GROUP) {
-        const int lane = (int)threadIdx.x;
+    const int tid = (int)threadIdx.x, nt = (int)blockDim.x;
+    constexpr int PER = QK_MOE_EMAX / 256; /* all of them at the launcher's 256 threads */
+    float lv[PER];
+#pragma unroll
+    for (int i = 0; i < PER; ++i) lv[i] = tid + i * nt < E ? qk_load_f(logits, row + tid + i * nt, x16) : 0.0f;
+    stage();
+    int nan = 0;
+#pragma unroll
+    for (int i = 0; i < PER; ++i)
+        if (tid + i * nt < E) {
+            s_logit[tid + i * nt] = lv[i];
+            nan |= lv[i] != lv[i];
+        }
+    for (int e = tid + PER * nt; e < E; e += nt) { /* fewer threads */
+        s_logit[e] = qk_load_f(logits, row + e, x16);
+        nan |= s_logit[e] != s_logit[e];
+    }
+    if (!__syncthreads_or(nan) && E * E <= 2048 * k) {
+        int tpe = 1; /* threads per logit: a power of two up to 32 */
+        while (tpe < QK_MOE_GROUP && E * tpe * 2 <= nt) tpe *= 2;
+        for (int base = 0; base < E * tpe; base += nt) { /* the same trip count in every thread */
+            const int i = base + tid, e = i / tpe, part = i - e * tpe;
+            const float v = e < E ? s_logit[e] : 0.0f;
+            int rank = 0;
+            if (e < E)
+                for (int o = part; o < E; o += tpe) rank += qk_moe_above(s_logit[o], o, v, e);
+            for (int off = 1; off < tpe; off *= 2) rank += QK_SHFL_XOR(rank, off, QK_MOE_GROUP);
+            if (e < E && part == 0 && rank < k) {
+                s_sel[rank] = e;
+                s_w[rank] = v;
+            }
+        }
+        __syncthreads();
+    } else if (tid < QK_MOE_GROUP) {
+        const int lane = tid;
         float pv = 0.0f;
         int pe = -1;
         for (int j = 0; j < k; ++j) {
@@ -364,23 +402,28 @@ __device__ __forceinline__ void qk_moe_route_cta(const void* logits, const void*
             pv = bv;
             pe = be;
         }
-        if (lane == 0) {
-            if (has_rw) {
-                for (int j = 0; j < k; ++j) s_w[j] = qk_load_f(rw, row + s_sel[j], x16);
-            } else {
-                const float vmax = s_w[0];
-                for (int j = 0; j < k; ++j) s_w[j] = qk_ftz(expf(qk_ftz(QK_FADD(s_w[j], -vmax))));
-            }
-            if (!has_rw || normalize) {
-                float sum = 0.0f;
-                for (int j = 0; j < k; ++j) sum = qk_ftz(QK_FADD(sum, s_w[j]));
-                const float inv = sum == 0.0f ? 0.0f : qk_ftz(QK_FDIV(1.0f, sum));
-                for (int j = 0; j < k; ++j) s_w[j] = qk_ftz(QK_FMUL(s_w[j], inv));
-            }
+    }
+    if (tid == 0) {
+        if (has_rw) {
+            for (int j = 0; j < k; ++j) s_w[j] = qk_load_f(rw, row + s_sel[j], x16);
+        } else {
+            const float vmax = s_w[0];
+            for (int j = 0; j < k; ++j) s_w[j] = qk_ftz(expf(qk_ftz(QK_FADD(s_w[j], -vmax))));
+        }
+        if (!has_rw || normalize) {
+            float sum = 0.0f;
+            for (int j = 0; j < k; ++j) sum = qk_ftz(QK_FADD(sum, s_w[j]));
+            const float inv = sum == 0.0f ? 0.0f : qk_ftz(QK_FDIV(1.0f, sum));
+            for (int j = 0; j < k; ++j) s_w[j] = qk_ftz(QK_FMUL(s_w[j], inv));
         }
     }
     __syncthreads();
 }
+
+/* qk_moe_route_cta's stage with nothing to stage */
+struct qk_moe_no_stage {
+    __device__ void operator()() const {}
+};
 
 /* V consecutive words from p: one vector load where `vec` says p is 4V-byte aligned, else one by one */
 template <int V>
@@ -757,7 +800,7 @@ qk_moe_fc1v(const void* x, const void* logits, const void* rw, int* sel, float* 
 #ifdef QK_MOE_DECODE_V1
     const qk_i64 p = blockIdx.y, t = p / k;
     const int j = (int)(p - t * k);
-    qk_moe_route_cta(logits, rw, t, E, k, normalize, has_rw, x16, s_logit, s_sel, s_w);
+    qk_moe_route_cta(logits, rw, t, E, k, normalize, has_rw, x16, s_logit, s_sel, s_w, qk_moe_no_stage());
     const int e = s_sel[j];
     const float w = s_w[j];
     if (blockIdx.x == 0 && threadIdx.x == 0) {
@@ -771,14 +814,17 @@ qk_moe_fc1v(const void* x, const void* logits, const void* rw, int* sel, float* 
 #else
     extern __shared__ float4 qk_moe_xs[];
     const qk_i64 t = blockIdx.y;
-    if (!qx) /* published by the routing's first barrier; the loads of 4 rounds in flight together */
+    /* the input staged while the logits load; published by the routing's first barrier; the loads of 4
+     * rounds in flight together */
+    qk_moe_route_cta(logits, rw, t, E, k, normalize, has_rw, x16, s_logit, s_sel, s_w, [&] {
+        if (!qx)
 #pragma unroll 4
-        for (int u = (int)threadIdx.x; u < K / 4; u += (int)blockDim.x) {
-            float v[4];
-            qk_moe_x4(x, t * K + 4 * u, x16, v);
-            qk_moe_xs[qk_moe_swz(u)] = make_float4(v[0], v[1], v[2], v[3]);
-        }
-    qk_moe_route_cta(logits, rw, t, E, k, normalize, has_rw, x16, s_logit, s_sel, s_w);
+            for (int u = (int)threadIdx.x; u < K / 4; u += (int)blockDim.x) {
+                float v[4];
+                qk_moe_x4(x, t * K + 4 * u, x16, v);
+                qk_moe_xs[qk_moe_swz(u)] = make_float4(v[0], v[1], v[2], v[3]);
+            }
+    });
     if (blockIdx.x == 0 && (int)threadIdx.x < k) {
         sel[t * k + threadIdx.x] = s_sel[threadIdx.x];
         wts[t * k + threadIdx.x] = s_w[threadIdx.x];
@@ -1028,10 +1074,14 @@ __device__ __forceinline__ void qk_moe_fc1m_body(const void* x, const void* logi
     const qk_i64 t = blockIdx.y;
     const int nseg = K / 32, steps = (nseg + QK_MOE_SEGS - 1) / QK_MOE_SEGS, blocks = bs ? K / bs : 1;
     const int bsh = qk_moe_seg_shift(bs);
-    for (int i = (int)threadIdx.x; i < steps * 32; i += (int)blockDim.x) /* 8-value words, zeros past K */
-        qk_moe_xw[i] = i < K / 8 ? qk_moe_xpairs(((const uint4*)x)[t * (K / 8) + i]) : make_uint4(0u, 0u, 0u, 0u);
     if (threadIdx.x < 8) s_zero[threadIdx.x] = make_uint2(0u, 0u);
-    qk_moe_route_cta(logits, rw, t, E, k, normalize, has_rw, 1, s_logit, s_sel, s_w);
+    /* the input's 8-value words (zeros past K) staged while the logits load; the loads of 2 rounds in
+     * flight together */
+    qk_moe_route_cta(logits, rw, t, E, k, normalize, has_rw, 1, s_logit, s_sel, s_w, [&] {
+#pragma unroll 2
+        for (int i = (int)threadIdx.x; i < steps * 32; i += (int)blockDim.x)
+            qk_moe_xw[i] = i < K / 8 ? qk_moe_xpairs(((const uint4*)x)[t * (K / 8) + i]) : make_uint4(0u, 0u, 0u, 0u);
+    });
     if (blockIdx.x == 0 && (int)threadIdx.x < k) {
         sel[t * k + threadIdx.x] = s_sel[threadIdx.x];
         wts[t * k + threadIdx.x] = s_w[threadIdx.x];
