@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The README's test command: install qconform with its test and upstream extras (bitsandbytes on
 # the CPU build of torch, installed first so that pip does not fetch a CUDA build), then run pytest
-# with the `ci` hypothesis profile on 2 workers. Works on a fresh machine with Python 3.11 and pip.
+# with the `ci` hypothesis profile, a worker a core (2 to 8). Works on a fresh machine with Python 3.11 and pip.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
@@ -20,6 +20,10 @@ shipped_pid=$!
 # of compilation per process on a fresh install); its verdict is pytest's too (tests/test_readme.py)
 "$PYTHON" -m qconform run >build/qconform-run.log 2>&1 &
 run_pid=$!
+# ggml's own C from a pinned llama-cpp-python sdist (ci/ggml-lib.sh, docs/ggml-formats.md 0), built
+# beside them: the C-comparison tests run against it
+PYTHON="$PYTHON" bash ci/ggml-lib.sh >build/ggml-lib.log 2>&1 &
+ggml_pid=$!
 bash ci/compile-kernels.sh patched
 shipped_rc=0
 wait "$shipped_pid" || shipped_rc=$?
@@ -28,10 +32,10 @@ cat build/compile-shipped.log
 run_rc=0
 wait "$run_pid" || run_rc=$?
 echo "ci/test.sh: qconform run (oracles against the golden sets): exit $run_rc; $(tail -n 1 build/qconform-run.log)"
-# ggml's own C from a pinned llama-cpp-python sdist (ci/ggml-lib.sh, docs/ggml-formats.md 0): the
-# C-comparison tests run against it. Without it they skip: a loud warning here, a failure with CI=true.
+# without ggml's C the C-comparison tests skip: a loud warning here, a failure with CI=true
 ggml_rc=0
-PYTHON="$PYTHON" bash ci/ggml-lib.sh || ggml_rc=$?
+wait "$ggml_pid" || ggml_rc=$?
+cat build/ggml-lib.log
 if [ "$ggml_rc" -eq 0 ]; then
   . build/ggml/env.sh
 elif [ "${CI:-}" = true ]; then
@@ -42,4 +46,8 @@ else
     "!!! the ggml C-comparison tests will SKIP (CI=true makes this an error)" "" >&2
 fi
 export HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-ci}"
-"$PYTHON" -m pytest -n 2 -p no:cacheprovider "$@" tests
+# a worker a core, 2 to 8
+workers=$(nproc 2>/dev/null || echo 2)
+[ "$workers" -ge 2 ] || workers=2
+[ "$workers" -le 8 ] || workers=8
+"$PYTHON" -m pytest -n "$workers" -p no:cacheprovider "$@" tests

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
+from qconform.errors import CompileError
+
 if TYPE_CHECKING:
     from qconform.device.patch import Patch
 
@@ -1308,8 +1310,15 @@ def context_lost() -> str:
     return ""
 
 
+UNBUILT = f"raised {CompileError.__name__}: "  # an outcome of a call whose kernel source did not compile
+
+
 def verdict(m: DeviceMutant, result) -> tuple[bool, str]:
-    """(as expected, what happened) for one mutant's LeafResult."""
+    """(as expected, what happened) for one mutant's LeafResult; a row whose patched source did not
+    compile is never "caught" (its properties fail on the compile error, not on the broken rule)."""
+    unbuilt = [o for o in result.outcomes if UNBUILT in o.detail]
+    if unbuilt:
+        return False, f"did not compile: {unbuilt[0].detail[:300]}"
     failed = sorted({o.prop for o in result.failed})
     pending = [o for o in result.outcomes if o.prop == "survives_pending_error"]
     warned = any("WARNING" in o.detail for o in pending)

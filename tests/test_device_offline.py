@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from device_catalogue import ALL, shard_rows, write_sources
+from device_catalogue import ALL, shard_rows, verdict, write_sources
 
 from qconform.device.errstate import mapped_runtimes
 from qconform.device.patch import Patch, PatchError, apply_edits
@@ -392,6 +392,27 @@ def test_mutant_shards_split_the_rows_once_each() -> None:
     for bad in ("0/3", "4/3", "-1/2", "1", "a/b", "1/0"):
         with pytest.raises(UsageError, match="--shard: must be i/n"):
             shard_rows(rows, bad)
+
+
+def test_a_patched_source_that_does_not_compile_is_never_caught() -> None:
+    """A device mutant row whose patched source fails to compile fails every property on the
+    compile error, its expected one included: the row is reported as not compiled, not as caught;
+    the same row failing its property on a kernel that compiled is caught."""
+    from qconform.errors import CompileError
+    from qconform.properties.checks import Outcome, _raised
+    from qconform.properties.suite import LeafResult
+
+    m = next(r for r in ALL if r.edits and r.caught_by)
+
+    def result(detail: str) -> LeafResult:
+        outcomes = [Outcome(p, m.op, "", "c", False, detail) for p in ("matches_oracle", "repeatable", m.caught_by)]
+        return LeafResult(m.op, m.leaf or "", "sm_90", "cupy", outcomes)
+
+    unbuilt = _raised(CompileError("compiling nbits_mma.hip failed:\nerror: expected ';'"))
+    ok, what = verdict(m, result(unbuilt))
+    assert not ok and what.startswith("did not compile: raised CompileError: compiling nbits_mma.hip"), what
+    ok, what = verdict(m, result("output differs at element 3"))
+    assert ok and what.startswith("failed ["), what
 
 
 @pytest.mark.parametrize("child_ok", [1, 0])

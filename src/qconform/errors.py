@@ -9,6 +9,10 @@ class DeviceError(RuntimeError):
     """A device launch of a named op failed with its own status."""
 
 
+class CompileError(DeviceError):
+    """A kernel source did not compile (the message carries the compiler's log)."""
+
+
 class Declined(NotImplementedError):
     """An implementation does not handle this case (a kernel's documented limit): the case is
     counted as declined, never as passed or failed."""

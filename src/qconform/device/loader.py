@@ -18,7 +18,7 @@ from typing import Any
 import cupy
 
 from qconform.device.registry import COMMON_DIR, KERNEL_DIR
-from qconform.errors import ArgumentError, DeviceError
+from qconform.errors import ArgumentError, CompileError, DeviceError
 
 _MODULES: dict[tuple[str, tuple[str, ...], str], Any] = {}
 
@@ -101,7 +101,7 @@ _KERNELS: dict[tuple[str, str, tuple[str, ...]], Any] = {}
 def get_kernel(source: Path, symbol: str, options: tuple[str, ...] = ()) -> Any:
     """The ``extern "C"`` kernel ``symbol`` of ``source``, compiled on first use and then kept for
     the process (a launch path must not re-read and re-hash the sources). A compile error or a
-    missing symbol is a DeviceError carrying the compiler's log."""
+    missing symbol is a DeviceError (a CompileError) carrying the compiler's log."""
     key = (str(source), symbol, options)
     if key not in _KERNELS:
         _KERNELS[key] = _compile_kernel(source, symbol, options)
@@ -113,6 +113,6 @@ def _compile_kernel(source: Path, symbol: str, options: tuple[str, ...]) -> Any:
     try:
         return module.get_function(symbol)
     except cupy.cuda.compiler.CompileException as exc:
-        raise DeviceError(f"compiling {source.name} failed:\n{exc.get_message()}") from exc
+        raise CompileError(f"compiling {source.name} failed:\n{exc.get_message()}") from exc
     except cupy.cuda.driver.CUDADriverError as exc:
         raise DeviceError(f'{source.name} has no kernel {symbol!r} (extern "C" __global__?): {exc}') from exc
