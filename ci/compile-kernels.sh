@@ -70,7 +70,24 @@ if part shipped; then
   # decline to fully unroll the prefill shape's loop nest (code size): a speed matter, not a wrong result.
   # AMD builds take -DQK_MMA_DEFAULT_ONLY: the MatMulNBits bench's other decode candidates run on
   # NVIDIA only (sm_90 builds them; on AMD they were half of this gate's longest compiles).
-  for src in "$KERNELS"/*/*.hip tests/device_mutants/*.hip; do
+  # the so: launchers first: two of them include the longest kernel source whole (ort/qmoe.hip), and
+  # started last they were the gate's tail. A WRONG TWIN (*_wrong.cu) differs from its launcher only in
+  # host code: on AMD it goes through the front end alone (-fsyntax-only: host and device parsed and
+  # checked, no code generated; its device code is its twin's, built in full), on NVIDIA it is built.
+  for src in examples/so_launcher/*.cu; do
+    if [ "$amd" = 1 ]; then
+      case "$src" in
+        *_wrong.cu) compile "$src (front end) for gfx90a" hipcc -c -fsyntax-only --offload-arch=gfx90a -x hip -Werror \
+          $INCLUDES "$src" ;;
+        *) compile "$src (shared library) for gfx90a" hipcc -shared -fPIC --offload-arch=gfx90a -x hip -Werror \
+          $INCLUDES -o "$tmp/l.so" "$src" ;;
+      esac
+    fi
+    compile "$src (shared library) for sm_90" nvcc --cudart shared -shared -Xcompiler -fPIC -arch=sm_90 \
+      -Werror all-warnings $INCLUDES -o "$tmp/l.so" "$src"
+  done
+  # then the kernels, the largest source first (the longest compiles: fewer idle cores at the end)
+  for src in $(ls -S "$KERNELS"/*/*.hip) tests/device_mutants/*.hip; do
     if [ "$amd" = 1 ]; then
       for arch in gfx90a gfx1030; do
         compile "$src for $arch" hipcc --genco --offload-arch="$arch" -Werror -Wall -Wno-pass-failed $INCLUDES \
@@ -78,14 +95,6 @@ if part shipped; then
       done
     fi
     compile "$src for sm_90" nvcc -cubin -arch=sm_90 -Werror all-warnings $INCLUDES -x cu -o "$tmp/k.cubin" "$src"
-  done
-  for src in examples/so_launcher/*.cu; do
-    if [ "$amd" = 1 ]; then
-      compile "$src (shared library) for gfx90a" hipcc -shared -fPIC --offload-arch=gfx90a -x hip -Werror $INCLUDES \
-        -o "$tmp/l.so" "$src"
-    fi
-    compile "$src (shared library) for sm_90" nvcc --cudart shared -shared -Xcompiler -fPIC -arch=sm_90 \
-      -Werror all-warnings $INCLUDES -o "$tmp/l.so" "$src"
   done
   for src in tests/device_mutants/*.cu; do  # CUDA-only test launchers
     compile "$src (shared library) for sm_90" nvcc --cudart shared -shared -Xcompiler -fPIC -arch=sm_90 \
