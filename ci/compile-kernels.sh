@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CI compile gate (no GPU needed): every kernel source compiled offline, warnings as errors, for
-#   AMD gfx90a (wave64) and gfx1030 (wave32) with Debian's hipcc (installed here if missing), and
-#   NVIDIA sm_90 with nvcc;
+#   AMD gfx90a (wave64) with Debian's hipcc (installed here if missing) and to device IR for gfx1030
+#   (wave32; below), and NVIDIA sm_90 with nvcc;
 # the device mutants of tests/device_mutants likewise; the patched copies of shipped kernels that
 # tests/device_catalogue.py --write-sources writes and the benches' diagnostic builds through the
 # CUDA device front end for sm_90 (they run in the NVIDIA device suite; below);
@@ -65,6 +65,19 @@ compile() {  # label, command... : run in the background, JOBS at a time, each w
   if [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; then wait -n || fail=1; fi
 }
 
+# gfx1030 (wave32) to device IR: clang's front end and its code generation for the target, at -O0 and
+# without the backend (every wave32 path parsed and instantiated under the target's macros, warnings as
+# errors, each builtin's target features checked: an instruction gfx1030 lacks is an error here); the
+# optimizer and the backend run for gfx90a (wave64). A full gfx1030 build of the sources took ~190 s of
+# CPU (nbits_mma.hip alone 60 s), this ~3 s a source. (-O0 through the backend is not an option: there
+# ROCm's device library leaves a wave64-only DPP shift in qmoe.hip's gfx1030 code, dead at -O3.)
+wave32_ir() {  # source, defines...
+  local src=$1
+  shift
+  compile "$src for gfx1030 (device IR)" hipcc -c --cuda-device-only -emit-llvm -O0 --offload-arch=gfx1030 -Werror \
+    -Wall -Wno-pass-failed $INCLUDES "$@" -o "$tmp/k.bc" "$src"
+}
+
 if part shipped; then
   # -Wno-pass-failed: on AMD the matrix-unit GEMM runs qk_mma_16816's shuffle form, and clang may
   # decline to fully unroll the prefill shape's loop nest (code size): a speed matter, not a wrong result.
@@ -72,8 +85,9 @@ if part shipped; then
   # NVIDIA only (sm_90 builds them; on AMD they were half of this gate's longest compiles).
   # the so: launchers first: two of them include the longest kernel source whole (ort/qmoe.hip), and
   # started last they were the gate's tail. A WRONG TWIN (*_wrong.cu) differs from its launcher only in
-  # host code: on AMD it goes through the front end alone (-fsyntax-only: host and device parsed and
-  # checked, no code generated; its device code is its twin's, built in full), on NVIDIA it is built.
+  # host code, its device code being its twin's, built in full: on AMD it goes through the front end
+  # alone (-fsyntax-only: host and device parsed and checked, ~5 s against ~40 s), on NVIDIA it is built
+  # and linked with its device code as PTX at -O0 (no ptxas, no NVVM optimizer: ~4 s against ~27 s).
   for src in examples/so_launcher/*.cu; do
     if [ "$amd" = 1 ]; then
       case "$src" in
@@ -83,16 +97,20 @@ if part shipped; then
           $INCLUDES -o "$tmp/l.so" "$src" ;;
       esac
     fi
-    compile "$src (shared library) for sm_90" nvcc --cudart shared -shared -Xcompiler -fPIC -arch=sm_90 \
-      -Werror all-warnings $INCLUDES -o "$tmp/l.so" "$src"
+    case "$src" in
+      *_wrong.cu) compile "$src (shared library, device code as PTX at -O0) for sm_90" nvcc --cudart shared -shared \
+        -Xcompiler -fPIC -gencode arch=compute_90,code=compute_90 -Xcicc -O0 -Werror all-warnings $INCLUDES \
+        -o "$tmp/l.so" "$src" ;;
+      *) compile "$src (shared library) for sm_90" nvcc --cudart shared -shared -Xcompiler -fPIC -arch=sm_90 \
+        -Werror all-warnings $INCLUDES -o "$tmp/l.so" "$src" ;;
+    esac
   done
   # then the kernels, the largest source first (the longest compiles: fewer idle cores at the end)
   for src in $(ls -S "$KERNELS"/*/*.hip) tests/device_mutants/*.hip; do
     if [ "$amd" = 1 ]; then
-      for arch in gfx90a gfx1030; do
-        compile "$src for $arch" hipcc --genco --offload-arch="$arch" -Werror -Wall -Wno-pass-failed $INCLUDES \
-          -DQK_MMA_DEFAULT_ONLY -o "$tmp/k.co" "$src"
-      done
+      compile "$src for gfx90a" hipcc --genco --offload-arch=gfx90a -Werror -Wall -Wno-pass-failed $INCLUDES \
+        -DQK_MMA_DEFAULT_ONLY -o "$tmp/k.co" "$src"
+      wave32_ir "$src" -DQK_MMA_DEFAULT_ONLY
     fi
     compile "$src for sm_90" nvcc -cubin -arch=sm_90 -Werror all-warnings $INCLUDES -x cu -o "$tmp/k.cubin" "$src"
   done
@@ -102,10 +120,9 @@ if part shipped; then
   done
   for src in examples/hip_kernel/*.hip; do  # the worked user hip: kernels (tests/user_kernels.py), like the kernels
     if [ "$amd" = 1 ]; then
-      for arch in gfx90a gfx1030; do
-        compile "$src for $arch" hipcc --genco --offload-arch="$arch" -Werror -Wall -Wno-pass-failed $INCLUDES \
-          -o "$tmp/k.co" "$src"
-      done
+      compile "$src for gfx90a" hipcc --genco --offload-arch=gfx90a -Werror -Wall -Wno-pass-failed $INCLUDES \
+        -o "$tmp/k.co" "$src"
+      wave32_ir "$src"
     fi
     compile "$src for sm_90" nvcc -cubin -arch=sm_90 -Werror all-warnings $INCLUDES -x cu -o "$tmp/k.cubin" "$src"
   done
