@@ -100,8 +100,8 @@ _KERNELS: dict[tuple[str, str, tuple[str, ...]], Any] = {}
 
 def get_kernel(source: Path, symbol: str, options: tuple[str, ...] = ()) -> Any:
     """The ``extern "C"`` kernel ``symbol`` of ``source``, compiled on first use and then kept for
-    the process (a launch path must not re-read and re-hash the sources). A compile error or a
-    missing symbol is a DeviceError (a CompileError) carrying the compiler's log."""
+    the process (a launch path must not re-read and re-hash the sources). A compile error is a
+    CompileError (a DeviceError) carrying the compiler's log; a missing symbol a DeviceError."""
     key = (str(source), symbol, options)
     if key not in _KERNELS:
         _KERNELS[key] = _compile_kernel(source, symbol, options)
