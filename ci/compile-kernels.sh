@@ -71,9 +71,11 @@ compile() {  # label, command... : run in the background, JOBS at a time, each w
 # optimizer and the backend run for gfx90a (wave64). A full gfx1030 build of the sources took ~190 s of
 # CPU (nbits_mma.hip alone 60 s), this ~3 s a source. (-O0 through the backend is not an option: there
 # ROCm's device library leaves a wave64-only DPP shift in qmoe.hip's gfx1030 code, dead at -O3.)
-wave32_ir() {  # source, defines...
+amd_kernel() {  # source, defines...: built for gfx90a, to device IR for gfx1030
   local src=$1
   shift
+  compile "$src for gfx90a" hipcc --genco --offload-arch=gfx90a -Werror -Wall -Wno-pass-failed $INCLUDES "$@" \
+    -o "$tmp/k.co" "$src"
   compile "$src for gfx1030 (device IR)" hipcc -c --cuda-device-only -emit-llvm -O0 --offload-arch=gfx1030 -Werror \
     -Wall -Wno-pass-failed $INCLUDES "$@" -o "$tmp/k.bc" "$src"
 }
@@ -107,11 +109,7 @@ if part shipped; then
   done
   # then the kernels, the largest source first (the longest compiles: fewer idle cores at the end)
   for src in $(ls -S "$KERNELS"/*/*.hip) tests/device_mutants/*.hip; do
-    if [ "$amd" = 1 ]; then
-      compile "$src for gfx90a" hipcc --genco --offload-arch=gfx90a -Werror -Wall -Wno-pass-failed $INCLUDES \
-        -DQK_MMA_DEFAULT_ONLY -o "$tmp/k.co" "$src"
-      wave32_ir "$src" -DQK_MMA_DEFAULT_ONLY
-    fi
+    [ "$amd" = 1 ] && amd_kernel "$src" -DQK_MMA_DEFAULT_ONLY
     compile "$src for sm_90" nvcc -cubin -arch=sm_90 -Werror all-warnings $INCLUDES -x cu -o "$tmp/k.cubin" "$src"
   done
   for src in tests/device_mutants/*.cu; do  # CUDA-only test launchers
@@ -119,11 +117,7 @@ if part shipped; then
       -Werror all-warnings $INCLUDES -o "$tmp/l.so" "$src"
   done
   for src in examples/hip_kernel/*.hip; do  # the worked user hip: kernels (tests/user_kernels.py), like the kernels
-    if [ "$amd" = 1 ]; then
-      compile "$src for gfx90a" hipcc --genco --offload-arch=gfx90a -Werror -Wall -Wno-pass-failed $INCLUDES \
-        -o "$tmp/k.co" "$src"
-      wave32_ir "$src"
-    fi
+    [ "$amd" = 1 ] && amd_kernel "$src"
     compile "$src for sm_90" nvcc -cubin -arch=sm_90 -Werror all-warnings $INCLUDES -x cu -o "$tmp/k.cubin" "$src"
   done
 fi
