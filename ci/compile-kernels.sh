@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CI compile gate (no GPU needed): every kernel source compiled offline, warnings as errors, for
 #   AMD gfx90a (wave64) with Debian's hipcc (installed here if missing) and to device IR for gfx1030
-#   (wave32; below), and NVIDIA sm_90 with nvcc;
+#   (wave32; below), and NVIDIA sm_90 with nvcc (and sm_90a, a source with code for it);
 # the device mutants of tests/device_mutants likewise; the patched copies of shipped kernels that
 # tests/device_catalogue.py --write-sources writes and the benches' diagnostic builds through the
 # CUDA device front end for sm_90 (they run in the NVIDIA device suite; below);
@@ -111,6 +111,10 @@ if part shipped; then
   for src in $(ls -S "$KERNELS"/*/*.hip) tests/device_mutants/*.hip; do
     [ "$amd" = 1 ] && amd_kernel "$src" -DQK_MMA_DEFAULT_ONLY
     compile "$src for sm_90" nvcc -cubin -arch=sm_90 -Werror all-warnings $INCLUDES -x cu -o "$tmp/k.cubin" "$src"
+    # a source with sm_90a code (wgmma, behind __CUDA_ARCH_FEAT_SM90_ALL; loader.arch_specific_options) for it too
+    if grep -q __CUDA_ARCH_FEAT_SM90_ALL "$src"; then
+      compile "$src for sm_90a" nvcc -cubin -arch=sm_90a -Werror all-warnings $INCLUDES -x cu -o "$tmp/k.cubin" "$src"
+    fi
   done
   for src in tests/device_mutants/*.cu; do  # CUDA-only test launchers
     compile "$src (shared library) for sm_90" nvcc --cudart shared -shared -Xcompiler -fPIC -arch=sm_90 \
@@ -141,9 +145,10 @@ if part patched; then
     printf '%s\n' "$log"
     return 1
   }
-  front() {  # label, defines..., source
-    local label=$1 src=${*: -1} defs=("${@:2:$#-2}")
-    compile "$label" nvcc_front -ptx -arch=sm_90 -Xcicc --no_code_gen -Werror all-warnings $INCLUDES "${defs[@]}" \
+  front() {  # label, defines..., source (for sm_90a where it has sm_90a code, as the suite builds it)
+    local label=$1 src=${*: -1} defs=("${@:2:$#-2}") arch=sm_90
+    grep -q __CUDA_ARCH_FEAT_SM90_ALL "$src" && arch=sm_90a
+    compile "$label" nvcc_front -ptx -arch=$arch -Xcicc --no_code_gen -Werror all-warnings $INCLUDES "${defs[@]}" \
       -x cu -o "$tmp/k.ptx" "$src"
   }
   for src in "$tmp"/patched/*/*.hip; do

@@ -324,6 +324,32 @@ GEMM_ZP_BLOCK: Edits = (("(((rowbits[r][h] & 0x18) + kb * BITS) & 31)", "((rowbi
 GEMM_LAST_TOKEN: Edits = (("if (tok >= M || n >= N) continue;", "if (tok >= M - 1 || n >= N) continue;"),)
 GEMM_TOKEN_TILE: Edits = (("const int r0 = tok0 + (tid >> 3);", "const int r0 = tid >> 3;"),)
 
+# the wgmma prefill GEMM (qk_nbits_wgmma, default zero point, M >= WGMMA_MIN_M on sm_90): the converted
+# weights stored without the 128-byte swizzle (sw >> 3 is 0: wgmma then reads another row's K pieces); chunk c - 1's
+# sums scaled by chunk c's scales (wrong across a block boundary); the pending sums of the last whole
+# group of 4 chunks never added
+WGMMA_UNSWIZZLED: Edits = (
+    (
+        "*(uint4*)(bh + (((4 * w_half + j) ^ sw) << 4)) = o;",
+        "*(uint4*)(bh + (((4 * w_half + j) ^ (sw >> 3)) << 4)) = o;",
+    ),
+    (
+        "*(uint4*)(bh + (((4 * w_half + 2 * j) ^ sw) << 4)) = o0;\n"
+        "                *(uint4*)(bh + (((4 * w_half + 2 * j + 1) ^ sw) << 4)) = o1;",
+        "*(uint4*)(bh + (((4 * w_half + 2 * j) ^ (sw >> 3)) << 4)) = o0;\n"
+        "                *(uint4*)(bh + (((4 * w_half + 2 * j + 1) ^ (sw >> 3)) << 4)) = o1;",
+    ),
+)
+WGMMA_NEXT_SCALE: Edits = (("if (u > 0) scale_add(dp, c0 + u - 1);", "if (u > 0) scale_add(dp, c0 + u);"),)
+WGMMA_GROUP_TAIL: Edits = (("        scale_add(d1, c0 + 3);\n", ""),)
+
+
+def _wgmma(name: str, edits: Edits, leaf: str = "Xfp16_Wu2_Yfp16") -> DeviceMutant:
+    return DeviceMutant(
+        name, "ort/nbits_wgmma.hip", "", "", "matmul_nbits", "matches_oracle", leaf=leaf, coverage=2, edits=edits
+    )
+
+
 # the fp32-activation ring kernel (qk_nbits_mmaf, activations split into fp16 hi + lo): the lo
 # parts never added; lo scaled back by 2^-e (the 2^12 of the split forgotten); every token group
 # reading group 0's rows
@@ -381,6 +407,9 @@ ORT_MUTANTS = (
     _mma("prefill GEMM: packed zero points of the word's first block", "matches_oracle", edits=GEMM_ZP_BLOCK),
     _mma("prefill GEMM: the last token row not stored", "writes_every_output", edits=GEMM_LAST_TOKEN),
     _mma("prefill GEMM: all token tiles read tile 0", "matches_oracle", edits=GEMM_TOKEN_TILE, leaf="Xfp16_Wu4_Yfp16"),
+    _wgmma("wgmma GEMM: converted weights not swizzled", WGMMA_UNSWIZZLED),
+    _wgmma("wgmma GEMM: a chunk's sums scaled by the next chunk's scales", WGMMA_NEXT_SCALE, leaf="Xfp16_Wu4_Yfp16"),
+    _wgmma("wgmma GEMM: a group's last sums never added", WGMMA_GROUP_TAIL),
     _mma("ring GEMV fp32 A: the lo parts not added", "matches_oracle", edits=RING_F32_NO_LO, leaf="Xfp32_Wu2_Yfp32"),
     _mma("ring GEMV fp32 A: lo scaled back by 2^-e", "matches_oracle", edits=RING_F32_LO_SCALE, leaf="Xfp32_Wu4_Yfp32"),
     _mma("ring GEMV fp32 A: group 1 reads group 0", "matches_oracle", edits=RING_F32_GROUP, leaf="Xfp32_Wu2_Yfp32"),

@@ -59,6 +59,11 @@ def _gemm_instances(text: str) -> set[str]:
     }
 
 
+def _wgmma_instances(text: str) -> set[str]:
+    """The wgmma prefill GEMMs a source instantiates through QK_NBITS_WGMMA(BITS, S)."""
+    return {f"qk_nbits_wgmma_u{b}_s{st}" for b, st in re.findall(r"^QK_NBITS_WGMMA\((\d), (\d)\)", text, re.M)}
+
+
 def _kq_instances(text: str) -> set[str]:
     """The keep-quant GEMVs a source instantiates through KQ_GEMV(NAME, ...) x KQ_GEMV_ALL(MT)."""
     names = re.findall(r"KQ_GEMV\((\w+), [^()]*MT\)", text)
@@ -94,7 +99,7 @@ def test_every_registered_kernel_exists_in_its_source() -> None:
         assert k.op in CATALOGUE
         text = k.path.read_text()
         instances = _mma_instances(text) | _gemm_instances(text) | _kq_instances(text) | _gqa_instances(text)
-        instances |= _moe_instances(text)
+        instances |= _moe_instances(text) | _wgmma_instances(text)
         assert k.symbol in _kernel_symbols(text) | instances, k.symbol
     for source, symbol, _ in TOOL_KERNELS:
         assert symbol in _kernel_symbols((KERNEL_DIR / source).read_text()), symbol

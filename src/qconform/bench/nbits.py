@@ -368,15 +368,15 @@ def _check_text(a: Any, b: Any, s: Any, y: Any, K: int, N: int, bits: int) -> st
 def prefill(
     shapes=PREFILL_SHAPES, bits_list=(2, 4), ms=PREFILL_MS, reps: int = 10, candidates: bool = False
 ) -> list[BenchRecord]:
-    """The prefill table: the GEMM (``qk_nbits_gemm``) against the previous kernel (the prefill
-    shape of ``qk_nbits_mma``), fp16 cuBLAS on the weights dequantized once (outside the timing) and
-    the copy-bandwidth dequant + cuBLAS. Check: the GEMM's Y bit-identical to the previous
-    kernel's (the same sums, the kernel's comment; that kernel is checked against the oracle by the
-    device tests), else within the strict bound (``_strict_check``). ``candidates``: the other tiles
-    of ``registry.GEMM_SHAPES`` and ``GEMM_CANDIDATES`` too."""
+    """The prefill table: the launcher's GEMM (``qk_nbits_wgmma`` where the device has wgmma, else
+    ``qk_nbits_gemm``) against ``qk_nbits_gemm`` (the previous kernel where wgmma runs), fp16 cuBLAS on
+    the weights dequantized once (outside the timing) and the copy-bandwidth dequant + cuBLAS.
+    Check: Y bit-identical to ``qk_nbits_gemm``'s (checked against the oracle by the device tests),
+    else within the strict bound (``_strict_check``). ``candidates``: the other tiles of
+    ``registry.GEMM_SHAPES`` and ``GEMM_CANDIDATES`` too (``qk_nbits_gemm``'s, timed apart)."""
     device = _table_head(
         f"prefill, block {BLOCK}; us as min / median / max of 5 batches of {reps} launches (2 weight sets)",
-        ("K x N", "M", "bits", "kernel us", "TFLOP/s", "previous kernel us", "fp16 cuBLAS us", "of cuBLAS")
+        ("K x N", "M", "bits", "kernel us", "TFLOP/s", "qk_nbits_gemm us", "fp16 cuBLAS us", "of cuBLAS")
         + ("dequant + cuBLAS us", "speed-up", "check"),
     )
     records: list[BenchRecord] = []
@@ -393,17 +393,18 @@ def prefill(
                 y, y_old, y16 = (cupy.empty((M, N), cupy.float16) for _ in range(3))
                 default = registry.gemm_shape(M)
                 others = (*registry.GEMM_SHAPES.values(), *registry.GEMM_CANDIDATES) if candidates else ()
-                shapes_timed = [default, *(shape for shape in others if shape != default)]
-                old = _bind(a, weights, K, N, bits, y_old, GEMM_MIN_M=1 << 62)
+                shapes_timed = [None, *(shape for shape in others if shape != default)]
+                old = _bind(a, weights, K, N, bits, y_old, WGMMA_MIN_M=1 << 62)
                 t_old = bl.times(lambda i, c=old: c[i](), len(old), reps)
                 old[0]()
                 timed, differ = {}, {}
                 for shape in shapes_timed:
-                    calls = _bind(a, weights, K, N, bits, y, gemm_shape=lambda _, sh=shape: sh)
+                    tiles = {} if shape is None else {"gemm_shape": lambda _, sh=shape: sh, "WGMMA_MIN_M": 1 << 62}
+                    calls = _bind(a, weights, K, N, bits, y, **tiles)
                     timed[shape] = bl.times(lambda i, c=calls: c[i](), len(calls), reps)
                     calls[0]()
                     same = bool(cupy.array_equal(y.view(cupy.uint16), y_old.view(cupy.uint16)))
-                    differ[shape] = "bit-identical to qk_nbits_mma" if same else _check_text(a, b, s, y, K, N, bits)
+                    differ[shape] = "bit-identical to qk_nbits_gemm" if same else _check_text(a, b, s, y, K, N, bits)
                 name, t_cub = _fastest_matmul(a, w16, y16, reps)
 
                 def deq_cublas(i: int, a=a, y16=y16, deq=deq, weights=weights, w16=w16) -> None:
@@ -411,7 +412,7 @@ def prefill(
                     cupy.matmul(a, w16[i].T, out=y16)
 
                 t_dq = bl.times(deq_cublas, len(weights), reps)
-                check, ts = differ[default], timed[default]
+                check, ts = differ[None], timed[None]
                 flops = 2 * M * K * N
                 rec = BenchRecord(
                     f"matmul_nbits prefill u{bits} fp16",
@@ -424,7 +425,7 @@ def prefill(
                     {
                         f"fp16 cuBLAS, weights dequantized once ({name})": bl.median(t_cub) * 1e6,
                         "copy-bandwidth dequant + cuBLAS": bl.median(t_dq) * 1e6,
-                        "previous kernel (qk_nbits_mma prefill shape)": bl.median(t_old) * 1e6,
+                        "qk_nbits_gemm (the previous kernel where wgmma runs)": bl.median(t_old) * 1e6,
                     },
                 )
                 records.append(rec)

@@ -82,15 +82,22 @@ def launch(op: str, source: str, symbol: str, n_threads: int, args: tuple) -> No
 
 
 def launch_grid(
-    op: str, source: str, symbol: str, grid: int | tuple[int, ...], threads: int, args: tuple, shared_mem: int = 0
+    op: str,
+    source: str,
+    symbol: str,
+    grid: int | tuple[int, ...],
+    threads: int,
+    args: tuple,
+    shared_mem: int = 0,
+    options: tuple[str, ...] = (),
 ) -> None:
-    launch_kernel(op, kernel_of(source, symbol), grid, threads, args, shared_mem=shared_mem)
+    launch_kernel(op, kernel_of(source, symbol, options), grid, threads, args, shared_mem=shared_mem)
 
 
-def kernel_of(source: str, symbol: str) -> Any:
+def kernel_of(source: str, symbol: str, options: tuple[str, ...] = ()) -> Any:
     """``symbol`` of ``kernels/<source>`` (``"ort/nbits_mma.hip"``, or its override), built with the
-    current extra options."""
-    return get_kernel(OVERRIDES.get(source, KERNEL_DIR / source), symbol, OPTIONS)
+    current extra options and ``options`` (a source's own, e.g. ``loader.arch_specific_options()``)."""
+    return get_kernel(OVERRIDES.get(source, KERNEL_DIR / source), symbol, OPTIONS + options)
 
 
 def bound(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[[], None]:

@@ -65,6 +65,16 @@ def device_info(device: int | None = None) -> DeviceInfo:
     )
 
 
+def arch_specific_options() -> tuple[str, ...]:
+    """NVRTC options that let a source use the device's architecture-specific instructions: on an
+    sm_90 device ``-arch=sm_90a`` (wgmma; the source tests ``__CUDA_ARCH_FEAT_SM90_ALL``), elsewhere
+    none. Measured on the H200 with CuPy 14.2: NVRTC builds the sm_90a features with this option
+    beside CuPy's own ``-arch`` (docs/perf-notes.md, session 23); a launcher still asks the built module
+    whether they are in (the module's ``qk_nbits_wgmma_built``) before it takes such a kernel."""
+    info = device_info()
+    return ("-arch=sm_90a",) if not info.is_hip and info.arch == "sm_90" else ()
+
+
 def _dependencies(source: Path) -> list[Path]:
     """What a source may include: every shipped header and kernel source (``kernels/common``,
     ``kernels/<family>/``: a test source may include a shipped one) and the files beside it."""

@@ -386,6 +386,29 @@ GEMM_MIN_M = 16
 M 16 and 32 on 5120 x 17920 the short tiles took 97-103 us, the previous kernel 101-106 (session 16)."""
 
 
+WGMMA_MIN_M = 256
+"""Activation rows from which MatMulNBits (fp16 A, default zero point) takes the wgmma GEMM
+(``qk_nbits_wgmma``, ort/nbits_wgmma.hip) where the device has it (sm_90 with a build for sm_90a): at M
+512 .. 4096 it took 0.65-0.77x the time of ``qk_nbits_gemm``'s long tiles on the H200
+(docs/perf-notes.md, session 23); below 256 rows the GEMM keeps them (its CTAs own 128 tokens, as the
+long tiles' do)."""
+WGMMA_STAGES = 4
+WGMMA_TILE = 128
+"""The wgmma GEMM's CTA: 128 tokens x 128 weight rows, ``WGMMA_STAGES`` K chunks in flight."""
+
+
+def wgmma_symbol(bits: int) -> str:
+    return f"qk_nbits_wgmma_u{bits}_s{WGMMA_STAGES}"
+
+
+def wgmma_smem(bits: int) -> int:
+    """The wgmma GEMM's dynamic shared memory (ort/nbits_wgmma.hip, QkWgLayout, plus 1 KB to align its
+    base to 1024 bytes): per stage 16 KB of activations, the raw weights (8 bits bytes a row) and
+    scale words (4 bytes a row); 3 fp16 weight stages of 16 KB; 4 fp32 scale stages."""
+    s, rows = WGMMA_STAGES, WGMMA_TILE
+    return s * (WGMMA_TILE * 128 + rows * 8 * bits + rows * 4) + 3 * rows * 128 + 4 * rows * 4 + 1024
+
+
 MMA_DECODE_CANDIDATES = (
     *(MmaShape(r, 1, p, o) for r, p, o in ((2, 2, 1), (2, 2, 3), (2, 4, 2), (4, 2, 2), (1, 4, 4))),
     *(MmaShape(r, 1, p, o, ring=True) for r, p, o in ((2, 4, 1), (2, 3, 2), (2, 3, 1), (2, 2, 1))),
@@ -424,6 +447,10 @@ def _mma_symbols() -> tuple[KernelSpec, ...]:
             for use, shape in GEMM_SHAPES.items()
             for bits in (2, 4)
             for z, zd in ((False, ""), (True, ", packed zero points"))
+        )
+        + tuple(
+            _ort("matmul_nbits", wgmma_symbol(bits), "nbits_wgmma.hip", f"prefill u{bits} GEMM on wgmma (sm_90a)")
+            for bits in (2, 4)
         )
     )
 

@@ -1,5 +1,5 @@
-"""Launchers of dequantize_nbits and matmul_nbits (kernels ``ort/nbits_gemv.hip`` and
-``ort/nbits_mma.hip``), with the oracles' call shapes on CuPy arrays, bit-identical to
+"""Launchers of dequantize_nbits and matmul_nbits (kernels ``ort/nbits_gemv.hip``,
+``ort/nbits_mma.hip`` and ``ort/nbits_wgmma.hip``), with the oracles' call shapes on CuPy arrays, bit-identical to
 ``qconform.oracles.ort.dequantize_nbits`` and within the accumulation bound of ``matmul_nbits``."""
 
 from __future__ import annotations
@@ -21,15 +21,21 @@ from qconform.device.launchers import (
     sm_count,
     smem_limits,
 )
+from qconform.device.loader import arch_specific_options, load_module
 from qconform.device.registry import (
     GEMM_MIN_M,
+    KERNEL_DIR,
     MMA_SHAPES,
+    WGMMA_MIN_M,
+    WGMMA_TILE,
     MmaShape,
     decode_shape,
     fewer_warps,
     gemm_shape,
     resident_ctas,
     tail_wave,
+    wgmma_smem,
+    wgmma_symbol,
 )
 from qconform.errors import ArgumentError
 from qconform.ops.ort.matmul_nbits import DEQUANTIZE_NBITS, ZP_KIND, zero_point_kind
@@ -38,6 +44,7 @@ from qconform.oracles.ort.matmul_nbits import check_a, check_nbits_args
 ZP_DEFAULT, ZP_PACKED, ZP_FLOAT, ZP_SCALAR = (ZP_KIND[k] for k in ("none", "packed", "float", "scalar"))
 GEMV = "ort/nbits_gemv.hip"
 MMA = "ort/nbits_mma.hip"
+WGMMA = "ort/nbits_wgmma.hip"
 
 
 def _mma_ok(B: Any, bits: int, block_size: int, a16: bool, zp_kind: int, z16: int) -> bool:
@@ -59,6 +66,8 @@ def _launch_mma(bits: int, M: int, lay: Any, ptrs: tuple, zps: Any, kind: Any, h
             return
     packed = kind == ZP_PACKED and zp.data.ptr % 4 == 0
     if M >= GEMM_MIN_M and (kind == ZP_DEFAULT or packed) and aligned and a_vec:
+        if kind == ZP_DEFAULT and M >= WGMMA_MIN_M and _launch_wgmma(bits, M, lay, ptrs, has_bias):
+            return
         if _launch_gemm(bits, M, lay, ptrs, packed, has_bias):
             return
     shape = MMA_SHAPES["decode_zp" if M <= 8 else "prefill"]
@@ -94,6 +103,46 @@ def _launch_gemm(bits: int, M: int, lay: Any, ptrs: tuple, packed: bool, has_bia
     sizes = (M, lay.K, lay.N, (lay.block_size // 64).bit_length() - 1, lay.k_blocks, lay.zp_bytes, has_bias, y_vec)
     args = (A, B, scales, zp if packed else np.uint64(0), bias, y, *(np.int32(v) for v in sizes))
     launch_grid("matmul_nbits", MMA, symbol, grid, shape.threads, args, smem)
+    return True
+
+
+_WGMMA_BUILT: dict[tuple[str, tuple[str, ...], int], bool] = {}
+
+
+def _wgmma_built(options: tuple[str, ...]) -> bool:
+    """Whether the wgmma source built with ``options`` has its kernels (the module's
+    ``qk_nbits_wgmma_built``, 1 where NVRTC compiled it for sm_90a): read once per build and device."""
+    path = launchers.OVERRIDES.get(WGMMA, KERNEL_DIR / WGMMA)
+    opts = launchers.OPTIONS + options
+    key = (str(path), opts, cupy.cuda.Device().id)
+    if key not in _WGMMA_BUILT:
+        flag = load_module(path, opts).get_global("qk_nbits_wgmma_built")
+        _WGMMA_BUILT[key] = bool(cupy.ndarray((1,), cupy.int32, flag).get()[0])
+    return _WGMMA_BUILT[key]
+
+
+def has_wgmma() -> bool:
+    """Whether this device and its build of the wgmma source run ``qk_nbits_wgmma``."""
+    options = arch_specific_options()
+    return bool(options) and _wgmma_built(options)
+
+
+def _launch_wgmma(bits: int, M: int, lay: Any, ptrs: tuple, has_bias: bool) -> bool:
+    """The prefill GEMM on Hopper's warpgroup matrix units (``qk_nbits_wgmma``; the caller checked the
+    GEMM's domain with the default zero point); False where the device or its build lacks wgmma, the
+    shared memory does not fit, or N needs more than 2^16 - 1 row tiles."""
+    if not has_wgmma():
+        return False
+    options = arch_specific_options()
+    A, B, scales, _, bias, y = ptrs
+    symbol, smem = wgmma_symbol(bits), wgmma_smem(bits)
+    grid = (-(-M // WGMMA_TILE), -(-lay.N // WGMMA_TILE))
+    if grid[1] >= 2**16 or smem > smem_limits()[0] or not allow_smem(kernel_of(WGMMA, symbol, options), smem):
+        return False
+    y_vec = lay.N % 8 == 0 and y.data.ptr % 16 == 0
+    sizes = (M, lay.K, lay.N, (lay.block_size // 64).bit_length() - 1, lay.k_blocks, has_bias, y_vec)
+    args = (A, B, scales, bias, y, *(np.int32(v) for v in sizes))
+    launch_grid("matmul_nbits", WGMMA, symbol, grid, 2 * WGMMA_TILE, args, smem, options)
     return True
 
 

@@ -1,0 +1,330 @@
+/* ONNX Runtime quantized-weight family: MatMulNBits prefill on Hopper's warpgroup matrix units.
+ * Semantics: qconform.oracles.ort; the sums are qk_nbits_gemm's (ort/nbits_mma.hip): per 64-wide K
+ * chunk d = sum over the chunk of a (q - z), exact fp16 products summed in fp32 by the matrix unit
+ * (here wgmma's order), then acc = fma(s, d, acc) in chunk order, bias added in fp32, one rounding
+ * to fp16. Facts (PTX ISA, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate" and its
+ * "Matrix Descriptor" and "Shared Memory Matrix Layout" sections): wgmma.mma_async reads both
+ * operands from shared memory through 64-bit descriptors (start address >> 4 in bits 0-13, leading
+ * byte offset >> 4 in 16-29, stride byte offset >> 4 in 32-45, swizzle in 62-63: 1 = 128-byte);
+ * with the 128-byte swizzle a K-major tile's row of 64 halves is 128 bytes whose 16-byte pieces are
+ * permuted by piece ^ (row % 8), 8 rows (1024 bytes, the stride byte offset) to a core-matrix group,
+ * the tile 1024-byte aligned; a k16 step is the start address plus 32 bytes. The accumulator of
+ * m64nNk16 (f32): warp w of the warpgroup holds rows 16 w + g and 16 w + g + 8 (g = lane / 4),
+ * columns 8 j + 2 t, + 1 (t = lane % 4) in d[4 j .. 4 j + 3]. Writes to shared memory by ordinary
+ * stores and cp.async reach wgmma after fence.proxy.async. wgmma exists on sm_90a only
+ * (__CUDA_ARCH_FEAT_SM90_ALL); elsewhere these kernels trap and the launcher never picks them.
+ *
+ * A CTA of two warpgroups owns 128 tokens (wgmma's M, 64 a warpgroup) x 128 weight rows (its N). Per
+ * 64-wide K chunk c, S - 1 chunks ahead, cp.async copies the activations (into the swizzled layout)
+ * and the raw weight bytes and scale words; one chunk ahead, each thread turns the weight bytes it
+ * copied into the exact fp16 pairs q - z (1024 + q from the 0x6400 magic, minus 1024 + z) of the
+ * swizzled fp16 stage, and its scale into fp32; one barrier a chunk. Chunk c's wgmma runs while
+ * chunk c - 1's sums are scaled into acc (two sets of sums, alternating). */
+#include "ort_common.h"
+
+#if defined(QK_CUDA) && defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define QK_WGMMA 1
+#else
+#define QK_WGMMA 0
+#endif
+
+#if QK_WGMMA
+typedef unsigned long long qk_u64;
+
+/* the descriptor of a K-major, 128-byte swizzled tile at shared address addr (1024-aligned, plus
+ * 32 bytes a k16 step) */
+__device__ __forceinline__ qk_u64 qk_wgmma_desc(qk_u32 addr) {
+    return (qk_u64)((addr & 0x3FFFFu) >> 4) | (qk_u64)1 << 16 | (qk_u64)(1024 >> 4) << 32 | (qk_u64)1 << 62;
+}
+
+/* d (+)= A (64 x 16, desc a) B^T (128 x 16, desc b); scale_d 0: d = A B^T */
+__device__ __forceinline__ void qk_wgmma_m64n128k16(float d[64], qk_u64 a, qk_u64 b, int scale_d) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "l"(a), "l"(b), "r"(scale_d));
+}
+
+/* the accumulators are not touched across this point (the compiler keeps them in place) */
+__device__ __forceinline__ void qk_wgmma_fence_operands(float d[64]) {
+    asm volatile(""
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                 "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                 "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                 "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                 "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                 "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 :
+                 : "memory");
+}
+
+__device__ __forceinline__ void qk_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void qk_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void qk_wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void qk_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+__device__ __forceinline__ void qk_cp_async8(qk_u32 dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void qk_cp_async16s(qk_u32 dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void qk_cp_async4s(qk_u32 dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+
+__device__ __forceinline__ qk_u32 qk_sub_f16x2(qk_u32 a, qk_u32 b) {
+    qk_u32 r;
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+
+/* the exact fp16 pair (q_lo - z, q_hi - z): lo / hi the words whose byte `byte` holds the two codes
+ * in its low bits (mask), off = the pair 1024 + z */
+__device__ __forceinline__ qk_u32 qk_wg_pair(qk_u32 lo, qk_u32 hi, int byte, qk_u32 mask, qk_u32 off) {
+    const qk_u32 x = __byte_perm(lo, hi, (qk_u32)(byte | byte << 4 | (4 + byte) << 8 | (4 + byte) << 12));
+    return qk_sub_f16x2((x & mask) | 0x64006400u, off);
+}
+
+/* Shared memory (from a 1024-aligned base): S activation stages (BM tokens x 128 bytes, swizzled;
+ * warpgroup w's 64 tokens at 8 KB w), 3 fp16 weight stages (BN rows x 128 bytes, swizzled: chunk c's
+ * is written while chunks c - 1 and c - 2 may still be read), S raw weight stages (BN rows x 8 BITS
+ * bytes), S raw scale-word stages (BN x 4 bytes), 4 fp32 scale stages (BN floats). The output tile
+ * reuses the activation stages. registry.WGMMA_SMEM says the same. */
+template <int BITS, int S>
+struct QkWgLayout {
+    static constexpr int BN = 128, BM = 128;
+    static constexpr int A_STAGE = BM * 128, B_STAGE = BN * 128, W_STAGE = BN * 8 * BITS;
+    static constexpr int A0 = 0, B0 = A0 + S * A_STAGE, W0 = B0 + 3 * B_STAGE, SC0 = W0 + S * W_STAGE;
+    static constexpr int SF0 = SC0 + S * BN * 4, BYTES = SF0 + 4 * BN * 4;
+};
+
+template <int BITS, int S>
+__device__ __forceinline__ void qk_nbits_wgmma(const qk_u16* A, const qk_u8* B, const qk_u16* scales,
+                                               const qk_u16* bias, qk_u16* Y, int M, int K, int N, int cpb_shift,
+                                               int k_blocks, int has_bias, int y_vec) {
+    typedef QkWgLayout<BITS, S> L;
+    extern __shared__ __align__(1024) qk_u8 qk_wg_smem[];
+    const qk_u32 raw_base = (qk_u32)__cvta_generic_to_shared(qk_wg_smem);
+    const qk_u32 base = (raw_base + 1023u) & ~1023u;
+    qk_u8* const gbase = qk_wg_smem + (base - raw_base);
+    const int tid = (int)threadIdx.x, wg = tid >> 7, wt = tid & 127, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int wq = wt >> 5; /* the warp in its warpgroup */
+    const int tok0 = (int)blockIdx.x * L::BM, row0 = (int)blockIdx.y * L::BN;
+    const int n_chunks = (K + 63) >> 6;
+    const qk_i64 row_bytes = (qk_i64)k_blocks * ((64 << cpb_shift) * BITS / 8);
+
+    /* this thread's copies: activations (4 pieces of 16 bytes: tokens wt / 8 + 16 j of its warpgroup,
+     * K 8 (wt % 8)), raw weights (row tid / 2, half tid % 2 of the chunk's bytes), a scale word (tid < BN) */
+    const int a_tok = wt >> 3, a_q = wt & 7;
+    const qk_u32 a_dst = (qk_u32)(wg * 8192 + a_tok * 128 + ((a_q ^ (a_tok & 7)) << 4));
+    const qk_u16* a_src = A + (qk_i64)min(tok0 + 64 * wg + a_tok, M - 1) * K + 8 * a_q;
+    int a_rows = 0; /* its pieces j < a_rows lie inside M */
+#pragma unroll
+    for (int j = 0; j < 4; ++j) a_rows += tok0 + 64 * wg + a_tok + 16 * j < M ? 1 : 0;
+    const int w_row = tid >> 1, w_half = tid & 1;
+    const qk_u8* w_src = B + (qk_i64)min(row0 + w_row, N - 1) * row_bytes + w_half * 4 * BITS;
+    const qk_i64 s_idx = tid < L::BN ? (qk_i64)min(row0 + tid, N - 1) * k_blocks : -1;
+    const qk_i64 n_scales = (qk_i64)N * k_blocks;
+
+    auto issue = [&](int c) {
+        const int st = c % S;
+        const bool in_k = 64 * c + 8 * a_q < K;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const bool in = in_k && j < a_rows;
+            qk_cp_async16s(base + L::A0 + st * L::A_STAGE + a_dst + j * 2048,
+                           in ? (const void*)(a_src + (qk_i64)16 * j * K + 64 * c) : (const void*)A, in ? 16 : 0);
+        }
+        const qk_u32 wd = base + L::W0 + st * L::W_STAGE + tid * 4 * BITS;
+        if (BITS == 4) qk_cp_async16s(wd, w_src + (qk_i64)c * 32, 16);
+        else qk_cp_async8(wd, w_src + (qk_i64)c * 16, 8);
+        if (s_idx >= 0) {
+            const qk_i64 idx = s_idx + (c >> cpb_shift);
+            qk_cp_async4s(base + L::SC0 + st * L::BN * 4 + tid * 4, scales + (idx & ~(qk_i64)1),
+                          (idx | 1) < n_scales ? 4 : 2);
+        }
+    };
+    /* chunk c's raw weights and scale (this thread's own copies) -> fp16 stage c % 2, fp32 scales */
+    const qk_u32 zoff = 0x64006400u + (qk_u32)(1 << (BITS - 1)) * 0x00010001u;
+    auto dequant = [&](int c) {
+        const int st = c % S;
+        const qk_u32* raw = (const qk_u32*)(gbase + L::W0 + st * L::W_STAGE + tid * 4 * BITS);
+        qk_u8* const bh = gbase + L::B0 + (c % 3) * L::B_STAGE + w_row * 128;
+        const int sw = w_row & 7;
+        if (BITS == 4) {
+            const uint4 v = *(const uint4*)raw;
+            const qk_u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int j = 0; j < 4; ++j) { /* K 32 half + 8 j .. + 7: piece 4 half + j */
+                const qk_u32 hi = w[j] >> 4;
+                uint4 o;
+                o.x = qk_wg_pair(w[j], hi, 0, 0x000F000Fu, zoff);
+                o.y = qk_wg_pair(w[j], hi, 1, 0x000F000Fu, zoff);
+                o.z = qk_wg_pair(w[j], hi, 2, 0x000F000Fu, zoff);
+                o.w = qk_wg_pair(w[j], hi, 3, 0x000F000Fu, zoff);
+                *(uint4*)(bh + (((4 * w_half + j) ^ sw) << 4)) = o;
+            }
+        } else {
+            const uint2 v = *(const uint2*)raw;
+            const qk_u32 w[2] = {v.x, v.y};
+#pragma unroll
+            for (int j = 0; j < 2; ++j) { /* K 32 half + 16 j .. + 15: pieces 4 half + 2 j, + 1 */
+                const qk_u32 v1 = w[j] >> 2, v2 = w[j] >> 4, v3 = w[j] >> 6;
+                uint4 o0, o1;
+                o0.x = qk_wg_pair(w[j], v1, 0, 0x00030003u, zoff);
+                o0.y = qk_wg_pair(v2, v3, 0, 0x00030003u, zoff);
+                o0.z = qk_wg_pair(w[j], v1, 1, 0x00030003u, zoff);
+                o0.w = qk_wg_pair(v2, v3, 1, 0x00030003u, zoff);
+                o1.x = qk_wg_pair(w[j], v1, 2, 0x00030003u, zoff);
+                o1.y = qk_wg_pair(v2, v3, 2, 0x00030003u, zoff);
+                o1.z = qk_wg_pair(w[j], v1, 3, 0x00030003u, zoff);
+                o1.w = qk_wg_pair(v2, v3, 3, 0x00030003u, zoff);
+                *(uint4*)(bh + (((4 * w_half + 2 * j) ^ sw) << 4)) = o0;
+                *(uint4*)(bh + (((4 * w_half + 2 * j + 1) ^ sw) << 4)) = o1;
+            }
+        }
+        if (s_idx >= 0) {
+            const qk_i64 idx = s_idx + (c >> cpb_shift);
+            const qk_u32 word = *(const qk_u32*)(gbase + L::SC0 + st * L::BN * 4 + tid * 4);
+            ((float*)(gbase + L::SF0 + (c & 3) * L::BN * 4))[tid] = qk_fp16_to_float((qk_u16)(word >> (16 * (idx & 1))));
+        }
+    };
+
+    float acc[64], d0[64], d1[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+    /* acc += s d for chunk c's sums d (its scales: fp32 stage c % 4) */
+    auto scale_add = [&](const float (&d)[64], int c) {
+        const float* sf = (const float*)(gbase + L::SF0 + (c & 3) * L::BN * 4);
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+            const float2 sc = *(const float2*)(sf + 8 * j + 2 * t);
+            acc[4 * j + 0] = fmaf(sc.x, d[4 * j + 0], acc[4 * j + 0]);
+            acc[4 * j + 1] = fmaf(sc.y, d[4 * j + 1], acc[4 * j + 1]);
+            acc[4 * j + 2] = fmaf(sc.x, d[4 * j + 2], acc[4 * j + 2]);
+            acc[4 * j + 3] = fmaf(sc.y, d[4 * j + 3], acc[4 * j + 3]);
+        }
+    };
+    const qk_u32 a_desc_base = base + L::A0 + wg * 8192;
+    /* chunk c's wgmma into dc, once its stages are complete for every thread (issued, not waited for) */
+    auto mma = [&](int c, float (&dc)[64]) {
+        qk_cp_async_wait<S - 3>();
+        qk_fence_proxy_async();
+        __syncthreads(); /* chunk c's fp16 weights and activations are in place for every thread */
+        qk_wgmma_fence_operands(dc);
+        qk_wgmma_fence();
+        const qk_u32 a_addr = a_desc_base + (c % S) * L::A_STAGE, b_addr = base + L::B0 + (c % 3) * L::B_STAGE;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) qk_wgmma_m64n128k16(dc, qk_wgmma_desc(a_addr + 32 * k), qk_wgmma_desc(b_addr + 32 * k), k);
+        qk_wgmma_commit();
+        if (c + 1 < n_chunks) dequant(c + 1);
+    };
+    /* chunk c - 1's stages refilled with chunk c + S - 2's copies (its wgmma is done) */
+    auto refill = [&](int c) {
+        if (c + S - 2 < n_chunks) issue(c + S - 2);
+        qk_cp_async_commit();
+    };
+
+#pragma unroll
+    for (int j = 0; j < S - 1; ++j) {
+        if (j < n_chunks) issue(j);
+        qk_cp_async_commit();
+    }
+    qk_cp_async_wait<S - 2>();
+    dequant(0);
+    /* groups of 4 chunks, two sets of sums: chunk c's wgmma runs while chunk c - 1's sums are scaled
+     * (ptxas keeps wgmma in flight only in straight-line code, so the group ends with every wgmma
+     * waited for, and the chunks past the last whole group go one at a time) */
+    int c0 = 0;
+    for (; c0 + 4 <= n_chunks; c0 += 4) {
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            float(&dc)[64] = (u & 1) ? d1 : d0;
+            float(&dp)[64] = (u & 1) ? d0 : d1;
+            mma(c0 + u, dc);
+            if (u > 0) {
+                qk_wgmma_wait<1>();
+                qk_wgmma_fence_operands(dp);
+            }
+            refill(c0 + u + 1);
+            if (u > 0) scale_add(dp, c0 + u - 1);
+        }
+        qk_wgmma_wait<0>();
+        qk_wgmma_fence_operands(d1);
+        scale_add(d1, c0 + 3);
+    }
+    for (; c0 < n_chunks; ++c0) {
+        mma(c0, d0);
+        qk_wgmma_wait<0>();
+        qk_wgmma_fence_operands(d0);
+        refill(c0 + 1);
+        scale_add(d0, c0);
+    }
+    qk_cp_async_wait<0>();
+    __syncthreads(); /* every warpgroup is done with the stages: they become the output tile */
+
+    constexpr int YROW = L::BN + 8; /* halves per staged token row of outputs */
+    qk_u16* sY = (qk_u16*)(gbase + L::A0);
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int col = 8 * j + 2 * t + e;
+            const float b = has_bias && row0 + col < N ? qk_fp16_to_float(bias[row0 + col]) : 0.0f;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                float v = acc[4 * j + 2 * h + e];
+                if (has_bias) v += b;
+                sY[(64 * wg + 16 * wq + g + 8 * h) * YROW + col] = __half_as_ushort(qk_half_rn(v));
+            }
+        }
+    __syncthreads();
+    for (int i = tid; i < L::BM * (L::BN / 8); i += 256) {
+        const int tl = i / (L::BN / 8), n = row0 + 8 * (i % (L::BN / 8)), tok = tok0 + tl;
+        if (tok >= M || n >= N) continue;
+        const qk_u16* src = sY + tl * YROW + (n - row0);
+        qk_u16* dst = Y + (qk_i64)tok * N + n;
+        if (y_vec) {
+            *(uint4*)dst = *(const uint4*)src;
+            continue;
+        }
+        for (int e = 0; e < 8 && n + e < N; ++e) dst[e] = src[e];
+    }
+}
+#endif
+
+/* qk_nbits_wgmma_u{BITS}_s{S}: M >= 1, the default zero point 2^(BITS - 1), K % 8 == 0, 16-byte aligned
+ * A and B, 4-byte aligned scales; a CTA of two warpgroups owns 128 tokens (blockIdx.x) x 128 weight
+ * rows (blockIdx.y), each warpgroup 64 of the tokens; dynamic shared memory QkWgLayout::BYTES + 1024 */
+#if QK_WGMMA
+#define QK_NBITS_WGMMA_BODY(BITS, S) qk_nbits_wgmma<BITS, S>(A, B, scales, bias, Y, M, K, N, cpb_shift, k_blocks, has_bias, y_vec);
+#elif defined(QK_CUDA)
+#define QK_NBITS_WGMMA_BODY(BITS, S) __trap();
+#else
+#define QK_NBITS_WGMMA_BODY(BITS, S) __builtin_trap();
+#endif
+#define QK_NBITS_WGMMA(BITS, S)                                                                                        \
+    extern "C" __global__ void __launch_bounds__(256, 1) qk_nbits_wgmma_u##BITS##_s##S(                               \
+        const qk_u16* A, const qk_u8* B, const qk_u16* scales, const qk_u16* bias, qk_u16* Y, int M, int K, int N,     \
+        int cpb_shift, int k_blocks, int has_bias, int y_vec) {                                                        \
+        QK_NBITS_WGMMA_BODY(BITS, S)                                                                                   \
+    }
+QK_NBITS_WGMMA(2, 4)
+QK_NBITS_WGMMA(4, 4)
+
+/* 1 where this build has the wgmma kernels (compiled for sm_90a), else 0: the launcher reads it
+ * before it takes them */
+extern "C" __device__ int qk_nbits_wgmma_built = QK_WGMMA;
