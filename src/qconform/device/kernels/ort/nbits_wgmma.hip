@@ -306,6 +306,220 @@ __device__ __forceinline__ void qk_nbits_wgmma(const qk_u16* A, const qk_u8* B, 
 }
 #endif
 
+#if QK_WGMMA
+__device__ __forceinline__ void qk_mbar_init(qk_u32 bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void qk_mbar_arrive(qk_u32 bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+/* until the phase of parity `parity` of barrier bar has completed */
+__device__ __forceinline__ void qk_mbar_wait(qk_u32 bar, int parity) {
+    asm volatile("{\n.reg .pred p;\nQK_WAIT:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra QK_WAIT;\n}\n" ::"r"(bar),
+                 "r"(parity)
+                 : "memory");
+}
+
+/* the 8 exact fp16 q - z of a u4 word (K order) */
+__device__ __forceinline__ uint4 qk_wg_u4(qk_u32 w, qk_u32 zoff) {
+    const qk_u32 hi = w >> 4;
+    return make_uint4(qk_wg_pair(w, hi, 0, 0x000F000Fu, zoff), qk_wg_pair(w, hi, 1, 0x000F000Fu, zoff),
+                      qk_wg_pair(w, hi, 2, 0x000F000Fu, zoff), qk_wg_pair(w, hi, 3, 0x000F000Fu, zoff));
+}
+/* the 16 exact fp16 q - z of a u2 word (K order), as two 16-byte pieces */
+__device__ __forceinline__ void qk_wg_u2(qk_u32 w, qk_u32 zoff, uint4& lo, uint4& hi) {
+    const qk_u32 v1 = w >> 2, v2 = w >> 4, v3 = w >> 6;
+    lo = make_uint4(qk_wg_pair(w, v1, 0, 0x00030003u, zoff), qk_wg_pair(v2, v3, 0, 0x00030003u, zoff),
+                    qk_wg_pair(w, v1, 1, 0x00030003u, zoff), qk_wg_pair(v2, v3, 1, 0x00030003u, zoff));
+    hi = make_uint4(qk_wg_pair(w, v1, 2, 0x00030003u, zoff), qk_wg_pair(v2, v3, 2, 0x00030003u, zoff),
+                    qk_wg_pair(w, v1, 3, 0x00030003u, zoff), qk_wg_pair(v2, v3, 3, 0x00030003u, zoff));
+}
+
+template <int BITS, int S>
+struct QkWsLayout {
+    static constexpr int BN = 128, BM = 128;
+    static constexpr int A_STAGE = BM * 128, B_STAGE = BN * 128, W_STAGE = BN * 8 * BITS;
+    static constexpr int A0 = 0, B0 = S * A_STAGE, W0 = B0 + S * B_STAGE, SC0 = W0 + S * W_STAGE;
+    static constexpr int SF0 = SC0 + S * BN * 4, BAR0 = SF0 + S * BN * 4, BYTES = BAR0 + 2 * S * 8;
+};
+
+/* Warp-specialised: warpgroup 0 copies (cp.async) and converts the weights, S stages ahead, and
+ * signals each stage full (an mbarrier, its 128 threads); warpgroups 1 and 2 run the wgmma on their
+ * 64 tokens, scale the sums and signal the stage empty (256 threads). setmaxnreg gives the producer
+ * 56 registers, the consumers 224 (ptxas: no spills; 48 / 232 spilled 8-12 bytes). */
+template <int BITS, int S>
+__device__ __forceinline__ void qk_nbits_wgmma_ws(const qk_u16* A, const qk_u8* B, const qk_u16* scales,
+                                                  const qk_u16* bias, qk_u16* Y, int M, int K, int N, int cpb_shift,
+                                                  int k_blocks, int has_bias, int y_vec) {
+    typedef QkWsLayout<BITS, S> L;
+    constexpr int LA = 2; /* chunks between a chunk's copies and its conversion */
+    extern __shared__ __align__(1024) qk_u8 qk_wg_smem[];
+    const qk_u32 raw_base = (qk_u32)__cvta_generic_to_shared(qk_wg_smem);
+    const qk_u32 base = (raw_base + 1023u) & ~1023u;
+    qk_u8* const gbase = qk_wg_smem + (base - raw_base);
+    const int tid = (int)threadIdx.x, wg = tid >> 7, wt = tid & 127, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int tok0 = (int)blockIdx.x * L::BM, row0 = (int)blockIdx.y * L::BN;
+    const int n_chunks = (K + 63) >> 6;
+    const qk_u32 full0 = base + L::BAR0, empty0 = base + L::BAR0 + 8 * S;
+    if (tid == 0) {
+#pragma unroll
+        for (int i = 0; i < S; ++i) {
+            qk_mbar_init(full0 + 8 * i, 128);
+            qk_mbar_init(empty0 + 8 * i, 256);
+        }
+    }
+    __syncthreads();
+
+    if (wg == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
+        const qk_i64 row_bytes = (qk_i64)k_blocks * ((64 << cpb_shift) * BITS / 8);
+        const int a_tok = wt >> 3, a_q = wt & 7;
+        const qk_u32 a_dst = (qk_u32)(a_tok * 128 + ((a_q ^ (a_tok & 7)) << 4));
+        const qk_u16* a_src = A + (qk_i64)min(tok0 + a_tok, M - 1) * K + 8 * a_q;
+        const int a_rows = M - tok0 - a_tok > 0 ? (M - tok0 - a_tok + 15) >> 4 : 0; /* pieces j < a_rows inside M */
+        constexpr int WP = BITS == 4 ? 2 : 1; /* raw 16-byte weight pieces a thread: rows (wt + 128 i) / WP */
+        const qk_u8* w_src[WP];
+#pragma unroll
+        for (int i = 0; i < WP; ++i) {
+            const int piece = wt + 128 * i, row = piece / WP;
+            w_src[i] = B + (qk_i64)min(row0 + row, N - 1) * row_bytes + (piece % WP) * 16;
+        }
+        const qk_i64 s_idx = (qk_i64)min(row0 + wt, N - 1) * k_blocks, n_scales = (qk_i64)N * k_blocks;
+        const qk_u32 zoff = 0x64006400u + (qk_u32)(1 << (BITS - 1)) * 0x00010001u;
+        for (int c = 0; c < n_chunks + LA; ++c) {
+            if (c < n_chunks) {
+                const int st = c % S;
+                if (c >= S) qk_mbar_wait(empty0 + 8 * st, ((c / S) - 1) & 1);
+                const bool in_k = 64 * c + 8 * a_q < K;
+#pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    const bool in = in_k && j < a_rows;
+                    qk_cp_async16s(base + L::A0 + st * L::A_STAGE + a_dst + j * 2048,
+                                   in ? (const void*)(a_src + (qk_i64)16 * j * K + 64 * c) : (const void*)A, in ? 16 : 0);
+                }
+#pragma unroll
+                for (int i = 0; i < WP; ++i)
+                    qk_cp_async16s(base + L::W0 + st * L::W_STAGE + (wt + 128 * i) * 16, w_src[i] + (qk_i64)c * 8 * BITS, 16);
+                const qk_i64 idx = s_idx + (c >> cpb_shift);
+                qk_cp_async4s(base + L::SC0 + st * L::BN * 4 + wt * 4, scales + (idx & ~(qk_i64)1), (idx | 1) < n_scales ? 4 : 2);
+            }
+            qk_cp_async_commit();
+            const int cd = c - LA;
+            if (cd < 0) continue;
+            qk_cp_async_wait<LA>(); /* chunk cd's copies of this thread are in */
+            const int st = cd % S;
+#pragma unroll
+            for (int i = 0; i < WP; ++i) {
+                const int piece = wt + 128 * i, row = piece / WP, sw = row & 7;
+                const uint4 v = *(const uint4*)(gbase + L::W0 + st * L::W_STAGE + piece * 16);
+                qk_u8* const bh = gbase + L::B0 + st * L::B_STAGE + row * 128;
+                const qk_u32 w[4] = {v.x, v.y, v.z, v.w};
+                if (BITS == 4) {
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) *(uint4*)(bh + (((4 * (piece % WP) + j) ^ sw) << 4)) = qk_wg_u4(w[j], zoff);
+                } else {
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) {
+                        uint4 lo, hi;
+                        qk_wg_u2(w[j], zoff, lo, hi);
+                        *(uint4*)(bh + (((2 * j) ^ sw) << 4)) = lo;
+                        *(uint4*)(bh + (((2 * j + 1) ^ sw) << 4)) = hi;
+                    }
+                }
+            }
+            const qk_i64 idx = s_idx + (cd >> cpb_shift);
+            const qk_u32 word = *(const qk_u32*)(gbase + L::SC0 + st * L::BN * 4 + wt * 4);
+            ((float*)(gbase + L::SF0 + st * L::BN * 4))[wt] = qk_fp16_to_float((qk_u16)(word >> (16 * (idx & 1))));
+            qk_fence_proxy_async();
+            qk_mbar_arrive(full0 + 8 * st);
+        }
+    } else {
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
+        const int cw = wg - 1;
+        float acc[64], d0[64], d1[64];
+#pragma unroll
+        for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+        auto scale_add = [&](const float(&d)[64], int c) {
+            const float* sf = (const float*)(gbase + L::SF0 + (c % S) * L::BN * 4);
+#pragma unroll
+            for (int j = 0; j < 16; ++j) {
+                const float2 sc = *(const float2*)(sf + 8 * j + 2 * t);
+                acc[4 * j + 0] = fmaf(sc.x, d[4 * j + 0], acc[4 * j + 0]);
+                acc[4 * j + 1] = fmaf(sc.y, d[4 * j + 1], acc[4 * j + 1]);
+                acc[4 * j + 2] = fmaf(sc.x, d[4 * j + 2], acc[4 * j + 2]);
+                acc[4 * j + 3] = fmaf(sc.y, d[4 * j + 3], acc[4 * j + 3]);
+            }
+            qk_mbar_arrive(empty0 + 8 * (c % S));
+        };
+        auto mma = [&](int c, float(&dc)[64]) {
+            const int st = c % S;
+            qk_mbar_wait(full0 + 8 * st, (c / S) & 1);
+            qk_wgmma_fence_operands(dc);
+            qk_wgmma_fence();
+            const qk_u32 a_addr = base + L::A0 + st * L::A_STAGE + cw * 8192, b_addr = base + L::B0 + st * L::B_STAGE;
+#pragma unroll
+            for (int k = 0; k < 4; ++k)
+                qk_wgmma_m64n128k16(dc, qk_wgmma_desc(a_addr + 32 * k), qk_wgmma_desc(b_addr + 32 * k), k);
+            qk_wgmma_commit();
+        };
+        int c0 = 0;
+        for (; c0 + 4 <= n_chunks; c0 += 4) {
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                float(&dc)[64] = (u & 1) ? d1 : d0;
+                float(&dp)[64] = (u & 1) ? d0 : d1;
+                mma(c0 + u, dc);
+                if (u > 0) {
+                    qk_wgmma_wait<1>();
+                    qk_wgmma_fence_operands(dp);
+                    scale_add(dp, c0 + u - 1);
+                }
+            }
+            qk_wgmma_wait<0>();
+            qk_wgmma_fence_operands(d1);
+            scale_add(d1, c0 + 3);
+        }
+        for (; c0 < n_chunks; ++c0) {
+            mma(c0, d0);
+            qk_wgmma_wait<0>();
+            qk_wgmma_fence_operands(d0);
+            scale_add(d0, c0);
+        }
+        /* both consumers' wgmma done (the producer wrote its last stage before the last full signal):
+         * the activation stages become the output tile */
+        asm volatile("bar.sync 1, 256;\n" ::: "memory");
+        constexpr int YROW = L::BN + 8;
+        qk_u16* sY = (qk_u16*)(gbase + L::A0);
+        const int wq = wt >> 5;
+#pragma unroll
+        for (int j = 0; j < 16; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int col = 8 * j + 2 * t + e;
+                const float b = has_bias && row0 + col < N ? qk_fp16_to_float(bias[row0 + col]) : 0.0f;
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    float v = acc[4 * j + 2 * h + e];
+                    if (has_bias) v += b;
+                    sY[(64 * cw + 16 * wq + g + 8 * h) * YROW + col] = __half_as_ushort(qk_half_rn(v));
+                }
+            }
+        asm volatile("bar.sync 1, 256;\n" ::: "memory");
+        for (int i = tid - 128; i < L::BM * (L::BN / 8); i += 256) {
+            const int tl = i / (L::BN / 8), n = row0 + 8 * (i % (L::BN / 8)), tok = tok0 + tl;
+            if (tok >= M || n >= N) continue;
+            const qk_u16* src = sY + tl * YROW + (n - row0);
+            qk_u16* dst = Y + (qk_i64)tok * N + n;
+            if (y_vec) {
+                *(uint4*)dst = *(const uint4*)src;
+                continue;
+            }
+            for (int e = 0; e < 8 && n + e < N; ++e) dst[e] = src[e];
+        }
+    }
+}
+#endif
+
 /* qk_nbits_wgmma_u{BITS}_s{S}: M >= 1, the default zero point 2^(BITS - 1), K % 8 == 0, 16-byte aligned
  * A and B, 4-byte aligned scales; a CTA of two warpgroups owns 128 tokens (blockIdx.x) x 128 weight
  * rows (blockIdx.y), each warpgroup 64 of the tokens; dynamic shared memory QkWgLayout::BYTES + 1024 */
@@ -324,6 +538,23 @@ __device__ __forceinline__ void qk_nbits_wgmma(const qk_u16* A, const qk_u8* B, 
     }
 QK_NBITS_WGMMA(2, 4)
 QK_NBITS_WGMMA(4, 4)
+#if QK_WGMMA
+#define QK_NBITS_WGMMA_WS_BODY(BITS, S) qk_nbits_wgmma_ws<BITS, S>(A, B, scales, bias, Y, M, K, N, cpb_shift, k_blocks, has_bias, y_vec);
+#elif defined(QK_CUDA)
+#define QK_NBITS_WGMMA_WS_BODY(BITS, S) __trap();
+#else
+#define QK_NBITS_WGMMA_WS_BODY(BITS, S) __builtin_trap();
+#endif
+#define QK_NBITS_WGMMA_WS(BITS, S)                                                                                     \
+    extern "C" __global__ void __launch_bounds__(384, 1) qk_nbits_wgmma_ws_u##BITS##_s##S(                            \
+        const qk_u16* A, const qk_u8* B, const qk_u16* scales, const qk_u16* bias, qk_u16* Y, int M, int K, int N,     \
+        int cpb_shift, int k_blocks, int has_bias, int y_vec) {                                                        \
+        QK_NBITS_WGMMA_WS_BODY(BITS, S)                                                                                \
+    }
+QK_NBITS_WGMMA_WS(2, 4)
+QK_NBITS_WGMMA_WS(4, 4)
+QK_NBITS_WGMMA_WS(2, 5)
+QK_NBITS_WGMMA_WS(4, 5)
 
 /* 1 where this build has the wgmma kernels (compiled for sm_90a), else 0: the launcher reads it
  * before it takes them */
