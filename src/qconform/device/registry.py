@@ -404,9 +404,10 @@ def wgmma_symbol(bits: int) -> str:
 def wgmma_smem(bits: int) -> int:
     """The wgmma GEMM's dynamic shared memory (ort/nbits_wgmma.hip, QkWgLayout, plus 1 KB to align its
     base to 1024 bytes): per stage 16 KB of activations, the raw weights (8 bits bytes a row) and
-    scale words (4 bytes a row); 3 fp16 weight stages of 16 KB; 4 fp32 scale stages."""
+    scale words (4 bytes a row); 3 fp16 weight stages of 16 KB; 4 fp32 scale stages (4 runs of 32
+    floats, 36 apart)."""
     s, rows = WGMMA_STAGES, WGMMA_TILE
-    return s * (WGMMA_TILE * 128 + rows * 8 * bits + rows * 4) + 3 * rows * 128 + 4 * rows * 4 + 1024
+    return s * (WGMMA_TILE * 128 + rows * 8 * bits + rows * 4) + 3 * rows * 128 + 4 * 4 * 36 * 4 + 1024
 
 
 MMA_DECODE_CANDIDATES = (

@@ -95,20 +95,22 @@ __device__ __forceinline__ qk_u32 qk_sub_f16x2(qk_u32 a, qk_u32 b) {
  * in its low bits (mask), off = the pair 1024 + z */
 __device__ __forceinline__ qk_u32 qk_wg_pair(qk_u32 lo, qk_u32 hi, int byte, qk_u32 mask, qk_u32 off) {
     const qk_u32 x = __byte_perm(lo, hi, (qk_u32)(byte | byte << 4 | (4 + byte) << 8 | (4 + byte) << 12));
-    return qk_sub_f16x2((x & mask) | 0x64006400u, off);
+    return qk_sub_f16x2(qk_and_or(x, mask, 0x64006400u), off);
 }
 
 /* Shared memory (from a 1024-aligned base): S activation stages (BM tokens x 128 bytes, swizzled;
  * warpgroup w's 64 tokens at 8 KB w), 3 fp16 weight stages (BN rows x 128 bytes, swizzled: chunk c's
  * is written while chunks c - 1 and c - 2 may still be read), S raw weight stages (BN rows x 8 BITS
- * bytes), S raw scale-word stages (BN x 4 bytes), 4 fp32 scale stages (BN floats). The output tile
+ * bytes), S raw scale-word stages (BN x 4 bytes), 4 fp32 scale stages (BN floats in the order the
+ * accumulators read them: 4 runs of 32, 36 floats apart, conflict-free 16-byte reads). The output tile
  * reuses the activation stages. registry.WGMMA_SMEM says the same. */
 template <int BITS, int S>
 struct QkWgLayout {
     static constexpr int BN = 128, BM = 128;
     static constexpr int A_STAGE = BM * 128, B_STAGE = BN * 128, W_STAGE = BN * 8 * BITS;
     static constexpr int A0 = 0, B0 = A0 + S * A_STAGE, W0 = B0 + 3 * B_STAGE, SC0 = W0 + S * W_STAGE;
-    static constexpr int SF0 = SC0 + S * BN * 4, BYTES = SF0 + 4 * BN * 4;
+    static constexpr int SF_STAGE = 4 * 36 * 4; /* 4 lane quads' 32 scales, 36 floats apart */
+    static constexpr int SF0 = SC0 + S * BN * 4, BYTES = SF0 + 4 * SF_STAGE;
 };
 
 template <int BITS, int S>
@@ -135,9 +137,14 @@ __device__ __forceinline__ void qk_nbits_wgmma(const qk_u16* A, const qk_u8* B, 
 #pragma unroll
     for (int j = 0; j < 4; ++j) a_rows += tok0 + 64 * wg + a_tok + 16 * j < M ? 1 : 0;
     const int w_row = tid >> 1, w_half = tid & 1;
+    int b_off[4]; /* the swizzled 16-byte pieces 4 half + i of its row in an fp16 weight stage */
+#pragma unroll
+    for (int i = 0; i < 4; ++i) b_off[i] = w_row * 128 + (((4 * w_half + i) ^ (w_row & 7)) << 4);
     const qk_u8* w_src = B + (qk_i64)min(row0 + w_row, N - 1) * row_bytes + w_half * 4 * BITS;
     const qk_i64 s_idx = tid < L::BN ? (qk_i64)min(row0 + tid, N - 1) * k_blocks : -1;
     const qk_i64 n_scales = (qk_i64)N * k_blocks;
+    /* row tid's place in an fp32 scale stage: lane quad t's 32 scales (rows 8 j + 2 t, + 1) at 36 t */
+    const int sf_pos = ((tid >> 1) & 3) * 36 + 2 * (tid >> 3) + (tid & 1);
 
     auto issue = [&](int c) {
         const int st = c % S;
@@ -162,8 +169,7 @@ __device__ __forceinline__ void qk_nbits_wgmma(const qk_u16* A, const qk_u8* B, 
     auto dequant = [&](int c) {
         const int st = c % S;
         const qk_u32* raw = (const qk_u32*)(gbase + L::W0 + st * L::W_STAGE + tid * 4 * BITS);
-        qk_u8* const bh = gbase + L::B0 + (c % 3) * L::B_STAGE + w_row * 128;
-        const int sw = w_row & 7;
+        qk_u8* const bh = gbase + L::B0 + (c % 3) * L::B_STAGE;
         if (BITS == 4) {
             const uint4 v = *(const uint4*)raw;
             const qk_u32 w[4] = {v.x, v.y, v.z, v.w};
@@ -175,7 +181,7 @@ __device__ __forceinline__ void qk_nbits_wgmma(const qk_u16* A, const qk_u8* B, 
                 o.y = qk_wg_pair(w[j], hi, 1, 0x000F000Fu, zoff);
                 o.z = qk_wg_pair(w[j], hi, 2, 0x000F000Fu, zoff);
                 o.w = qk_wg_pair(w[j], hi, 3, 0x000F000Fu, zoff);
-                *(uint4*)(bh + (((4 * w_half + j) ^ sw) << 4)) = o;
+                *(uint4*)(bh + b_off[j]) = o;
             }
         } else {
             const uint2 v = *(const uint2*)raw;
@@ -192,14 +198,14 @@ __device__ __forceinline__ void qk_nbits_wgmma(const qk_u16* A, const qk_u8* B, 
                 o1.y = qk_wg_pair(v2, v3, 2, 0x00030003u, zoff);
                 o1.z = qk_wg_pair(w[j], v1, 3, 0x00030003u, zoff);
                 o1.w = qk_wg_pair(v2, v3, 3, 0x00030003u, zoff);
-                *(uint4*)(bh + (((4 * w_half + 2 * j) ^ sw) << 4)) = o0;
-                *(uint4*)(bh + (((4 * w_half + 2 * j + 1) ^ sw) << 4)) = o1;
+                *(uint4*)(bh + b_off[2 * j]) = o0;
+                *(uint4*)(bh + b_off[2 * j + 1]) = o1;
             }
         }
         if (s_idx >= 0) {
             const qk_i64 idx = s_idx + (c >> cpb_shift);
             const qk_u32 word = *(const qk_u32*)(gbase + L::SC0 + st * L::BN * 4 + tid * 4);
-            ((float*)(gbase + L::SF0 + (c & 3) * L::BN * 4))[tid] = qk_fp16_to_float((qk_u16)(word >> (16 * (idx & 1))));
+            ((float*)(gbase + L::SF0 + (c & 3) * L::SF_STAGE))[sf_pos] = qk_fp16_to_float((qk_u16)(word >> (16 * (idx & 1))));
         }
     };
 
@@ -208,17 +214,18 @@ __device__ __forceinline__ void qk_nbits_wgmma(const qk_u16* A, const qk_u8* B, 
     for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
     /* acc += s d for chunk c's sums d (its scales: fp32 stage c % 4) */
     auto scale_add = [&](const float (&d)[64], int c) {
-        const float* sf = (const float*)(gbase + L::SF0 + (c & 3) * L::BN * 4);
+        const float4* sf = (const float4*)(gbase + L::SF0 + (c & 3) * L::SF_STAGE + 144 * t);
 #pragma unroll
         for (int j = 0; j < 16; ++j) {
-            const float2 sc = *(const float2*)(sf + 8 * j + 2 * t);
+            const float4 q = sf[j >> 1];
+            const float2 sc = (j & 1) ? make_float2(q.z, q.w) : make_float2(q.x, q.y);
             acc[4 * j + 0] = fmaf(sc.x, d[4 * j + 0], acc[4 * j + 0]);
             acc[4 * j + 1] = fmaf(sc.y, d[4 * j + 1], acc[4 * j + 1]);
             acc[4 * j + 2] = fmaf(sc.x, d[4 * j + 2], acc[4 * j + 2]);
             acc[4 * j + 3] = fmaf(sc.y, d[4 * j + 3], acc[4 * j + 3]);
         }
     };
-    const qk_u32 a_desc_base = base + L::A0 + wg * 8192;
+    const qk_u64 da0 = qk_wgmma_desc(base + L::A0 + wg * 8192), db0 = qk_wgmma_desc(base + L::B0);
     /* chunk c's wgmma into dc, once its stages are complete for every thread (issued, not waited for) */
     auto mma = [&](int c, float (&dc)[64]) {
         qk_cp_async_wait<S - 3>();
@@ -226,9 +233,10 @@ __device__ __forceinline__ void qk_nbits_wgmma(const qk_u16* A, const qk_u8* B, 
         __syncthreads(); /* chunk c's fp16 weights and activations are in place for every thread */
         qk_wgmma_fence_operands(dc);
         qk_wgmma_fence();
-        const qk_u32 a_addr = a_desc_base + (c % S) * L::A_STAGE, b_addr = base + L::B0 + (c % 3) * L::B_STAGE;
+        /* the stages' descriptors: the start address field (16-byte units) advanced */
+        const qk_u64 da = da0 + (qk_u64)((c % S) * (L::A_STAGE >> 4)), db = db0 + (qk_u64)((c % 3) * (L::B_STAGE >> 4));
 #pragma unroll
-        for (int k = 0; k < 4; ++k) qk_wgmma_m64n128k16(dc, qk_wgmma_desc(a_addr + 32 * k), qk_wgmma_desc(b_addr + 32 * k), k);
+        for (int k = 0; k < 4; ++k) qk_wgmma_m64n128k16(dc, da + 2 * k, db + 2 * k, k);
         qk_wgmma_commit();
         if (c + 1 < n_chunks) dequant(c + 1);
     };
