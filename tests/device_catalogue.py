@@ -325,19 +325,13 @@ GEMM_LAST_TOKEN: Edits = (("if (tok >= M || n >= N) continue;", "if (tok >= M - 
 GEMM_TOKEN_TILE: Edits = (("const int r0 = tok0 + (tid >> 3);", "const int r0 = tid >> 3;"),)
 
 # the wgmma prefill GEMM (qk_nbits_wgmma, default zero point, M >= WGMMA_MIN_M on sm_90): the converted
-# weights stored without the 128-byte swizzle (sw >> 3 is 0: wgmma then reads another row's K pieces); chunk c - 1's
-# sums scaled by chunk c's scales (wrong across a block boundary); the pending sums of the last whole
-# group of 4 chunks never added
+# weights stored without the 128-byte swizzle ((w_row & 7) >> 3 is 0: wgmma then reads another row's
+# K pieces); chunk c - 1's sums scaled by chunk c's scales (wrong across a block boundary); the
+# pending sums of the last whole group of 4 chunks never added
 WGMMA_UNSWIZZLED: Edits = (
     (
-        "*(uint4*)(bh + (((4 * w_half + j) ^ sw) << 4)) = o;",
-        "*(uint4*)(bh + (((4 * w_half + j) ^ (sw >> 3)) << 4)) = o;",
-    ),
-    (
-        "*(uint4*)(bh + (((4 * w_half + 2 * j) ^ sw) << 4)) = o0;\n"
-        "                *(uint4*)(bh + (((4 * w_half + 2 * j + 1) ^ sw) << 4)) = o1;",
-        "*(uint4*)(bh + (((4 * w_half + 2 * j) ^ (sw >> 3)) << 4)) = o0;\n"
-        "                *(uint4*)(bh + (((4 * w_half + 2 * j + 1) ^ (sw >> 3)) << 4)) = o1;",
+        "b_off[i] = w_row * 128 + (((4 * w_half + i) ^ (w_row & 7)) << 4);",
+        "b_off[i] = w_row * 128 + (((4 * w_half + i) ^ ((w_row & 7) >> 3)) << 4);",
     ),
 )
 WGMMA_NEXT_SCALE: Edits = (("if (u > 0) scale_add(dp, c0 + u - 1);", "if (u > 0) scale_add(dp, c0 + u);"),)
