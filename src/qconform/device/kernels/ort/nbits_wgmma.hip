@@ -103,7 +103,7 @@ __device__ __forceinline__ qk_u32 qk_wg_pair(qk_u32 lo, qk_u32 hi, int byte, qk_
  * is written while chunks c - 1 and c - 2 may still be read), S raw weight stages (BN rows x 8 BITS
  * bytes), S raw scale-word stages (BN x 4 bytes), 4 fp32 scale stages (BN floats in the order the
  * accumulators read them: 4 runs of 32, 36 floats apart, conflict-free 16-byte reads). The output tile
- * reuses the activation stages. registry.WGMMA_SMEM says the same. */
+ * reuses the activation stages. registry.wgmma_smem says the same. */
 template <int BITS, int S>
 struct QkWgLayout {
     static constexpr int BN = 128, BM = 128;
@@ -164,7 +164,7 @@ __device__ __forceinline__ void qk_nbits_wgmma(const qk_u16* A, const qk_u8* B, 
                           (idx | 1) < n_scales ? 4 : 2);
         }
     };
-    /* chunk c's raw weights and scale (this thread's own copies) -> fp16 stage c % 2, fp32 scales */
+    /* chunk c's raw weights and scale (this thread's own copies) -> fp16 stage c % 3, fp32 scales c % 4 */
     const qk_u32 zoff = 0x64006400u + (qk_u32)(1 << (BITS - 1)) * 0x00010001u;
     auto dequant = [&](int c) {
         const int st = c % S;
