@@ -111,13 +111,18 @@ _WGMMA_BUILT: dict[tuple[str, tuple[str, ...], int], bool] = {}
 
 def _wgmma_built(options: tuple[str, ...]) -> bool:
     """Whether the wgmma source built with ``options`` has its kernels (the module's
-    ``qk_nbits_wgmma_built``, 1 where NVRTC compiled it for sm_90a): read once per build and device."""
+    ``qk_nbits_wgmma_built``, 1 where NVRTC compiled it for sm_90a): read once per build and device.
+    A build NVRTC refuses (an older toolkit without sm_90a) is one without them: the GEMM runs."""
     path = launchers.OVERRIDES.get(WGMMA, KERNEL_DIR / WGMMA)
     opts = launchers.OPTIONS + options
     key = (str(path), opts, cupy.cuda.Device().id)
     if key not in _WGMMA_BUILT:
-        flag = load_module(path, opts).get_global("qk_nbits_wgmma_built")
-        _WGMMA_BUILT[key] = bool(cupy.ndarray((1,), cupy.int32, flag).get()[0])
+        try:
+            flag = load_module(path, opts).get_global("qk_nbits_wgmma_built")
+        except cupy.cuda.compiler.CompileException:
+            _WGMMA_BUILT[key] = False
+        else:
+            _WGMMA_BUILT[key] = bool(cupy.ndarray((1,), cupy.int32, flag).get()[0])
     return _WGMMA_BUILT[key]
 
 
