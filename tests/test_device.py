@@ -855,6 +855,26 @@ def test_own_kernel_matmul_nbits_prefill_gemm(
     assert old.tobytes() == got.tobytes(), int((old.view(np.uint16) != got.view(np.uint16)).sum())
 
 
+def test_own_kernel_matmul_nbits_without_an_sm_90a_build_takes_the_gemm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where NVRTC refuses the build with the architecture-specific option (an older toolkit; here
+    an architecture NVRTC does not know), a call the wgmma kernel would take runs qk_nbits_gemm, within
+    the strict bound, instead of failing."""
+    import importlib
+
+    from qconform.device.launchers import kernel_of
+    from qconform.device.registry import gemm_shape
+    from qconform.ops.spec import Case
+
+    launcher = importlib.import_module("qconform.device.ort.matmul_nbits")  # the module, not its function
+    monkeypatch.setattr(launcher, "arch_specific_options", lambda: ("-arch=sm_9999",))
+    M, K, N = 300, 1088, 256
+    case = Case("matmul_nbits", "Xfp16_Wu4_Yfp16", 11, (M, K, N), "normal", {"block_size": 64, "zp": "none", "K": K})
+    inputs, params, args, kwargs = _nbits_call(case, 4)
+    assert not launcher.has_wgmma()
+    assert _recorded(launcher.matmul_nbits, *args, **kwargs)[0] == [kernel_of(launcher.MMA, gemm_shape(M).symbol(4))]
+    _repeatable_within_strict_bound(launcher.matmul_nbits, args, kwargs, inputs, params)
+
+
 FP16_SPIKES = [
     (b, zp, m)
     for b in (2, 4)

@@ -386,12 +386,12 @@ GEMM_MIN_M = 16
 M 16 and 32 on 5120 x 17920 the short tiles took 97-103 us, the previous kernel 101-106 (session 16)."""
 
 
-WGMMA_MIN_M = 256
+WGMMA_MIN_M = 128
 """Activation rows from which MatMulNBits (fp16 A, default zero point) takes the wgmma GEMM
 (``qk_nbits_wgmma``, ort/nbits_wgmma.hip) where the device has it (sm_90 with a build for sm_90a): at M
-512 .. 4096 it took 0.65-0.77x the time of ``qk_nbits_gemm``'s long tiles on the H200
-(docs/perf-notes.md, session 23); below 256 rows the GEMM keeps them (its CTAs own 128 tokens, as the
-long tiles' do)."""
+128 .. 4096 it took 0.63-0.75x the time of ``qk_nbits_gemm``'s long tiles on the H200
+(docs/perf-notes.md, session 23); its CTAs own 128 tokens, as the long tiles' do, so fewer rows stay
+on the GEMM."""
 WGMMA_STAGES = 4
 WGMMA_TILE = 128
 """The wgmma GEMM's CTA: 128 tokens x 128 weight rows, ``WGMMA_STAGES`` K chunks in flight."""
