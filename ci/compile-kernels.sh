@@ -46,6 +46,7 @@ fi
 
 JOBS=$(nproc 2>/dev/null || echo 2)
 fail=0
+sm90a=0  # 1 once a source was built for sm_90a too
 compile() {  # label, command... : run in the background, JOBS at a time, each with its own output file
   local label=$1 a args=()
   shift
@@ -114,6 +115,7 @@ if part shipped; then
     # a source with sm_90a code (wgmma, behind __CUDA_ARCH_FEAT_SM90_ALL; loader.arch_specific_options) for it too
     if grep -q __CUDA_ARCH_FEAT_SM90_ALL "$src"; then
       compile "$src for sm_90a" nvcc -cubin -arch=sm_90a -Werror all-warnings $INCLUDES -x cu -o "$tmp/k.cubin" "$src"
+      sm90a=1
     fi
   done
   for src in tests/device_mutants/*.cu; do  # CUDA-only test launchers
@@ -147,7 +149,7 @@ if part patched; then
   }
   front() {  # label, defines..., source (for sm_90a where it has sm_90a code, as the suite builds it)
     local label=$1 src=${*: -1} defs=("${@:2:$#-2}") arch=sm_90
-    grep -q __CUDA_ARCH_FEAT_SM90_ALL "$src" && arch=sm_90a
+    if grep -q __CUDA_ARCH_FEAT_SM90_ALL "$src"; then arch=sm_90a; sm90a=1; fi
     compile "$label" nvcc_front -ptx -arch=$arch -Xcicc --no_code_gen -Werror all-warnings $INCLUDES "${defs[@]}" \
       -x cu -o "$tmp/k.ptx" "$src"
   }
@@ -172,6 +174,7 @@ for pid in $(jobs -p); do wait "$pid" || fail=1; done
 targets=""
 [ "$amd" = 1 ] && part shipped && targets="gfx90a, gfx1030"
 if [ "$nv" = 1 ]; then targets="${targets:+$targets and }sm_90"; fi
+if [ "$nv" = 1 ] && [ "$sm90a" = 1 ]; then targets="$targets (and sm_90a)"; fi
 skipped=""
 [ "$amd" = 0 ] && skipped="$skipped; AMD SKIPPED"
 if [ "$nv" = 0 ]; then skipped="$skipped; NVIDIA SKIPPED"; fi
