@@ -244,7 +244,9 @@ SO_MUTANTS = (
 def _mma(
     name: str, caught_by: str | None, edits: Edits = (), define: str = "", leaf: str = "Xfp16_Wu2_Yfp16"
 ) -> DeviceMutant:
-    options = f"{define} -DQK_MMA_DEFAULT_ONLY".strip()  # the launcher's shapes only: a faster build
+    # the launcher's shapes only (a faster build); qk_nbits_gemm at every M (no wgmma: its rows' edits
+    # need the GEMM on the catalogue's M 130 and 136 cases)
+    options = f"{define} -DQK_MMA_DEFAULT_ONLY -DQK_NBITS_NO_WGMMA".strip()
     return DeviceMutant(
         name, "ort/nbits_mma.hip", "", options, "matmul_nbits", caught_by, leaf=leaf, coverage=2, edits=edits
     )
@@ -324,10 +326,10 @@ GEMM_ZP_BLOCK: Edits = (("(((rowbits[r][h] & 0x18) + kb * BITS) & 31)", "((rowbi
 GEMM_LAST_TOKEN: Edits = (("if (tok >= M || n >= N) continue;", "if (tok >= M - 1 || n >= N) continue;"),)
 GEMM_TOKEN_TILE: Edits = (("const int r0 = tok0 + (tid >> 3);", "const int r0 = tid >> 3;"),)
 
-# the wgmma prefill GEMM (qk_nbits_wgmma, default zero point, M >= WGMMA_MIN_M on sm_90): the converted
-# weights stored without the 128-byte swizzle ((w_row & 7) >> 3 is 0: wgmma then reads another row's
-# K pieces); chunk c - 1's sums scaled by chunk c's scales (wrong across a block boundary); the
-# pending sums of the last whole group of 4 chunks never added
+# the wgmma prefill GEMM (qk_nbits_wgmma, default or packed zero points, M >= WGMMA_MIN_M on sm_90):
+# the converted weights stored without the 128-byte swizzle ((w_row & 7) >> 3 is 0: wgmma then reads
+# another row's K pieces); chunk c - 1's sums scaled by chunk c's scales (wrong across a block
+# boundary); the pending sums of the last whole group of 4 chunks never added
 WGMMA_UNSWIZZLED: Edits = (
     (
         "b_off[i] = w_row * 128 + (((4 * w_half + i) ^ (w_row & 7)) << 4);",
@@ -336,6 +338,10 @@ WGMMA_UNSWIZZLED: Edits = (
 )
 WGMMA_NEXT_SCALE: Edits = (("if (u > 0) scale_add(dp, c0 + u - 1);", "if (u > 0) scale_add(dp, c0 + u);"),)
 WGMMA_GROUP_TAIL: Edits = (("        scale_add(d1, c0 + 3);\n", ""),)
+# packed zero points read at the field of the word's first block, not their own block's
+WGMMA_ZP_BLOCK: Edits = (
+    ("(word >> ((z_bit + (c >> cpb_shift) * BITS) & 31))", "(word >> ((z_bit + 0 * (c >> cpb_shift) * BITS) & 31))"),
+)
 
 
 def _wgmma(name: str, edits: Edits, leaf: str = "Xfp16_Wu2_Yfp16") -> DeviceMutant:
@@ -404,6 +410,7 @@ ORT_MUTANTS = (
     _wgmma("wgmma GEMM: converted weights not swizzled", WGMMA_UNSWIZZLED),
     _wgmma("wgmma GEMM: a chunk's sums scaled by the next chunk's scales", WGMMA_NEXT_SCALE, leaf="Xfp16_Wu4_Yfp16"),
     _wgmma("wgmma GEMM: a group's last sums never added", WGMMA_GROUP_TAIL),
+    _wgmma("wgmma GEMM: packed zero points of the word's first block", WGMMA_ZP_BLOCK),
     _mma("ring GEMV fp32 A: the lo parts not added", "matches_oracle", edits=RING_F32_NO_LO, leaf="Xfp32_Wu2_Yfp32"),
     _mma("ring GEMV fp32 A: lo scaled back by 2^-e", "matches_oracle", edits=RING_F32_LO_SCALE, leaf="Xfp32_Wu4_Yfp32"),
     _mma("ring GEMV fp32 A: group 1 reads group 0", "matches_oracle", edits=RING_F32_GROUP, leaf="Xfp32_Wu2_Yfp32"),

@@ -800,8 +800,10 @@ PREFILL_GEMM = [  # (bits, M, K, N, block, bias, zero points): tiles exact; ever
     (2, 70, 1344, 136, 64, False, "packed"),  # 21 blocks: 6 zero-point bytes a row (not a multiple of 4)
     (4, 150, 2112, 330, 64, True, "packed"),  # 33 blocks: 17 bytes a row
     (4, 40, 1024, 264, 128, False, "packed"),
-    # the wgmma GEMM (M >= WGMMA_MIN_M, default zero point): K chunks in whole groups of 4 and not
-    # (3 chunks: none; 17; 83), token and row tails, N not % 8, blocks 64..256
+    # the wgmma GEMM (M >= WGMMA_MIN_M, default or packed zero points): K chunks in whole groups of 4
+    # and not (3 chunks: none; 17; 83), token and row tails, N not % 8, blocks 64..256
+    (2, 260, 1344, 136, 64, True, "packed"),  # 21 blocks: 6 zero-point bytes a row
+    (4, 384, 4160, 264, 128, False, "packed"),  # 33 blocks of 128: 17 bytes a row, a half block last
     (2, 256, 192, 136, 64, True, "none"),
     (4, 300, 1088, 256, 64, True, "none"),
     (2, 384, 5312, 1024, 64, False, "none"),
@@ -817,8 +819,8 @@ def test_own_kernel_matmul_nbits_prefill_gemm(
     bits: int, M: int, K: int, N: int, block: int, bias: bool, zp: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The prefill GEMM (fp16 A, the default zero point or packed ones, M >= GEMM_MIN_M: qk_nbits_wgmma
-    from WGMMA_MIN_M rows with the default zero point where the device has wgmma, else qk_nbits_gemm
-    with gemm_shape's tiles, packed zero points through its _z twin) is the one launch; every output
+    from WGMMA_MIN_M rows where the device has wgmma, else qk_nbits_gemm with gemm_shape's tiles;
+    packed zero points through either's _z twin) is the one launch; every output
     written (an out buffer of NaN), the answer within the strict bound and bit-identical call to call;
     qk_nbits_gemm's bit-identical to the previous prefill kernel (qk_nbits_mma's prefill shape: the
     same sums, the kernel's comment)."""
@@ -835,10 +837,11 @@ def test_own_kernel_matmul_nbits_prefill_gemm(
     params = {"block_size": block, "zp": zp, "K": K, "bias": bias}
     case = Case("matmul_nbits", f"Xfp16_Wu{bits}_Yfp16", 11, (M, K, N), "normal", params)
     inputs, params, args, kwargs = _nbits_call(case, bits)
-    wgmma = zp == "none" and M >= WGMMA_MIN_M and launcher.has_wgmma()
+    wgmma = M >= WGMMA_MIN_M and launcher.has_wgmma()
     gemm = kernel_of(launcher.MMA, gemm_shape(M).symbol(bits, zp == "packed"))
     ran, _ = _recorded(launcher.matmul_nbits, *args, **kwargs)
-    assert ran == [kernel_of(launcher.WGMMA, wgmma_symbol(bits), arch_specific_options()) if wgmma else gemm]
+    mine = kernel_of(launcher.WGMMA, wgmma_symbol(bits, zp == "packed"), arch_specific_options()) if wgmma else gemm
+    assert ran == [mine]
     out = cupy.full((M, N), np.nan, cupy.float16)
     got = cupy.asnumpy(launcher.matmul_nbits(*args, **kwargs, out=out))
     assert not np.isnan(got).any(), int(np.isnan(got).sum())

@@ -60,8 +60,10 @@ def _gemm_instances(text: str) -> set[str]:
 
 
 def _wgmma_instances(text: str) -> set[str]:
-    """The wgmma prefill GEMMs a source instantiates through QK_NBITS_WGMMA(BITS, S)."""
-    return {f"qk_nbits_wgmma_u{b}_s{st}" for b, st in re.findall(r"^QK_NBITS_WGMMA\((\d), (\d)\)", text, re.M)}
+    """The wgmma prefill GEMMs a source instantiates through QK_NBITS_WGMMA(BITS, S): the default zero
+    point's and its packed-zero-point twin (ending _z)."""
+    found = re.findall(r"^QK_NBITS_WGMMA\((\d), (\d)\)", text, re.M)
+    return {f"qk_nbits_wgmma_u{b}_s{st}{z}" for b, st in found for z in ("", "_z")}
 
 
 def _kq_instances(text: str) -> set[str]:
@@ -124,7 +126,10 @@ def test_every_device_mutant_symbol_exists() -> None:
     for m in ALL:
         text = m.patch().text() if m.edits else m.path().read_text()
         if m.is_own:
+            # its -D options reach every module the run builds: the family's other sources too (the
+            # qk_nbits_gemm rows' -DQK_NBITS_NO_WGMMA acts in ort/nbits_wgmma.hip)
             text += (COMMON_DIR / "qk_portable.h").read_text()
+            text += "".join(p.read_text() for p in sorted((KERNEL_DIR / m.source.split("/")[0]).glob("*.hip")))
             for define in m.options.split():
                 assert define.startswith("-D") and define[2:] in text, m.name
         elif m.is_so:
@@ -192,6 +197,7 @@ def test_every_patch_applies_once_to_the_shipped_kernel() -> None:
             "-DQK_MOE_FC1_SIMT",
             "-DQK_BNBM_TAB16",
             "-DQK_MOE_FC2_SIMT",
+            "-DQK_NBITS_NO_WGMMA",
         )
         assert all(o in build for o in m.options.split() if o.startswith("-D"))
 

@@ -387,7 +387,7 @@ M 16 and 32 on 5120 x 17920 the short tiles took 97-103 us, the previous kernel 
 
 
 WGMMA_MIN_M = 128
-"""Activation rows from which MatMulNBits (fp16 A, default zero point) takes the wgmma GEMM
+"""Activation rows from which MatMulNBits (fp16 A, default or packed zero points) takes the wgmma GEMM
 (``qk_nbits_wgmma``, ort/nbits_wgmma.hip) where the device has it (sm_90 with a build for sm_90a): at M
 128 .. 4096 it took 0.63-0.75x the time of ``qk_nbits_gemm``'s long tiles on the H200
 (docs/perf-notes.md, session 23); its CTAs own 128 tokens, as the long tiles' do, so fewer rows stay
@@ -397,17 +397,19 @@ WGMMA_TILE = 128
 """The wgmma GEMM's CTA: 128 tokens x 128 weight rows, ``WGMMA_STAGES`` K chunks in flight."""
 
 
-def wgmma_symbol(bits: int) -> str:
-    return f"qk_nbits_wgmma_u{bits}_s{WGMMA_STAGES}"
+def wgmma_symbol(bits: int, packed: bool = False) -> str:
+    """The wgmma GEMM; ``packed``: its twin reading packed zero points (symbol ending _z)."""
+    return f"qk_nbits_wgmma_u{bits}_s{WGMMA_STAGES}" + ("_z" if packed else "")
 
 
-def wgmma_smem(bits: int) -> int:
+def wgmma_smem(bits: int, packed: bool = False) -> int:
     """The wgmma GEMM's dynamic shared memory (ort/nbits_wgmma.hip, QkWgLayout, plus 1 KB to align its
     base to 1024 bytes): per stage 16 KB of activations, the raw weights (8 bits bytes a row) and
-    scale words (4 bytes a row); 3 fp16 weight stages of 16 KB; 4 fp32 scale stages (4 runs of 32
-    floats, 36 apart)."""
+    scale words (4 bytes a row), with ``packed`` zero points a zero-point word a thread (8 bytes a
+    row); 3 fp16 weight stages of 16 KB; 4 fp32 scale stages (4 runs of 32 floats, 36 apart)."""
     s, rows = WGMMA_STAGES, WGMMA_TILE
-    return s * (WGMMA_TILE * 128 + rows * 8 * bits + rows * 4) + 3 * rows * 128 + 4 * 4 * 36 * 4 + 1024
+    stage = WGMMA_TILE * 128 + rows * 8 * bits + rows * 4 + (rows * 8 if packed else 0)
+    return s * stage + 3 * rows * 128 + 4 * 4 * 36 * 4 + 1024
 
 
 MMA_DECODE_CANDIDATES = (
@@ -450,8 +452,9 @@ def _mma_symbols() -> tuple[KernelSpec, ...]:
             for z, zd in ((False, ""), (True, ", packed zero points"))
         )
         + tuple(
-            _ort("matmul_nbits", wgmma_symbol(bits), "nbits_wgmma.hip", f"prefill u{bits} GEMM on wgmma (sm_90a)")
+            _ort("matmul_nbits", wgmma_symbol(bits, z), "nbits_wgmma.hip", f"prefill u{bits} GEMM, wgmma (sm_90a){zd}")
             for bits in (2, 4)
+            for z, zd in ((False, ""), (True, ", packed zero points"))
         )
     )
 

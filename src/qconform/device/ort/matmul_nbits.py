@@ -66,7 +66,7 @@ def _launch_mma(bits: int, M: int, lay: Any, ptrs: tuple, zps: Any, kind: Any, h
             return
     packed = kind == ZP_PACKED and zp.data.ptr % 4 == 0
     if M >= GEMM_MIN_M and (kind == ZP_DEFAULT or packed) and aligned and a_vec:
-        if kind == ZP_DEFAULT and M >= WGMMA_MIN_M and _launch_wgmma(bits, M, lay, ptrs, has_bias):
+        if M >= WGMMA_MIN_M and _launch_wgmma(bits, M, lay, ptrs, packed, has_bias):
             return
         if _launch_gemm(bits, M, lay, ptrs, packed, has_bias):
             return
@@ -132,21 +132,21 @@ def has_wgmma() -> bool:
     return bool(options) and _wgmma_built(options)
 
 
-def _launch_wgmma(bits: int, M: int, lay: Any, ptrs: tuple, has_bias: bool) -> bool:
-    """The prefill GEMM on Hopper's warpgroup matrix units (``qk_nbits_wgmma``; the caller checked the
-    GEMM's domain with the default zero point); False where the device or its build lacks wgmma, the
-    shared memory does not fit, or N needs more than 2^16 - 1 row tiles."""
+def _launch_wgmma(bits: int, M: int, lay: Any, ptrs: tuple, packed: bool, has_bias: bool) -> bool:
+    """The prefill GEMM on Hopper's warpgroup matrix units (``qk_nbits_wgmma``, its _z twin for
+    ``packed`` zero points; the caller checked the GEMM's domain); False where the device or its build
+    lacks wgmma, the shared memory does not fit, or N needs more than 2^16 - 1 row tiles."""
     if not has_wgmma():
         return False
     options = arch_specific_options()
-    A, B, scales, _, bias, y = ptrs
-    symbol, smem = wgmma_symbol(bits), wgmma_smem(bits)
+    A, B, scales, zp, bias, y = ptrs
+    symbol, smem = wgmma_symbol(bits, packed), wgmma_smem(bits, packed)
     grid = (-(-M // WGMMA_TILE), -(-lay.N // WGMMA_TILE))
     if grid[1] >= 2**16 or smem > smem_limits()[0] or not allow_smem(kernel_of(WGMMA, symbol, options), smem):
         return False
     y_vec = lay.N % 8 == 0 and y.data.ptr % 16 == 0
-    sizes = (M, lay.K, lay.N, (lay.block_size // 64).bit_length() - 1, lay.k_blocks, has_bias, y_vec)
-    args = (A, B, scales, bias, y, *(np.int32(v) for v in sizes))
+    sizes = (M, lay.K, lay.N, (lay.block_size // 64).bit_length() - 1, lay.k_blocks, lay.zp_bytes, has_bias, y_vec)
+    args = (A, B, scales, zp if packed else np.uint64(0), bias, y, *(np.int32(v) for v in sizes))
     launch_grid("matmul_nbits", WGMMA, symbol, grid, 2 * WGMMA_TILE, args, smem, options)
     return True
 

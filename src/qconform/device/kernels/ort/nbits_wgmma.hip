@@ -16,7 +16,8 @@
  *
  * A CTA of two warpgroups owns 128 tokens (wgmma's M, 64 a warpgroup) x 128 weight rows (its N). Per
  * 64-wide K chunk c, S - 1 chunks ahead, cp.async copies the activations (into the swizzled layout)
- * and the raw weight bytes and scale words; one chunk ahead, each thread turns the weight bytes it
+ * and the raw weight bytes and scale words (ZP: and the word holding the row's packed zero point,
+ * its field picked when converting, as qk_nbits_gemm's _z twin does); one chunk ahead, each thread turns the weight bytes it
  * copied into the exact fp16 pairs q - z (1024 + q from the 0x6400 magic, minus 1024 + z) of the
  * swizzled fp16 stage, and its scale into fp32; one barrier a chunk. Chunk c's wgmma runs while
  * chunk c - 1's sums are scaled into acc (two sets of sums, alternating). */
@@ -102,22 +103,24 @@ __device__ __forceinline__ qk_u32 qk_wg_pair(qk_u32 lo, qk_u32 hi, int byte, qk_
  * warpgroup w's 64 tokens at 8 KB w), 3 fp16 weight stages (BN rows x 128 bytes, swizzled: chunk c's
  * is written while chunks c - 1 and c - 2 may still be read), S raw weight stages (BN rows x 8 BITS
  * bytes), S raw scale-word stages (BN x 4 bytes), 4 fp32 scale stages (BN floats in the order the
- * accumulators read them: 4 runs of 32, 36 floats apart, conflict-free 16-byte reads). The output tile
- * reuses the activation stages. registry.wgmma_smem says the same. */
-template <int BITS, int S>
+ * accumulators read them: 4 runs of 32, 36 floats apart, conflict-free 16-byte reads); ZP: S stages of
+ * the 4-byte word holding each thread's row's packed zero point (2 BN words). The output tile reuses
+ * the activation stages. registry.wgmma_smem says the same. */
+template <int BITS, int S, bool ZP>
 struct QkWgLayout {
     static constexpr int BN = 128, BM = 128;
     static constexpr int A_STAGE = BM * 128, B_STAGE = BN * 128, W_STAGE = BN * 8 * BITS;
     static constexpr int A0 = 0, B0 = A0 + S * A_STAGE, W0 = B0 + 3 * B_STAGE, SC0 = W0 + S * W_STAGE;
     static constexpr int SF_STAGE = 4 * 36 * 4; /* 4 lane quads' 32 scales, 36 floats apart */
-    static constexpr int SF0 = SC0 + S * BN * 4, BYTES = SF0 + 4 * SF_STAGE;
+    static constexpr int SF0 = SC0 + S * BN * 4, ZW0 = SF0 + 4 * SF_STAGE;
+    static constexpr int BYTES = ZW0 + (ZP ? S * 2 * BN * 4 : 0); /* ZP: a zero-point word a thread */
 };
 
-template <int BITS, int S>
-__device__ __forceinline__ void qk_nbits_wgmma(const qk_u16* A, const qk_u8* B, const qk_u16* scales,
+template <int BITS, int S, bool ZP>
+__device__ __forceinline__ void qk_nbits_wgmma(const qk_u16* A, const qk_u8* B, const qk_u16* scales, const qk_u8* zp,
                                                const qk_u16* bias, qk_u16* Y, int M, int K, int N, int cpb_shift,
-                                               int k_blocks, int has_bias, int y_vec) {
-    typedef QkWgLayout<BITS, S> L;
+                                               int k_blocks, int zp_bytes, int has_bias, int y_vec) {
+    typedef QkWgLayout<BITS, S, ZP> L;
     extern __shared__ __align__(1024) qk_u8 qk_wg_smem[];
     const qk_u32 raw_base = (qk_u32)__cvta_generic_to_shared(qk_wg_smem);
     const qk_u32 base = (raw_base + 1023u) & ~1023u;
@@ -143,6 +146,11 @@ __device__ __forceinline__ void qk_nbits_wgmma(const qk_u16* A, const qk_u8* B, 
     const qk_u8* w_src = B + (qk_i64)min(row0 + w_row, N - 1) * row_bytes + w_half * 4 * BITS;
     const qk_i64 s_idx = tid < L::BN ? (qk_i64)min(row0 + tid, N - 1) * k_blocks : -1;
     const qk_i64 n_scales = (qk_i64)N * k_blocks;
+    /* ZP: its row's packed zero points and the bit of its first field in the 4-byte word holding them
+     * (the words 4-aligned from the tensor's start; zeros past its end) */
+    const qk_u8* const z_row = ZP ? zp + (qk_i64)min(row0 + w_row, N - 1) * zp_bytes : nullptr;
+    const qk_u8* const z_end = ZP ? zp + (qk_i64)N * zp_bytes : nullptr;
+    const int z_bit = ZP ? (int)(((qk_i64)min(row0 + w_row, N - 1) * zp_bytes) & 3) * 8 : 0;
     /* row tid's place in an fp32 scale stage: lane quad t's 32 scales (rows 8 j + 2 t, + 1) at 36 t */
     const int sf_pos = ((tid >> 1) & 3) * 36 + 2 * (tid >> 3) + (tid & 1);
 
@@ -158,6 +166,10 @@ __device__ __forceinline__ void qk_nbits_wgmma(const qk_u16* A, const qk_u8* B, 
         const qk_u32 wd = base + L::W0 + st * L::W_STAGE + tid * 4 * BITS;
         if (BITS == 4) qk_cp_async16s(wd, w_src + (qk_i64)c * 32, 16);
         else qk_cp_async8(wd, w_src + (qk_i64)c * 16, 8);
+        if (ZP) {
+            const qk_u8* word = (const qk_u8*)((size_t)(z_row + (((c >> cpb_shift) * BITS) >> 3)) & ~(size_t)3);
+            qk_cp_async4s(base + L::ZW0 + st * 2 * L::BN * 4 + tid * 4, word, (int)min((qk_i64)4, (qk_i64)(z_end - word)));
+        }
         if (s_idx >= 0) {
             const qk_i64 idx = s_idx + (c >> cpb_shift);
             qk_cp_async4s(base + L::SC0 + st * L::BN * 4 + tid * 4, scales + (idx & ~(qk_i64)1),
@@ -165,9 +177,15 @@ __device__ __forceinline__ void qk_nbits_wgmma(const qk_u16* A, const qk_u8* B, 
         }
     };
     /* chunk c's raw weights and scale (this thread's own copies) -> fp16 stage c % 3, fp32 scales c % 4 */
-    const qk_u32 zoff = 0x64006400u + (qk_u32)(1 << (BITS - 1)) * 0x00010001u;
+    const qk_u32 zdef = 0x64006400u + (qk_u32)(1 << (BITS - 1)) * 0x00010001u;
     auto dequant = [&](int c) {
         const int st = c % S;
+        qk_u32 zoff = zdef; /* the pair 1024 + z: the default zero point, or its row's packed one */
+        if (ZP) {
+            const qk_u32 word = *(const qk_u32*)(gbase + L::ZW0 + st * 2 * L::BN * 4 + tid * 4);
+            const qk_u32 zi = (word >> ((z_bit + (c >> cpb_shift) * BITS) & 31)) & ((1u << BITS) - 1u);
+            zoff = 0x64006400u + zi * 0x00010001u;
+        }
         const qk_u32* raw = (const qk_u32*)(gbase + L::W0 + st * L::W_STAGE + tid * 4 * BITS);
         qk_u8* const bh = gbase + L::B0 + (c % 3) * L::B_STAGE;
         if (BITS == 4) {
@@ -314,25 +332,33 @@ __device__ __forceinline__ void qk_nbits_wgmma(const qk_u16* A, const qk_u8* B, 
 }
 #endif
 
-/* qk_nbits_wgmma_u{BITS}_s{S}: M >= 1, the default zero point 2^(BITS - 1), K % 8 == 0, 16-byte aligned
- * A and B, 4-byte aligned scales; a CTA of two warpgroups owns 128 tokens (blockIdx.x) x 128 weight
+/* qk_nbits_wgmma_u{BITS}_s{S}[_z]: M >= 1, the default zero point 2^(BITS - 1) (or packed ones: _z),
+ * K % 8 == 0, 16-byte aligned A and B, 4-byte aligned scales and packed zero points; a CTA of two warpgroups owns 128 tokens (blockIdx.x) x 128 weight
  * rows (blockIdx.y), each warpgroup 64 of the tokens; dynamic shared memory QkWgLayout::BYTES + 1024 */
 #if QK_WGMMA
-#define QK_NBITS_WGMMA_BODY(BITS, S) qk_nbits_wgmma<BITS, S>(A, B, scales, bias, Y, M, K, N, cpb_shift, k_blocks, has_bias, y_vec);
+#define QK_NBITS_WGMMA_BODY(BITS, S, ZP)                                                                               \
+    qk_nbits_wgmma<BITS, S, ZP>(A, B, scales, zp, bias, Y, M, K, N, cpb_shift, k_blocks, zp_bytes, has_bias, y_vec);
 #elif defined(QK_CUDA)
-#define QK_NBITS_WGMMA_BODY(BITS, S) __trap();
+#define QK_NBITS_WGMMA_BODY(BITS, S, ZP) __trap();
 #else
-#define QK_NBITS_WGMMA_BODY(BITS, S) __builtin_trap();
+#define QK_NBITS_WGMMA_BODY(BITS, S, ZP) __builtin_trap();
 #endif
-#define QK_NBITS_WGMMA(BITS, S)                                                                                        \
-    extern "C" __global__ void __launch_bounds__(256, 1) qk_nbits_wgmma_u##BITS##_s##S(                               \
-        const qk_u16* A, const qk_u8* B, const qk_u16* scales, const qk_u16* bias, qk_u16* Y, int M, int K, int N,     \
-        int cpb_shift, int k_blocks, int has_bias, int y_vec) {                                                        \
-        QK_NBITS_WGMMA_BODY(BITS, S)                                                                                   \
+#define QK_NBITS_WGMMA_DEF(BITS, S, ZP, SUFFIX)                                                                        \
+    extern "C" __global__ void __launch_bounds__(256, 1) qk_nbits_wgmma_u##BITS##_s##S##SUFFIX(                       \
+        const qk_u16* A, const qk_u8* B, const qk_u16* scales, const qk_u8* zp, const qk_u16* bias, qk_u16* Y, int M,  \
+        int K, int N, int cpb_shift, int k_blocks, int zp_bytes, int has_bias, int y_vec) {                            \
+        QK_NBITS_WGMMA_BODY(BITS, S, ZP)                                                                               \
     }
+/* the default zero point (zp not read), and the same with packed zero points (symbol ending _z) */
+#define QK_NBITS_WGMMA(BITS, S) QK_NBITS_WGMMA_DEF(BITS, S, false, ) QK_NBITS_WGMMA_DEF(BITS, S, true, _z)
 QK_NBITS_WGMMA(2, 4)
 QK_NBITS_WGMMA(4, 4)
 
 /* 1 where this build has the wgmma kernels (compiled for sm_90a), else 0: the launcher reads it
- * before it takes them */
-extern "C" __device__ int qk_nbits_wgmma_built = QK_WGMMA;
+ * before it takes them. -DQK_NBITS_NO_WGMMA (a device control: the device mutants of qk_nbits_gemm)
+ * makes it 0, so the launcher runs qk_nbits_gemm at every M. */
+#if QK_WGMMA && !defined(QK_NBITS_NO_WGMMA)
+extern "C" __device__ int qk_nbits_wgmma_built = 1;
+#else
+extern "C" __device__ int qk_nbits_wgmma_built = 0;
+#endif
