@@ -344,9 +344,43 @@ WGMMA_ZP_BLOCK: Edits = (
 )
 
 
-def _wgmma(name: str, edits: Edits, leaf: str = "Xfp16_Wu2_Yfp16") -> DeviceMutant:
+# its storage=fp16 form (qk_nbits_wgmma_fold, M >= WGMMA_FOLD_MIN_M under that contract: the catalogue's
+# M 264 and 272 cases): both fragment rows scaled by the first row's scale; u4 words 2 s and 2 s + 1
+# in each other's K slots; packed zero points of the word's first block; the chunks left over after
+# the last whole iteration of 3 never computed (17 and 10 chunks: 2 and 1 left over)
+FOLD_ROW_SCALE: Edits = (
+    (
+        "const qk_u32 sw = *(const qk_u32*)(gbase + L::SC0 + st * L::ROWS * 4 + r[h] * 4);",
+        "const qk_u32 sw = *(const qk_u32*)(gbase + L::SC0 + st * L::ROWS * 4 + r[0] * 4);",
+    ),
+)
+FOLD_K_SLOTS: Edits = (("f[4 * (j >> 1) + 2 * (j & 1) + h]", "f[4 * (j >> 1) + 2 * (1 - (j & 1)) + h]"),)
+FOLD_ZP_BLOCK: Edits = (
+    (
+        "const int bit = (int)(((qk_i64)n * zp_bytes) & 3) * 8 + blk * BITS;",
+        "const int bit = (int)(((qk_i64)n * zp_bytes) & 3) * 8 + 0 * blk * BITS;",
+    ),
+)
+FOLD_LEFT_OVER: Edits = (
+    (
+        "        if (c + u < n_chunks) step(c + u, fr[u], fr[(u + 1) % (D + 1)]);",
+        "        if (c + u < n_chunks && u > 0) step(c + u, fr[u], fr[(u + 1) % (D + 1)]);",
+    ),
+)
+
+
+def _wgmma(name: str, edits: Edits, leaf: str = "Xfp16_Wu2_Yfp16", contract: str = "") -> DeviceMutant:
     return DeviceMutant(
-        name, "ort/nbits_wgmma.hip", "", "", "matmul_nbits", "matches_oracle", leaf=leaf, coverage=2, edits=edits
+        name,
+        "ort/nbits_wgmma.hip",
+        "",
+        "",
+        "matmul_nbits",
+        "matches_oracle",
+        leaf=leaf,
+        coverage=2,
+        edits=edits,
+        contract=contract,
     )
 
 
@@ -411,6 +445,10 @@ ORT_MUTANTS = (
     _wgmma("wgmma GEMM: a chunk's sums scaled by the next chunk's scales", WGMMA_NEXT_SCALE, leaf="Xfp16_Wu4_Yfp16"),
     _wgmma("wgmma GEMM: a group's last sums never added", WGMMA_GROUP_TAIL),
     _wgmma("wgmma GEMM: packed zero points of the word's first block", WGMMA_ZP_BLOCK),
+    _wgmma("wgmma fold: both rows take the first row's scale", FOLD_ROW_SCALE, contract="storage=fp16"),
+    _wgmma("wgmma fold: u4 words in each other's K slots", FOLD_K_SLOTS, "Xfp16_Wu4_Yfp16", "storage=fp16"),
+    _wgmma("wgmma fold: packed zero points of the word's first block", FOLD_ZP_BLOCK, contract="storage=fp16"),
+    _wgmma("wgmma fold: the chunks left over never computed", FOLD_LEFT_OVER, "Xfp16_Wu4_Yfp16", "storage=fp16"),
     _mma("ring GEMV fp32 A: the lo parts not added", "matches_oracle", edits=RING_F32_NO_LO, leaf="Xfp32_Wu2_Yfp32"),
     _mma("ring GEMV fp32 A: lo scaled back by 2^-e", "matches_oracle", edits=RING_F32_LO_SCALE, leaf="Xfp32_Wu4_Yfp32"),
     _mma("ring GEMV fp32 A: group 1 reads group 0", "matches_oracle", edits=RING_F32_GROUP, leaf="Xfp32_Wu2_Yfp32"),

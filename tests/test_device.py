@@ -131,18 +131,20 @@ def _spike(leaf: str, bits: int, keep: Callable[[Any], bool]) -> tuple[Any, dict
 
 
 def _repeatable_within_strict_bound(
-    fn: Callable[..., Any], args: tuple, kwargs: dict, inputs: dict, params: dict
+    fn: Callable[..., Any], args: tuple, kwargs: dict, inputs: dict, params: dict, contract: str = "strict"
 ) -> None:
-    """Three calls bit-identical, the answer within matmul_nbits's strict bound element by element."""
+    """Three calls bit-identical, the answer within matmul_nbits's bound under ``contract`` (the
+    strict one unless said) element by element."""
     import cupy
 
-    from qconform.contracts import STRICT
+    from qconform.contracts import parse_contract
     from qconform.properties.bounds import budget
 
+    rule = parse_contract(contract)
     got = [cupy.asnumpy(fn(*args, **kwargs)) for _ in range(3)]
     assert all(g.tobytes() == got[0].tobytes() for g in got[1:])
-    (exp,) = get_op("matmul_nbits").numerics(inputs, params, STRICT, True)
-    bound = budget(exp.model, STRICT, True).bound(exp.model)
+    (exp,) = get_op("matmul_nbits").numerics(inputs, params, rule, True)
+    bound = budget(exp.model, rule, True).bound(exp.model)
     err = np.abs(got[0].astype(np.float64) - exp.model.ref)
     assert np.all(err <= bound), float((err / bound).max())
 
@@ -809,6 +811,10 @@ PREFILL_GEMM = [  # (bits, M, K, N, block, bias, zero points): tiles exact; ever
     (2, 384, 5312, 1024, 64, False, "none"),
     (4, 260, 2048, 100, 256, True, "none"),
     (2, 513, 1000, 264, 128, False, "none"),
+    # the storage=fp16 form too from WGMMA_FOLD_MIN_M (above: 3 K chunks an iteration, 0 / 1 / 2 left
+    # over; here a single chunk and two)
+    (4, 272, 64, 136, 64, False, "packed"),
+    (2, 257, 128, 40, 64, True, "none"),
 ]
 
 
@@ -823,14 +829,15 @@ def test_own_kernel_matmul_nbits_prefill_gemm(
     packed zero points through either's _z twin) is the one launch; every output
     written (an out buffer of NaN), the answer within the strict bound and bit-identical call to call;
     qk_nbits_gemm's bit-identical to the previous prefill kernel (qk_nbits_mma's prefill shape: the
-    same sums, the kernel's comment)."""
+    same sums, the kernel's comment). Under storage=fp16 from WGMMA_FOLD_MIN_M rows, qk_nbits_wgmma_fold
+    the same way, within that contract's bound."""
     import importlib
 
     import cupy
 
     from qconform.device.launchers import kernel_of
     from qconform.device.loader import arch_specific_options
-    from qconform.device.registry import MMA_SHAPES, WGMMA_MIN_M, gemm_shape, wgmma_symbol
+    from qconform.device.registry import MMA_SHAPES, WGMMA_FOLD_MIN_M, WGMMA_MIN_M, gemm_shape, wgmma_symbol
     from qconform.ops.spec import Case
 
     launcher = importlib.import_module("qconform.device.ort.matmul_nbits")  # the module, not its function
@@ -846,6 +853,13 @@ def test_own_kernel_matmul_nbits_prefill_gemm(
     got = cupy.asnumpy(launcher.matmul_nbits(*args, **kwargs, out=out))
     assert not np.isnan(got).any(), int(np.isnan(got).sum())
     _repeatable_within_strict_bound(launcher.matmul_nbits, args, kwargs, inputs, params)
+    if wgmma and M >= WGMMA_FOLD_MIN_M:  # the storage=fp16 form on the same call
+        fold = {**kwargs, "storage": "fp16"}
+        folded = kernel_of(launcher.WGMMA, wgmma_symbol(bits, zp == "packed", fold=True), arch_specific_options())
+        assert _recorded(launcher.matmul_nbits, *args, **fold)[0] == [folded]
+        out = cupy.full((M, N), np.nan, cupy.float16)
+        assert not np.isnan(cupy.asnumpy(launcher.matmul_nbits(*args, **fold, out=out))).any()
+        _repeatable_within_strict_bound(launcher.matmul_nbits, args, fold, inputs, params, "storage=fp16")
     if wgmma:  # then qk_nbits_gemm on the same call, checked the same way
         monkeypatch.setattr(launcher, "WGMMA_MIN_M", 1 << 62)
         assert _recorded(launcher.matmul_nbits, *args, **kwargs)[0] == [gemm]

@@ -60,10 +60,11 @@ def _gemm_instances(text: str) -> set[str]:
 
 
 def _wgmma_instances(text: str) -> set[str]:
-    """The wgmma prefill GEMMs a source instantiates through QK_NBITS_WGMMA(BITS, S): the default zero
-    point's and its packed-zero-point twin (ending _z)."""
-    found = re.findall(r"^QK_NBITS_WGMMA\((\d), (\d)\)", text, re.M)
-    return {f"qk_nbits_wgmma_u{b}_s{st}{z}" for b, st in found for z in ("", "_z")}
+    """The wgmma prefill GEMMs a source instantiates through QK_NBITS_WGMMA(BITS, S) and
+    QK_NBITS_WGMMA_FOLD(BITS, S) (symbols qk_nbits_wgmma[_fold]_u{BITS}_s{S}): the default zero point's
+    and its packed-zero-point twin (ending _z)."""
+    found = re.findall(r"^QK_NBITS_WGMMA(_FOLD)?\((\d), (\d)\)", text, re.M)
+    return {f"qk_nbits_wgmma{f.lower()}_u{b}_s{st}{z}" for f, b, st in found for z in ("", "_z")}
 
 
 def _kq_instances(text: str) -> set[str]:

@@ -326,9 +326,12 @@ PREFILL_SHAPES = ((5120, 17920), (4096, 14336))
 PREFILL_MS = (512, 1024, 2048, 4096)
 
 
-def _bind(a: Any, weights: list[tuple[Any, Any]], K: int, N: int, bits: int, y: Any, **patch: Any) -> list[Any]:
-    """Bound matmul_nbits calls over ``weights`` writing ``y``, with the launcher module's names in
-    ``patch`` replaced while they bind (``GEMM_MIN_M``, ``gemm_shape``: which kernel and tiles)."""
+def _bind(
+    a: Any, weights: list[tuple[Any, Any]], K: int, N: int, bits: int, y: Any, storage: str = "exact", **patch: Any
+) -> list[Any]:
+    """Bound matmul_nbits calls over ``weights`` writing ``y`` under the contract's ``storage``, with
+    the launcher module's names in ``patch`` replaced while they bind (``GEMM_MIN_M``, ``gemm_shape``:
+    which kernel and tiles)."""
     from qconform.device import ort as ort_launch
 
     launcher = importlib.import_module("qconform.device.ort.matmul_nbits")  # the module, not its function
@@ -336,33 +339,35 @@ def _bind(a: Any, weights: list[tuple[Any, Any]], K: int, N: int, bits: int, y: 
     try:
         for name, value in patch.items():
             setattr(launcher, name, value)
-        kw = {"K": K, "N": N, "bits": bits, "block_size": BLOCK, "out": y}
+        kw = {"K": K, "N": N, "bits": bits, "block_size": BLOCK, "out": y, "storage": storage}
         return [ort_launch.bound(ort_launch.matmul_nbits, a, b, s, **kw) for b, s in weights]
     finally:
         for name, value in saved.items():
             setattr(launcher, name, value)
 
 
-def _strict_check(a: Any, b: Any, s: Any, y: Any, K: int, N: int, bits: int) -> int:
-    """Outputs of Y (fp16, default zero point, block 64, no bias) outside MatMulNBits's strict bound
-    (``qconform.properties.bounds``), with the float64 reference and magnitudes computed on the GPU
-    (exact dequantization, float64 matmuls)."""
-    from qconform.contracts import STRICT
+def _bound_check(a: Any, b: Any, s: Any, y: Any, K: int, N: int, bits: int, contract: str = "strict") -> int:
+    """Outputs of Y (fp16, default zero point, block 64, no bias) outside MatMulNBits's bound under
+    ``contract`` (``qconform.properties.bounds``), with the float64 reference and magnitudes computed
+    on the GPU (exact dequantization, float64 matmuls)."""
+    from qconform.contracts import parse_contract
     from qconform.properties.bounds import budget
     from qconform.readings import ErrorModel
 
     shifts = cupy.arange(0, 8, bits, dtype=cupy.uint8)
     q = ((b.reshape(N, -1)[:, :, None] >> shifts) & ((1 << bits) - 1)).reshape(N, -1)[:, :K]
-    w = (q.astype(cupy.float64) - 2 ** (bits - 1)) * cupy.repeat(s.astype(cupy.float64).reshape(N, -1), BLOCK, 1)[:, :K]
-    a64 = a.astype(cupy.float64)
-    model = ErrorModel(a64 @ w.T, cupy.abs(a64) @ cupy.abs(w).T, cupy.zeros(1), K, BLOCK, np.dtype(np.float16), "fp16")
-    bound = budget(model, STRICT, True).bound(model)
+    s64 = cupy.repeat(s.astype(cupy.float64).reshape(N, -1), BLOCK, 1)[:, :K]
+    w = (q.astype(cupy.float64) - 2 ** (bits - 1)) * s64
+    a64 = cupy.abs(a.astype(cupy.float64))
+    store = a64 @ (2 ** (bits - 1) * cupy.abs(s64) + 2 * cupy.abs(w)).T
+    model = ErrorModel(a.astype(cupy.float64) @ w.T, a64 @ cupy.abs(w).T, store, K, BLOCK, np.dtype(np.float16), "fp16")
+    bound = budget(model, parse_contract(contract), True).bound(model)
     return int(cupy.count_nonzero(~(cupy.abs(y.astype(cupy.float64) - model.ref) <= bound)))
 
 
-def _check_text(a: Any, b: Any, s: Any, y: Any, K: int, N: int, bits: int) -> str:
-    bad = _strict_check(a, b, s, y, K, N, bits)
-    return "within the strict bound" if bad == 0 else f"FAIL: {bad} outputs outside the strict bound"
+def _check_text(a: Any, b: Any, s: Any, y: Any, K: int, N: int, bits: int, contract: str = "strict") -> str:
+    bad = _bound_check(a, b, s, y, K, N, bits, contract)
+    return f"within the {contract} bound" if bad == 0 else f"FAIL: {bad} outputs outside the {contract} bound"
 
 
 def prefill(
@@ -370,14 +375,16 @@ def prefill(
 ) -> list[BenchRecord]:
     """The prefill table: the launcher's GEMM (``qk_nbits_wgmma`` where the device has wgmma, else
     ``qk_nbits_gemm``) against ``qk_nbits_gemm`` (the previous kernel where wgmma runs), fp16 cuBLAS on
-    the weights dequantized once (outside the timing) and the copy-bandwidth dequant + cuBLAS.
+    the weights dequantized once (outside the timing) and the copy-bandwidth dequant + cuBLAS; then the
+    launcher under the contract storage=fp16 (``qk_nbits_wgmma_fold`` where wgmma runs).
     Check: Y bit-identical to ``qk_nbits_gemm``'s (checked against the oracle by the device tests),
-    else within the strict bound (``_strict_check``). ``candidates``: the other tiles of
-    ``registry.GEMM_SHAPES`` and ``GEMM_CANDIDATES`` too (``qk_nbits_gemm``'s, timed apart)."""
+    else within the strict bound (``_bound_check``); storage=fp16: within that contract's bound.
+    ``candidates``: the other tiles of ``registry.GEMM_SHAPES`` and ``GEMM_CANDIDATES`` too
+    (``qk_nbits_gemm``'s, timed apart)."""
     device = _table_head(
         f"prefill, block {BLOCK}; us as min / median / max of 5 batches of {reps} launches (2 weight sets)",
         ("K x N", "M", "bits", "kernel us", "TFLOP/s", "qk_nbits_gemm us", "fp16 cuBLAS us", "of cuBLAS")
-        + ("dequant + cuBLAS us", "speed-up", "check"),
+        + ("dequant + cuBLAS us", "speed-up", "check", "storage=fp16 us", "of cuBLAS", "speed-up", "check"),
     )
     records: list[BenchRecord] = []
     for K, N in shapes:
@@ -406,6 +413,10 @@ def prefill(
                     same = bool(cupy.array_equal(y.view(cupy.uint16), y_old.view(cupy.uint16)))
                     differ[shape] = "bit-identical to qk_nbits_gemm" if same else _check_text(a, b, s, y, K, N, bits)
                 name, t_cub = _fastest_matmul(a, w16, y16, reps)
+                folded = _bind(a, weights, K, N, bits, y_old, storage="fp16")
+                t_fold = bl.times(lambda i, c=folded: c[i](), len(folded), reps)
+                folded[0]()
+                fold_check = _check_text(a, b, s, y_old, K, N, bits, "storage=fp16")
 
                 def deq_cublas(i: int, a=a, y16=y16, deq=deq, weights=weights, w16=w16) -> None:
                     deq(*weights[i], w16[i])
@@ -414,21 +425,22 @@ def prefill(
                 t_dq = bl.times(deq_cublas, len(weights), reps)
                 check, ts = differ[None], timed[None]
                 flops = 2 * M * K * N
-                rec = BenchRecord(
-                    f"matmul_nbits prefill u{bits} fp16",
-                    (M, K, N, BLOCK),
-                    device,
-                    b.nbytes + s.nbytes + a.nbytes + y.nbytes,
-                    flops,
-                    tuple(t * 1e6 for t in ts),
-                    "PASS" if check.startswith(("bit-identical", "within")) else "FAIL",
-                    {
-                        f"fp16 cuBLAS, weights dequantized once ({name})": bl.median(t_cub) * 1e6,
-                        "copy-bandwidth dequant + cuBLAS": bl.median(t_dq) * 1e6,
-                        "qk_nbits_gemm (the previous kernel where wgmma runs)": bl.median(t_old) * 1e6,
-                    },
-                )
-                records.append(rec)
+                baselines = {
+                    f"fp16 cuBLAS, weights dequantized once ({name})": bl.median(t_cub) * 1e6,
+                    "copy-bandwidth dequant + cuBLAS": bl.median(t_dq) * 1e6,
+                }
+                for label, t, verdict in (("", ts, check), (" storage=fp16", t_fold, fold_check)):
+                    rec = BenchRecord(
+                        f"matmul_nbits prefill u{bits} fp16{label}",
+                        (M, K, N, BLOCK),
+                        device,
+                        b.nbytes + s.nbytes + a.nbytes + y.nbytes,
+                        flops,
+                        tuple(x * 1e6 for x in t),
+                        "PASS" if verdict.startswith(("bit-identical", "within")) else "FAIL",
+                        {**baselines, "qk_nbits_gemm (the previous kernel where wgmma runs)": bl.median(t_old) * 1e6},
+                    )
+                    records.append(rec)
                 med = bl.median(ts)
                 cells = (
                     f"{K} x {N}",
@@ -442,6 +454,10 @@ def prefill(
                     _us(t_dq),
                     f"{bl.median(t_dq) / med:.2f}x",
                     check,
+                    _us(t_fold),
+                    f"{bl.median(t_cub) / bl.median(t_fold):.2f}x",
+                    f"{bl.median(t_dq) / bl.median(t_fold):.2f}x",
+                    fold_check,
                 )
                 print("| " + " | ".join(cells) + " |", flush=True)
                 for shape in shapes_timed[1:]:

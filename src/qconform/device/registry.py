@@ -395,21 +395,37 @@ on the GEMM."""
 WGMMA_STAGES = 4
 WGMMA_TILE = 128
 """The wgmma GEMM's CTA: 128 tokens x 128 weight rows, ``WGMMA_STAGES`` K chunks in flight."""
+WGMMA_FOLD_STAGES = 5
+WGMMA_FOLD_MIN_M = 256
+"""The wgmma GEMM's ``fold`` form (``qk_nbits_wgmma_fold``, taken under the contract storage=fp16: the
+weights held as fp16 (q - z) s in registers, summed over all of K): 256 tokens x 128 weight rows a CTA,
+``WGMMA_FOLD_STAGES`` chunks of copies in flight (2 chunks of wgmma). From ``WGMMA_FOLD_MIN_M`` rows:
+at M 256 .. 4096 it took 0.57-0.78x the time of the strict wgmma GEMM on the H200, at M 128 more
+(its CTAs half empty; docs/perf-notes.md, session 24); below, the strict kernel runs (within any
+relaxed bound)."""
 
 
-def wgmma_symbol(bits: int, packed: bool = False) -> str:
-    """The wgmma GEMM; ``packed``: its twin reading packed zero points (symbol ending _z)."""
-    return f"qk_nbits_wgmma_u{bits}_s{WGMMA_STAGES}" + ("_z" if packed else "")
+def wgmma_tokens(fold: bool = False) -> int:
+    """Tokens a wgmma GEMM CTA owns."""
+    return 2 * WGMMA_TILE if fold else WGMMA_TILE
 
 
-def wgmma_smem(bits: int, packed: bool = False) -> int:
-    """The wgmma GEMM's dynamic shared memory (ort/nbits_wgmma.hip, QkWgLayout, plus 1 KB to align its
-    base to 1024 bytes): per stage 16 KB of activations, the raw weights (8 bits bytes a row) and
-    scale words (4 bytes a row), with ``packed`` zero points a zero-point word a thread (8 bytes a
-    row); 3 fp16 weight stages of 16 KB; 4 fp32 scale stages (4 runs of 32 floats, 36 apart)."""
-    s, rows = WGMMA_STAGES, WGMMA_TILE
-    stage = WGMMA_TILE * 128 + rows * 8 * bits + rows * 4 + (rows * 8 if packed else 0)
-    return s * stage + 3 * rows * 128 + 4 * 4 * 36 * 4 + 1024
+def wgmma_symbol(bits: int, packed: bool = False, fold: bool = False) -> str:
+    """The wgmma GEMM; ``packed``: its twin reading packed zero points (symbol ending _z); ``fold``:
+    the storage=fp16 form (``qk_nbits_wgmma_fold_*``)."""
+    stages = WGMMA_FOLD_STAGES if fold else WGMMA_STAGES
+    return f"qk_nbits_wgmma{'_fold' if fold else ''}_u{bits}_s{stages}" + ("_z" if packed else "")
+
+
+def wgmma_smem(bits: int, packed: bool = False, fold: bool = False) -> int:
+    """The wgmma GEMM's dynamic shared memory (ort/nbits_wgmma.hip, QkWgLayout / QkWgRsLayout, plus 1 KB
+    to align its base to 1024 bytes): per stage 128 bytes of activations a token, the raw weights (8
+    bits bytes a row) and scale words (4 bytes a row); with ``packed`` zero points a zero-point word a
+    thread (8 bytes a row; ``fold``: a word a row); unless ``fold``, 3 fp16 weight stages of 16 KB and
+    4 fp32 scale stages (4 runs of 32 floats, 36 apart)."""
+    s, rows = (WGMMA_FOLD_STAGES if fold else WGMMA_STAGES), WGMMA_TILE
+    stage = wgmma_tokens(fold) * 128 + rows * 8 * bits + rows * 4 + (rows * (4 if fold else 8) if packed else 0)
+    return s * stage + (0 if fold else 3 * rows * 128 + 4 * 4 * 36 * 4) + 1024
 
 
 MMA_DECODE_CANDIDATES = (
@@ -452,8 +468,14 @@ def _mma_symbols() -> tuple[KernelSpec, ...]:
             for z, zd in ((False, ""), (True, ", packed zero points"))
         )
         + tuple(
-            _ort("matmul_nbits", wgmma_symbol(bits, z), "nbits_wgmma.hip", f"prefill u{bits} GEMM, wgmma (sm_90a){zd}")
+            _ort(
+                "matmul_nbits",
+                wgmma_symbol(bits, z, f),
+                "nbits_wgmma.hip",
+                f"prefill u{bits} GEMM, wgmma (sm_90a){fd}{zd}",
+            )
             for bits in (2, 4)
+            for f, fd in ((False, ""), (True, ", storage=fp16 (scales folded into fp16 weights)"))
             for z, zd in ((False, ""), (True, ", packed zero points"))
         )
     )

@@ -26,6 +26,7 @@ from qconform.device.registry import (
     GEMM_MIN_M,
     KERNEL_DIR,
     MMA_SHAPES,
+    WGMMA_FOLD_MIN_M,
     WGMMA_MIN_M,
     WGMMA_TILE,
     MmaShape,
@@ -36,6 +37,7 @@ from qconform.device.registry import (
     tail_wave,
     wgmma_smem,
     wgmma_symbol,
+    wgmma_tokens,
 )
 from qconform.errors import ArgumentError
 from qconform.ops.ort.matmul_nbits import DEQUANTIZE_NBITS, ZP_KIND, zero_point_kind
@@ -57,8 +59,11 @@ def _mma_ok(B: Any, bits: int, block_size: int, a16: bool, zp_kind: int, z16: in
 ACT_SMEM_LIMIT = 48 * 1024  # activations staged in shared memory up to this (CuPy's default dynamic limit)
 
 
-def _launch_mma(bits: int, M: int, lay: Any, ptrs: tuple, zps: Any, kind: Any, has_bias: bool, a_vec: bool) -> None:
-    """The matrix-unit kernel; ``ptrs`` = (A, B, scales, zero points, bias, Y)."""
+def _launch_mma(
+    bits: int, M: int, lay: Any, ptrs: tuple, zps: Any, kind: Any, has_bias: bool, a_vec: bool, fold: bool = False
+) -> None:
+    """The matrix-unit kernel; ``ptrs`` = (A, B, scales, zero points, bias, Y); ``fold``: the contract
+    allows fp16 weights (storage=fp16), so the wgmma GEMM may fold the scales into them."""
     A, B, scales, zp, bias, y = ptrs
     aligned = B.data.ptr % 16 == 0 and scales.data.ptr % 4 == 0  # the ring's and the GEMM's 16- / 4-byte copies
     if M <= 8 and MMA_SHAPES["decode"].ring and kind == ZP_DEFAULT and aligned:
@@ -66,7 +71,7 @@ def _launch_mma(bits: int, M: int, lay: Any, ptrs: tuple, zps: Any, kind: Any, h
             return
     packed = kind == ZP_PACKED and zp.data.ptr % 4 == 0
     if M >= GEMM_MIN_M and (kind == ZP_DEFAULT or packed) and aligned and a_vec:
-        if M >= WGMMA_MIN_M and _launch_wgmma(bits, M, lay, ptrs, packed, has_bias):
+        if M >= WGMMA_MIN_M and _launch_wgmma(bits, M, lay, ptrs, packed, has_bias, fold and M >= WGMMA_FOLD_MIN_M):
             return
         if _launch_gemm(bits, M, lay, ptrs, packed, has_bias):
             return
@@ -132,22 +137,23 @@ def has_wgmma() -> bool:
     return bool(options) and _wgmma_built(options)
 
 
-def _launch_wgmma(bits: int, M: int, lay: Any, ptrs: tuple, packed: bool, has_bias: bool) -> bool:
+def _launch_wgmma(bits: int, M: int, lay: Any, ptrs: tuple, packed: bool, has_bias: bool, fold: bool) -> bool:
     """The prefill GEMM on Hopper's warpgroup matrix units (``qk_nbits_wgmma``, its _z twin for
-    ``packed`` zero points; the caller checked the GEMM's domain); False where the device or its build
-    lacks wgmma, the shared memory does not fit, or N needs more than 2^16 - 1 row tiles."""
+    ``packed`` zero points; ``fold``: ``qk_nbits_wgmma_fold``, the weights as fp16 (q - z) s; the caller
+    checked the GEMM's domain); False where the device or its build lacks wgmma, the shared memory
+    does not fit, or N needs more than 2^16 - 1 row tiles."""
     if not has_wgmma():
         return False
     options = arch_specific_options()
     A, B, scales, zp, bias, y = ptrs
-    symbol, smem = wgmma_symbol(bits, packed), wgmma_smem(bits, packed)
-    grid = (-(-M // WGMMA_TILE), -(-lay.N // WGMMA_TILE))
+    symbol, smem = wgmma_symbol(bits, packed, fold), wgmma_smem(bits, packed, fold)
+    grid = (-(-M // wgmma_tokens(fold)), -(-lay.N // WGMMA_TILE))
     if grid[1] >= 2**16 or smem > smem_limits()[0] or not allow_smem(kernel_of(WGMMA, symbol, options), smem):
         return False
     y_vec = lay.N % 8 == 0 and y.data.ptr % 16 == 0
     sizes = (M, lay.K, lay.N, (lay.block_size // 64).bit_length() - 1, lay.k_blocks, lay.zp_bytes, has_bias, y_vec)
     args = (A, B, scales, zp if packed else np.uint64(0), bias, y, *(np.int32(v) for v in sizes))
-    launch_grid("matmul_nbits", WGMMA, symbol, grid, 2 * WGMMA_TILE, args, smem, options)
+    launch_grid("matmul_nbits", WGMMA, symbol, grid, 256, args, smem, options)
     return True
 
 
@@ -331,9 +337,12 @@ def matmul_nbits(
     accuracy_level=0,
     form="ort",
     out=None,
+    storage="exact",
 ):
     """Y = A @ W^T (+ bias) in A's dtype (fp32 or fp16 read and written natively), fp32 sums;
-    accuracy_level 4 with integer zero points: ORT's int8 activation path (as the oracle)."""
+    accuracy_level 4 with integer zero points: ORT's int8 activation path (as the oracle).
+    ``storage``: the contract's (``qconform.impls.device`` passes it): "fp16" lets the prefill GEMM on
+    wgmma hold the weights as fp16 (q - z) s (``qk_nbits_wgmma_fold``); every other call is as strict."""
     if accuracy_level not in (0, 1, 2, 3, 4):
         raise ArgumentError(f"accuracy_level: must be 0..4, got {accuracy_level!r}")
     lay, zp, zps, common, s16, z16 = _nbits_args(B, scales, zero_points, g_idx, K, N, bits, block_size, form)
@@ -360,7 +369,7 @@ def matmul_nbits(
     if _mma_ok(B, bits, block_size, bool(a16), int(kind_), int(z16)) and M > 0 and lay.N > 0:
         ptrs = (A, B, scales, zp, A if bias is None else bias, y)
         a_vec = lay.K % 8 == 0 and A.data.ptr % 16 == 0
-        _launch_mma(bits, M, lay, ptrs, zps, int(kind_), bias is not None, a_vec)
+        _launch_mma(bits, M, lay, ptrs, zps, int(kind_), bias is not None, a_vec, storage == "fp16")
         return y
     launch(
         "matmul_nbits",

@@ -104,6 +104,7 @@ _MMA_TILING = (  # (M, K, N), block, zero point, bias: decode M <= 8, prefill be
     ((130, 1088, 264), 128, "none", False),  # the prefill GEMM: 3 token tiles, 2 row tiles, a half block last
     ((264, 1088, 136), 64, "none", True),  # the wgmma GEMM: 3 token tiles, 2 row tiles, 17 K chunks (4 x 4 + 1)
     ((136, 1024, 72), 64, "packed", False),  # packed zero points: the prefill GEMM with 2 token tiles
+    ((272, 640, 40), 128, "packed", False),  # storage=fp16's wgmma GEMM with packed zero points, 10 K chunks
 )
 
 

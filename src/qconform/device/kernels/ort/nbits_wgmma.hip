@@ -53,6 +53,32 @@ __device__ __forceinline__ void qk_wgmma_m64n128k16(float d[64], qk_u64 a, qk_u6
                  : "l"(a), "l"(b), "r"(scale_d));
 }
 
+/* d (+)= A (64 x 16: this thread's fragment a, registers) B^T (256 x 16, desc b); the fragment of A
+ * (PTX ISA, "Register Fragments and Shared Memory Matrix Layouts", matrix A of .f16 in registers, as
+ * mma.m16n8k16's A a warp): warp w of the warpgroup holds rows 16 w + g (a0, a2) and 16 w + g + 8 (a1,
+ * a3), a0 / a1 columns 2 t, + 1 and a2 / a3 columns 2 t + 8, + 9; d: d[0] columns 0..127, d[1] 128..255 */
+__device__ __forceinline__ void qk_wgmma_m64n256k16_rs(float (&d)[2][64], const qk_u32 (&a)[4], qk_u64 b) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[0][4]), "+f"(d[0][5]), "+f"(d[0][6]), "+f"(d[0][7]),
+          "+f"(d[0][8]), "+f"(d[0][9]), "+f"(d[0][10]), "+f"(d[0][11]), "+f"(d[0][12]), "+f"(d[0][13]), "+f"(d[0][14]), "+f"(d[0][15]),
+          "+f"(d[0][16]), "+f"(d[0][17]), "+f"(d[0][18]), "+f"(d[0][19]), "+f"(d[0][20]), "+f"(d[0][21]), "+f"(d[0][22]), "+f"(d[0][23]),
+          "+f"(d[0][24]), "+f"(d[0][25]), "+f"(d[0][26]), "+f"(d[0][27]), "+f"(d[0][28]), "+f"(d[0][29]), "+f"(d[0][30]), "+f"(d[0][31]),
+          "+f"(d[0][32]), "+f"(d[0][33]), "+f"(d[0][34]), "+f"(d[0][35]), "+f"(d[0][36]), "+f"(d[0][37]), "+f"(d[0][38]), "+f"(d[0][39]),
+          "+f"(d[0][40]), "+f"(d[0][41]), "+f"(d[0][42]), "+f"(d[0][43]), "+f"(d[0][44]), "+f"(d[0][45]), "+f"(d[0][46]), "+f"(d[0][47]),
+          "+f"(d[0][48]), "+f"(d[0][49]), "+f"(d[0][50]), "+f"(d[0][51]), "+f"(d[0][52]), "+f"(d[0][53]), "+f"(d[0][54]), "+f"(d[0][55]),
+          "+f"(d[0][56]), "+f"(d[0][57]), "+f"(d[0][58]), "+f"(d[0][59]), "+f"(d[0][60]), "+f"(d[0][61]), "+f"(d[0][62]), "+f"(d[0][63]),
+          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[1][4]), "+f"(d[1][5]), "+f"(d[1][6]), "+f"(d[1][7]),
+          "+f"(d[1][8]), "+f"(d[1][9]), "+f"(d[1][10]), "+f"(d[1][11]), "+f"(d[1][12]), "+f"(d[1][13]), "+f"(d[1][14]), "+f"(d[1][15]),
+          "+f"(d[1][16]), "+f"(d[1][17]), "+f"(d[1][18]), "+f"(d[1][19]), "+f"(d[1][20]), "+f"(d[1][21]), "+f"(d[1][22]), "+f"(d[1][23]),
+          "+f"(d[1][24]), "+f"(d[1][25]), "+f"(d[1][26]), "+f"(d[1][27]), "+f"(d[1][28]), "+f"(d[1][29]), "+f"(d[1][30]), "+f"(d[1][31]),
+          "+f"(d[1][32]), "+f"(d[1][33]), "+f"(d[1][34]), "+f"(d[1][35]), "+f"(d[1][36]), "+f"(d[1][37]), "+f"(d[1][38]), "+f"(d[1][39]),
+          "+f"(d[1][40]), "+f"(d[1][41]), "+f"(d[1][42]), "+f"(d[1][43]), "+f"(d[1][44]), "+f"(d[1][45]), "+f"(d[1][46]), "+f"(d[1][47]),
+          "+f"(d[1][48]), "+f"(d[1][49]), "+f"(d[1][50]), "+f"(d[1][51]), "+f"(d[1][52]), "+f"(d[1][53]), "+f"(d[1][54]), "+f"(d[1][55]),
+          "+f"(d[1][56]), "+f"(d[1][57]), "+f"(d[1][58]), "+f"(d[1][59]), "+f"(d[1][60]), "+f"(d[1][61]), "+f"(d[1][62]), "+f"(d[1][63])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(1));
+}
+
 /* the accumulators are not touched across this point (the compiler keeps them in place) */
 __device__ __forceinline__ void qk_wgmma_fence_operands(float d[64]) {
     asm volatile(""
@@ -92,11 +118,34 @@ __device__ __forceinline__ qk_u32 qk_sub_f16x2(qk_u32 a, qk_u32 b) {
     return r;
 }
 
+__device__ __forceinline__ qk_u32 qk_mul_f16x2(qk_u32 a, qk_u32 b) {
+    qk_u32 r;
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+
 /* the exact fp16 pair (q_lo - z, q_hi - z): lo / hi the words whose byte `byte` holds the two codes
  * in its low bits (mask), off = the pair 1024 + z */
 __device__ __forceinline__ qk_u32 qk_wg_pair(qk_u32 lo, qk_u32 hi, int byte, qk_u32 mask, qk_u32 off) {
     const qk_u32 x = __byte_perm(lo, hi, (qk_u32)(byte | byte << 4 | (4 + byte) << 8 | (4 + byte) << 12));
     return qk_sub_f16x2(qk_and_or(x, mask, 0x64006400u), off);
+}
+
+/* the staged output tile (TOK token rows of YROW halves, ROWS outputs each) to Y (M x N, token-major):
+ * 16 bytes a thread (y_vec: N % 8 == 0 and Y 16-byte aligned) or single halves at the tails; 256 threads */
+template <int TOK, int ROWS, int YROW>
+__device__ __forceinline__ void qk_wg_store_tile(const qk_u16* sY, qk_u16* Y, int tok0, int row0, int M, int N, int y_vec) {
+    for (int i = (int)threadIdx.x; i < TOK * (ROWS / 8); i += 256) {
+        const int tl = i / (ROWS / 8), n = row0 + 8 * (i % (ROWS / 8)), tok = tok0 + tl;
+        if (tok >= M || n >= N) continue;
+        const qk_u16* src = sY + tl * YROW + (n - row0);
+        qk_u16* dst = Y + (qk_i64)tok * N + n;
+        if (y_vec) {
+            *(uint4*)dst = *(const uint4*)src;
+            continue;
+        }
+        for (int e = 0; e < 8 && n + e < N; ++e) dst[e] = src[e];
+    }
 }
 
 /* Shared memory (from a 1024-aligned base): S activation stages (BM tokens x 128 bytes, swizzled;
@@ -318,41 +367,222 @@ __device__ __forceinline__ void qk_nbits_wgmma(const qk_u16* A, const qk_u8* B, 
             }
         }
     __syncthreads();
-    for (int i = tid; i < L::BM * (L::BN / 8); i += 256) {
-        const int tl = i / (L::BN / 8), n = row0 + 8 * (i % (L::BN / 8)), tok = tok0 + tl;
-        if (tok >= M || n >= N) continue;
-        const qk_u16* src = sY + tl * YROW + (n - row0);
-        qk_u16* dst = Y + (qk_i64)tok * N + n;
-        if (y_vec) {
-            *(uint4*)dst = *(const uint4*)src;
-            continue;
+    qk_wg_store_tile<L::BM, L::BN, YROW>(sY, Y, tok0, row0, M, N, y_vec);
+}
+
+/* The storage=fp16 form on wgmma with the weights in registers (qk_nbits_wgmma_fold_*): a CTA of two
+ * warpgroups owns 128 weight rows (wgmma's M: warpgroup w rows 64 w ..) x 256 tokens (its N). Per
+ * 64-wide K chunk, S - 1 chunks ahead, cp.async copies the activations (256 token rows of 128 bytes,
+ * 128-byte swizzled, the B operand), the raw weight bytes and each row's scale word (and packed
+ * zero-point word); each thread turns its fragment's weights (rows g and g + 8 of its warp's 16, the
+ * columns of A's register fragment: in natural K order, u4 byte t of each 4-byte word, u2 the 2-bit
+ * pairs of bytes t / 2 and 2 + t / 2) into the fp16 pairs (q - z) s (exact q - z from the 0x6400 magic,
+ * one rounding by the product) in registers, one chunk ahead of the wgmma that reads them; the sums run
+ * over all of K in fp32 (the matrix unit's order); one barrier a chunk. */
+template <int BITS, int S, bool ZP>
+struct QkWgRsLayout {
+    static constexpr int ROWS = 128, TOK = 256;
+    static constexpr int A_STAGE = TOK * 128, W_STAGE = ROWS * 8 * BITS;
+    static constexpr int A0 = 0, W0 = A0 + S * A_STAGE, SC0 = W0 + S * W_STAGE, ZW0 = SC0 + S * ROWS * 4;
+    static constexpr int BYTES = ZW0 + (ZP ? S * ROWS * 4 : 0);
+};
+
+template <int BITS, int S, bool ZP, int D = (S >= 5 ? 2 : 1)>
+__device__ __forceinline__ void qk_nbits_wgmma_rs(const qk_u16* A, const qk_u8* B, const qk_u16* scales,
+                                                  const qk_u8* zp, const qk_u16* bias, qk_u16* Y, int M, int K, int N,
+                                                  int cpb_shift, int k_blocks, int zp_bytes, int has_bias, int y_vec) {
+    typedef QkWgRsLayout<BITS, S, ZP> L;
+    extern __shared__ __align__(1024) qk_u8 qk_wg_smem[];
+    const qk_u32 raw_base = (qk_u32)__cvta_generic_to_shared(qk_wg_smem);
+    const qk_u32 base = (raw_base + 1023u) & ~1023u;
+    qk_u8* const gbase = qk_wg_smem + (base - raw_base);
+    const int tid = (int)threadIdx.x, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int row0 = (int)blockIdx.y * L::ROWS, tok0 = (int)blockIdx.x * L::TOK;
+    const int n_chunks = (K + 63) >> 6;
+    const qk_i64 row_bytes = (qk_i64)k_blocks * ((64 << cpb_shift) * BITS / 8);
+
+    /* this thread's copies: activations (8 pieces of 16 bytes: tokens tid / 8 + 32 j, K 8 (tid % 8)),
+     * raw weights (row tid / 2, half tid % 2 of the chunk's bytes), and that row's scale word (tid % 2
+     * == 0) or packed zero-point word (tid % 2 == 1, ZP) */
+    const int a_tok = tid >> 3, a_q = tid & 7;
+    const qk_u32 a_dst = (qk_u32)(a_tok * 128 + ((a_q ^ (a_tok & 7)) << 4));
+    const qk_u16* a_src = A + (qk_i64)min(tok0 + a_tok, M - 1) * K + 8 * a_q;
+    int a_rows = 0; /* its pieces j < a_rows lie inside M */
+#pragma unroll
+    for (int j = 0; j < 8; ++j) a_rows += tok0 + a_tok + 32 * j < M ? 1 : 0;
+    const int w_row = tid >> 1, w_half = tid & 1, w_n = min(row0 + w_row, N - 1);
+    const qk_u8* w_src = B + (qk_i64)w_n * row_bytes + w_half * 4 * BITS;
+    const qk_i64 n_scales = (qk_i64)N * k_blocks;
+    const qk_u8* const z_end = ZP ? zp + (qk_i64)N * zp_bytes : nullptr;
+
+    auto issue = [&](int c) {
+        const int st = c % S;
+        const bool in_k = 64 * c + 8 * a_q < K;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const bool in = in_k && j < a_rows;
+            qk_cp_async16s(base + L::A0 + st * L::A_STAGE + a_dst + j * 4096,
+                           in ? (const void*)(a_src + (qk_i64)32 * j * K + 64 * c) : (const void*)A, in ? 16 : 0);
         }
-        for (int e = 0; e < 8 && n + e < N; ++e) dst[e] = src[e];
+        const qk_u32 wd = base + L::W0 + st * L::W_STAGE + tid * 4 * BITS;
+        if (BITS == 4) qk_cp_async16s(wd, w_src + (qk_i64)c * 32, 16);
+        else qk_cp_async8(wd, w_src + (qk_i64)c * 16, 8);
+        const int blk = c >> cpb_shift;
+        if (w_half == 0) {
+            const qk_i64 idx = (qk_i64)w_n * k_blocks + blk;
+            qk_cp_async4s(base + L::SC0 + st * L::ROWS * 4 + w_row * 4, scales + (idx & ~(qk_i64)1),
+                          (idx | 1) < n_scales ? 4 : 2);
+        } else if (ZP) {
+            const qk_u8* word = (const qk_u8*)((size_t)(zp + (qk_i64)w_n * zp_bytes + ((blk * BITS) >> 3)) & ~(size_t)3);
+            qk_cp_async4s(base + L::ZW0 + st * L::ROWS * 4 + w_row * 4, word, (int)min((qk_i64)4, (qk_i64)(z_end - word)));
+        }
+    };
+    auto refill = [&](int c) { /* chunk c's copies into stage c % S (the wgmma of its chunk c - S is done) */
+        if (c < n_chunks) issue(c);
+        qk_cp_async_commit();
+    };
+
+    /* this thread's fragment rows (of the CTA's 128): r[0] = 16 warp + g, r[1] = r[0] + 8 */
+    const int r[2] = {16 * (tid >> 5) + g, 16 * (tid >> 5) + g + 8};
+    const qk_u32 zdef = 0x64006400u + (qk_u32)(1 << (BITS - 1)) * 0x00010001u;
+    /* chunk c's fragment of A: f[4 s + i] for k16 step s, register i (rows r[i & 1], columns 8 (i >> 1)
+     * + 2 t, + 1 of the step) */
+    auto convert = [&](int c, qk_u32 (&f)[16]) {
+        const int st = c % S, blk = c >> cpb_shift;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int n = min(row0 + r[h], N - 1);
+            const qk_i64 idx = (qk_i64)n * k_blocks + blk;
+            const qk_u32 sw = *(const qk_u32*)(gbase + L::SC0 + st * L::ROWS * 4 + r[h] * 4);
+            const qk_u32 sh = (sw >> (16 * (int)(idx & 1))) & 0xFFFFu, sp = sh | sh << 16;
+            qk_u32 off = zdef; /* the pair 1024 + z */
+            if (ZP) {
+                const qk_u32 zw = *(const qk_u32*)(gbase + L::ZW0 + st * L::ROWS * 4 + r[h] * 4);
+                const int bit = (int)(((qk_i64)n * zp_bytes) & 3) * 8 + blk * BITS;
+                off = 0x64006400u + ((zw >> (bit & 31)) & ((1u << BITS) - 1u)) * 0x00010001u;
+            }
+            const qk_u8* raw = gbase + L::W0 + st * L::W_STAGE + r[h] * 8 * BITS;
+            if (BITS == 4) { /* word 2 s + e: K 16 s + 8 e .. + 7, byte t the pair 2 t, + 1 */
+                const uint4 v0 = *(const uint4*)raw, v1 = *(const uint4*)(raw + 16);
+                const qk_u32 w[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+#pragma unroll
+                for (int j = 0; j < 8; ++j)
+                    f[4 * (j >> 1) + 2 * (j & 1) + h] = qk_mul_f16x2(qk_wg_pair(w[j], w[j] >> 4, t, 0x000F000Fu, off), sp);
+            } else { /* word s: K 16 s .. + 15, the pair 2 t, + 1 in byte t / 2 at bit 4 (t % 2), 2 t + 8 in byte 2 + t / 2 */
+                const uint4 v = *(const uint4*)raw;
+                const qk_u32 w[4] = {v.x, v.y, v.z, v.w};
+                const int sh0 = 4 * (t & 1);
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const qk_u32 lo = w[j] >> sh0, hi = w[j] >> (sh0 + 2);
+                    f[4 * j + h] = qk_mul_f16x2(qk_wg_pair(lo, hi, t >> 1, 0x00030003u, off), sp);
+                    f[4 * j + 2 + h] = qk_mul_f16x2(qk_wg_pair(lo, hi, 2 + (t >> 1), 0x00030003u, off), sp);
+                }
+            }
+        }
+    };
+
+    float acc[2][64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[0][i] = acc[1][i] = 0.0f;
+    qk_u32 fr[D + 1][16]; /* chunk c's fragment: fr[c % (D + 1)] */
+    const qk_u64 db0 = qk_wgmma_desc(base + L::A0);
+    /* chunk c: its wgmma issued (D chunks' stay in flight); chunk c - D's waited for, by every thread;
+     * chunk c + 1's copies in place for every thread; chunk c + S - D's copies issued into chunk c - D's
+     * stage; chunk c + 1 converted into chunk c - D's fragment */
+    auto step = [&](int c, const qk_u32 (&cur)[16], qk_u32 (&nxt)[16]) {
+        qk_wgmma_fence_operands(acc[0]);
+        qk_wgmma_fence_operands(acc[1]);
+        qk_wgmma_fence();
+        const qk_u64 db = db0 + (qk_u64)((c % S) * (L::A_STAGE >> 4));
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const qk_u32 a[4] = {cur[4 * k], cur[4 * k + 1], cur[4 * k + 2], cur[4 * k + 3]};
+            qk_wgmma_m64n256k16_rs(acc, a, db + 2 * k);
+        }
+        qk_wgmma_commit();
+        qk_wgmma_wait<D>();
+        qk_cp_async_wait<S - D - 2>();
+        qk_fence_proxy_async();
+        __syncthreads();
+        refill(c + S - D);
+        if (c + 1 < n_chunks) convert(c + 1, nxt);
+    };
+
+#pragma unroll
+    for (int j = 0; j < S - D; ++j) refill(j);
+    qk_cp_async_wait<S - D - 1>();
+    qk_fence_proxy_async();
+    __syncthreads();
+    if (n_chunks > 0) convert(0, fr[0]);
+    /* D + 1 chunks an iteration: the fragments' indices stay constants (a wgmma in flight across a
+     * branch that picks its registers would be serialized by ptxas) */
+    int c = 0;
+    for (; c + D < n_chunks; c += D + 1) {
+#pragma unroll
+        for (int u = 0; u <= D; ++u) step(c + u, fr[u], fr[(u + 1) % (D + 1)]);
     }
+#pragma unroll
+    for (int u = 0; u < D; ++u)
+        if (c + u < n_chunks) step(c + u, fr[u], fr[(u + 1) % (D + 1)]);
+    qk_wgmma_wait<0>();
+    qk_wgmma_fence_operands(acc[0]);
+    qk_wgmma_fence_operands(acc[1]);
+    qk_cp_async_wait<0>();
+    __syncthreads(); /* every warp is done with the stages: they become the output tile */
+
+    constexpr int YROW = L::ROWS + 8; /* halves per staged token row of outputs */
+    qk_u16* sY = (qk_u16*)(gbase + L::A0);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int n = row0 + r[h];
+        const float b = has_bias && n < N ? qk_fp16_to_float(bias[n]) : 0.0f;
+#pragma unroll
+        for (int j = 0; j < 32; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) { /* d[4 j + 2 h + e]: row r[h], token 8 j + 2 t + e */
+                float x = acc[j >> 4][4 * (j & 15) + 2 * h + e];
+                if (has_bias) x += b;
+                sY[(8 * j + 2 * t + e) * YROW + r[h]] = __half_as_ushort(qk_half_rn(x));
+            }
+    }
+    __syncthreads();
+    qk_wg_store_tile<L::TOK, L::ROWS, YROW>(sY, Y, tok0, row0, M, N, y_vec);
 }
 #endif
 
 /* qk_nbits_wgmma_u{BITS}_s{S}[_z]: M >= 1, the default zero point 2^(BITS - 1) (or packed ones: _z),
- * K % 8 == 0, 16-byte aligned A and B, 4-byte aligned scales and packed zero points; a CTA of two warpgroups owns 128 tokens (blockIdx.x) x 128 weight
- * rows (blockIdx.y), each warpgroup 64 of the tokens; dynamic shared memory QkWgLayout::BYTES + 1024 */
+ * K % 8 == 0, 16-byte aligned A and B, 4-byte aligned scales and packed zero points; a CTA of two
+ * warpgroups owns 128 tokens (blockIdx.x) x 128 weight rows (blockIdx.y), each warpgroup 64 of the
+ * tokens; dynamic shared memory QkWgLayout::BYTES + 1024.
+ * qk_nbits_wgmma_fold_u{BITS}_s{S}[_z]: the same arguments, the weights held as fp16 (q - z) s in
+ * registers (the contract storage=fp16); a CTA owns 256 tokens (blockIdx.x) x 128 weight rows;
+ * dynamic shared memory QkWgRsLayout::BYTES + 1024. */
 #if QK_WGMMA
-#define QK_NBITS_WGMMA_BODY(BITS, S, ZP)                                                                               \
-    qk_nbits_wgmma<BITS, S, ZP>(A, B, scales, zp, bias, Y, M, K, N, cpb_shift, k_blocks, zp_bytes, has_bias, y_vec);
+#define QK_NBITS_WGMMA_BODY(FN, BITS, S, ZP)                                                                           \
+    FN<BITS, S, ZP>(A, B, scales, zp, bias, Y, M, K, N, cpb_shift, k_blocks, zp_bytes, has_bias, y_vec);
 #elif defined(QK_CUDA)
-#define QK_NBITS_WGMMA_BODY(BITS, S, ZP) __trap();
+#define QK_NBITS_WGMMA_BODY(FN, BITS, S, ZP) __trap();
 #else
-#define QK_NBITS_WGMMA_BODY(BITS, S, ZP) __builtin_trap();
+#define QK_NBITS_WGMMA_BODY(FN, BITS, S, ZP) __builtin_trap();
 #endif
-#define QK_NBITS_WGMMA_DEF(BITS, S, ZP, SUFFIX)                                                                        \
-    extern "C" __global__ void __launch_bounds__(256, 1) qk_nbits_wgmma_u##BITS##_s##S##SUFFIX(                       \
-        const qk_u16* A, const qk_u8* B, const qk_u16* scales, const qk_u8* zp, const qk_u16* bias, qk_u16* Y, int M,  \
-        int K, int N, int cpb_shift, int k_blocks, int zp_bytes, int has_bias, int y_vec) {                            \
-        QK_NBITS_WGMMA_BODY(BITS, S, ZP)                                                                               \
+#define QK_NBITS_WGMMA_DEF(NAME, FN, BITS, S, ZP)                                                                      \
+    extern "C" __global__ void __launch_bounds__(256, 1)                                                               \
+        NAME(const qk_u16* A, const qk_u8* B, const qk_u16* scales, const qk_u8* zp, const qk_u16* bias, qk_u16* Y,    \
+             int M, int K, int N, int cpb_shift, int k_blocks, int zp_bytes, int has_bias, int y_vec) {                \
+        QK_NBITS_WGMMA_BODY(FN, BITS, S, ZP)                                                                           \
     }
 /* the default zero point (zp not read), and the same with packed zero points (symbol ending _z) */
-#define QK_NBITS_WGMMA(BITS, S) QK_NBITS_WGMMA_DEF(BITS, S, false, ) QK_NBITS_WGMMA_DEF(BITS, S, true, _z)
+#define QK_NBITS_WGMMA(BITS, S)                                                                                        \
+    QK_NBITS_WGMMA_DEF(qk_nbits_wgmma_u##BITS##_s##S, qk_nbits_wgmma, BITS, S, false)                                 \
+    QK_NBITS_WGMMA_DEF(qk_nbits_wgmma_u##BITS##_s##S##_z, qk_nbits_wgmma, BITS, S, true)
+#define QK_NBITS_WGMMA_FOLD(BITS, S)                                                                                   \
+    QK_NBITS_WGMMA_DEF(qk_nbits_wgmma_fold_u##BITS##_s##S, qk_nbits_wgmma_rs, BITS, S, false)                         \
+    QK_NBITS_WGMMA_DEF(qk_nbits_wgmma_fold_u##BITS##_s##S##_z, qk_nbits_wgmma_rs, BITS, S, true)
 QK_NBITS_WGMMA(2, 4)
 QK_NBITS_WGMMA(4, 4)
+QK_NBITS_WGMMA_FOLD(2, 5)
+QK_NBITS_WGMMA_FOLD(4, 5)
 
 /* 1 where this build has the wgmma kernels (compiled for sm_90a), else 0: the launcher reads it
  * before it takes them. -DQK_NBITS_NO_WGMMA (a device control: the device mutants of qk_nbits_gemm)
