@@ -415,14 +415,21 @@ __device__ __forceinline__ void qk_nbits_wgmma_rs(const qk_u16* A, const qk_u8* 
     const qk_i64 n_scales = (qk_i64)N * k_blocks;
     const qk_u8* const z_end = ZP ? zp + (qk_i64)N * zp_bytes : nullptr;
 
+    const bool a_whole = tok0 + L::TOK <= M; /* the CTA's tokens all inside M (its pieces all inside) */
     auto issue = [&](int c) {
         const int st = c % S;
-        const bool in_k = 64 * c + 8 * a_q < K;
+        const qk_u32 ad = base + L::A0 + st * L::A_STAGE + a_dst;
+        if (a_whole && 64 * c + 64 <= K) { /* every piece whole: a thread's base plus the CTA's offsets */
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            const bool in = in_k && j < a_rows;
-            qk_cp_async16s(base + L::A0 + st * L::A_STAGE + a_dst + j * 4096,
-                           in ? (const void*)(a_src + (qk_i64)32 * j * K + 64 * c) : (const void*)A, in ? 16 : 0);
+            for (int j = 0; j < 8; ++j) qk_cp_async16s(ad + j * 4096, a_src + ((qk_i64)32 * j * K + 64 * c), 16);
+        } else {
+            const bool in_k = 64 * c + 8 * a_q < K;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                const bool in = in_k && j < a_rows;
+                qk_cp_async16s(ad + j * 4096, in ? (const void*)(a_src + (qk_i64)32 * j * K + 64 * c) : (const void*)A,
+                               in ? 16 : 0);
+            }
         }
         const qk_u32 wd = base + L::W0 + st * L::W_STAGE + tid * 4 * BITS;
         if (BITS == 4) qk_cp_async16s(wd, w_src + (qk_i64)c * 32, 16);
