@@ -5,8 +5,9 @@
 # the device mutants of tests/device_mutants likewise; the patched copies of shipped kernels that
 # tests/device_catalogue.py --write-sources writes and the benches' diagnostic builds through the
 # CUDA device front end for sm_90 (they run in the NVIDIA device suite; below);
-# the so: launcher example is also built as a shared library for both vendors, and the CUDA-only
-# test launchers for NVIDIA. Facts: docs/device-tooling.md B6 (HIP_PLATFORM=amd is required
+# the so: launcher examples are also built as shared libraries for both vendors (those whose device code
+# is built in full elsewhere here: front end on AMD, device code as PTX at -O0 on NVIDIA), and the
+# CUDA-only test launchers for NVIDIA. Facts: docs/device-tooling.md B6 (HIP_PLATFORM=amd is required
 # because nvcc is on PATH; Debian's hipcc is 5.2.3 / clang-15).
 #   bash ci/compile-kernels.sh [all|shipped|patched]
 # shipped: the sources in the repository (no Python package needed: ci/test.sh runs it while pip
@@ -66,6 +67,15 @@ compile() {  # label, command... : run in the background, JOBS at a time, each w
   if [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; then wait -n || fail=1; fi
 }
 
+# the CUDA device front end alone (cicc --no_code_gen; see the patched part): a silent run is a clean one
+nvcc_front() {
+  local log
+  log=$(nvcc "$@" 2>&1) && return 0
+  [ -z "$log" ] && return 0
+  printf '%s\n' "$log"
+  return 1
+}
+
 # gfx1030 (wave32) to device IR: clang's front end and its code generation for the target, at -O0 and
 # without the backend (every wave32 path parsed and instantiated under the target's macros, warnings as
 # errors, each builtin's target features checked: an instruction gfx1030 lacks is an error here); the
@@ -86,32 +96,45 @@ if part shipped; then
   # decline to fully unroll the prefill shape's loop nest (code size): a speed matter, not a wrong result.
   # AMD builds take -DQK_MMA_DEFAULT_ONLY: the MatMulNBits bench's other decode candidates run on
   # NVIDIA only (sm_90 builds them; on AMD they were half of this gate's longest compiles).
-  # the so: launchers first: two of them include the longest kernel source whole (ort/qmoe.hip), and
-  # started last they were the gate's tail. A WRONG TWIN (*_wrong.cu) differs from its launcher only in
-  # host code, its device code being its twin's, built in full: on AMD it goes through the front end
-  # alone (-fsyntax-only: host and device parsed and checked, ~5 s against ~40 s), on NVIDIA it is built
-  # and linked with its device code as PTX at -O0 (no ptxas, no NVVM optimizer: ~4 s against ~27 s).
+  # the so: launchers first. One whose device code is built in full elsewhere in this gate, a WRONG TWIN
+  # (*_wrong.cu: its launcher's device code, only its host code differs) or a launcher that includes a
+  # shipped kernel source whole (q8_k_launcher.cu, qmoe_launcher.cu: the source is compiled below), goes
+  # through the front end alone on AMD (-fsyntax-only: host and device parsed and checked, ~3 s against
+  # ~42 s for qmoe_launcher.cu) and is built and linked with its device code as PTX at -O0 on NVIDIA (no
+  # ptxas, no NVVM optimizer: ~5 s against ~33 s); the others (gather_block_quantized_launcher.cu: device
+  # code of its own) are built as shared libraries for both vendors.
   for src in examples/so_launcher/*.cu; do
+    whole=1
+    case "$src" in *_wrong.cu) whole=0 ;; esac
+    grep -q '^#include "[a-z]*/[a-z0-9_]*\.hip"' "$src" && whole=0
     if [ "$amd" = 1 ]; then
-      case "$src" in
-        *_wrong.cu) compile "$src (front end) for gfx90a" hipcc -c -fsyntax-only --offload-arch=gfx90a -x hip -Werror \
-          $INCLUDES "$src" ;;
-        *) compile "$src (shared library) for gfx90a" hipcc -shared -fPIC --offload-arch=gfx90a -x hip -Werror \
-          $INCLUDES -o "$tmp/l.so" "$src" ;;
-      esac
+      if [ "$whole" = 0 ]; then
+        compile "$src (front end) for gfx90a" hipcc -c -fsyntax-only --offload-arch=gfx90a -x hip -Werror $INCLUDES "$src"
+      else
+        compile "$src (shared library) for gfx90a" hipcc -shared -fPIC --offload-arch=gfx90a -x hip -Werror \
+          $INCLUDES -o "$tmp/l.so" "$src"
+      fi
     fi
-    case "$src" in
-      *_wrong.cu) compile "$src (shared library, device code as PTX at -O0) for sm_90" nvcc --cudart shared -shared \
+    if [ "$whole" = 0 ]; then
+      compile "$src (shared library, device code as PTX at -O0) for sm_90" nvcc --cudart shared -shared \
         -Xcompiler -fPIC -gencode arch=compute_90,code=compute_90 -Xcicc -O0 -Werror all-warnings $INCLUDES \
-        -o "$tmp/l.so" "$src" ;;
-      *) compile "$src (shared library) for sm_90" nvcc --cudart shared -shared -Xcompiler -fPIC -arch=sm_90 \
-        -Werror all-warnings $INCLUDES -o "$tmp/l.so" "$src" ;;
-    esac
+        -o "$tmp/l.so" "$src"
+    else
+      compile "$src (shared library) for sm_90" nvcc --cudart shared -shared -Xcompiler -fPIC -arch=sm_90 \
+        -Werror all-warnings $INCLUDES -o "$tmp/l.so" "$src"
+    fi
   done
-  # then the kernels, the largest source first (the longest compiles: fewer idle cores at the end)
+  # then the kernels, the largest source first (the longest compiles: fewer idle cores at the end); for
+  # sm_90 too the full build takes -DQK_MMA_DEFAULT_ONLY, and the bench-only candidates it leaves out go
+  # through the device front end (ort/nbits_mma.hip: ~20 s + ~1 s against ~64 s for the full build)
   for src in $(ls -S "$KERNELS"/*/*.hip) tests/device_mutants/*.hip; do
     [ "$amd" = 1 ] && amd_kernel "$src" -DQK_MMA_DEFAULT_ONLY
-    compile "$src for sm_90" nvcc -cubin -arch=sm_90 -Werror all-warnings $INCLUDES -x cu -o "$tmp/k.cubin" "$src"
+    compile "$src for sm_90" nvcc -cubin -arch=sm_90 -Werror all-warnings $INCLUDES -DQK_MMA_DEFAULT_ONLY -x cu \
+      -o "$tmp/k.cubin" "$src"
+    if grep -q QK_MMA_DEFAULT_ONLY "$src"; then
+      compile "$src for sm_90 (front end, every candidate)" nvcc_front -ptx -arch=sm_90 -Xcicc --no_code_gen \
+        -Werror all-warnings $INCLUDES -x cu -o "$tmp/k.ptx" "$src"
+    fi
     # a source with sm_90a code (wgmma, behind __CUDA_ARCH_FEAT_SM90_ALL; loader.arch_specific_options) for it too
     if grep -q __CUDA_ARCH_FEAT_SM90_ALL "$src"; then
       compile "$src for sm_90a" nvcc -cubin -arch=sm_90a -Werror all-warnings $INCLUDES -x cu -o "$tmp/k.cubin" "$src"
@@ -136,17 +159,10 @@ if part patched; then
   # a few lines or a -D option and run only on NVIDIA: each goes through the CUDA device front end for
   # sm_90 alone (cicc --no_code_gen: the parse, every template the kernels instantiate, the warnings as
   # errors; no PTX), which is what a few-line patch can break; NVVM, the optimizer and ptxas run on the
-  # shipped sources above. Full builds of the ~100 copies took ~7 of this gate's ~10 minutes on 2 cores,
+  # shipped sources above (but for the MatMulNBits bench-only candidates: front end). Full builds of the ~100 copies took ~7 of this gate's ~10 minutes on 2 cores,
   # PTX at -O0 ~110 s (~220 s of CPU), the front end ~36 s (~72 s of CPU). With --no_code_gen nvcc
   # exits 1 on the PTX file it then finds missing, printing nothing, while any diagnostic is printed:
   # so a silent run is a clean one (nvcc 13.0).
-  nvcc_front() {
-    local log
-    log=$(nvcc "$@" 2>&1) && return 0
-    [ -z "$log" ] && return 0
-    printf '%s\n' "$log"
-    return 1
-  }
   front() {  # label, defines..., source (for sm_90a where it has sm_90a code, as the suite builds it)
     local label=$1 src=${*: -1} defs=("${@:2:$#-2}") arch=sm_90
     if grep -q __CUDA_ARCH_FEAT_SM90_ALL "$src"; then arch=sm_90a; sm90a=1; fi

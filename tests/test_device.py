@@ -872,6 +872,26 @@ def test_own_kernel_matmul_nbits_prefill_gemm(
     assert old.tobytes() == got.tobytes(), int((old.view(np.uint16) != got.view(np.uint16)).sum())
 
 
+def test_own_kernel_matmul_nbits_rejects_an_unknown_storage() -> None:
+    """The launcher's ``storage`` (the contract's, which picks the fold kernel) must be one the
+    contracts know: anything else is an ArgumentError naming it, the out buffer untouched."""
+    import importlib
+
+    import cupy
+
+    from qconform.errors import ArgumentError
+    from qconform.ops.spec import Case
+
+    launcher = importlib.import_module("qconform.device.ort.matmul_nbits")  # the module, not its function
+    M, K, N = 300, 1088, 136
+    case = Case("matmul_nbits", "Xfp16_Wu4_Yfp16", 11, (M, K, N), "normal", {"block_size": 64, "zp": "none", "K": K})
+    _, _, args, kwargs = _nbits_call(case, 4)
+    out = cupy.full((M, N), 7, cupy.float16)
+    with pytest.raises(ArgumentError, match="storage: must be one of exact, fp16, bf16, got 'fp8'"):
+        launcher.matmul_nbits(*args, **kwargs, out=out, storage="fp8")
+    assert bool((out == 7).all())
+
+
 def test_own_kernel_matmul_nbits_without_an_sm_90a_build_takes_the_gemm(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where NVRTC refuses the build with the architecture-specific option (an older toolkit; here
     an architecture NVRTC does not know), a call the wgmma kernel would take runs qk_nbits_gemm, within
