@@ -473,3 +473,11 @@ def test_prefill_gemm_tiles() -> None:
     for shape in (*GEMM_SHAPES.values(), *GEMM_CANDIDATES):
         for bits in (2, 4):
             assert shape.tokens * (shape.rows + 8) * 2 <= shape.smem(bits) <= 227 * 1024, (shape, bits)
+
+
+def test_the_launchers_storage_values_are_the_contracts() -> None:
+    """A launcher's ``storage`` check (registry.STORAGE_TYPES) accepts exactly what a contract can declare."""
+    from qconform.contracts import STORAGE
+    from qconform.device.registry import STORAGE_TYPES
+
+    assert STORAGE_TYPES == STORAGE

@@ -395,6 +395,9 @@ on the GEMM."""
 WGMMA_STAGES = 4
 WGMMA_TILE = 128
 """The wgmma GEMM's CTA: 128 tokens x 128 weight rows, ``WGMMA_STAGES`` K chunks in flight."""
+STORAGE_TYPES = ("exact", "fp16", "bf16")
+"""The contracts' ``storage`` values (qconform.contracts.STORAGE, which the device layer does not import):
+what a launcher with a ``storage`` parameter accepts."""
 WGMMA_FOLD_STAGES = 5
 WGMMA_FOLD_MIN_M = 256
 """The wgmma GEMM's ``fold`` form (``qk_nbits_wgmma_fold``, taken under the contract storage=fp16: the

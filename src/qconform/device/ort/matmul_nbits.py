@@ -9,7 +9,6 @@ from typing import Any, NamedTuple
 import cupy
 import numpy as np
 
-from qconform.contracts import STORAGE
 from qconform.device import launchers
 from qconform.device.abi import out_buffer, shadow
 from qconform.device.launchers import (
@@ -27,6 +26,7 @@ from qconform.device.registry import (
     GEMM_MIN_M,
     KERNEL_DIR,
     MMA_SHAPES,
+    STORAGE_TYPES,
     WGMMA_FOLD_MIN_M,
     WGMMA_MIN_M,
     WGMMA_TILE,
@@ -346,8 +346,8 @@ def matmul_nbits(
     wgmma hold the weights as fp16 (q - z) s (``qk_nbits_wgmma_fold``); every other call is as strict."""
     if accuracy_level not in (0, 1, 2, 3, 4):
         raise ArgumentError(f"accuracy_level: must be 0..4, got {accuracy_level!r}")
-    if storage not in STORAGE:
-        raise ArgumentError(f"storage: must be one of {', '.join(STORAGE)}, got {storage!r}")
+    if storage not in STORAGE_TYPES:
+        raise ArgumentError(f"storage: must be one of {', '.join(STORAGE_TYPES)}, got {storage!r}")
     lay, zp, zps, common, s16, z16 = _nbits_args(B, scales, zero_points, g_idx, K, N, bits, block_size, form)
     contiguous(A=A, bias=bias)
     a = check_a(shadow("A", A), shadow("bias", bias), lay)
