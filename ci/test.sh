@@ -10,9 +10,11 @@ mkdir -p build
 bash ci/compile-kernels.sh shipped >build/compile-shipped.log 2>&1 &
 shipped_pid=$!
 "$PYTHON" -m pip install --quiet --upgrade pip
-"$PYTHON" -m pip install --quiet "torch==2.13.0" || \
-  "$PYTHON" -m pip install --quiet "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu
-"$PYTHON" -m pip install --quiet ".[test,upstream,upstream-bnb]"
+# --no-compile: no byte-compiling of every installed module at install time (torch's install: ~36 s of
+# CPU with it, ~10 s without, here); Python compiles the modules the run imports when it first imports them
+"$PYTHON" -m pip install --quiet --no-compile "torch==2.13.0" || \
+  "$PYTHON" -m pip install --quiet --no-compile "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu
+"$PYTHON" -m pip install --quiet --no-compile ".[test,upstream,upstream-bnb]"
 "$PYTHON" -m ruff check src tests
 # the main job (README: `qconform run`, the oracles against the golden sets on a host without a GPU),
 # beside the compile gate: it also fills numba's on-disk cache of the oracles' compiled functions
