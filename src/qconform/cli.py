@@ -850,7 +850,7 @@ def _isolation_options(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=DEFAULT_TIMEOUT_S,
         help="seconds one call of a py: drop-in may take (it runs in a worker process; a hang or a crash fails "
-        "that case and the run goes on)",
+        "that case and the run goes on in a fresh worker, whose start-up is not counted)",
     )
     parser.add_argument("--in-process", action="store_true", help="call a py: drop-in in this process (debugging)")
 

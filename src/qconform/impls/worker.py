@@ -25,6 +25,7 @@ from qconform.ops import CATALOGUE, OpSpec
 from qconform.ops.spec import output_parts
 
 DEFAULT_TIMEOUT_S = 300.0  # per call: generous (a coverage-3 case on a slow CPU), never forever
+START_TIMEOUT_S = 120.0  # a fresh worker's start (spawn, imports, loading --impl): not a call's time
 
 
 class CallTimeout(RuntimeError):
@@ -38,7 +39,12 @@ class WorkerCrashed(RuntimeError):
 def _serve(conn: Any, spec: str, ops: list[str] | None) -> None:
     from qconform.impls import load_impl
 
-    impl = load_impl(spec, ops)
+    try:
+        impl = load_impl(spec, ops)
+    except BaseException as exc:  # noqa: BLE001 - the parent reports it
+        conn.send(("failed", f"{type(exc).__name__}: {exc}"))
+        return
+    conn.send(("ready",))
     while True:
         try:
             msg = conn.recv()
@@ -133,6 +139,17 @@ class WorkerImpl:
         self._proc.start()
         child.close()
         self._conn = parent
+        # the call's timeout starts once the worker is ready: a replacement worker's start-up must not
+        # count against the call after a killed one (each later call would time out in turn)
+        wait = max(self.timeout, START_TIMEOUT_S)
+        try:
+            ready = self._conn.recv() if self._conn.poll(wait) else ("failed", f"not ready within {wait:g} s")
+        except (EOFError, ConnectionResetError):
+            self._proc.join(5)
+            ready = ("failed", f"its process ended (exit code {self._proc.exitcode})")
+        if ready[0] != "ready":
+            self._stop()
+            raise WorkerCrashed(f"the worker process did not start: {ready[1]}")
 
     def _stop(self) -> None:
         if self._proc is not None:
