@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 import cupy
 import numpy as np
 
-from qconform.device import launchers
+from qconform.device import launchers, tensormap
 from qconform.device.abi import out_buffer, shadow
 from qconform.device.launchers import (
     allow_smem,
@@ -153,7 +153,16 @@ def _launch_wgmma(bits: int, M: int, lay: Any, ptrs: tuple, packed: bool, has_bi
         return False
     y_vec = lay.N % 8 == 0 and y.data.ptr % 16 == 0
     sizes = (M, lay.K, lay.N, (lay.block_size // 64).bit_length() - 1, lay.k_blocks, lay.zp_bytes, has_bias, y_vec)
-    args = (A, B, scales, zp if packed else np.uint64(0), bias, y, *(np.int32(v) for v in sizes))
+    a_or_map, b_or_map = A, B
+    if fold:  # the activations' and the weights' tensor copies (ort/nbits_wgmma.hip, qk_nbits_wgmma_rs)
+        row_bytes = lay.k_blocks * lay.block_size * bits // 8
+        a_or_map = tensormap.tiled_2d(A.data.ptr, tensormap.FLOAT16, (lay.K, M), 2 * lay.K,
+                                      (64, wgmma_tokens(fold)), tensormap.SWIZZLE_128B)
+        b_or_map = tensormap.tiled_2d(B.data.ptr, tensormap.UINT8, (row_bytes, lay.N), row_bytes,
+                                      (8 * bits, WGMMA_TILE), tensormap.SWIZZLE_NONE)
+        if a_or_map is None or b_or_map is None:
+            return False
+    args = (a_or_map, b_or_map, scales, zp if packed else np.uint64(0), bias, y, *(np.int32(v) for v in sizes))
     launch_grid("matmul_nbits", WGMMA, symbol, grid, 256, args, smem, options)
     return True
 

@@ -112,6 +112,31 @@ __device__ __forceinline__ void qk_cp_async4s(qk_u32 dst, const void* src, int s
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
 
+/* mbarriers and the tensor copy (PTX ISA: "Parallel Synchronization and Communication Instructions:
+ * mbarrier", "cp.async.bulk.tensor"): one arrival (the issuing thread's arrive.expect_tx) and the
+ * copies' bytes complete a phase; a thread waits on a phase's parity. The tensor map is a kernel
+ * parameter (__grid_constant__), addressed generically. */
+__device__ __forceinline__ void qk_mbar_init(qk_u32 bar) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void qk_mbar_expect(qk_u32 bar, qk_u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void qk_mbar_wait(qk_u32 bar, int parity) {
+    qk_u32 done = 0;
+    while (!done)
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+}
+/* the box at (x, y) (x the inner dimension, in elements) of the 2-D tensor map at tmap into dst */
+__device__ __forceinline__ void qk_tma_2d(qk_u32 dst, qk_u64 tmap, int x, int y, qk_u32 bar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+                 ::"r"(dst), "l"(tmap), "r"(x), "r"(y), "r"(bar)
+                 : "memory");
+}
+
 __device__ __forceinline__ qk_u32 qk_sub_f16x2(qk_u32 a, qk_u32 b) {
     qk_u32 r;
     asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
@@ -372,26 +397,29 @@ __device__ __forceinline__ void qk_nbits_wgmma(const qk_u16* A, const qk_u8* B, 
 
 /* The storage=fp16 form on wgmma with the weights in registers (qk_nbits_wgmma_fold_*): a CTA of two
  * warpgroups owns 128 weight rows (wgmma's M: warpgroup w rows 64 w ..) x 256 tokens (its N). Per
- * 64-wide K chunk, S - D chunks ahead (D: chunks of wgmma in flight, 2 from S = 5), cp.async copies the
- * activations (256 token rows of 128 bytes, 128-byte swizzled, the B operand), the raw weight bytes and
- * each row's scale word (and packed zero-point word); each thread turns its fragment's weights (rows g
+ * 64-wide K chunk, S - D chunks ahead (D: chunks of wgmma in flight, 2 from S = 5), thread 0 issues the
+ * tensor copies (cp.async.bulk.tensor, completing on the stage's mbarrier) of the activations (256 token
+ * rows of 128 bytes, 128-byte swizzled by the copy, the B operand) and the raw weight bytes, and cp.async
+ * copies each row's scale word (and packed zero-point word); each thread turns its fragment's weights (rows g
  * and g + 8 of its warp's 16, the columns of A's register fragment: in natural K order, u4 byte t of
  * each 4-byte word, u2 the 2-bit pairs of bytes t / 2 and 2 + t / 2) into the fp16 pairs (q - z) s
  * (exact q - z from the 0x6400 magic, one rounding by the product; past 65504 inf, as in any kernel
- * holding fp16 weights) in registers, one chunk ahead of the wgmma that reads them; the sums run over
- * all of K in fp32 (the matrix unit's order); one barrier a chunk. */
+ * holding fp16 weights) in registers, one chunk ahead of the wgmma that reads them, once the stage's
+ * mbarrier phase has completed; the sums run over all of K in fp32 (the matrix unit's order); one
+ * barrier a chunk (the scale words, and no stage refilled while a warp still reads it). */
 template <int BITS, int S, bool ZP>
 struct QkWgRsLayout {
     static constexpr int ROWS = 128, TOK = 256;
     static constexpr int A_STAGE = TOK * 128, W_STAGE = ROWS * 8 * BITS;
     static constexpr int A0 = 0, W0 = A0 + S * A_STAGE, SC0 = W0 + S * W_STAGE, ZW0 = SC0 + S * ROWS * 4;
-    static constexpr int BYTES = ZW0 + (ZP ? S * ROWS * 4 : 0);
+    static constexpr int BAR0 = ZW0 + (ZP ? S * ROWS * 4 : 0); /* a stage's mbarrier: 8 bytes */
+    static constexpr int BYTES = BAR0 + S * 8;
 };
 
 template <int BITS, int S, bool ZP, int D = (S >= 5 ? 2 : 1)>
-__device__ __forceinline__ void qk_nbits_wgmma_rs(const qk_u16* A, const qk_u8* B, const qk_u16* scales,
-                                                  const qk_u8* zp, const qk_u16* bias, qk_u16* Y, int M, int K, int N,
-                                                  int cpb_shift, int k_blocks, int zp_bytes, int has_bias, int y_vec) {
+__device__ __forceinline__ void qk_nbits_wgmma_rs(qk_u64 amap, qk_u64 bmap, const qk_u16* scales, const qk_u8* zp,
+                                                  const qk_u16* bias, qk_u16* Y, int M, int K, int N, int cpb_shift,
+                                                  int k_blocks, int zp_bytes, int has_bias, int y_vec) {
     typedef QkWgRsLayout<BITS, S, ZP> L;
     extern __shared__ __align__(1024) qk_u8 qk_wg_smem[];
     const qk_u32 raw_base = (qk_u32)__cvta_generic_to_shared(qk_wg_smem);
@@ -400,41 +428,24 @@ __device__ __forceinline__ void qk_nbits_wgmma_rs(const qk_u16* A, const qk_u8* 
     const int tid = (int)threadIdx.x, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int row0 = (int)blockIdx.y * L::ROWS, tok0 = (int)blockIdx.x * L::TOK;
     const int n_chunks = (K + 63) >> 6;
-    const qk_i64 row_bytes = (qk_i64)k_blocks * ((64 << cpb_shift) * BITS / 8);
+    const qk_u32 bar0 = base + L::BAR0;
 
-    /* this thread's copies: activations (8 pieces of 16 bytes: tokens tid / 8 + 32 j, K 8 (tid % 8)),
-     * raw weights (row tid / 2, half tid % 2 of the chunk's bytes), and that row's scale word (tid % 2
-     * == 0) or packed zero-point word (tid % 2 == 1, ZP) */
-    const int a_tok = tid >> 3, a_q = tid & 7;
-    const qk_u32 a_dst = (qk_u32)(a_tok * 128 + ((a_q ^ (a_tok & 7)) << 4));
-    const qk_u16* a_src = A + (qk_i64)min(tok0 + a_tok, M - 1) * K + 8 * a_q;
-    int a_rows = 0; /* its pieces j < a_rows lie inside M */
-#pragma unroll
-    for (int j = 0; j < 8; ++j) a_rows += tok0 + a_tok + 32 * j < M ? 1 : 0;
+    /* chunk c's activations (256 tokens x 64 K: amap's box, 128-byte swizzled, zeros past M and K) and
+     * raw weights (128 rows x 8 BITS bytes: bmap's box, zeros past N) by the tensor copy, issued by
+     * thread 0 on stage c % S's mbarrier; this thread's cp.async: row tid / 2's scale word (tid % 2 ==
+     * 0) or packed zero-point word (tid % 2 == 1, ZP) */
     const int w_row = tid >> 1, w_half = tid & 1, w_n = min(row0 + w_row, N - 1);
-    const qk_u8* w_src = B + (qk_i64)w_n * row_bytes + w_half * 4 * BITS;
     const qk_i64 n_scales = (qk_i64)N * k_blocks;
     const qk_u8* const z_end = ZP ? zp + (qk_i64)N * zp_bytes : nullptr;
 
-    const bool a_whole = tok0 + L::TOK <= M; /* the CTA's tokens all inside M (its pieces all inside) */
     auto issue = [&](int c) {
         const int st = c % S;
-        const qk_u32 ad = base + L::A0 + st * L::A_STAGE + a_dst;
-        if (a_whole && 64 * c + 64 <= K) { /* every piece whole: a thread's base plus the CTA's offsets */
-#pragma unroll
-            for (int j = 0; j < 8; ++j) qk_cp_async16s(ad + j * 4096, a_src + ((qk_i64)32 * j * K + 64 * c), 16);
-        } else {
-            const bool in_k = 64 * c + 8 * a_q < K;
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                const bool in = in_k && j < a_rows;
-                qk_cp_async16s(ad + j * 4096, in ? (const void*)(a_src + (qk_i64)32 * j * K + 64 * c) : (const void*)A,
-                               in ? 16 : 0);
-            }
+        if (tid == 0) {
+            const qk_u32 bar = bar0 + 8 * st;
+            qk_mbar_expect(bar, L::A_STAGE + L::W_STAGE);
+            qk_tma_2d(base + L::A0 + st * L::A_STAGE, amap, 64 * c, tok0, bar);
+            qk_tma_2d(base + L::W0 + st * L::W_STAGE, bmap, 8 * BITS * c, row0, bar);
         }
-        const qk_u32 wd = base + L::W0 + st * L::W_STAGE + tid * 4 * BITS;
-        if (BITS == 4) qk_cp_async16s(wd, w_src + (qk_i64)c * 32, 16);
-        else qk_cp_async8(wd, w_src + (qk_i64)c * 16, 8);
         const int blk = c >> cpb_shift;
         if (w_half == 0) {
             const qk_i64 idx = (qk_i64)w_n * k_blocks + blk;
@@ -457,6 +468,7 @@ __device__ __forceinline__ void qk_nbits_wgmma_rs(const qk_u16* A, const qk_u8* 
      * + 2 t, + 1 of the step) */
     auto convert = [&](int c, qk_u32 (&f)[16]) {
         const int st = c % S, blk = c >> cpb_shift;
+        qk_mbar_wait(bar0 + 8 * st, (c / S) & 1); /* its tensor copies (the activations too) have landed */
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int n = min(row0 + r[h], N - 1);
@@ -517,6 +529,12 @@ __device__ __forceinline__ void qk_nbits_wgmma_rs(const qk_u16* A, const qk_u8* 
         if (c + 1 < n_chunks) convert(c + 1, nxt);
     };
 
+    if (tid == 0) {
+#pragma unroll
+        for (int st = 0; st < S; ++st) qk_mbar_init(bar0 + 8 * st);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
 #pragma unroll
     for (int j = 0; j < S - D; ++j) refill(j);
     qk_cp_async_wait<S - D - 1>();
@@ -563,17 +581,34 @@ __device__ __forceinline__ void qk_nbits_wgmma_rs(const qk_u16* A, const qk_u8* 
  * K % 8 == 0, 16-byte aligned A and B, 4-byte aligned scales and packed zero points; a CTA of two
  * warpgroups owns 128 tokens (blockIdx.x) x 128 weight rows (blockIdx.y), each warpgroup 64 of the
  * tokens; dynamic shared memory QkWgLayout::BYTES + 1024.
- * qk_nbits_wgmma_fold_u{BITS}_s{S}[_z]: the same arguments, the weights held as fp16 (q - z) s in
- * registers (the contract storage=fp16); a CTA owns 256 tokens (blockIdx.x) x 128 weight rows;
- * dynamic shared memory QkWgRsLayout::BYTES + 1024. */
+ * qk_nbits_wgmma_fold_u{BITS}_s{S}[_z]: the same arguments but A and B given as tensor maps (amap: A
+ * as fp16 [M, K], boxes of 64 x 256 tokens, 128-byte swizzle; bmap: B as bytes [N, row bytes], boxes of
+ * 8 BITS bytes x 128 rows; both reading zeros outside), the weights held as fp16 (q - z) s in registers
+ * (the contract storage=fp16); a CTA owns 256 tokens (blockIdx.x) x 128 weight rows; dynamic shared
+ * memory QkWgRsLayout::BYTES + 1024. */
 #if QK_WGMMA
 #define QK_NBITS_WGMMA_BODY(FN, BITS, S, ZP)                                                                           \
     FN<BITS, S, ZP>(A, B, scales, zp, bias, Y, M, K, N, cpb_shift, k_blocks, zp_bytes, has_bias, y_vec);
+#define QK_NBITS_WGMMA_FOLD_BODY(BITS, S, ZP)                                                                          \
+    qk_nbits_wgmma_rs<BITS, S, ZP>((qk_u64)&amap, (qk_u64)&bmap, scales, zp, bias, Y, M, K, N, cpb_shift, k_blocks,    \
+                                   zp_bytes, has_bias, y_vec);
 #elif defined(QK_CUDA)
 #define QK_NBITS_WGMMA_BODY(FN, BITS, S, ZP) __trap();
+#define QK_NBITS_WGMMA_FOLD_BODY(BITS, S, ZP) __trap();
 #else
 #define QK_NBITS_WGMMA_BODY(FN, BITS, S, ZP) __builtin_trap();
+#define QK_NBITS_WGMMA_FOLD_BODY(BITS, S, ZP) __builtin_trap();
 #endif
+#ifdef QK_CUDA
+#define QK_GRID_CONSTANT __grid_constant__
+#else
+#define QK_GRID_CONSTANT
+#endif
+/* a CUtensorMap (CUDA's driver API, cuda.h: 16 opaque 64-bit words, 128-byte aligned), made on the host
+ * by cuTensorMapEncodeTiled (qconform.device.tensormap) */
+struct __align__(128) QkTensorMap {
+    unsigned long long opaque[16];
+};
 #define QK_NBITS_WGMMA_DEF(NAME, FN, BITS, S, ZP)                                                                      \
     extern "C" __global__ void __launch_bounds__(256, 1)                                                               \
         NAME(const qk_u16* A, const qk_u8* B, const qk_u16* scales, const qk_u8* zp, const qk_u16* bias, qk_u16* Y,    \
@@ -584,9 +619,16 @@ __device__ __forceinline__ void qk_nbits_wgmma_rs(const qk_u16* A, const qk_u8* 
 #define QK_NBITS_WGMMA(BITS, S)                                                                                        \
     QK_NBITS_WGMMA_DEF(qk_nbits_wgmma_u##BITS##_s##S, qk_nbits_wgmma, BITS, S, false)                                 \
     QK_NBITS_WGMMA_DEF(qk_nbits_wgmma_u##BITS##_s##S##_z, qk_nbits_wgmma, BITS, S, true)
+#define QK_NBITS_WGMMA_FOLD_DEF(NAME, BITS, S, ZP)                                                                     \
+    extern "C" __global__ void __launch_bounds__(256, 1)                                                               \
+        NAME(const QK_GRID_CONSTANT QkTensorMap amap, const QK_GRID_CONSTANT QkTensorMap bmap, const qk_u16* scales,   \
+             const qk_u8* zp, const qk_u16* bias, qk_u16* Y, int M, int K, int N, int cpb_shift, int k_blocks,          \
+             int zp_bytes, int has_bias, int y_vec) {                                                                  \
+        QK_NBITS_WGMMA_FOLD_BODY(BITS, S, ZP)                                                                          \
+    }
 #define QK_NBITS_WGMMA_FOLD(BITS, S)                                                                                   \
-    QK_NBITS_WGMMA_DEF(qk_nbits_wgmma_fold_u##BITS##_s##S, qk_nbits_wgmma_rs, BITS, S, false)                         \
-    QK_NBITS_WGMMA_DEF(qk_nbits_wgmma_fold_u##BITS##_s##S##_z, qk_nbits_wgmma_rs, BITS, S, true)
+    QK_NBITS_WGMMA_FOLD_DEF(qk_nbits_wgmma_fold_u##BITS##_s##S, BITS, S, false)                                       \
+    QK_NBITS_WGMMA_FOLD_DEF(qk_nbits_wgmma_fold_u##BITS##_s##S##_z, BITS, S, true)
 QK_NBITS_WGMMA(2, 4)
 QK_NBITS_WGMMA(4, 4)
 QK_NBITS_WGMMA_FOLD(2, 5)
