@@ -892,6 +892,23 @@ def test_own_kernel_matmul_nbits_rejects_an_unknown_storage() -> None:
     assert bool((out == 7).all())
 
 
+def test_tensor_maps_are_made_only_for_what_the_tensor_copy_accepts() -> None:
+    """qconform.device.tensormap.tiled_2d (the fold kernel's activation and weight maps): 128 bytes for a
+    16-byte aligned fp16 matrix; None where the driver refuses the map (cuda.h: an address not 16-byte
+    aligned, a row stride not a multiple of 16 bytes, a box side past 256), so that the launcher takes
+    another kernel instead of launching a copy of a bad map."""
+    import cupy
+
+    from qconform.device.tensormap import FLOAT16, SWIZZLE_128B, tiled_2d
+
+    a = cupy.zeros((300, 1088), cupy.float16)
+    made = tiled_2d(a.data.ptr, FLOAT16, (1088, 300), 2176, (64, 256), SWIZZLE_128B)
+    assert made is not None and made.nbytes == 128 and made["opaque"].any()
+    assert tiled_2d(a.data.ptr + 2, FLOAT16, (1088, 300), 2176, (64, 256), SWIZZLE_128B) is None
+    assert tiled_2d(a.data.ptr, FLOAT16, (1080, 300), 2168, (64, 256), SWIZZLE_128B) is None
+    assert tiled_2d(a.data.ptr, FLOAT16, (1088, 300), 2176, (64, 512), SWIZZLE_128B) is None
+
+
 def test_own_kernel_matmul_nbits_without_an_sm_90a_build_takes_the_gemm(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where NVRTC refuses the build with the architecture-specific option (an older toolkit; here
     an architecture NVRTC does not know), a call the wgmma kernel would take runs qk_nbits_gemm, within
