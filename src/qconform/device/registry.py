@@ -413,12 +413,6 @@ def wgmma_tokens(fold: bool = False) -> int:
     return 2 * WGMMA_TILE if fold else WGMMA_TILE
 
 
-def wgmma_threads(fold: bool = False) -> int:
-    """The wgmma GEMM's threads a CTA: two warpgroups of consumers; ``fold``: and a producer warpgroup
-    (one warp copying, at 40 registers a thread)."""
-    return 384 if fold else 256
-
-
 def wgmma_symbol(bits: int, packed: bool = False, fold: bool = False) -> str:
     """The wgmma GEMM; ``packed``: its twin reading packed zero points (symbol ending _z); ``fold``:
     the storage=fp16 form (``qk_nbits_wgmma_fold_*``)."""
@@ -430,11 +424,11 @@ def wgmma_smem(bits: int, packed: bool = False, fold: bool = False) -> int:
     """The wgmma GEMM's dynamic shared memory (ort/nbits_wgmma.hip, QkWgLayout / QkWgRsLayout, plus 1 KB
     to align its base to 1024 bytes): per stage 128 bytes of activations a token, the raw weights (8
     bits bytes a row) and scale words (4 bytes a row); with ``packed`` zero points a zero-point word a
-    thread (8 bytes a row; ``fold``: a word a row, and the stage's two 8-byte mbarriers); unless ``fold``,
-    3 fp16 weight stages of 16 KB and 4 fp32 scale stages (4 runs of 32 floats, 36 apart)."""
+    thread (8 bytes a row; ``fold``: a word a row, and the stage's 8-byte mbarrier); unless ``fold``, 3
+    fp16 weight stages of 16 KB and 4 fp32 scale stages (4 runs of 32 floats, 36 apart)."""
     s, rows = (WGMMA_FOLD_STAGES if fold else WGMMA_STAGES), WGMMA_TILE
     stage = wgmma_tokens(fold) * 128 + rows * 8 * bits + rows * 4 + (rows * (4 if fold else 8) if packed else 0)
-    return s * (stage + (16 if fold else 0)) + (0 if fold else 3 * rows * 128 + 4 * 4 * 36 * 4) + 1024
+    return s * (stage + (8 if fold else 0)) + (0 if fold else 3 * rows * 128 + 4 * 4 * 36 * 4) + 1024
 
 
 MMA_DECODE_CANDIDATES = (

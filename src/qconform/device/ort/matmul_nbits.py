@@ -38,7 +38,6 @@ from qconform.device.registry import (
     tail_wave,
     wgmma_smem,
     wgmma_symbol,
-    wgmma_threads,
     wgmma_tokens,
 )
 from qconform.errors import ArgumentError
@@ -164,7 +163,7 @@ def _launch_wgmma(bits: int, M: int, lay: Any, ptrs: tuple, packed: bool, has_bi
         if a_or_map is None or b_or_map is None:
             return False
     args = (a_or_map, b_or_map, scales, zp if packed else np.uint64(0), bias, y, *(np.int32(v) for v in sizes))
-    launch_grid("matmul_nbits", WGMMA, symbol, grid, wgmma_threads(fold), args, smem, options)
+    launch_grid("matmul_nbits", WGMMA, symbol, grid, 256, args, smem, options)
     return True
 
 

@@ -116,21 +116,11 @@ __device__ __forceinline__ void qk_cp_async4s(qk_u32 dst, const void* src, int s
  * mbarrier", "cp.async.bulk.tensor"): one arrival (the issuing thread's arrive.expect_tx) and the
  * copies' bytes complete a phase; a thread waits on a phase's parity. The tensor map is a kernel
  * parameter (__grid_constant__), addressed generically. */
-__device__ __forceinline__ void qk_mbar_init(qk_u32 bar, int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+__device__ __forceinline__ void qk_mbar_init(qk_u32 bar) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
 }
 __device__ __forceinline__ void qk_mbar_expect(qk_u32 bar, qk_u32 bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void qk_mbar_arrive(qk_u32 bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-}
-/* a barrier of the 256 consumer threads (the two warpgroups) alone: named barrier 1 */
-__device__ __forceinline__ void qk_consumers_sync() { asm volatile("bar.sync 1, 256;" ::: "memory"); }
-/* an arrival on bar once this thread's cp.async copies so far have landed (.noinc: counted in the
- * mbarrier's init) */
-__device__ __forceinline__ void qk_mbar_arrive_cp_async(qk_u32 bar) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
 }
 __device__ __forceinline__ void qk_mbar_wait(qk_u32 bar, int parity) {
     qk_u32 done = 0;
@@ -422,8 +412,8 @@ struct QkWgRsLayout {
     static constexpr int ROWS = 128, TOK = 256;
     static constexpr int A_STAGE = TOK * 128, W_STAGE = ROWS * 8 * BITS;
     static constexpr int A0 = 0, W0 = A0 + S * A_STAGE, SC0 = W0 + S * W_STAGE, ZW0 = SC0 + S * ROWS * 4;
-    static constexpr int BAR0 = ZW0 + (ZP ? S * ROWS * 4 : 0); /* a stage's two mbarriers: full, empty */
-    static constexpr int BYTES = BAR0 + S * 16;
+    static constexpr int BAR0 = ZW0 + (ZP ? S * ROWS * 4 : 0); /* a stage's mbarrier: 8 bytes */
+    static constexpr int BYTES = BAR0 + S * 8;
 };
 
 template <int BITS, int S, bool ZP, int D = (S >= 5 ? 2 : 1)>
@@ -438,54 +428,38 @@ __device__ __forceinline__ void qk_nbits_wgmma_rs(qk_u64 amap, qk_u64 bmap, cons
     const int tid = (int)threadIdx.x, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int row0 = (int)blockIdx.y * L::ROWS, tok0 = (int)blockIdx.x * L::TOK;
     const int n_chunks = (K + 63) >> 6;
-    const qk_u32 full0 = base + L::BAR0, empty0 = full0 + 8 * S; /* stage st's: + 8 st */
-    if (tid == 0) {
-#pragma unroll
-        for (int st = 0; st < S; ++st) {
-            qk_mbar_init(full0 + 8 * st, 33); /* the copies' issue and the producer's 32 cp.async arrivals */
-            qk_mbar_init(empty0 + 8 * st, 8); /* each consumer warp done with the stage */
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    __syncthreads();
+    const qk_u32 bar0 = base + L::BAR0;
 
-    if (tid >= 256) { /* the producer warpgroup, 40 registers a thread: its first warp puts chunk c into stage
-                       * c % S once chunk c - S has left it */
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
-        if (tid >= 288) return;
-        const int pl = tid - 256;
-        const qk_i64 n_scales = (qk_i64)N * k_blocks;
-        const qk_u8* const z_end = ZP ? zp + (qk_i64)N * zp_bytes : nullptr;
-        for (int c = 0; c < n_chunks; ++c) {
-            const int st = c % S, blk = c >> cpb_shift;
-            const qk_u32 full = full0 + 8 * st;
-            if (c >= S) qk_mbar_wait(empty0 + 8 * st, (c / S - 1) & 1);
-            if (pl == 0) { /* activations (256 tokens x 64 K: amap's box, 128-byte swizzled, zeros past M
-                            * and K) and raw weights (128 rows x 8 BITS bytes: bmap's box, zeros past N) */
-                qk_mbar_expect(full, L::A_STAGE + L::W_STAGE);
-                qk_tma_2d(base + L::A0 + st * L::A_STAGE, amap, 64 * c, tok0, full);
-                qk_tma_2d(base + L::W0 + st * L::W_STAGE, bmap, 8 * BITS * c, row0, full);
-            }
-#pragma unroll
-            for (int i = 0; i < L::ROWS / 32; ++i) { /* rows pl + 32 i: the scale word, the packed zero-point word */
-                const int row = pl + 32 * i;
-                const qk_i64 n = min(row0 + row, N - 1), idx = n * k_blocks + blk;
-                qk_cp_async4s(base + L::SC0 + st * L::ROWS * 4 + row * 4, scales + (idx & ~(qk_i64)1),
-                              (idx | 1) < n_scales ? 4 : 2);
-                if (ZP) {
-                    const qk_u8* word = (const qk_u8*)((size_t)(zp + n * zp_bytes + ((blk * BITS) >> 3)) & ~(size_t)3);
-                    qk_cp_async4s(base + L::ZW0 + st * L::ROWS * 4 + row * 4, word,
-                                  (int)min((qk_i64)4, (qk_i64)(z_end - word)));
-                }
-            }
-            qk_mbar_arrive_cp_async(full);
+    /* chunk c's activations (256 tokens x 64 K: amap's box, 128-byte swizzled, zeros past M and K) and
+     * raw weights (128 rows x 8 BITS bytes: bmap's box, zeros past N) by the tensor copy, issued by
+     * thread 0 on stage c % S's mbarrier; this thread's cp.async: row tid / 2's scale word (tid % 2 ==
+     * 0) or packed zero-point word (tid % 2 == 1, ZP) */
+    const int w_row = tid >> 1, w_half = tid & 1, w_n = min(row0 + w_row, N - 1);
+    const qk_i64 n_scales = (qk_i64)N * k_blocks;
+    const qk_u8* const z_end = ZP ? zp + (qk_i64)N * zp_bytes : nullptr;
+
+    auto issue = [&](int c) {
+        const int st = c % S;
+        if (tid == 0) {
+            const qk_u32 bar = bar0 + 8 * st;
+            qk_mbar_expect(bar, L::A_STAGE + L::W_STAGE);
+            qk_tma_2d(base + L::A0 + st * L::A_STAGE, amap, 64 * c, tok0, bar);
+            qk_tma_2d(base + L::W0 + st * L::W_STAGE, bmap, 8 * BITS * c, row0, bar);
         }
-        qk_cp_async_wait<0>();
-        return;
-    }
-    /* the two consumer warpgroups, 232 registers a thread (a sub-partition's 16 K registers: 40 + 2 x 232 a
-     * lane for its warp of each warpgroup) */
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;" ::: "memory");
+        const int blk = c >> cpb_shift;
+        if (w_half == 0) {
+            const qk_i64 idx = (qk_i64)w_n * k_blocks + blk;
+            qk_cp_async4s(base + L::SC0 + st * L::ROWS * 4 + w_row * 4, scales + (idx & ~(qk_i64)1),
+                          (idx | 1) < n_scales ? 4 : 2);
+        } else if (ZP) {
+            const qk_u8* word = (const qk_u8*)((size_t)(zp + (qk_i64)w_n * zp_bytes + ((blk * BITS) >> 3)) & ~(size_t)3);
+            qk_cp_async4s(base + L::ZW0 + st * L::ROWS * 4 + w_row * 4, word, (int)min((qk_i64)4, (qk_i64)(z_end - word)));
+        }
+    };
+    auto refill = [&](int c) { /* chunk c's copies into stage c % S (the wgmma of its chunk c - S is done) */
+        if (c < n_chunks) issue(c);
+        qk_cp_async_commit();
+    };
 
     /* this thread's fragment rows (of the CTA's 128): r[0] = 16 warp + g, r[1] = r[0] + 8 */
     const int r[2] = {16 * (tid >> 5) + g, 16 * (tid >> 5) + g + 8};
@@ -494,7 +468,7 @@ __device__ __forceinline__ void qk_nbits_wgmma_rs(qk_u64 amap, qk_u64 bmap, cons
      * + 2 t, + 1 of the step) */
     auto convert = [&](int c, qk_u32 (&f)[16]) {
         const int st = c % S, blk = c >> cpb_shift;
-        qk_mbar_wait(full0 + 8 * st, (c / S) & 1); /* its copies (the activations too) have landed */
+        qk_mbar_wait(bar0 + 8 * st, (c / S) & 1); /* its tensor copies (the activations too) have landed */
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int n = min(row0 + r[h], N - 1);
@@ -533,8 +507,9 @@ __device__ __forceinline__ void qk_nbits_wgmma_rs(qk_u64 amap, qk_u64 bmap, cons
     for (int i = 0; i < 64; ++i) acc[0][i] = acc[1][i] = 0.0f;
     qk_u32 fr[D + 1][16]; /* chunk c's fragment: fr[c % (D + 1)] */
     const qk_u64 db0 = qk_wgmma_desc(base + L::A0);
-    /* chunk c: its wgmma issued (D chunks' stay in flight); chunk c - D's waited for, and its stage
-     * given back to the producer by each warp; chunk c + 1 converted into chunk c - D's fragment */
+    /* chunk c: its wgmma issued (D chunks' stay in flight); chunk c - D's waited for, by every thread;
+     * chunk c + 1's copies in place for every thread; chunk c + S - D's copies issued into chunk c - D's
+     * stage; chunk c + 1 converted into chunk c - D's fragment */
     auto step = [&](int c, const qk_u32 (&cur)[16], qk_u32 (&nxt)[16]) {
         qk_wgmma_fence_operands(acc[0]);
         qk_wgmma_fence_operands(acc[1]);
@@ -547,13 +522,24 @@ __device__ __forceinline__ void qk_nbits_wgmma_rs(qk_u64 amap, qk_u64 bmap, cons
         }
         qk_wgmma_commit();
         qk_wgmma_wait<D>();
-        if (c >= D) {
-            __syncwarp();
-            if (lane == 0) qk_mbar_arrive(empty0 + 8 * ((c - D) % S));
-        }
+        qk_cp_async_wait<S - D - 2>();
+        qk_fence_proxy_async();
+        __syncthreads();
+        refill(c + S - D);
         if (c + 1 < n_chunks) convert(c + 1, nxt);
     };
 
+    if (tid == 0) {
+#pragma unroll
+        for (int st = 0; st < S; ++st) qk_mbar_init(bar0 + 8 * st);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < S - D; ++j) refill(j);
+    qk_cp_async_wait<S - D - 1>();
+    qk_fence_proxy_async();
+    __syncthreads();
     if (n_chunks > 0) convert(0, fr[0]);
     /* D + 1 chunks an iteration: the fragments' indices stay constants (a wgmma in flight across a
      * branch that picks its registers would be serialized by ptxas) */
@@ -568,7 +554,8 @@ __device__ __forceinline__ void qk_nbits_wgmma_rs(qk_u64 amap, qk_u64 bmap, cons
     qk_wgmma_wait<0>();
     qk_wgmma_fence_operands(acc[0]);
     qk_wgmma_fence_operands(acc[1]);
-    qk_consumers_sync(); /* every consumer warp is done with the stages (no copy left in flight): they become the output tile */
+    qk_cp_async_wait<0>();
+    __syncthreads(); /* every warp is done with the stages: they become the output tile */
 
     constexpr int YROW = L::ROWS + 8; /* halves per staged token row of outputs */
     qk_u16* sY = (qk_u16*)(gbase + L::A0);
@@ -585,7 +572,7 @@ __device__ __forceinline__ void qk_nbits_wgmma_rs(qk_u64 amap, qk_u64 bmap, cons
                 sY[(8 * j + 2 * t + e) * YROW + r[h]] = __half_as_ushort(qk_half_rn(x));
             }
     }
-    qk_consumers_sync();
+    __syncthreads();
     qk_wg_store_tile<L::TOK, L::ROWS, YROW>(sY, Y, tok0, row0, M, N, y_vec);
 }
 #endif
@@ -633,7 +620,7 @@ struct __align__(128) QkTensorMap {
     QK_NBITS_WGMMA_DEF(qk_nbits_wgmma_u##BITS##_s##S, qk_nbits_wgmma, BITS, S, false)                                 \
     QK_NBITS_WGMMA_DEF(qk_nbits_wgmma_u##BITS##_s##S##_z, qk_nbits_wgmma, BITS, S, true)
 #define QK_NBITS_WGMMA_FOLD_DEF(NAME, BITS, S, ZP)                                                                     \
-    extern "C" __global__ void __launch_bounds__(384, 1)                                                               \
+    extern "C" __global__ void __launch_bounds__(256, 1)                                                               \
         NAME(const QK_GRID_CONSTANT QkTensorMap amap, const QK_GRID_CONSTANT QkTensorMap bmap, const qk_u16* scales,   \
              const qk_u8* zp, const qk_u16* bias, qk_u16* Y, int M, int K, int N, int cpb_shift, int k_blocks,          \
              int zp_bytes, int has_bias, int y_vec) {                                                                  \
