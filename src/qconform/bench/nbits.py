@@ -12,7 +12,9 @@ times every decode candidate (``registry.MMA_DECODE_CANDIDATES`` x warps per SM)
 4, 8, each output checked; then fp16 activations with packed and float zero points on the
 matrix-unit kernel (decode_zp shape) in the session-3 arithmetic (build option
 ``-DQK_NBITS_ZP_SUM_V1``: the zero point through sum(a)) and the session-10 one (its integer part
-folded into the weights) side by side. ``--variants f32`` / ``--variants zp``: one table only.
+folded into the weights) side by side; then the fp16 ring decode kernel as shipped beside its
+bench-only builds ``-DQK_NBITS_RING_STRIDED`` and ``-DQK_NBITS_RING_LOADS_ONLY`` (``ring_variants``).
+``--variants f32`` / ``zp`` / ``ring``: one table only.
 """
 
 from __future__ import annotations
@@ -322,6 +324,54 @@ def zp_variants(
     return ok
 
 
+RING_STRIDED = "-DQK_NBITS_RING_STRIDED"  # build option: each warp's superchunks strided over the CTA's
+RING_LOADS_ONLY = "-DQK_NBITS_RING_LOADS_ONLY"  # build option: the ring's copies and waits only (diagnostic)
+
+
+def ring_variants(shapes=SHAPES, bits_list=(2, 4), ms=(1, 8), reps: int = 50, verdicts: bool = True) -> bool:
+    """The fp16 ring decode kernel as shipped (each warp a contiguous range of superchunks), with
+    its warps' superchunks strided (``RING_STRIDED``) and with its copies alone (``RING_LOADS_ONLY``,
+    no verdict: its outputs are zeros), side by side on the same cold weights and in the shipped
+    build's launch plan, against the read-only roofline of the weights, scales and activations."""
+    from qconform.device import ort as ort_launch
+
+    launcher = importlib.import_module("qconform.device.ort.matmul_nbits")  # the module, not its function
+    builds = (("contiguous (shipped)", ()), ("strided", (RING_STRIDED,)), ("loads only", (RING_LOADS_ONLY,)))
+    info = device_info()
+    print(f"{info.name} {info.label}; fp16 A and scales, block {BLOCK}, default zero point; us min / median / max")
+    heads = " | ".join(f"{n} us | of roofline" for n, _ in builds)
+    print(f"| K x N | M | bits | read-only roofline us | {heads} |")
+    print("|---|---|---|---|" + "---|---|" * len(builds))
+    ok = True
+    for K, N in shapes:
+        for bits in bits_list:
+            weights = weights_for(K, N, bits)
+            for M in ms:
+                a = cupy.random.default_rng(M).standard_normal((M, K), dtype=cupy.float32).astype(cupy.float16)
+                roof = bl.read_roofline([(b, s, a) for b, s in weights], reps)
+                y = cupy.empty((M, N), cupy.float16)
+                plans: list[Any] = []
+
+                def shipped_plan(*args: Any, _plan=launcher._ring_plan, _plans=plans, **kw: Any) -> Any:
+                    _plans.append(_plan(*args, **kw))
+                    return _plans[-1]
+
+                cells = [f"{K} x {N}", str(M), str(bits), _us(roof)]
+                for _, options in builds:
+                    plan = shipped_plan if not plans else (lambda *args, _p=plans[0], **kw: _p)
+                    with ort_launch.compile_options(*options):
+                        calls = _bind(a, weights, K, N, bits, y, _ring_plan=plan)
+                    ts = bl.times(lambda i, c=calls: c[i](), len(calls), reps)
+                    calls[0]()
+                    verdict = "not checked"
+                    if verdicts and options != (RING_LOADS_ONLY,):
+                        verdict = _check_text(a, *weights[0], y, K, N, bits)
+                        ok = ok and verdict.startswith("within")
+                    cells += [_us(ts), f"{bl.median(roof) / bl.median(ts):.0%} {verdict[:80]}"]
+                print("| " + " | ".join(cells) + " |", flush=True)
+    return ok
+
+
 PREFILL_SHAPES = ((5120, 17920), (4096, 14336))
 PREFILL_MS = (512, 1024, 2048, 4096)
 
@@ -487,8 +537,9 @@ def main(argv: list[str] | None = None) -> int:
         "--variants",
         nargs="?",
         const="all",
-        choices=("all", "f32", "zp"),
-        help="old and new kernels side by side, only: fp32 A (f32), fp16 A with zero points (zp), or both",
+        choices=("all", "f32", "zp", "ring"),
+        help="old and new kernels side by side, only: fp32 A (f32), fp16 A with zero points (zp), the ring"
+        " decode's build options (ring), or all three",
     )
     p.add_argument("--prefill", action="store_true", help="the prefill GEMM's table only (M = 512 .. 4096)")
     p.add_argument("--candidates", action="store_true", help="with --prefill: every GEMM tile shape too")
@@ -508,6 +559,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.variants in ("all", "zp"):
             shapes = SHAPES[:1] if args.quick else F32_SHAPES
             ok = zp_variants(shapes, ms=(1,) if args.quick else (1, 8), verdicts=not args.no_verdict) and ok
+        if args.variants in ("all", "ring"):
+            shapes = SHAPES[:1] if args.quick else SHAPES
+            ok = ring_variants(shapes, ms=(1,) if args.quick else (1, 8), verdicts=not args.no_verdict) and ok
         return 0 if ok else 1
     if args.tune:
         tune(*SHAPES[0], reps=50)

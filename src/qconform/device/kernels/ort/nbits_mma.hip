@@ -601,7 +601,13 @@ __device__ __forceinline__ void qk_ring_chunks(float acc[R * 4], const qk_u32 ws
  * read): the mma's token columns 2j and 2j + 1 take the two parts, so one mma does both and lane t
  * of a quad holds the hi and lo sums of token t. The epilogue adds them, each part times its exact
  * power of two (inv: 2^-e, 2^-(e + 12) per token). A group the split flagged never gets here: the
- * kernel's wrapper sends its CTAs to qk_nbits_f32_tile. */
+ * kernel's wrapper sends its CTAs to qk_nbits_f32_tile.
+ *
+ * Bench-only build options (qconform.bench.nbits --variants ring): -DQK_NBITS_RING_STRIDED, warp wk
+ * takes superchunks wk, wk + wk_n, ... instead of one contiguous range (the CTA's warps then read
+ * adjacent 64-byte pieces of each row at about the same time: other sums' order, the same bound);
+ * -DQK_NBITS_RING_LOADS_ONLY, the copies and waits without the chunks' arithmetic (a diagnostic:
+ * its outputs are zeros). */
 template <int BITS, int R, int S, bool F32>
 __device__ __forceinline__ void qk_nbits_mmaa(const qk_u16* A, const qk_u8* B, const void* scales, const void* bias,
                                               void* Y, const float* inv, int M, int K, int N, int cpb_shift,
@@ -613,7 +619,11 @@ __device__ __forceinline__ void qk_nbits_mmaa(const qk_u16* A, const qk_u8* B, c
     const int wk = (int)(threadIdx.x >> 5);
     const int row0 = (int)blockIdx.x * 16 * R;
     const int n_chunks = (K + 63) / 64, n_super = (n_chunks + SC - 1) / SC;
-    const int s_lo = wk * n_super / wk_n, s_hi = (wk + 1) * n_super / wk_n;
+#if defined(QK_NBITS_RING_STRIDED)
+    const int s_lo = wk, s_hi = n_super, s_step = wk_n;
+#else
+    const int s_lo = wk * n_super / wk_n, s_hi = (wk + 1) * n_super / wk_n, s_step = 1;
+#endif
     const qk_i64 row_bytes = (qk_i64)k_blocks * ((64 << cpb_shift) * BITS / 8);
     const qk_i64 n_scales = (qk_i64)N * k_blocks;
     const int grp = F32 ? (int)blockIdx.y : 0; /* F32: the token group (4 tokens) of this CTA */
@@ -641,7 +651,7 @@ __device__ __forceinline__ void qk_nbits_mmaa(const qk_u16* A, const qk_u8* B, c
     /* the first S - 1 superchunks start before the activations are staged */
 #pragma unroll
     for (int j = 0; j < S - 1; ++j) {
-        const int sj = s_lo + j;
+        const int sj = s_lo + j * s_step;
         if (sj < min(s_hi, n_full))
             qk_issue_super<BITS, R, S, F32, true>(ring, j, wbase, wstep, sbase, sstep, send, tail, sj, t, row_bytes,
                                                   n_chunks, cpb_shift);
@@ -659,10 +669,10 @@ __device__ __forceinline__ void qk_nbits_mmaa(const qk_u16* A, const qk_u8* B, c
 #pragma unroll
     for (int i = 0; i < NACC; ++i) acc[i] = 0.0f;
 
-    for (int s = s_lo, j = 0; s < s_hi; ++s, j = j + 1 == S ? 0 : j + 1) {
+    for (int s = s_lo, j = 0; s < s_hi; s += s_step, j = j + 1 == S ? 0 : j + 1) {
         const int jn = j == 0 ? S - 1 : j - 1; /* the stage read last iteration: refilled S - 1 ahead */
         qk_syncwarp(); /* the quad read each other's copies of stage jn: all done before it is refilled */
-        const int sn = s + S - 1;
+        const int sn = s + (S - 1) * s_step;
         if (sn < min(s_hi, n_full))
             qk_issue_super<BITS, R, S, F32, true>(ring, jn, wbase, wstep, sbase, sstep, send, tail, sn, t, row_bytes,
                                                   n_chunks, cpb_shift);
@@ -685,7 +695,9 @@ __device__ __forceinline__ void qk_nbits_mmaa(const qk_u16* A, const qk_u8* B, c
                 const qk_u32 word = *ring.scale(j, r, h, S);
                 sc16[r][h] = F32 ? word : (upper ? word >> 16 : word & 0xFFFFu);
             }
-#if QK_RING_UNCHECKED
+#if defined(QK_NBITS_RING_LOADS_ONLY)
+        if (false)
+#elif QK_RING_UNCHECKED
         if (s < n_full && act_bytes)
             qk_ring_chunks<BITS, R, F32, true, true>(acc, ws, sc16, zoff, sA, A, s, n_chunks, g, tok_row, n_tok, Kp,
                                                      a_len, ka, kb, act_bytes, a_vec);
