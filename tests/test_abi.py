@@ -60,6 +60,8 @@ def test_matmul_nbits_binds_the_zero_point_kinds() -> None:
     op = CATALOGUE["matmul_nbits"]
     kinds = {}
     for case in op.cases("Xfp16_Wu4_Yfp16", 2):
+        if case.params.get("g_idx"):
+            continue  # (the ABI declines g_idx)
         b = op.abi.bind(*op.call_args(op.make_inputs(case), op.params(case)))
         kinds[case.params["zp"]] = (b.scalars["zp_kind"], b.tensors["zero_points"])
     assert kinds["none"] == (0, None)

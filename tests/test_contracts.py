@@ -111,8 +111,8 @@ def _reordered(p: Prepared, order: str) -> np.ndarray:
 def test_every_legitimate_fp32_order_is_within_the_strict_bound(leaf: str, order: str) -> None:
     checked = 0
     for p in _prepared(leaf):
-        if p.case.params.get("accuracy_level") == 4 or np.prod(p.case.shape) > 3_000_000:
-            continue
+        if p.case.params.get("accuracy_level") == 4 or p.case.params.get("g_idx") or np.prod(p.case.shape) > 3_000_000:
+            continue  # (the order models take K blocks in order: no g_idx)
         c = p.verify(MATMUL, _reordered(p, order))
         assert c.ok, (p.case.id, c.detail)
         checked += 1
@@ -162,7 +162,7 @@ def test_the_fp16_example_fails_strict_naming_the_rule_and_passes_its_contract()
     declared = CallableImpl("half", matmul_nbits_half.matmul_nbits, ("matmul_nbits",))
     declared.contract = parse_contract(HALF)
     for leaf in ("Xfp16_Wu4_Yfp16", "Xfp32_Wu2_Yfp32"):
-        cases = MATMUL.cases(leaf, 1)
+        cases = [c for c in MATMUL.cases(leaf, 1) if not c.params.get("g_idx")]  # (the example has no g_idx)
         fails = [matches_oracle(strict, MATMUL, Prepared.from_case(MATMUL, c, strict)) for c in cases]
         assert sum(o.ok is False for o in fails) >= len(cases) // 2
         named = [o.detail for o in fails if o.ok is False and "within what storage=fp16" in o.detail]
@@ -182,7 +182,9 @@ def test_a_wrong_kernel_fails_even_under_the_relaxed_contract() -> None:
     impl = CallableImpl("swapped", swapped, ("matmul_nbits",))
     impl.contract = parse_contract(HALF)
     outcomes = [
-        matches_oracle(impl, MATMUL, Prepared.from_case(MATMUL, c, impl)) for c in MATMUL.cases("Xfp16_Wu4_Yfp16", 1)
+        matches_oracle(impl, MATMUL, Prepared.from_case(MATMUL, c, impl))
+        for c in MATMUL.cases("Xfp16_Wu4_Yfp16", 1)
+        if not c.params.get("g_idx")  # (the example has no g_idx)
     ]
     assert sum(o.ok is False for o in outcomes) >= len(outcomes) - 2
     assert any("contract accumulate=fp16,chain=K/64,storage=fp16" in o.detail for o in outcomes)
@@ -352,7 +354,8 @@ def test_level4_int8_activations_with_an_approximate_inverse(monkeypatch: pytest
         y.reshape(-1)[0] += 0.25
         return y
 
-    cases = [c for c in MATMUL.cases("Xfp32_Wu4_Yfp32", 2) if c.params.get("accuracy_level") == 4]
+    # (not the exact int8 ties: under division=1ulp either side of each is accepted, so the 0.25 goes unseen)
+    cases = [c for c in MATMUL.cases("Xfp32_Wu4_Yfp32", 2) if c.params.get("accuracy_level") == 4 and c.pattern != "ties8"]
 
     def outcomes(fn, contract: str) -> list:
         impl = CallableImpl(fn.__name__, fn, ("matmul_nbits",))

@@ -67,7 +67,7 @@ def test_the_other_ops_core_shapes() -> None:
     for leaf in fq.leaves:
         for c in core(fq, leaf.name, 2):
             assert c.pattern == "ties" and c.shape[1] % 128 == 0
-        assert {c.pattern for c in fq.cases(leaf.name, 1)} == {"ties", "ties_npot"}
+        assert {c.pattern for c in fq.cases(leaf.name, 1)} == {"ties", "ties_npot", "any_scale", "specials"}
     for name in ("q8_0_quant", "q8_k_quant", "q8_0_dequant", "q8_k_dequant"):
         op = CATALOGUE[name]
         leaf = op.leaves[0].name

@@ -69,6 +69,10 @@ def _fq_inputs(case: Case) -> dict[str, np.ndarray]:
     _, lo, hi = QTYPES[p["dtype"]]
     npot = case.pattern == "ties_npot"
     scale, zp = _fq_params(case.shape, p["granularity"], p["dtype"], act, rng, npot)
+    if case.pattern == "any_scale":  # full fp32 mantissas: (q - zp) * s rounds, q*s - zp*s rounds twice
+        scale = (scale.astype(np.float64) * rng.uniform(1.0, 2.0, np.shape(scale))).astype(act)
+    if p.get("zp") is False:
+        zp = None
 
     def per_element(a: np.ndarray) -> np.ndarray:  # a scale-shaped parameter, at each element of x
         a = a.astype(np.float64)
@@ -87,6 +91,13 @@ def _fq_inputs(case: Case) -> dict[str, np.ndarray]:
         # x / s then lies an ulp or two beside the tie (an fp16 ulp would move it far from it)
         step = rng.choice(np.array([-1, 0, 0, 1]), case.shape) * tie
         x = np.where(step != 0, np.nextafter(x, np.where(step > 0, np.inf, -np.inf).astype(act)), x)
+    if case.pattern == "specials":  # NaN (-> the zero point), +-inf, |x/s| beyond 2^31 (saturate)
+        flat = x.reshape(-1).copy()
+        big = 3e9 if act == np.float32 else 6e4
+        specials = np.array([np.nan, np.inf, -np.inf, big, -big], act)
+        where = rng.choice(flat.size, min(flat.size, 40), replace=False)
+        flat[where] = np.resize(specials, where.size)
+        x = flat.reshape(x.shape)
     out = {"x": x, "scale": scale}
     if zp is not None:
         out["zero_point"] = zp
@@ -117,11 +128,18 @@ def _fq_cases(leaf: str, coverage: int) -> list[Case]:
     sets = [(70 + i, "ties", shape) for i, shape in enumerate(shapes)]
     sets += [(400 + i, "ties", shape) for i, shape in enumerate(core)]
     sets += [(500 + i, "ties_npot", shape) for i, shape in enumerate(npot)]
-    return [
+    cases = [
         Case("fake_quantize", leaf, seed, shape, pattern, {"granularity": g})
         for seed, pattern, shape in sets
         for g in GRANULARITIES
     ]
+    extra = [(600, "ties", (4, 96), {"zp": False}), (601, "any_scale", (16, 200), {}), (602, "specials", (8, 128), {})]
+    cases += [
+        Case("fake_quantize", leaf, seed, shape, pattern, {"granularity": g, **more})
+        for seed, pattern, shape, more in extra
+        for g in GRANULARITIES
+    ]
+    return cases
 
 
 def _fq_bad(leaf: str) -> list[BadArgument]:

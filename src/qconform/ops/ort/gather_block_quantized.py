@@ -52,6 +52,8 @@ def _gather_inputs(case: Case) -> dict[str, np.ndarray]:
         else:
             codes[(codes & 0x7F) == 0x7F] = 0x38  # no NaN codes: 1.0 instead
         inputs["data"] = codes
+    if case.pattern == "oob":  # indices outside [-rows, rows): a zero row (ORT >= 1.31)
+        inputs["indices"][:4] = [rows, -rows - 1, rows + 5, 2**40]
     return inputs
 
 
@@ -86,6 +88,9 @@ def _gather_cases(leaf: str, coverage: int) -> list[Case]:
         core += [(128, 512, 1, 32), (256, 2048, 64, 64), (64, 256, 16, 16), (512, 1024, 32, 128)]
     tables = [(50 + i, "normal", shape) for i, shape in enumerate(shapes)]
     tables += [(400 + i, "core", shape) for i, shape in enumerate(core)]
+    tables += [(60, "oob", (40, 64, 9, 16)), (61, "normal", (17, 40, 9, 16))]  # out-of-range; 3 blocks, the last partial
+    if "Wi4" in leaf or "Wuint4" in leaf or fp8:
+        tables += [(62, "normal", (9, 45, 7, 16))]  # odd cols: the flat nibble stream crosses rows
     for seed, pattern, (rows, cols, n, bs) in tables:
         for zp in (False,) if fp8 else (False, True):
             params = {"block_size": bs, "zp": zp, "rows": rows, "cols": cols}

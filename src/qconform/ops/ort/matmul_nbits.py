@@ -62,10 +62,16 @@ def _nbits_inputs(case: Case, with_a: bool) -> dict[str, np.ndarray]:
                 inputs["zero_points"][:, 0] = 2 ** (bits - 1)
             elif zp in ("uniform", "scalar"):  # an integer: q = z exactly
                 inputs["zero_points"][...] = 2 ** (bits - 1)
+        if case.pattern == "ties8":  # amax 127 * 2^-3 per block: a * inv = k + 0.5 exactly (int8 ties)
+            k = rng.integers(-126, 126, (M, K)) + np.where(rng.random((M, K)) < 0.5, 0.5, 0.0)
+            k[:, ::bs] = 127
+            inputs["A"] = (k / 8).astype(act)
         if case.pattern == "outlier":  # an outlier channel near the end of K, 2^10 above the rest
             inputs["A"][:, K - 3] *= 1024
         if p.get("bias"):
             inputs["bias"] = rng.standard_normal(N).astype(act)
+    if p.get("g_idx"):  # a permuted act-order assignment: k's block is g_idx[k], not k // block_size
+        inputs["g_idx"] = rng.permutation(np.arange(K) // bs).astype(np.int32)
     return inputs
 
 
@@ -85,13 +91,13 @@ def _matmul_call(inputs: dict[str, Any], params: dict[str, Any]) -> tuple[tuple,
     K, N = _kn_from_inputs(inputs, params)
     kw = _nbits_kwargs(inputs, params, K, N)
     kw["accuracy_level"] = params.get("accuracy_level", 0)
-    args = (inputs["A"], inputs["B"], inputs["scales"], inputs.get("zero_points"), None, inputs.get("bias"))
+    args = (inputs["A"], inputs["B"], inputs["scales"], inputs.get("zero_points"), inputs.get("g_idx"), inputs.get("bias"))
     return args, kw
 
 
 def _dequant_call(inputs: dict[str, Any], params: dict[str, Any]) -> tuple[tuple, dict]:
     K, N = _kn_from_inputs(inputs, params)
-    return (inputs["B"], inputs["scales"], inputs.get("zero_points")), _nbits_kwargs(inputs, params, K, N)
+    return (inputs["B"], inputs["scales"], inputs.get("zero_points"), inputs.get("g_idx")), _nbits_kwargs(inputs, params, K, N)
 
 
 _MMA_TILING = (  # (M, K, N), block, zero point, bias: decode M <= 8, prefill beyond; K % 8 != 0 too
@@ -185,6 +191,10 @@ def _nbits_cases(op: str, leaf: str, coverage: int, with_a: bool) -> list[Case]:
         (16, 256, 64, 64, "packed", {"accuracy_level": 4}),
         (8, 768, 128, 256, "packed", {}),
     )
+    if with_a:  # int8 activation ties (accuracy_level 4): rint half to even
+        add((3, 256, 16), 540, "ties8", block_size=64, zp="none", accuracy_level=4)
+    for i, zp in enumerate(("none", "packed", "float")):  # g_idx (act order), K ragged
+        add((3, 200, 6) if with_a else (200, 6), 530 + i, block_size=32, zp=zp, g_idx=True)
     if coverage >= 2 and with_a and "Xfp32" in leaf:  # fp32's dynamic range: a row an fp16 split or a sum(a) form loses
         add((6, 256, 40), 500, "spike", block_size=64, zp="none", bias=True)
         add((12, 200, 24), 501, "spike", block_size=64, zp="packed")
