@@ -20,6 +20,7 @@ from qconform.formats.bf16 import bf16_bits_to_fp32
 from qconform.formats.fp16 import fp16_bits_to_fp32, fp32_to_fp16_bits
 from qconform.formats.ggml import Q8_0, Q8_1, Q8_K
 from qconform.oracles.ggml import check_dequantize_args, check_quantize_args, dequantize, quantize
+from qconform.oracles.ort.packing import unpack_bits
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))  # in a worker process too
 # the README's Q8_K drop-ins (examples/my_kernels.py), each one knob of the same spec
@@ -858,3 +859,929 @@ def q4_k_dequant_scale_of_next_subblock(data: np.ndarray, qtype: str, out: np.nd
 
 
 _declare(q4_k_dequant_scale_of_next_subblock, "q4_k_dequant")
+
+
+# ------------------------------------------------ MatMulNBits, Q/DQ, gather and QSwiGLU: one rule each
+
+_mn = importlib.import_module("qconform.oracles.ort.matmul_nbits")
+_qdq = importlib.import_module("qconform.oracles.ort.qdq")
+_sw = importlib.import_module("qconform.oracles.ort.qswiglu")
+_mn_zero_points, _mn_dequantize, _mn_unpack = _mn._zero_points, _mn._dequantize, _mn.unpack_weights
+
+
+def _nbits_with(leaf: str, doc: str, **swaps):
+    def deq(*args, **kw):
+        with _swapped(_mn, **swaps):
+            return ort.dequantize_nbits(*args, **kw)
+
+    deq.__doc__ = doc
+    return _for("dequantize_nbits", leaf)(deq)
+
+
+def _zp_high_field_first(zero_points, lay, ignore_packed):
+    z = None if zero_points is None else np.asarray(zero_points)
+    if z is not None and z.dtype == np.uint8 and lay.bits in (2, 4):
+        per, mask = 8 // lay.bits, (1 << lay.bits) - 1
+        fields = [(z >> (lay.bits * i)) & mask for i in range(per)]
+        z = sum(f << (lay.bits * (per - 1 - i)) for i, f in enumerate(fields)).astype(np.uint8)
+    return _mn_zero_points(z, lay, ignore_packed)
+
+
+def _zp_flat_stream(zero_points, lay, ignore_packed):
+    z = None if zero_points is None else np.asarray(zero_points)
+    if z is None or z.dtype != np.uint8 or ignore_packed:
+        return _mn_zero_points(zero_points, lay, ignore_packed)
+    n = lay.N * lay.k_blocks
+    flat = unpack_bits(np.concatenate([z.reshape(-1), np.zeros(n, np.uint8)]), lay.bits, n)
+    return flat.reshape(lay.N, lay.k_blocks).astype(np.int32), False
+
+
+def _u3_straddle_low_byte_only(B, lay):
+    if lay.bits != 3:
+        return _mn_unpack(B, lay)
+    j = np.arange(lay.block_size)
+    blob = B.reshape(lay.N, lay.k_blocks, lay.blob_size)
+    q = (blob[:, :, (3 * j) // 8].astype(np.int32) >> ((3 * j) % 8)) & 7
+    return q.reshape(lay.N, -1)[:, : lay.K]
+
+
+def _float_zp_fma(B, scales, zero_points, g_idx, lay, form, ort_quirks):
+    z = None if zero_points is None else np.asarray(zero_points)
+    if form != "ort" or z is None or z.dtype == np.uint8 or g_idx is not None:
+        return _mn_dequantize(B, scales, zero_points, g_idx, lay, form, ort_quirks)
+    kb = np.arange(lay.K) // lay.block_size
+    s = scales.astype(np.float32).reshape(lay.N, -1)[:, kb]
+    neg_sz = (-s * z.astype(np.float32).reshape(lay.N, -1)[:, kb]).astype(np.float32)
+    return (_mn.unpack_weights(B, lay) * s.astype(np.float64) + neg_sz).astype(np.float32)  # one rounding
+
+
+nbits_zp_high_field_first = _nbits_with(
+    "Wu4_Yfp32", "Reads packed zero points high nibble first (block 0 in bits 4-7).", _zero_points=_zp_high_field_first
+)
+nbits_zp_without_row_padding = _nbits_with(
+    "Wu4_Yfp32",
+    "Reads packed zero points as one stream over N * k_blocks (no per-row padding byte).",
+    _zero_points=_zp_flat_stream,
+)
+nbits_u3_straddle_low_byte_only = _nbits_with(
+    "Wu3_Yfp32", "A 3-bit field that straddles two bytes keeps only the first byte's bits.",
+    unpack_weights=_u3_straddle_low_byte_only,
+)
+nbits_float_zp_fma = _nbits_with(
+    "Wu4_Yfp32", "Float zero point as fma(q, s, fp32(-s*z)): ORT rounds q*s before the add.", _dequantize=_float_zp_fma
+)
+
+
+@_for("dequantize_nbits", "Wu4_Yfp32")
+def nbits_scale_stride_floor(B, scales, zero_points=None, g_idx=None, *, K, N, bits, block_size, **kw):
+    """Steps the scales' rows by floor(K / block_size): a partial last block not counted."""
+    kb, kbf = -(-K // block_size), max(K // block_size, 1)
+    flat = scales.reshape(-1)
+    s = flat[np.minimum(np.arange(N)[:, None] * kbf + np.arange(kb), flat.size - 1)].reshape(scales.shape)
+    return ort.dequantize_nbits(B, s, zero_points, g_idx, K=K, N=N, bits=bits, block_size=block_size, **kw)
+
+
+@_for("dequantize_nbits", "Wu4_Yfp32")
+def nbits_uniform_zp_in_ort_form(B, scales, zero_points=None, g_idx=None, *, N, **kw):
+    """A scalar zero point (form 'kernel') applied in ORT's two-rounding form fp32(q*s) + fp32(-s*z)."""
+    z = None if zero_points is None else np.asarray(zero_points)
+    if kw.get("form") == "kernel" and z is not None and z.size == 1:
+        zero_points, kw = np.full(scales.reshape(N, -1).shape, z.reshape(()), scales.dtype), {**kw, "form": "ort"}
+    return ort.dequantize_nbits(B, scales, zero_points, g_idx, N=N, **kw)
+
+
+@_for("matmul_nbits", "Xfp16_Wu4_Yfp16")
+def matmul_bias_after_fp16_rounding(A, B, scales, zero_points=None, g_idx=None, bias=None, *, out=None, **kw):
+    """Adds the bias to Y already rounded to fp16 (ORT adds it in fp32 and rounds once)."""
+    y = ort.matmul_nbits(A, B, scales, zero_points, g_idx, bias, out=out, **kw)  # the checks
+    if bias is not None:
+        y[...] = ort.matmul_nbits(A, B, scales, zero_points, g_idx, None, **kw) + bias
+    return y
+
+
+def _q_clamp_before_zero_point(x, y_scale, y_zero_point=None, *, axis=1, block_size=0, output_dtype=None, **kw):
+    _, lo, hi = _qdq.QTYPES[output_dtype]
+    s = _qdq.expand_param(y_scale, x.shape, axis, block_size, "y_scale").astype(np.float32)
+    z = 0 if y_zero_point is None else _qdq.expand_param(y_zero_point, x.shape, axis, block_size, "zp").astype(int)
+    with np.errstate(all="ignore"):
+        r = np.rint((x.astype(np.float32) / s).astype(np.float32))
+    r = np.where(np.isnan(r), 0, np.clip(r, lo, hi)).astype(np.int64)  # clamped before + zp
+    return np.clip(r + z, lo, hi).astype(_qdq.QTYPES[output_dtype][0])
+
+
+def _q_fp16_division(x, y_scale, y_zero_point=None, **kw):
+    if x.dtype == np.float16 and y_scale.dtype == np.float16:  # x / s rounded to fp16, then to fp32 for rint
+        with np.errstate(over="ignore"):
+            s = _qdq.expand_param(y_scale, x.shape, kw.get("axis", 1), kw.get("block_size", 0), "y_scale")
+            x, y_scale = (x / s).astype(np.float16).astype(np.float32), np.float32(1)
+        kw = {**kw, "axis": 1, "block_size": 0}
+    return _qdq_quantize(x, y_scale, y_zero_point, **kw)
+
+
+_qdq_quantize = _qdq.quantize_linear
+
+
+def _fq_with(leaf: str, doc: str, q):
+    def fq(*args, **kw):
+        with _swapped(_qdq, quantize_linear=q):
+            return ort.fake_quantize(*args, **kw)
+
+    fq.__doc__ = doc
+    return _for("fake_quantize", leaf)(fq)
+
+
+fake_quantize_clamp_before_zero_point = _fq_with(
+    "Xfp32_Qu8_Yfp32", "clip(clip(rint(x/s), lo, hi) + zp): clamps before adding the zero point.",
+    _q_clamp_before_zero_point,
+)
+fake_quantize_fp16_division = _fq_with(
+    "Xfp16_Qu8_Yfp16", "Divides fp16 x by an fp16 scale in fp16 (ORT computes fp32(x) / fp32(s)).", _q_fp16_division
+)
+
+
+@_for("gather_block_quantized", "Xi64_Wu4_Yfp16")
+def gather_negative_index_not_wrapped(data, indices, scales, zero_points=None, **kw):
+    """A negative index gives the zero row of an out-of-range one instead of wrapping (+ rows)."""
+    y = ort.gather_block_quantized(data, indices, scales, zero_points, **kw)
+    y[indices < 0] = 0
+    return y
+
+
+@_for("gather_block_quantized", "Xi64_Wu8_Yfp16")
+def gather_u8_default_zero_point_0(data, indices, scales, zero_points=None, *, data_type="uint8", bits=4, **kw):
+    """8-bit uint8 data without zero points taken as zero point 0 (ORT: 2^(bits-1) = 128)."""
+    if data_type == "uint8" and bits == 8 and zero_points is None:
+        zero_points = np.zeros(scales.shape, np.uint8)
+    return ort.gather_block_quantized(data, indices, scales, zero_points, data_type=data_type, bits=bits, **kw)
+
+
+@_for("qswiglu", "Xu16_Yu16")
+def qswiglu_sigmoid_held_in_fp16(gate_q, up_q, **kw):
+    """Rounds Sigmoid(g) to fp16 before its QuantizeLinear (an fp16 activation buffer)."""
+    sig = _sw.sigmoid_fp32
+    with _swapped(_sw, sigmoid_fp32=lambda g: sig(g).astype(np.float16).astype(np.float32)):
+        return _sw.qswiglu(gate_q, up_q, **kw)
+
+
+_qdq_dequantize = _qdq.dequantize_linear
+
+
+def _fq_swapped(leaf: str, doc: str, **swaps):
+    def fq(*args, **kw):
+        with _swapped(_qdq, **swaps):
+            return ort.fake_quantize(*args, **kw)
+
+    fq.__doc__ = doc
+    return _for("fake_quantize", leaf)(fq)
+
+
+def _q_default_zero_point_mid(x, y_scale, y_zero_point=None, *, output_dtype=None, **kw):
+    if y_zero_point is None and output_dtype in ("uint8", "uint16", "uint4", "uint2"):
+        np_dtype, _, hi = _qdq.QTYPES[output_dtype]
+        y_zero_point = np.array((hi + 1) // 2, np_dtype)
+    return _qdq_quantize(x, y_scale, y_zero_point, output_dtype=output_dtype, **kw)
+
+
+def _dq_default_zero_point_mid(x, x_scale, x_zero_point=None, *, x_dtype=None, **kw):
+    if x_zero_point is None and x_dtype in ("uint8", "uint16", "uint4", "uint2"):
+        np_dtype, _, hi = _qdq.QTYPES[x_dtype]
+        x_zero_point = np.array((hi + 1) // 2, np_dtype)
+    return _qdq_dequantize(x, x_scale, x_zero_point, x_dtype=x_dtype, **kw)
+
+
+def _q_nan_to_lowest(x, y_scale, y_zero_point=None, **kw):
+    q = _qdq_quantize(x, y_scale, y_zero_point, **kw)
+    lo = _qdq.QTYPES[_qdq._infer_dtype(kw.get("output_dtype"), y_zero_point)][1]
+    return np.where(np.isnan(x), lo, q).astype(q.dtype)
+
+
+def _q_int32_overflow(x, y_scale, y_zero_point=None, *, axis=1, block_size=0, output_dtype=None, **kw):
+    name = _qdq._infer_dtype(output_dtype, y_zero_point)
+    np_dtype, lo, hi = _qdq.QTYPES[name]
+    s = _qdq.expand_param(y_scale, x.shape, axis, block_size, "y_scale").astype(np.float32)
+    z = 0 if y_zero_point is None else _qdq.expand_param(y_zero_point, x.shape, axis, block_size, "z").astype(np.int64)
+    with np.errstate(all="ignore"):
+        r = np.rint((x.astype(np.float32) / s).astype(np.float32)).astype(np.float64)
+    r = np.where(np.isnan(r), 0.0, r)
+    r = np.where(np.abs(r) >= 2.0**31, -(2.0**31), r)  # x86's (int)rintf: INT_MIN past the int32 range
+    return np.clip(r.astype(np.int64) + z, lo, hi).astype(np_dtype)
+
+
+fake_quantize_unsigned_default_zero_point_mid = _fq_swapped(
+    "Xfp32_Qu8_Yfp32",
+    "No zero point taken as the unsigned range's middle (128 for uint8); ONNX's default is 0.",
+    quantize_linear=_q_default_zero_point_mid,
+    dequantize_linear=_dq_default_zero_point_mid,
+)
+fake_quantize_nan_to_lowest = _fq_swapped(
+    "Xfp32_Qu8_Yfp32", "NaN quantized to the type's lowest code; ORT's rint(NaN) -> 0 gives the zero point.",
+    quantize_linear=_q_nan_to_lowest,
+)
+fake_quantize_int32_overflow = _fq_swapped(
+    "Xfp32_Qi8_Yfp32",
+    "rint(x / s) converted to int32 before the clamp: +-inf and |x / s| >= 2^31 wrap to INT_MIN (ORT saturates).",
+    quantize_linear=_q_int32_overflow,
+)
+
+
+@_for("gather_block_quantized", "Xi64_Wu4_Yfp16")
+def gather_out_of_range_index_clamped(data, indices, scales, zero_points=None, **kw):
+    """An index outside [-rows, rows) clamped into range (a bounds-safe load); ORT gives a zero row."""
+    shape, *_ = ort.check_gather_args(
+        data, indices, scales, zero_points, kw.get("bits", 4), kw.get("block_size", 128), 0,
+        kw.get("quantize_axis", 1), kw.get("data_type", "uint8"), kw.get("data_shape"),
+    )
+    idx = indices.astype(np.int64)
+    fixed = np.clip(np.where(idx < 0, idx + shape[0], idx), 0, shape[0] - 1).astype(indices.dtype)
+    return ort.gather_block_quantized(data, fixed, scales, zero_points, **kw)
+
+
+@_for("matmul_nbits", "Xfp32_Wu4_Yfp32")
+def matmul_g_idx_ignored(A, B, scales, zero_points=None, g_idx=None, bias=None, **kw):
+    """K position k in block k // block_size whatever g_idx says (act-order weights read in order)."""
+    return ort.matmul_nbits(A, B, scales, zero_points, None, bias, **kw)
+
+
+# ------------------------------------------------------ GroupQueryAttention and QMoE: one rule each
+
+_check_gqa, _softmax_gqa, _bias_full = _gqa.check_gqa_args, _gqa._softmax, _gqa._bias_full
+_rotary_positions = _gqa.rotary_positions
+_gqa_quantize, _gqa_dequantize = _gqa.quantize_kv, _gqa.dequantize_kv
+_moe_zero_points, _moe_ffn, _unpack_bits = _moe._zero_points, _moe._ffn, _moe.unpack_bits
+
+
+class _TiledHeads:  # the module's numpy with repeat -> tile: query head n reads KV head n % Nk
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+    @staticmethod
+    def repeat(a, group, axis):
+        return np.tile(a, [group if i == axis else 1 for i in range(a.ndim)])
+
+
+gqa_kv_head_modulo = _gqa_with(
+    "gqa_decode", "Xfp16_Wfp16_Yfp16",
+    "Query head n reads KV head n % Nk (ORT: n // (N / Nk)).", np=_TiledHeads(),
+)
+
+
+def _seqlens_as_total(*a, **kw):
+    lay = _check_gqa(*a, **kw)
+    S = lay.sequence_length
+    totals = tuple(max(t - 1, 1 if lay.first_prompt else S) for t in lay.total_lengths)
+    pasts = lay.past_lengths if lay.first_prompt else tuple(t - S for t in totals)
+    return dataclasses.replace(lay, total_lengths=totals, past_lengths=pasts)
+
+
+gqa_seqlens_read_as_total = _gqa_with(
+    "gqa_decode", "Xfp16_Wfp16_Yfp16",
+    "Reads seqlens_k as the total length (ORT: total - 1): the new row lands one early.",
+    check_gqa_args=_seqlens_as_total,
+)
+gqa_rotary_first_prompt_off_by_one = _gqa_with(
+    "gqa_prefill", "Xfp32_Wfp32_Yfp32",
+    "Rotates token s of a first prompt at position s + 1.",
+    rotary_positions=lambda b, s, p, first, pid: _rotary_positions(b, s, p, first, pid) + int(first),
+)
+
+
+@_for("gqa_decode", "Xfp16_Wu4_Yfp16")
+def gqa_position_ids_ignored(*args, **kw):
+    """Ignores position_ids (rotates at s on a first prompt, past_b + s later); the arguments checked first."""
+    a = call_arguments(_gqa.group_query_attention, args, kw)
+    _check_gqa(**{k: v for k, v in a.items() if k != "out"})
+    return _gqa.group_query_attention(**{**a, "position_ids": None})
+
+
+def _rotary_tail_zeroed(x, cos, sin, pos, inter, form):
+    y = _apply_rotary(x, cos, sin, pos, inter, form)
+    y[..., 2 * cos.shape[1]:] = 0
+    return y
+
+
+def _rotary_partner_at_half_head(x, cos, sin, pos, inter, form):
+    half, H = cos.shape[1], x.shape[-1]
+    if inter or 2 * half == H:
+        return _apply_rotary(x, cos, sin, pos, inter, form)
+    c, t = (np.asarray(v, np.float64)[pos][:, None] for v in (cos, sin))
+    y = np.array(x, np.float64, copy=True)
+    y[..., :half], y[..., H // 2: H // 2 + half] = _rotary.rotate_pairs(x[..., :half], x[..., H // 2: H // 2 + half],
+                                                                          c, t, form)
+    return y
+
+
+gqa_partial_rotary_tail_zeroed = _gqa_with(
+    "gqa_decode", "Xfp32_Wfp32_Yfp32",
+    "Partial rotary: zeroes channels >= rotary_dim (ORT copies them).", apply_rotary=_rotary_tail_zeroed,
+)
+gqa_partial_rotary_partner_at_half_head = _gqa_with(
+    "gqa_decode", "Xfp32_Wfp32_Yfp32",
+    "Partial half-split rotary pairs channel i with i + head_size/2 (ORT: i + rotary_dim/2).",
+    apply_rotary=_rotary_partner_at_half_head,
+)
+gqa_window_of_w_minus_1 = _gqa_with(
+    "gqa_decode", "Xfp16_Wfp16_Yfp16",
+    "local_window_size W attends W - 1 keys (the current token not counted).",
+    _key_mask=lambda lay, window: _key_mask(lay, window - 1 if window > 1 else window),
+)
+
+
+def _scale_after_softcap(q, k, alpha, softcap, bias, exact):
+    if softcap <= 0:
+        return _scores(q, k, alpha, softcap, bias, exact)
+    x = _scores(q, k, 1.0, softcap, None, exact) * alpha
+    return x if bias is None else x + bias
+
+
+gqa_scale_after_softcap = _gqa_with(
+    "gqa_prefill", "Xfp16_Wfp16_Yfp16",
+    "Caps the unscaled q.k and scales after (ORT: c tanh(scale q.k / c)).", _scores=_scale_after_softcap,
+)
+
+
+@_for("gqa_decode", "Xfp16_Wfp16_Yfp16")
+def gqa_sink_of_kv_head(*args, **kw):
+    """Reads head_sink[n // (N / Nk)] (a KV head's) where ORT reads head_sink[n]."""
+    a = call_arguments(_gqa.group_query_attention, args, kw)
+    g = a["num_heads"] // a["kv_num_heads"]
+
+    def softmax(x, mask, sink, exact):
+        if sink is not None and a["head_sink"] is not None:
+            sink = np.repeat(sink[::g], g)
+        return _softmax_gqa(x, mask, sink, exact)
+
+    with _swapped(_gqa, _softmax=softmax):
+        return _gqa.group_query_attention(**a)
+
+
+@_for("gqa_decode", "Xfp16_Wfp16_Yfp16")
+def gqa_bias_of_kv_head(*args, **kw):
+    """Reads a per-head attention_bias at the KV head's index (bias[:, n // (N / Nk)])."""
+    a = call_arguments(_gqa.group_query_attention, args, kw)
+    g = a["num_heads"] // a["kv_num_heads"]
+
+    def bias_full(bias, lay):
+        if bias is not None and bias.shape[1] > 1:
+            bias = np.repeat(bias[:, ::g], g, axis=1)
+        return _bias_full(bias, lay)
+
+    with _swapped(_gqa, _bias_full=bias_full):
+        return _gqa.group_query_attention(**a)
+
+
+@_for("gqa_decode", "Xfp16_Wfp16_Yfp16")
+def gqa_smooth_softmax_ignored(*args, **kw):
+    """Drops smooth_softmax's zero sink when no head_sink is given."""
+    a = call_arguments(_gqa.group_query_attention, args, kw)
+    _check_gqa(**{k: v for k, v in a.items() if k != "out"})
+    return _gqa.group_query_attention(**{**a, "smooth_softmax": -1})
+
+
+def _kv_quantizer(rounding="even", nibbles="low first", lo4=-8):
+    def quantize_kv(x, scale, bits, form="ort"):
+        if form != "ort":
+            return _gqa_quantize(x, scale, bits, form)
+        s = scale[None, :, None, :].astype(np.float32)
+        with np.errstate(over="ignore", invalid="ignore"):
+            v = (np.asarray(x, np.float32) * (np.float32(1) / s).astype(np.float32)).astype(np.float64)
+            r = np.sign(v) * np.floor(np.abs(v) + 0.5) if rounding == "away" else np.rint(v)
+        q = np.clip(np.nan_to_num(r), -128 if bits == 8 else lo4, 127 if bits == 8 else 7).astype(np.int64)
+        if bits == 8:
+            return q.astype(np.int8)
+        nib = (q + 8).astype(np.uint8)
+        first, second = (nib[..., 0::2], nib[..., 1::2]) if nibbles == "low first" else (nib[..., 1::2], nib[..., 0::2])
+        return (first | (second << 4)).astype(np.uint8)
+
+    return quantize_kv
+
+
+def _dequantize_high_first(q, scale, bits, exact=False):
+    if bits == 4:
+        q = ((q >> 4) | (q << 4)).astype(np.uint8)
+    return _gqa_dequantize(q, scale, bits, exact)
+
+
+gqa_kv_cache_ties_away = _gqa_with(
+    "gqa_decode", "Xfp16_Wi8_Yfp16",
+    "Quantizes the cache with round half away from zero (ORT: half to even).", quantize_kv=_kv_quantizer("away"),
+)
+gqa_u4_cache_high_nibble_first = _gqa_with(
+    "gqa_decode", "Xfp16_Wu4_Yfp16",
+    "4-bit cache: element 2i in the high nibble (ORT: low), written and read that way.",
+    quantize_kv=_kv_quantizer(nibbles="high first"), dequantize_kv=_dequantize_high_first,
+)
+gqa_u4_cache_symmetric_range = _gqa_with(
+    "gqa_decode", "Xfp16_Wu4_Yfp16",
+    "4-bit cache clamped to [-7, 7] (ORT: [-8, 7]).", quantize_kv=_kv_quantizer(lo4=-7),
+)
+
+
+@_for("gqa_decode", "Xfp16_Wi8_Yfp16")
+def gqa_attends_unquantized_new_kv(*args, **kw):
+    """Quantized cache: stores the new K / V rows quantized but attends to them unquantized (ORT
+    attends to the dequantized cache)."""
+    a = call_arguments(_gqa.group_query_attention, args, kw)
+    lay, new = _check_gqa(**{k: v for k, v in a.items() if k != "out"}), []
+
+    def quantize_kv(x, scale, bits, form="ort"):
+        new.append(np.asarray(x, np.float64))
+        return _gqa_quantize(x, scale, bits, form)
+
+    def dequantize_kv(q, scale, bits, exact=False):
+        v, x = _gqa_dequantize(q, scale, bits, exact), new.pop(0)
+        for b, pb in enumerate(lay.past_lengths):
+            v[b, :, pb: pb + lay.sequence_length] = x[b]
+        return v
+
+    with _swapped(_gqa, quantize_kv=quantize_kv, dequantize_kv=dequantize_kv):
+        return _gqa.group_query_attention(**a)
+
+
+def _rotate_in_half_precision(a, b, c, t, form):
+    if form != "fp16":
+        return _rotary_pairs(a, b, c, t, form)
+    h = lambda v: np.asarray(v, np.float64).astype(np.float16).astype(np.float64)  # noqa: E731
+    return h(h(a * c) - h(b * t)), h(h(a * t) + h(b * c))
+
+
+@_for("gqa_decode", "Xfp16_Wfp16_Yfp16")
+def gqa_fp16_rotary_in_half(*args, **kw):
+    """fp16 rotary in half arithmetic, fp16(fp16(a c) - fp16(b t)) (ORT: fp32, rounded once to fp16)."""
+    with _swapped(_rotary, rotate_pairs=_rotate_in_half_precision):
+        return _gqa.group_query_attention(*args, **kw)
+
+
+_write_present_ref = _gqa._write_present
+
+
+def _padding_rows_unwritten(past, new, lay, shared):
+    present = _write_present_ref(past, new, lay, shared)
+    if lay.first_prompt:
+        for b, t in enumerate(lay.total_lengths):
+            present[b, :, t: lay.sequence_length] = past[b, :, t: lay.sequence_length] if shared else 0
+    return present
+
+
+gqa_first_prompt_padding_unwritten = _gqa_with(
+    "gqa_prefill", "Xfp16_Wfp16_Yfp16",
+    "A right-padded first prompt writes only its total_b rows (ORT writes all S, padding included).",
+    _write_present=_padding_rows_unwritten,
+)
+
+
+@_for("gqa_decode", "Xfp16_Wfp16_Yfp16")
+def gqa_default_scale_of_rotary_dim(*args, **kw):
+    """scale = 0 read as 1/sqrt(rotary_dim) (ORT: 1/sqrt(head_size); differs with partial rotary)."""
+    a = call_arguments(_gqa.group_query_attention, args, kw)
+    if a["scale"] == 0 and a["cos_cache"] is not None:
+        a["scale"] = float(1 / np.sqrt(2 * a["cos_cache"].shape[1]))
+    return _gqa.group_query_attention(**a)
+
+
+def _unpack_high_first(packed, bits, count):
+    if bits == 8:
+        return _unpack_bits(packed, bits, count)
+    per = 8 // bits
+    v = _unpack_bits(packed, bits, packed.shape[-1] * per)
+    return v.reshape(*v.shape[:-1], -1, per)[..., ::-1].reshape(v.shape)[..., :count].copy()
+
+
+def _codes_high_first(w, z, lay, e):
+    q = _unpack_high_first(w[e], lay.bits, lay.K).astype(np.int32).reshape(lay.N, lay.blocks, -1)
+    return q - _moe._zero_points(z, lay, e)[:, :, None]
+
+
+def _zero_points_broken(kind):
+    def zero_points(z, lay, e):
+        if z is None:
+            return np.full((lay.N, lay.blocks), 8 if kind == "default 8" else 1 << (lay.bits - 1), np.int32)
+        if kind == "high first":
+            count = lay.blocks if lay.block_size is not None else lay.N
+            zp = _unpack_high_first(z[e], lay.bits, count).astype(np.int32)
+            return zp if lay.block_size is not None else zp[:, None]
+        if kind == "rows unpadded" and lay.block_size is not None:
+            flat = _unpack_bits(z[e].reshape(-1), lay.bits, lay.N * lay.blocks)
+            return flat.reshape(lay.N, lay.blocks).astype(np.int32)
+        return _moe_zero_points(z, lay, e)
+
+    return zero_points
+
+
+qmoe_weights_high_bits_first = _qmoe_with(
+    "qmoe_decode", "Xfp32_Wu4_Yfp32",
+    "Unpacks the weight codes high bits first (ORT: low bits first).", expert_codes=_codes_high_first,
+)
+qmoe_u8_zero_point_default_8 = _qmoe_with(
+    "qmoe_decode", "Xfp16_Wu8_Yfp16",
+    "Default zero point 8 whatever the bits (ORT: 2^(bits-1), 128 for 8-bit).",
+    _zero_points=_zero_points_broken("default 8"),
+)
+qmoe_zero_points_high_first = _qmoe_with(
+    "qmoe_decode", "Xfp32_Wu4_Yfp32",
+    "Unpacks the packed zero points high bits first.", _zero_points=_zero_points_broken("high first"),
+)
+qmoe_block_zero_points_rows_unpadded = _qmoe_with(
+    "qmoe_decode", "Xfp32_Wu4_Yfp32",
+    "Reads block-wise zero points as one stream over all rows (ORT pads each row to a byte).",
+    _zero_points=_zero_points_broken("rows unpadded"),
+)
+
+
+def _swiglu_variant(kind):
+    def activation(h, activation_type, alpha=1.0, beta=0.0, limit=None, precision="reference"):
+        if activation_type != "swiglu":
+            return _activation(h, activation_type, alpha, beta, limit, precision)
+        h = np.array(h, np.float32, copy=True)
+        if kind == "halves swapped":  # gate = odd columns, linear = even
+            return _activation(h.reshape(len(h), -1, 2)[..., ::-1].reshape(h.shape), "swiglu", alpha, beta, limit,
+                               precision)
+        g, lin = h[:, 0::2].astype(np.float64), h[:, 1::2].astype(np.float64)
+        lim = None if limit is None else float(np.float32(limit))
+        if lim is not None:
+            g = np.clip(g, -lim, lim) if kind == "gate clamped both sides" else np.minimum(g, lim)
+            lin = np.clip(lin, -lim, lim)
+        al, be = float(np.float32(alpha)), float(np.float32(beta))
+        if kind == "alpha on linear":
+            return (g / (1 + np.exp(-g)) * (al * lin + be)).astype(np.float32)
+        return (g / (1 + np.exp(-al * g)) * (lin + be)).astype(np.float32)
+
+    return activation
+
+
+qmoe_swiglu_halves_swapped = _qmoe_with(
+    "qmoe_decode", "Xfp32_Wu4_Yfp32",
+    "SwiGLU gate = odd fc1 rows, linear = even (ORT: gate even).", expert_activation=_swiglu_variant("halves swapped"),
+)
+qmoe_swiglu_gate_clamped_both_sides = _qmoe_with(
+    "qmoe_decode", "Xfp32_Wu4_Yfp32",
+    "Clamps the gate to [-limit, limit] (ORT: min(g, limit) only).",
+    expert_activation=_swiglu_variant("gate clamped both sides"),
+)
+qmoe_swiglu_alpha_on_linear = _qmoe_with(
+    "qmoe_decode", "Xfp32_Wu4_Yfp32",
+    "g sigmoid(g) (alpha l + beta) (ORT: g sigmoid(alpha g) (l + beta)).",
+    expert_activation=_swiglu_variant("alpha on linear"),
+)
+
+
+@_for("qmoe_decode", "Xfp32_Wu4_Yfp32")
+def qmoe_fc1_bias_deinterleaved(*args, **kw):
+    """SwiGLU: reads fc1's bias as [gate | linear] halves (the weights' rows interleave, so does the bias)."""
+    a = call_arguments(_moe.qmoe, args, kw)
+    b = a["fc1_experts_bias"]
+    if b is not None and a["activation_type"] == "swiglu":
+        half, mixed = b.shape[1] // 2, np.empty_like(b)
+        mixed[:, 0::2], mixed[:, 1::2] = b[:, :half], b[:, half:]
+        a["fc1_experts_bias"] = mixed
+    return _moe.qmoe(**a)
+
+
+def _ffn_fc2_bias_unweighted(x, idx, w, skip, fc1, fc2, act, precision, r):
+    if fc2.bias is None:
+        return _moe_ffn(x, idx, w, skip, fc1, fc2, act, precision, r)
+    no_bias = _moe._Fc(fc2.w, fc2.s, fc2.z, None, fc2.lay, fc2.int8)
+    terms = _moe_ffn(x, idx, w, skip, fc1, no_bias, act, precision, r)
+    for t, j in zip(*np.nonzero(w > skip), strict=True):
+        terms[t] += fc2.bias[idx[t, j]].astype(np.float32)
+    return terms
+
+
+qmoe_fc2_bias_unweighted = _qmoe_with(
+    "qmoe_decode", "Xfp32_Wu4_Yfp32",
+    "Adds each expert's fc2 bias after the routing weight (w y + b; ORT: w (y + b)).", _ffn=_ffn_fc2_bias_unweighted,
+)
+
+
+def _route_variant(kind):
+    def route(router_probs, k, tie_break="higher", *, router_weights=None, normalize_routing_weights=0, **kw):
+        if kind == "router_weights ignored":
+            router_weights = None
+        if kind == "router_weights never normalized":
+            normalize_routing_weights = 0
+        if kind == "selected by router_weights" and router_weights is not None:
+            router_probs = router_weights
+        idx, w = _route(router_probs, k, tie_break, router_weights=router_weights,
+                        normalize_routing_weights=normalize_routing_weights, **kw)
+        if kind == "weights in fp16":
+            w = w.astype(np.float16).astype(w.dtype)
+        return idx, w
+
+    return route
+
+
+qmoe_router_weights_ignored = _qmoe_with(
+    "qmoe_decode", "Xfp32_Wu4_Yfp32",
+    "Ignores router_weights (mixes with the softmax of the selected logits).",
+    route=_route_variant("router_weights ignored"),
+)
+qmoe_router_weights_never_normalized = _qmoe_with(
+    "qmoe_decode", "Xfp32_Wu4_Yfp32",
+    "Never renormalizes router_weights (ORT does with normalize_routing_weights = 1).",
+    route=_route_variant("router_weights never normalized"),
+)
+qmoe_selects_by_router_weights = _qmoe_with(
+    "qmoe_ragged_mm", "Xfp32_Wu4_Yfp32",
+    "Selects the experts by router_weights (ORT: by router_probs, weights from router_weights).",
+    route=_route_variant("selected by router_weights"),
+)
+qmoe_routing_weights_fp16 = _qmoe_with(
+    "qmoe_decode", "Xfp32_Wu4_Yfp32",
+    "Rounds the routing weights to fp16 (ORT keeps them fp32).", route=_route_variant("weights in fp16"),
+)
+qmoe_int8_activations_at_level_0 = _qmoe_with(
+    "qmoe_decode", "Xfp32_Wu4_Yfp32",
+    "Quantizes the activations to int8 for 4-bit block-wise weights at accuracy_level 0 (ORT: level 4 only).",
+    uses_int8_activations=lambda lay, level, constant=True: constant and lay.block_size is not None,
+)
+
+
+# ------------------------------------------------------ bitsandbytes 4-bit: one rule each
+from qconform.ops.bnb._common import input_dtype  # noqa: E402
+from qconform.oracles.bnb.codes import (  # noqa: E402
+    CPU_ORDER,
+    FP4,
+    FP4_CUDA_MAGNITUDE_CODES,
+    FP4_CUDA_THRESHOLDS,
+    FP4_NATIVE,
+    NF4_CUDA_THRESHOLDS,
+)
+
+
+def _q4_from_codes(A, blocksize, out, nibbles, variant="cpu"):
+    """The quantize output with the codes ``nibbles(x, blocksize)`` and the variant's absmax (which
+    does not depend on the quant type)."""
+    bnb_quantize.check_quantize_args(A, blocksize, out)
+    y = bnb_quantize.nf4_quantize(A, blocksize, variant=variant)
+    absmax, _ = bnb_quantize.split(y, A.size, blocksize)
+    x = to_values(A, input_dtype("A", A)).reshape(-1)
+    q = nibbles(x, blocksize)
+    return deliver(np.concatenate([absmax.astype("<f4").view(np.uint8), pack_nibbles(q.astype(np.uint8))]), out)
+
+
+def _cpu_s(x, bs):
+    s, _ = default_scale(x, bs)
+    return np.append(s, np.float32(0)) if x.size % 2 else s
+
+
+def _cuda_t(x, bs):
+    t, _ = cuda_scale(x, bs, True, None)
+    return t.reshape(-1)[: x.size + x.size % 2]
+
+
+@_for("nf4_quantize", "Xfp16_Ynf4")
+def nf4_quantize_low_nibble_first(A, blocksize=64, *, out=None):
+    """Packs element 2j in the low nibble of byte j (bitsandbytes puts it in the high one)."""
+    y = bnb_quantize.nf4_quantize(A, blocksize, out=out)
+    nb = -(-A.size // blocksize)
+    p = y[4 * nb :]
+    p[...] = (p << 4) | (p >> 4)
+    return y
+
+
+@_for("fp4_quantize", "Xfp32_Yfp4")
+def fp4_quantize_sorted_index(A, blocksize=64, *, out=None):
+    """Stores the index of the nearest value in the sorted FP4 table, where bitsandbytes stores its
+    sign-exponent-mantissa code ``order[q]`` (backends/default/ops.py)."""
+    return _q4_from_codes(A, blocksize, out, lambda x, bs: np.searchsorted(CPU_BOUNDS["fp4"], _cpu_s(x, bs)))
+
+
+@_for("fp4_quantize", "Xfp32_Yfp4")
+def fp4_quantize_zero_keeps_sign(A, blocksize=64, *, out=None):
+    """Sends 0 < s <= 1/384 to code 0 (+0) and -1/384 < s < 0 to code 8 (-0), where the CPU's
+    bucketize on the sorted table gives the opposite slots (docs/bnb-4bit.md 2.3)."""
+
+    def nibbles(x, bs):
+        s = _cpu_s(x, bs)
+        q = CPU_ORDER["fp4"][np.searchsorted(CPU_BOUNDS["fp4"], s)]
+        tiny = (np.abs(s) <= np.float32(1 / 384)) & (s != 0)
+        return np.where(tiny, np.where(s > 0, 0, 8), q)
+
+    return _q4_from_codes(A, blocksize, out, nibbles)
+
+
+@_for("fp4_quantize", "Xfp32_Yfp4")
+def fp4_quantize_ties_up(A, blocksize=64, *, out=None):
+    """FP4 on the CPU rule with a tie going to the upper value (bucketize right=True)."""
+
+    def nibbles(x, bs):
+        s = _cpu_s(x, bs)
+        return CPU_ORDER["fp4"][np.where(np.isnan(s), 15, np.searchsorted(CPU_BOUNDS["fp4"], s, side="right"))]
+
+    return _q4_from_codes(A, blocksize, out, nibbles)
+
+
+@_for("nf4_quantize", "Xfp32_Ynf4")
+def nf4_quantize_nan_skipped(A, blocksize=64, *, out=None):
+    """The CPU rule with NaN skipped in the block max (as CUDA's fmaxf), where torch's max propagates
+    it (absmax NaN, the whole block code 15)."""
+    bnb_quantize.check_quantize_args(A, blocksize, out)
+    x = to_values(A, input_dtype("A", A)).reshape(-1)
+    clean = np.where(np.isnan(x), np.float32(0), x).astype(np.float32)
+    s, absmax = default_scale(clean, blocksize)
+    s = np.where(np.isnan(x), np.float32(np.nan), s)
+    s = np.append(s, np.float32(0)) if x.size % 2 else s
+    q = np.searchsorted(CPU_BOUNDS["nf4"], s)
+    return deliver(np.concatenate([absmax.astype("<f4").view(np.uint8), pack_nibbles(q.astype(np.uint8))]), out)
+
+
+@_for("nf4_quantize", "Xfp32_Ynf4")
+def nf4_quantize_pad_nibble_zero(A, blocksize=64, *, out=None):
+    """Leaves the pad nibble of an odd n at 0, where bitsandbytes stores the code of 0.0 (NF4 7)."""
+    y = bnb_quantize.nf4_quantize(A, blocksize, out=out)
+    if A.size % 2:
+        y[-1] &= 0xF0
+    return y
+
+
+@_for("nf4_quantize", "Xfp32_Ynf4")
+def nf4_quantize_zero_block_absmax_clamped(A, blocksize=64, *, out=None):
+    """Returns the clamped absmax 1e-38 for a full all-zero block, where the CPU path returns 0 there
+    (only the partial last block's absmax is the clamped value)."""
+    y = bnb_quantize.nf4_quantize(A, blocksize, out=out)
+    nb = -(-A.size // blocksize)
+    a = y[: 4 * nb].view("<f4")
+    a[a == 0] = np.float32(1e-38)
+    return y
+
+
+@_for("fp4_quantize", "Xbf16_Yfp4")
+def fp4_quantize_cuda_midpoint_thresholds(A, blocksize=64, *, out=None):
+    """CUDA's FP4 tree on the float32 midpoints of the table, where dQuantizeFP4 compares with its
+    literals (T0 14 ulp above, T2/T3/T5/T6 1-6 ulp below their midpoints)."""
+    mag = np.unique(np.abs(FP4))
+    mid = ((mag[:-1].astype(np.float64) + mag[1:]) / 2).astype(np.float32)
+
+    def nibbles(x, bs):
+        t = _cuda_t(x, bs)
+        k = np.where(np.isnan(t), 0, np.searchsorted(mid, np.abs(t)))
+        return FP4_CUDA_MAGNITUDE_CODES[k] | np.where(t < 0, 8, 0)
+
+    return _q4_from_codes(A, blocksize, out, nibbles, "cuda")
+
+
+fp4_quantize_cuda_midpoint_thresholds.__qconform_contract__ = "variant=cuda"
+
+
+@_for("fp4_quantize", "Xfp32_Yfp4")
+def fp4_quantize_cuda_signbit(A, blocksize=64, *, out=None):
+    """CUDA's FP4 sign from the sign bit (so -0.0 gets code 8), where dQuantizeFP4 tests ``s < 0``."""
+
+    def nibbles(x, bs):
+        t = _cuda_t(x, bs)
+        k = np.where(np.isnan(t), 0, np.searchsorted(FP4_CUDA_THRESHOLDS, np.abs(t)))
+        return FP4_CUDA_MAGNITUDE_CODES[k] | np.where(np.signbit(t) & ~np.isnan(t), 8, 0)
+
+    return _q4_from_codes(A, blocksize, out, nibbles, "cuda")
+
+
+fp4_quantize_cuda_signbit.__qconform_contract__ = "variant=cuda"
+
+
+@_for("nf4_quantize", "Xfp32_Ynf4")
+def nf4_quantize_cuda_zero_block_guarded(A, blocksize=64, *, out=None):
+    """CUDA's rule with ``r = absmax == 0 ? 0 : 1/absmax``: a zero block gets NF4 7, where the kernel's
+    0 * inf = NaN gives code 0 (value -1.0 times 0)."""
+
+    def nibbles(x, bs):
+        t, am = cuda_scale(x, bs, True, None)
+        t = np.where((am == 0)[:, None], np.float32(0), t).reshape(-1)[: x.size + x.size % 2]
+        return np.where(np.isnan(t), 0, np.searchsorted(NF4_CUDA_THRESHOLDS, t))
+
+    return _q4_from_codes(A, blocksize, out, nibbles, "cuda")
+
+
+nf4_quantize_cuda_zero_block_guarded.__qconform_contract__ = "variant=cuda"
+
+
+@_for("fp4_decode", "Xfp4_Yfp32")
+def fp4_decode_native_table_on_odd_width(packed, absmax, *, out=None, **kw):
+    """Decodes FP4 code 8 as -0 (the C++ table) for every width, where bitsandbytes' CPU backend takes
+    its Python path, whose code 8 is +0, when the last dimension is odd."""
+    y = bnb_decode.fp4_decode(packed, absmax, out=out, **kw)
+    rows, cols, dtype = kw["rows"], kw["cols"], kw.get("dtype", "float32")
+    if cols % 2:
+        n = rows * cols
+        p = packed.reshape(-1)
+        q = np.stack([p >> 4, p & 0x0F], axis=1).reshape(-1)[:n]
+        with np.errstate(all="ignore"):
+            v = (FP4_NATIVE[q] * np.repeat(absmax, kw["blocksize"])[:n]).astype(np.float32)
+        y[...] = from_f32(v, dtype).reshape(rows, cols)
+    return y
+
+
+@_for("fp4_decode", "Xfp4_Yfp16")
+def fp4_decode_sign_in_bit_0(packed, absmax, *, out=None, **kw):
+    """Reads FP4's sign from bit 0 and the magnitude from bits 3..1 (an E2M1-style layout), where
+    bitsandbytes' FP4 has the sign in bit 3."""
+    p = packed.reshape(-1)
+    hi, lo = p >> 4, p & 0x0F
+    perm = lambda q: (((q & 1) << 3) | (q >> 1)).astype(np.uint8)  # noqa: E731
+    moved = ((perm(hi) << 4) | perm(lo)).astype(np.uint8).reshape(packed.shape)
+    bnb_decode.fp4_decode(packed, absmax, **kw)  # the checks, on the caller's arrays
+    return bnb_decode.fp4_decode(moved, absmax, out=out, **kw)
+
+
+@_for("nf4_decode", "Xnf4_Ybf16")
+def nf4_decode_bf16_truncated(packed, absmax, *, out=None, **kw):
+    """Narrows the float32 product to bfloat16 by dropping its low 16 bits, where bitsandbytes rounds
+    to nearest even."""
+    v = bnb_decode.nf4_decode(packed, absmax, **{**kw, "dtype": "float32"})
+    y = (v.view(np.uint32) >> 16).astype(np.uint16)
+    bnb_decode.check_decode_args(packed, absmax, kw["rows"], kw["cols"], kw["blocksize"], kw["dtype"], out)
+    return deliver(y, out)
+
+
+@_for("nf4_decode", "Xnf4_Yfp16")
+def nf4_decode_code_cast_first(packed, absmax, *, out=None, **kw):
+    """``T(fl32(T(code) * absmax))``: the table rounded to the output type before the multiply
+    (bitsandbytes 0.49's default path), where 0.50 multiplies with the float32 table."""
+    n, dtype = kw["rows"] * kw["cols"], kw["dtype"]
+    bnb_decode.check_decode_args(packed, absmax, kw["rows"], kw["cols"], kw["blocksize"], dtype, out)
+    p = packed.reshape(-1)
+    q = np.stack([p >> 4, p & 0x0F], axis=1).reshape(-1)[:n]
+    code = to_values(from_f32(NF4, dtype), dtype)
+    with np.errstate(all="ignore"):
+        v = (code[q] * np.repeat(absmax, kw["blocksize"])[:n]).astype(np.float32)
+    return deliver(from_f32(v, dtype).reshape(kw["rows"], kw["cols"]), out)
+
+
+@_for("nf4_decode", "Xnf4_Yfp32")
+def nf4_decode_last_block_previous_scale(packed, absmax, *, out=None, **kw):
+    """Scales a partial last block by the previous block's absmax (an off-by-one block index for
+    the tail), where bitsandbytes uses the tail's own absmax."""
+    n, bs = kw["rows"] * kw["cols"], kw["blocksize"]
+    bnb_decode.nf4_decode(packed, absmax, **kw)  # the checks
+    shifted = absmax.copy()
+    if n % bs and absmax.size > 1:
+        shifted[-1] = absmax[-2]
+    return bnb_decode.nf4_decode(packed, shifted, out=out, **kw)
+
+
+@_for("nested_absmax", "Xu8_Yfp32_fma")
+def nested_fma_mode_two_roundings(qabsmax, absmax2, offset, *, mode="two_round", out=None, **kw):
+    """The two_round result (product rounded, then the sum) where the fma mode asked for rounds once."""
+    bnb_nested.check_nested_args(qabsmax, absmax2, offset, mode, out)
+    return bnb_nested.nested_absmax(qabsmax, absmax2, offset, mode="two_round", out=out, **kw)
+
+
+@_for("nested_absmax", "Xu8_Yfp32")
+def nested_dynamic_map_from_numpy_linspace(qabsmax, absmax2, offset, *, mode="two_round", out=None):
+    """The dynamic map regenerated with numpy's float32 linspace (22 entries 1 ulp off), where
+    bitsandbytes' table comes from torch.linspace (codes.DYNAMIC_MAP)."""
+    bnb_nested.check_nested_args(qabsmax, absmax2, offset, mode, out)
+    data = []
+    for i in range(7):
+        b = np.linspace(0.1, 1, 2**i + 1, dtype=np.float32)
+        mean = ((b[:-1] + b[1:]) / np.float32(2)).astype(np.float32)
+        v = (np.float32(10) ** np.float32(i - 6) * mean).astype(np.float32)
+        data += [*v, *(-v)]
+    code = np.sort(np.array(data + [0.0, 1.0], np.float32))
+    with np.errstate(all="ignore"):
+        p = (code[qabsmax.astype(np.int64)] * np.repeat(absmax2, 256)[: qabsmax.size]).astype(np.float32)
+        y = (p + offset.reshape(-1)[0]).astype(np.float32)
+    return deliver(y, out)
+
+
+def _gemm_with(A, B, absmax, bias, out, kw, *, low_first=False, round_w=True, per_row=False, trunc=False):
+    """The cpu reading (weights T(fl32(code * absmax)), exact products, one rounding) with knobs."""
+    dtype, M, N = bnb_gemm.check_gemm_args(A, B, absmax, bias, out=out, **kw)
+    K, bs = kw["K"], kw["blocksize"]
+    p = B.reshape(-1)
+    q = (np.stack([p & 0x0F, p >> 4], 1) if low_first else np.stack([p >> 4, p & 0x0F], 1)).reshape(-1)[: N * K]
+    i = np.arange(N * K)
+    blk = np.minimum((i // K) * -(-K // bs) + (i % K) // bs, absmax.size - 1) if per_row else i // bs
+    code = NF4 if kw["quant_type"] == "nf4" else FP4
+    w = (code[q] * absmax[blk]).astype(np.float32)
+    w = to_values(from_f32(w, dtype), dtype) if round_w else w
+    ref = to_values(A, dtype).reshape(M, K).astype(np.float64) @ w.reshape(N, K).T.astype(np.float64)
+    if bias is not None:
+        ref += to_values(bias, dtype)
+    v = ref.astype(np.float32)
+    y = (v.view(np.uint32) >> 16).astype(np.uint16) if trunc and dtype == "bfloat16" else from_f32(v, dtype)
+    return deliver(y.reshape(*A.shape[:-1], N), out)
+
+
+@_for("gemm_4bit", "Xfp32_W4_Yfp32")
+def gemm_low_nibble_first(A, B, absmax, bias=None, *, out=None, **kw):
+    """Reads weight element 2j from the low nibble of byte j."""
+    return _gemm_with(A, B, absmax, bias, out, kw, low_first=True)
+
+
+@_for("gemm_4bit", "Xbf16_W4_Ybf16")
+def gemm_weights_kept_fp32(A, B, absmax, bias=None, *, out=None, **kw):
+    """Multiplies by the float32 weights ``fl32(code * absmax)``, where the CPU path (dequantize_4bit to
+    A's dtype, then F.linear) rounds each weight to bf16 first."""
+    return _gemm_with(A, B, absmax, bias, out, kw, round_w=False)
+
+
+@_for("gemm_4bit", "Xfp16_W4_Yfp16")
+def gemm_absmax_indexed_per_row(A, B, absmax, bias=None, *, out=None, **kw):
+    """Indexes absmax as ``n * ceil(K / bs) + k // bs`` (blocks restart at each weight row), where
+    bitsandbytes' blocks run over the flattened weight: differs when K % blocksize != 0."""
+    return _gemm_with(A, B, absmax, bias, out, kw, per_row=True)
+
+
+@_for("gemm_4bit", "Xbf16_W4_Ybf16")
+def gemm_bf16_output_truncated(A, B, absmax, bias=None, *, out=None, **kw):
+    """Narrows the fp32 sum to bf16 by truncation, where bitsandbytes rounds to nearest even."""
+    return _gemm_with(A, B, absmax, bias, out, kw, trunc=True)

@@ -355,7 +355,9 @@ def test_level4_int8_activations_with_an_approximate_inverse(monkeypatch: pytest
         return y
 
     # (not the exact int8 ties: under division=1ulp either side of each is accepted, so the 0.25 goes unseen)
-    cases = [c for c in MATMUL.cases("Xfp32_Wu4_Yfp32", 2) if c.params.get("accuracy_level") == 4 and c.pattern != "ties8"]
+    cases = [
+        c for c in MATMUL.cases("Xfp32_Wu4_Yfp32", 2) if c.params.get("accuracy_level") == 4 and c.pattern != "ties8"
+    ]
 
     def outcomes(fn, contract: str) -> list:
         impl = CallableImpl(fn.__name__, fn, ("matmul_nbits",))

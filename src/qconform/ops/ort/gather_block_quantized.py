@@ -88,7 +88,8 @@ def _gather_cases(leaf: str, coverage: int) -> list[Case]:
         core += [(128, 512, 1, 32), (256, 2048, 64, 64), (64, 256, 16, 16), (512, 1024, 32, 128)]
     tables = [(50 + i, "normal", shape) for i, shape in enumerate(shapes)]
     tables += [(400 + i, "core", shape) for i, shape in enumerate(core)]
-    tables += [(60, "oob", (40, 64, 9, 16)), (61, "normal", (17, 40, 9, 16))]  # out-of-range; 3 blocks, the last partial
+    # indices out of range; 3 blocks, the last partial
+    tables += [(60, "oob", (40, 64, 9, 16)), (61, "normal", (17, 40, 9, 16))]
     if "Wi4" in leaf or "Wuint4" in leaf or fp8:
         tables += [(62, "normal", (9, 45, 7, 16))]  # odd cols: the flat nibble stream crosses rows
     for seed, pattern, (rows, cols, n, bs) in tables:

@@ -91,13 +91,14 @@ def _matmul_call(inputs: dict[str, Any], params: dict[str, Any]) -> tuple[tuple,
     K, N = _kn_from_inputs(inputs, params)
     kw = _nbits_kwargs(inputs, params, K, N)
     kw["accuracy_level"] = params.get("accuracy_level", 0)
-    args = (inputs["A"], inputs["B"], inputs["scales"], inputs.get("zero_points"), inputs.get("g_idx"), inputs.get("bias"))
-    return args, kw
+    zp, g_idx = inputs.get("zero_points"), inputs.get("g_idx")
+    return (inputs["A"], inputs["B"], inputs["scales"], zp, g_idx, inputs.get("bias")), kw
 
 
 def _dequant_call(inputs: dict[str, Any], params: dict[str, Any]) -> tuple[tuple, dict]:
     K, N = _kn_from_inputs(inputs, params)
-    return (inputs["B"], inputs["scales"], inputs.get("zero_points"), inputs.get("g_idx")), _nbits_kwargs(inputs, params, K, N)
+    args = (inputs["B"], inputs["scales"], inputs.get("zero_points"), inputs.get("g_idx"))
+    return args, _nbits_kwargs(inputs, params, K, N)
 
 
 _MMA_TILING = (  # (M, K, N), block, zero point, bias: decode M <= 8, prefill beyond; K % 8 != 0 too
