@@ -20,6 +20,7 @@ from qconform.formats.bf16 import bf16_bits_to_fp32
 from qconform.formats.fp16 import fp16_bits_to_fp32, fp32_to_fp16_bits
 from qconform.formats.ggml import Q8_0, Q8_1, Q8_K
 from qconform.oracles.ggml import check_dequantize_args, check_quantize_args, dequantize, quantize
+from qconform.oracles.ggml.fma import fmaf
 from qconform.oracles.ort.packing import unpack_bits
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))  # in a worker process too
@@ -846,6 +847,52 @@ def q4_0_ties_to_even(x: np.ndarray, qtype: str, out: np.ndarray | None = None) 
 
 
 _declare(q4_0_ties_to_even, "q4_0_quant")
+
+
+_legacy = importlib.import_module("qconform.oracles.ggml.legacy")
+_symmetric_codes, _affine_codes = _legacy.symmetric_codes, _legacy.affine_codes
+
+
+def _inverse(d: np.ndarray) -> np.ndarray:
+    """The reference's fp32 ``id = d ? 1/d : 0``."""
+    with np.errstate(all="ignore"):
+        return np.where(d != 0, np.float32(1) / np.where(d != 0, d, np.float32(1)), np.float32(0)).astype(np.float32)
+
+
+def _symmetric_codes_fused(x, bits, ftz):
+    d, _ = _symmetric_codes(x, bits, ftz)
+    c = np.full(x.shape, (1 << (bits - 1)) + 0.5, np.float32)
+    with np.errstate(all="ignore"):
+        v = fmaf(x, np.broadcast_to(_inverse(d)[:, None], x.shape), c)  # x * id + 8.5f in one rounding
+    return d, np.minimum((1 << bits) - 1, _legacy.as_int8(_legacy.trunc_byte(v))) & 0xFF
+
+
+def _affine_codes_fused(x, bits, clamp, ftz):
+    d, mn, _ = _affine_codes(x, bits, clamp, ftz)
+    with np.errstate(all="ignore"):
+        u = (x - mn[:, None]).astype(np.float32)
+        v = fmaf(u, np.broadcast_to(_inverse(d)[:, None], x.shape), np.full(x.shape, 0.5, np.float32))
+    b = _legacy.trunc_byte(v)
+    return d, mn, (np.minimum((1 << bits) - 1, _legacy.as_int8(b)) & 0xFF if clamp else b)
+
+
+def _legacy_fused(name: str):
+    def fused(x: np.ndarray, qtype: str, out: np.ndarray | None = None) -> np.ndarray:
+        _only(name, x, qtype, out)
+        with _swapped(_legacy, symmetric_codes=_symmetric_codes_fused, affine_codes=_affine_codes_fused):
+            return quantize(x, qtype, out=out, backend="numpy")
+
+    fused.__doc__ = (
+        f"{name} with the code's multiply-add contracted into one fmaf (nvcc's default -fmad=true), "
+        "where quantize_row_*_ref rounds the product and the sum apart."
+    )
+    return _declare(fused, f"{name.lower()}_quant")
+
+
+q4_0_code_fused_multiply_add = _legacy_fused("Q4_0")
+q5_0_code_fused_multiply_add = _legacy_fused("Q5_0")
+q4_1_code_fused_multiply_add = _legacy_fused("Q4_1")
+q5_1_code_fused_multiply_add = _legacy_fused("Q5_1")
 
 
 def q4_k_dequant_scale_of_next_subblock(data: np.ndarray, qtype: str, out: np.ndarray | None = None) -> np.ndarray:

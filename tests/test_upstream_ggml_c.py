@@ -38,6 +38,7 @@ import pytest
 
 import qconform.oracles.ggml as ggml_oracles
 from qconform.formats.ggml import FORMATS, BlockFormat
+from qconform.ops.ggml.q8_quant import OWN_PATTERNS
 from qconform.ops.patterns import PATTERNS, make_values
 from qconform.oracles.ggml import dequantize, quantize
 
@@ -80,6 +81,7 @@ def inputs(qtype: str) -> tuple[tuple[str, np.ndarray], ...]:
     block = FORMATS[qtype].block_size
     kquant = qtype in KQUANTS
     patterns = [p for p in PATTERNS if not (kquant and p in ("nan_payload", "mixed"))]
+    patterns += OWN_PATTERNS.get(qtype, ())  # the format's own: Q4_0's power-of-two ties, the legacy fma edges
     per_input = -(-MIN_BLOCKS // (len(patterns) + 1))
     rows = -(-per_input * block // WIDTH)
     out = [(p, make_values(p, 6000 + k, rows, WIDTH, block)) for k, p in enumerate(patterns)]
@@ -247,3 +249,4 @@ def test_the_fma_library_rounds_differently(qtype: str) -> None:
     plain = c_vec_dot(ctypes.CDLL(LIB), qtype, w, a)
     fused = c_vec_dot(ctypes.CDLL(LIB_FMA), qtype, w, a)
     assert not _same(plain, fused).all()
+

@@ -5,11 +5,14 @@ patterns put in each block what a quantizer's edge rules are about: exact .5 tie
 (``ties``: power-of-two scales; ``ties_npot``: scales that are not, with values on and next to
 the ties of the reference's own fp32 products), equal |x| with opposite signs (first-occurrence
 rule), all-zero and -0.0 blocks, a single outlier, +-FLT_MAX, subnormals, NaN and +-inf, NaN
-payloads (which reach ggml's ``nearest_int`` and its 127 clamp).
+payloads (which reach ggml's ``nearest_int`` and its 127 clamp). ``FORMAT_PATTERNS`` are about one
+format's own arithmetic: ``ties_4bit`` (Q4_0's power-of-two scales) and ``fma_edges_*`` (the legacy
+quantizers' code edges where a fused multiply-add truncates differently).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import numpy as np
@@ -122,6 +125,85 @@ def ties_npot(rng: np.random.Generator, rows: int, width: int, block: int) -> np
     return x
 
 
+def _near_code_edges(
+    rng: np.random.Generator,
+    base: np.ndarray,
+    idd: np.ndarray,
+    c: float,
+    edges: np.ndarray,
+    bounds: tuple[np.ndarray, np.ndarray],
+    count: int,
+) -> np.ndarray:
+    """Per block ``i``, ``count`` fp32 values ``x`` with ``(x - base[i]) * idd[i]`` next to a random
+    one of ``edges`` (the products where the code ``trunc(product + c)`` changes), strictly between
+    ``bounds[0][i]`` and ``bounds[1][i]``: of 81 fp32 values around each edge,
+    one whose code differs between the reference's ``f32(f32(f32(x - base) * idd) + c)`` and a
+    fused multiply-add's ``f32(f32(x - base) * idd + c)`` where one does, else the nearest. The
+    exact sum is a float64: products of 24-bit mantissas under 2^6 plus ``c`` < 2^5 fit 53 bits."""
+    n = len(base)
+    t = edges[rng.integers(len(edges), size=(n, count))]
+    x0 = (base[:, None] + t / idd[:, None]).astype(np.float32)
+    steps = np.arange(-40, 41, dtype=np.int32)
+    cand = (x0.view(np.int32)[..., None] + np.where(x0[..., None] < 0, -steps, steps)).view(np.float32)
+    p = (cand - base[:, None, None]).astype(np.float64) * idd[:, None, None].astype(np.float64)  # exact
+    two = np.trunc((p.astype(np.float32) + np.float32(c)).astype(np.float64))
+    one = np.trunc((p + c).astype(np.float32).astype(np.float64))
+    inside = (cand > bounds[0][:, None, None]) & (cand < bounds[1][:, None, None])
+    score = np.where(inside, np.where(two != one, 0.0, 1.0 + np.abs(p - t[..., None])), np.inf)
+    return np.take_along_axis(cand, score.argmin(axis=-1)[..., None], axis=-1)[..., 0]
+
+
+def _place(rng: np.random.Generator, b: np.ndarray, fixed: list[np.ndarray], rest: np.ndarray) -> None:
+    """Block i of ``b`` gets the values ``fixed[j][i]`` at random distinct places, ``rest[i]`` elsewhere."""
+    for i in range(len(b)):
+        where = rng.permutation(b.shape[1])
+        b[i, where[: len(fixed)]] = [f[i] for f in fixed]
+        b[i, where[len(fixed) :]] = rest[i]
+
+
+def _random_amax(rng: np.random.Generator, n: int) -> np.ndarray:
+    return (rng.uniform(1.0, 2.0, n) * 2.0 ** rng.integers(-10, 11, n)).astype(np.float32)
+
+
+def fma_edges_symmetric(half: int, rng: np.random.Generator, rows: int, width: int, block: int) -> np.ndarray:
+    """Q4_0 (half 8) / Q5_0 (half 16), ``quantize_row_q4_0_ref``: d = max / -half, id = 1 / d, code
+    = (int8)(x id + half + 0.5f) with the product and the sum rounded apart. Each block: its max |x|
+    at a random place and sign, with a mantissa that is not 1 (d and id rounded quotients), the
+    others next to the code edges x id = k + 0.5 (-half <= k < half) where a build that fuses the
+    multiply-add (nvcc's default -fmad=true) truncates to another code."""
+    x = np.empty((rows, width), np.float32)
+    b = _blocks(x, block)
+    n = len(b)
+    amax = _random_amax(rng, n)
+    amax[(amax.view(np.int32) & 0x7FFFFF) == 0] *= np.float32(1.5)
+    mx = amax * rng.choice(np.array([-1.0, 1.0], np.float32), size=n)
+    idd = np.float32(1.0) / (mx / np.float32(-half))
+    edges = np.arange(-half, half) + 0.5
+    rest = _near_code_edges(rng, np.zeros(n, np.float32), idd, half + 0.5, edges, (-amax, amax), block - 1)
+    _place(rng, b, [mx], rest)
+    return x
+
+
+def fma_edges_affine(nmax: int, rng: np.random.Generator, rows: int, width: int, block: int) -> np.ndarray:
+    """Q4_1 (nmax 15) / Q5_1 (nmax 31), ``quantize_row_q4_1_ref``: d = (max - min) / nmax, id = 1 / d,
+    code = trunc((x - min) id + 0.5f), each operation rounded apart. Each block: its min and max at
+    random places (d not a power of two), the others strictly between them next to the code edges
+    (x - min) id = k + 0.5 where a fused multiply-add truncates to another code."""
+    x = np.empty((rows, width), np.float32)
+    b = _blocks(x, block)
+    n = len(b)
+    scale = _random_amax(rng, n)
+    mn = (-rng.uniform(0.0, 0.05, n) * scale).astype(np.float32)  # x - min then rounds little past x
+    mx = (mn + rng.uniform(0.5, 2.0, n).astype(np.float32) * scale).astype(np.float32)
+    pot = (((mx - mn) / np.float32(nmax)).view(np.int32) & 0x7FFFFF) == 0
+    mx[pot] = np.nextafter(mx[pot], np.float32(np.inf))
+    idd = np.float32(1.0) / ((mx - mn) / np.float32(nmax))
+    edges = 2.0 ** np.arange(nmax.bit_length() - 1) - 0.5  # only there do the product and the sum differ in binade
+    rest = _near_code_edges(rng, mn, idd, 0.5, edges, (mn, mx), block - 2)
+    _place(rng, b, [mn, mx], rest)
+    return x
+
+
 def equal_abs(rng: np.random.Generator, rows: int, width: int, block: int) -> np.ndarray:
     """The largest |x| occurs two or three times with both signs, in random order."""
     x = uniform(rng, rows, width, block)
@@ -230,7 +312,13 @@ PATTERNS: dict[str, Pattern] = {
     "nan_payload": nan_payload,
     "mixed": mixed,
 }
-FORMAT_PATTERNS: dict[str, Pattern] = {"ties_4bit": ties_4bit}
+FORMAT_PATTERNS: dict[str, Pattern] = {
+    "ties_4bit": ties_4bit,
+    "fma_edges_q4_0": functools.partial(fma_edges_symmetric, 8),
+    "fma_edges_q5_0": functools.partial(fma_edges_symmetric, 16),
+    "fma_edges_q4_1": functools.partial(fma_edges_affine, 15),
+    "fma_edges_q5_1": functools.partial(fma_edges_affine, 31),
+}
 """Patterns about one format's own scale (outside ``PATTERNS``: only the ops that name them use them)."""
 MIXED_FROM = (
     "normal",

@@ -27,7 +27,12 @@ from qconform.readings import Expected, matching_any
 LLM_WIDTHS = (2048, 2560, 4096, 5120, 8192, 14336)
 WIDE_ROW = 14336  # an FFN width: a multiple of every block size here
 DEQUANT_EXTRA_PATTERNS = ("random_bytes", "valid_blocks")  # any bytes; any bytes with finite fp16 scales
-OWN_PATTERNS = {"Q4_0": ("ties_4bit",)}  # quantizer inputs about one format's own scale (patterns.FORMAT_PATTERNS)
+OWN_PATTERNS = {  # quantizer inputs about one format's own scale (patterns.FORMAT_PATTERNS)
+    "Q4_0": ("ties_4bit", "fma_edges_q4_0"),
+    "Q5_0": ("fma_edges_q5_0",),
+    "Q4_1": ("fma_edges_q4_1",),
+    "Q5_1": ("fma_edges_q5_1",),
+}
 WEIGHT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
 FP16_FIELDS = ("d", "dmin", "m", "s")  # the block fields that hold fp16 scales (ggml-common.h)
 EXACT = Check("exact", 0.0, "ggml's scalar reference is deterministic and blockwise: bytes must match")
