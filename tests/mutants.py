@@ -35,6 +35,34 @@ from my_kernels import (  # noqa: E402
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the kernel models beside this file, in a worker too
+from mutants_ggml import (  # noqa: E402, F401  (the ggml format and kernel rules, one each)
+    iq4_nl_best_index_ties_down,
+    iq4_nl_chunk_quantizer,
+    iq4_xs_dequant_scales_h_reversed,
+    iq4_xs_dl_from_fp16_d,
+    iq4_xs_zero_block_positive_d,
+    matmul_iq4_xs_dx_times_l_first,
+    matmul_q4_1_s_from_fp16_d,
+    matmul_q4_k_mins_after_lanes,
+    matmul_q6_k_lanes_pairwise,
+    q2_k_dequant_min_added,
+    q2_k_nstep_off_by_one,
+    q2_k_requant_when_dd_zero,
+    q3_k_dequant_hmask_inverted,
+    q4_1_minmax_from_x0,
+    q4_k_dequant_min_high_bits_wrong_byte,
+    q4_k_rmin_of_q5_k,
+    q5_0_dequant_qh_big_endian,
+    q5_0_last_on_equal_abs,
+    q5_0_zero_block_positive_d,
+    q5_k_rmin_of_q4_k,
+    q8_1_divides_by_d,
+    q8_1_s_is_sum_x,
+    q8_k_fma_nearest_int,
+    rms_norm_q8_k_fp32_sum,
+    rms_norm_q8_k_rsqrt,
+    silu_mul_q8_k_libm_expf,
+)
 from nbits_mma_model import drop_in  # noqa: E402
 
 q8_k_last_block_unwritten = _mutant(skip_last_block=True)
