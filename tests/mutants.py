@@ -1860,3 +1860,60 @@ def gemm_absmax_indexed_per_row(A, B, absmax, bias=None, *, out=None, **kw):
 def gemm_bf16_output_truncated(A, B, absmax, bias=None, *, out=None, **kw):
     """Narrows the fp32 sum to bf16 by truncation, where bitsandbytes rounds to nearest even."""
     return _gemm_with(A, B, absmax, bias, out, kw, trunc=True)
+
+
+# the three GQA rules the cases could not tell apart before: per-row position_ids on a first prompt,
+# a dividing cache quantizer, head_sink given with smooth_softmax = 1
+_rotary_positions_ref = _gqa.rotary_positions
+_quantize_kv_ref = _gqa.quantize_kv
+
+
+def _positions_per_row(batch, seq, pasts, first, position_ids):
+    if first and position_ids is not None:
+        return np.asarray(position_ids, np.int64)[:, :seq].copy()
+    return _rotary_positions_ref(batch, seq, pasts, first, position_ids)
+
+
+gqa_first_prompt_position_ids_per_row = _gqa_with(
+    "gqa_prefill", "Xfp16_Wfp16_Yfp16",
+    "A first prompt rotated at position_ids[b, s] (ORT: position_ids[0, 0] + s for every b).",
+    rotary_positions=_positions_per_row,
+)
+
+
+def _quantize_kv_dividing(x, scale, bit_width, form="ort"):
+    if form != "ort":
+        return _quantize_kv_ref(x, scale, bit_width, form)
+    lo, hi = (-128, 127) if bit_width == 8 else (-8, 7)
+    with np.errstate(over="ignore", invalid="ignore"):
+        r = np.rint((np.asarray(x, np.float32) / scale[None, :, None, :].astype(np.float32)).astype(np.float32))
+    q = np.clip(np.nan_to_num(r), lo, hi).astype(np.int64)
+    if bit_width == 8:
+        return q.astype(np.int8)
+    nib = (q + 8).astype(np.uint8)
+    return (nib[..., 0::2] | (nib[..., 1::2] << 4)).astype(np.uint8)
+
+
+gqa_kv_cache_divides = _gqa_with(
+    "gqa_decode", "Xfp16_Wi8_Yfp16",
+    "Quantizes the cache as rint(fp32(x / s)) (ORT: rint(x * fp32(1 / s)); they differ beside ties).",
+    quantize_kv=_quantize_kv_dividing,
+)
+
+
+@_for("gqa_decode", "Xfp16_Wfp16_Yfp16")
+def gqa_smooth_and_head_sink_both(*args, **kw):
+    """head_sink given with smooth_softmax = 1 adds both sinks, exp(sink - m) + exp(-m), to the
+    denominator (ORT's CPU takes head_sink alone)."""
+    a = call_arguments(_gqa.group_query_attention, args, kw)
+    if a["head_sink"] is None or a["smooth_softmax"] != 1:
+        return _gqa.group_query_attention(**a)
+
+    def softmax(x, mask, sink, exact):
+        xm = np.where(mask, x, -np.inf)
+        m = np.maximum(np.maximum(xm.max(-1, keepdims=True), sink[None, :, None, None]), 0.0)
+        e = np.where(mask, np.exp(xm - m), 0.0)
+        return e / (e.sum(-1, keepdims=True) + np.exp(sink[None, :, None, None] - m) + np.exp(-m))
+
+    with _swapped(_gqa, _softmax=softmax):
+        return _gqa.group_query_attention(**a)

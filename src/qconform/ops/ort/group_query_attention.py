@@ -40,7 +40,10 @@ sink (smooth: smooth_softmax = 1; head: a head_sink input), bias (full (B, N, S,
 (1, 1, S, T)), shared (shared_buffer), fixed (a fixed-size cache buffer), packed (QKV in query),
 pos_ids (explicit position_ids), scale, quant. Patterns: normal, peaky (Q scaled by 4: nearly
 one-hot softmax), ties (quantized leaves: new K / V on exact half steps of a power-of-two scale,
-rounded half to even), core (kernel-shaped: B <= 4, H 64 or 128, N / Nk 1..8).
+rounded half to even), recip (quantized leaves: a per-tensor scale that is not a power of two and
+new K / V among the fp16 values whose x * fp32(1 / s), ORT's form, and fp32(x / s) round to different
+codes), core (kernel-shaped: B <= 4, H 64 or 128, N / Nk 1..8). A first prompt's position_ids differ
+per batch row (ORT reads [0, 0] + s for every row).
 """
 
 from __future__ import annotations
@@ -83,6 +86,20 @@ ATTRIBUTES = (
 QUANT = {"tensor": "PER_TENSOR", "channel": "PER_CHANNEL"}
 SCALES = {8: 4.0 / 127, 4: 0.5}  # per-tensor cache scales: unit-normal K / V mostly in range
 TIE_SCALES = {8: 2.0**-4, 4: 0.5}  # powers of two: x * fp32(1/s) is exact, so half steps are ties
+_F16 = np.arange(65536, dtype=np.uint16).view(np.float16)
+FINITE_FP16 = _F16[np.isfinite(_F16)].astype(np.float32)
+
+
+def reciprocal_edges(rng: np.random.Generator, bits: int) -> tuple[np.float32, np.ndarray]:
+    """A cache scale ``s`` near ``SCALES[bits]`` and the fp16 values whose codes ORT's
+    ``rint(x * fp32(1/s))`` and a division's ``rint(fp32(x / s))`` round apart (inside the code range)."""
+    top = 127.5 if bits == 8 else 7.5
+    while True:
+        s = np.float32(rng.uniform(0.5, 1.5) * SCALES[bits])
+        times = (FINITE_FP16 * (np.float32(1) / s)).astype(np.float32)
+        apart = (np.abs(times) <= top) & (np.rint(times) != np.rint((FINITE_FP16 / s).astype(np.float32)))
+        if apart.any():
+            return s, FINITE_FP16[apart]
 DECODE, PREFILL = "gqa_decode", "gqa_prefill"
 
 # ------------------------------------------------------------------------------------------ inputs
@@ -139,6 +156,11 @@ def make_inputs(op: str, case: Case) -> dict[str, np.ndarray]:
             lo, hi = (-100, 100) if bits == 8 else (-8, 7)
             for name in ("key", "value"):
                 inp[name] = ((rng.integers(lo, hi, (B, S, Nk * H)) + 0.5) * base).astype(act)
+        if case.pattern == "recip":
+            s, xs = reciprocal_edges(rng, bits)
+            inp["k_scale"] = inp["v_scale"] = np.full(inp["k_scale"].shape, s, np.float32)
+            for name in ("key", "value"):
+                inp[name] = rng.choice(xs, (B, S, Nk * H)).astype(act)
     if P or bits:  # a quantized cache always has a past (zero rows): ORT takes the cache type from it
         for name in ("past_key", "past_value"):
             if bits == 8:
@@ -150,9 +172,11 @@ def make_inputs(op: str, case: Case) -> dict[str, np.ndarray]:
     rope = p.get("rope", "none")
     if rope != "none":
         offset = int(rng.integers(0, 4)) if p.get("pos_ids") else 0
-        inp["cos_cache"], inp["sin_cache"] = _rotary(p.get("rd", H), T + offset + 1, act)
+        inp["cos_cache"], inp["sin_cache"] = _rotary(p.get("rd", H), T + offset + B, act)
         if p.get("pos_ids"):
             first = np.arange(S)[None, :] + (offset if phase == "first" else pasts[:, None] + offset)
+            if phase == "first":  # rows other than [0, 0] + s, which ORT never reads on a first prompt
+                first = first + np.arange(B)[:, None]
             # C order: astype of a broadcast view keeps its memory order (strides (8, 8 B) here)
             inp["position_ids"] = np.ascontiguousarray(np.broadcast_to(first, (B, S)), dtype=np.int64)
     bias = p.get("bias", "none")
@@ -231,8 +255,11 @@ def decode_cases(leaf: str, coverage: int) -> list[Case]:
               fixed=True, shared=True, quant="channel" if q else None),
         _case(DECODE, leaf, 3, (1, 1, 4, 2, 2, 32), rope="half", rd=16, sink="smooth", bias="bcast", pos_ids=True),
     ]  # fmt: skip
+    # head_sink and smooth_softmax = 1 together: ORT's CPU takes head_sink alone
+    out.append(_case(DECODE, leaf, 6, (2, 1, 5, 4, 2, 16), rope="half", sink="head", smooth_softmax=1))
     if q:
         out.append(_case(DECODE, leaf, 4, (2, 1, 3, 2, 1, 16), "ties", window=2))
+        out.append(_case(DECODE, leaf, 5, (2, 1, 3, 2, 1, 16), "recip"))
     out.append(_case(DECODE, leaf, 400, (1, 1, 8, 2, 1, 64), "core", rope="half"))
     if coverage >= 2:
         out += [
@@ -288,8 +315,10 @@ def prefill_cases(leaf: str, coverage: int) -> list[Case]:
         _case(PREFILL, leaf, 3, (2, 3, 4, 2, 1, 32), rope="half", rd=16, sink="smooth", bias="bcast", pos_ids=True,
               phase="first", fixed=True, shared=True),
     ]  # fmt: skip
+    out.append(_case(PREFILL, leaf, 6, (1, 4, 5, 4, 2, 16), rope="half", phase="chunk", sink="head", smooth_softmax=1))
     if q:
         out.append(_case(PREFILL, leaf, 4, (1, 3, 2, 2, 1, 16), "ties", phase="chunk", window=2))
+        out.append(_case(PREFILL, leaf, 5, (1, 3, 2, 2, 1, 16), "recip", phase="chunk"))
     out.append(_case(PREFILL, leaf, 400, (1, 4, 0, 2, 1, 64), "core", rope="half", phase="first"))
     if coverage >= 2:
         out += [
