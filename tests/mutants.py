@@ -1917,3 +1917,14 @@ def gqa_smooth_and_head_sink_both(*args, **kw):
 
     with _swapped(_gqa, _softmax=softmax):
         return _gqa.group_query_attention(**a)
+
+
+@_for("nested_absmax", "Xu8_Yfp32")
+def nested_last_group_previous_scale(qabsmax, absmax2, offset, *, mode="two_round", out=None, **kw):
+    """A partial last group of 256 codes scaled by the previous group's absmax2 (an off-by-one group
+    index for the tail), where bitsandbytes uses group j // 256's own."""
+    bnb_nested.check_nested_args(qabsmax, absmax2, offset, mode, out)
+    a2 = absmax2.copy()
+    if qabsmax.size % 256 and a2.size > 1:
+        a2[-1] = a2[-2]
+    return bnb_nested.nested_absmax(qabsmax, a2, offset, mode=mode, out=out, **kw)

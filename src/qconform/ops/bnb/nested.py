@@ -88,9 +88,10 @@ def _call(inputs: dict[str, Any], params: dict[str, Any]) -> tuple[tuple, dict]:
 
 def _cases(leaf: str, coverage: int) -> list[Case]:
     """coverage 1 (small: the golden set): a quantized absmax with one partial 256-block, random
-    codes, and second-level scales 0, NaN, inf, subnormal products (flush-to-zero) and 3e38 (the
-    sum overflows); 2: blocksizes 32..4096 of a 64 x 4096 weight, more seeds, the nested statistics
-    of the 4096 x 14336, 4096 x 512 and 2048 x 768 layer weights; 3: 8192 x 28672.
+    codes over a whole 256-group and a partial one, and second-level scales 0, NaN, inf, subnormal
+    products (flush-to-zero) and 3e38 (the sum overflows); 2: blocksizes 32..4096 of a 64 x 4096
+    weight, more seeds, the nested statistics of the 4096 x 14336, 4096 x 512 and 2048 x 768 layer
+    weights; 3: 8192 x 28672.
 
     core: shapes production kernels take (pattern ``quantized``, seeds 400..409; 1 at coverage 1,
     10 from coverage 2): weights of 1..64 rows and widths 512..8192 at blocksizes 32..256."""
@@ -100,7 +101,7 @@ def _cases(leaf: str, coverage: int) -> list[Case]:
         out.append(Case("nested_absmax", leaf, seed, shape, pattern, {"blocksize": bs}))
 
     add("quantized", (1, 14336), 1, 64)
-    add("random", (3, 1000), 2, 32)
+    add("random", (3, 3000), 2, 32)  # 282 blocks: a whole 256-group, then a partial one
     add("special", (16, 8192), 1000, 64)
     if coverage >= 2:
         for i, bs in enumerate(BLOCKSIZES):
