@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+from unittest import mock
 
 import numpy as np
 
+import qconform.ops.ggml.keep_quant as keep_quant
 from qconform.formats.fp16 import fp16_bits_to_fp32, fp32_to_fp16_bits
 from qconform.formats.ggml import FORMATS, IQ4_XS, Q5_0, Q8_1
 from qconform.oracles.ggml import check_dequantize_args, check_quantize_args, dequantize, legacy, quantize
@@ -23,19 +25,8 @@ iq4nl = importlib.import_module("qconform.oracles.ggml.iq4_nl")
 iq4xs = importlib.import_module("qconform.oracles.ggml.iq4_xs")
 vdg = importlib.import_module("qconform.oracles.ggml.vec_dot_generic")
 fused = importlib.import_module("qconform.oracles.ggml.fused")
-import qconform.ops.ggml.keep_quant as keep_quant  # noqa: E402
 
-
-@contextlib.contextmanager
-def swapped(module, **names):
-    saved = {n: getattr(module, n) for n in names}
-    try:
-        for n, f in names.items():
-            setattr(module, n, f)
-        yield
-    finally:
-        for n, f in saved.items():
-            setattr(module, n, f)
+swapped = mock.patch.multiple  # module attributes replaced inside the block, restored after
 
 
 def _op(op, leaf=None):

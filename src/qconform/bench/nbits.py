@@ -250,7 +250,18 @@ def bench(shapes=SHAPES, bits_list=(2, 4), ms=(1,), reps: int = 50, verdicts: bo
     return records
 
 
+def _builds_head(caption: str, columns: tuple[str, ...], builds: tuple[tuple[str, tuple[str, ...]], ...]) -> None:
+    """Print a side-by-side table's caption (after the device's name) and header: ``columns``, then a
+    time and a share of the roofline per build."""
+    info = device_info()
+    print(f"{info.name} {info.label}; {caption}; us min / median / max")
+    heads = " | ".join(f"{n} us | of roofline" for n, _ in builds)
+    print(f"| {' | '.join(columns)} | {heads} |")
+    print("|" + "---|" * len(columns) + "---|---|" * len(builds))
+
+
 F32_SHAPES = SHAPES[:4]
+ROOF_COLUMNS = ("K x N", "M", "bits", "read-only roofline us")
 
 
 def variants(shapes=F32_SHAPES, bits_list=(2, 4), ms=(1, 2, 4, 8), reps: int = 50, verdicts: bool = True) -> bool:
@@ -259,11 +270,7 @@ def variants(shapes=F32_SHAPES, bits_list=(2, 4), ms=(1, 2, 4, 8), reps: int = 5
     from qconform.device.ort.matmul_nbits import F32_PER_OUTPUT
 
     builds = (("per-output (old)", (F32_PER_OUTPUT,)), ("split ring (new)", ()))
-    info = device_info()
-    print(f"{info.name} {info.label}; fp32 A and scales, block {BLOCK}, default zero point; us min / median / max")
-    heads = " | ".join(f"{n} us | of roofline" for n, _ in builds)
-    print(f"| K x N | M | bits | read-only roofline us | {heads} |")
-    print("|---|---|---|---|" + "---|---|" * len(builds))
+    _builds_head(f"fp32 A and scales, block {BLOCK}, default zero point", ROOF_COLUMNS, builds)
     ok = True
     for K, N in shapes:
         for bits in bits_list:
@@ -300,11 +307,8 @@ def zp_variants(
     M <= 8): the session-3 arithmetic (old) and the folded one (new) side by side on the same cold
     weights, against the read-only roofline of the weights, scales and activations."""
     builds = (("sum(a) form (old)", (ZP_SUM_V1,)), ("folded zi (new)", ()))
-    info = device_info()
-    print(f"{info.name} {info.label}; fp16 A and scales with zero points, block {BLOCK}; us min / median / max")
-    heads = " | ".join(f"{n} us | of roofline" for n, _ in builds)
-    print(f"| K x N | M | bits | zero points | read-only roofline us | {heads} |")
-    print("|---|---|---|---|---|" + "---|---|" * len(builds))
+    columns = ("K x N", "M", "bits", "zero points", "read-only roofline us")
+    _builds_head(f"fp16 A and scales with zero points, block {BLOCK}", columns, builds)
     ok = True
     for K, N in shapes:
         for bits in bits_list:
@@ -337,11 +341,7 @@ def ring_variants(shapes=SHAPES, bits_list=(2, 4), ms=(1, 8), reps: int = 50, ve
 
     launcher = importlib.import_module("qconform.device.ort.matmul_nbits")  # the module, not its function
     builds = (("contiguous (shipped)", ()), ("strided", (RING_STRIDED,)), ("loads only", (RING_LOADS_ONLY,)))
-    info = device_info()
-    print(f"{info.name} {info.label}; fp16 A and scales, block {BLOCK}, default zero point; us min / median / max")
-    heads = " | ".join(f"{n} us | of roofline" for n, _ in builds)
-    print(f"| K x N | M | bits | read-only roofline us | {heads} |")
-    print("|---|---|---|---|" + "---|---|" * len(builds))
+    _builds_head(f"fp16 A and scales, block {BLOCK}, default zero point", ROOF_COLUMNS, builds)
     ok = True
     for K, N in shapes:
         for bits in bits_list:
