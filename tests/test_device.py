@@ -150,7 +150,10 @@ def _repeatable_within_bound(
 
 
 def _handles(op_name: str, case) -> bool:
-    """The cases qconform's own kernels take: all, but gemm_4bit's K % blocksize != 0 (declined)."""
+    """The cases qconform's own kernels take: all, but gemm_4bit's K % blocksize != 0 and the
+    MatMulNBits cases with g_idx (the ABI has none: declined)."""
+    if op_name in ("matmul_nbits", "dequantize_nbits") and case.params.get("g_idx"):
+        return False
     if op_name == "gemm_4bit":
         from qconform.device.bnb.gemm import handles
 

@@ -137,7 +137,7 @@ def test_an_id_moved_off_a_power_of_two_would_show_on_ties() -> None:
 def test_the_mutants_fail_the_named_case_and_pass_ties(name: str, in_tests_dir) -> None:
     """tests/mutants.py's approximate-reciprocal mutants fail matches_oracle on ``ties_npot``
     cases at coverage 1, and on no ``ties`` case; the fake_quantize one on every ``ties_npot``
-    case of every leaf (coverage 2) and on nothing else."""
+    case of every leaf (coverage 2) and on no ``ties`` case."""
     impl = load_impl(f"py:mutants:{name}")
     (op_name,) = impl.ops
     op = get_op(op_name)
@@ -154,4 +154,5 @@ def test_the_mutants_fail_the_named_case_and_pass_ties(name: str, in_tests_dir) 
             args, kw = op.call_args(op.make_inputs(case), op.params(case))
             got, want = mutants.fake_quantize_times_reciprocal(*args, **kw), op.oracle(*args, **kw)
             same = np.array_equal(got.view(np.uint8), want.view(np.uint8))
-            assert same == (case.pattern == "ties"), (lf.name, case.id)
+            if case.pattern in ("ties", "ties_npot"):  # (the other patterns are about other rules)
+                assert same == (case.pattern == "ties"), (lf.name, case.id)

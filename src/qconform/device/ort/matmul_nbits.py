@@ -40,7 +40,7 @@ from qconform.device.registry import (
     wgmma_symbol,
     wgmma_tokens,
 )
-from qconform.errors import ArgumentError
+from qconform.errors import ArgumentError, Declined
 from qconform.ops.ort.matmul_nbits import DEQUANTIZE_NBITS, ZP_KIND, zero_point_kind
 from qconform.oracles.ort.matmul_nbits import check_a, check_nbits_args
 
@@ -296,8 +296,8 @@ def _zp_args(zero_points: Any, lay, form: str, B: Any) -> tuple[Any, float, int,
 
 
 def _nbits_args(B, scales, zero_points, g_idx, K, N, bits, block_size, form):
-    if g_idx is not None:
-        raise ArgumentError("g_idx: the device kernels do not implement g_idx (deprecated in ORT)")
+    if g_idx is not None:  # a valid call the kernels do not take: declined (counted), not rejected
+        raise Declined("g_idx: the device kernels do not implement g_idx (deprecated in ORT)")
     contiguous(B=B, scales=scales, zero_points=zero_points)
     lay = check_nbits_args(
         shadow("B", B),
