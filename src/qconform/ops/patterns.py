@@ -198,7 +198,7 @@ def fma_edges_affine(nmax: int, rng: np.random.Generator, rows: int, width: int,
     pot = (((mx - mn) / np.float32(nmax)).view(np.int32) & 0x7FFFFF) == 0
     mx[pot] = np.nextafter(mx[pot], np.float32(np.inf))
     idd = np.float32(1.0) / ((mx - mn) / np.float32(nmax))
-    edges = 2.0 ** np.arange(nmax.bit_length() - 1) - 0.5  # only there do the product and the sum differ in binade
+    edges = 2.0 ** np.arange(nmax.bit_length()) - 0.5  # k + 1 a power of two: the sum leaves the product's binade
     rest = _near_code_edges(rng, mn, idd, 0.5, edges, (mn, mx), block - 2)
     _place(rng, b, [mn, mx], rest)
     return x
