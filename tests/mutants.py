@@ -1056,21 +1056,25 @@ def _q_fp16_division(x, y_scale, y_zero_point=None, **kw):
 _qdq_quantize = _qdq.quantize_linear
 
 
-def _fq_with(leaf: str, doc: str, q):
+_qdq_dequantize = _qdq.dequantize_linear
+
+
+def _fq_swapped(leaf: str, doc: str, **swaps):
     def fq(*args, **kw):
-        with _swapped(_qdq, quantize_linear=q):
+        with _swapped(_qdq, **swaps):
             return ort.fake_quantize(*args, **kw)
 
     fq.__doc__ = doc
     return _for("fake_quantize", leaf)(fq)
 
 
-fake_quantize_clamp_before_zero_point = _fq_with(
+fake_quantize_clamp_before_zero_point = _fq_swapped(
     "Xfp32_Qu8_Yfp32", "clip(clip(rint(x/s), lo, hi) + zp): clamps before adding the zero point.",
-    _q_clamp_before_zero_point,
+    quantize_linear=_q_clamp_before_zero_point,
 )
-fake_quantize_fp16_division = _fq_with(
-    "Xfp16_Qu8_Yfp16", "Divides fp16 x by an fp16 scale in fp16 (ORT computes fp32(x) / fp32(s)).", _q_fp16_division
+fake_quantize_fp16_division = _fq_swapped(
+    "Xfp16_Qu8_Yfp16", "Divides fp16 x by an fp16 scale in fp16 (ORT computes fp32(x) / fp32(s)).",
+    quantize_linear=_q_fp16_division,
 )
 
 
@@ -1096,18 +1100,6 @@ def qswiglu_sigmoid_held_in_fp16(gate_q, up_q, **kw):
     sig = _sw.sigmoid_fp32
     with _swapped(_sw, sigmoid_fp32=lambda g: sig(g).astype(np.float16).astype(np.float32)):
         return _sw.qswiglu(gate_q, up_q, **kw)
-
-
-_qdq_dequantize = _qdq.dequantize_linear
-
-
-def _fq_swapped(leaf: str, doc: str, **swaps):
-    def fq(*args, **kw):
-        with _swapped(_qdq, **swaps):
-            return ort.fake_quantize(*args, **kw)
-
-    fq.__doc__ = doc
-    return _for("fake_quantize", leaf)(fq)
 
 
 def _q_default_zero_point_mid(x, y_scale, y_zero_point=None, *, output_dtype=None, **kw):

@@ -190,20 +190,18 @@ def q2_k_requant_when_dd_zero(x, qtype, out=None):
 # ------------------------------------------------------------------ IQ4_NL / IQ4_XS
 
 
+_best_index_ref = iq4nl.best_index
+
+
 def _best_index_ties_down(v):
+    """The oracle's best_index, but a v exactly half-way between two table values (in fp32) takes the
+    lower one; ggml's ``best_index_int8`` compares with < and takes the upper."""
+    idx = _best_index_ref(v)
     v = np.asarray(v, dtype=np.float32)
-    KV = iq4nl.KV
-    ml = np.zeros(v.shape, np.int64)
-    mu = np.full(v.shape, 15, np.int64)
-    while (open_ := mu - ml > 1).any():
-        mav = (ml + mu) // 2
-        below = v < KV[mav]
-        mu = np.where(open_ & below, mav, mu)
-        ml = np.where(open_ & ~below, mav, ml)
+    up = np.clip(idx, 1, 15)
     with np.errstate(invalid="ignore"):
-        lower = (v - KV[mu - 1]).astype(np.float32) <= (KV[mu] - v).astype(np.float32)  # ONE CHANGE: <=
-        idx = np.where(lower, mu - 1, mu)
-        return np.where(v <= KV[0], 0, np.where(v >= KV[15], 15, idx))
+        tie = (idx >= 1) & (v > iq4nl.KV[0]) & (v < iq4nl.KV[15]) & ((v - iq4nl.KV[up - 1]) == (iq4nl.KV[up] - v))
+    return np.where(tie, idx - 1, idx)
 
 
 @_op("iq4_nl_quant")
