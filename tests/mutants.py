@@ -36,6 +36,7 @@ from my_kernels import (  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the kernel models beside this file, in a worker too
 from mutants_ggml import (  # noqa: E402, F401  (the ggml format and kernel rules, one each)
+    _only,  # the shared helpers: a mutant's argument checks, its op declaration (_for)
     iq4_nl_best_index_ties_down,
     iq4_nl_chunk_quantizer,
     iq4_xs_dequant_scales_h_reversed,
@@ -63,6 +64,7 @@ from mutants_ggml import (  # noqa: E402, F401  (the ggml format and kernel rule
     rms_norm_q8_k_rsqrt,
     silu_mul_q8_k_libm_expf,
 )
+from mutants_ggml import _op as _for  # noqa: E402
 from nbits_mma_model import drop_in  # noqa: E402
 
 q8_k_last_block_unwritten = _mutant(skip_last_block=True)
@@ -219,15 +221,6 @@ _declare(q8_k_allocates_and_skips_last_block, "q8_k_quant")
 
 # ----------------------------------------------------------------- ONNX Runtime family mutants
 # Each is the oracle with one rule broken; ``__qconform_leaf__`` names the leaf it is run on.
-
-
-def _for(op: str, leaf: str):
-    def mark(fn):
-        fn.__qconform_ops__ = (op,)
-        fn.__qconform_leaf__ = leaf
-        return fn
-
-    return mark
 
 
 @_for("dequantize_nbits", "Wu2_Yfp32")
@@ -751,12 +744,6 @@ qmoe_limit_on_linear_only = _qmoe_with(
 _fused = importlib.import_module("qconform.oracles.ggml.fused")
 _rotary = importlib.import_module("qconform.oracles.ort.rotary")
 _store_reread = _fused._store_reread
-
-
-def _only(fmt_name: str, x, qtype: str, out):
-    fmt, _ = check_quantize_args(x, qtype, out)
-    if fmt.name != fmt_name:
-        raise NotImplementedError(f"this mutant only quantizes {fmt_name}, not {qtype}")
 
 
 def q4_0_zero_block_positive_d(x: np.ndarray, qtype: str, out: np.ndarray | None = None) -> np.ndarray:

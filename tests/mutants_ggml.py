@@ -29,7 +29,9 @@ fused = importlib.import_module("qconform.oracles.ggml.fused")
 swapped = mock.patch.multiple  # module attributes replaced inside the block, restored after
 
 
-def _op(op, leaf=None):
+def _op(op: str, leaf: str | None = None):
+    """Declare the op a mutant replaces (and the leaf its test runs, where given)."""
+
     def mark(fn):
         fn.__qconform_ops__ = (op,)
         if leaf:
@@ -40,9 +42,10 @@ def _op(op, leaf=None):
 
 
 def _only(name, x, qtype, out, check=check_quantize_args):
+    """The oracle's argument checks; a format other than ``name`` is not this mutant's (declined)."""
     fmt, _ = check(x, qtype, out)
     if fmt.name != name:
-        raise NotImplementedError(name)
+        raise NotImplementedError(f"this mutant only takes {name}, not {qtype}")
     return fmt
 
 
