@@ -10,6 +10,7 @@ from unittest import mock
 import numpy as np
 
 import qconform.ops.ggml.keep_quant as keep_quant
+import qconform.ops.ggml.requant_ties as requant_ties
 from qconform.formats.fp16 import fp16_bits_to_fp32, fp32_to_fp16_bits
 from qconform.formats.ggml import FORMATS, IQ4_XS, Q5_0, Q8_1
 from qconform.oracles.ggml import check_dequantize_args, check_quantize_args, dequantize, legacy, quantize
@@ -179,15 +180,55 @@ def q2_k_requant_when_dd_zero(x, qtype, out=None):
     n = x.size // 256
     y = quantize(x, qtype, out=out)
     b = FORMATS["Q2_K"].blocks(y.reshape(-1))
-    sc = b["scales"].astype(np.int64)
-    dd = kq.mul(fp16_bits_to_fp32(b["d"])[:, None], sc & 0xF, False)
-    dm = kq.mul(fp16_bits_to_fp32(b["dmin"])[:, None], sc >> 4, False)
-    xg = x.reshape(n, 16, 16)
-    requant = kq.clamp(kq.nearest_int_k(kq.div(kq.add(xg, dm[..., None], False), dd[..., None], False)), 0, 3)
+    dd, _ = requant_ties.stored_scales("Q2_K", y)
+    requant = kq.clamp(kq.nearest_int_k(requant_ties.quotients("Q2_K", x, y)), 0, 3)
     L = q2k.unpack_q2(b["qs"]).reshape(n, 16, 16)
     L = np.where((dd == 0)[..., None], requant, L)
     b["qs"] = q2k.pack_q2(L.reshape(n, 256))
     return y
+
+
+def _requant_by_reciprocal(qtype, mod):
+    """The final requantisation as (x + dm) * (1/dd) (its division is the module's only one on
+    (blocks, sub-blocks, values) arrays)."""
+
+    def div(a, b, ftz):
+        if np.ndim(a) == 3:
+            return kq.mul(a, kq.div(np.float32(1), b, ftz), ftz)
+        return kq.div(a, b, ftz)
+
+    def f(x, qtype_, out=None):
+        _only(qtype, x, qtype_, out)
+        return _q_numpy(x, qtype_, out, a=(mod, {"div": div}))
+
+    f.__qconform_ops__ = (f"{qtype.lower()}_quant",)
+    return f
+
+
+q2_k_requant_by_reciprocal = _requant_by_reciprocal("Q2_K", q2k)
+q3_k_requant_by_reciprocal = _requant_by_reciprocal("Q3_K", q3k)
+q4_k_requant_by_reciprocal = _requant_by_reciprocal("Q4_K", q4k)
+q5_k_requant_by_reciprocal = _requant_by_reciprocal("Q5_K", q4k)
+q6_k_requant_by_reciprocal = _requant_by_reciprocal("Q6_K", q6k)
+
+
+def _qkx2_rule_dropped(qtype, rule):
+    """make_qkx2_quants without one of its rules on a positive min (kquant_search)."""
+    keep = {"min_not_positive": lambda mn: mn, "refit_positive_min": lambda sc, mn, *_: (sc, mn)}[rule]
+
+    def f(x, qtype_, out=None):
+        _only(qtype, x, qtype_, out)
+        with swapped(kq, **{rule: keep}):
+            return _q_numpy(x, qtype_, out)
+
+    f.__qconform_ops__ = (f"{qtype.lower()}_quant",)
+    return f
+
+
+q4_k_start_min_positive = _qkx2_rule_dropped("Q4_K", "min_not_positive")
+q2_k_start_min_positive = _qkx2_rule_dropped("Q2_K", "min_not_positive")
+q5_k_fit_min_positive = _qkx2_rule_dropped("Q5_K", "refit_positive_min")
+q2_k_fit_min_positive = _qkx2_rule_dropped("Q2_K", "refit_positive_min")
 
 
 # ------------------------------------------------------------------ IQ4_NL / IQ4_XS

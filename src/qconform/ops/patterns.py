@@ -6,8 +6,9 @@ patterns put in each block what a quantizer's edge rules are about: exact .5 tie
 the ties of the reference's own fp32 products), equal |x| with opposite signs (first-occurrence
 rule), all-zero and -0.0 blocks, a single outlier, +-FLT_MAX, subnormals, NaN and +-inf, NaN
 payloads (which reach ggml's ``nearest_int`` and its 127 clamp). ``FORMAT_PATTERNS`` are about one
-format's own arithmetic: ``ties_4bit`` (Q4_0's power-of-two scales) and ``fma_edges_*`` (the legacy
-quantizers' code edges where a fused multiply-add truncates differently).
+format's own arithmetic: ``ties_4bit`` (Q4_0's power-of-two scales), ``fma_edges_*`` (the legacy
+quantizers' code edges where a fused multiply-add truncates differently), ``one_sign`` (blocks of
+one sign: the K-quant searches' offset rules) and ``requant_ties_*`` (the K-quants' last step).
 """
 
 from __future__ import annotations
@@ -204,6 +205,31 @@ def fma_edges_affine(nmax: int, rng: np.random.Generator, rows: int, width: int,
     return x
 
 
+def one_sign(rng: np.random.Generator, rows: int, width: int, block: int) -> np.ndarray:
+    """Blocks of one sign: |normal| (a post-ReLU or SiLU activation), -|normal|, or a positive
+    offset with a narrower spread (every value far from 0). ggml's ``make_qkx2_quants`` (Q2_K,
+    Q4_K, Q5_K) is about them: ``if (min > 0) min = 0``, and a fit whose offset comes out positive
+    is redone without one; Q4_1 / Q5_1 keep a positive min (no such rule)."""
+    x = np.abs(normal(rng, rows, width, block))
+    b = _blocks(x, block)
+    kind = rng.integers(3, size=len(b))
+    b[kind == 1] *= np.float32(-1)
+    far = kind == 2
+    lift = b[far].max(axis=1, keepdims=True) * rng.uniform(0.5, 4.0, (int(far.sum()), 1))
+    b[far] = (lift + b[far]).astype(np.float32)
+    return x
+
+
+def _requant_ties(qtype: str) -> Pattern:
+    def pattern(rng: np.random.Generator, rows: int, width: int, block: int) -> np.ndarray:
+        from qconform.ops.ggml.requant_ties import requant_ties  # built with ggml's reference quantizer
+
+        return requant_ties(qtype, rng, rows, width)
+
+    pattern.__doc__ = f"{qtype}: values on the .5 ties of the stored scales (qconform.ops.ggml.requant_ties)."
+    return pattern
+
+
 def equal_abs(rng: np.random.Generator, rows: int, width: int, block: int) -> np.ndarray:
     """The largest |x| occurs two or three times with both signs, in random order."""
     x = uniform(rng, rows, width, block)
@@ -318,6 +344,8 @@ FORMAT_PATTERNS: dict[str, Pattern] = {
     "fma_edges_q5_0": functools.partial(fma_edges_symmetric, 16),
     "fma_edges_q4_1": functools.partial(fma_edges_affine, 15),
     "fma_edges_q5_1": functools.partial(fma_edges_affine, 31),
+    "one_sign": one_sign,
+    **{f"requant_ties_{q.lower()}": _requant_ties(q) for q in ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")},
 }
 """Patterns about one format's own scale (outside ``PATTERNS``: only the ops that name them use them)."""
 MIXED_FROM = (

@@ -30,8 +30,13 @@ DEQUANT_EXTRA_PATTERNS = ("random_bytes", "valid_blocks")  # any bytes; any byte
 OWN_PATTERNS = {  # quantizer inputs about one format's own scale (patterns.FORMAT_PATTERNS)
     "Q4_0": ("ties_4bit", "fma_edges_q4_0"),
     "Q5_0": ("fma_edges_q5_0",),
-    "Q4_1": ("fma_edges_q4_1",),
-    "Q5_1": ("fma_edges_q5_1",),
+    "Q4_1": ("fma_edges_q4_1", "one_sign"),
+    "Q5_1": ("fma_edges_q5_1", "one_sign"),
+    "Q2_K": ("one_sign", "requant_ties_q2_k"),
+    "Q3_K": ("requant_ties_q3_k",),
+    "Q4_K": ("one_sign", "requant_ties_q4_k"),
+    "Q5_K": ("one_sign", "requant_ties_q5_k"),
+    "Q6_K": ("requant_ties_q6_k",),
 }
 WEIGHT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
 FP16_FIELDS = ("d", "dmin", "m", "s")  # the block fields that hold fp16 scales (ggml-common.h)

@@ -175,6 +175,20 @@ def _qkx2_error(
     return err
 
 
+def min_not_positive(mn: np.ndarray) -> np.ndarray:
+    """``if (min > 0) min = 0``: the start of make_qkx2_quants' fit never has a positive min."""
+    return np.where(mn > 0, F32(0), mn)
+
+
+def refit_positive_min(
+    this_scale: np.ndarray, this_min: np.ndarray, sum_xl: np.ndarray, sum_l2: np.ndarray, ftz: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """``if (this_min > 0) { this_min = 0; this_scale = sum_xl / sum_l2; }``: a candidate fit with a
+    positive min is redone through the origin."""
+    pos = this_min > 0
+    return np.where(pos, div(sum_xl, sum_l2, ftz), this_scale), np.where(pos, F32(0), this_min)
+
+
 def make_qkx2_quants(
     x: np.ndarray,
     w: np.ndarray,
@@ -199,7 +213,7 @@ def make_qkx2_quants(
         mx = np.where(x[:, i] > mx, x[:, i], mx)
         sum_w = add(sum_w, w[:, i], ftz)
         sum_x = add(sum_x, mul(w[:, i], x[:, i], ftz), ftz)
-    mn = np.where(mn > 0, F32(0), mn)
+    mn = min_not_positive(mn)
     flat = mx == mn
     iscale = div(F32(nmax), sub(mx, mn, ftz), ftz)
     scale = div(F32(1), iscale, ftz)
@@ -219,9 +233,7 @@ def make_qkx2_quants(
         big_d = sub(mul(sum_w, sum_l2, ftz), mul(sum_l, sum_l, ftz), ftz)
         this_scale = div(sub(mul(sum_w, sum_xl, ftz), mul(sum_x, sum_l, ftz), ftz), big_d, ftz)
         this_min = div(sub(mul(sum_l2, sum_x, ftz), mul(sum_l, sum_xl, ftz), ftz), big_d, ftz)
-        pos = this_min > 0
-        this_min = np.where(pos, F32(0), this_min)
-        this_scale = np.where(pos, div(sum_xl, sum_l2, ftz), this_scale)
+        this_scale, this_min = refit_positive_min(this_scale, this_min, sum_xl, sum_l2, ftz)
         cur = _qkx2_error(x, w, this_scale, this_min, laux, use_mad, ftz)
         take = ~flat & (big_d > 0) & (cur < best)
         big_l = np.where(take[:, None], laux, big_l)
