@@ -43,6 +43,7 @@ from mutants_ggml import (  # noqa: E402, F401  (the ggml format and kernel rule
     iq4_xs_dl_from_fp16_d,
     iq4_xs_zero_block_positive_d,
     matmul_iq4_xs_dx_times_l_first,
+    matmul_q4_0_scales_multiplied_first,
     matmul_q4_1_s_from_fp16_d,
     matmul_q4_k_mins_after_lanes,
     matmul_q6_k_lanes_pairwise,

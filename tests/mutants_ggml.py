@@ -318,6 +318,19 @@ def _dot_q4_1_s_recomputed(w, a, fused_):
 matmul_q4_1_s_from_fp16_d = _mm_with("Q4_1", "Wq4_1_Aq8_1_Yfp32", _dot_q4_1_s_recomputed)
 
 
+def _dot_q4_0_scales_first(w, a, fused_):
+    """q4_0: sumf += (dx*dy) * sumi (q5_0's order) instead of (sumi*dx) * dy."""
+    sumi = vdg._legacy_sym(w, a, 4)
+    dx, dy = vdg._h2f(w["d"]), vdg._h2f(a["d"])
+    sumf = np.zeros(len(w), np.float32)
+    for ib in range(w.shape[1]):
+        sumf = vdg._acc(sumf, vdg._mul(dx[:, ib], dy[:, ib]), vdg._i2f(sumi[:, ib]), fused_)
+    return sumf
+
+
+matmul_q4_0_scales_multiplied_first = _mm_with("Q4_0", "Wq4_0_Aq8_0_Yfp32", _dot_q4_0_scales_first)
+
+
 def _dot_q4_k_mins_after_lanes(w, a, fused_):
     """q4_K: the mins term accumulated in its own fp32 sum and subtracted after the 8 lanes."""
     scale, sumi = vdg._k4_scales(w, a)

@@ -123,6 +123,7 @@ CAUGHT_BY = {
     "iq4_xs_dequant_scales_h_reversed": VALUE,
     "q2_k_dequant_min_added": VALUE,
     "matmul_q4_1_s_from_fp16_d": VALUE,
+    "matmul_q4_0_scales_multiplied_first": VALUE,
     "matmul_q4_k_mins_after_lanes": VALUE,
     "matmul_q6_k_lanes_pairwise": VALUE,
     "matmul_iq4_xs_dx_times_l_first": VALUE,

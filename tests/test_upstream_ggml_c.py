@@ -182,14 +182,15 @@ def vec_dot_rows(lib_path: str, qtype: str) -> tuple[np.ndarray, np.ndarray]:
     """(weights, activations) as uint8 rows of one vec_dot each. Weights: ggml's ref quantization of
     every pattern, then random bytes; activations: ggml's ref Q8 quantization of normal values and
     of the same patterns, then random bytes (Q8_K bsums unrelated to the qs), half of the random rows
-    with finite scales."""
+    with finite scales. One-sign weights meet one-sign activations: block sums of 14 bits and more,
+    where the order of the scale products rounds differently."""
     lib = ctypes.CDLL(lib_path)
     wfmt, act = FORMATS[qtype], VEC_DOT[qtype]
     afmt = FORMATS[act]
     w, a = [], []
-    for k, p in enumerate(PATTERNS):
+    for k, p in enumerate((*PATTERNS, "one_sign")):
         w.append(c_quantize(lib, qtype, "ref", make_values(p, 6300 + k, VEC_ROWS, VEC_N, wfmt.block_size)))
-        a_pattern = "normal" if k % 2 else p
+        a_pattern = "normal" if k % 2 and p != "one_sign" else p
         a.append(c_quantize(lib, act, "ref", make_values(a_pattern, 6400 + k, VEC_ROWS, VEC_N, afmt.block_size)))
     rng = np.random.default_rng(6500)
     for _ in range(2):

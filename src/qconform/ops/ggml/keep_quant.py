@@ -73,8 +73,9 @@ EDGE_PATTERNS = (  # activation / input patterns, each once at coverage 1 (qconf
     "inf",
     "nan_payload",
 )
-FUZZ_PATTERNS = ("normal", "uniform", "mixed", *EDGE_PATTERNS)
+FUZZ_PATTERNS = ("normal", "uniform", "mixed", "one_sign", *EDGE_PATTERNS)
 WEIGHTS = ("valid", "quantized")  # random blocks with finite scales; quantize() of normal values
+SATURATED = "one_sign"  # quantize() of one-sign blocks against one-sign activations: block sums past 2^13
 
 
 def _check_array(name: str, a: object, dtype: Any, ndim: int | None, what: str) -> np.ndarray:
@@ -155,15 +156,18 @@ def matmul_bt_quant(
 
 def _mm_inputs(case: Case) -> dict[str, np.ndarray]:
     """A: the case's pattern per activation block. W: ``valid`` random block bytes with finite fp16
-    scales (every quant, packed sub-block scale and sign arbitrary), or ``quantized`` (the reference
-    quantizer of normal values: real weights)."""
+    scales (every quant, packed sub-block scale and sign arbitrary), ``quantized`` (the reference
+    quantizer of normal values: real weights) or ``one_sign`` (of blocks of one sign: with one-sign
+    activations each block's integer sum has 14 or more significant bits, so that ``sumi * dx`` is
+    rounded and the generic order of the scale products shows)."""
     qtype = case.params["qtype"]
     wfmt, afmt = vec_dot_formats(qtype)
     M, N, K = case.shape
     A = make_values(case.pattern, case.seed, M, K, afmt.block_size)
     rng = np.random.default_rng([case.seed, 1])
-    if case.params.get("w", "valid") == "quantized":
-        W = quantize(make_values("normal", case.seed + 1, N, K, wfmt.block_size), qtype)
+    w = case.params.get("w", "valid")
+    if w in ("quantized", SATURATED):
+        W = quantize(make_values("normal" if w == "quantized" else w, case.seed + 1, N, K, wfmt.block_size), qtype)
     else:
         W = finite_scales(wfmt, rng.integers(0, 256, (N, wfmt.n_bytes(K)), dtype=np.uint8), rng)
     return {"W_blocks": W, "A_fp32": A}
@@ -200,7 +204,8 @@ MM_CORE = (  # (M, N, K): M tokens, N a multiple of 8, K a multiple of 256; the 
 
 def _mm_cases(leaf: str, coverage: int, qtype: str) -> list[Case]:
     """coverage 1 (small: a golden leaf stays under 40 KB): one activation row of 256 values against
-    two weight rows for each special pattern, two quantized weight rows of 512, and the first core
+    two weight rows for each special pattern, two quantized weight rows of 512, two one-sign
+    activation rows against four one-sign weight rows (block sums past 2^13), and the first core
     shape; 2: more seeds of the patterns, an odd N with K = 768, a mixed 4 x 64 x 4096, and the
     realistic shapes (every LLM width from 2048 to 14336, N up to 8192, M 1, 2, 7, 16 and 128); 3:
     a 8192 x 14336 projection, a 16-token 4096 x 4096 tile, 128 tokens.
@@ -218,6 +223,7 @@ def _mm_cases(leaf: str, coverage: int, qtype: str) -> list[Case]:
         for s in range(seeds):
             add(1, 2, 256, 1000 + 10 * i + s, pattern)
     add(1, 4, 512, 1, w="quantized")
+    add(2, 4, 512, 2, SATURATED, w=SATURATED)
     if coverage >= 2:
         add(3, 5, 768, 2, "uniform")
         add(4, 64, 4096, 3, "mixed")
@@ -243,7 +249,7 @@ def _mm_strategy(leaf: str, qtype: str) -> Any:
         N=st.integers(1, 8),
         blocks=st.integers(1, 4),
         pattern=st.sampled_from(FUZZ_PATTERNS),
-        w=st.sampled_from(WEIGHTS),
+        w=st.sampled_from((*WEIGHTS, SATURATED)),
     )
 
 
