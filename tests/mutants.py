@@ -403,7 +403,7 @@ import qconform.ops.bnb.gemm as bnb_gemm  # noqa: E402
 import qconform.ops.bnb.nested as bnb_nested  # noqa: E402
 import qconform.ops.bnb.quantize as bnb_quantize  # noqa: E402
 from qconform.ops.bnb._common import deliver, from_f32, to_values  # noqa: E402
-from qconform.oracles.bnb.blockwise import cuda_scale, default_scale  # noqa: E402
+from qconform.oracles.bnb.blockwise import TINY, cuda_scale, default_scale  # noqa: E402
 from qconform.oracles.bnb.codes import CPU_BOUNDS, NF4, create_dynamic_map  # noqa: E402
 from qconform.oracles.bnb.fourbit import pack_nibbles  # noqa: E402
 
@@ -426,17 +426,56 @@ def _nf4_from_codes(A, blocksize, out, nibbles, variant: str = "cpu") -> np.ndar
     return deliver(np.concatenate([absmax.astype("<f4").view(np.uint8), pack_nibbles(q.astype(np.uint8))]), out)
 
 
+def _cpu_nf4_codes(scale=default_scale, side="left"):
+    """bitsandbytes' CPU NF4 codes of ``scale(x, bs)``, ``torch.bucketize`` with a tie to ``side``."""
+
+    def nibbles(x, bs):
+        s, _ = scale(x, bs)
+        s = np.append(s, np.float32(0)) if x.size % 2 else s
+        return np.where(np.isnan(s), 15, np.searchsorted(CPU_BOUNDS["nf4"], s, side=side))
+
+    return nibbles
+
+
 @_for("nf4_quantize", "Xfp32_Ynf4")
 def nf4_quantize_ties_up(A, blocksize=64, *, out=None):
     """bitsandbytes' CPU rule with a scaled value on a midpoint going to the upper code (torch.bucketize
     with right=True) where bitsandbytes' ``bucketize`` sends it to the lower one."""
+    return _nf4_from_codes(A, blocksize, out, _cpu_nf4_codes(side="right"))
 
-    def nibbles(x, bs):
-        s, _ = default_scale(x, bs)
-        s = np.append(s, np.float32(0)) if x.size % 2 else s
-        return np.where(np.isnan(s), 15, np.searchsorted(CPU_BOUNDS["nf4"], s, side="right"))
 
-    return _nf4_from_codes(A, blocksize, out, nibbles)
+def _tail_by_reciprocal(x, bs):
+    """default_scale with the tail block scaled as x * fl32(1/absmax) like the full ones."""
+    s, absmax = default_scale(x, bs)
+    full = x.size - x.size % bs
+    if full < x.size:
+        with np.errstate(all="ignore"):
+            s[full:] = np.clip(x[full:] * (np.float32(1) / absmax[-1]), -1, 1).astype(np.float32)
+    return s, absmax
+
+
+def _full_blocks_divided(x, bs):
+    """default_scale with the full blocks scaled as x / absmax like the tail."""
+    s, absmax = default_scale(x, bs)
+    full = x.size - x.size % bs
+    with np.errstate(all="ignore"):
+        am = np.maximum(absmax[: full // bs], TINY)[:, None]
+        s[:full] = np.clip(x[:full].reshape(-1, bs) / am, -1, 1).astype(np.float32).reshape(-1)
+    return s, absmax
+
+
+@_for("nf4_quantize", "Xfp32_Ynf4")
+def nf4_quantize_tail_by_reciprocal(A, blocksize=64, *, out=None):
+    """bitsandbytes' CPU rule, but the partial last block multiplied by the reciprocal of its absmax
+    (bitsandbytes divides it: backends/default/ops.py ``quantize_4bit``'s remainder)."""
+    return _nf4_from_codes(A, blocksize, out, _cpu_nf4_codes(_tail_by_reciprocal))
+
+
+@_for("nf4_quantize", "Xfp32_Ynf4")
+def nf4_quantize_full_blocks_divided(A, blocksize=64, *, out=None):
+    """bitsandbytes' CPU rule, but every block divided by its absmax (bitsandbytes multiplies the full
+    blocks by the reciprocal)."""
+    return _nf4_from_codes(A, blocksize, out, _cpu_nf4_codes(_full_blocks_divided))
 
 
 @_for("nf4_quantize", "Xfp32_Ynf4")

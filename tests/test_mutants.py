@@ -45,6 +45,8 @@ CAUGHT_BY = {
     "fake_quantize_int2_wraps": VALUE,
     "nf4_decode_low_nibble_first": VALUE,
     "nf4_quantize_ties_up": VALUE,
+    "nf4_quantize_tail_by_reciprocal": VALUE,
+    "nf4_quantize_full_blocks_divided": VALUE,
     "nf4_quantize_midpoint_thresholds": VALUE,  # checked against the cuda reading it declares
     "nested_offset_before_dequant": VALUE,
     "gemm_bias_after_rounding": VALUE,

@@ -19,6 +19,7 @@ import platform
 import numpy as np
 import pytest
 
+from qconform.ops.bnb.patterns import values
 from qconform.oracles import bnb as O
 from qconform.oracles.bnb.codes import (
     CPU_BOUNDS,
@@ -198,6 +199,16 @@ def test_4bit_disagreement_cases(case: str, dtype: str) -> None:
                 for nested in (False, True):
                     with np.errstate(all="ignore"):
                         check_4bit(a[dtype].reshape(shape), dtype, bs, qt, nested, f"{case} {shape} bs={bs} {qt}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_4bit_midpoints_npot(dtype: str) -> None:
+    """The catalogue's midpoints_npot inputs (absmax not a power of two, values where the full blocks'
+    reciprocal product and the tail's division pick different codes) over full blocks and a tail."""
+    for qt in ("nf4", "fp4"):
+        for bs in (64, 128):
+            x = values("midpoints_npot", 11 + bs, 999, bs, qt, dtype)
+            check_4bit(x.reshape(3, 333), dtype, bs, qt, False, f"midpoints_npot bs={bs} {qt}")
 
 
 def test_4bit_with_torch_compile() -> None:

@@ -8,7 +8,9 @@ the thresholds a backend compares the scaled value with -- the float32 midpoints
 (``torch.bucketize``: a tie goes to the lower code), the float32 literal thresholds of the CUDA
 trees (strict ``>``), the two float32 values around each exact midpoint -- or one step of the input
 type beside it. fp16/bf16 inputs round these values to their type first (their significands are too
-short to hold most thresholds), so exact ties occur in the float32 leaves.
+short to hold most thresholds), so exact ties occur in the float32 leaves. ``midpoints_npot``: the
+same under an absmax that is not a power of two, next to the midpoints where ``x * fl32(1/absmax)``
+(the CPU path's full blocks) and ``x / absmax`` (its tail) pick different codes.
 
 Packed weights and scales (``weights``): ``random`` (random bytes: every code, FP4's -0 code 8 and
 the pad nibble; scales 10^U(-3, 3)), ``quantized`` (a normal weight quantized by the oracle), and
@@ -24,12 +26,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from qconform.ops.bnb._common import from_f32
+from qconform.ops.bnb._common import from_f32, to_values
 from qconform.ops.patterns import PATTERNS, make_values
 from qconform.oracles.bnb import quantize_4bit, quantize_blockwise
 from qconform.oracles.bnb.codes import CODES, CPU_BOUNDS, FP4_CUDA_THRESHOLDS, NF4_CUDA_THRESHOLDS
 
-VALUE_PATTERNS = (*PATTERNS, "midpoints")
+VALUE_PATTERNS = (*PATTERNS, "midpoints", "midpoints_npot")
 WEIGHT_PATTERNS = ("random", "quantized", "special_absmax")
 NESTED_PATTERNS = ("quantized", "random", "special")
 F32 = np.float32
@@ -68,10 +70,39 @@ def midpoints(rng: np.random.Generator, n: int, bs: int, quant_type: str, dtype:
     return x.reshape(-1)[:n]
 
 
+def midpoints_npot(rng: np.random.Generator, n: int, bs: int, quant_type: str, dtype: str) -> np.ndarray:
+    """Blocks whose absmax is not a power of two (so ``fl32(1/absmax)`` is rounded), every other
+    value next to absmax times a CPU midpoint: of the values up to four steps of the input type
+    around it, the nearest whose code differs between ``x * fl32(1/absmax)`` (the CPU path's full
+    blocks) and ``x / absmax`` (its tail block), where one does. A path that divides a full block
+    or multiplies the tail by the reciprocal picks another code for those."""
+    nb = -(-n // bs)
+    bounds = CPU_BOUNDS[quant_type]
+    inner = bounds[np.abs(bounds) < 1]
+    am = to_values(from_f32(rng.uniform(1.0, 2.0, nb) * 2.0 ** rng.integers(-8, 9, nb), dtype), dtype)
+    pot = (am.view(np.uint32) & 0x7FFFFF) == 0
+    am[pot] = to_values(from_f32(am[pot] * F32(1.375), dtype), dtype)
+    x0 = from_f32((inner[rng.integers(len(inner), size=(nb, bs))] * am[:, None]).astype(F32), dtype)
+    steps = np.array([0, 1, -1, 2, -2, 3, -3, 4, -4])  # nearest first
+    cand = np.stack([_step(x0, np.full(x0.shape, k)) for k in steps], axis=-1)
+    v = to_values(cand.reshape(-1), dtype).reshape(cand.shape)
+    with np.errstate(over="ignore", invalid="ignore"):
+        by_rcp = np.clip(v * (F32(1) / am)[:, None, None], -1, 1).astype(F32)
+        by_div = np.clip(v / am[:, None, None], -1, 1).astype(F32)
+    apart = np.searchsorted(bounds, by_rcp, side="left") != np.searchsorted(bounds, by_div, side="left")
+    first = np.where(apart.any(axis=-1), apart.argmax(axis=-1), 0)
+    x = np.take_along_axis(cand, first[..., None], axis=-1)[..., 0]
+    sizes = np.minimum(bs, n - np.arange(nb) * bs)
+    where = (rng.random(nb) * sizes).astype(np.int64)
+    x[np.arange(nb), where] = from_f32(am * rng.choice(np.array([-1, 1], F32), size=nb), dtype)
+    return x.reshape(-1)[:n]
+
+
 def values(pattern: str, seed: int, n: int, bs: int, quant_type: str, dtype: str) -> np.ndarray:
     """``n`` values of ``dtype``'s carrier (flat) for a pattern; blocks of ``bs`` over the flattening."""
-    if pattern == "midpoints":
-        return midpoints(np.random.default_rng(seed), n, bs, quant_type, dtype)
+    if pattern in ("midpoints", "midpoints_npot"):
+        make = midpoints if pattern == "midpoints" else midpoints_npot
+        return make(np.random.default_rng(seed), n, bs, quant_type, dtype)
     nb = -(-n // bs)
     x = make_values(pattern, seed, 1, nb * bs, bs).reshape(-1)[:n]
     return from_f32(x, dtype)

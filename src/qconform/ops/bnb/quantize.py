@@ -44,7 +44,7 @@ from qconform.readings import Expected
 EXACT = Check("exact", 0.0, "bitsandbytes' 4-bit quantization is blockwise and deterministic: bytes must match")
 LLM = ((4096, 512), (2048, 768))  # GQA k/v projection, MoE expert: coverage 2 (4096 x 14336: coverage 3)
 EDGE = ("zero_block", "nan", "midpoints")  # where the backends disagree (docs/bnb-4bit.md 2.3)
-MORE = ("uniform", "outlier", "equal_abs", "extreme", "subnormal", "inf", "nan_payload", "mixed")
+MORE = ("uniform", "outlier", "equal_abs", "extreme", "subnormal", "inf", "nan_payload", "mixed", "midpoints_npot")
 
 
 def layout(n: int, blocksize: int) -> tuple[int, int]:
@@ -132,9 +132,10 @@ def _cases(op: str, leaf: str, coverage: int) -> list[Case]:
     """coverage 1 (small: the golden set): a ragged width (1000 at blocksize 64: a partial block),
     an odd n (3 x 333: the pad nibble), one partial block of 4096, and the disagreement patterns
     ``midpoints`` (ties on the float32 midpoints and the CUDA literal thresholds), ``zero_block``
-    and ``nan`` at blocksizes 32..128; 2: every blocksize 32..4096 on full and partial blocks, every
-    other pattern, more seeds, the layer weights 4096 x 512 (GQA k/v) and 2048 x 768 (MoE expert);
-    3: the 4096 x 14336 FFN weight and more seeds.
+    and ``nan`` at blocksizes 32..128, ``midpoints_npot`` over 7 full blocks and a tail; 2: every
+    blocksize 32..4096 on full and partial blocks, every other pattern, more seeds, the layer
+    weights 4096 x 512 (GQA k/v) and 2048 x 768 (MoE expert); 3: the 4096 x 14336 FFN weight and
+    more seeds.
 
     core: shapes production kernels take (pattern ``normal``, seeds 400..409; 1 at coverage 1, 10
     from coverage 2): rows 1..64, widths a multiple of every blocksize used (a whole number of
@@ -149,6 +150,7 @@ def _cases(op: str, leaf: str, coverage: int) -> list[Case]:
     add("normal", (1, 1000), 3, 4096)
     for i, (pattern, bs) in enumerate(zip(EDGE, (32, 64, 128), strict=True)):
         add(pattern, (2, 128 if pattern != "midpoints" else 256), 1000 + i, bs)
+    add("midpoints_npot", (3, 333), 1003, 128)  # full blocks and a tail: their two scalings
     if coverage >= 2:
         for i, bs in enumerate(BLOCKSIZES):
             add("normal", (2, 2 * bs), 10 + i, bs)
