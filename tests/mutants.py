@@ -1112,6 +1112,23 @@ fake_quantize_fp16_division = _fq_swapped(
     "Xfp16_Qu8_Yfp16", "Divides fp16 x by an fp16 scale in fp16 (ORT computes fp32(x) / fp32(s)).",
     quantize_linear=_q_fp16_division,
 )
+_expand_param = _qdq.expand_param
+
+
+def _expand_ragged_row_block_previous(p, x_shape, axis, block_size, name):
+    """The oracle's broadcast, but the ragged last block along axis 0 takes the block before it."""
+    e = _expand_param(p, x_shape, axis, block_size, name)
+    d = x_shape[0]
+    if block_size and np.ndim(p) and axis % len(x_shape) == 0 and d % block_size and d > block_size:
+        e = e.copy()
+        e[d - d % block_size :] = e[d - d % block_size - 1]
+    return e
+
+
+fake_quantize_row_blocks_ragged_previous_scale = _fq_swapped(
+    "Xfp32_Qi8_Yfp32", "Blocks along axis 0: the rows of a ragged last block use the previous block's scale.",
+    expand_param=_expand_ragged_row_block_previous,
+)
 
 
 @_for("gather_block_quantized", "Xi64_Wu4_Yfp16")

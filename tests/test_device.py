@@ -13,6 +13,7 @@ from device_catalogue import ALL, DeviceMutant, build_all, context_lost, run_mut
 from qconform.device.registry import GGML_KERNELS, KERNELS
 from qconform.errors import ArgumentError
 from qconform.ops import CATALOGUE, get_op
+from qconform.ops.ort.fake_quantize import ALONG_ROWS
 from qconform.properties.checks import Prepared
 from qconform.properties.suite import run_leaf
 
@@ -150,9 +151,11 @@ def _repeatable_within_bound(
 
 
 def _handles(op_name: str, case) -> bool:
-    """The cases qconform's own kernels take: all, but gemm_4bit's K % blocksize != 0 and the
-    MatMulNBits cases with g_idx (the ABI has none: declined)."""
+    """The cases qconform's own kernels take: all, but gemm_4bit's K % blocksize != 0, the
+    MatMulNBits cases with g_idx and fake_quantize along axis 0 (the ABIs have neither: declined)."""
     if op_name in ("matmul_nbits", "dequantize_nbits") and case.params.get("g_idx"):
+        return False
+    if op_name == "fake_quantize" and case.params["granularity"] in ALONG_ROWS:
         return False
     if op_name == "gemm_4bit":
         from qconform.device.bnb.gemm import handles

@@ -84,6 +84,7 @@ CAUGHT_BY = {
     "matmul_bias_after_fp16_rounding": VALUE,
     "fake_quantize_clamp_before_zero_point": VALUE,
     "fake_quantize_fp16_division": VALUE,
+    "fake_quantize_row_blocks_ragged_previous_scale": VALUE,
     "gather_negative_index_not_wrapped": VALUE,
     "gather_u8_default_zero_point_0": VALUE,
     "qswiglu_sigmoid_held_in_fp16": VALUE,

@@ -32,6 +32,9 @@ FQ_LEAVES = tuple(
     )
 ) + (Leaf("Xfp16_Qu8_Yfp16", {"dtype": "uint8", "act": "fp16"}),)
 GRANULARITIES = ("tensor", "axis", "block")
+ALONG_ROWS = ("axis0", "block0")  # axis 0: a scale per row, or blocks of 32 rows per column
+AXIS = {"tensor": 1, "axis": 1, "block": 1, "axis0": 0, "block0": 0}
+BLOCKED = ("block", "block0")
 
 
 # Mantissas of the scales that are not powers of two (pattern ``ties_npot``): short (x = (k + 0.5)
@@ -52,7 +55,13 @@ def _fq_params(
     exact for a true division, and a kernel that multiplies by 1/s misses some of them."""
     np_dtype, lo, hi = QTYPES[dtype]
     rows, cols = shape
-    pshape = {"tensor": (), "axis": (cols,), "block": (rows, -(-cols // 32))}[gran]
+    pshape = {
+        "tensor": (),
+        "axis": (cols,),
+        "block": (rows, -(-cols // 32)),
+        "axis0": (rows,),
+        "block0": (-(-rows // 32), cols),
+    }[gran]
     scale = 2.0 ** rng.integers(-8, -2, pshape)
     if npot:
         scale = scale * NPOT_MANTISSAS[rng.integers(len(NPOT_MANTISSAS), size=pshape)]
@@ -76,8 +85,11 @@ def _fq_inputs(case: Case) -> dict[str, np.ndarray]:
 
     def per_element(a: np.ndarray) -> np.ndarray:  # a scale-shaped parameter, at each element of x
         a = a.astype(np.float64)
-        if p["granularity"] == "block":
-            return np.repeat(a, 32, axis=1)[:, : case.shape[1]]
+        if p["granularity"] in BLOCKED:
+            axis = AXIS[p["granularity"]]
+            return np.repeat(a, 32, axis=axis)[: case.shape[0], : case.shape[1]]
+        if p["granularity"] == "axis0":
+            return np.broadcast_to(a[:, None], case.shape)
         return np.broadcast_to(a, case.shape)
 
     s = per_element(scale)
@@ -106,7 +118,7 @@ def _fq_inputs(case: Case) -> dict[str, np.ndarray]:
 
 def _fq_call(inputs: dict[str, Any], params: dict[str, Any]) -> tuple[tuple, dict]:
     gran = params["granularity"]
-    kw = {"axis": 1, "block_size": 32 if gran == "block" else 0, "dtype": params["dtype"]}
+    kw = {"axis": AXIS[gran], "block_size": 32 if gran in BLOCKED else 0, "dtype": params["dtype"]}
     return (inputs["x"], inputs["scale"], inputs.get("zero_point")), kw
 
 
@@ -117,7 +129,9 @@ def _fq_cases(leaf: str, coverage: int) -> list[Case]:
     core: shapes production kernels accept, beside those (pattern ``ties``, seeds 400..404; 1 at
     coverage 1, 5 from coverage 2): 1..8, 16, 32 or 64 rows, cols a multiple of 128 (and of the
     32-value block). ``ties_npot`` (seeds 500..502; 1 at coverage 1, 3 from coverage 2): the
-    same ties under scales that are not powers of two, where x / s and x * (1/s) differ."""
+    same ties under scales that are not powers of two, where x / s and x * (1/s) differ. Beside
+    them, at every coverage: no zero point, full-mantissa scales, NaN / inf / saturating values, and
+    quantization along axis 0 (a scale per row, blocks of 32 rows with a ragged last one)."""
     shapes = (
         [(4, 96), (16, 200)]
         + ([(64, 4096), (3, 1000)] if coverage >= 2 else [])
@@ -138,6 +152,12 @@ def _fq_cases(leaf: str, coverage: int) -> list[Case]:
         Case("fake_quantize", leaf, seed, shape, pattern, {"granularity": g, **more})
         for seed, pattern, shape, more in extra
         for g in GRANULARITIES
+    ]
+    rows = [(603, "ties", (40, 96)), (604, "ties_npot", (72, 64))]  # 32-row blocks and a ragged last one
+    cases += [
+        Case("fake_quantize", leaf, seed, shape, pattern, {"granularity": g})
+        for seed, pattern, shape in rows
+        for g in ALONG_ROWS
     ]
     return cases
 
@@ -285,9 +305,9 @@ FAKE_QUANTIZE = OpSpec(
     strategy=lambda lf: st.builds(
         lambda seed, rows, cols, g: Case("fake_quantize", lf, seed, (rows, cols), "ties", {"granularity": g}),
         seed=st.integers(0, 2**32 - 1),
-        rows=st.integers(1, 8),
+        rows=st.integers(1, 40),
         cols=st.integers(1, 300),
-        g=st.sampled_from(GRANULARITIES),
+        g=st.sampled_from((*GRANULARITIES, *ALONG_ROWS)),
     ),
     validate=validating(fake_quantize, _fq_call),
     bad_arguments=_fq_bad,
