@@ -21,6 +21,7 @@ from qconform.formats.fp16 import fp16_bits_to_fp32, fp32_to_fp16_bits
 from qconform.formats.ggml import Q8_0, Q8_1, Q8_K
 from qconform.oracles.ggml import check_dequantize_args, check_quantize_args, dequantize, quantize
 from qconform.oracles.ggml.fma import fmaf
+from qconform.oracles.ort import packing as _ort_packing
 from qconform.oracles.ort.packing import unpack_bits
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))  # in a worker process too
@@ -1137,6 +1138,26 @@ def gather_negative_index_not_wrapped(data, indices, scales, zero_points=None, *
     y = ort.gather_block_quantized(data, indices, scales, zero_points, **kw)
     y[indices < 0] = 0
     return y
+
+
+@_for("gather_block_quantized", "Xi64_Wu4_Yfp16")
+def gather_int32_indices_zero_extended(data, indices, scales, zero_points=None, **kw):
+    """int32 indices widened as unsigned (a negative one lands out of range: a zero row) instead of
+    sign-extended (ORT wraps it: + rows)."""
+    if indices.dtype == np.int32:
+        indices = indices.view(np.uint32).astype(np.int64)
+    return ort.gather_block_quantized(data, indices, scales, zero_points, **kw)
+
+
+@_for("gather_block_quantized", "Xi64_Wi4_Yfp16")
+def gather_int4_zero_points_column_major(data, indices, scales, zero_points=None, **kw):
+    """int4 zero points of a table blocked along its rows read column by column (nibble c * blocks + b
+    for block b of column c; ONNX packs the (blocks, cols) tensor row-major)."""
+    if zero_points is not None and kw.get("quantize_axis", 1) % 2 == 0 and kw.get("data_type") == "int4":
+        nb, cols = scales.shape
+        z = unpack_bits(zero_points, 4, nb * cols).reshape(cols, nb).T
+        zero_points = _ort_packing.pack_bits(z.reshape(-1), 4)
+    return ort.gather_block_quantized(data, indices, scales, zero_points, **kw)
 
 
 @_for("gather_block_quantized", "Xi64_Wu8_Yfp16")

@@ -152,11 +152,15 @@ def _repeatable_within_bound(
 
 def _handles(op_name: str, case) -> bool:
     """The cases qconform's own kernels take: all, but gemm_4bit's K % blocksize != 0, the
-    MatMulNBits cases with g_idx and fake_quantize along axis 0 (the ABIs have neither: declined)."""
+    MatMulNBits cases with g_idx, fake_quantize along axis 0 and gather_block_quantized on other
+    axes or with one row of scales (the ABIs have none of them: declined)."""
     if op_name in ("matmul_nbits", "dequantize_nbits") and case.params.get("g_idx"):
         return False
     if op_name == "fake_quantize" and case.params["granularity"] in ALONG_ROWS:
         return False
+    if op_name == "gather_block_quantized":
+        p = case.params
+        return (p.get("gather_axis", 0), p.get("quantize_axis", 1)) == (0, 1) and not p.get("scale_rows_1")
     if op_name == "gemm_4bit":
         from qconform.device.bnb.gemm import handles
 

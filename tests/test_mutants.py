@@ -86,6 +86,8 @@ CAUGHT_BY = {
     "fake_quantize_fp16_division": VALUE,
     "fake_quantize_row_blocks_ragged_previous_scale": VALUE,
     "gather_negative_index_not_wrapped": VALUE,
+    "gather_int32_indices_zero_extended": VALUE,
+    "gather_int4_zero_points_column_major": VALUE,
     "gather_u8_default_zero_point_0": VALUE,
     "qswiglu_sigmoid_held_in_fp16": VALUE,
     "fake_quantize_unsigned_default_zero_point_mid": VALUE,

@@ -26,16 +26,24 @@ GATHER_LEAVES = (
 
 
 def _gather_inputs(case: Case) -> dict[str, np.ndarray]:
-    """An embedding table (rows, cols) of random codes, fp16 scales per block of the last axis,
-    zero points when the case asks; indices in range, negative ones included."""
+    """A table (rows, cols) of random codes, fp16 scales per block along ``quantize_axis`` (default
+    1; block_size 0 for float8: one block), zero points when the case asks; indices along
+    ``gather_axis`` (default 0) in range, negative ones included, int64 or (``int32``) int32, 1-D or
+    (``index_rows``) 2-D. ``scale_rows_1``: float8 scales of one row, broadcast over the rows."""
     p = {**leaf_params(GATHER_LEAVES, case.leaf), **case.params}
     rng = np.random.default_rng(case.seed)
     rows, cols, n_idx = case.shape
     bs, dt, bits = p["block_size"], p["data_type"], p["bits"]
-    nb = -(-cols // bs)
+    gax, qax = p.get("gather_axis", 0), p.get("quantize_axis", 1)
+    dim = (rows, cols)[gax]
+    nb = -(-(rows, cols)[qax] // bs) if bs else 1
+    s_shape = (nb, cols) if qax == 0 else (1 if p.get("scale_rows_1") else rows, nb)
+    indices = rng.integers(-dim, dim, n_idx).astype(np.int32 if p.get("int32") else np.int64)
+    if case.pattern == "oob":  # indices outside [-dim, dim): a zero slice (ORT >= 1.31)
+        indices[:4] = [dim, -dim - 1, dim + 5, 2**40]
     inputs: dict[str, np.ndarray] = {
-        "indices": rng.integers(-rows, rows, n_idx).astype(np.int64),
-        "scales": rng.uniform(0.001, 0.05, (rows, nb)).astype(np.float16),
+        "indices": indices.reshape(p["index_rows"], -1) if p.get("index_rows") else indices,
+        "scales": rng.uniform(0.001, 0.05, s_shape).astype(np.float16),
     }
     if dt == "uint8":
         inputs["data"] = rng.integers(0, 256, (rows, cols * bits // 8), dtype=np.uint8)
@@ -44,7 +52,7 @@ def _gather_inputs(case: Case) -> dict[str, np.ndarray]:
     elif dt in ("int4", "uint4"):
         inputs["data"] = rng.integers(0, 256, -(-rows * cols // 2), dtype=np.uint8)
         if p.get("zp"):
-            inputs["zero_points"] = rng.integers(0, 256, -(-rows * nb // 2), dtype=np.uint8)
+            inputs["zero_points"] = rng.integers(0, 256, -(-int(np.prod(s_shape)) // 2), dtype=np.uint8)
     else:
         codes = rng.integers(0, 256, (rows, cols), dtype=np.uint8)
         if dt == "float8e5m2":  # no inf / NaN codes (exponent 31): 1.0 instead
@@ -52,8 +60,6 @@ def _gather_inputs(case: Case) -> dict[str, np.ndarray]:
         else:
             codes[(codes & 0x7F) == 0x7F] = 0x38  # no NaN codes: 1.0 instead
         inputs["data"] = codes
-    if case.pattern == "oob":  # indices outside [-rows, rows): a zero row (ORT >= 1.31)
-        inputs["indices"][:4] = [rows, -rows - 1, rows + 5, 2**40]
     return inputs
 
 
@@ -61,8 +67,8 @@ def _gather_call(inputs: dict[str, Any], params: dict[str, Any]) -> tuple[tuple,
     kw = {
         "bits": params["bits"],
         "block_size": params["block_size"],
-        "gather_axis": 0,
-        "quantize_axis": 1,
+        "gather_axis": params.get("gather_axis", 0),
+        "quantize_axis": params.get("quantize_axis", 1),
         "data_type": params["data_type"],
     }
     if params["data_type"] in ("int4", "uint4"):
@@ -70,8 +76,18 @@ def _gather_call(inputs: dict[str, Any], params: dict[str, Any]) -> tuple[tuple,
     return (inputs["data"], inputs["indices"], inputs["scales"], inputs.get("zero_points")), kw
 
 
+AXES = (  # (seed, (rows, cols, indices, block), gather_axis, quantize_axis): int4 / uint4 / float8 tables
+    (63, (40, 24, 9, 16), 1, 0),  # gather columns of a table blocked along its rows (ragged last block)
+    (64, (40, 24, 7, 16), 0, 0),  # gather rows, blocked along the rows too
+    (65, (24, 40, 5, 16), 1, 1),  # gather columns, blocked along the columns
+)
+
+
 def _gather_cases(leaf: str, coverage: int) -> list[Case]:
-    """Embedding tables: coverage 1 small, 2 more seeds and block sizes, 3 a 100352 x 5120 vocab.
+    """Embedding tables: coverage 1 small, 2 more seeds and block sizes, 3 a 100352 x 5120 vocab;
+    at every coverage int32 indices of rank 2, and for int4 / uint4 / float8 tables the other
+    gather and quantize axes (``AXES``); float8 also one block per row (block_size 0) and a
+    single row of scales broadcast over the rows.
 
     core: shapes production kernels accept, beside those (pattern ``core``, seeds 400..404; a
     small table at coverage 1, 5 from coverage 2): rows a multiple of 16, cols a multiple of 128
@@ -86,15 +102,19 @@ def _gather_cases(leaf: str, coverage: int) -> list[Case]:
     core = [(32, 256, 8, 64)]  # (rows, cols, indices, block)
     if coverage >= 2:
         core += [(128, 512, 1, 32), (256, 2048, 64, 64), (64, 256, 16, 16), (512, 1024, 32, 128)]
-    tables = [(50 + i, "normal", shape) for i, shape in enumerate(shapes)]
-    tables += [(400 + i, "core", shape) for i, shape in enumerate(core)]
-    # indices out of range; 3 blocks, the last partial
-    tables += [(60, "oob", (40, 64, 9, 16)), (61, "normal", (17, 40, 9, 16))]
+    tables = [(50 + i, "normal", shape, {}) for i, shape in enumerate(shapes)]
+    tables += [(400 + i, "core", shape, {}) for i, shape in enumerate(core)]
+    # indices out of range; 3 blocks, the last partial; int32 indices of rank 2
+    tables += [(60, "oob", (40, 64, 9, 16), {}), (61, "normal", (17, 40, 9, 16), {})]
+    tables += [(66, "normal", (40, 64, 9, 16), {"int32": True, "index_rows": 3})]
     if "Wi4" in leaf or "Wuint4" in leaf or fp8:
-        tables += [(62, "normal", (9, 45, 7, 16))]  # odd cols: the flat nibble stream crosses rows
-    for seed, pattern, (rows, cols, n, bs) in tables:
+        tables += [(62, "normal", (9, 45, 7, 16), {})]  # odd cols: the flat nibble stream crosses rows
+        tables += [(seed, "normal", shape, {"gather_axis": g, "quantize_axis": q}) for seed, shape, g, q in AXES]
+    if fp8:
+        tables += [(67, "normal", (20, 48, 6, 0), {}), (68, "normal", (20, 48, 6, 16), {"scale_rows_1": True})]
+    for seed, pattern, (rows, cols, n, bs), more in tables:
         for zp in (False,) if fp8 else (False, True):
-            params = {"block_size": bs, "zp": zp, "rows": rows, "cols": cols}
+            params = {"block_size": bs, "zp": zp, "rows": rows, "cols": cols, **more}
             out.append(Case("gather_block_quantized", leaf, seed, (rows, cols, n), pattern, params))
     return out
 
