@@ -1113,6 +1113,29 @@ fake_quantize_fp16_division = _fq_swapped(
     "Xfp16_Qu8_Yfp16", "Divides fp16 x by an fp16 scale in fp16 (ORT computes fp32(x) / fp32(s)).",
     quantize_linear=_q_fp16_division,
 )
+_fp32_to_fp8 = _qdq.fp32_to_fp8
+
+
+def _fp8_ties_away(v, fmt, saturate=True):
+    """The reference's fp8 code, but a value exactly half-way between two codes takes the larger
+    magnitude (ORT rounds half to even)."""
+    code = _fp32_to_fp8(v, fmt, saturate)
+    table = _qdq.FP8_TABLES[fmt].astype(np.float64)
+    up = (code & 0x80) | np.minimum((code & 0x7F) + 1, 0x7F)
+    a, lo, hi = np.abs(np.asarray(v, np.float64)), np.abs(table[code]), np.abs(table[up])
+    with np.errstate(invalid="ignore"):
+        tie = np.isfinite(hi) & (a > lo) & (a - lo == hi - a)
+    return np.where(tie, up, code).astype(np.uint8)
+
+
+fake_quantize_fp8_ties_away = _fq_swapped(
+    "Xfp32_Qfp8e4m3_Yfp32", "fp8: a quotient half-way between two codes goes away from zero (ORT: to even).",
+    fp32_to_fp8=_fp8_ties_away,
+)
+fake_quantize_fp8_always_saturates = _fq_swapped(
+    "Xfp32_Qfp8e5m2_Yfp32", "fp8: saturate=0 ignored (overflow to +-max instead of inf / NaN).",
+    fp32_to_fp8=lambda v, fmt, saturate=True: _fp32_to_fp8(v, fmt, True),
+)
 _expand_param = _qdq.expand_param
 
 

@@ -152,11 +152,11 @@ def _repeatable_within_bound(
 
 def _handles(op_name: str, case) -> bool:
     """The cases qconform's own kernels take: all, but gemm_4bit's K % blocksize != 0, the
-    MatMulNBits cases with g_idx, fake_quantize along axis 0 and gather_block_quantized on other
+    MatMulNBits cases with g_idx, fake_quantize along axis 0 or to fp8 and gather_block_quantized on other
     axes or with one row of scales (the ABIs have none of them: declined)."""
     if op_name in ("matmul_nbits", "dequantize_nbits") and case.params.get("g_idx"):
         return False
-    if op_name == "fake_quantize" and case.params["granularity"] in ALONG_ROWS:
+    if op_name == "fake_quantize" and (case.params["granularity"] in ALONG_ROWS or "fp8" in case.leaf):
         return False
     if op_name == "gather_block_quantized":
         p = case.params

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from qconform.ops.ort.fake_quantize import fp8_quotients
 from qconform.oracles.ort import (
     dequantize_linear,
     dequantize_nbits,
@@ -601,6 +602,41 @@ def test_dequantize_linear_is_ort(dtype: str, gran: str, with_zp: bool, sdt) -> 
     theirs = _session(nodes, ins, outs, inits, _opset(dtype)).run(None, {"x": xq})[0]
     ours = dequantize_linear(xq, scale, zp, axis=axis, block_size=block, x_dtype=dtype if _sub_byte(dtype) else None)
     _assert_same_bits(ours, theirs, (dtype, gran))
+
+
+FP8 = {"float8e4m3fn": TP.FLOAT8E4M3FN, "float8e5m2": TP.FLOAT8E5M2}
+
+
+SPECIALS = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-40, -1e-42, 1e-38], F32)
+
+
+@pytest.mark.parametrize("saturate", [1, 0])
+@pytest.mark.parametrize("xdt", [F32, F16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("gran", list(GRANULARITY))
+@pytest.mark.parametrize("fmt", list(FP8))
+def test_fake_quantize_fp8_is_ort(fmt: str, gran: str, xdt, saturate: int) -> None:
+    """QuantizeLinear to float8e4m3fn / float8e5m2 (opset 21, saturate 1 and 0) then DequantizeLinear:
+    fake_quantize(dtype=fmt) equals ORT bit for bit on every fp8 value, every midpoint between two (ties
+    to even) and its neighbours, overflow, subnormals, zeros of both signs, inf and NaN, at every
+    granularity (the catalogue's quotients, ``fp8_quotients``); power-of-two scales keep x / s where it
+    was put."""
+    rng = np.random.default_rng([list(FP8).index(fmt), len(gran), np.dtype(xdt).itemsize, saturate])
+    axis, block, shape = GRANULARITY[gran]
+    scale = (2.0 ** rng.integers(-3, 4, shape)).astype(xdt)
+    v = fp8_quotients(rng, 6 * 103, fmt)
+    v[: len(SPECIALS)] = SPECIALS  # +-0, inf, NaN, fp32 subnormals
+    v = v.reshape(6, 103)
+    with np.errstate(over="ignore"):
+        x = (v * _expand(scale.astype(np.float64), (6, 103), axis, block)).astype(xdt)
+    zp = helper.make_tensor("z", FP8[fmt], list(np.shape(scale)), np.zeros(np.size(scale)).tolist())
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], axis=axis, block_size=block, saturate=saturate),
+        helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"], axis=axis, block_size=block),
+    ]
+    sess = _session(nodes, [_vi("x", ELEM[xdt], [6, 103])], [_vi("y", ELEM[xdt], [6, 103])], [_init("s", scale), zp])
+    theirs = sess.run(None, {"x": x})[0]
+    ours = fake_quantize(x, scale, None, axis=axis, block_size=block, dtype=fmt, saturate=bool(saturate))
+    _assert_same_bits(ours, theirs, (fmt, gran, saturate))
 
 
 @pytest.mark.parametrize("dtype", ["int16", "uint16"])

@@ -519,17 +519,21 @@ def cmd_golden(args: argparse.Namespace) -> int:
 
     if args.golden_cmd == "generate":
         ops = _op_names(args.ops)
+        pairs = _selected(OracleImpl(), ops, None)
+        unknown = set(args.leaf or ()) - {leaf for _, leaf in pairs}
+        if unknown:
+            raise UsageError(f"--leaf: no leaf {', '.join(sorted(unknown))} in the selected ops")
         leaves = [
             (op, leaf, [Prepared.from_case(op, c) for c in op.cases(leaf, args.coverage)])
-            for op, leaf in _selected(OracleImpl(), ops, None)
+            for op, leaf in pairs
+            if not args.leaf or leaf in args.leaf
         ]
         out = Path(args.out)
         if (out / "MANIFEST.json").exists() and not args.force:
             raise UsageError(f"{out} already holds a golden set; pass --force to overwrite it")
         command = f"qconform golden generate --out {args.out} --coverage {args.coverage}"
-        manifest = write_set(
-            out, leaves, coverage=args.coverage, command=command + "".join(f" --ops {o}" for o in ops or [])
-        )
+        command += "".join(f" --ops {o}" for o in ops or []) + "".join(f" --leaf {lf}" for lf in args.leaf or [])
+        manifest = write_set(out, leaves, coverage=args.coverage, command=command)
         total = sum(f["bytes"] for f in manifest["files"])
         ncases = sum(len(f["cases"]) for f in manifest["files"])
         print(f"wrote {len(manifest['files'])} files, {ncases} cases, {total} bytes to {out}")
@@ -790,6 +794,7 @@ def build_parser() -> argparse.ArgumentParser:
     gg = gsub.add_parser("generate", help="write a golden set from the oracle", formatter_class=fmt)
     gg.add_argument("--out", required=True, help="the set's directory")
     gg.add_argument("--ops", action="append", help="ops to include (default: every op)")
+    gg.add_argument("--leaf", action="append", help="only these leaves of those ops (repeated; default: every leaf)")
     gg.add_argument("--coverage", type=int, choices=(1, 2, 3), default=1, help="which cases")
     gg.add_argument("--force", action="store_true", help="overwrite an existing set")
     gv = gsub.add_parser(

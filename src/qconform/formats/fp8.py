@@ -1,9 +1,19 @@
-"""fp8 bit patterns -> float32, exact: OCP/ONNX float8e4m3fn and float8e5m2.
+"""fp8 bit patterns <-> float32: OCP/ONNX float8e4m3fn and float8e5m2.
 
 Source: onnx/onnx docs/Operators.md (Cast, "float 8 types") and the OCP 8-bit floating point
 spec. e4m3fn: 1 sign, 4 exponent (bias 7), 3 mantissa bits, no infinities, NaN = S.1111.111,
 max 448. e5m2: 1 sign, 5 exponent (bias 15), 2 mantissa bits, IEEE-style inf (S.11111.00) and NaN.
 Every value is exactly representable in float32, so a 256-entry table decodes bit for bit.
+
+Encoding (``fp32_to_fp8``) is ONNX Runtime's CPU conversion, microsoft/onnxruntime
+include/onnxruntime/core/common/float8.h ``Float8E4M3FN(float, saturate)`` / ``Float8E5M2(float,
+saturate)``: truncate the fp32 bits to the format, then round half to even on the dropped bits;
+fp32 subnormals give a signed zero; NaN gives S.1111111. Its edges (checked against onnxruntime
+1.32 on every fp32 exponent, tests/test_upstream_ort.py): e4m3fn values in [480, 512) first
+truncate to 448 (the NaN pattern is never built by truncation), so without saturation 480 gives
+448 and only a round-up past 448 gives NaN; e5m2 without saturation gives NaN (S.1111111), not
+inf, for a round-up past 57344 from [57344, 65536), and inf from 65536 up; with saturation inf
+and every finite overflow give +-max (448, 57344).
 """
 
 from __future__ import annotations
@@ -32,6 +42,45 @@ def _table(exp_bits: int, man_bits: int, bias: int, ieee_special: bool) -> np.nd
 E4M3FN = _table(4, 3, 7, ieee_special=False)
 E5M2 = _table(5, 2, 15, ieee_special=True)
 FP8_TABLES = {"float8e4m3fn": E4M3FN, "float8e5m2": E5M2}
+
+
+def _subnormal(m: np.ndarray, d: np.ndarray, top: int, shift: int) -> np.ndarray:
+    """The subnormal code of an fp32 mantissa ``m`` ``d`` binades below the smallest normal, rounded
+    half to even on the dropped bits (``top``: the code's implicit-one bit at d = 0)."""
+    val = np.where(d < top, (np.int64(1) << np.maximum(top - 1 - d, 0)) | (m >> (shift + d)), (m > 0).astype(np.int64))
+    mask = np.int64(1) << (shift - 1 + d)
+    rest = m & (mask - 1)
+    up = ((m & mask) != 0) & (((val & 1) != 0) | (rest > 0) | (((m & (mask << 1)) != 0) & (rest == 0)))
+    return val + up
+
+
+def fp32_to_fp8(v: np.ndarray, fmt: str, saturate: bool = True) -> np.ndarray:
+    """float32 -> uint8 fp8 codes, as ONNX Runtime's CPU converts (see the module docstring)."""
+    b = np.asarray(v, np.float32).view(np.uint32).astype(np.int64)
+    sign = (b >> 24) & 0x80
+    e, m = (b >> 23) & 0xFF, b & 0x7FFFFF
+    if fmt == "float8e4m3fn":
+        lo, hi, mx, nan, inf_code = 117, 136, 0x7E, 0x7F, 0x7E if saturate else 0x7F
+        sub = _subnormal(m, np.clip(120 - e, 0, 3), 3, 21)
+        norm = ((e - 120) << 3) | (m >> 20)
+        norm = np.where((norm & 0x7F) == 0x7F, norm & 0x7E, norm)
+        half = ((m & 0x80000) != 0) & (((m & 0x100000) != 0) | ((m & 0x7FFFF) != 0))
+        over = mx if saturate else nan
+        norm = np.where(half, np.where((norm & 0x7F) < mx, norm + 1, norm | (0 if saturate else over)), norm)
+        top = 121
+    elif fmt == "float8e5m2":
+        lo, hi, mx, nan, inf_code = 110, 143, 0x7B, 0x7F, 0x7B if saturate else 0x7C
+        sub = _subnormal(m, np.clip(112 - e, 0, 2), 2, 22)
+        norm = ((e - 112) << 2) | (m >> 21)
+        half = ((m & 0x100000) != 0) & (((m & 0xFFFFF) != 0) | ((m & 0x200000) != 0))
+        over = 0x7B if saturate else 0x7C  # OR-ed into 0x7B: NaN (0x7F) without saturation
+        norm = np.where(half, np.where((norm & 0x7F) < mx, norm + 1, norm | over), norm)
+        top = 113
+    else:
+        raise ValueError(f"fmt: must be one of {tuple(FP8_TABLES)}, got {fmt!r}")
+    code = np.where(e < lo, 0, np.where(e < top, sub, np.where(e < hi, norm, inf_code)))
+    code = np.where(e == 0xFF, np.where(m == 0, inf_code, nan), code)
+    return (sign | code).astype(np.uint8)
 
 
 def fp8_to_fp32(bits: np.ndarray, fmt: str) -> np.ndarray:

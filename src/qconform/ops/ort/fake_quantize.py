@@ -11,11 +11,12 @@ from hypothesis import strategies as st
 
 from qconform.contracts import Contract
 from qconform.errors import Declined
+from qconform.formats.fp8 import FP8_TABLES
 from qconform.ops.abi import DTYPE, I64, Abi, Bound, Enum, In, Out, call_arguments, dtype_code
 from qconform.ops.ort._common import ACTS, leaf_params, validating
 from qconform.ops.spec import BadArgument, Case, Check, Leaf, OpSpec
 from qconform.oracles.ort import check_fake_quantize_args, fake_quantize
-from qconform.oracles.ort.qdq import QTYPES
+from qconform.oracles.ort.qdq import FP8_TYPES, QTYPES
 from qconform.readings import Expected, matching_any
 
 FQ_LEAVES = tuple(
@@ -29,8 +30,14 @@ FQ_LEAVES = tuple(
         ("i4", "int4"),
         ("u2", "uint2"),
         ("i2", "int2"),
+        ("fp8e4m3", "float8e4m3fn"),
+        ("fp8e5m2", "float8e5m2"),
     )
-) + (Leaf("Xfp16_Qu8_Yfp16", {"dtype": "uint8", "act": "fp16"}),)
+) + (
+    Leaf("Xfp16_Qu8_Yfp16", {"dtype": "uint8", "act": "fp16"}),
+    Leaf("Xfp16_Qfp8e4m3_Yfp16", {"dtype": "float8e4m3fn", "act": "fp16"}),
+    Leaf("Xfp16_Qfp8e5m2_Yfp16", {"dtype": "float8e5m2", "act": "fp16"}),
+)
 GRANULARITIES = ("tensor", "axis", "block")
 ALONG_ROWS = ("axis0", "block0")  # axis 0: a scale per row, or blocks of 32 rows per column
 AXIS = {"tensor": 1, "axis": 1, "block": 1, "axis0": 0, "block0": 0}
@@ -53,7 +60,6 @@ def _fq_params(
     the division occur in the data below, where dividing by s and multiplying by 1/s agree. With
     ``npot`` the scales are a power of two times a mantissa of ``NPOT_MANTISSAS``: the ties stay
     exact for a true division, and a kernel that multiplies by 1/s misses some of them."""
-    np_dtype, lo, hi = QTYPES[dtype]
     rows, cols = shape
     pshape = {
         "tensor": (),
@@ -66,16 +72,32 @@ def _fq_params(
     if npot:
         scale = scale * NPOT_MANTISSAS[rng.integers(len(NPOT_MANTISSAS), size=pshape)]
     scale = scale.astype(act)
+    if dtype in FP8_TYPES:  # ONNX Runtime ignores an fp8 zero point (ONNX requires 0)
+        return scale, None
+    np_dtype, lo, hi = QTYPES[dtype]
     zp = rng.integers(lo, hi + 1, pshape).astype(np_dtype) if hi - lo > 1 else None
     zp = np.clip(zp, lo + (hi - lo) // 4, hi - (hi - lo) // 4).astype(np_dtype) if zp is not None else None
     return scale, zp
+
+
+def fp8_quotients(rng: np.random.Generator, n: int, fmt: str) -> np.ndarray:
+    """n float32 values of x / s over the whole range of an fp8 format, random signs: every finite
+    value, the midpoints between neighbours (exact ties: round half to even) and the float32 values
+    either side of them, and values past the largest (saturation; e5m2's round-up to NaN)."""
+    table = FP8_TABLES[fmt]
+    finite = np.unique(np.abs(table[np.isfinite(table)]))
+    mids = ((finite[:-1].astype(np.float64) + finite[1:]) / 2).astype(np.float32)
+    top = finite[-1]
+    over = np.array([1.0625, 1.07, 1.125, 1.25, 1.5, 4.0, 1e20], np.float32) * top
+    beside = (np.nextafter(mids, np.float32(0)), np.nextafter(mids, np.float32(np.inf)))
+    pool = np.concatenate([finite, mids, *beside, over])
+    return (pool[rng.integers(len(pool), size=n)] * rng.choice(np.array([-1, 1], np.float32), n)).astype(np.float32)
 
 
 def _fq_inputs(case: Case) -> dict[str, np.ndarray]:
     p = {**leaf_params(FQ_LEAVES, case.leaf), **case.params}
     rng = np.random.default_rng(case.seed)
     act = ACTS[p["act"]]
-    _, lo, hi = QTYPES[p["dtype"]]
     npot = case.pattern == "ties_npot"
     scale, zp = _fq_params(case.shape, p["granularity"], p["dtype"], act, rng, npot)
     if case.pattern == "any_scale":  # full fp32 mantissas: (q - zp) * s rounds, q*s - zp*s rounds twice
@@ -93,6 +115,11 @@ def _fq_inputs(case: Case) -> dict[str, np.ndarray]:
         return np.broadcast_to(a, case.shape)
 
     s = per_element(scale)
+    if p["dtype"] in FP8_TYPES:
+        with np.errstate(over="ignore"):  # past fp16's range: inf, as a caller's overflow would give
+            x = (fp8_quotients(rng, int(np.prod(case.shape)), p["dtype"]).reshape(case.shape) * s).astype(act)
+        return _with_specials(case, rng, x, act, {"x": x, "scale": scale})
+    _, lo, hi = QTYPES[p["dtype"]]
     k = rng.integers(lo - 3, hi + 3, case.shape).astype(np.float64)
     tie = rng.random(case.shape) < (0.6 if npot else 0.3)  # x = (k + 0.5) * s: exact ties of the division
     if npot:  # ties whose two neighbours q = k + zp, k + 1 + zp are both in range (clipping hides none)
@@ -103,57 +130,69 @@ def _fq_inputs(case: Case) -> dict[str, np.ndarray]:
         # x / s then lies an ulp or two beside the tie (an fp16 ulp would move it far from it)
         step = rng.choice(np.array([-1, 0, 0, 1]), case.shape) * tie
         x = np.where(step != 0, np.nextafter(x, np.where(step > 0, np.inf, -np.inf).astype(act)), x)
-    if case.pattern == "specials":  # NaN (-> the zero point), +-inf, |x/s| beyond 2^31 (saturate)
+    out = {"x": x, "scale": scale}
+    if zp is not None:
+        out["zero_point"] = zp
+    return _with_specials(case, rng, x, act, out)
+
+
+def _with_specials(case: Case, rng: np.random.Generator, x: np.ndarray, act: Any, out: dict) -> dict:
+    """Pattern ``specials``: NaN (-> the zero point; fp8 NaN), +-inf, |x/s| beyond 2^31 (saturate)."""
+    if case.pattern == "specials":
         flat = x.reshape(-1).copy()
         big = 3e9 if act == np.float32 else 6e4
         specials = np.array([np.nan, np.inf, -np.inf, big, -big], act)
         where = rng.choice(flat.size, min(flat.size, 40), replace=False)
         flat[where] = np.resize(specials, where.size)
-        x = flat.reshape(x.shape)
-    out = {"x": x, "scale": scale}
-    if zp is not None:
-        out["zero_point"] = zp
+        out["x"] = flat.reshape(x.shape)
     return out
 
 
 def _fq_call(inputs: dict[str, Any], params: dict[str, Any]) -> tuple[tuple, dict]:
     gran = params["granularity"]
     kw = {"axis": AXIS[gran], "block_size": 32 if gran in BLOCKED else 0, "dtype": params["dtype"]}
+    if "saturate" in params:
+        kw["saturate"] = params["saturate"]
     return (inputs["x"], inputs["scale"], inputs.get("zero_point")), kw
 
 
 def _fq_cases(leaf: str, coverage: int) -> list[Case]:
     """Every granularity on (rows, cols): coverage 1 small and a ragged last block, 2 a 64 x 4096
-    layer and 3 x 1000, 3 512 x 14336; pattern ``ties`` (power-of-two scales: exact ties).
+    layer and 3 x 1000, 3 512 x 14336; pattern ``ties`` (power-of-two scales: exact ties; for fp8
+    the midpoints between codes and their neighbours, ``fp8_quotients``).
 
     core: shapes production kernels accept, beside those (pattern ``ties``, seeds 400..404; 1 at
     coverage 1, 5 from coverage 2): 1..8, 16, 32 or 64 rows, cols a multiple of 128 (and of the
     32-value block). ``ties_npot`` (seeds 500..502; 1 at coverage 1, 3 from coverage 2): the
     same ties under scales that are not powers of two, where x / s and x * (1/s) differ. Beside
-    them, at every coverage: no zero point, full-mantissa scales, NaN / inf / saturating values, and
-    quantization along axis 0 (a scale per row, blocks of 32 rows with a ragged last one)."""
+    them, at every coverage: no zero point, full-mantissa scales, NaN / inf / saturating values,
+    quantization along axis 0 (a scale per row, blocks of 32 rows with a ragged last one) and for
+    fp8 ``saturate=0``. The fp8 leaves at coverage 1 keep the small shapes (their golden leaves)."""
+    fp8 = leaf_params(FQ_LEAVES, leaf)["dtype"] in FP8_TYPES
+    small = fp8 and coverage == 1
     shapes = (
-        [(4, 96), (16, 200)]
+        [(4, 96)]
+        + ([] if small else [(16, 200)])
         + ([(64, 4096), (3, 1000)] if coverage >= 2 else [])
         + ([(512, 14336)] if coverage >= 3 else [])
     )
     core = [(4, 128)] + ([(1, 128), (16, 512), (32, 1024), (64, 256)] if coverage >= 2 else [])
     npot = [(4, 128)] + ([(16, 200), (64, 1024)] if coverage >= 2 else [])
-    sets = [(70 + i, "ties", shape) for i, shape in enumerate(shapes)]
-    sets += [(400 + i, "ties", shape) for i, shape in enumerate(core)]
-    sets += [(500 + i, "ties_npot", shape) for i, shape in enumerate(npot)]
+    wide = (4, 96) if small else (16, 200)
+    sets = [(70 + i, "ties", shape, {}) for i, shape in enumerate(shapes)]
+    sets += [(400 + i, "ties", shape, {}) for i, shape in enumerate(core)]
+    sets += [(500 + i, "ties_npot", shape, {}) for i, shape in enumerate(npot)]
+    sets += [(601, "any_scale", wide, {}), (602, "specials", (4, 96) if small else (8, 128), {})]
+    if fp8:  # without saturation: overflow -> NaN / inf (a zero point does not apply)
+        sets += [(605, "ties", wide, {"saturate": False}), (606, "specials", wide, {"saturate": False})]
+    else:
+        sets += [(600, "ties", (4, 96), {"zp": False})]
     cases = [
-        Case("fake_quantize", leaf, seed, shape, pattern, {"granularity": g})
-        for seed, pattern, shape in sets
-        for g in GRANULARITIES
-    ]
-    extra = [(600, "ties", (4, 96), {"zp": False}), (601, "any_scale", (16, 200), {}), (602, "specials", (8, 128), {})]
-    cases += [
         Case("fake_quantize", leaf, seed, shape, pattern, {"granularity": g, **more})
-        for seed, pattern, shape, more in extra
+        for seed, pattern, shape, more in sets
         for g in GRANULARITIES
     ]
-    rows = [(603, "ties", (40, 96)), (604, "ties_npot", (72, 64))]  # 32-row blocks and a ragged last one
+    rows = [(603, "ties", (40, 16) if small else (40, 96)), (604, "ties_npot", (72, 8) if small else (72, 64))]
     cases += [
         Case("fake_quantize", leaf, seed, shape, pattern, {"granularity": g})
         for seed, pattern, shape in rows
@@ -233,6 +272,8 @@ def _fq_bind(args: tuple, kwargs: Any) -> Bound:
     kw = call_arguments(fake_quantize, args, kwargs)
     x, scale, zp = kw["x"], kw["scale"], kw["zero_point"]
     xs, ss, dtype = check_fake_quantize_args(x, scale, zp, kw["axis"], kw["block_size"], kw["dtype"])
+    if dtype in FP8_TYPES:
+        raise Declined("dtype: the ABI takes the integer types")
     if xs.ndim != 2 or kw["axis"] % 2 != 1 or ss.dtype != xs.dtype:
         raise Declined("x: the ABI takes 2-D x quantized along axis 1 with scales of x's dtype")
     gran = (

@@ -11,6 +11,10 @@ Values are logical: uint4 as uint8 in [0, 15], int4 as int8 in [-8, 7], uint2 as
 [0, 3], int2 as int8 in [-2, 1] (the 2-bit types are ONNX opset 25; ONNX Runtime 1.32 runs them
 on the CPU; a 4- or 2-bit tensor packs as ``packing.pack_bits`` on the flattened values). A NaN
 input has no integer image in the spec; the oracle maps it to the zero point.
+float8e4m3fn / float8e5m2 (opset 19+; microsoft/onnxruntime core/util/qmath.h
+``ParQuantizeLinearSat``): Q = the fp8 code of fp32(x / scale) (``formats.fp8.fp32_to_fp8``, the
+``saturate`` attribute, default 1), the zero point ignored (ONNX requires it 0); DQ = fp32(fp8 value
+* scale). Their values travel as the uint8 codes.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from qconform.errors import ArgumentError
+from qconform.formats.fp8 import FP8_TABLES, fp32_to_fp8
 from qconform.formats.ulp import nudge_ulp
 from qconform.oracles.ort._out import check_out, deliver, flushed
 
@@ -32,11 +37,14 @@ QTYPES: dict[str, tuple[np.dtype, int, int]] = {
     "int2": (np.dtype(np.int8), -2, 1),
 }
 FLOAT_TYPES = (np.dtype(np.float32), np.dtype(np.float16))
+FP8_TYPES = tuple(FP8_TABLES)  # codes as uint8, over the whole byte range
 
 
 def _qtype(name: str) -> tuple[np.dtype, int, int]:
+    if name in FP8_TYPES:
+        return np.dtype(np.uint8), 0, 255
     if name not in QTYPES:
-        raise ArgumentError(f"dtype: must be one of {', '.join(QTYPES)}, got {name!r}")
+        raise ArgumentError(f"dtype: must be one of {', '.join((*QTYPES, *FP8_TYPES))}, got {name!r}")
     return QTYPES[name]
 
 
@@ -85,6 +93,8 @@ def _zero_point(zp: object, dtype: str) -> np.ndarray | None:
         raise ArgumentError(f"zero_point: dtype must be {np_dtype} for {dtype}, got {z.dtype}")
     if z.size and (int(z.min()) < lo or int(z.max()) > hi):
         raise ArgumentError(f"zero_point: values must be in [{lo}, {hi}] for {dtype}")
+    if dtype in FP8_TYPES and np.any(FP8_TABLES[dtype][z] != 0):
+        raise ArgumentError(f"zero_point: must be 0 (code 0x00 or 0x80) for {dtype}")
     return z
 
 
@@ -107,10 +117,11 @@ def quantize_linear(
     out: np.ndarray | None = None,
     ftz: bool = False,
     nudge: int = 0,
+    saturate: bool = True,
 ) -> np.ndarray:
-    """ONNX QuantizeLinear: fp32/fp16 x -> logical integer values of ``output_dtype``. ``nudge``:
-    each quotient x/scale that many fp32 ulp off before the rounding (an approximate division,
-    the contract's ``division``)."""
+    """ONNX QuantizeLinear: fp32/fp16 x -> logical integer values of ``output_dtype`` (fp8: codes;
+    ``saturate`` only applies to them). ``nudge``: each quotient x/scale that many fp32 ulp off
+    before the rounding (an approximate division, the contract's ``division``)."""
     x = flushed(_check_float("x", x), ftz)
     y_scale = _check_float("y_scale", y_scale)
     output_dtype = _infer_dtype(output_dtype, y_zero_point)
@@ -120,7 +131,10 @@ def quantize_linear(
     s = expand_param(y_scale, x.shape, axis, block_size, "y_scale").astype(np.float32)
     zz = 0 if z is None else expand_param(z, x.shape, axis, block_size, "y_zero_point").astype(np.int64)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        r = np.rint(nudge_ulp((x.astype(np.float32) / s).astype(np.float32), nudge)).astype(np.float64)
+        quotient = nudge_ulp((x.astype(np.float32) / s).astype(np.float32), nudge)
+    if output_dtype in FP8_TYPES:
+        return deliver(fp32_to_fp8(flushed(quotient, ftz), output_dtype, bool(saturate)), out)
+    r = np.rint(quotient).astype(np.float64)
     r = np.where(np.isnan(r), 0.0, np.clip(r, -(2.0**40), 2.0**40))
     return deliver(np.clip(r.astype(np.int64) + zz, lo, hi).astype(np_dtype), out)
 
@@ -150,9 +164,13 @@ def dequantize_linear(
     z = _zero_point(x_zero_point, name)
     s = expand_param(scale, x.shape, axis, block_size, "x_scale").astype(np.float32)
     zz = 0 if z is None else expand_param(z, x.shape, axis, block_size, "x_zero_point").astype(np.int64)
-    with np.errstate(over="ignore"):
-        y = ((x.astype(np.int64) - zz).astype(np.float32) * s).astype(np.float32)
-    return deliver(flushed(y, ftz).astype(scale.dtype), out)
+    with np.errstate(over="ignore", invalid="ignore"):
+        if name in FP8_TYPES:
+            y = (FP8_TABLES[name][x] * s).astype(np.float32)
+        else:
+            y = ((x.astype(np.int64) - zz).astype(np.float32) * s).astype(np.float32)
+        y = flushed(y, ftz).astype(scale.dtype)
+    return deliver(y, out)
 
 
 def check_fake_quantize_args(
@@ -181,12 +199,14 @@ def fake_quantize(
     out: np.ndarray | None = None,
     ftz: bool = False,
     nudge: int = 0,
+    saturate: bool = True,
 ) -> np.ndarray:
-    """DQ(Q(x)) in one call: ``(clip(rint(x/s) + zp, lo, hi) - zp) * s`` with ONNX's roundings
-    (``nudge``: as ``quantize_linear``)."""
+    """DQ(Q(x)) in one call: ``(clip(rint(x/s) + zp, lo, hi) - zp) * s`` with ONNX's roundings, for
+    fp8 ``fp8(x/s) * s`` (``nudge``, ``saturate``: as ``quantize_linear``)."""
     x, scale, dtype = check_fake_quantize_args(x, scale, zero_point, axis, block_size, dtype)
     check_out(out, x.shape, scale.dtype, x, scale, zero_point)
     q = quantize_linear(
-        x, scale, zero_point, axis=axis, block_size=block_size, output_dtype=dtype, ftz=ftz, nudge=nudge
+        x, scale, zero_point, axis=axis, block_size=block_size, output_dtype=dtype, ftz=ftz, nudge=nudge,
+        saturate=saturate,
     )
     return dequantize_linear(q, scale, zero_point, axis=axis, block_size=block_size, x_dtype=dtype, out=out, ftz=ftz)
