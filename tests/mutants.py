@@ -465,6 +465,32 @@ def _full_blocks_divided(x, bs):
     return s, absmax
 
 
+def _tail_unclamped(x, bs):
+    """default_scale without the 1e-38 clamp on the tail's absmax (an all-zero tail: 0 / 0 = NaN)."""
+    s, absmax = default_scale(x, bs)
+    full = x.size - x.size % bs
+    if full < x.size:
+        with np.errstate(all="ignore"):
+            s[full:] = np.clip(x[full:] / np.max(np.abs(x[full:])), -1, 1).astype(np.float32)
+    return s, absmax
+
+
+@_for("nf4_quantize", "Xfp32_Ynf4")
+def nf4_quantize_zero_tail_unclamped(A, blocksize=64, *, out=None):
+    """bitsandbytes' CPU rule, but the partial last block divided by its bare absmax: an all-zero tail
+    gives NaN codes (15) where bitsandbytes' clamp(min=1e-38) gives the code of 0."""
+    return _nf4_from_codes(A, blocksize, out, _cpu_nf4_codes(_tail_unclamped))
+
+
+@_for("nf4_quantize", "Xfp16_Ynf4")
+def nf4_quantize_fp16_subnormals_flushed(A, blocksize=64, *, out=None):
+    """fp16 subnormal inputs read as zeros (a device flushing half-precision denormals); bitsandbytes
+    widens them to normal fp32 values."""
+    if isinstance(A, np.ndarray) and A.dtype == np.float16:
+        A = np.where(np.abs(A) < np.float16(2.0**-14), np.float16(0), A).astype(np.float16)
+    return bnb_quantize.nf4_quantize(A, blocksize, out=out)
+
+
 @_for("nf4_quantize", "Xfp32_Ynf4")
 def nf4_quantize_tail_by_reciprocal(A, blocksize=64, *, out=None):
     """bitsandbytes' CPU rule, but the partial last block multiplied by the reciprocal of its absmax

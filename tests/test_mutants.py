@@ -47,6 +47,8 @@ CAUGHT_BY = {
     "nf4_quantize_ties_up": VALUE,
     "nf4_quantize_tail_by_reciprocal": VALUE,
     "nf4_quantize_full_blocks_divided": VALUE,
+    "nf4_quantize_zero_tail_unclamped": VALUE,
+    "nf4_quantize_fp16_subnormals_flushed": VALUE,
     "nf4_quantize_midpoint_thresholds": VALUE,  # checked against the cuda reading it declares
     "nested_offset_before_dequant": VALUE,
     "gemm_bias_after_rounding": VALUE,

@@ -201,14 +201,16 @@ def test_4bit_disagreement_cases(case: str, dtype: str) -> None:
                         check_4bit(a[dtype].reshape(shape), dtype, bs, qt, nested, f"{case} {shape} bs={bs} {qt}")
 
 
+@pytest.mark.parametrize("pattern", ["midpoints_npot", "zero_tail", "subnormal_f16"])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_4bit_midpoints_npot(dtype: str) -> None:
-    """The catalogue's midpoints_npot inputs (absmax not a power of two, values where the full blocks'
-    reciprocal product and the tail's division pick different codes) over full blocks and a tail."""
+def test_4bit_catalogue_patterns(dtype: str, pattern: str) -> None:
+    """The catalogue's inputs over full blocks and a tail: midpoints_npot (absmax not a power of two,
+    values where the full blocks' reciprocal product and the tail's division pick different codes),
+    zero_tail (an all-zero partial block), subnormal_f16 (fp16 subnormal magnitudes)."""
     for qt in ("nf4", "fp4"):
         for bs in (64, 128):
-            x = values("midpoints_npot", 11 + bs, 999, bs, qt, dtype)
-            check_4bit(x.reshape(3, 333), dtype, bs, qt, False, f"midpoints_npot bs={bs} {qt}")
+            x = values(pattern, 11 + bs, 999, bs, qt, dtype)
+            check_4bit(x.reshape(3, 333), dtype, bs, qt, False, f"{pattern} bs={bs} {qt}")
 
 
 def test_4bit_with_torch_compile() -> None:

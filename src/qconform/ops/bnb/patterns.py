@@ -31,7 +31,7 @@ from qconform.ops.patterns import PATTERNS, make_values
 from qconform.oracles.bnb import quantize_4bit, quantize_blockwise
 from qconform.oracles.bnb.codes import CODES, CPU_BOUNDS, FP4_CUDA_THRESHOLDS, NF4_CUDA_THRESHOLDS
 
-VALUE_PATTERNS = (*PATTERNS, "midpoints", "midpoints_npot")
+VALUE_PATTERNS = (*PATTERNS, "midpoints", "midpoints_npot", "zero_tail", "subnormal_f16")
 WEIGHT_PATTERNS = ("random", "quantized", "special_absmax")
 NESTED_PATTERNS = ("quantized", "random", "special")
 F32 = np.float32
@@ -98,13 +98,30 @@ def midpoints_npot(rng: np.random.Generator, n: int, bs: int, quant_type: str, d
     return x.reshape(-1)[:n]
 
 
+def subnormal_f16(rng: np.random.Generator, n: int, bs: int) -> np.ndarray:
+    """Blocks of fp16 subnormal magnitudes (below 2^-14; normal in fp32), some with fp16 normals
+    mixed in: a device that flushes half-precision inputs reads zeros there."""
+    nb = -(-n // bs)
+    x = (rng.uniform(-1, 1, (nb, bs)) * 2.0**-14).astype(F32)
+    mixed = rng.random(nb) < 0.5
+    x[mixed, ::5] *= F32(2.0**8)
+    return x.reshape(-1)[:n]
+
+
 def values(pattern: str, seed: int, n: int, bs: int, quant_type: str, dtype: str) -> np.ndarray:
-    """``n`` values of ``dtype``'s carrier (flat) for a pattern; blocks of ``bs`` over the flattening."""
+    """``n`` values of ``dtype``'s carrier (flat) for a pattern; blocks of ``bs`` over the flattening.
+    ``zero_tail``: normal values with the last block (a partial one where bs does not divide n) all
+    zeros; ``subnormal_f16``: see that function."""
+    rng = np.random.default_rng(seed)
     if pattern in ("midpoints", "midpoints_npot"):
         make = midpoints if pattern == "midpoints" else midpoints_npot
-        return make(np.random.default_rng(seed), n, bs, quant_type, dtype)
+        return make(rng, n, bs, quant_type, dtype)
+    if pattern == "subnormal_f16":
+        return from_f32(subnormal_f16(rng, n, bs), dtype)
     nb = -(-n // bs)
-    x = make_values(pattern, seed, 1, nb * bs, bs).reshape(-1)[:n]
+    x = make_values("normal" if pattern == "zero_tail" else pattern, seed, 1, nb * bs, bs).reshape(-1)[:n]
+    if pattern == "zero_tail":
+        x[(nb - 1) * bs :] = 0
     return from_f32(x, dtype)
 
 

@@ -132,7 +132,8 @@ def _cases(op: str, leaf: str, coverage: int) -> list[Case]:
     """coverage 1 (small: the golden set): a ragged width (1000 at blocksize 64: a partial block),
     an odd n (3 x 333: the pad nibble), one partial block of 4096, and the disagreement patterns
     ``midpoints`` (ties on the float32 midpoints and the CUDA literal thresholds), ``zero_block``
-    and ``nan`` at blocksizes 32..128, ``midpoints_npot`` over 7 full blocks and a tail; 2: every
+    and ``nan`` at blocksizes 32..128, ``midpoints_npot`` over 7 full blocks and a tail, an all-zero
+    tail (``zero_tail``) and fp16 subnormal blocks (``subnormal_f16``); 2: every
     blocksize 32..4096 on full and partial blocks, every other pattern, more seeds, the layer
     weights 4096 x 512 (GQA k/v) and 2048 x 768 (MoE expert); 3: the 4096 x 14336 FFN weight and
     more seeds.
@@ -151,6 +152,8 @@ def _cases(op: str, leaf: str, coverage: int) -> list[Case]:
     for i, (pattern, bs) in enumerate(zip(EDGE, (32, 64, 128), strict=True)):
         add(pattern, (2, 128 if pattern != "midpoints" else 256), 1000 + i, bs)
     add("midpoints_npot", (3, 333), 1003, 128)  # full blocks and a tail: their two scalings
+    add("zero_tail", (3, 333), 1004, 128)  # an all-zero partial block: absmax 0 (the 1e-38 clamp; 0 * inf)
+    add("subnormal_f16", (2, 256), 1005, 64)
     if coverage >= 2:
         for i, bs in enumerate(BLOCKSIZES):
             add("normal", (2, 2 * bs), 10 + i, bs)
