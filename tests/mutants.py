@@ -293,17 +293,22 @@ def fake_quantize_half_away(x, scale, zero_point=None, *, axis=1, block_size=0, 
 
 
 @_for("fake_quantize", "Xfp32_Qu8_Yfp32")
-def fake_quantize_times_reciprocal(x, scale, zero_point=None, *, axis=1, block_size=0, dtype="uint8", out=None):
+def fake_quantize_times_reciprocal(x, scale, zero_point=None, *, axis=1, block_size=0, dtype="uint8", out=None, **kw):
     """Quantizes rint(x * fp32(1/s)) where ONNX divides, rint(x / s): the same wherever 1/s is
-    exact (power-of-two scales, pattern ``ties``), not at the ties of ``ties_npot``."""
-    from qconform.oracles.ort.qdq import QTYPES, expand_param
+    exact (power-of-two scales, pattern ``ties``), not at the ties of ``ties_npot`` (fp8: the code of
+    x * fp32(1/s))."""
+    from qconform.oracles.ort.qdq import FP8_TABLES, QTYPES, expand_param, fp32_to_fp8
 
-    y = ort.fake_quantize(x, scale, zero_point, axis=axis, block_size=block_size, dtype=dtype, out=out)  # the checks
-    _, lo, hi = QTYPES[dtype]
+    y = ort.fake_quantize(x, scale, zero_point, axis=axis, block_size=block_size, dtype=dtype, out=out, **kw)
     s = expand_param(scale, x.shape, axis, block_size, "scale").astype(np.float32)
-    z = 0 if zero_point is None else expand_param(zero_point, x.shape, axis, block_size, "zero_point").astype(int)
     with np.errstate(all="ignore"):
-        v = (x.astype(np.float32) * (np.float32(1) / s)).astype(np.float32).astype(np.float64)
+        v = (x.astype(np.float32) * (np.float32(1) / s)).astype(np.float32)
+        if dtype in FP8_TABLES:
+            y[...] = (FP8_TABLES[dtype][fp32_to_fp8(v, dtype, kw.get("saturate", True))] * s).astype(y.dtype)
+            return y
+    _, lo, hi = QTYPES[dtype]
+    z = 0 if zero_point is None else expand_param(zero_point, x.shape, axis, block_size, "zero_point").astype(int)
+    v = v.astype(np.float64)
     v = np.where(np.isnan(v), 0.0, np.clip(np.rint(v), -(2.0**40), 2.0**40))
     q = np.clip(v.astype(np.int64) + z, lo, hi)
     y[...] = ((q - z).astype(np.float32) * s).astype(np.float32).astype(y.dtype)
@@ -415,6 +420,20 @@ def nf4_decode_low_nibble_first(packed, absmax, *, out=None, **kw):
     swapped = ((packed << 4) | (packed >> 4)).astype(np.uint8)
     bnb_decode.nf4_decode(packed, absmax, **kw)  # the checks, on the caller's arrays
     return bnb_decode.nf4_decode(swapped, absmax, out=out, **kw)
+
+
+@_for("nf4_decode", "Xnf4_Yfp16")
+def nf4_decode_one_rounding(packed, absmax, *, out=None, **kw):
+    """fp16 output rounded once from the exact product code * absmax (bitsandbytes rounds the fp32
+    product to fp16: two roundings)."""
+    y = bnb_decode.nf4_decode(packed, absmax, out=out, **kw)
+    if kw.get("dtype") == "float16":
+        n = kw["rows"] * kw["cols"]
+        q = np.stack([packed.reshape(-1) >> 4, packed.reshape(-1) & 15], axis=1).reshape(-1)[:n]
+        exact = NF4[q].astype(np.float64) * np.repeat(absmax.astype(np.float64), kw["blocksize"])[:n]
+        with np.errstate(over="ignore", invalid="ignore"):
+            y[...] = exact.astype(np.float16).reshape(y.shape)
+    return y
 
 
 def _nf4_from_codes(A, blocksize, out, nibbles, variant: str = "cpu") -> np.ndarray:

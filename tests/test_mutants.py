@@ -44,6 +44,7 @@ CAUGHT_BY = {
     "gather_e5m2_read_as_e4m3": VALUE,
     "fake_quantize_int2_wraps": VALUE,
     "nf4_decode_low_nibble_first": VALUE,
+    "nf4_decode_one_rounding": VALUE,
     "nf4_quantize_ties_up": VALUE,
     "nf4_quantize_tail_by_reciprocal": VALUE,
     "nf4_quantize_full_blocks_divided": VALUE,

@@ -19,7 +19,7 @@ import platform
 import numpy as np
 import pytest
 
-from qconform.ops.bnb.patterns import values
+from qconform.ops.bnb.patterns import values, weights
 from qconform.oracles import bnb as O
 from qconform.oracles.bnb.codes import (
     CPU_BOUNDS,
@@ -234,6 +234,21 @@ def test_fp4_code_8_sign_per_kernel() -> None:
         assert_same(ours, theirs, str(shape))
         scalar = shape[-1] % 2 == 0 and not (AVX512 and shape[-1] % 16 == 0)
         assert bool(np.signbit(theirs).all()) == scalar, shape
+
+
+@pytest.mark.parametrize("out_dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("quant_type", ["nf4", "fp4"])
+def test_4bit_decode_double_rounding(quant_type: str, out_dtype: str) -> None:
+    """The catalogue's double_rounding weights (fl32(code * absmax) on fp16 / bf16 midpoints): the
+    fp32 product rounded again to the output type, as bitsandbytes does."""
+    shape = (4, 256)
+    packed, absmax = weights("double_rounding", 7, 1024, 64, quant_type)
+    torch_dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}[out_dtype]
+    st = F.QuantState(absmax=torch.from_numpy(absmax), shape=torch.Size(shape), dtype=torch_dtype, blocksize=64,
+                      code=F.get_4bit_type(quant_type, device="cpu"), quant_type=quant_type)  # fmt: skip
+    theirs = to_np(F.dequantize_4bit(torch.from_numpy(packed.reshape(-1, 1)), st))
+    ours = O.dequantize_4bit(packed.reshape(-1, 1), state_from_bnb(st), out_dtype, VARIANT, avx512bf16=AVX512BF16)
+    assert_same(ours, theirs, f"{quant_type} {out_dtype}")
 
 
 def test_code_tables_match_bitsandbytes() -> None:

@@ -120,6 +120,7 @@ def _cases(op: str, leaf: str, coverage: int) -> list[Case]:
     """coverage 1 (small: the golden set): random codes (FP4's -0 code 8 included) on an even and an
     odd last dimension (3 x 333: bitsandbytes' CPU backend switches to its Python path, code 8 +0),
     scales that separate the backends (0, NaN, inf, subnormal products, fp16 overflow, bf16 ties),
+    scales whose fp32 products sit on fp16 / bf16 midpoints (the two roundings show),
     one partial block of 4096 and a quantized weight; 2: every blocksize 32..4096, more seeds,
     the layer weights 4096 x 512 (GQA k/v) and 2048 x 768 (MoE expert); 3: 4096 x 14336.
 
@@ -133,6 +134,7 @@ def _cases(op: str, leaf: str, coverage: int) -> list[Case]:
     add("random", (2, 256), 1, 64)
     add("random", (3, 333), 2, 128)
     add("special_absmax", (2, 256), 1000, 32)
+    add("double_rounding", (2, 256), 1001, 64)  # fl32(code * absmax) on fp16 / bf16 midpoints
     add("quantized", (1, 1000), 3, 4096)
     if coverage >= 2:
         for i, bs in enumerate(BLOCKSIZES):

@@ -32,7 +32,7 @@ from qconform.oracles.bnb import quantize_4bit, quantize_blockwise
 from qconform.oracles.bnb.codes import CODES, CPU_BOUNDS, FP4_CUDA_THRESHOLDS, NF4_CUDA_THRESHOLDS
 
 VALUE_PATTERNS = (*PATTERNS, "midpoints", "midpoints_npot", "zero_tail", "subnormal_f16")
-WEIGHT_PATTERNS = ("random", "quantized", "special_absmax")
+WEIGHT_PATTERNS = ("random", "quantized", "special_absmax", "double_rounding")
 NESTED_PATTERNS = ("quantized", "random", "special")
 F32 = np.float32
 
@@ -132,10 +132,50 @@ def _scales(rng: np.random.Generator, nb: int) -> np.ndarray:
 SPECIAL_ABSMAX = np.array([0.0, -0.0, np.nan, np.inf, -np.inf, 3e-39, 1e-38, 2e-38, 1e5, -2.5, np.finfo(F32).max], F32)
 
 
+def _double_rounding_absmax(rng: np.random.Generator, code: np.ndarray, half: bool) -> np.ndarray:
+    """Per code value c (float32), an absmax a with fl32(c * a) exactly half-way between two fp16
+    (``half``) or bf16 values while c * a itself is not: rounding the fp32 product to the output
+    type (round half to even) and rounding the exact product once go different ways."""
+    mbits = 10 if half else 7
+    out = np.zeros(len(code), F32)
+    for i, c in enumerate(code.astype(np.float64)):
+        for _ in range(10_000):  # about one target in ten has such an absmax
+            step = 2.0 ** (int(rng.integers(-6, 6)) - mbits)  # one unit in the last place of the target
+            m = (2.0 ** mbits + int(rng.integers(0, 2**mbits)) + 0.5) * step  # a midpoint: fp32-exact
+            a0 = np.float32(m / abs(c))
+            cand = a0.view(np.int32) + np.arange(-8, 9, dtype=np.int32)
+            a = cand.view(F32).astype(np.float64)
+            p = abs(c) * a  # exact: 24 x 24 bits
+            on = (p.astype(F32) == m) & (p != m)
+            even_up = int(m / step) % 2 == 1  # the even neighbour is above m when floor(m / step) is odd
+            apart = on & ((p > m) != even_up)
+            if apart.any():
+                out[i] = a[np.flatnonzero(apart)[0]]
+                break
+        else:
+            raise ValueError(f"no double-rounding absmax for the code {c}")
+    return out
+
+
 def weights(pattern: str, seed: int, n: int, bs: int, quant_type: str) -> tuple[np.ndarray, np.ndarray]:
-    """(packed uint8 ``(n + 1) // 2``, float32 absmax ``(ceil(n / bs),)``) for a pattern."""
+    """(packed uint8 ``(n + 1) // 2``, float32 absmax ``(ceil(n / bs),)``) for a pattern.
+    ``double_rounding``: per block a code (half of the block's codes) and an absmax that put
+    fl32(code * absmax) on an fp16 (even blocks) or bf16 (odd blocks) midpoint, see
+    ``_double_rounding_absmax``."""
     rng = np.random.default_rng(seed)
     nb = -(-n // bs)
+    if pattern == "double_rounding":
+        table = CODES[quant_type].astype(F32)
+        nonzero = np.flatnonzero((table.view(np.uint32) & 0x7FFFFF) != 0)  # not a power of two (nor 0)
+        k = nonzero[rng.integers(len(nonzero), size=nb)]
+        absmax = np.empty(nb, F32)
+        for parity in (0, 1):
+            absmax[parity::2] = _double_rounding_absmax(rng, table[k[parity::2]], half=parity == 0)
+        codes = rng.integers(0, 16, nb * bs)
+        take = rng.random(nb * bs) < 0.5
+        codes[take] = np.repeat(k, bs)[take]
+        codes = codes[:n] if n % 2 == 0 else np.append(codes[:n], 0)
+        return ((codes[0::2] << 4) | codes[1::2]).astype(np.uint8), absmax
     if pattern == "quantized":
         w = (rng.standard_normal(n) * 10.0 ** rng.uniform(-2, 1)).astype(F32)
         packed, state = quantize_4bit(w, bs, False, quant_type)
