@@ -1181,6 +1181,25 @@ fake_quantize_fp8_always_saturates = _fq_swapped(
     "Xfp32_Qfp8e5m2_Yfp32", "fp8: saturate=0 ignored (overflow to +-max instead of inf / NaN).",
     fp32_to_fp8=lambda v, fmt, saturate=True: _fp32_to_fp8(v, fmt, True),
 )
+def _fp8_ieee_overflow(v, fmt, saturate=True):
+    """The reference's fp8 code, but without saturation every finite value past the top code's
+    half-way point is NaN (e4m3fn) or inf (e5m2), as a round-to-nearest-even converter gives;
+    ONNX Runtime truncates e4m3fn's [480, 496) to 448 and gives NaN for e5m2's round-up."""
+    code = _fp32_to_fp8(v, fmt, saturate)
+    if saturate:
+        return code
+    top = np.nanmax(np.abs(_qdq.FP8_TABLES[fmt][np.isfinite(_qdq.FP8_TABLES[fmt])]))
+    half = top * (1 + 2.0 ** -(4 if fmt == "float8e4m3fn" else 3))  # top + half its ulp
+    a = np.abs(np.asarray(v, np.float32))
+    past = np.isfinite(a) & (a >= half)
+    over = 0x7F if fmt == "float8e4m3fn" else 0x7C
+    return np.where(past, (code & 0x80) | over, code).astype(np.uint8)
+
+
+fake_quantize_fp8_ieee_overflow = _fq_swapped(
+    "Xfp32_Qfp8e4m3_Yfp32", "fp8, saturate=0: overflow as a round-to-nearest-even converter gives it.",
+    fp32_to_fp8=_fp8_ieee_overflow,
+)
 _expand_param = _qdq.expand_param
 
 

@@ -90,6 +90,7 @@ CAUGHT_BY = {
     "fake_quantize_row_blocks_ragged_previous_scale": VALUE,
     "fake_quantize_fp8_ties_away": VALUE,
     "fake_quantize_fp8_always_saturates": VALUE,
+    "fake_quantize_fp8_ieee_overflow": VALUE,
     "gather_negative_index_not_wrapped": VALUE,
     "gather_int32_indices_zero_extended": VALUE,
     "gather_int4_zero_points_column_major": VALUE,
