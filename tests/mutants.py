@@ -1263,6 +1263,13 @@ def qswiglu_sigmoid_held_in_fp16(gate_q, up_q, **kw):
         return _sw.qswiglu(gate_q, up_q, **kw)
 
 
+@_for("qswiglu", "Xu16_Yu16")
+def qswiglu_sigmoid_zero_point_ignored(gate_q, up_q, **kw):
+    """The Sigmoid's QuantizeLinear / DequantizeLinear without its zero point (a kernel that assumes
+    the sigmoid's codes start at 0)."""
+    return _sw.qswiglu(gate_q, up_q, **{**kw, "sig_zp": np.zeros_like(kw["sig_zp"])})
+
+
 def _q_default_zero_point_mid(x, y_scale, y_zero_point=None, *, output_dtype=None, **kw):
     if y_zero_point is None and output_dtype in ("uint8", "uint16", "uint4", "uint2"):
         np_dtype, _, hi = _qdq.QTYPES[output_dtype]

@@ -96,6 +96,7 @@ CAUGHT_BY = {
     "gather_int4_zero_points_column_major": VALUE,
     "gather_u8_default_zero_point_0": VALUE,
     "qswiglu_sigmoid_held_in_fp16": VALUE,
+    "qswiglu_sigmoid_zero_point_ignored": VALUE,
     "fake_quantize_unsigned_default_zero_point_mid": VALUE,
     "fake_quantize_nan_to_lowest": VALUE,
     "fake_quantize_int32_overflow": VALUE,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from qconform.ops import get_op
 from qconform.ops.ort.fake_quantize import fp8_quotients
 from qconform.oracles.ort import (
     dequantize_linear,
@@ -722,15 +723,23 @@ def _qswiglu_session(dtype: str, p: dict):
 
 
 @pytest.mark.parametrize("dtype", ["uint16", "uint8"])
-def test_qswiglu_matches_ort_within_one_step(dtype: str) -> None:
+@pytest.mark.parametrize("params", ["realistic", "catalogue zp"])
+def test_qswiglu_matches_ort_within_one_step(dtype: str, params: str) -> None:
     """qswiglu vs ORT's DQ/Sigmoid/Q/Mul chain over every gate code (uint16: all 65536, uint8: 256 x 64 up codes).
     ORT's Sigmoid is MLAS's own approximation, so exact equality is not expected: every difference must be at
-    most one output quantization step, and differing outputs must stay below 1 %."""
+    most one output quantization step, and differing outputs must stay below 1 %. Parameters: a realistic
+    calibration, or the catalogue's ``zp`` case (every zero point moved, the sigmoid's top quarter clipped)."""
     rng = np.random.default_rng(len(dtype))
     npt, hi = QTYPES[dtype][1], QTYPES[dtype][3]
     gate = np.repeat(np.arange(hi + 1), max(1, 16384 // (hi + 1))).astype(npt)
     up = rng.integers(0, hi + 1, gate.shape).astype(npt)
-    p = _qswiglu_params(dtype)
+    if params == "realistic":
+        p = _qswiglu_params(dtype)
+    else:
+        op = get_op("qswiglu")
+        leaf = {"uint16": "Xu16_Yu16", "uint8": "Xu8_Yu8"}[dtype]
+        case = next(c for c in op.cases(leaf, 1) if c.pattern == "zp")
+        p = {k: v for k, v in op.make_inputs(case).items() if k.endswith(("_scale", "_zp"))}
     theirs = _qswiglu_session(dtype, p).run(None, {"gate_q": gate, "up_q": up})[0]
     ours = qswiglu(gate, up, **p, dtype=dtype)
     assert ours.dtype == npt and ours.shape == theirs.shape

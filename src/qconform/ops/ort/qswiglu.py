@@ -20,7 +20,8 @@ SWIGLU_LEAVES = (Leaf("Xu16_Yu16", {"dtype": "uint16"}), Leaf("Xu8_Yu8", {"dtype
 
 def _swiglu_inputs(case: Case) -> dict[str, np.ndarray]:
     """gate/up codes over the whole range; scales chosen so g spans about [-8, 8] (where the
-    sigmoid bends) and the product fits the output range."""
+    sigmoid bends) and the product fits the output range; zero points mid-range (the sigmoid's 0),
+    or with pattern ``zp`` each moved (the sigmoid's to 1..top/4: its values above 1 - zp/top clip)."""
     dtype = leaf_params(SWIGLU_LEAVES, case.leaf)["dtype"]
     np_dtype = np.dtype(dtype)
     top = float(np.iinfo(np_dtype).max)
@@ -34,6 +35,11 @@ def _swiglu_inputs(case: Case) -> dict[str, np.ndarray]:
     for k, r in ranges.items():
         inputs[f"{k}_scale"] = np.array(r / top, np.float32)
         inputs[f"{k}_zp"] = np.array(0 if k == "sig" else mid, np_dtype)
+    if case.pattern == "zp":  # every zero point off its usual place, the sigmoid's too: Q -> DQ only
+        # depends on a zero point through the range it clips to, so the sigmoid's top quarter clips
+        for k in ranges:
+            z = int(rng.integers(1, int(top) // 4)) if k == "sig" else int(mid) + int(rng.integers(-top // 8, top // 8))
+            inputs[f"{k}_zp"] = np.array(z, np_dtype)
     return inputs
 
 
@@ -44,7 +50,7 @@ def _swiglu_call(inputs: dict[str, Any], params: dict[str, Any]) -> tuple[tuple,
 
 def _swiglu_cases(leaf: str, coverage: int) -> list[Case]:
     """Activations (tokens, FFN width): coverage 1 one token and a ragged width, 2 a 64 x 14336
-    prefill, 3 512 tokens.
+    prefill, 3 512 tokens; at every coverage ``zp``: every zero point moved, the sigmoid's from 0.
 
     core: shapes production kernels accept, beside those (pattern ``core``, seeds 400..404; 1 at
     coverage 1, 5 from coverage 2): 1..8, 16, 32 or 64 tokens, widths a multiple of 128."""
@@ -54,9 +60,11 @@ def _swiglu_cases(leaf: str, coverage: int) -> list[Case]:
         + ([(512, 14336)] if coverage >= 3 else [])
     )
     core = [(8, 512)] + ([(16, 1024), (32, 512), (3, 4096), (64, 256)] if coverage >= 2 else [])
-    return [Case("qswiglu", leaf, 80 + i, shape, "normal") for i, shape in enumerate(shapes)] + [
-        Case("qswiglu", leaf, 400 + i, shape, "core") for i, shape in enumerate(core)
-    ]
+    return (
+        [Case("qswiglu", leaf, 80 + i, shape, "normal") for i, shape in enumerate(shapes)]
+        + [Case("qswiglu", leaf, 90, (2, 1000), "zp")]
+        + [Case("qswiglu", leaf, 400 + i, shape, "core") for i, shape in enumerate(core)]
+    )
 
 
 def _swiglu_bad(leaf: str) -> list[BadArgument]:
