@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from qconform.formats.fp8 import FP8_TABLES, fp32_to_fp8
 from qconform.ops import get_op
 from qconform.ops.ort.fake_quantize import fp8_quotients
 from qconform.oracles.ort import (
@@ -605,7 +606,44 @@ def test_dequantize_linear_is_ort(dtype: str, gran: str, with_zp: bool, sdt) -> 
     _assert_same_bits(ours, theirs, (dtype, gran))
 
 
-FP8 = {"float8e4m3fn": TP.FLOAT8E4M3FN, "float8e5m2": TP.FLOAT8E5M2}
+FP8 = {
+    "float8e4m3fn": TP.FLOAT8E4M3FN,
+    "float8e5m2": TP.FLOAT8E5M2,
+    "float8e4m3fnuz": TP.FLOAT8E4M3FNUZ,
+    "float8e5m2fnuz": TP.FLOAT8E5M2FNUZ,
+}
+
+
+def _fp32_sweep() -> np.ndarray:
+    """fp32 values over every exponent, both signs: 200 random mantissas each, and the mantissas at
+    and around fp8's rounding bits (all zero, all ones, the half bits of 2 and 3 kept mantissa bits
+    with and without a sticky bit)."""
+    rng = np.random.default_rng(5)
+    edges = [0, 1, 0x7FFFFF, 0x3FFFFF, 0x400000, 0x400001, 0x600000, 0x700000, 0x780000, 0x7C0000, 0x7E0000]
+    edges += [0x80000, 0x100000, 0x180000, 0x200000, 0x280000, 0x300000, 0x380000, 0x7FFFF, 0xFFFFF, 0x480000]
+    edges += [0x500000, 0x580000, 0x7A0000]
+    e = np.concatenate([np.repeat(np.arange(256), 200), np.repeat(np.arange(256), len(edges))])
+    m = np.concatenate([rng.integers(0, 1 << 23, 256 * 200), np.tile(edges, 256)])
+    bits = ((e << 23) | m).astype(np.uint32)
+    return np.concatenate([bits, bits | np.uint32(0x80000000)]).view(F32)
+
+
+@pytest.mark.parametrize("saturate", [1, 0])
+@pytest.mark.parametrize("fmt", list(FP8))
+def test_fp8_conversion_is_ort(fmt: str, saturate: int) -> None:
+    """formats.fp8.fp32_to_fp8 (read back through the code table) equals ORT's QuantizeLinear ->
+    DequantizeLinear at scale 1 on 114,688 fp32 values: every exponent and sign, the rounding edges,
+    fp32 subnormals, inf and NaN."""
+    x = _fp32_sweep()
+    zp = helper.make_tensor("z", FP8[fmt], [], [0.0])
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], saturate=saturate),
+        helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"]),
+    ]
+    ins, outs = [_vi("x", TP.FLOAT, [x.size])], [_vi("y", TP.FLOAT, [x.size])]
+    theirs = _session(nodes, ins, outs, [_init("s", np.array(1.0, F32)), zp]).run(None, {"x": x})[0]
+    ours = FP8_TABLES[fmt][fp32_to_fp8(x, fmt, bool(saturate))]
+    _assert_same_bits(ours, theirs, (fmt, saturate))
 
 
 SPECIALS = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-40, -1e-42, 1e-38], F32)
@@ -616,7 +654,7 @@ SPECIALS = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-40, -1e-42, 1e-38], 
 @pytest.mark.parametrize("gran", list(GRANULARITY))
 @pytest.mark.parametrize("fmt", list(FP8))
 def test_fake_quantize_fp8_is_ort(fmt: str, gran: str, xdt, saturate: int) -> None:
-    """QuantizeLinear to float8e4m3fn / float8e5m2 (opset 21, saturate 1 and 0) then DequantizeLinear:
+    """QuantizeLinear to each fp8 type (opset 21, saturate 1 and 0) then DequantizeLinear:
     fake_quantize(dtype=fmt) equals ORT bit for bit on every fp8 value, every midpoint between two (ties
     to even) and its neighbours, overflow, subnormals, zeros of both signs, inf and NaN, at every
     granularity (the catalogue's quotients, ``fp8_quotients``); power-of-two scales keep x / s where it

@@ -1,13 +1,16 @@
-"""fp8 bit patterns <-> float32: OCP/ONNX float8e4m3fn and float8e5m2.
+"""fp8 bit patterns <-> float32: OCP/ONNX float8e4m3fn and float8e5m2, and the fnuz pair.
 
 Source: onnx/onnx docs/Operators.md (Cast, "float 8 types") and the OCP 8-bit floating point
 spec. e4m3fn: 1 sign, 4 exponent (bias 7), 3 mantissa bits, no infinities, NaN = S.1111.111,
 max 448. e5m2: 1 sign, 5 exponent (bias 15), 2 mantissa bits, IEEE-style inf (S.11111.00) and NaN.
-Every value is exactly representable in float32, so a 256-entry table decodes bit for bit.
+e4m3fnuz / e5m2fnuz (the fp8 of AMD's MI300): biases 8 / 16, no infinities, no -0, the one NaN
+0x80; max 240 / 57344. Every value is exactly representable in float32, so a 256-entry table
+decodes bit for bit.
 
 Encoding (``fp32_to_fp8``) is ONNX Runtime's CPU conversion, microsoft/onnxruntime
-include/onnxruntime/core/common/float8.h ``Float8E4M3FN(float, saturate)`` / ``Float8E5M2(float,
-saturate)``: truncate the fp32 bits to the format, then round half to even on the dropped bits;
+include/onnxruntime/core/common/float8.h ``Float8E4M3FN(float, saturate)`` / ``Float8E5M2`` /
+``Float8E4M3FNUZ`` / ``Float8E5M2FNUZ``: truncate the fp32 bits to the format, then round half
+to even on the dropped bits (fnuz: a zero result is +0, NaN and unsaturated overflow are 0x80);
 fp32 subnormals give a signed zero; NaN gives S.1111111. Its edges (checked against onnxruntime
 1.32 on every fp32 exponent, tests/test_upstream_ort.py): e4m3fn values in [480, 512) first
 truncate to 448 (the NaN pattern is never built by truncation), so without saturation 480 gives
@@ -21,7 +24,9 @@ from __future__ import annotations
 import numpy as np
 
 
-def _table(exp_bits: int, man_bits: int, bias: int, ieee_special: bool) -> np.ndarray:
+def _table(exp_bits: int, man_bits: int, bias: int, special: str) -> np.ndarray:
+    """The 256 codes' float32 values. ``special``: "ieee" (all-ones exponent: inf, NaN), "fn" (only
+    S.1111.111 is NaN) or "fnuz" (only 0x80, the would-be -0, is NaN)."""
     codes = np.arange(256, dtype=np.int64)
     sign = np.where(codes >> 7, -1.0, 1.0)
     e = (codes >> man_bits) & ((1 << exp_bits) - 1)
@@ -31,17 +36,26 @@ def _table(exp_bits: int, man_bits: int, bias: int, ieee_special: bool) -> np.nd
     subnormal = frac * np.exp2(1 - bias)
     v = sign * np.where(e == 0, subnormal, normal)
     top = e == (1 << exp_bits) - 1
-    if ieee_special:
+    if special == "ieee":
         v = np.where(top & (m == 0), sign * np.inf, v)
         v = np.where(top & (m != 0), np.nan, v)
-    else:
+    elif special == "fn":
         v = np.where(top & (m == (1 << man_bits) - 1), np.nan, v)
+    else:
+        v = np.where(codes == 0x80, np.nan, v)
     return v.astype(np.float32)
 
 
-E4M3FN = _table(4, 3, 7, ieee_special=False)
-E5M2 = _table(5, 2, 15, ieee_special=True)
-FP8_TABLES = {"float8e4m3fn": E4M3FN, "float8e5m2": E5M2}
+E4M3FN = _table(4, 3, 7, "fn")
+E5M2 = _table(5, 2, 15, "ieee")
+E4M3FNUZ = _table(4, 3, 8, "fnuz")
+E5M2FNUZ = _table(5, 2, 16, "fnuz")
+FP8_TABLES = {
+    "float8e4m3fn": E4M3FN,
+    "float8e5m2": E5M2,
+    "float8e4m3fnuz": E4M3FNUZ,
+    "float8e5m2fnuz": E5M2FNUZ,
+}
 
 
 def _subnormal(m: np.ndarray, d: np.ndarray, top: int, shift: int) -> np.ndarray:
@@ -76,11 +90,33 @@ def fp32_to_fp8(v: np.ndarray, fmt: str, saturate: bool = True) -> np.ndarray:
         over = 0x7B if saturate else 0x7C  # OR-ed into 0x7B: NaN (0x7F) without saturation
         norm = np.where(half, np.where((norm & 0x7F) < mx, norm + 1, norm | over), norm)
         top = 113
+    elif fmt in ("float8e4m3fnuz", "float8e5m2fnuz"):
+        return _fnuz(sign, e, m, fmt == "float8e4m3fnuz", saturate)
     else:
         raise ValueError(f"fmt: must be one of {tuple(FP8_TABLES)}, got {fmt!r}")
     code = np.where(e < lo, 0, np.where(e < top, sub, np.where(e < hi, norm, inf_code)))
     code = np.where(e == 0xFF, np.where(m == 0, inf_code, nan), code)
     return (sign | code).astype(np.uint8)
+
+
+def _fnuz(sign: np.ndarray, e: np.ndarray, m: np.ndarray, e4m3: bool, saturate: bool) -> np.ndarray:
+    """``Float8E4M3FNUZ(float, saturate)`` / ``Float8E5M2FNUZ``: biases 8 / 16, 0x80 the only NaN (no
+    -0: a zero result is +0), +-max 0x7F / 0xFF on saturation, NaN for inf and overflow without."""
+    if e4m3:
+        lo, top, hi = 116, 120, 135
+        sub = _subnormal(m, np.clip(119 - e, 0, 3), 3, 21)
+        norm = ((e - 119) << 3) | (m >> 20)
+        half = ((m & 0x80000) != 0) & (((m & 0x100000) != 0) | ((m & 0x7FFFF) != 0))
+    else:
+        lo, top, hi = 109, 112, 143
+        sub = _subnormal(m, np.clip(111 - e, 0, 2), 2, 22)
+        norm = ((e - 111) << 2) | (m >> 21)
+        half = ((m & 0x100000) != 0) & (((m & 0xFFFFF) != 0) | ((m & 0x200000) != 0))
+    over = 0x7F if saturate else -1  # -1: NaN (0x80)
+    norm = np.where(half, np.where(norm < 0x7F, norm + 1, norm if saturate else -1), norm)
+    mag = np.where(e < lo, 0, np.where(e < top, sub, np.where(e < hi, norm, over)))
+    mag = np.where(e == 0xFF, np.where(m == 0, over, -1), mag)
+    return np.where(mag < 0, 0x80, np.where(mag == 0, 0, sign | mag)).astype(np.uint8)
 
 
 def fp8_to_fp32(bits: np.ndarray, fmt: str) -> np.ndarray:

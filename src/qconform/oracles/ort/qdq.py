@@ -11,7 +11,7 @@ Values are logical: uint4 as uint8 in [0, 15], int4 as int8 in [-8, 7], uint2 as
 [0, 3], int2 as int8 in [-2, 1] (the 2-bit types are ONNX opset 25; ONNX Runtime 1.32 runs them
 on the CPU; a 4- or 2-bit tensor packs as ``packing.pack_bits`` on the flattened values). A NaN
 input has no integer image in the spec; the oracle maps it to the zero point.
-float8e4m3fn / float8e5m2 (opset 19+; microsoft/onnxruntime core/util/qmath.h
+float8e4m3fn / float8e5m2 / float8e4m3fnuz / float8e5m2fnuz (opset 19+; microsoft/onnxruntime core/util/qmath.h
 ``ParQuantizeLinearSat``): Q = the fp8 code of fp32(x / scale) (``formats.fp8.fp32_to_fp8``, the
 ``saturate`` attribute, default 1), the zero point ignored (ONNX requires it 0); DQ = fp32(fp8 value
 * scale). Their values travel as the uint8 codes.
