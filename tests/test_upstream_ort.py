@@ -678,6 +678,26 @@ def test_fake_quantize_fp8_is_ort(fmt: str, gran: str, xdt, saturate: int) -> No
     _assert_same_bits(ours, theirs, (fmt, gran, saturate))
 
 
+@pytest.mark.parametrize("with_zp", [False, True], ids=["nozp", "zp"])
+@pytest.mark.parametrize("sdt", [F32, F16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("gran", ["tensor", "axis1"])
+def test_dequantize_linear_int32_is_ort(gran: str, sdt, with_zp: bool) -> None:
+    """DequantizeLinear of int32 (a bias or accumulator): fp32(q - zp) * s with the subtraction in int32
+    (it wraps at the ends of the range, as ORT's does) and q - zp past 2^24 rounded to fp32 first."""
+    rng = np.random.default_rng([len(gran), np.dtype(sdt).itemsize, int(with_zp)])
+    axis, block, shape = GRANULARITY[gran]
+    x = rng.integers(-(2**31), 2**31, (6, 103)).astype(np.int32)
+    x.reshape(-1)[:6] = [-(2**31), 2**31 - 1, 0, 1, 2**24 + 1, -(2**25) - 3]
+    scale = (rng.uniform(1, 2, shape) * 2.0 ** rng.integers(-20, -10, shape)).astype(sdt)
+    zp = rng.integers(-9, 10, shape).astype(np.int32) if with_zp else None
+    inits = [_init("s", scale)] + ([_init("z", zp)] if with_zp else [])
+    node = helper.make_node("DequantizeLinear", ["x", "s"] + (["z"] if with_zp else []), ["y"], axis=axis)
+    theirs = _session([node], [_vi("x", TP.INT32, [6, 103])], [_vi("y", ELEM[sdt], [6, 103])], inits).run(
+        None, {"x": x}
+    )[0]
+    _assert_same_bits(dequantize_linear(x, scale, zp, axis=axis), theirs, (gran, with_zp))
+
+
 @pytest.mark.parametrize("dtype", ["int16", "uint16"])
 def test_dequantize_linear_16bit_fp16_scale_rounds_twice(dtype: str) -> None:
     """16-bit codes x full-precision fp16 scales: (q - zp) * s needs up to 28 bits, so ORT's fp32 product rounded

@@ -15,6 +15,8 @@ float8e4m3fn / float8e5m2 / float8e4m3fnuz / float8e5m2fnuz (opset 19+; microsof
 ``ParQuantizeLinearSat``): Q = the fp8 code of fp32(x / scale) (``formats.fp8.fp32_to_fp8``, the
 ``saturate`` attribute, default 1), the zero point ignored (ONNX requires it 0); DQ = fp32(fp8 value
 * scale). Their values travel as the uint8 codes.
+DequantizeLinear also takes int32 (a bias, an accumulator): fp32(q - zp) * scale with q - zp in
+int32 arithmetic (ORT's subtraction wraps at the ends of the range).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ QTYPES: dict[str, tuple[np.dtype, int, int]] = {
 }
 FLOAT_TYPES = (np.dtype(np.float32), np.dtype(np.float16))
 FP8_TYPES = tuple(FP8_TABLES)  # codes as uint8, over the whole byte range
+DQ_ONLY = {"int32": (np.dtype(np.int32), -(2**31), 2**31 - 1)}  # DequantizeLinear's extra input type
 
 
 def _qtype(name: str) -> tuple[np.dtype, int, int]:
@@ -87,14 +90,14 @@ def _check_float(name: str, a: object) -> np.ndarray:
 def _zero_point(zp: object, dtype: str) -> np.ndarray | None:
     if zp is None:
         return None
-    np_dtype, lo, hi = _qtype(dtype)
+    np_dtype, lo, hi = DQ_ONLY[dtype] if dtype in DQ_ONLY else _qtype(dtype)
     z = np.asarray(zp)
     if z.dtype != np_dtype:
         raise ArgumentError(f"zero_point: dtype must be {np_dtype} for {dtype}, got {z.dtype}")
     if z.size and (int(z.min()) < lo or int(z.max()) > hi):
         raise ArgumentError(f"zero_point: values must be in [{lo}, {hi}] for {dtype}")
     if dtype in FP8_TYPES and np.any(FP8_TABLES[dtype][z] != 0):
-        raise ArgumentError(f"zero_point: must be 0 (code 0x00 or 0x80) for {dtype}")
+        raise ArgumentError(f"zero_point: must be a code of 0 for {dtype}")
     return z
 
 
@@ -150,11 +153,11 @@ def dequantize_linear(
     out: np.ndarray | None = None,
     ftz: bool = False,
 ) -> np.ndarray:
-    """ONNX DequantizeLinear: logical integers -> the scale's float type."""
+    """ONNX DequantizeLinear: logical integers (fp8 codes; int32 too) -> the scale's float type."""
     if not isinstance(x, np.ndarray):
         raise ArgumentError(f"x: must be a numpy.ndarray, got {type(x).__name__}")
     name = x_dtype or str(x.dtype)
-    np_dtype, lo, hi = _qtype(name)
+    np_dtype, lo, hi = DQ_ONLY[name] if name in DQ_ONLY else _qtype(name)
     if x.dtype != np_dtype:
         raise ArgumentError(f"x: dtype must be {np_dtype} for {name}, got {x.dtype}")
     if x.size and (int(x.min()) < lo or int(x.max()) > hi):
@@ -168,7 +171,10 @@ def dequantize_linear(
         if name in FP8_TYPES:
             y = (FP8_TABLES[name][x] * s).astype(np.float32)
         else:
-            y = ((x.astype(np.int64) - zz).astype(np.float32) * s).astype(np.float32)
+            diff = x.astype(np.int64) - zz
+            if name in DQ_ONLY:  # int32 - int32 in int32: ORT's subtraction wraps
+                diff = (diff + 2**31) % 2**32 - 2**31
+            y = (diff.astype(np.float32) * s).astype(np.float32)
         y = flushed(y, ftz).astype(scale.dtype)
     return deliver(y, out)
 
