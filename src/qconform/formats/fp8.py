@@ -11,7 +11,7 @@ Encoding (``fp32_to_fp8``) is ONNX Runtime's CPU conversion, microsoft/onnxrunti
 include/onnxruntime/core/common/float8.h ``Float8E4M3FN(float, saturate)`` / ``Float8E5M2`` /
 ``Float8E4M3FNUZ`` / ``Float8E5M2FNUZ``: truncate the fp32 bits to the format, then round half
 to even on the dropped bits (fnuz: a zero result is +0, NaN and unsaturated overflow are 0x80);
-fp32 subnormals give a signed zero; NaN gives S.1111111. Its edges (checked against onnxruntime
+fp32 subnormals give a signed zero (fnuz: +0); NaN gives S.1111111 (fnuz: 0x80). Its edges (checked against onnxruntime
 1.32 on every fp32 exponent, tests/test_upstream_ort.py): e4m3fn values in [480, 512) first
 truncate to 448 (the NaN pattern is never built by truncation), so without saturation 480 gives
 448 and only a round-up past 448 gives NaN; e5m2 without saturation gives NaN (S.1111111), not
