@@ -2061,6 +2061,19 @@ gqa_kv_cache_divides = _gqa_with(
 )
 
 
+def _kv_scale_transposed(name, scale, quant_type, kv_num_heads, head_size):
+    """A PER_CHANNEL scale read as (head_size, kv_num_heads): channel h of KV head n from scale[h * Nk + n]."""
+    s = expand_kv_scale(name, scale, quant_type, kv_num_heads, head_size)
+    return s.reshape(head_size, kv_num_heads).T.copy() if quant_type == "PER_CHANNEL" else s
+
+
+gqa_per_channel_scale_transposed = _gqa_with(
+    "gqa_decode", "Xfp16_Wi8_Yfp16",
+    "PER_CHANNEL k/v scales read head-minor (ORT: [kv head][channel], Nk * H floats row-major).",
+    expand_kv_scale=_kv_scale_transposed,
+)
+
+
 @_for("gqa_decode", "Xfp16_Wfp16_Yfp16")
 def gqa_smooth_and_head_sink_both(*args, **kw):
     """head_sink given with smooth_softmax = 1 adds both sinks, exp(sink - m) + exp(-m), to the
