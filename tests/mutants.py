@@ -799,6 +799,19 @@ def qmoe_tuner_samples_first_calls(*args, **kw):
         return _moe.qmoe(*args, **kw)
 
 
+@_for("qmoe_decode", "Xfp32_Wu4_Yfp32")
+def qmoe_block_scales_read_transposed(*args, **kw):
+    """Block-wise scales (E, N, blocks) read block-major: the scale of row n, block b from
+    [e][b][n] (ORT's are row-major [e][n][b])."""
+    a = call_arguments(_moe.qmoe, args, kw)
+    for name in ("fc1_scales", "fc2_scales"):
+        s = a[name]
+        if s is not None and s.ndim == 3 and s.shape[2] > 1:
+            E, N, nb = s.shape
+            a[name] = np.ascontiguousarray(s.reshape(E, nb, N).transpose(0, 2, 1))
+    return _moe.qmoe(**a)
+
+
 @_for("qmoe_ragged_mm", "Xfp16_Wu4_Yfp16")
 def qmoe_ties_to_lower_expert(*args, **kw):
     """Breaks equal logits toward the lower expert index (ORT's CUDA rule; its CPU takes the higher)."""
