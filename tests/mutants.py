@@ -2074,6 +2074,24 @@ gqa_kv_cache_divides = _gqa_with(
 )
 
 
+@_for("gqa_decode", "Xfp16_Wfp16_Yfp16")
+def gqa_packed_kv_swapped(*args, **kw):
+    """Packed QKV read as Q, V, K (ORT packs Q, K, V along the last axis)."""
+    a = call_arguments(_gqa.group_query_attention, args, kw)
+    if a["key"] is None:
+        n, nk = a["num_heads"], a["kv_num_heads"]
+        q = a["query"]
+        h = q.shape[2] // (n + 2 * nk)
+        a["query"] = np.concatenate([q[..., : n * h], q[..., (n + nk) * h :], q[..., n * h : (n + nk) * h]], -1)
+    return _gqa.group_query_attention(**a)
+
+
+@_for("gqa_decode", "Xfp16_Wfp16_Yfp16")
+def gqa_scale_attribute_ignored(*args, **kw):
+    """The scale attribute ignored: always 1/sqrt(head_size)."""
+    return _gqa.group_query_attention(**{**call_arguments(_gqa.group_query_attention, args, kw), "scale": 0.0})
+
+
 def _kv_scale_transposed(name, scale, quant_type, kv_num_heads, head_size):
     """A PER_CHANNEL scale read as (head_size, kv_num_heads): channel h of KV head n from scale[h * Nk + n]."""
     s = expand_kv_scale(name, scale, quant_type, kv_num_heads, head_size)

@@ -107,6 +107,8 @@ CAUGHT_BY = {
     "gqa_first_prompt_position_ids_per_row": VALUE,
     "gqa_kv_cache_divides": VALUE,
     "gqa_per_channel_scale_transposed": VALUE,
+    "gqa_packed_kv_swapped": VALUE,
+    "gqa_scale_attribute_ignored": VALUE,
     "gqa_smooth_and_head_sink_both": VALUE,
     "q5_0_last_on_equal_abs": VALUE,
     "q4_1_minmax_from_x0": VALUE,

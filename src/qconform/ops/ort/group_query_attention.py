@@ -239,8 +239,9 @@ def _quantized(leaf: str) -> bool:
 def decode_cases(leaf: str, coverage: int) -> list[Case]:
     """coverage 1: small heads (4/2, 4/1, 2/2, 16 or 32 channels), a ragged batch, the growing
     cache and the fixed buffer, rotary half / interleaved / partial, window, softcap, sink (smooth
-    and per head), bias (full and broadcast), shared buffer, position ids, each on and off; the
-    quantized leaves also per-channel scales (of one and of two KV heads) and ties. coverage 2: the real models' heads
+    and per head), bias (full and broadcast), shared buffer, position ids, packed QKV with an
+    explicit scale, each on and off; the quantized leaves also per-channel scales (of one and of
+    two KV heads) and ties. coverage 2: the real models' heads
     (32/8x128, 40/10x128, 64/8x128, 24/8x64 with partial rotary) with 100..600 keys, batch 1..4
     ragged, packed QKV, an explicit scale, window 1, no past (one token), peaky scores.
     coverage 3: 2048..4096-key contexts (the numpy oracle holds K and V in float64 per query head:
@@ -257,6 +258,7 @@ def decode_cases(leaf: str, coverage: int) -> list[Case]:
     ]  # fmt: skip
     # head_sink and smooth_softmax = 1 together: ORT's CPU takes head_sink alone
     out.append(_case(DECODE, leaf, 6, (2, 1, 5, 4, 2, 16), rope="half", sink="head", smooth_softmax=1))
+    out.append(_case(DECODE, leaf, 8, (2, 1, 4, 4, 2, 16), rope="inter", packed=True, scale=0.3))
     if q:
         out.append(_case(DECODE, leaf, 4, (2, 1, 3, 2, 1, 16), "ties", window=2))
         out.append(_case(DECODE, leaf, 5, (2, 1, 3, 2, 1, 16), "recip"))
