@@ -9,6 +9,7 @@ mutant differs from ggml in exactly the one rule its name says.
 from __future__ import annotations
 
 import itertools
+import math
 import sys
 from pathlib import Path
 
@@ -752,6 +753,34 @@ def _normalize_honoured(router_probs, k, tie_break="higher", *, op="qmoe", norma
     if op == "qmoe" and kw.get("router_weights") is None and not normalize_routing_weights:
         op = "moe"  # the full softmax's probabilities of the selected experts, not renormalized
     return _route(router_probs, k, tie_break, op=op, normalize_routing_weights=normalize_routing_weights, **kw)
+
+
+def _router_weights_normalized(router_probs, k, tie_break="higher", *, normalize_routing_weights=0, **kw):
+    if kw.get("router_weights") is not None:
+        normalize_routing_weights = 1  # the given router_weights renormalized whatever the attribute says
+    return _route(router_probs, k, tie_break, normalize_routing_weights=normalize_routing_weights, **kw)
+
+
+def _gelu_erf(h, activation_type, alpha=1.0, beta=0.0, limit=None, precision="reference"):
+    if activation_type != "gelu" or precision == "float64":
+        return _activation(h, activation_type, alpha, beta, limit, precision)
+    h = h.astype(np.float32)
+    erf = np.vectorize(math.erf)((h.astype(np.float64) / math.sqrt(2)).astype(np.float32)).astype(np.float32)
+    return ((np.float32(0.5) * h).astype(np.float32) * (np.float32(1) + erf).astype(np.float32)).astype(np.float32)
+
+
+qmoe_router_weights_always_normalized = _qmoe_with(
+    "qmoe_decode",
+    "Xfp32_Wu4_Yfp32",
+    "Renormalizes the given router_weights of the selected experts with normalize_routing_weights=0.",
+    route=_router_weights_normalized,
+)
+qmoe_gelu_erf = _qmoe_with(
+    "qmoe_decode",
+    "Xfp32_Wu4_Yfp32",
+    "gelu as 0.5 h (1 + erf(h / sqrt 2)) (ORT's MoE takes the tanh form).",
+    expert_activation=_gelu_erf,
+)
 
 
 def _swiglu_broken(kind: str):

@@ -65,6 +65,8 @@ CAUGHT_BY = {
     "gqa_k_quantized_before_rotary": VALUE,
     "qmoe_ties_to_lower_expert": VALUE,
     "qmoe_block_scales_read_transposed": VALUE,
+    "qmoe_router_weights_always_normalized": VALUE,
+    "qmoe_gelu_erf": VALUE,
     "qmoe_normalize_honoured": VALUE,
     "qmoe_swiglu_concatenated": VALUE,
     "qmoe_swiglu_missing_beta": VALUE,

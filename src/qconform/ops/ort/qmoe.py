@@ -201,7 +201,7 @@ def _case(op: str, leaf: str, seed: int, shape: tuple[int, ...], pattern: str = 
 def _cases(op: str, leaf: str, coverage: int) -> list[Case]:
     """coverage 1 (small: H, I 16..96, 2..4 experts): block 32 (one and several blocks a row) and
     per row, zero points and biases on and off, SwiGLU with gpt-oss's attributes, plain and a tight
-    limit, the patterns skew and ties.
+    limit, gelu with plain router_weights, the patterns skew and ties.
     coverage 2: the real models scaled (H and I an eighth to a sixteenth, E a quarter; k, the
     activation, the block and the H : I ratio kept, so a ragged case's oracle, which touches every
     expert, takes about a second): Mixtral-8x7B (H 4096 -> 256, I 14336 -> 896, 8 experts, k 2,
@@ -226,6 +226,7 @@ def _cases(op: str, leaf: str, coverage: int) -> list[Case]:
         _case(op, leaf, 2, (t(3), 32, 16, 4), "ties", k=2),
         _case(op, leaf, 3, (t(5), 32, 16, 4), "skew", k=3, zp=True, rw="norm", swiglu="clamp"),
         _case(op, leaf, 4, (t(2), 64, 96, 3), k=2, bs=32, zp=True),  # 2 and 3 scale blocks a row
+        _case(op, leaf, 5, (t(3), 32, 32, 4), k=2, act_type="gelu", rw="plain"),
         _case(op, leaf, 400, (t(8), 32, 32, 2), "core", k=1, bs=32, bias=True),
     ]
     if coverage >= 2:
