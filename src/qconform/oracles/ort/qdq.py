@@ -102,8 +102,9 @@ def _zero_point(zp: object, dtype: str) -> np.ndarray | None:
 
 
 def _infer_dtype(dtype: str | None, zero_point: object) -> str:
-    """ONNX: the quantized type is the zero point's (uint8 without one) unless given; a 4-bit
-    type must be named, since its logical values travel as int8/uint8."""
+    """ONNX: the quantized type is the zero point's (uint8 without one) unless given; a 4-bit or
+    2-bit type must be named, since its logical values travel as int8/uint8, and so must an fp8
+    type (its codes travel as uint8)."""
     if dtype is not None:
         return dtype
     return "uint8" if zero_point is None else str(np.asarray(zero_point).dtype)
