@@ -150,6 +150,22 @@ def test_generate_is_reproducible_and_verifies(tmp_path, capsys) -> None:
     assert json.loads((a / "MANIFEST.json").read_text())["coverage"] == 1
 
 
+def test_generate_takes_only_the_named_leaves(tmp_path, capsys) -> None:
+    """``--leaf`` (repeated) keeps those leaves of the selected ops and records them in the command;
+    a leaf the ops do not have is a usage error naming it, and nothing is written."""
+    out = tmp_path / "s"
+    leaves = ["Xfp32_Qfp8e4m3_Yfp32", "Xfp16_Qfp8e5m2_Yfp16"]
+    args = ["golden", "generate", "--out", str(out), "--ops", "fake_quantize"]
+    assert main([*args, *(a for lf in leaves for a in ("--leaf", lf))]) == 0
+    manifest = read_manifest(out)
+    assert [f["leaf"] for f in manifest["files"]] == ["Xfp32_Qfp8e4m3_Yfp32", "Xfp16_Qfp8e5m2_Yfp16"]
+    assert manifest["generator"]["command"].endswith(" --leaf Xfp32_Qfp8e4m3_Yfp32 --leaf Xfp16_Qfp8e5m2_Yfp16")
+    capsys.readouterr()
+    assert main(["golden", "generate", "--out", str(tmp_path / "t"), "--ops", "fake_quantize", "--leaf", "Xq"]) == 2
+    assert "--leaf: no leaf Xq" in capsys.readouterr().err
+    assert not (tmp_path / "t").exists()
+
+
 @pytest.mark.parametrize("impl", ["oracle", "oracle-numpy"])
 def test_run_against_the_golden_set(impl: str, capsys) -> None:
     assert main(["run", "--impl", impl, "--golden", str(COMMITTED), "--repeat-calls", "8"]) == 0
