@@ -1379,6 +1379,23 @@ def matmul_g_idx_ignored(A, B, scales, zero_points=None, g_idx=None, bias=None, 
     return ort.matmul_nbits(A, B, scales, zero_points, None, bias, **kw)
 
 
+def _int8_activations_ties_away(a, block_size):
+    prod, sa = _mn._activation_products(a, block_size)
+    qa = np.clip(np.sign(prod) * np.floor(np.abs(prod) + 0.5), -128, 127)
+    return qa.astype(np.int32).reshape(len(a), -1), sa
+
+
+@_for("matmul_nbits", "Xfp32_Wu4_Yfp32")
+def matmul_int8_activations_ties_away(A, B, scales, zero_points=None, g_idx=None, bias=None, **kw):
+    """ORT's int8 activation path (accuracy_level 4) with a .5 code rounded away from zero (ORT: rint,
+    half to even); declares that path (contract level4=int8)."""
+    with _swapped(_mn, quantize_activations_int8=_int8_activations_ties_away):
+        return ort.matmul_nbits(A, B, scales, zero_points, g_idx, bias, **kw)
+
+
+matmul_int8_activations_ties_away.__qconform_contract__ = "level4=int8"
+
+
 # ------------------------------------------------------ GroupQueryAttention and QMoE: one rule each
 
 _check_gqa, _softmax_gqa, _bias_full = _gqa.check_gqa_args, _gqa._softmax, _gqa._bias_full

@@ -105,6 +105,7 @@ CAUGHT_BY = {
     "fake_quantize_int32_overflow": VALUE,
     "gather_out_of_range_index_clamped": VALUE,
     "matmul_g_idx_ignored": VALUE,
+    "matmul_int8_activations_ties_away": VALUE,
     "nested_last_group_previous_scale": VALUE,
     "gqa_first_prompt_position_ids_per_row": VALUE,
     "gqa_kv_cache_divides": VALUE,
