@@ -3,7 +3,6 @@ states changed (re-exported by ``mutants.py``, where ``test_mutants.py`` runs ea
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 from unittest import mock
 
@@ -50,12 +49,16 @@ def _only(name, x, qtype, out, check=check_quantize_args):
     return fmt
 
 
-def _q_numpy(x, qtype, out, **swaps_by_module):
-    """quantize through the numpy spec with module functions swapped."""
-    with contextlib.ExitStack() as st:
-        for mod, sw in swaps_by_module.values():
-            st.enter_context(swapped(mod, **sw))
-        return quantize(x, qtype, out=out, backend="numpy")
+def _quant_with(name, mod, **swaps):
+    """A ``<name>_quant`` mutant: ``quantize`` through the numpy spec with functions of ``mod`` swapped."""
+
+    def f(x, qtype, out=None):
+        _only(name, x, qtype, out)
+        with swapped(mod, **swaps):
+            return quantize(x, qtype, out=out, backend="numpy")
+
+    f.__qconform_ops__ = (f"{name.lower()}_quant",)
+    return f
 
 
 # ------------------------------------------------------------------ legacy: FMA contraction of the code
@@ -81,10 +84,7 @@ def _symmetric_codes_last(x, bits, ftz):
     return d, q
 
 
-@_op("q5_0_quant")
-def q5_0_last_on_equal_abs(x, qtype, out=None):
-    _only("Q5_0", x, qtype, out)
-    return _q_numpy(x, qtype, out, a=(legacy, {"symmetric_codes": _symmetric_codes_last}))
+q5_0_last_on_equal_abs = _quant_with("Q5_0", legacy, symmetric_codes=_symmetric_codes_last)
 
 
 def _affine_codes_x0(x, bits, clamp, ftz):
@@ -104,10 +104,7 @@ def _affine_codes_x0(x, bits, clamp, ftz):
     return d, mn, q
 
 
-@_op("q4_1_quant")
-def q4_1_minmax_from_x0(x, qtype, out=None):
-    _only("Q4_1", x, qtype, out)
-    return _q_numpy(x, qtype, out, a=(legacy, {"affine_codes": _affine_codes_x0}))
+q4_1_minmax_from_x0 = _quant_with("Q4_1", legacy, affine_codes=_affine_codes_x0)
 
 
 # ------------------------------------------------------------------ zero blocks: +0.0 d
@@ -149,25 +146,17 @@ def q8_1_s_is_sum_x(x, qtype, out=None):
 _orig_qkx2 = kq.make_qkx2_quants
 
 
-def _qkx2_with(nstep_delta=0, rmin=None, requant_always=False):
+def _qkx2_with(nstep_delta=0, rmin=None):
     def f(x, w, nmax, rmin_, rdelta, nstep, use_mad, ftz=False):
         return _orig_qkx2(x, w, nmax, rmin_ if rmin is None else rmin, rdelta, nstep + nstep_delta, use_mad, ftz)
 
     return f
 
 
-def _kq_mut(name, mod, **qkx2):
-    def f(x, qtype, out=None):
-        _only(name, x, qtype, out)
-        return _q_numpy(x, qtype, out, a=(mod, {"make_qkx2_quants": _qkx2_with(**qkx2)}))
-
-    f.__qconform_ops__ = (f"{name.lower()}_quant",)
-    return f
-
-
-q2_k_nstep_off_by_one = _kq_mut("Q2_K", q2k, nstep_delta=-1)  # for (is = 0; is < nstep; ...)
-q4_k_rmin_of_q5_k = _kq_mut("Q4_K", q4k, rmin=-0.5)
-q5_k_rmin_of_q4_k = _kq_mut("Q5_K", q4k, rmin=-1.0)
+# for (is = 0; is < nstep; ...)
+q2_k_nstep_off_by_one = _quant_with("Q2_K", q2k, make_qkx2_quants=_qkx2_with(nstep_delta=-1))
+q4_k_rmin_of_q5_k = _quant_with("Q4_K", q4k, make_qkx2_quants=_qkx2_with(rmin=-0.5))
+q5_k_rmin_of_q4_k = _quant_with("Q5_K", q4k, make_qkx2_quants=_qkx2_with(rmin=-1.0))
 
 
 # the final requantisation: "dd == 0 keeps make_qkx2's L"
@@ -188,47 +177,25 @@ def q2_k_requant_when_dd_zero(x, qtype, out=None):
     return y
 
 
-def _requant_by_reciprocal(qtype, mod):
-    """The final requantisation as (x + dm) * (1/dd) (its division is the module's only one on
-    (blocks, sub-blocks, values) arrays)."""
-
-    def div(a, b, ftz):
-        if np.ndim(a) == 3:
-            return kq.mul(a, kq.div(np.float32(1), b, ftz), ftz)
-        return kq.div(a, b, ftz)
-
-    def f(x, qtype_, out=None):
-        _only(qtype, x, qtype_, out)
-        return _q_numpy(x, qtype_, out, a=(mod, {"div": div}))
-
-    f.__qconform_ops__ = (f"{qtype.lower()}_quant",)
-    return f
+def _div_requant_by_reciprocal(a, b, ftz):
+    """The module's fp32 division, but the final requantisation (its only one on (blocks,
+    sub-blocks, values) arrays) as (x + dm) * (1/dd)."""
+    if np.ndim(a) == 3:
+        return kq.mul(a, kq.div(np.float32(1), b, ftz), ftz)
+    return kq.div(a, b, ftz)
 
 
-q2_k_requant_by_reciprocal = _requant_by_reciprocal("Q2_K", q2k)
-q3_k_requant_by_reciprocal = _requant_by_reciprocal("Q3_K", q3k)
-q4_k_requant_by_reciprocal = _requant_by_reciprocal("Q4_K", q4k)
-q5_k_requant_by_reciprocal = _requant_by_reciprocal("Q5_K", q4k)
-q6_k_requant_by_reciprocal = _requant_by_reciprocal("Q6_K", q6k)
+q2_k_requant_by_reciprocal = _quant_with("Q2_K", q2k, div=_div_requant_by_reciprocal)
+q3_k_requant_by_reciprocal = _quant_with("Q3_K", q3k, div=_div_requant_by_reciprocal)
+q4_k_requant_by_reciprocal = _quant_with("Q4_K", q4k, div=_div_requant_by_reciprocal)
+q5_k_requant_by_reciprocal = _quant_with("Q5_K", q4k, div=_div_requant_by_reciprocal)
+q6_k_requant_by_reciprocal = _quant_with("Q6_K", q6k, div=_div_requant_by_reciprocal)
 
-
-def _qkx2_rule_dropped(qtype, rule):
-    """make_qkx2_quants without one of its rules on a positive min (kquant_search)."""
-    keep = {"min_not_positive": lambda mn: mn, "refit_positive_min": lambda sc, mn, *_: (sc, mn)}[rule]
-
-    def f(x, qtype_, out=None):
-        _only(qtype, x, qtype_, out)
-        with swapped(kq, **{rule: keep}):
-            return _q_numpy(x, qtype_, out)
-
-    f.__qconform_ops__ = (f"{qtype.lower()}_quant",)
-    return f
-
-
-q4_k_start_min_positive = _qkx2_rule_dropped("Q4_K", "min_not_positive")
-q2_k_start_min_positive = _qkx2_rule_dropped("Q2_K", "min_not_positive")
-q5_k_fit_min_positive = _qkx2_rule_dropped("Q5_K", "refit_positive_min")
-q2_k_fit_min_positive = _qkx2_rule_dropped("Q2_K", "refit_positive_min")
+# make_qkx2_quants (kquant_search) without one of its rules on a positive min
+q4_k_start_min_positive = _quant_with("Q4_K", kq, min_not_positive=lambda mn: mn)
+q2_k_start_min_positive = _quant_with("Q2_K", kq, min_not_positive=lambda mn: mn)
+q5_k_fit_min_positive = _quant_with("Q5_K", kq, refit_positive_min=lambda sc, mn, *_: (sc, mn))
+q2_k_fit_min_positive = _quant_with("Q2_K", kq, refit_positive_min=lambda sc, mn, *_: (sc, mn))
 
 
 # ------------------------------------------------------------------ IQ4_NL / IQ4_XS
@@ -248,10 +215,7 @@ def _best_index_ties_down(v):
     return np.where(tie, idx - 1, idx)
 
 
-@_op("iq4_nl_quant")
-def iq4_nl_best_index_ties_down(x, qtype, out=None):
-    _only("IQ4_NL", x, qtype, out)
-    return _q_numpy(x, qtype, out, a=(iq4nl, {"best_index": _best_index_ties_down}))
+iq4_nl_best_index_ties_down = _quant_with("IQ4_NL", iq4nl, best_index=_best_index_ties_down)
 
 
 @_op("iq4_nl_quant")
