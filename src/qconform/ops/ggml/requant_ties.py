@@ -99,10 +99,6 @@ def quotients(qtype: str, x: np.ndarray, data: np.ndarray, reciprocal: bool = Fa
     return kq.div(s, dd[..., None], False)
 
 
-def _nearest_even(q: np.ndarray) -> np.ndarray:
-    return np.where(np.isfinite(q), np.round(q), 0)
-
-
 def _random_fp16(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
     """Normal fp16 values of random mantissa in [2^-10, 2^4), as fp32."""
     m = rng.integers(0, 1024, shape)
@@ -160,7 +156,7 @@ def _ties(r: Requant, rng: np.random.Generator, s: np.ndarray, mm: np.ndarray, g
     steps = np.arange(-8, 9, dtype=np.int32)
     cand = (x.view(np.int32)[..., None] + np.where(x[..., None] < 0, -steps, steps)).view(F32)
     summed = kq.add(cand, mm[..., None, None], False)
-    apart = _nearest_even(kq.div(summed, s[..., None, None], False)) != _nearest_even(
+    apart = kq.nearest_int_k(kq.div(summed, s[..., None, None], False)) != kq.nearest_int_k(
         kq.mul(summed, kq.div(F32(1), s, False)[..., None, None], False)
     )
     score = np.where(apart, np.abs(steps), np.iinfo(np.int32).max)
