@@ -55,6 +55,16 @@ def _step(carrier: np.ndarray, steps: np.ndarray) -> np.ndarray:
     return moved.view(carrier.dtype)
 
 
+def _with_absmax(rng: np.random.Generator, x: np.ndarray, n: int, absmax: np.ndarray, dtype: str) -> np.ndarray:
+    """Blocks ``x`` (nb, bs) of the carrier with +-absmax[b] at a random place among block b's first
+    n values -> the flat n values."""
+    nb, bs = x.shape
+    sizes = np.minimum(bs, n - np.arange(nb) * bs)
+    where = (rng.random(nb) * sizes).astype(np.int64)
+    x[np.arange(nb), where] = from_f32((absmax * rng.choice(np.array([-1, 1], F32), size=nb)).astype(F32), dtype)
+    return x.reshape(-1)[:n]
+
+
 def midpoints(rng: np.random.Generator, n: int, bs: int, quant_type: str, dtype: str) -> np.ndarray:
     """See the module docstring: blocks of 2^e times the thresholds (and a step beside them)."""
     nb = -(-n // bs)
@@ -63,11 +73,7 @@ def midpoints(rng: np.random.Generator, n: int, bs: int, quant_type: str, dtype:
     v = (t[rng.integers(len(t), size=(nb, bs))] * scale).astype(F32)
     x = from_f32(v, dtype).reshape(nb, bs)
     x = _step(x, rng.integers(-1, 2, size=(nb, bs)))
-    sizes = np.minimum(bs, n - np.arange(nb) * bs)
-    where = (rng.random(nb) * sizes).astype(np.int64)
-    top = (scale[:, 0] * rng.choice(np.array([-1, 1], F32), size=nb)).astype(F32)
-    x[np.arange(nb), where] = from_f32(top, dtype)
-    return x.reshape(-1)[:n]
+    return _with_absmax(rng, x, n, scale[:, 0], dtype)
 
 
 def midpoints_npot(rng: np.random.Generator, n: int, bs: int, quant_type: str, dtype: str) -> np.ndarray:
@@ -92,10 +98,7 @@ def midpoints_npot(rng: np.random.Generator, n: int, bs: int, quant_type: str, d
     apart = np.searchsorted(bounds, by_rcp, side="left") != np.searchsorted(bounds, by_div, side="left")
     first = np.where(apart.any(axis=-1), apart.argmax(axis=-1), 0)
     x = np.take_along_axis(cand, first[..., None], axis=-1)[..., 0]
-    sizes = np.minimum(bs, n - np.arange(nb) * bs)
-    where = (rng.random(nb) * sizes).astype(np.int64)
-    x[np.arange(nb), where] = from_f32(am * rng.choice(np.array([-1, 1], F32), size=nb), dtype)
-    return x.reshape(-1)[:n]
+    return _with_absmax(rng, x, n, am, dtype)
 
 
 def subnormal_f16(rng: np.random.Generator, n: int, bs: int) -> np.ndarray:
