@@ -68,55 +68,46 @@ def _subnormal(m: np.ndarray, d: np.ndarray, top: int, shift: int) -> np.ndarray
     return val + up
 
 
+# per format: mantissa bits, the fp32 exponent field of its smallest normal, the field from which
+# every value overflows (float8.h's thresholds)
+_LAYOUT = {
+    "float8e4m3fn": (3, 121, 136),
+    "float8e5m2": (2, 113, 143),
+    "float8e4m3fnuz": (3, 120, 135),
+    "float8e5m2fnuz": (2, 112, 143),
+}
+
+
 def fp32_to_fp8(v: np.ndarray, fmt: str, saturate: bool = True) -> np.ndarray:
     """float32 -> uint8 fp8 codes, as ONNX Runtime's CPU converts (see the module docstring)."""
+    if fmt not in _LAYOUT:
+        raise ValueError(f"fmt: must be one of {tuple(FP8_TABLES)}, got {fmt!r}")
+    man, first, hi = _LAYOUT[fmt]
     b = np.asarray(v, np.float32).view(np.uint32).astype(np.int64)
     sign = (b >> 24) & 0x80
     e, m = (b >> 23) & 0xFF, b & 0x7FFFFF
+    shift = 23 - man  # the fp32 mantissa bits a normal code drops
+    lo = first - 1 - man  # below it: zero
+    sub = _subnormal(m, np.clip(first - 1 - e, 0, man), man, shift + 1)
+    norm = ((e - (first - 1)) << man) | (m >> shift)
+    half = (((m >> (shift - 1)) & 1) != 0) & ((((m >> shift) & 1) != 0) | ((m & ((1 << (shift - 1)) - 1)) != 0))
+    if fmt.endswith("fnuz"):  # 0x80 the only NaN, no -0: a zero is +0; -1 marks NaN below
+        over = 0x7F if saturate else -1
+        norm = np.where(half, np.where(norm < 0x7F, norm + 1, over), norm)
+        mag = np.where(e < lo, 0, np.where(e < first, sub, np.where(e < hi, norm, over)))
+        mag = np.where(e == 0xFF, np.where(m == 0, over, -1), mag)
+        return np.where(mag < 0, 0x80, np.where(mag == 0, 0, sign | mag)).astype(np.uint8)
     if fmt == "float8e4m3fn":
-        lo, hi, mx, nan, inf_code = 117, 136, 0x7E, 0x7F, 0x7E if saturate else 0x7F
-        sub = _subnormal(m, np.clip(120 - e, 0, 3), 3, 21)
-        norm = ((e - 120) << 3) | (m >> 20)
-        norm = np.where((norm & 0x7F) == 0x7F, norm & 0x7E, norm)
-        half = ((m & 0x80000) != 0) & (((m & 0x100000) != 0) | ((m & 0x7FFFF) != 0))
-        over = mx if saturate else nan
-        norm = np.where(half, np.where((norm & 0x7F) < mx, norm + 1, norm | (0 if saturate else over)), norm)
-        top = 121
-    elif fmt == "float8e5m2":
-        lo, hi, mx, nan, inf_code = 110, 143, 0x7B, 0x7F, 0x7B if saturate else 0x7C
-        sub = _subnormal(m, np.clip(112 - e, 0, 2), 2, 22)
-        norm = ((e - 112) << 2) | (m >> 21)
-        half = ((m & 0x100000) != 0) & (((m & 0xFFFFF) != 0) | ((m & 0x200000) != 0))
-        over = 0x7B if saturate else 0x7C  # OR-ed into 0x7B: NaN (0x7F) without saturation
-        norm = np.where(half, np.where((norm & 0x7F) < mx, norm + 1, norm | over), norm)
-        top = 113
-    elif fmt in ("float8e4m3fnuz", "float8e5m2fnuz"):
-        return _fnuz(sign, e, m, fmt == "float8e4m3fnuz", saturate)
+        top, over = 0x7E, 0x7E if saturate else 0x7F
+        norm = np.where(norm == 0x7F, 0x7E, norm)  # truncation never builds the NaN code
+        past = norm if saturate else norm | 0x7F
     else:
-        raise ValueError(f"fmt: must be one of {tuple(FP8_TABLES)}, got {fmt!r}")
-    code = np.where(e < lo, 0, np.where(e < top, sub, np.where(e < hi, norm, inf_code)))
-    code = np.where(e == 0xFF, np.where(m == 0, inf_code, nan), code)
+        top, over = 0x7B, 0x7B if saturate else 0x7C
+        past = norm | over  # OR-ed into 0x7B: NaN (0x7F) without saturation
+    norm = np.where(half, np.where(norm < top, norm + 1, past), norm)
+    code = np.where(e < lo, 0, np.where(e < first, sub, np.where(e < hi, norm, over)))
+    code = np.where(e == 0xFF, np.where(m == 0, over, 0x7F), code)
     return (sign | code).astype(np.uint8)
-
-
-def _fnuz(sign: np.ndarray, e: np.ndarray, m: np.ndarray, e4m3: bool, saturate: bool) -> np.ndarray:
-    """``Float8E4M3FNUZ(float, saturate)`` / ``Float8E5M2FNUZ``: biases 8 / 16, 0x80 the only NaN (no
-    -0: a zero result is +0), +-max 0x7F / 0xFF on saturation, NaN for inf and overflow without."""
-    if e4m3:
-        lo, top, hi = 116, 120, 135
-        sub = _subnormal(m, np.clip(119 - e, 0, 3), 3, 21)
-        norm = ((e - 119) << 3) | (m >> 20)
-        half = ((m & 0x80000) != 0) & (((m & 0x100000) != 0) | ((m & 0x7FFFF) != 0))
-    else:
-        lo, top, hi = 109, 112, 143
-        sub = _subnormal(m, np.clip(111 - e, 0, 2), 2, 22)
-        norm = ((e - 111) << 2) | (m >> 21)
-        half = ((m & 0x100000) != 0) & (((m & 0xFFFFF) != 0) | ((m & 0x200000) != 0))
-    over = 0x7F if saturate else -1  # -1: NaN (0x80)
-    norm = np.where(half, np.where(norm < 0x7F, norm + 1, norm if saturate else -1), norm)
-    mag = np.where(e < lo, 0, np.where(e < top, sub, np.where(e < hi, norm, over)))
-    mag = np.where(e == 0xFF, np.where(m == 0, over, -1), mag)
-    return np.where(mag < 0, 0x80, np.where(mag == 0, 0, sign | mag)).astype(np.uint8)
 
 
 def fp8_to_fp32(bits: np.ndarray, fmt: str) -> np.ndarray:
