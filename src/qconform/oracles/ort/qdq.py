@@ -51,6 +51,11 @@ def _qtype(name: str) -> tuple[np.dtype, int, int]:
     return QTYPES[name]
 
 
+def _dq_type(name: str) -> tuple[np.dtype, int, int]:
+    """A DequantizeLinear input type (the quantized types, and int32)."""
+    return DQ_ONLY[name] if name in DQ_ONLY else _qtype(name)
+
+
 def expand_param(p: np.ndarray, x_shape: tuple[int, ...], axis: int, block_size: int, name: str) -> np.ndarray:
     """A scale or zero point broadcast to x's shape by the ONNX granularity rules."""
     p = np.asarray(p)
@@ -90,7 +95,7 @@ def _check_float(name: str, a: object) -> np.ndarray:
 def _zero_point(zp: object, dtype: str) -> np.ndarray | None:
     if zp is None:
         return None
-    np_dtype, lo, hi = DQ_ONLY[dtype] if dtype in DQ_ONLY else _qtype(dtype)
+    np_dtype, lo, hi = _dq_type(dtype)
     z = np.asarray(zp)
     if z.dtype != np_dtype:
         raise ArgumentError(f"zero_point: dtype must be {np_dtype} for {dtype}, got {z.dtype}")
@@ -158,7 +163,7 @@ def dequantize_linear(
     if not isinstance(x, np.ndarray):
         raise ArgumentError(f"x: must be a numpy.ndarray, got {type(x).__name__}")
     name = x_dtype or str(x.dtype)
-    np_dtype, lo, hi = DQ_ONLY[name] if name in DQ_ONLY else _qtype(name)
+    np_dtype, lo, hi = _dq_type(name)
     if x.dtype != np_dtype:
         raise ArgumentError(f"x: dtype must be {np_dtype} for {name}, got {x.dtype}")
     if x.size and (int(x.min()) < lo or int(x.max()) > hi):
