@@ -11,7 +11,7 @@ import numpy as np
 import qconform.ops.ggml.keep_quant as keep_quant
 import qconform.ops.ggml.requant_ties as requant_ties
 from qconform.formats.fp16 import fp16_bits_to_fp32, fp32_to_fp16_bits
-from qconform.formats.ggml import FORMATS, IQ4_XS, Q5_0, Q8_1
+from qconform.formats.ggml import FORMATS
 from qconform.oracles.ggml import check_dequantize_args, check_quantize_args, dequantize, legacy, quantize
 from qconform.oracles.ggml.fma import fmaf
 from qconform.oracles.ggml.rounding import nearest_int
@@ -47,6 +47,13 @@ def _only(name, x, qtype, out, check=check_quantize_args):
     if fmt.name != name:
         raise NotImplementedError(f"this mutant only takes {name}, not {qtype}")
     return fmt
+
+
+def _oracle_blocks(name, x, qtype, out):
+    """The reference's output for a ``name`` mutant to edit: (its bytes, their block structs)."""
+    _only(name, x, qtype, out)
+    y = quantize(x, qtype, out=out)
+    return y, FORMATS[name].blocks(y.reshape(-1))
 
 
 def _quant_with(name, mod, **swaps):
@@ -110,18 +117,14 @@ q4_1_minmax_from_x0 = _quant_with("Q4_1", legacy, affine_codes=_affine_codes_x0)
 # ------------------------------------------------------------------ zero blocks: +0.0 d
 @_op("q5_0_quant")
 def q5_0_zero_block_positive_d(x, qtype, out=None):
-    _only("Q5_0", x, qtype, out)
-    y = quantize(x, qtype, out=out)
-    b = y.reshape(-1).view(Q5_0.dtype)
+    y, b = _oracle_blocks("Q5_0", x, qtype, out)
     b["d"][(x.reshape(-1, 32) == 0).all(axis=1)] = 0
     return y
 
 
 @_op("iq4_xs_quant")
 def iq4_xs_zero_block_positive_d(x, qtype, out=None):
-    _only("IQ4_XS", x, qtype, out)
-    y = quantize(x, qtype, out=out)
-    b = y.reshape(-1).view(IQ4_XS.dtype)
+    y, b = _oracle_blocks("IQ4_XS", x, qtype, out)
     b["d"][b["d"] == 0x8000] = 0
     return y
 
@@ -130,9 +133,7 @@ def iq4_xs_zero_block_positive_d(x, qtype, out=None):
 @_op("q8_1_quant")
 def q8_1_s_is_sum_x(x, qtype, out=None):
     """s = fp16(sum of the fp32 x) (CUDA quantize_q8_1) instead of fp16(d * sum(qs))."""
-    _only("Q8_1", x, qtype, out)
-    y = quantize(x, qtype, out=out)
-    b = y.reshape(-1).view(Q8_1.dtype)
+    y, b = _oracle_blocks("Q8_1", x, qtype, out)
     with np.errstate(all="ignore"):
         s = np.zeros(len(b), np.float32)
         for j in range(32):
@@ -165,10 +166,8 @@ q5_k_rmin_of_q4_k = _quant_with("Q5_K", q4k, make_qkx2_quants=_qkx2_with(rmin=-1
 @_op("q2_k_quant")
 def q2_k_requant_when_dd_zero(x, qtype, out=None):
     """Requantizes every sub-block, also those whose dd = d*sc is 0 ((x+dm)/0 -> +-inf -> nearest_int -> 0)."""
-    _only("Q2_K", x, qtype, out)
     n = x.size // 256
-    y = quantize(x, qtype, out=out)
-    b = FORMATS["Q2_K"].blocks(y.reshape(-1))
+    y, b = _oracle_blocks("Q2_K", x, qtype, out)
     dd, _ = requant_ties.stored_scales("Q2_K", y)
     requant = kq.clamp(kq.nearest_int_k(requant_ties.quotients("Q2_K", x, y)), 0, 3)
     L = q2k.unpack_q2(b["qs"]).reshape(n, 16, 16)
@@ -423,14 +422,12 @@ q8k_mod = importlib.import_module("qconform.oracles.ggml.q8_k")
 @_op("q8_k_quant")
 def q8_k_fma_nearest_int(x, qtype, out=None):
     """nearest_int(iscale*x) with the magic add contracted: fmaf(iscale, x, 12582912.0f) (nvcc -fmad)."""
-    _only("Q8_K", x, qtype, out)
     from qconform.oracles.ggml.rounding import MAGIC
 
     def ni(prod, src):
         return nearest_int(prod, src)
 
-    y = quantize(x, qtype, out=out)
-    b = FORMATS["Q8_K"].blocks(y.reshape(-1))
+    y, b = _oracle_blocks("Q8_K", x, qtype, out)
     xb = x.reshape(-1, 256)
     a = np.abs(xb)
     amax = np.zeros(len(xb), np.float32)
@@ -454,11 +451,9 @@ def q8_k_fma_nearest_int(x, qtype, out=None):
 @_op("q8_1_quant")
 def q8_1_divides_by_d(x, qtype, out=None):
     """qs = roundf(x / d) (CUDA quantize_q8_1's division) instead of roundf(x * (1/d))."""
-    _only("Q8_1", x, qtype, out)
     from qconform.oracles.ggml.rounding import roundf_to_int8
 
-    y = quantize(x, qtype, out=out)
-    b = y.reshape(-1).view(Q8_1.dtype)
+    y, b = _oracle_blocks("Q8_1", x, qtype, out)
     xb = x.reshape(-1, 32)
     with np.errstate(all="ignore"):
         amax = np.zeros(len(xb), np.float32)
