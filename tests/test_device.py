@@ -97,7 +97,7 @@ def _launches(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[list, 
 def _recorded(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[list, Any]:
     """The kernels one call of ``fn`` launches, in order (recorded, not run), and its output buffers."""
     launches, out = _launches(fn, *args, **kwargs)
-    return [launch[0] for launch in launches], out
+    return [launch.kernel for launch in launches], out
 
 
 def _device(inputs: dict[str, np.ndarray]) -> dict[str, Any]:

@@ -109,9 +109,10 @@ def _recorded(fn: Any, *args: Any, **kwargs: Any) -> list[tuple]:
     return launches
 
 
-def _replay(launches: list[tuple]) -> None:
-    for kernel, grid, threads, shared_mem, kargs in launches:
-        kernel(grid, (threads,), kargs, shared_mem=shared_mem)
+def _replay(launches: list[Any]) -> None:
+    from qconform.device.launch import replay
+
+    replay(launches)
 
 
 def bench(

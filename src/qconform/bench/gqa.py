@@ -33,6 +33,7 @@ catalogue's case (``flash_i8u8``: int8 tiles of 8 keys).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import cupy
@@ -91,7 +92,7 @@ def _call(inp: dict[str, Any], bits: int) -> tuple[tuple, dict[str, Any]]:
 def _decode_launches(inp: dict[str, Any], bits: int) -> Any:
     """Run one full call (the past copied into present), then return a replay of its launches
     without the copy (present already holds the past: the in-place append of a serving cache)."""
-    from qconform.device.launch import RECORDING
+    from qconform.device.launch import RECORDING, replay
     from qconform.device.launchers import kernel_of
     from qconform.device.ort.group_query_attention import SOURCE, gqa_decode
 
@@ -103,13 +104,8 @@ def _decode_launches(inp: dict[str, Any], bits: int) -> Any:
     finally:
         launches = RECORDING.pop()
     copy = kernel_of(SOURCE, "qk_gqa_copy_past")
-    kept = [launch for launch in launches if launch[0] is not copy]
-
-    def replay() -> None:
-        for kernel, grid, threads, shared_mem, kargs in kept:
-            kernel(grid, (threads,), kargs, shared_mem=shared_mem)
-
-    return replay, out
+    kept = [launch for launch in launches if launch.kernel is not copy]
+    return functools.partial(replay, kept), out
 
 
 def _sdpa(sets: list[tuple[Any, Any, Any]], reps: int) -> tuple[str, list[float]]:

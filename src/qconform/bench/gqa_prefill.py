@@ -19,6 +19,7 @@ fewer repeats).
 
 from __future__ import annotations
 
+import functools
 from types import SimpleNamespace
 from typing import Any
 
@@ -53,7 +54,7 @@ def _inputs(S: int, seed: int) -> dict[str, Any]:
 def _launches(inp: dict[str, Any], storage: str, v1: bool = False) -> tuple[Any, Any, Any]:
     """(replay of the whole call, replay of its attention launches, outputs); ``v1``: the call was
     built under -DQK_GQA_PREFILL_V1 (the session-8 kernel must run, else the session-10 one)."""
-    from qconform.device.launch import RECORDING
+    from qconform.device.launch import RECORDING, replay
     from qconform.device.ort.gqa_flash import SOURCE, gqa_prefill
     from qconform.device.ort.group_query_attention import SOURCE as SPLITK
     from qconform.ops.ort.attention_bounds import INPUTS
@@ -69,18 +70,10 @@ def _launches(inp: dict[str, Any], storage: str, v1: bool = False) -> tuple[Any,
     from qconform.device.launchers import kernel_of
 
     appends = (kernel_of(SPLITK, "qk_gqa_append"), kernel_of(SPLITK, "qk_gqa_append8"))
-    attention = [launch for launch in launches if all(launch[0] is not a for a in appends)]
+    attention = [launch for launch in launches if all(launch.kernel is not a for a in appends)]
     flash = "qk_gqa_prefill_h128" if v1 else "qk_gqa_prefill2_h128"
-    assert storage != "fp16" or any(launch[0] is kernel_of(SOURCE, flash) for launch in attention)
-
-    def replay(which: list) -> Any:
-        def run() -> None:
-            for kernel, grid, threads, shared_mem, kargs in which:
-                kernel(grid, (threads,), kargs, shared_mem=shared_mem)
-
-        return run
-
-    return replay(launches), replay(attention), out
+    assert storage != "fp16" or any(launch.kernel is kernel_of(SOURCE, flash) for launch in attention)
+    return functools.partial(replay, launches), functools.partial(replay, attention), out
 
 
 def _sdpa(sets: list[tuple[Any, Any, Any]], reps: int) -> tuple[str, list[float]]:

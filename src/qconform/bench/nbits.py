@@ -20,6 +20,7 @@ bench-only builds ``-DQK_NBITS_RING_STRIDED`` and ``-DQK_NBITS_RING_LOADS_ONLY``
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 from dataclasses import replace
 from pathlib import Path
@@ -265,11 +266,14 @@ ROOF_COLUMNS = ("K x N", "M", "bits", "read-only roofline us")
 
 
 def variants(shapes=F32_SHAPES, bits_list=(2, 4), ms=(1, 2, 4, 8), reps: int = 50, verdicts: bool = True) -> bool:
-    """fp32 activations and scales: the per-output kernel (old) and the split ring kernel (new)
-    side by side on the same cold weights, against the read-only roofline of the fp32 bytes."""
+    """fp32 activations and scales: the per-output kernel (old), the split ring kernel with its two
+    launches in stream order, and as shipped (the ring kernel a programmatic dependent of the split:
+    qconform.device.pdl) side by side on the same cold weights, against the read-only roofline of the
+    fp32 bytes."""
+    from qconform.device.launch import stream_order
     from qconform.device.ort.matmul_nbits import F32_PER_OUTPUT
 
-    builds = (("per-output (old)", (F32_PER_OUTPUT,)), ("split ring (new)", ()))
+    builds = (("per-output (old)", (F32_PER_OUTPUT,)), ("split ring, stream order", ()), ("split ring (shipped)", ()))
     _builds_head(f"fp32 A and scales, block {BLOCK}, default zero point", ROOF_COLUMNS, builds)
     ok = True
     for K, N in shapes:
@@ -279,8 +283,9 @@ def variants(shapes=F32_SHAPES, bits_list=(2, 4), ms=(1, 2, 4, 8), reps: int = 5
                 a = cupy.random.default_rng(M).standard_normal((M, K), dtype=cupy.float32)
                 roof = bl.read_roofline([(b, s, a) for b, s in weights], reps)
                 cells = [f"{K} x {N}", str(M), str(bits), _us(roof)]
-                for _, options in builds:
-                    ts, y = _time_kernel(a, weights, K, N, bits, reps, options)
+                for name, options in builds:
+                    with stream_order() if name.endswith("stream order") else contextlib.nullcontext():
+                        ts, y = _time_kernel(a, weights, K, N, bits, reps, options)
                     verdict = _verdict(a, *weights[0], y, K, bits) if verdicts else "not checked"
                     ok = ok and (verdict == "PASS" or not verdicts)
                     cells += [_us(ts), f"{bl.median(roof) / bl.median(ts):.0%} {verdict[:100]}"]

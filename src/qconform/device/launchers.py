@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator, Mapping
 import cupy
 
 from qconform.device.abi import bind_call
-from qconform.device.launch import RECORDING, launch_kernel
+from qconform.device.launch import RECORDING, launch_kernel, replay
 from qconform.device.loader import get_kernel
 from qconform.device.registry import KERNEL_DIR, Geometry, Launch, check_grid
 from qconform.errors import ArgumentError
@@ -90,8 +90,10 @@ def launch_grid(
     args: tuple,
     shared_mem: int = 0,
     options: tuple[str, ...] = (),
+    dependent: bool = False,
 ) -> None:
-    launch_kernel(op, kernel_of(source, symbol, options), grid, threads, args, shared_mem=shared_mem)
+    launch_kernel(op, kernel_of(source, symbol, options), grid, threads, args, shared_mem=shared_mem,
+                  dependent=dependent)
 
 
 def kernel_of(source: str, symbol: str, options: tuple[str, ...] = ()) -> Any:
@@ -110,11 +112,7 @@ def bound(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[[], Non
     finally:
         launches = RECORDING.pop()
 
-    def replay() -> None:
-        for kernel, grid, threads, shared_mem, kargs in launches:
-            kernel(grid, (threads,), kargs, shared_mem=shared_mem)
-
-    return replay
+    return functools.partial(replay, launches)
 
 
 @functools.cache

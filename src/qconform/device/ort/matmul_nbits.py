@@ -263,7 +263,9 @@ def _launch_ring_f32(bits: int, M: int, lay: Any, A: Any, B: Any, scales: Any, b
     activation the split does not carry (one more than 2^28 below its row's maximum:
     tests/nbits_f32_model.py); the ring kernel's CTAs of a flagged token's group compute their
     outputs from A in fp32 instead (``qk_nbits_f32_tile``, decided on the device: no host sync, no
-    launch more). False where ``_ring_plan`` finds none (the caller takes the per-output kernel)."""
+    launch more). The ring kernel is launched as a programmatic dependent of the split
+    (``qconform.device.pdl``): its first weight copies overlap the split. False where ``_ring_plan``
+    finds none (the caller takes the per-output kernel)."""
     groups = -(-M // 4)
     plan = _ring_plan(bits, lay, 2 * min(M, 4), groups, f32=True)  # hi and lo rows of a group's tokens
     if plan is None:
@@ -279,7 +281,7 @@ def _launch_ring_f32(bits: int, M: int, lay: Any, A: Any, B: Any, scales: Any, b
     block_shift = (lay.block_size // 64).bit_length() - 1
     sizes = (M, lay.K, lay.N, block_shift, lay.k_blocks, bias is not None, 1, plan.act, plan.wk)
     args = (split, B, scales, bias_ptr, y, inv, flags, A, *(np.int32(v) for v in sizes))
-    launch_grid("matmul_nbits", MMA, plan.symbol, (plan.items, groups), 32 * plan.wk, args, plan.smem)
+    launch_grid("matmul_nbits", MMA, plan.symbol, (plan.items, groups), 32 * plan.wk, args, plan.smem, dependent=True)
     return True
 
 

@@ -58,6 +58,19 @@ __device__ __forceinline__ float qk_ftz(float v) {
 
 __device__ __forceinline__ bool qk_isnan(float v) { return (qk_bits(v) & 0x7FFFFFFFu) > 0x7F800000u; }
 
+/* Programmatic dependent launch (PTX ISA griddepcontrol, sm_90+; qconform.device.pdl launches the
+ * dependent kernel): QK_LAUNCH_DEPENDENTS() lets the next kernel on the stream start before this one
+ * ends; QK_WAIT_PRIOR_GRID() waits until the kernel before has finished and its writes are visible.
+ * A kernel launched as a dependent must wait before it reads what that kernel wrote or writes what
+ * it touches. Both are no-ops elsewhere (AMD, older GPUs) and when the launch was in stream order. */
+#if defined(QK_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define QK_LAUNCH_DEPENDENTS() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
+#define QK_WAIT_PRIOR_GRID() asm volatile("griddepcontrol.wait;" ::: "memory")
+#else
+#define QK_LAUNCH_DEPENDENTS()
+#define QK_WAIT_PRIOR_GRID()
+#endif
+
 /* fp32 -> fp16 bits, round to nearest even (CUDA __float2half_rn and HIP's _Float16 cast both
  * matched numpy bit for bit: specs B4); NaN -> sign | 0x7E00 as ggml's GGML_FP32_TO_FP16 */
 __device__ __forceinline__ qk_u16 qk_fp16_bits(float v) {

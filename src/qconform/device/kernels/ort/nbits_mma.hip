@@ -600,18 +600,28 @@ __device__ __forceinline__ void qk_ring_chunks(float acc[R * 4], const qk_u32 ws
  * halves, K rounded up to whole superchunks, zeros past K; 2 rows a token of the group below M
  * read): the mma's token columns 2j and 2j + 1 take the two parts, so one mma does both and lane t
  * of a quad holds the hi and lo sums of token t. The epilogue adds them, each part times its exact
- * power of two (inv: 2^-e, 2^-(e + 12) per token). A group the split flagged never gets here: the
- * kernel's wrapper sends its CTAs to qk_nbits_f32_tile.
+ * power of two (inv: 2^-e, 2^-(e + 12) per token). F32 is launched as a programmatic dependent of the
+ * split (qconform.device.pdl): its first S - 1 superchunks are issued before QK_WAIT_PRIOR_GRID(),
+ * after which it reads the split's rows and flags; for a group the split flagged it returns false
+ * (no barrier passed, its copies drained) and the wrapper computes the CTA's outputs with
+ * qk_nbits_f32_tile; true otherwise.
  *
  * Bench-only build options (qconform.bench.nbits --variants ring): -DQK_NBITS_RING_STRIDED, warp wk
  * takes superchunks wk, wk + wk_n, ... instead of one contiguous range (the CTA's warps then read
  * adjacent 64-byte pieces of each row at about the same time: other sums' order, the same bound);
  * -DQK_NBITS_RING_LOADS_ONLY, the copies and waits without the chunks' arithmetic (a diagnostic:
  * its outputs are zeros). */
+/* a token group with an activation the split does not carry (qk_nbits_split_a's flags) */
+__device__ __forceinline__ bool qk_group_flagged(const int* flags, int grp) {
+    const int4 f = *(const int4*)(flags + 4 * grp);
+    return (f.x | f.y | f.z | f.w) != 0;
+}
+
 template <int BITS, int R, int S, bool F32>
-__device__ __forceinline__ void qk_nbits_mmaa(const qk_u16* A, const qk_u8* B, const void* scales, const void* bias,
-                                              void* Y, const float* inv, int M, int K, int N, int cpb_shift,
-                                              int k_blocks, int has_bias, int a_vec, int act_bytes, int wk_n) {
+__device__ __forceinline__ bool qk_nbits_mmaa(const qk_u16* A, const qk_u8* B, const void* scales, const void* bias,
+                                              void* Y, const float* inv, const int* flags, int M, int K, int N,
+                                              int cpb_shift, int k_blocks, int has_bias, int a_vec, int act_bytes,
+                                              int wk_n) {
     extern __shared__ float qk_red[];
     constexpr int NACC = R * 4, SC = 8 / BITS;
     constexpr int RING_WORDS = S * R * 2 * 32 * 5;
@@ -659,6 +669,13 @@ __device__ __forceinline__ void qk_nbits_mmaa(const qk_u16* A, const qk_u8* B, c
             qk_issue_super<BITS, R, S, F32, false>(ring, j, wbase, wstep, sbase, sstep, send, tail, sj, t, row_bytes,
                                                   n_chunks, cpb_shift);
         qk_cp_async_commit();
+    }
+    if (F32) { /* launched as a dependent of qk_nbits_split_a: the weights above need nothing of it */
+        QK_WAIT_PRIOR_GRID();
+        if (qk_group_flagged(flags, grp)) { /* uniform: the whole CTA, before any barrier */
+            qk_cp_async_wait<0>();
+            return false;
+        }
     }
     if (act_bytes) {
         qk_stage_act_paired<BITS>(sA, A, n_tok, a_len, Kp, a_vec);
@@ -716,7 +733,7 @@ __device__ __forceinline__ void qk_nbits_mmaa(const qk_u16* A, const qk_u8* B, c
 #pragma unroll
         for (int i = 0; i < NACC; ++i) qk_red[(wk * NACC + i) * 32 + lane] = acc[i];
         __syncthreads();
-        if (wk != 0) return;
+        if (wk != 0) return true;
 #pragma unroll
         for (int i = 0; i < NACC; ++i) {
             float v = qk_red[i * 32 + lane];
@@ -745,6 +762,7 @@ __device__ __forceinline__ void qk_nbits_mmaa(const qk_u16* A, const qk_u8* B, c
                 ((qk_u16*)Y)[(qk_i64)tok * N + n] = __half_as_ushort(qk_half_rn(v));
             }
         }
+    return true;
 }
 
 /* The fp32 activations of the F32 ring kernel as fp16 pairs: per token m (blockIdx.y), e with
@@ -776,6 +794,7 @@ __device__ __forceinline__ void qk_split_load4(float v[4], const float* a, int k
 extern "C" __global__ void __launch_bounds__(512) qk_nbits_split_a(const float* A, qk_u16* S, float* inv, int* flags,
                                                                    int M, int K, int Kp, int a_vec) {
     __shared__ float red[2][16]; /* per 32-lane group: max |a|, min nonzero |a| */
+    QK_LAUNCH_DEPENDENTS(); /* the ring kernel's weight copies may start now: it waits for these rows */
     const int m = (int)blockIdx.y, tid = (int)threadIdx.x, nt = (int)blockDim.x;
     const float* a = A + (qk_i64)m * K;
     float amax = 0.0f, amin = qk_float(0x7f800000u);
@@ -863,12 +882,6 @@ __device__ __noinline__ void qk_nbits_f32_tile(const float* A, const qk_u8* B, c
     }
 }
 
-/* a token group with an activation the split does not carry (qk_nbits_split_a's flags) */
-__device__ __forceinline__ bool qk_group_flagged(const int* flags, int grp) {
-    const int4 f = *(const int4*)(flags + 4 * grp);
-    return (f.x | f.y | f.z | f.w) != 0;
-}
-
 /* qk_nbits_mmaa_u{bits}_r{R}_s{S}: M <= 8, default zero point, 16 R rows per CTA, wk_n warps; and its
  * fp32 twin qk_nbits_mmaf_u{bits}_r{R}_s{S} (split activations, a token group of 4 per blockIdx.y).
  * QK_NBITS_MMAA: registers as the compiler chooses; QK_NBITS_MMAA_O (symbols ending _o{O}): for O
@@ -878,20 +891,17 @@ __device__ __forceinline__ bool qk_group_flagged(const int* flags, int grp) {
     extern "C" __global__ void BOUNDS qk_nbits_mmaa_u##BITS##_r##R##_s##S##SUFFIX(                                     \
         const qk_u16* A, const qk_u8* B, const qk_u16* scales, const qk_u16* bias, qk_u16* Y, int M, int K, int N,     \
         int cpb_shift, int k_blocks, int has_bias, int a_vec, int act_bytes, int wk_n) {                               \
-        qk_nbits_mmaa<BITS, R, S, false>(A, B, scales, bias, Y, nullptr, M, K, N, cpb_shift, k_blocks, has_bias,       \
-                                         a_vec, act_bytes, wk_n);                                                      \
+        qk_nbits_mmaa<BITS, R, S, false>(A, B, scales, bias, Y, nullptr, nullptr, M, K, N, cpb_shift, k_blocks,        \
+                                         has_bias, a_vec, act_bytes, wk_n);                                            \
     }                                                                                                                  \
     extern "C" __global__ void BOUNDS qk_nbits_mmaf_u##BITS##_r##R##_s##S##SUFFIX(                                     \
         const qk_u16* A, const qk_u8* B, const float* scales, const float* bias, float* Y, const float* inv,           \
         const int* flags, const float* A32, int M, int K, int N, int cpb_shift, int k_blocks, int has_bias, int a_vec, \
         int act_bytes, int wk_n) {                                                                                     \
-        if (qk_group_flagged(flags, (int)blockIdx.y)) { /* uniform: the whole CTA, before any copy or barrier */       \
+        if (!qk_nbits_mmaa<BITS, R, S, true>(A, B, scales, bias, Y, inv, flags, M, K, N, cpb_shift, k_blocks,          \
+                                             has_bias, a_vec, act_bytes, wk_n)) /* a flagged group */                  \
             qk_nbits_f32_tile(A32, B, scales, bias, Y, M, K, N, (int)blockIdx.x * 16 * R, 16 * R, (int)blockIdx.y,     \
                               BITS, 64 << cpb_shift, k_blocks, has_bias);                                              \
-            return;                                                                                                    \
-        }                                                                                                              \
-        qk_nbits_mmaa<BITS, R, S, true>(A, B, scales, bias, Y, inv, M, K, N, cpb_shift, k_blocks, has_bias, a_vec,     \
-                                        act_bytes, wk_n);                                                              \
     }
 #define QK_NBITS_MMAA(BITS, R, S) QK_NBITS_MMAA_DEF(BITS, R, S, __launch_bounds__(256), )
 #if defined(QK_CUDA)
