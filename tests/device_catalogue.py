@@ -1018,6 +1018,14 @@ KF_NO_REALIGN: Edits = (
 KF_Q6_STAGE_NO_D: Edits = (("if (c < 5) stg[48 + c] = v[6];", "if (c < 4) stg[48 + c] = v[6];"),)
 # the partial rows of the CTA's first group (blocks 0, 4, ...) left out of the output
 KF_GROUP0_DROPPED: Edits = (("float y = part[0][rr][m];", "float y = 0.0f;"),)
+# the GEMV, launched as a programmatic dependent of the activations' quantize, reads the quantized
+# blocks without waiting for it (on sm_90, where the launch overlaps: bytes not yet written)
+KF_NO_WAIT: Edits = (
+    (
+        "QK_WAIT_PRIOR_GRID(); /* launched as a dependent of the activations' quantize */",
+        "/* launched as a dependent of the activations' quantize */",
+    ),
+)
 
 
 def _fast(name: str, leaf: str, edits: Edits, define: str = "") -> DeviceMutant:
@@ -1033,6 +1041,7 @@ KEEP_QUANT_FAST_MUTANTS = (
     _fast("keep-quant fast: Q8_0 slices 2 past a word not realigned", "Wq8_0_Aq8_0_Yfp32", KF_NO_REALIGN),
     _fast("keep-quant fast: the first group's partial rows dropped", "Wq4_K_Aq8_K_Yfp32", KF_GROUP0_DROPPED),
     _fast("keep-quant fast: Q6_K staged without its d word", "Wq6_K_Aq8_K_Yfp32", KF_Q6_STAGE_NO_D),
+    _fast("keep-quant fast: the activations' quantize not waited for", "Wq4_K_Aq8_K_Yfp32", KF_NO_WAIT),
     _fast("control: keep-quant fast kernel under order=any (Q6_K)", "Wq6_K_Aq8_K_Yfp32", ()),
     _fast("keep-quant fast round 1 (-DQK_KQ_FAST_V1): Q4_K min on the wrong half", "Wq4_K_Aq8_K_Yfp32",
           KF_MIN_WRONG_HALF, "-DQK_KQ_FAST_V1"),

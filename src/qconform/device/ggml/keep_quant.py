@@ -110,7 +110,7 @@ def matmul_bt_quant(
         symbol = f"qk_kq_fast_{FAST_TYPES[wfmt.name]}_m{mt}"
         act = a8 if afmt.name == "Q8_K" else aq
         args = (W_blocks, act, call.out, np.int64(M), np.int64(N), np.int64(nb))
-        launch_grid(op, FAST_SOURCE, symbol, grid, THREADS, args)
+        launch_grid(op, FAST_SOURCE, symbol, grid, THREADS, args, dependent=True)  # waits for the quantize
         return call.out
     mt = act_tile(M)
     grid = (-(-M // mt), -(-N // ROWS_PER_CTA))

@@ -255,7 +255,8 @@ def _qmoe(op: OpSpec, args: tuple, kwargs: dict[str, Any], out: Any) -> Any:
         if m2:
             fc2 = (a, sel, wts, *w2, call.out, i32(inter), i32(H), i32(k), i32(bs), *flags2, i32(fc2m_parts(k, inter)))
             smem = fc2m_staged_bytes(k, inter)
-            launch_grid(op.name, SOURCE, _fc2m_symbol(bool(flags2[1])), (-(-H // 16), T), THREADS, fc2, smem)
+            symbol = _fc2m_symbol(bool(flags2[1]))  # a dependent of fc1 (or of the codes): waits for it
+            launch_grid(op.name, SOURCE, symbol, (-(-H // 16), T), THREADS, fc2, smem, dependent=True)
             return call.out
         tile = fc2_tile(H, T, k, lanes2)
         fc2 = (a, sel, wts, *w2, call.out, i32(inter), i32(H), i32(k), i32(bits), i32(bs), *flags2, x16)

@@ -469,6 +469,7 @@ __device__ __forceinline__ void kf2_gemv(const qk_u8* __restrict__ W, const qk_u
 #define KF_GEMV(NAME, KIND, TS, MT, UNROLL, FN)                                                        \
     extern "C" __global__ void __launch_bounds__(32 * KF_GROUPS) qk_kq_fast_##NAME##_m##MT(          \
         const qk_u8* W, const qk_u8* aq, float* Y, qk_i64 M, qk_i64 N, qk_i64 nb) {                  \
+        QK_WAIT_PRIOR_GRID(); /* launched as a dependent of the activations' quantize */              \
         FN(W, aq, Y, M, N, nb);                                                                       \
     }
 /* UNROLL: round 1's blocks in flight per thread; UNROLL2: round 2's steps of 4 rows (Q4_K / Q5_K) */

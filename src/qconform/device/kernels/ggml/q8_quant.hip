@@ -232,6 +232,7 @@ qk_q8_k_quant_coop(const void* in, void* out, qk_i64 n_blocks) {
 
 extern "C" __global__ void __launch_bounds__(256)
 qk_q8_k_quant_w32(const void* in, void* out, qk_i64 n_blocks) {
+    QK_LAUNCH_DEPENDENTS(); /* the keep-quant GEMV after it may start: it waits for these bytes */
     qk_q8_k_quant_lanes_body<32>(in, out, n_blocks);
 }
 
@@ -308,6 +309,7 @@ qk_q8_0_quant(const void* in, void* out, qk_i64 n_blocks) {
 #define Q8_0_WORDS 12
 extern "C" __global__ void __launch_bounds__(256)
 qk_q8_0_quant_words(const void* in, qk_u32* aq, qk_i64 n_blocks) {
+    QK_LAUNCH_DEPENDENTS(); /* the keep-quant GEMV after it may start: it waits for these words */
     const qk_i64 gt = qk_global_thread();
     const qk_i64 blk = gt >> 1;
     const int l = (int)(gt & 1);

@@ -1137,6 +1137,7 @@ __device__ __forceinline__ void qk_moe_fc1m_body(const void* x, const void* logi
          const qk_u8* Z, const void* Bias, float* A, int E, int K, int N, int units, int k, int bs, int zp_bytes,  \
          int has_zp, int has_bias, int act, float alpha, float beta, float limit, int normalize, int has_rw,       \
          int at, int parts) {                                                                                    \
+        QK_LAUNCH_DEPENDENTS(); /* qk_moe_fc2m may start: it waits for the routing and these planes */           \
         qk_moe_fc1m_body<ZP>(x, logits, rw, sel, wts, W, S, Z, Bias, A, E, K, N, units, k, bs, zp_bytes, has_zp,  \
                              has_bias, act, alpha, beta, limit, normalize, has_rw, at, parts);                     \
     }
@@ -1229,6 +1230,7 @@ __device__ __forceinline__ void qk_moe_fc2m_body(const uint4* planes, const int*
     NAME(const uint4* planes, const int* sel, const float* wts, const qk_u8* W, const void* S, const qk_u8* Z,   \
          const void* Bias, void* Y, int K, int N, int k, int bs, int zp_bytes, int has_zp, int has_bias,          \
          int parts) {                                                                                            \
+        QK_WAIT_PRIOR_GRID(); /* launched as a dependent of fc1: its routing and planes */                       \
         qk_moe_fc2m_body<ZP>(planes, sel, wts, W, S, Z, Bias, Y, K, N, k, bs, zp_bytes, has_zp, has_bias, parts); \
     }
 #if defined(QK_CUDA) /* NVIDIA only: AMD has no bf16 mma here, and the shuffled form of fc2m's 96 mma a loop made a
