@@ -965,3 +965,40 @@ def test_own_kernel_matmul_nbits_fp16_spike_rows(bits: int, zp: str, M: int) -> 
     else:
         assert ran == [kernel_of(MMA, MMA_SHAPES["decode_zp" if M <= 8 else "prefill"].symbol(bits))]
     _repeatable_within_bound(matmul_nbits, args, kwargs, inputs, params)
+
+
+PDL_PAIR = r"""
+#include "qk_portable.h"
+extern "C" __global__ void qk_test_primary(volatile int* flag, long long cycles) {
+    QK_LAUNCH_DEPENDENTS();
+    const long long t0 = clock64();
+    while (clock64() - t0 < cycles) {
+    }
+    *flag = 1;
+}
+extern "C" __global__ void qk_test_dependent(volatile int* flag, int* seen) {
+    seen[0] = *flag; /* before the wait: 0 where this kernel started while the primary spun */
+    QK_WAIT_PRIOR_GRID();
+    seen[1] = *flag; /* after it: the primary's write, always */
+}
+"""
+
+
+@pytest.mark.parametrize("dependent", [False, True])
+def test_dependent_launch_overlaps_and_waits(dependent: bool) -> None:
+    """qconform.device.pdl: a kernel launched as a programmatic dependent starts while the kernel before
+    it (which let it start, then spins ~1 ms before writing a flag) still runs, and its
+    QK_WAIT_PRIOR_GRID() returns only after that write; where the device cannot overlap (not sm_90+,
+    HIP) or the launch is in stream order, it starts after the write."""
+    import cupy
+
+    from qconform.device import pdl
+    from qconform.device.launch import launch_kernel
+    from qconform.device.registry import KERNEL_DIR
+
+    module = cupy.RawModule(code=PDL_PAIR, options=(f"-I{KERNEL_DIR / 'common'}",))
+    flag, seen = cupy.zeros(1, cupy.int32), cupy.full(2, -1, cupy.int32)
+    launch_kernel("pdl", module.get_function("qk_test_primary"), 1, 32, (flag, np.int64(2_000_000)))
+    launch_kernel("pdl", module.get_function("qk_test_dependent"), 1, 32, (flag, seen), dependent=dependent)
+    overlapped = dependent and pdl.available()
+    assert cupy.asnumpy(seen).tolist() == ([0, 1] if overlapped else [1, 1])
