@@ -314,7 +314,8 @@ def _run(op: OpSpec, args: tuple, kwargs: dict[str, Any], out: Any) -> Any:
     else:
         chunks = -(-H // COMBINE_CHANNELS)
         smem = 4 * splits * COMBINE_CHANNELS
-        launch_grid(op.name, SOURCE, "qk_gqa_combine", B * S * N * chunks, THREADS, (*combine, i32(is16)), smem)
+        grid = B * S * N * chunks  # a dependent of the attention kernel: waits for its partials
+        launch_grid(op.name, SOURCE, "qk_gqa_combine", grid, THREADS, (*combine, i32(is16)), smem, dependent=True)
     return call.out
 
 
