@@ -14,6 +14,7 @@ The kernels here are bench-only (not part of the suite's catalogue).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import statistics
 from typing import Any, Callable
@@ -122,6 +123,18 @@ def times(launch: Callable[[int], Any], n_sets: int, reps: int, batches: int = 5
         end.synchronize()
         means.append(cupy.cuda.get_elapsed_time(start, end) / 1e3 / reps)
     return means
+
+
+STREAM_ORDER = "stream_order"
+"""The benches' variant name for the shipped build timed with every launch in stream order: the
+control beside the programmatic dependent launches (qconform.device.pdl)."""
+
+
+def launch_order(variant: str) -> contextlib.AbstractContextManager[None]:
+    """The context to time ``variant`` in: every launch in stream order for ``STREAM_ORDER``."""
+    from qconform.device.launch import stream_order
+
+    return stream_order() if variant == STREAM_ORDER else contextlib.nullcontext()
 
 
 def median(ts: list[float]) -> float:

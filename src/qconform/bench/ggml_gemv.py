@@ -29,6 +29,7 @@ import cupy
 import numpy as np
 
 from qconform.bench import baselines as bl
+from qconform.bench.baselines import STREAM_ORDER
 from qconform.bench.nbits import cublas_fp16, n_sets_for
 from qconform.bench.records import BenchRecord, bench_parser, finish
 from qconform.device.loader import device_info
@@ -40,7 +41,7 @@ TYPES = ("Q4_K", "Q5_K", "Q6_K", "Q8_0")
 TARGET_ROOFLINE = 0.8
 TARGET_CUBLAS = 0.8  # of the ratio of the fp16 and the quantized rooflines
 # the launcher's order for each variant: the contract that selects its kernel
-VARIANTS = {"exact": "reference", "fast-v1": "any", "fast-u1": "any", "fast": "any"}
+VARIANTS = {"exact": "reference", "fast-v1": "any", "fast-u1": "any", "fast": "any", STREAM_ORDER: "any"}
 V1_OPTION = "-DQK_KQ_FAST_V1"  # the build option of round 1's fast kernel (keep_quant_fast.hip)
 # the build options of each fast variant: round 1; round 2 with one step of 4 row-blocks in flight a
 # thread at M tile 1 (the default: two)
@@ -149,7 +150,8 @@ def bench(
                 y = cupy.empty((1, N), cupy.float32)
                 with compile_options(*OPTIONS.get(variant, ())):
                     calls = [_recorded(matmul_bt_quant, W, qtype, A, out=y, order=VARIANTS[variant]) for W in sets]
-                ts = bl.times(lambda i, c=calls: _replay(c[i]), len(calls), reps)
+                with bl.launch_order(variant):
+                    ts = bl.times(lambda i, c=calls: _replay(c[i]), len(calls), reps)
                 _replay(calls[0])
                 check, l2o, l2r = _check(e, y, variant)
                 rec = BenchRecord(

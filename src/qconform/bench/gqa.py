@@ -40,6 +40,7 @@ import cupy
 import numpy as np
 
 from qconform.bench import baselines as bl
+from qconform.bench.baselines import STREAM_ORDER
 from qconform.bench.nbits import n_sets_for
 from qconform.bench.records import BenchRecord, bench_parser, finish
 from qconform.device.loader import device_info
@@ -154,16 +155,18 @@ VARIANTS = {  # build options of each attention kernel
     "flash_v1": ("-DQK_GQA_FLASH_V1",),  # session 8: every lane does every (key, head)'s butterfly and softmax
     "flash_i8u8": ("-DQK_GQA_I8T_U8",),  # int8 per-tensor tiles of 8 keys a group (3 CTAs an SM); fp16 as flash
     "legacy": ("-DQK_GQA_LEGACY",),
+    STREAM_ORDER: (),  # the default build with every launch in stream order (the combine not a dependent)
 }
 
 
-def _time_variant(sets: list[dict[str, Any]], bits: int, options: tuple[str, ...], reps: int) -> tuple[list, list]:
+def _time_variant(sets: list[dict[str, Any]], bits: int, variant: str, reps: int) -> tuple[list, list]:
     """(seconds per call, the calls' replays and outputs) of one build of the kernels."""
     from qconform.device.launchers import compile_options
 
-    with compile_options(*options):
+    with compile_options(*VARIANTS[variant]):
         calls = [_decode_launches(inp, bits) for inp in sets]
-    return bl.times(lambda i: calls[i][0](), len(sets), reps), calls
+    with bl.launch_order(variant):
+        return bl.times(lambda i: calls[i][0](), len(sets), reps), calls
 
 
 def _spread(ts: list[float]) -> str:
@@ -199,7 +202,7 @@ def bench(batches=BATCHES, pasts=PASTS, reps: int = 50, variants: tuple[str, ...
                 kv_bytes = 2 * B * Nk * (P + 1) * H * (1 if bits else 2)
                 n_sets = n_sets_for(kv_bytes)
                 sets = [_inputs(B, P, bits, 10 + i) for i in range(n_sets)]
-                timed = {v: _time_variant(sets, bits, VARIANTS[v], reps) for v in variants}
+                timed = {v: _time_variant(sets, bits, v, reps) for v in variants}
                 ts, calls = timed[main]
                 roof = bl.median(bl.read_roofline([(c[1][1], c[1][2]) for c in calls], reps))
                 base: dict[str, float] = {"read-only roofline": roof * 1e6}

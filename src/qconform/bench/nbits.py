@@ -20,7 +20,6 @@ bench-only builds ``-DQK_NBITS_RING_STRIDED`` and ``-DQK_NBITS_RING_LOADS_ONLY``
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
 from dataclasses import replace
 from pathlib import Path
@@ -267,13 +266,12 @@ ROOF_COLUMNS = ("K x N", "M", "bits", "read-only roofline us")
 
 def variants(shapes=F32_SHAPES, bits_list=(2, 4), ms=(1, 2, 4, 8), reps: int = 50, verdicts: bool = True) -> bool:
     """fp32 activations and scales: the per-output kernel (old), the split ring kernel with its two
-    launches in stream order, and as shipped (the ring kernel a programmatic dependent of the split:
+    launches in stream order (``stream_order``), and as shipped (the ring kernel a programmatic dependent of the split:
     qconform.device.pdl) side by side on the same cold weights, against the read-only roofline of the
     fp32 bytes."""
-    from qconform.device.launch import stream_order
     from qconform.device.ort.matmul_nbits import F32_PER_OUTPUT
 
-    builds = (("per-output (old)", (F32_PER_OUTPUT,)), ("split ring, stream order", ()), ("split ring (shipped)", ()))
+    builds = (("per-output (old)", (F32_PER_OUTPUT,)), (bl.STREAM_ORDER, ()), ("split ring (shipped)", ()))
     _builds_head(f"fp32 A and scales, block {BLOCK}, default zero point", ROOF_COLUMNS, builds)
     ok = True
     for K, N in shapes:
@@ -284,7 +282,7 @@ def variants(shapes=F32_SHAPES, bits_list=(2, 4), ms=(1, 2, 4, 8), reps: int = 5
                 roof = bl.read_roofline([(b, s, a) for b, s in weights], reps)
                 cells = [f"{K} x {N}", str(M), str(bits), _us(roof)]
                 for name, options in builds:
-                    with stream_order() if name.endswith("stream order") else contextlib.nullcontext():
+                    with bl.launch_order(name):
                         ts, y = _time_kernel(a, weights, K, N, bits, reps, options)
                     verdict = _verdict(a, *weights[0], y, K, bits) if verdicts else "not checked"
                     ok = ok and (verdict == "PASS" or not verdicts)
