@@ -36,6 +36,9 @@ typedef signed char qk_i8; typedef unsigned char qk_u8; typedef short qk_i16; ty
 typedef int qk_i32; typedef unsigned int qk_u32; typedef long long qk_i64;
 struct uint4 { qk_u32 x, y, z, w; };
 struct uint2 { qk_u32 x, y; };
+/* programmatic dependent launch (qk_portable.h): nothing to wait for on the host */
+#define QK_LAUNCH_DEPENDENTS()
+#define QK_WAIT_PRIOR_GRID()
 #define QK_FMUL(a, b) ((float)(a) * (float)(b))
 static inline float __int2float_rn(int i) { return (float)i; }
 static inline qk_u32 qk_bits(float v) { qk_u32 b; memcpy(&b, &v, 4); return b; }
