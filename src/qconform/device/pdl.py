@@ -9,10 +9,10 @@ Synchronization"; PTX ISA, ``griddepcontrol``). Only the one kernel before is ov
 itself launched in stream order, so everything earlier on the stream finished before it began.
 
 CuPy's RawKernel call takes no launch attributes, so the launch goes through the driver's
-``cuLaunchKernelEx`` (cuda.h: ``CUlaunchConfig``, ``CUlaunchAttribute``, attribute id 6) through ctypes,
-with the kernel's ``CUfunction`` from CuPy. Where the driver lacks the call, the device is older than
-compute capability 9.0, or the build is HIP, ``available()`` is False and the launcher launches in
-stream order (the kernels' wait is then a no-op)."""
+``cuLaunchKernelEx`` (cuda.h: ``CUlaunchConfig``, ``CUlaunchAttribute``, attribute id 6) through
+ctypes, with the kernel's ``CUfunction`` from CuPy (``RawKernel.kernel.ptr``). Where the driver lacks
+the call, the device is older than compute capability 9.0, or the build is HIP, ``available()`` is
+False and the launcher launches in stream order (the kernels' wait is then a no-op)."""
 
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ def _argument(value: Any) -> Any:
 
 
 def launch(kernel: Any, grid: tuple[int, ...], threads: int, args: tuple, shared_mem: int, stream: Any) -> int:
-    """``kernel`` (a CuPy Function) on ``stream`` as a programmatic dependent of the kernel before it;
+    """``kernel`` (a CuPy RawKernel or Function) on ``stream`` as a programmatic dependent of the kernel before it;
     the driver's status (0: launched)."""
     held = [_argument(a) for a in args]  # alive until the call returns: the driver copies the values
     params = (ctypes.c_void_p * max(len(held), 1))(
@@ -88,4 +88,5 @@ def launch(kernel: Any, grid: tuple[int, ...], threads: int, args: tuple, shared
     dims = (tuple(grid) + (1, 1))[:3]
     config = _Config((ctypes.c_uint * 3)(*dims), (ctypes.c_uint * 3)(threads, 1, 1), shared_mem, stream.ptr,
                      ctypes.pointer(attr), 1)
-    return int(_launcher()(ctypes.byref(config), kernel.ptr, params, None))
+    function = getattr(kernel, "kernel", kernel)  # a RawKernel's compiled Function on this device (its CUfunction)
+    return int(_launcher()(ctypes.byref(config), function.ptr, params, None))
