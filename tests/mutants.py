@@ -68,6 +68,7 @@ from mutants_ggml import (  # noqa: E402, F401  (the ggml format and kernel rule
     q5_k_fit_min_positive,
     q5_k_requant_by_reciprocal,
     q5_k_rmin_of_q4_k,
+    q6_k_qx_steps_8,
     q6_k_requant_by_reciprocal,
     q8_1_divides_by_d,
     q8_1_s_is_sum_x,

@@ -3,6 +3,7 @@ states changed (re-exported by ``mutants.py``, where ``test_mutants.py`` runs ea
 
 from __future__ import annotations
 
+import functools
 import importlib
 from unittest import mock
 
@@ -189,6 +190,8 @@ q3_k_requant_by_reciprocal = _quant_with("Q3_K", q3k, div=_div_requant_by_recipr
 q4_k_requant_by_reciprocal = _quant_with("Q4_K", q4k, div=_div_requant_by_reciprocal)
 q5_k_requant_by_reciprocal = _quant_with("Q5_K", q4k, div=_div_requant_by_reciprocal)
 q6_k_requant_by_reciprocal = _quant_with("Q6_K", q6k, div=_div_requant_by_reciprocal)
+# make_qx_quants' scale search over is = -8 .. 8 instead of ggml's -9 .. 9
+q6_k_qx_steps_8 = _quant_with("Q6_K", q6k, make_qx_quants=functools.partial(kq.make_qx_quants, steps=8))
 
 # make_qkx2_quants (kquant_search) without one of its rules on a positive min
 q4_k_start_min_positive = _quant_with("Q4_K", kq, min_not_positive=lambda mn: mn)

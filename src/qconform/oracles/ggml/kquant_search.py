@@ -106,9 +106,13 @@ def _qx_levels(x: np.ndarray, iscale: np.ndarray, nmax: int, ftz: bool) -> tuple
     return lv, sumlx, suml2
 
 
-def make_qx_quants(x: np.ndarray, nmax: int, ftz: bool = False) -> tuple[np.ndarray, np.ndarray]:
+QX_STEPS = 9  # make_qx_quants tries iscale = -(nmax + 0.1 is) / max for is = -9 .. 9 (ggml-quants.c)
+
+
+def make_qx_quants(x: np.ndarray, nmax: int, ftz: bool = False, steps: int = QX_STEPS) -> tuple[np.ndarray, np.ndarray]:
     """``make_qx_quants(n, nmax, x, L, rmse_type=1, qw=NULL)`` per row of ``x`` (m, n) float32
-    -> (scale (m,) float32, L (m, n) in [0, 2*nmax)). A row with max |x| < 1e-15 gives 0, L = 0."""
+    -> (scale (m,) float32, L (m, n) in [0, 2*nmax)). A row with max |x| < 1e-15 gives 0, L = 0.
+    ``steps``: the search's is = -steps .. steps (ggml's 9)."""
     amax, mx = first_strict_max(x)
     zero = amax < GROUP_MAX_EPS
     mx = np.where(zero, F32(1), mx)
@@ -117,7 +121,7 @@ def make_qx_quants(x: np.ndarray, nmax: int, ftz: bool = False) -> tuple[np.ndar
     big_l = lv + nmax
     scale = np.where(suml2 != 0, div(sumlx, suml2, ftz), F32(0))
     best = mul(scale, sumlx, ftz)
-    for step in range(-9, 10):
+    for step in range(-steps, steps + 1):
         if step == 0:
             continue
         iscale = div(-add(F32(nmax), mul(F32(0.1), step, ftz), ftz), mx, ftz)
@@ -366,7 +370,7 @@ def make_qx_quants_nb(x, o, n, nmax, big_l, ftz):
         big_l[o + i] = clamp_nb(nearest_int_k_nb(mul_nb(iscale, x[o + i], ftz)), -nmax, nmax - 1) + nmax
     scale = div_nb(sumlx, suml2, ftz) if suml2 != 0 else np.float32(0.0)
     best = mul_nb(scale, sumlx, ftz)
-    for step in range(-9, 10):
+    for step in range(-QX_STEPS, QX_STEPS + 1):
         if step == 0:
             continue
         iscale = div_nb(-add_nb(nmax, mul_nb(np.float32(0.1), step, ftz), ftz), mx, ftz)
