@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
@@ -46,6 +46,9 @@ class DeviceMutant:
     coverage: int = 1
     edits: Edits = ()  # a patch of ``source`` (a shipped kernel): the mutant is the patched copy
     contract: str = ""  # the implementation's numeric contract (--contract), e.g. variant=cuda
+    # run on a non-blocking stream of its own: a programmatic dependent launch overlaps the kernel
+    # before it only off the legacy default stream (docs/device-tooling.md A6)
+    own_stream: bool = False
 
     @property
     def is_so(self) -> bool:
@@ -458,7 +461,12 @@ ORT_MUTANTS = (
     _mma("ring GEMV fp32 A: no token flagged", "matches_oracle", edits=RING_F32_NO_FLAG, leaf="Xfp32_Wu2_Yfp32"),
     _mma("ring GEMV fp32 A: exponent of a K slice", "matches_oracle", edits=RING_F32_SLICE_MAX, leaf="Xfp32_Wu4_Yfp32"),
     _mma("ring GEMV fp32 A: group's first exponent", "matches_oracle", edits=RING_F32_FIRST_E, leaf="Xfp32_Wu2_Yfp32"),
-    _mma("ring GEMV fp32 A: split not waited for", "matches_oracle", edits=RING_F32_NO_WAIT, leaf="Xfp32_Wu4_Yfp32"),
+    replace(
+        _mma(
+            "ring GEMV fp32 A: split not waited for", "matches_oracle", edits=RING_F32_NO_WAIT, leaf="Xfp32_Wu4_Yfp32"
+        ),
+        own_stream=True,
+    ),
     DeviceMutant(
         "per-output GEMV: zero point through sum(a)",
         "ort/nbits_gemv.hip",
@@ -1041,7 +1049,10 @@ KEEP_QUANT_FAST_MUTANTS = (
     _fast("keep-quant fast: Q8_0 slices 2 past a word not realigned", "Wq8_0_Aq8_0_Yfp32", KF_NO_REALIGN),
     _fast("keep-quant fast: the first group's partial rows dropped", "Wq4_K_Aq8_K_Yfp32", KF_GROUP0_DROPPED),
     _fast("keep-quant fast: Q6_K staged without its d word", "Wq6_K_Aq8_K_Yfp32", KF_Q6_STAGE_NO_D),
-    _fast("keep-quant fast: the activations' quantize not waited for", "Wq4_K_Aq8_K_Yfp32", KF_NO_WAIT),
+    replace(
+        _fast("keep-quant fast: the activations' quantize not waited for", "Wq4_K_Aq8_K_Yfp32", KF_NO_WAIT),
+        own_stream=True,
+    ),
     _fast("control: keep-quant fast kernel under order=any (Q6_K)", "Wq6_K_Aq8_K_Yfp32", ()),
     _fast("keep-quant fast round 1 (-DQK_KQ_FAST_V1): Q4_K min on the wrong half", "Wq4_K_Aq8_K_Yfp32",
           KF_MIN_WRONG_HALF, "-DQK_KQ_FAST_V1"),
@@ -1369,10 +1380,13 @@ def run_mutant(m: DeviceMutant, built: dict[str, Path], coverage: int = 1):
         cold = m.caught_by in (None, "repeatable")
         if not m.is_own:
             return run_leaf(impl, op, leaf, prepared, cold=cold)
+        import cupy
+
         from qconform.device import launchers
 
         override = {m.source: source} if m.edits else {}
-        with launchers.compile_options(*m.options.split()), launchers.source_override(override):
+        stream = cupy.cuda.Stream(non_blocking=True) if m.own_stream else contextlib.nullcontext()
+        with launchers.compile_options(*m.options.split()), launchers.source_override(override), stream:
             return run_leaf(impl, op, leaf, prepared, cold=cold)
 
 
