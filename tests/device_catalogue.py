@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import re
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
@@ -46,9 +46,6 @@ class DeviceMutant:
     coverage: int = 1
     edits: Edits = ()  # a patch of ``source`` (a shipped kernel): the mutant is the patched copy
     contract: str = ""  # the implementation's numeric contract (--contract), e.g. variant=cuda
-    # run on a non-blocking stream of its own: a programmatic dependent launch overlaps the kernel
-    # before it only off the legacy default stream (docs/device-tooling.md A6)
-    own_stream: bool = False
 
     @property
     def is_so(self) -> bool:
@@ -390,6 +387,7 @@ def _wgmma(name: str, edits: Edits, leaf: str = "Xfp16_Wu2_Yfp16", contract: str
 # the fp32-activation ring kernel (qk_nbits_mmaf, activations split into fp16 hi + lo): the lo
 # parts never added; lo scaled back by 2^-e (the 2^12 of the split forgotten); every token group
 # reading group 0's rows
+F32_U4 = "Xfp32_Wu4_Yfp32"
 RING_F32_NO_LO: Edits = (
     ("v = fmaf(acc[r * 4 + i + 1], inv[2 * tok + 1], QK_FMUL(v, inv[2 * tok]));", "v = QK_FMUL(v, inv[2 * tok]);"),
 )
@@ -419,8 +417,18 @@ RING_F32_SLICE_MAX: Edits = (
     ),
 )
 # the ring kernel, launched as a programmatic dependent of the split, reads the split's rows and flags
-# without waiting for it (on sm_90, where the launch overlaps: the rows of a buffer not yet written)
-RING_F32_NO_WAIT: Edits = (("        QK_WAIT_PRIOR_GRID();\n", ""),)
+# without waiting for it. The split as shipped ends before the dependent's CTAs reach those reads (the
+# overlap hides the launch, measured on the H200), so both rows delay the split's writes by ~1 ms
+# (a spin after it lets the ring kernel start): without the wait the ring kernel reads rows not yet
+# written (caught); with it (the control) the answers are right
+SPLIT_DELAYED: Edits = (
+    (
+        "    QK_LAUNCH_DEPENDENTS(); /* the ring kernel's weight copies may start now: it waits for these rows */\n",
+        "    QK_LAUNCH_DEPENDENTS(); /* the ring kernel's weight copies may start now: it waits for these rows */\n"
+        "    for (const long long t0 = clock64(); clock64() - t0 < 2000000;) {\n    }\n",
+    ),
+)
+RING_F32_NO_WAIT: Edits = (*SPLIT_DELAYED, ("        QK_WAIT_PRIOR_GRID();\n", ""))
 
 # the per-output kernel's word path with the zero point applied through sum(a) (a q s - a z s per
 # element): a 1e30 activation on weights q = z wipes the lane's sum (the spike case, packed zero points)
@@ -461,12 +469,8 @@ ORT_MUTANTS = (
     _mma("ring GEMV fp32 A: no token flagged", "matches_oracle", edits=RING_F32_NO_FLAG, leaf="Xfp32_Wu2_Yfp32"),
     _mma("ring GEMV fp32 A: exponent of a K slice", "matches_oracle", edits=RING_F32_SLICE_MAX, leaf="Xfp32_Wu4_Yfp32"),
     _mma("ring GEMV fp32 A: group's first exponent", "matches_oracle", edits=RING_F32_FIRST_E, leaf="Xfp32_Wu2_Yfp32"),
-    replace(
-        _mma(
-            "ring GEMV fp32 A: split not waited for", "matches_oracle", edits=RING_F32_NO_WAIT, leaf="Xfp32_Wu4_Yfp32"
-        ),
-        own_stream=True,
-    ),
+    _mma("ring GEMV fp32 A: a delayed split not waited for", "matches_oracle", edits=RING_F32_NO_WAIT, leaf=F32_U4),
+    _mma("control: ring GEMV fp32 A waits for a delayed split", None, edits=SPLIT_DELAYED, leaf=F32_U4),
     DeviceMutant(
         "per-output GEMV: zero point through sum(a)",
         "ort/nbits_gemv.hip",
@@ -1026,14 +1030,6 @@ KF_NO_REALIGN: Edits = (
 KF_Q6_STAGE_NO_D: Edits = (("if (c < 5) stg[48 + c] = v[6];", "if (c < 4) stg[48 + c] = v[6];"),)
 # the partial rows of the CTA's first group (blocks 0, 4, ...) left out of the output
 KF_GROUP0_DROPPED: Edits = (("float y = part[0][rr][m];", "float y = 0.0f;"),)
-# the GEMV, launched as a programmatic dependent of the activations' quantize, reads the quantized
-# blocks without waiting for it (on sm_90, where the launch overlaps: bytes not yet written)
-KF_NO_WAIT: Edits = (
-    (
-        "QK_WAIT_PRIOR_GRID(); /* launched as a dependent of the activations' quantize */",
-        "/* launched as a dependent of the activations' quantize */",
-    ),
-)
 
 
 def _fast(name: str, leaf: str, edits: Edits, define: str = "") -> DeviceMutant:
@@ -1049,10 +1045,6 @@ KEEP_QUANT_FAST_MUTANTS = (
     _fast("keep-quant fast: Q8_0 slices 2 past a word not realigned", "Wq8_0_Aq8_0_Yfp32", KF_NO_REALIGN),
     _fast("keep-quant fast: the first group's partial rows dropped", "Wq4_K_Aq8_K_Yfp32", KF_GROUP0_DROPPED),
     _fast("keep-quant fast: Q6_K staged without its d word", "Wq6_K_Aq8_K_Yfp32", KF_Q6_STAGE_NO_D),
-    replace(
-        _fast("keep-quant fast: the activations' quantize not waited for", "Wq4_K_Aq8_K_Yfp32", KF_NO_WAIT),
-        own_stream=True,
-    ),
     _fast("control: keep-quant fast kernel under order=any (Q6_K)", "Wq6_K_Aq8_K_Yfp32", ()),
     _fast("keep-quant fast round 1 (-DQK_KQ_FAST_V1): Q4_K min on the wrong half", "Wq4_K_Aq8_K_Yfp32",
           KF_MIN_WRONG_HALF, "-DQK_KQ_FAST_V1"),
@@ -1380,13 +1372,10 @@ def run_mutant(m: DeviceMutant, built: dict[str, Path], coverage: int = 1):
         cold = m.caught_by in (None, "repeatable")
         if not m.is_own:
             return run_leaf(impl, op, leaf, prepared, cold=cold)
-        import cupy
-
         from qconform.device import launchers
 
         override = {m.source: source} if m.edits else {}
-        stream = cupy.cuda.Stream(non_blocking=True) if m.own_stream else contextlib.nullcontext()
-        with launchers.compile_options(*m.options.split()), launchers.source_override(override), stream:
+        with launchers.compile_options(*m.options.split()), launchers.source_override(override):
             return run_leaf(impl, op, leaf, prepared, cold=cold)
 
 

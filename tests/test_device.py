@@ -987,7 +987,7 @@ extern "C" __global__ void qk_test_dependent(volatile int* flag, int* seen) {
 @pytest.mark.parametrize("dependent", [False, True])
 def test_dependent_launch_overlaps_and_waits(dependent: bool) -> None:
     """qconform.device.pdl: a kernel launched as a programmatic dependent starts while the kernel before
-    it (which let it start, then spins ~1 ms before writing a flag) still runs, and its
+    it (which let it start, then spins ~10 ms before writing a flag) still runs, and its
     QK_WAIT_PRIOR_GRID() returns only after that write; where the device cannot overlap (not sm_90+,
     HIP) or the launch is in stream order, it starts after the write."""
     import cupy
@@ -997,8 +997,10 @@ def test_dependent_launch_overlaps_and_waits(dependent: bool) -> None:
     from qconform.device.registry import KERNEL_DIR
 
     module = cupy.RawModule(code=PDL_PAIR, options=(f"-I{KERNEL_DIR / 'common'}",))
+    primary, second = (module.get_function(name) for name in ("qk_test_primary", "qk_test_dependent"))
+    overlapped = dependent and pdl.available()  # its first call's queries: not while the primary spins
+    assert all(k.kernel.ptr for k in (primary, second))  # compiled and loaded before the primary spins
     flag, seen = cupy.zeros(1, cupy.int32), cupy.full(2, -1, cupy.int32)
-    launch_kernel("pdl", module.get_function("qk_test_primary"), 1, 32, (flag, np.int64(2_000_000)))
-    launch_kernel("pdl", module.get_function("qk_test_dependent"), 1, 32, (flag, seen), dependent=dependent)
-    overlapped = dependent and pdl.available()
+    launch_kernel("pdl", primary, 1, 32, (flag, np.int64(20_000_000)))  # ~10 ms
+    launch_kernel("pdl", second, 1, 32, (flag, seen), dependent=dependent)
     assert cupy.asnumpy(seen).tolist() == ([0, 1] if overlapped else [1, 1])
