@@ -81,17 +81,11 @@ def _passes_at_coverage_2(op_name: str, leaf: str, contract: str = "") -> tuple[
 
 
 def _launches(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[list, Any]:
-    """The launches one call of ``fn`` makes, in order (kernel, grid, threads, shared memory,
-    arguments), and its output buffers: the launches are recorded instead of run
-    (``qconform.device.launch.RECORDING``), so the buffers are never written."""
-    from qconform.device.launch import RECORDING
+    """The launches one call of ``fn`` makes, in order, and its output buffers (never written: the
+    launches are recorded instead of run, ``qconform.device.launch.record``)."""
+    from qconform.device.launch import record
 
-    RECORDING.append([])
-    try:
-        out = fn(*args, **kwargs)
-    finally:
-        launches = RECORDING.pop()
-    return launches, out
+    return record(fn, *args, **kwargs)
 
 
 def _recorded(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[list, Any]:

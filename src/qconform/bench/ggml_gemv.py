@@ -97,17 +97,11 @@ def _check(e: Any, y: Any, variant: str) -> tuple[str, float, float]:
     return ("PASS" if res.ok else f"FAIL: {res.detail}"), l2_oracle, l2_ref
 
 
-def _recorded(fn: Any, *args: Any, **kwargs: Any) -> list[tuple]:
-    """The kernel launches of one call of ``fn`` (kernel, grid, threads, shared memory, arguments),
-    replayable one by one (``--split``)."""
-    from qconform.device.launch import RECORDING
+def _recorded(fn: Any, *args: Any, **kwargs: Any) -> list[Any]:
+    """The kernel launches of one call of ``fn``, replayable one by one (``--split``)."""
+    from qconform.device.launch import record
 
-    RECORDING.append([])
-    try:
-        fn(*args, **kwargs)
-    finally:
-        launches = RECORDING.pop()
-    return launches
+    return record(fn, *args, **kwargs)[0]
 
 
 def _replay(launches: list[Any]) -> None:

@@ -93,17 +93,13 @@ def _call(inp: dict[str, Any], bits: int) -> tuple[tuple, dict[str, Any]]:
 def _decode_launches(inp: dict[str, Any], bits: int) -> Any:
     """Run one full call (the past copied into present), then return a replay of its launches
     without the copy (present already holds the past: the in-place append of a serving cache)."""
-    from qconform.device.launch import RECORDING, replay
+    from qconform.device.launch import record, replay
     from qconform.device.launchers import kernel_of
     from qconform.device.ort.group_query_attention import SOURCE, gqa_decode
 
     args, attrs = _call(inp, bits)
     out = gqa_decode(*args, **attrs)
-    RECORDING.append([])
-    try:
-        gqa_decode(*args, **attrs, out=out)
-    finally:
-        launches = RECORDING.pop()
+    launches, _ = record(gqa_decode, *args, **attrs, out=out)
     copy = kernel_of(SOURCE, "qk_gqa_copy_past")
     kept = [launch for launch in launches if launch.kernel is not copy]
     return functools.partial(replay, kept), out

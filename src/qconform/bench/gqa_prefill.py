@@ -54,7 +54,7 @@ def _inputs(S: int, seed: int) -> dict[str, Any]:
 def _launches(inp: dict[str, Any], storage: str, v1: bool = False) -> tuple[Any, Any, Any]:
     """(replay of the whole call, replay of its attention launches, outputs); ``v1``: the call was
     built under -DQK_GQA_PREFILL_V1 (the session-8 kernel must run, else the session-10 one)."""
-    from qconform.device.launch import RECORDING, replay
+    from qconform.device.launch import record, replay
     from qconform.device.ort.gqa_flash import SOURCE, gqa_prefill
     from qconform.device.ort.group_query_attention import SOURCE as SPLITK
     from qconform.ops.ort.attention_bounds import INPUTS
@@ -62,11 +62,7 @@ def _launches(inp: dict[str, Any], storage: str, v1: bool = False) -> tuple[Any,
     N, Nk, _ = HEADS
     args, attrs = tuple(inp.get(name) for name in INPUTS), {"num_heads": N, "kv_num_heads": Nk, "do_rotary": 1}
     out = gqa_prefill(*args, **attrs, storage=storage)
-    RECORDING.append([])
-    try:
-        gqa_prefill(*args, **attrs, out=out, storage=storage)
-    finally:
-        launches = RECORDING.pop()
+    launches, _ = record(gqa_prefill, *args, **attrs, out=out, storage=storage)
     from qconform.device.launchers import kernel_of
 
     appends = (kernel_of(SPLITK, "qk_gqa_append"), kernel_of(SPLITK, "qk_gqa_append8"))

@@ -1,11 +1,12 @@
-"""Launch one kernel through CuPy (the driver API) on a stream and check that launch's own status.
+"""Launch one kernel through CuPy (the driver API; ``qconform.device.pdl`` for a dependent launch) on a
+stream and check that launch's own status; record launches instead (``record``) and replay them.
 Launchers never read or clear the runtime's last-error slot (CuPy's launches do not touch it:
 docs/device-tooling.md C2), so a caller's pending error stays the caller's."""
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 import cupy
 
@@ -50,6 +51,17 @@ class Recorded(NamedTuple):
 
 RECORDING: list[list[Recorded]] = []
 """Launches recorded instead of run while ``qconform.device.launchers.bound`` binds a call."""
+
+
+def record(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[list[Recorded], Any]:
+    """The launches one call of ``fn`` makes, in order, recorded instead of run (so its output
+    buffers are never written), and what it returned."""
+    RECORDING.append([])
+    try:
+        result = fn(*args, **kwargs)
+    finally:
+        launches = RECORDING.pop()
+    return launches, result
 
 
 def replay(launches: list[Recorded]) -> None:

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator, Mapping
 import cupy
 
 from qconform.device.abi import bind_call
-from qconform.device.launch import RECORDING, launch_kernel, replay
+from qconform.device.launch import launch_kernel, record, replay
 from qconform.device.loader import get_kernel
 from qconform.device.registry import KERNEL_DIR, Geometry, Launch, check_grid
 from qconform.errors import ArgumentError
@@ -106,13 +106,7 @@ def bound(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[[], Non
     """Check and bind one call of a launcher once; the returned function replays its kernel
     launches with nothing else on the host path (for timing: the checks cost more host time than
     a decode GEMV takes on the device)."""
-    RECORDING.append([])
-    try:
-        fn(*args, **kwargs)
-    finally:
-        launches = RECORDING.pop()
-
-    return functools.partial(replay, launches)
+    return functools.partial(replay, record(fn, *args, **kwargs)[0])
 
 
 @functools.cache
