@@ -156,7 +156,8 @@ VARIANTS = {  # build options of each attention kernel
 
 
 def _time_variant(sets: list[dict[str, Any]], bits: int, variant: str, reps: int) -> tuple[list, list]:
-    """(seconds per call, the calls' replays and outputs) of one build of the kernels."""
+    """(seconds per call, the calls' replays and outputs) of ``variant``'s build of the kernels
+    (VARIANTS), launched in stream order for ``stream_order``."""
     from qconform.device.launchers import compile_options
 
     with compile_options(*VARIANTS[variant]):

@@ -266,9 +266,9 @@ ROOF_COLUMNS = ("K x N", "M", "bits", "read-only roofline us")
 
 def variants(shapes=F32_SHAPES, bits_list=(2, 4), ms=(1, 2, 4, 8), reps: int = 50, verdicts: bool = True) -> bool:
     """fp32 activations and scales: the per-output kernel (old), the split ring kernel with its two
-    launches in stream order (``stream_order``), and as shipped (the ring kernel a programmatic dependent of the split:
-    qconform.device.pdl) side by side on the same cold weights, against the read-only roofline of the
-    fp32 bytes."""
+    launches in stream order (``stream_order``) and as shipped (the ring kernel a programmatic
+    dependent of the split: qconform.device.pdl), side by side on the same cold weights, against the
+    read-only roofline of the fp32 bytes."""
     from qconform.device.ort.matmul_nbits import F32_PER_OUTPUT
 
     builds = (("per-output (old)", (F32_PER_OUTPUT,)), (bl.STREAM_ORDER, ()), ("split ring (shipped)", ()))

@@ -140,7 +140,8 @@ VARIANTS = {  # name -> build options (qconform.device.ort.qmoe)
 
 
 def _time_variant(layer, sets, params, H, variant, reps) -> tuple[list[float], float, str, Any]:
-    """The launcher's kernels built with ``options``: seconds per call over the cold rotation, the
+    """The launcher's kernels built and launched as ``variant`` says (VARIANTS; ``stream_order``: every
+    launch in stream order): seconds per call over the cold rotation, the
     host's seconds to queue one call (the timing is the device's only while this is shorter),
     whether its output on the first set is within the catalogue's bound, and that output."""
     from qconform.device.launchers import bound, compile_options
