@@ -384,10 +384,10 @@ def _wgmma(name: str, edits: Edits, leaf: str = "Xfp16_Wu2_Yfp16", contract: str
     )
 
 
+F32_U4 = "Xfp32_Wu4_Yfp32"
 # the fp32-activation ring kernel (qk_nbits_mmaf, activations split into fp16 hi + lo): the lo
 # parts never added; lo scaled back by 2^-e (the 2^12 of the split forgotten); every token group
 # reading group 0's rows
-F32_U4 = "Xfp32_Wu4_Yfp32"
 RING_F32_NO_LO: Edits = (
     ("v = fmaf(acc[r * 4 + i + 1], inv[2 * tok + 1], QK_FMUL(v, inv[2 * tok]));", "v = QK_FMUL(v, inv[2 * tok]);"),
 )
