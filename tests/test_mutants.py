@@ -17,7 +17,6 @@ from qconform.properties import Prepared, rejects_bad_arguments, run_leaf
 VALUE = {"matches_oracle", "writes_every_output"}
 CAUGHT_BY = {
     "q8_k_ties_away": VALUE,
-    "q6_k_qx_steps_8": VALUE,
     "q8_k_last_on_equal_abs": VALUE,
     "q8_k_no_clamp": VALUE,
     "q8_0_ties_to_even": VALUE,
@@ -127,6 +126,7 @@ CAUGHT_BY = {
     "q4_k_requant_by_reciprocal": VALUE,
     "q5_k_requant_by_reciprocal": VALUE,
     "q6_k_requant_by_reciprocal": VALUE,
+    "q6_k_qx_steps_8": VALUE,
     "q4_k_start_min_positive": VALUE,
     "q2_k_start_min_positive": VALUE,
     "q5_k_fit_min_positive": VALUE,
