@@ -481,3 +481,56 @@ def test_the_launchers_storage_values_are_the_contracts() -> None:
     from qconform.device.registry import STORAGE_TYPES
 
     assert STORAGE_TYPES == STORAGE
+
+
+LAYOUT_PROBE = r"""
+#include <stddef.h>
+#include <stdio.h>
+#include <cuda.h>
+int main(void) {
+    printf("%zu %zu %zu %zu\n", sizeof(CUlaunchAttribute), offsetof(CUlaunchAttribute, value),
+           sizeof(CUlaunchConfig), offsetof(CUlaunchConfig, hStream));
+    printf("%zu %zu %d\n", offsetof(CUlaunchConfig, attrs), offsetof(CUlaunchConfig, numAttrs),
+           (int)CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION);
+    return 0;
+}
+"""
+
+
+def _cuda_include() -> str | None:
+    import os
+    import shutil
+    from pathlib import Path
+
+    roots = [os.environ.get("CUDA_HOME", ""), "/usr/local/cuda"]
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        roots.append(str(Path(nvcc).resolve().parent.parent))
+    return next((f"{r}/include" for r in roots if r and Path(r, "include", "cuda.h").is_file()), None)
+
+
+def test_dependent_launch_structures_match_cuda_h(tmp_path) -> None:
+    """qconform.device.pdl's ctypes CUlaunchAttribute / CUlaunchConfig have cuda.h's sizes and field
+    offsets, and its attribute id is cuda.h's (a C probe built with the toolkit's header); skipped
+    without cuda.h or a C compiler."""
+    import ctypes
+    import shutil
+    import subprocess
+
+    from qconform.device import pdl
+
+    include, cc = _cuda_include(), shutil.which("gcc") or shutil.which("cc")
+    if include is None or cc is None:
+        pytest.skip("no cuda.h (CUDA toolkit) or no C compiler")
+    (tmp_path / "probe.c").write_text(LAYOUT_PROBE)
+    subprocess.run([cc, f"-I{include}", "-o", str(tmp_path / "probe"), str(tmp_path / "probe.c")], check=True)
+    out = subprocess.run([str(tmp_path / "probe")], check=True, capture_output=True, text=True).stdout.split()
+    attr_size, value_at, config_size, stream_at, attrs_at, num_at, attr_id = (int(v) for v in out)
+    assert (ctypes.sizeof(pdl._Attribute), pdl._Attribute.value.offset) == (attr_size, value_at)
+    assert ctypes.sizeof(pdl._Config) == config_size
+    assert (pdl._Config.stream.offset, pdl._Config.attrs.offset, pdl._Config.num_attrs.offset) == (
+        stream_at,
+        attrs_at,
+        num_at,
+    )
+    assert pdl.PROGRAMMATIC_STREAM_SERIALIZATION == attr_id

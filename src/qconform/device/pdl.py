@@ -12,7 +12,9 @@ CuPy's RawKernel call takes no launch attributes, so the launch goes through the
 ``cuLaunchKernelEx`` (cuda.h: ``CUlaunchConfig``, ``CUlaunchAttribute``, attribute id 6) through
 ctypes, with the kernel's ``CUfunction`` from CuPy (``RawKernel.kernel.ptr``). Where the driver lacks
 the call, the device is older than compute capability 9.0, or the build is HIP, ``available()`` is
-False and the launcher launches in stream order (the kernels' wait is then a no-op)."""
+False and the launcher launches in stream order (the kernels' wait is then a no-op). CuPy is imported
+where it is used, so the structures' layout is checked against cuda.h without a GPU
+(tests/test_device_offline.py)."""
 
 from __future__ import annotations
 
@@ -20,7 +22,6 @@ import ctypes
 import functools
 from typing import Any
 
-import cupy
 import numpy as np
 
 PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CUlaunchAttributeID
@@ -59,17 +60,23 @@ def _launcher() -> Any:
 
 @functools.cache
 def _device_ok(device: int) -> bool:
+    import cupy
+
     return cupy.cuda.runtime.getDeviceProperties(device)["major"] >= 9
 
 
 def available() -> bool:
     """True where a dependent launch can overlap: CUDA (not HIP), compute capability 9.0 or later,
     a driver with cuLaunchKernelEx."""
+    import cupy
+
     return not cupy.cuda.runtime.is_hip and _launcher() is not None and _device_ok(cupy.cuda.Device().id)
 
 
 def _argument(value: Any) -> Any:
     """A kernel argument's bytes as the driver reads them (kernelParams points at each)."""
+    import cupy
+
     if isinstance(value, cupy.ndarray):
         return ctypes.c_uint64(value.data.ptr)
     if isinstance(value, (np.generic, np.ndarray)):  # scalars and by-value structs (tensor maps)
