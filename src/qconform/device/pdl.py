@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from qconform.device import driver
+
 PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CUlaunchAttributeID
 
 
@@ -46,16 +48,10 @@ class _Config(ctypes.Structure):
     ]
 
 
-@functools.cache
 def _launcher() -> Any:
     """The driver's cuLaunchKernelEx, or None where the library or the call is missing."""
-    try:
-        fn = ctypes.CDLL("libcuda.so.1").cuLaunchKernelEx
-    except (OSError, AttributeError):
-        return None
-    fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.POINTER(_Config), ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
-    return fn
+    params = ctypes.POINTER(ctypes.c_void_p)
+    return driver.function("cuLaunchKernelEx", (ctypes.POINTER(_Config), ctypes.c_void_p, params, ctypes.c_void_p))
 
 
 @functools.cache

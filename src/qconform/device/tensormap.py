@@ -6,10 +6,11 @@ CuPy passes by value as a kernel's ``QkTensorMap`` parameter (``__grid_constant_
 from __future__ import annotations
 
 import ctypes
-import functools
 from typing import Any
 
 import numpy as np
+
+from qconform.device import driver
 
 TENSOR_MAP = np.dtype({"names": ["opaque"], "formats": [(np.uint64, 16)], "itemsize": 128})
 UINT8, FLOAT16 = 0, 6  # CUtensorMapDataType
@@ -17,18 +18,11 @@ SWIZZLE_NONE, SWIZZLE_128B = 0, 3  # CUtensorMapSwizzle
 _INTERLEAVE_NONE, _L2_PROMOTION_256B, _OOB_FILL_ZEROS = 0, 3, 0
 
 
-@functools.cache
 def _encoder() -> Any:
     """The driver's cuTensorMapEncodeTiled, or None where the driver library or the call is missing."""
-    try:
-        fn = ctypes.CDLL("libcuda.so.1").cuTensorMapEncodeTiled
-    except (OSError, AttributeError):
-        return None
     u64p, u32p = ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint32)
-    fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, u64p, u64p, u32p, u32p,
-                   ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
-    return fn
+    return driver.function("cuTensorMapEncodeTiled", (ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p,
+                           u64p, u64p, u32p, u32p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int))
 
 
 def tiled_2d(ptr: int, dtype: int, dims: tuple[int, int], row_stride: int, box: tuple[int, int],
