@@ -97,24 +97,12 @@ def _check(e: Any, y: Any, variant: str) -> tuple[str, float, float]:
     return ("PASS" if res.ok else f"FAIL: {res.detail}"), l2_oracle, l2_ref
 
 
-def _recorded(fn: Any, *args: Any, **kwargs: Any) -> list[Any]:
-    """The kernel launches of one call of ``fn``, replayable one by one (``--split``)."""
-    from qconform.device.launch import record
-
-    return record(fn, *args, **kwargs)[0]
-
-
-def _replay(launches: list[Any]) -> None:
-    from qconform.device.launch import replay
-
-    replay(launches)
-
-
 def bench(
     shapes=SHAPES, types=TYPES, reps: int = 50, variants=("exact", "fast"), split: bool = False
 ) -> list[BenchRecord]:
     from qconform.device.ggml import matmul_bt_quant
     from qconform.device.ggml.keep_quant import FAST_TYPES
+    from qconform.device.launch import record, replay
     from qconform.device.launchers import compile_options
 
     device = device_info().label
@@ -143,10 +131,11 @@ def bench(
                     continue
                 y = cupy.empty((1, N), cupy.float32)
                 with compile_options(*OPTIONS.get(variant, ())):
-                    calls = [_recorded(matmul_bt_quant, W, qtype, A, out=y, order=VARIANTS[variant]) for W in sets]
+                    # each call's launches, replayable one by one (--split)
+                    calls = [record(matmul_bt_quant, W, qtype, A, out=y, order=VARIANTS[variant])[0] for W in sets]
                 with bl.launch_order(variant):
-                    ts = bl.times(lambda i, c=calls: _replay(c[i]), len(calls), reps)
-                _replay(calls[0])
+                    ts = bl.times(lambda i, c=calls: replay(c[i]), len(calls), reps)
+                replay(calls[0])
                 check, l2o, l2r = _check(e, y, variant)
                 rec = BenchRecord(
                     f"matmul_bt_quant {qtype} {variant}",
@@ -171,7 +160,7 @@ def bench(
                 )
                 if split and variant != "exact":
                     for part, pick in (("activation launches alone", slice(None, -1)), ("GEMV alone", slice(-1, None))):
-                        pt = bl.times(lambda i, c=calls, k=pick: _replay(c[i][k]), len(calls), reps)
+                        pt = bl.times(lambda i, c=calls, k=pick: replay(c[i][k]), len(calls), reps)
                         pm = bl.median(pt)
                         print(
                             f"| {qtype} | {K} x {N} | {variant}: {part} | {min(pt) * 1e6:.1f} / {pm * 1e6:.1f} / "
