@@ -48,6 +48,7 @@ class _Config(ctypes.Structure):
     ]
 
 
+@functools.cache  # looked up on every launch
 def _launcher() -> Any:
     """The driver's cuLaunchKernelEx, or None where the library or the call is missing."""
     params = ctypes.POINTER(ctypes.c_void_p)

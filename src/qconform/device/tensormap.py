@@ -6,6 +6,7 @@ CuPy passes by value as a kernel's ``QkTensorMap`` parameter (``__grid_constant_
 from __future__ import annotations
 
 import ctypes
+import functools
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,7 @@ SWIZZLE_NONE, SWIZZLE_128B = 0, 3  # CUtensorMapSwizzle
 _INTERLEAVE_NONE, _L2_PROMOTION_256B, _OOB_FILL_ZEROS = 0, 3, 0
 
 
+@functools.cache  # looked up for every map
 def _encoder() -> Any:
     """The driver's cuTensorMapEncodeTiled, or None where the driver library or the call is missing."""
     u64p, u32p = ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint32)
