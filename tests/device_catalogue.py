@@ -417,17 +417,18 @@ RING_F32_SLICE_MAX: Edits = (
     ),
 )
 # the ring kernel, launched as a programmatic dependent of the split, reads the split's rows and flags
-# without waiting for it. The split as shipped ends before the dependent's CTAs reach those reads (the
-# overlap hides the launch, measured on the H200), so both rows delay the split's writes by ~1 ms
-# (a spin after it lets the ring kernel start): without the wait the ring kernel reads rows not yet
-# written; with it (the control) the answers are right. Measured on the H200: caught by the check of
-# every output written (its call's split buffer comes from the pool holding that check's poison, so
-# the sums come out unwritten-looking), while the matches-oracle calls, same inputs as the call before,
-# read the previous call's rows, which are right
+# without waiting for it. The split as shipped does not trigger (the ring kernel starts as its CTAs
+# exit), so both rows make it trigger first and then delay its writes by ~1 ms: without the wait the
+# ring kernel reads rows not yet written; with it (the control) the answers are right. Measured on the
+# H200 (session 28, the trigger then shipped first): caught by the check of every output written (its
+# call's split buffer comes from the pool holding that check's poison, so the sums come out
+# unwritten-looking), while the matches-oracle calls, same inputs as the call before, read the previous
+# call's rows, which are right
 SPLIT_DELAYED: Edits = (
     (
-        "    QK_LAUNCH_DEPENDENTS(); /* the ring kernel's weight copies may start now: it waits for these rows */\n",
-        "    QK_LAUNCH_DEPENDENTS(); /* the ring kernel's weight copies may start now: it waits for these rows */\n"
+        "    __shared__ float red[2][16]; /* per 32-lane group: max |a|, min nonzero |a| */\n",
+        "    __shared__ float red[2][16]; /* per 32-lane group: max |a|, min nonzero |a| */\n"
+        "    QK_LAUNCH_DEPENDENTS();\n"
         "    for (const long long t0 = clock64(); clock64() - t0 < 2000000;) {\n    }\n",
     ),
 )

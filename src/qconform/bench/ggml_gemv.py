@@ -29,7 +29,7 @@ import cupy
 import numpy as np
 
 from qconform.bench import baselines as bl
-from qconform.bench.baselines import STREAM_ORDER
+from qconform.bench.baselines import STREAM_ORDER, TRIGGER_AT_EXIT, TRIGGER_AT_EXIT_OPTION
 from qconform.bench.nbits import cublas_fp16, n_sets_for
 from qconform.bench.records import BenchRecord, bench_parser, finish
 from qconform.device.loader import device_info
@@ -41,11 +41,18 @@ TYPES = ("Q4_K", "Q5_K", "Q6_K", "Q8_0")
 TARGET_ROOFLINE = 0.8
 TARGET_CUBLAS = 0.8  # of the ratio of the fp16 and the quantized rooflines
 # the launcher's order for each variant: the contract that selects its kernel
-VARIANTS = {"exact": "reference", "fast-v1": "any", "fast-u1": "any", "fast": "any", STREAM_ORDER: "any"}
+VARIANTS = {
+    "exact": "reference",
+    "fast-v1": "any",
+    "fast-u1": "any",
+    "fast": "any",
+    STREAM_ORDER: "any",
+    TRIGGER_AT_EXIT: "any",
+}
 V1_OPTION = "-DQK_KQ_FAST_V1"  # the build option of round 1's fast kernel (keep_quant_fast.hip)
 # the build options of each fast variant: round 1; round 2 with one step of 4 row-blocks in flight a
 # thread at M tile 1 (the default: two)
-OPTIONS = {"fast-v1": (V1_OPTION,), "fast-u1": ("-DQK_KF_STEPS_M1=1",)}
+OPTIONS = {"fast-v1": (V1_OPTION,), "fast-u1": ("-DQK_KF_STEPS_M1=1",), TRIGGER_AT_EXIT: (TRIGGER_AT_EXIT_OPTION,)}
 V1_TYPES = ("Q4_K", "Q5_K")  # the types whose fast kernel round 2 changed (the others: fast-v1, fast-u1 are fast)
 
 
@@ -127,7 +134,8 @@ def bench(
             nbytes = sets[0].nbytes + A.nbytes
             e = _numerics(sets[0], qtype, A)
             for variant in variants:
-                if variant != "exact" and qtype not in FAST_TYPES or variant in OPTIONS and qtype not in V1_TYPES:
+                rounds = variant in ("fast-v1", "fast-u1")  # kernels of the Q4_K / Q5_K rounds only
+                if variant != "exact" and qtype not in FAST_TYPES or rounds and qtype not in V1_TYPES:
                     continue
                 y = cupy.empty((1, N), cupy.float32)
                 with compile_options(*OPTIONS.get(variant, ())):

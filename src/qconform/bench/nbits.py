@@ -32,6 +32,7 @@ from qconform.bench import baselines as bl
 from qconform.bench.records import BenchRecord, write_records
 from qconform.device import registry
 from qconform.device.loader import device_info
+from qconform.device.ort.matmul_nbits import F32_PER_OUTPUT
 
 # (K, N) of the layers: 5120 x 17920 / 17920 x 5120 (a 14B model's MLP up / down), 4096 x 14336 /
 # 14336 x 4096 (an 8B model's), the 100352-row lm_head over 5120
@@ -264,14 +265,22 @@ F32_SHAPES = SHAPES[:4]
 ROOF_COLUMNS = ("K x N", "M", "bits", "read-only roofline us")
 
 
-def variants(shapes=F32_SHAPES, bits_list=(2, 4), ms=(1, 2, 4, 8), reps: int = 50, verdicts: bool = True) -> bool:
+F32_BUILDS = (  # (name, build options) of the fp32-A kernels timed side by side
+    ("per-output (old)", (F32_PER_OUTPUT,)),
+    (bl.STREAM_ORDER, ()),
+    ("split ring (shipped)", ()),
+)
+
+
+def variants(
+    shapes=F32_SHAPES, bits_list=(2, 4), ms=(1, 2, 4, 8), reps: int = 50, verdicts: bool = True, only=()
+) -> bool:
     """fp32 activations and scales: the per-output kernel (old), the split ring kernel with its two
     launches in stream order (``stream_order``) and as shipped (the ring kernel a programmatic
     dependent of the split: qconform.device.pdl), side by side on the same cold weights, against the
-    read-only roofline of the fp32 bytes."""
-    from qconform.device.ort.matmul_nbits import F32_PER_OUTPUT
+    read-only roofline of the fp32 bytes. ``only``: these builds' names (default every one)."""
 
-    builds = (("per-output (old)", (F32_PER_OUTPUT,)), (bl.STREAM_ORDER, ()), ("split ring (shipped)", ()))
+    builds = [(n, o) for n, o in F32_BUILDS if n in only] if only else F32_BUILDS
     _builds_head(f"fp32 A and scales, block {BLOCK}, default zero point", ROOF_COLUMNS, builds)
     ok = True
     for K, N in shapes:

@@ -625,7 +625,6 @@ __device__ __forceinline__ void qk_gqa_flash(const float* qrot, const void* pres
              float* part_acc, qk_i64 S, qk_i64 N, qk_i64 Nk, qk_i64 H, qk_i64 Tp, qk_i64 T, int first_prompt,        \
              int window, int bias_batch, int bias_heads, int is16, float alpha, float softcap, int chunk,             \
              int splits) {                                                                                           \
-        QK_LAUNCH_DEPENDENTS(); /* qk_gqa_combine may start: it waits for the partials */                            \
         qk_gqa_flash<KIND, PC, WIDE, U>(qrot, present_key, present_value, seqlens_k, attention_bias, k_scale,       \
                                         v_scale, part_m, part_l, part_acc, S, N, Nk, H, Tp, T, first_prompt, window, \
                                         bias_batch, bias_heads, is16, alpha, softcap, chunk, splits);               \
@@ -1217,7 +1216,6 @@ __device__ __noinline__ void qk_gqa_mma_combine(const float* part_m, const float
              int splits, const void* head_sink, void* output, unsigned* ticket, int sink_mode, const void* query,     \
              const void* key, const void* value, const void* cos_cache, const void* sin_cache,                        \
              const qk_i64* position_ids, qk_i64 pid_stride, int packed, int rotary_dim, int interleaved) {            \
-        QK_LAUNCH_DEPENDENTS(); /* qk_gqa_combine may start: it waits for the partials */                            \
         const float* qblock =                                                                                         \
             query ? qk_gqa_mma_append<KIND, HD>(query, key, value, seqlens_k, cos_cache, sin_cache, position_ids,     \
                                                 k_scale, v_scale, (void*)present_key, (void*)present_value, N, Nk,    \
@@ -1256,7 +1254,9 @@ extern "C" __global__ void __launch_bounds__(QK_GQA_THREADS)
     extern __shared__ float s_acc[]; /* [splits][QK_GQA_CC] */
     __shared__ float s_m[QK_GQA_MAX_SPLITS], s_f[QK_GQA_MAX_SPLITS], s_l[QK_GQA_MAX_SPLITS];
     __shared__ float s_max[QK_GQA_THREADS / 32], s_stat;
-    QK_WAIT_PRIOR_GRID(); /* launched as a dependent of the attention kernel: its partials */
+    /* launched as a dependent of the attention kernel (which does not trigger: this kernel starts as its
+     * CTAs exit; started at their start it made batch 1 slower, docs/perf-notes.md session 29): its partials */
+    QK_WAIT_PRIOR_GRID();
     const float neg_inf = qk_gqa_neg_inf();
     const int chunks = (int)((H + QK_GQA_CC - 1) / QK_GQA_CC);
     const qk_i64 r = blockIdx.x / chunks, c0 = (qk_i64)(blockIdx.x % chunks) * QK_GQA_CC;

@@ -601,7 +601,8 @@ __device__ __forceinline__ void qk_ring_chunks(float acc[R * 4], const qk_u32 ws
  * read): the mma's token columns 2j and 2j + 1 take the two parts, so one mma does both and lane t
  * of a quad holds the hi and lo sums of token t. The epilogue adds them, each part times its exact
  * power of two (inv: 2^-e, 2^-(e + 12) per token). F32 is launched as a programmatic dependent of the
- * split (qconform.device.pdl): its first S - 1 superchunks are issued before QK_WAIT_PRIOR_GRID(),
+ * split (qconform.device.pdl), started as the split's CTAs exit: its first S - 1 superchunks are
+ * issued before QK_WAIT_PRIOR_GRID() (the split's writes flushed),
  * after which it reads the split's rows and flags; for a group the split flagged it returns false
  * (no barrier passed, its copies drained) and the wrapper computes the CTA's outputs with
  * qk_nbits_f32_tile; true otherwise.
@@ -794,7 +795,9 @@ __device__ __forceinline__ void qk_split_load4(float v[4], const float* a, int k
 extern "C" __global__ void __launch_bounds__(512) qk_nbits_split_a(const float* A, qk_u16* S, float* inv, int* flags,
                                                                    int M, int K, int Kp, int a_vec) {
     __shared__ float red[2][16]; /* per 32-lane group: max |a|, min nonzero |a| */
-    QK_LAUNCH_DEPENDENTS(); /* the ring kernel's weight copies may start now: it waits for these rows */
+    /* no QK_LAUNCH_DEPENDENTS(): the ring kernel (its dependent) starts as these CTAs exit; started
+     * at their start, its weight copies slowed this kernel, which every output waits for (measured,
+     * docs/perf-notes.md session 29) */
     const int m = (int)blockIdx.y, tid = (int)threadIdx.x, nt = (int)blockDim.x;
     const float* a = A + (qk_i64)m * K;
     float amax = 0.0f, amin = qk_float(0x7f800000u);
