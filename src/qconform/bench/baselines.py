@@ -130,12 +130,6 @@ STREAM_ORDER = "stream_order"
 control beside the programmatic dependent launches (qconform.device.pdl)."""
 
 
-TRIGGER_AT_EXIT = "trigger_at_exit"
-"""The benches' variant name for the shipped kernels built with ``TRIGGER_AT_EXIT_OPTION``: each
-dependent launch let go as the kernel before's CTAs exit, not where that kernel triggers."""
-TRIGGER_AT_EXIT_OPTION = "-DQK_PDL_TRIGGER_AT_EXIT"
-
-
 def launch_order(variant: str) -> contextlib.AbstractContextManager[None]:
     """The context to time ``variant`` in: every launch in stream order for ``STREAM_ORDER``."""
     from qconform.device.launch import stream_order

@@ -27,7 +27,7 @@ import cupy
 import numpy as np
 
 from qconform.bench import baselines as bl
-from qconform.bench.baselines import STREAM_ORDER, TRIGGER_AT_EXIT, TRIGGER_AT_EXIT_OPTION
+from qconform.bench.baselines import STREAM_ORDER
 from qconform.bench.records import BenchRecord, bench_parser, finish
 from qconform.device.loader import device_info
 
@@ -136,7 +136,6 @@ VARIANTS = {  # name -> build options (qconform.device.ort.qmoe)
     "decode_v1": ("-DQK_MOE_DECODE_V1",),
     "legacy": ("-DQK_MOE_LEGACY",),
     STREAM_ORDER: (),  # the default build with every launch in stream order (fc2m not a dependent of fc1m)
-    TRIGGER_AT_EXIT: (TRIGGER_AT_EXIT_OPTION,),  # fc2m started as fc1m's CTAs exit, not at their start
 }
 
 

@@ -64,7 +64,7 @@ __device__ __forceinline__ bool qk_isnan(float v) { return (qk_bits(v) & 0x7FFFF
  * A kernel launched as a dependent must wait before it reads what that kernel wrote or writes what
  * it touches. Both are no-ops elsewhere (AMD, older GPUs) and when the launch was in stream order.
  * Without QK_LAUNCH_DEPENDENTS() the dependent starts as the kernel before's CTAs exit. Bench-only
- * -DQK_PDL_TRIGGER_AT_EXIT drops every QK_LAUNCH_DEPENDENTS() (qconform.bench's trigger_at_exit). */
+ * -DQK_PDL_TRIGGER_AT_EXIT drops every QK_LAUNCH_DEPENDENTS() (qconform.bench.ggml_gemv's trigger_at_exit). */
 #if defined(QK_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #if defined(QK_PDL_TRIGGER_AT_EXIT)
 #define QK_LAUNCH_DEPENDENTS()
