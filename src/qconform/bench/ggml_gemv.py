@@ -187,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--variants",
         default="exact,fast-v1,fast-u1,fast",
-        help="comma-separated kernels: exact (generic order), fast-v1 (round 1), fast-u1 (Q4_K, Q5_K), fast",
+        help="comma-separated kernels: exact (generic order), fast-v1 (round 1), fast-u1 (Q4_K, Q5_K), fast, "
+        f"{STREAM_ORDER} (fast, its launches in stream order), {TRIGGER_AT_EXIT} (fast, the quantize not triggering)",
     )
     p.add_argument("--split", action="store_true", help="fast kernels: the activation launches, the GEMV apart")
     a = p.parse_args(argv)
