@@ -20,15 +20,18 @@ one process, the same cold-weight rotation: session 8's SIMT kernel (the build o
 each one's spread, new x old, the roofline share, new x cuBLAS on the dequantized weights with the
 allowed ratio (M = 1), each one's time over its own M = 1 (the M target), and the suite's check
 (each output within the op's bound of the oracle, default contract) at M = 1 and 16.
+``--variants mma``: the same table for the shipped matrix-unit kernel (old) and its build with
+``-DQK_BNBM_LOADS_FIRST`` (new: the ring's first weight loads issued before the CTA fills its pair table).
 ``--variants cuda``: session 7's SIMT kernel (``-DQK_BNB_GEMM_V1``) and the current one in the
 "simt" reading, each bit-identical to the oracle's "simt" order at M = 1 and the two outputs
 byte-identical at every M. ``--quick``: the first shape, fp16, M = 1 and 16.
 
-``python -m qconform.bench.bnb_gemv [--quick] [--variants [cpu|cuda]] [--json FILE]``
+``python -m qconform.bench.bnb_gemv [--quick] [--variants [cpu|cuda|mma]] [--json FILE]``
 """
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Callable
 
 import cupy
@@ -47,6 +50,8 @@ TARGET_ROOFLINE = 0.8
 TARGET_CUBLAS = 0.8  # of the ratio of the T and the 4-bit rooflines
 TARGET_M = 1.5  # M = 2..16 within this factor of M = 1
 CARRIER = {"float16": cupy.float16, "bfloat16": cupy.uint16}
+# --variants mma: the shipped matrix-unit build (old) and the ring's first loads issued before the table fill
+MMA_VARIANTS = {"shipped (mma)": (), "loads first": ("-DQK_BNBM_LOADS_FIRST",)}
 
 
 def _record(
@@ -297,14 +302,18 @@ def _within_bound(a: Any, packed: Any, absmax: Any, ys: dict[str, Any], K: int, 
     return out
 
 
-def bench_cpu_variants(shapes=SHAPES, dtypes=DTYPES, ms=MS, reps: int = 50) -> list[BenchRecord]:
-    """The cpu reading on the SIMT kernel and on the matrix units (module docstring, ``--variants``)."""
+def bench_cpu_variants(
+    shapes=SHAPES, dtypes=DTYPES, ms=MS, reps: int = 50, variants: dict[str, tuple[str, ...]] | None = None
+) -> list[BenchRecord]:
+    """The cpu reading in two builds, ``variants`` {label: compile options}, the old one first (module
+    docstring, ``--variants``; default: the SIMT kernel and the matrix units)."""
     from qconform.device.bnb import gemm_4bit
     from qconform.device.bnb.gemm import CPU_SIMT_OPTION
     from qconform.device.launchers import bound, compile_options
 
     device = device_info().label
-    variants = {"old (simt)": (CPU_SIMT_OPTION,), "new (mma)": ()}
+    variants = variants or {"old (simt)": (CPU_SIMT_OPTION,), "new (mma)": ()}
+    old_label, new_label = variants
     checked = (1, 16)
     records = []
     print(
@@ -343,13 +352,13 @@ def bench_cpu_variants(shapes=SHAPES, dtypes=DTYPES, ms=MS, reps: int = 50) -> l
                 med = {label: bl.median(t) for label, t in ts.items()}
                 if M == 1:
                     m1 = dict(med)
-                old, new = med["old (simt)"], med["new (mma)"]
+                old, new = med[old_label], med[new_label]
                 x_m1 = {label: med[label] / m1[label] if m1 else float("nan") for label in variants}
                 allowed = TARGET_CUBLAS * roof_t / roof
                 if M == 1:
                     ok = roof / new >= TARGET_ROOFLINE and cub / new >= allowed
                 else:
-                    ok = x_m1["new (mma)"] <= TARGET_M
+                    ok = x_m1[new_label] <= TARGET_M
                 ok = ok and all(v in ("PASS", "n/a (M=1, 16 checked)") for v in check.values())
                 for label in variants:
                     records.append(
@@ -368,10 +377,10 @@ def bench_cpu_variants(shapes=SHAPES, dtypes=DTYPES, ms=MS, reps: int = 50) -> l
                 spread = {k: f"{min(v) * 1e6:.1f} / {bl.median(v) * 1e6:.1f} / {max(v) * 1e6:.1f}"
                           for k, v in ts.items()}  # fmt: skip
                 print(
-                    f"| {dtype} | {K} x {N} | {M} | {spread['old (simt)']} | {spread['new (mma)']} | {old / new:.2f}x "
+                    f"| {dtype} | {K} x {N} | {M} | {spread[old_label]} | {spread[new_label]} | {old / new:.2f}x "
                     f"| {roof * 1e6:.1f} | {roof / old:.0%} | {roof / new:.0%} | {cub * 1e6:.1f} | {cub / new:.2f}x "
-                    f"| {allowed:.2f}x | {x_m1['old (simt)']:.2f}x | {x_m1['new (mma)']:.2f}x "
-                    f"| {check['old (simt)']} | {check['new (mma)']} | {'PASS' if ok else 'below target'} |",
+                    f"| {allowed:.2f}x | {x_m1[old_label]:.2f}x | {x_m1[new_label]:.2f}x "
+                    f"| {check[old_label]} | {check[new_label]} | {'PASS' if ok else 'below target'} |",
                     flush=True,
                 )
     return records
@@ -380,12 +389,14 @@ def bench_cpu_variants(shapes=SHAPES, dtypes=DTYPES, ms=MS, reps: int = 50) -> l
 def main(argv: list[str] | None = None) -> int:
     parser = bench_parser("bnb_gemv", "the first shape, fp16, M = 1 and 16, fewer repeats")
     parser.add_argument(
-        "--variants", nargs="?", const="cpu", choices=("cpu", "cuda"),
+        "--variants", nargs="?", const="cpu", choices=("cpu", "cuda", "mma"),
         help="cpu (the default): the cpu reading's SIMT and mma kernels side by side; cuda: session 7's SIMT "
-        "kernel and the current one in the simt reading",
+        "kernel and the current one in the simt reading; mma: the shipped mma kernel and its "
+        "-DQK_BNBM_LOADS_FIRST build",
     )  # fmt: skip
     a = parser.parse_args(argv)
-    run = {None: bench, "cpu": bench_cpu_variants, "cuda": bench_variants}[a.variants]
+    mma = partial(bench_cpu_variants, variants=MMA_VARIANTS)
+    run = {None: bench, "cpu": bench_cpu_variants, "cuda": bench_variants, "mma": mma}[a.variants]
     records = run(SHAPES[:1], DTYPES[:1], (1, 16), 20) if a.quick else run()
     return finish(records, a.json, ("PASS", "n/a (M=1 checked)", "n/a (M=1, 16 checked)"))
 

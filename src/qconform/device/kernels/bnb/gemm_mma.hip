@@ -174,10 +174,23 @@ __device__ __forceinline__ void qk_bnbm_step(const qk_u16* A, const float2* tab,
     }
 }
 
+/* the pair table of quant_type: every thread's share of the CTA's copies */
+__device__ __forceinline__ void qk_bnbm_fill(float2* tab, qk_i64 quant_type) {
+    const qk_u32* bits = quant_type == QCONFORM_QUANT_TYPE_NF4 ? QK_GEMM_NF4_BITS : QK_GEMM_FP4_BITS;
+    for (int i = (int)threadIdx.x; i < 256 * QK_BNBM_COPIES; i += (int)blockDim.x) {
+        const int e = i / QK_BNBM_COPIES; /* byte e: the high nibble is the lower element */
+        tab[i] = make_float2(qk_float(bits[e >> 4]), qk_float(bits[e & 15]));
+    }
+    __syncthreads();
+}
+
+/* the tiles (the caller has filled the table); -DQK_BNBM_LOADS_FIRST (bench-only, `python -m qconform.bench.bnb_gemv
+ * --variants mma`): the table filled here, after the ring's first steps are issued, their loads in
+ * flight during the fill (the same arithmetic, so the same output bits) */
 template <int DT, int NT, int RT>
 __device__ __forceinline__ void qk_bnbm_run(const void* A, const qk_u8* B, const float* absmax, const void* bias,
                                             void* C, qk_i64 M, qk_i64 N, qk_i64 K, qk_i64 blocksize,
-                                            const float2* tab, float* red) {
+                                            float2* tab, float* red, qk_i64 quant_type) {
     const int lane = (int)(threadIdx.x & 31), warp = (int)(threadIdx.x >> 5), g = lane >> 2, t = lane & 3;
     const int bs_shift = __ffsll(blocksize) - 1; /* blocksize: a power of two */
     const qk_u32 low = 8u * (qk_u32)(lane & (QK_BNBM_COPIES - 1));
@@ -188,6 +201,9 @@ __device__ __forceinline__ void qk_bnbm_run(const void* A, const qk_u8* B, const
     uint4 wq[4][RT][2];
     float sc[4][RT][2];
     if ((qk_i64)blockIdx.x < tiles) qk_bnbm_first<NT, RT>(B, absmax, N, K, steps, blockIdx.x, g, t, warp, bs_shift, wq, sc);
+#if defined(QK_BNBM_LOADS_FIRST)
+    qk_bnbm_fill(tab, quant_type);
+#endif
     for (qk_i64 tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
         qk_i64 r0[RT], r1[RT];
 #pragma unroll
@@ -253,7 +269,7 @@ __device__ __forceinline__ void qk_bnbm_run(const void* A, const qk_u8* B, const
     }
 }
 
-/* the table first (one CTA's copy), then the tiles; fp32 A is not this kernel's (the launcher keeps
+/* the CTA's table and tiles (qk_bnbm_run); fp32 A is not this kernel's (the launcher keeps
  * it on the SIMT kernel): nothing is written for it */
 template <int NT, int RT>
 __device__ __forceinline__ void qk_gemm_4bit_mma(const void* A, const qk_u8* B, const float* absmax, const void* bias,
@@ -267,16 +283,13 @@ __device__ __forceinline__ void qk_gemm_4bit_mma(const void* A, const qk_u8* B, 
     __shared__ float2 tab[256 * QK_BNBM_COPIES];
     __shared__ float red[QK_BNBM_WARPS * RT * 4 * NT * 32];
 #endif
-    const qk_u32* bits = quant_type == QCONFORM_QUANT_TYPE_NF4 ? QK_GEMM_NF4_BITS : QK_GEMM_FP4_BITS;
-    for (int i = (int)threadIdx.x; i < 256 * QK_BNBM_COPIES; i += (int)blockDim.x) {
-        const int e = i / QK_BNBM_COPIES; /* byte e: the high nibble is the lower element */
-        tab[i] = make_float2(qk_float(bits[e >> 4]), qk_float(bits[e & 15]));
-    }
-    __syncthreads();
+#if !defined(QK_BNBM_LOADS_FIRST)
+    qk_bnbm_fill(tab, quant_type);
+#endif
     if (a_dtype == QCONFORM_DTYPE_FLOAT16)
-        qk_bnbm_run<QCONFORM_DTYPE_FLOAT16, NT, RT>(A, B, absmax, bias, C, M, N, K, blocksize, tab, red);
+        qk_bnbm_run<QCONFORM_DTYPE_FLOAT16, NT, RT>(A, B, absmax, bias, C, M, N, K, blocksize, tab, red, quant_type);
     else if (a_dtype == QCONFORM_DTYPE_BFLOAT16)
-        qk_bnbm_run<QCONFORM_DTYPE_BFLOAT16, NT, RT>(A, B, absmax, bias, C, M, N, K, blocksize, tab, red);
+        qk_bnbm_run<QCONFORM_DTYPE_BFLOAT16, NT, RT>(A, B, absmax, bias, C, M, N, K, blocksize, tab, red, quant_type);
 }
 
 /* n1: M <= 8 (one n-tile of tokens), n2: M <= 16; RT 2, n1_r1 RT 1 */
