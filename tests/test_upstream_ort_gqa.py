@@ -188,6 +188,7 @@ CASES = dict(
               bias=(2, 8)),
         _case("decode_bias_broadcast_scale", B=2, S=1, N=4, Nk=2, H=64, P=9, T=10, seqlens=[9, 6], bias=(1, 1),
               scale=0.2),
+        _case("decode_negative_scale", B=2, S=1, N=4, Nk=2, H=64, P=9, T=10, seqlens=[9, 6], scale=-0.2, qk=1),
         _case("decode_head_sink", B=2, S=1, N=8, Nk=2, H=64, P=9, T=10, seqlens=[9, 3], sink=True, rotary="half"),
         _case("decode_smooth_softmax", B=2, S=1, N=8, Nk=2, H=64, P=9, T=10, seqlens=[9, 3], smooth=True),
         _case("decode_sink_wins_over_smooth", B=2, S=1, N=8, Nk=2, H=64, P=9, T=10, seqlens=[9, 3], smooth=True,
@@ -267,10 +268,12 @@ def test_gqa_matches_ort(name: str, dtype) -> None:
         bound = np.where(real, bound, np.inf)
     _assert_within(ours[0], theirs[0], bound, "output")
     if qk:
-        qb = qk_bound(terms, qk, p)
-        qb = np.where(ours[3] == 0, 0.0, qb)  # masked columns: exactly 0 in both
+        # masked columns (probability 0 in float64; a real key's exp(x - m) >= e^-745 never is): exactly 0 in
+        # both; a real score may be 0 in one and not the other (a cancelling dot summed in another order)
+        masked = p[..., : ours[3].shape[-1]] == 0
+        qb = np.where(masked, 0.0, qk_bound(terms, qk, p))
         if dtype == F16:
-            qb = qb + np.where(ours[3] == 0, 0.0, fp16_spacing(np.maximum(np.abs(ours[3]), np.abs(theirs[3]))))
+            qb = qb + np.where(masked, 0.0, fp16_spacing(np.maximum(np.abs(ours[3]), np.abs(theirs[3]))))
         _assert_within(ours[3], theirs[3], qb, "output_qk")
 
 
@@ -303,6 +306,55 @@ def test_cases_cover_every_feature() -> None:
     }
     assert {c["H"] for c in CASES.values()} == {64, 128} and {1, 2, 3, 4} <= {c["B"] for c in CASES.values()}
     assert {(c["N"], c["Nk"]) for c in CASES.values()} >= {(32, 8), (40, 10), (8, 2), (4, 1)}
+
+
+@pytest.mark.parametrize("dtype", [F32, F16], ids=["fp32", "fp16"])
+def test_a_real_score_of_zero_is_not_a_masked_column(dtype) -> None:
+    """q . k_0 cancels exactly (products +-2^25 and +-1 in fp32; +-2^23 and +-128 in fp16): the oracle's
+    score is 0, ORT's fp32 GEMM sums in another order. Key 0 is attended, so its bound is the score's
+    (no exact-zero rule for it); the check passes only where ORT lands within that bound."""
+    H = 64
+    c = dict(B=1, S=1, N=1, Nk=1, H=H, P=1, T=2, seqlens=[1])
+    inp, attrs = make_inputs(c, dtype, seed=0)
+    big, small = (64.0, 2.0**19) if dtype == F32 else (256.0, 2.0**15)
+    q, k0 = np.ones(H), np.zeros(H)
+    q[0] = q[32] = big
+    k0[0], k0[32], k0[16], k0[48] = small, -small, 0.5, -0.5
+    inp["query"] = q.astype(dtype).reshape(1, 1, H)
+    inp["past_key"] = k0.astype(dtype).reshape(1, 1, 1, H)
+    ours, theirs = run_oracle(inp, attrs, qk=1)[3], run_ort(inp, attrs, qk=1)[3]
+    assert ours[0, 0, 0, 0] == 0
+    o, _, _, p = run_oracle(inp, attrs, qk=2, precision="float64")
+    assert (p[..., :2] > 0).all()  # both keys attended: no column of this call is masked
+    qb = qk_bound(attention_terms(inp, attrs, *run_oracle(inp, attrs)[1:3]), 1, p)
+    if dtype == F16:
+        qb = qb + fp16_spacing(np.maximum(np.abs(ours), np.abs(theirs)))
+    _assert_within(ours, theirs, qb, "output_qk")
+    assert qb[0, 0, 0, 0] > 0
+
+
+def test_probabilities_in_the_subnormals_are_bounded() -> None:
+    """Scores -87.5 .. -103 below the new key's 0 (fp32, output_qk 2): their probabilities fall in fp32's
+    subnormals, where ORT and the oracle may round one spacing (2^-149) apart, which no relative bound
+    covers; the bound's absolute underflow term (eta / 2 a rounding, two roundings, two sides) does, and
+    rejects three spacings."""
+    H, L = 16, 256
+    c = dict(B=1, S=1, N=1, Nk=1, H=H, P=L - 1, T=L, seqlens=[L - 1])
+    inp, attrs = make_inputs(c, F32, seed=0)
+    attrs["scale"] = 1.0
+    inp["query"] = np.zeros((1, 1, H), F32)
+    inp["query"][0, 0, 0] = 1.0
+    inp["past_key"] = np.zeros((1, 1, L - 1, H), F32)
+    inp["past_key"][0, 0, :, 0] = -np.linspace(87.5, 103.0, L - 1, dtype=F32)
+    inp["key"] = np.zeros((1, 1, H), F32)
+    ours, theirs = run_oracle(inp, attrs, qk=2)[3], run_ort(inp, attrs, qk=2)[3]
+    _, _, _, p = run_oracle(inp, attrs, qk=2, precision="float64")
+    qb = qk_bound(attention_terms(inp, attrs, *run_oracle(inp, attrs)[1:3]), 2, p)
+    tiny = (np.abs(ours) < 2.0**-126) & (ours != 0)
+    assert tiny.sum() > 100, "the case has no subnormal probabilities"
+    _assert_within(ours, theirs, qb, "output_qk")
+    off = ours.astype(np.float64) + 3 * 2.0**-149 * tiny
+    assert (np.abs(off - theirs) > qb).any(), "three subnormal spacings pass the bound"
 
 
 def test_fp32_rotary_rounds_like_the_avx2_kernel() -> None:

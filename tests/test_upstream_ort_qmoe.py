@@ -19,6 +19,7 @@ roundings on both sides (fp32 sums in any order, int8 activation codes that may 
 from __future__ import annotations
 
 import zlib
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -27,11 +28,11 @@ from qmoe_bounds import random_moe_case, within
 from qconform.errors import ArgumentError
 from qconform.impls import CallableImpl
 from qconform.ops import get_op
-from qconform.ops.ort.moe_bounds import U, moe_bound, qmoe_bound
+from qconform.ops.ort.moe_bounds import ORT, U, lut_path, moe_bound, qmoe_bound
 from qconform.ops.ort.qmoe import random_qmoe_case
 from qconform.oracles.ort.moe_routing import SKIP_QMOE, route
 from qconform.oracles.ort.packing import pack_bits, packed_size
-from qconform.oracles.ort.qmoe import moe, qmoe
+from qconform.oracles.ort.qmoe import check_qmoe_args, moe, qmoe
 from qconform.properties import Prepared, matches_oracle
 
 ort = pytest.importorskip("onnxruntime")
@@ -290,6 +291,22 @@ def test_qmoe_matches_ort(dtype, bits: int, block_size, zero_points: bool) -> No
     acc = 4 if (bits == 4 and block_size and zero_points) else 0
     attrs = _attrs(bits, block_size, activation_alpha=1.702, activation_beta=1.0, swiglu_limit=7.0, accuracy_level=acc)
     _check_qmoe(d, attrs)
+
+
+@pytest.mark.parametrize("hidden,block_size,lut", [(128, 128, True), (64, 64, False)])
+def test_qmoe_2bit_lut_path_follows_mlas_rule(hidden: int, block_size: int, lut: bool) -> None:
+    """2-bit block-wise: ORT takes MLAS's LUT GEMM (int8 tables of activation sums) where the block size and
+    K are multiples of 32 and N of 128, one block per row included (moe_bounds.lut_path). N = 128: the LUT,
+    ORT ~1e-2 off the fp32 reference (beyond the fp32-activation bound); N = 64: fp32 activations, ~1e-7."""
+    d = random_qmoe_case(np.random.default_rng(1), tokens=2, hidden=hidden, inter=hidden, experts=1, bits=2,
+                         block_size=block_size, activation_type="identity")  # fmt: skip
+    attrs = _attrs(2, block_size, "identity", k=1)
+    lay = check_qmoe_args(**d, **attrs)
+    assert lay.fc1.blocks == lay.fc2.blocks == 1 and lut_path(lay.fc1) == lut_path(lay.fc2) == lut
+    _check_qmoe(d, attrs)
+    if lut:
+        fp32_only = replace(ORT, lut=False)
+        assert not within(_run("QMoE", d, attrs), qmoe(**d, **attrs), qmoe_bound(d, attrs, fp32_only))[0]
 
 
 @pytest.mark.parametrize("activation_type", ["relu", "gelu", "silu", "identity"])

@@ -23,6 +23,9 @@ query row (b, n, s), key j (j < total_b), with the exact values p_j, o_h and
    products), + 12 u L sum_j p_j |v_jh| for an online softmax (ORT's fp32 flash path rescales its
    running sum and accumulator at most once per key, 2u + 8u each).
    L = total_b + 1 (the keys and the sink). Second-order terms (r^2 ~ 1e-9) are covered by 1%.
+   Underflow: a rounding into fp32's subnormals errs by up to eta / 2 absolutely (eta = 2^-149), which
+   no relative term covers: + (H + 4) eta on each score, + eta on each probability (the exponential
+   and the division), + eta (2 sum_j |v_jh| + 2 L) on each output.
 ``u_op``: fp16 scratch of Q and K (relative 2 u_op on each score: + 2 u_op a_j in e_j), V and P
 (+ 2 u_op sum_j p_j |v_jh|). Two implementations that each satisfy the bound differ by at most
 twice it (``both``); fp16 outputs: both round once to fp16, so they differ by at most one more
@@ -51,6 +54,7 @@ from qconform.oracles.ort.rotary import apply_rotary, rotary_positions
 from qconform.readings import ErrorModel
 
 U32 = 2.0**-24
+ETA32 = 2.0**-149  # fp32's subnormal spacing: a rounding below 2^-126 errs by up to half of it, absolutely
 U16 = 2.0**-11
 KV_BLOCK = 64  # the natural fp16/bf16 accumulation chain of P V: a flash kernel's key block
 INPUTS = (
@@ -122,8 +126,9 @@ def attention_terms(inp: dict, attrs: dict, present_k: np.ndarray, present_v: np
     k, v = op["k"][:, :, :T], op["v"][:, :, :T]
     valid = (np.arange(T)[None, :] < totals[:, None])[:, None, None, :]
     absk = np.abs(k)
-    a = np.where(valid, np.einsum("bnsh,bnth->bnst", np.abs(op["q"]), absk) * op["alpha"], 0.0)
-    arot = np.where(valid, np.einsum("bnsh,bnth->bnst", op["qmag"], absk) * op["alpha"], 0.0)
+    alpha = abs(op["alpha"])  # a magnitude: a negative scale flips the scores' signs, not their error
+    a = np.where(valid, np.einsum("bnsh,bnth->bnst", np.abs(op["q"]), absk) * alpha, 0.0)
+    arot = np.where(valid, np.einsum("bnsh,bnth->bnst", op["qmag"], absk) * alpha, 0.0)
     y = a.copy()
     if inp.get("attention_bias") is not None:
         y += np.where(valid, np.abs(inp["attention_bias"].astype(np.float64)), 0.0)
@@ -163,7 +168,7 @@ def _relative(t: dict, u_op: float, u_rot: float = 0.0) -> tuple[np.ndarray, np.
     """(e_j, r_j, r_sigma) of steps 1-2."""
     a, y, sink = t["a"], t["y"], t["sink"]
     M = np.maximum(y.max(axis=-1), sink)
-    e = gamma(t["H"] + 2) * a + 8 * U32 * y + 2 * u_op * a + 2 * u_rot * t["arot"]
+    e = gamma(t["H"] + 2) * a + 8 * U32 * y + 2 * u_op * a + 2 * u_rot * t["arot"] + (t["H"] + 4) * ETA32
     r = e + U32 * (y + M[..., None]) + 8 * U32
     return e, r, U32 * (sink + M) + 8 * U32
 
@@ -180,6 +185,7 @@ def bound_parts(t: dict, p: np.ndarray, o: np.ndarray, u_rot: float = 0.0, dequa
     L = t["L"][..., None]
     first = np.einsum("bnst,bnth->bnsh", p * r, t["v"]) + rbar[..., None] * np.abs(o)
     fixed = first + (gamma(L) + 2 * U32 + 12 * U32 * L + (U32 if dequantized_v else 0.0)) * pv
+    fixed = fixed + ETA32 * (2 * t["v"].sum(axis=2)[:, :, None, :] + 2 * L)  # p and p v in fp32's subnormals
     pa = 2 * p * t["a"]
     store = np.einsum("bnst,bnth->bnsh", pa, t["v"]) + pa.sum(axis=-1)[..., None] * np.abs(o) + 2 * pv
     return {"fixed": 1.01 * fixed, "pv": 1.01 * pv, "store": 1.01 * store, "L": L}
@@ -201,7 +207,7 @@ def qk_bound(t: dict, mode: int, p: np.ndarray, *, both: bool = True) -> np.ndar
         b = e
     else:
         rbar = (p * r).sum(axis=-1, keepdims=True) + r_sink[..., None]
-        b = p * (r + rbar + gamma(t["L"][..., None]) + U32)
+        b = p * (r + rbar + gamma(t["L"][..., None]) + U32) + ETA32  # exp and division below 2^-126: eta / 2 each
     return (2.0 if both else 1.0) * 1.01 * b
 
 

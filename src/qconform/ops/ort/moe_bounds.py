@@ -131,9 +131,15 @@ def kernel_side(contract: Contract, chain: int) -> Other:
 
 
 def lut_path(lay: FcLayout) -> bool:
-    """ORT 1.32 x86: 2-bit block-wise weights with block_size >= 32 and >= 2 blocks per row run
-    MLAS's LUT GEMM (measured: block_size 16 stays on fp32 activations)."""
-    return lay.bits == 2 and lay.block_size is not None and lay.block_size >= 32 and lay.blocks >= 2
+    """Whether ORT 1.32 runs the projection on MLAS's 2-bit LUT GEMM (on a CPU that has the kernel:
+    x86 AVX2, ARM NEON): microsoft/onnxruntime contrib_ops/cpu/moe/moe_quantization_cpu.cc
+    ``CanUseMlasLutGemm`` (2-bit block-wise, K a multiple of the block) and mlas ``MlasIsLutGemmAvailable``
+    (block_size and K multiples of 32, N of 128). One block per row included: it is the block size and
+    N, not the block count, that decide."""
+    bs = lay.block_size
+    if lay.bits != 2 or bs is None or bs % 32:
+        return False
+    return lay.K % bs == 0 and lay.K % 32 == 0 and lay.N % 128 == 0
 
 
 class _Proj:

@@ -36,8 +36,9 @@ everything runs in fp32 and the output is rounded once to fp16):
    qx = clip(rint(fp32(x * fp32(127/amax))), -128, 127) (half to even);
    Y = sum_b fp32(sa_b * s[n, b]) * sum_{i in b} qx_i (q_i - z_b), in float64, rounded once
    (bit for bit with ORT 1.32 on AVX-512 VNNI here; docs/ort-ops.md 5.4 reports 1.31 on AVX2).
-   Not modelled: 2-bit block-wise weights with block_size >= 32 and >= 2 blocks per row run
-   MLAS's LUT GEMM on x86 (activation partial sums in int8 lookup tables); the reference keeps
+   Not modelled: 2-bit block-wise weights with block_size and K multiples of 32 and N of 128 run
+   MLAS's LUT GEMM on x86 (activation partial sums in int8 lookup tables; ``moe_bounds.lut_path``
+   has the rule from the source); the reference keeps
    fp32 activations there (ORT differed by up to about 1e-2 of the largest output in the
    cross-check).
 4. activation, each operation rounded to fp32 in C order: relu max(0, h); gelu (tanh form)
