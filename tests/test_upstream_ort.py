@@ -8,9 +8,12 @@ Skipped when onnx or onnxruntime is not installed. The semantics checked are tho
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 import pytest
 
+from qconform.errors import ArgumentError
 from qconform.formats.fp8 import FP8_TABLES, fp32_to_fp8
 from qconform.ops import get_op
 from qconform.ops.ort.fake_quantize import fp8_quotients
@@ -578,6 +581,91 @@ def test_quantize_linear_is_ort(dtype: str, gran: str, with_zp: bool, xdt) -> No
     assert ours.dtype == npt and theirs.dtype == npt
     bad = np.argwhere(ours != theirs)
     assert bad.size == 0, f"{len(bad)} differ, first {bad[:3].tolist()}: x={x[tuple(bad[0])]!r}"
+
+
+PRECISION_CASES = [  # (output type, opset, precision attribute, x type, scale type)
+    pytest.param(t, op, prec, xdt, sdt, id=f"{t}-{op}-{prec or 'default'}-x{np.dtype(xdt).name}-s{np.dtype(sdt).name}")
+    for t in ("int8", "uint8", "int16", "int4", "int2", "uint2", "float8e4m3fn")
+    for op in (21, 23, 25)
+    for prec in (None, "float32", "float16")
+    for xdt in (F32, F16)
+    for sdt in (F32, F16)
+    if (op >= 25 or t not in ("int2", "uint2")) and (op >= 23 or (prec is None and xdt == sdt))
+]
+
+
+def _ort_quantize(x: np.ndarray, scale: np.ndarray, zp, dtype: str, opset: int, precision: str | None) -> np.ndarray:
+    """ORT's QuantizeLinear (per tensor) at ``opset`` with the ``precision`` attribute: logical values (fp8:
+    the codes' fp32 values)."""
+    elem = FP8[dtype] if dtype in FP8 else QTYPES[dtype][0]
+    attrs = {"precision": {"float32": TP.FLOAT, "float16": TP.FLOAT16}[precision]} if precision else {}
+    names = ["x", "s"] + (["z"] if zp is not None else [])
+    if zp is None:
+        attrs["output_dtype"] = elem
+    inits = [_init("s", scale)]
+    if zp is not None:
+        inits.append(_init_4bit("z", zp, dtype) if _sub_byte(dtype) else _init("z", zp))
+    nodes = [helper.make_node("QuantizeLinear", names, ["q"], **attrs)]
+    out_elem = TP.FLOAT if dtype in FP8 else TP.UINT8 if dtype.startswith("u") else TP.INT8
+    if _sub_byte(dtype) or dtype in FP8:  # read back as logical values (fp8: their exact fp32 values)
+        nodes.append(helper.make_node("Cast", ["q"], ["y"], to=out_elem))
+    else:
+        nodes[0].output[0], out_elem = "y", elem
+    sess = _session(nodes, [_vi("x", ELEM[x.dtype.type], [x.size])], [_vi("y", out_elem, [x.size])], inits, opset)
+    return sess.run(None, {"x": x})[0]
+
+
+@pytest.mark.parametrize("dtype,opset,precision,xdt,sdt", PRECISION_CASES)
+def test_quantize_linear_division_type_is_ort(dtype: str, opset: int, precision, xdt, sdt) -> None:
+    """The type QuantizeLinear divides in (oracles.ort.qdq.division_type): fp32 before opset 23 (x and the
+    scale of one type); from 23 the precision attribute's, the scale's by default, x and the scale rounded
+    to fp16 and the quotient too. A full-precision scale and x at and around every fp16 rounding tie of
+    x / s: byte-exact to ORT, and the fp16 and fp32 divisions disagree on the case."""
+    key = (dtype, opset, precision, np.dtype(xdt).name, np.dtype(sdt).name)
+    rng = np.random.default_rng(zlib.crc32(repr(key).encode()))
+    _, _, lo, hi = QTYPES.get(dtype, (0, np.uint8, -448, 448))
+    if dtype in FP8:  # the midpoints between neighbouring fp8 values
+        v = np.unique(FP8_TABLES[dtype][np.isfinite(FP8_TABLES[dtype])].astype(np.float64))
+        ties = (v[:-1] + v[1:]) / 2
+    else:
+        ties = np.arange(lo - 1, hi + 1, max(1, (hi - lo) // 500)) + 0.5
+    spacing = np.spacing(np.abs(ties).astype(np.float16)).astype(np.float64)
+    fp16 = opset >= 23 and (precision or np.dtype(sdt).name) == "float16"
+    told_apart = opset < 23
+    for _ in range(16):  # scales until one tells the two divisions apart (fp16 x can leave no x / s near a tie)
+        scale = np.asarray(rng.uniform(0.01, 0.2) if dtype != "int16" else rng.uniform(0.5, 2), sdt)
+        near = ties + rng.uniform(-1, 1, (max(8, 4000 // ties.size), ties.size)) * spacing
+        q = np.concatenate([rng.uniform(lo - 2, hi + 2, 3000), ties, near.reshape(-1)])
+        x = (q * np.float64(scale)).astype(xdt)
+        zp = None if dtype in FP8 else np.asarray(rng.integers(lo, hi + 1) // 4, QTYPES[dtype][1])
+        theirs = _ort_quantize(x, scale, zp, dtype, opset, precision)
+
+        def ours(x=x, scale=scale, zp=zp, **kw) -> np.ndarray:
+            q = quantize_linear(x, scale, zp, output_dtype=dtype, **kw)
+            return FP8_TABLES[dtype][q] if dtype in FP8 else q
+
+        got = ours(opset=opset, precision=precision)
+        assert np.array_equal(got, theirs), f"{np.count_nonzero(got != theirs)} of {x.size} differ"
+        other = ours(opset=25, precision="float32" if fp16 else "float16")
+        told_apart = told_apart or not np.array_equal(other, theirs)
+        if told_apart:
+            break
+    assert told_apart, "no scale tells the fp16 and fp32 divisions apart"
+
+
+def test_quantize_linear_opset_rules_are_argument_errors() -> None:
+    """The rules of division_type, each an ArgumentError naming its argument (ORT refuses the same models)."""
+    x16, s32 = np.ones(4, F16), np.asarray(0.5, F32)
+    for kw, arg in (
+        (dict(x=x16, opset=21), "y_scale"),
+        (dict(opset=21, precision="float16"), "precision"),
+        (dict(opset=25, precision="bfloat16"), "precision"),
+        (dict(opset=19), "opset"),
+        (dict(opset=23, output_dtype="int2"), "opset"),
+    ):
+        args = dict(x=np.ones(4, F32), y_scale=s32, output_dtype="int8") | kw
+        with pytest.raises(ArgumentError, match=f"^{arg}:"):
+            quantize_linear(args.pop("x"), args.pop("y_scale"), **args)
 
 
 @pytest.mark.parametrize("sdt", [F32, F16], ids=["fp32", "fp16"])

@@ -2,7 +2,12 @@
 
 Source: docs/ort-ops.md section 3 (onnx Operators.md v21-v25, ORT CPU experiments).
   Q:  y = clip(rint(fp32(x) / fp32(scale)) + zp, lo, hi)   true fp32 division (not a multiply by
-      the reciprocal), rint = round half to even; fp16 x and scale are computed in fp32.
+      the reciprocal), rint = round half to even; before opset 23 fp16 x and scale are computed in
+      fp32. From opset 23 the division is in the ``precision`` attribute's type, the scale's by
+      default: with fp16, x and the scale are rounded to fp16 and the quotient is rounded to fp16
+      before rint (ORT 1.32's CPU kernel, microsoft/onnxruntime core/providers/cpu/quantization/
+      quantize_linear.cc; fp8 outputs likewise). ``opset`` defaults to the first opset that has the
+      output type: 21, and 25 for int2 / uint2, so an fp16 scale divides in fp16 for those.
   DQ: y = fp32(q - zp) * fp32(scale), rounded once to the scale's type.
   fake_quantize(x) = DQ(Q(x)) with the same scale and zero point.
 Granularity from the scale's shape: a scalar -> per tensor; 1-D of length D[axis] -> per axis;
@@ -39,6 +44,7 @@ QTYPES: dict[str, tuple[np.dtype, int, int]] = {
     "int2": (np.dtype(np.int8), -2, 1),
 }
 FLOAT_TYPES = (np.dtype(np.float32), np.dtype(np.float16))
+TWO_BIT = ("int2", "uint2")  # ONNX opset 25's types
 FP8_TYPES = tuple(FP8_TABLES)  # codes as uint8, over the whole byte range
 DQ_ONLY = {"int32": (np.dtype(np.int32), -(2**31), 2**31 - 1)}  # DequantizeLinear's extra input type
 
@@ -115,6 +121,32 @@ def _infer_dtype(dtype: str | None, zero_point: object) -> str:
     return "uint8" if zero_point is None else str(np.asarray(zero_point).dtype)
 
 
+def division_type(
+    x: np.ndarray, y_scale: np.ndarray, output_dtype: str, opset: int | None, precision: str | None
+) -> np.dtype:
+    """The float type QuantizeLinear divides in (module docstring): fp32 before opset 23, where x and
+    the scale must share a type; from opset 23 the ``precision`` attribute's, the scale's by default
+    (ORT's CPU takes float32 and float16 only). ``opset`` None: the first opset that has the output
+    type (21; 25 for the 2-bit types)."""
+    if opset is None:
+        opset = 25 if output_dtype in TWO_BIT else 21
+    if opset < 21:
+        raise ArgumentError(f"opset: must be 21 or later (the QuantizeLinear rules modelled here), got {opset}")
+    if output_dtype in TWO_BIT and opset < 25:
+        raise ArgumentError(f"opset: {output_dtype} exists from opset 25, got {opset}")
+    if opset < 23:
+        if precision is not None:
+            raise ArgumentError(f"precision: an attribute from opset 23, got {precision!r} at opset {opset}")
+        if x.dtype != y_scale.dtype:
+            raise ArgumentError(f"y_scale: must have x's dtype {x.dtype} before opset 23, got {y_scale.dtype}")
+        return np.dtype(np.float32)
+    if precision is None:
+        return y_scale.dtype
+    if precision not in ("float32", "float16"):
+        raise ArgumentError(f"precision: must be 'float32' or 'float16' (ORT's CPU kernel), got {precision!r}")
+    return np.dtype(precision)
+
+
 def quantize_linear(
     x: np.ndarray,
     y_scale: np.ndarray,
@@ -123,24 +155,31 @@ def quantize_linear(
     axis: int = 1,
     block_size: int = 0,
     output_dtype: str | None = None,
+    opset: int | None = None,
+    precision: str | None = None,
     out: np.ndarray | None = None,
     ftz: bool = False,
     nudge: int = 0,
     saturate: bool = True,
 ) -> np.ndarray:
     """ONNX QuantizeLinear: fp32/fp16 x -> logical integer values of ``output_dtype`` (fp8: codes;
-    ``saturate`` only applies to them). ``nudge``: each quotient x/scale that many fp32 ulp off
-    before the rounding (an approximate division, the contract's ``division``)."""
+    ``saturate`` only applies to them). ``opset`` / ``precision``: the type of the division
+    (``division_type``). ``nudge``: each fp32 quotient x/scale that many ulp off before the rounding
+    (an approximate division, the contract's ``division``)."""
     x = flushed(_check_float("x", x), ftz)
     y_scale = _check_float("y_scale", y_scale)
     output_dtype = _infer_dtype(output_dtype, y_zero_point)
     np_dtype, lo, hi = _qtype(output_dtype)
+    div = division_type(x, y_scale, output_dtype, opset, precision)
     check_out(out, x.shape, np_dtype, x, y_scale, y_zero_point)
     z = _zero_point(y_zero_point, output_dtype)
-    s = expand_param(y_scale, x.shape, axis, block_size, "y_scale").astype(np.float32)
+    s = expand_param(y_scale, x.shape, axis, block_size, "y_scale").astype(div).astype(np.float32)
     zz = 0 if z is None else expand_param(z, x.shape, axis, block_size, "y_zero_point").astype(np.int64)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        quotient = nudge_ulp((x.astype(np.float32) / s).astype(np.float32), nudge)
+        # fp16: both operands to fp16, the fp32 quotient rounded to fp16 (one rounding: fp32 carries
+        # more than twice fp16's bits, so the division's double rounding is innocuous)
+        quotient = nudge_ulp((x.astype(div).astype(np.float32) / s).astype(np.float32), nudge)
+        quotient = quotient.astype(div).astype(np.float32)
     if output_dtype in FP8_TYPES:
         return deliver(fp32_to_fp8(flushed(quotient, ftz), output_dtype, bool(saturate)), out)
     r = np.rint(quotient).astype(np.float64)
@@ -208,17 +247,20 @@ def fake_quantize(
     axis: int = 1,
     block_size: int = 0,
     dtype: str | None = None,
+    opset: int | None = None,
+    precision: str | None = None,
     out: np.ndarray | None = None,
     ftz: bool = False,
     nudge: int = 0,
     saturate: bool = True,
 ) -> np.ndarray:
     """DQ(Q(x)) in one call: ``(clip(rint(x/s) + zp, lo, hi) - zp) * s`` with ONNX's roundings, for
-    fp8 ``fp8(x/s) * s`` (``nudge``, ``saturate``: as ``quantize_linear``)."""
+    fp8 ``fp8(x/s) * s`` (``opset``, ``precision``, ``nudge``, ``saturate``: as ``quantize_linear``)."""
     x, scale, dtype = check_fake_quantize_args(x, scale, zero_point, axis, block_size, dtype)
+    division_type(x, scale, dtype, opset, precision)
     check_out(out, x.shape, scale.dtype, x, scale, zero_point)
     q = quantize_linear(
-        x, scale, zero_point, axis=axis, block_size=block_size, output_dtype=dtype, ftz=ftz, nudge=nudge,
-        saturate=saturate,
+        x, scale, zero_point, axis=axis, block_size=block_size, output_dtype=dtype, opset=opset,
+        precision=precision, ftz=ftz, nudge=nudge, saturate=saturate,
     )
     return dequantize_linear(q, scale, zero_point, axis=axis, block_size=block_size, x_dtype=dtype, out=out, ftz=ftz)
