@@ -66,6 +66,8 @@ def expand_param(p: np.ndarray, x_shape: tuple[int, ...], axis: int, block_size:
     """A scale or zero point broadcast to x's shape by the ONNX granularity rules."""
     p = np.asarray(p)
     ndim = len(x_shape)
+    if p.ndim <= 1 and p.size == 1 and block_size > 0:  # ORT: a scalar or a 1-element vector is per-tensor
+        raise ArgumentError(f"block_size: must be 0 for a per-tensor {name} (one element), got {block_size}")
     if p.ndim == 0 or (p.shape == (1,) and block_size == 0):
         return np.broadcast_to(p.reshape(()), x_shape)
     if not -ndim <= axis < ndim:
