@@ -269,7 +269,9 @@ def _int8_path_tolerance(A: np.ndarray, w: dict) -> np.ndarray:
     split off the zero point: y = sum_b f * dot(qa, q) + sum_b fp32(sa * sum(qa)) * fp32(-s * z), an fp32 SGEMM.
     Either evaluation has at most 2 * k_blocks + 4 fp32 roundings (products, sums, the two rounded factors, the
     final add) on terms whose absolute sum T is at most sum_b |f dot(qa, q)| + |f sum(qa) z| (1 + 2u), and the
-    oracle's float64 sum rounded once adds u |y| <= u T: |d| <= gamma_{2 k_blocks + 6} * T.
+    oracle's float64 sum rounded once adds u |y| <= u T: |d| <= gamma_{2 k_blocks + 6} * T, plus the
+    roundings' absolute errors below 2^-126 (2^-150 each, times the integer part a rounded factor
+    multiplies). Blocks below 127 / FLT_MAX: codes 0.
     """
     K, N, bits, bs = w["K"], w["N"], w["bits"], w["block_size"]
     kb = -(-K // bs)
@@ -278,14 +280,19 @@ def _int8_path_tolerance(A: np.ndarray, w: dict) -> np.ndarray:
     blocks = pad.reshape(A.shape[0], kb, bs)
     amax = np.abs(blocks).max(axis=2)
     sa = (amax / np.float32(127)).astype(np.float32)
-    inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
-    qa = np.clip(np.rint((blocks * inv[..., None]).astype(np.float32)), -128, 127).astype(np.int64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
+        prod = (blocks * inv[..., None]).astype(np.float32)
+    qa = np.where(np.isfinite(prod), np.clip(np.rint(prod), -128, 127), 0).astype(np.int64)
     q = _unpack_stream(w["B"], bits, bs)  # (N, kb, bs); bits 2/4/8 are the same stream rule
     zp = w["zero_points"]
     z = np.full((N, kb), 2 ** (bits - 1)) if zp is None else _unpack_stream(zp, bits, kb)
     f = np.abs(sa[:, None, :] * w["scales"].astype(np.float64)[None])  # (M, N, kb)
-    T = f * (np.abs(np.einsum("mbi,nbi->mnb", qa, q)) + np.abs(qa.sum(-1))[:, None, :] * z[None])
-    return _gamma(2 * kb + 6) * (1 + 2 * U32) * T.sum(-1)
+    D = np.abs(np.einsum("mbi,nbi->mnb", qa, q)) + np.abs(qa.sum(-1))[:, None, :] * z[None]  # integer parts
+    T = f * D
+    # underflow: a rounding below 2^-126 errs by up to 2^-150 absolutely; the three rounded factors (sa,
+    # f and the zero point's) each multiply their integer part, the sums add one such error each
+    return _gamma(2 * kb + 6) * (1 + 2 * U32) * T.sum(-1) + 2.0**-150 * (3 * D.sum(-1) + 2 * kb + 6)
 
 
 def _check_int8_path(A: np.ndarray, w: dict, what) -> float:
@@ -342,6 +349,24 @@ def test_matmul_nbits_accuracy_level_4_activation_codes(bits: int) -> None:
         ties = (rng.integers(-127, 127, K) + 0.5) * (amax / 127)
         A[row] = np.where(np.arange(K) % bs == 0, amax, ties)
     _check_int8_path(A.astype(F32), w, bits)
+
+
+def test_matmul_nbits_accuracy_level_4_blocks_below_127_over_flt_max() -> None:
+    """A K-block whose amax is below 127 / FLT_MAX has an infinite inverse: MLAS's codes of its non-finite
+    products are the low byte of INT32_MIN, 0, so the block adds nothing (ORT's output 0 here, and the
+    oracle's); just above that amax the codes are ordinary (within the int8 path's bound)."""
+    rng = np.random.default_rng(11)
+    K, bs = 64, 32
+    w = _nbits_weight(rng, K, 4, 4, bs, "packed")
+    amax = np.array([1e-40, 3e-37, 4e-37, 1.0], F32)
+    A = np.zeros((4, K), F32)
+    A[:, 0], A[:, 1] = amax, -amax / 3
+    theirs = _matmul_nbits_session(w, F32, accuracy_level=4).run(None, {"A": A})[0]
+    args = {k: w[k] for k in ("K", "N", "bits", "block_size")}
+    ours = matmul_nbits(A, w["B"], w["scales"], w["zero_points"], accuracy_level=4, **args)
+    assert (theirs[:2] == 0).all() and (theirs[2:] != 0).all()
+    assert np.array_equal(ours[:2], theirs[:2])
+    assert (np.abs(ours.astype(np.float64) - theirs) <= _int8_path_tolerance(A, w)).all()
 
 
 def test_matmul_nbits_bits3_refused_by_ort_computed_by_oracle() -> None:

@@ -210,9 +210,11 @@ def _activation_products(a: np.ndarray, block_size: int) -> tuple[np.ndarray, np
 
 
 def quantize_activations_int8(a: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """ORT's CompInt8 A quantization: (M, K) fp32 -> (qa (M, kb*bs) int32, sa (M, kb) fp32)."""
+    """ORT's CompInt8 A quantization: (M, K) fp32 -> (qa (M, kb*bs) int32, sa (M, kb) fp32). A block
+    whose amax is below 127 / FLT_MAX has inv = inf: MLAS (QuantizeARow_CompInt8_avx512) converts the
+    non-finite products to INT32_MIN and keeps the low byte (vpmovdb truncates), so their codes are 0."""
     prod, sa = _activation_products(a, block_size)
-    qa = np.clip(np.rint(prod), -128, 127)
+    qa = np.where(np.isfinite(prod), np.clip(np.rint(prod), -128, 127), 0.0)
     return qa.astype(np.int32).reshape(len(a), -1), sa
 
 
