@@ -116,7 +116,7 @@ def drop_in(sum_form: bool, leaf: str):
         )
         a = check_a(A, bias, lay)
         pow2 = block_size % 64 == 0 and block_size & (block_size - 1) == 0
-        int8 = uses_int8_activations(kw.get("accuracy_level", 0), zero_points, g_idx)
+        int8 = uses_int8_activations(kw.get("accuracy_level", 0), zero_points, g_idx, bits, block_size)
         if (
             a.dtype != np.float16
             or scales.dtype != np.float16

@@ -28,6 +28,7 @@ from qconform.oracles.ort import (
     quantize_linear,
     unpack_bits,
 )
+from qconform.oracles.ort.matmul_nbits import _int8_blocks, check_nbits_args, uses_int8_activations
 
 ort = pytest.importorskip("onnxruntime")
 onnx = pytest.importorskip("onnx")
@@ -349,6 +350,30 @@ def test_matmul_nbits_accuracy_level_4_activation_codes(bits: int) -> None:
         ties = (rng.integers(-127, 127, K) + 0.5) * (amax / 127)
         A[row] = np.where(np.arange(K) % bs == 0, amax, ties)
     _check_int8_path(A.astype(F32), w, bits)
+
+
+@pytest.mark.parametrize("bits,block_size", [(2, 16), (2, 32), (2, 128), (2, 256), (4, 16), (8, 256)])
+def test_matmul_nbits_accuracy_level_4_path_by_width_and_block(bits: int, block_size: int) -> None:
+    """Level 4 takes MLAS's int8 kernel only where it has one (uses_int8_activations): 2 bits at blocks 16
+    and 256 stay on fp32 activations (level 0's result, within its fp32 bound, far from the int8 reading),
+    the others take int8 activations (within the int8 path's bound, far from level 0)."""
+    rng = np.random.default_rng([bits, block_size, 4])
+    w = _nbits_weight(rng, 512, 8, bits, block_size, "packed")
+    A = rng.standard_normal((3, 512)).astype(F32)
+    args = {k: w[k] for k in ("K", "N", "bits", "block_size")}
+    int8 = uses_int8_activations(4, w["zero_points"], None, bits, block_size)
+    assert int8 == (bits != 2 or block_size in (32, 128))
+    if int8:
+        _check_int8_path(A, w, (bits, block_size))
+        return
+    theirs = _matmul_nbits_session(w, F32, accuracy_level=4).run(None, {"A": A})[0].astype(np.float64)
+    ours = matmul_nbits(A, w["B"], w["scales"], w["zero_points"], accuracy_level=4, **args)
+    assert np.array_equal(ours, matmul_nbits(A, w["B"], w["scales"], w["zero_points"], accuracy_level=0, **args))
+    tol = _nbits_tolerance(A, _oracle_dequant(w), None)
+    assert (np.abs(ours - theirs) <= tol).all()
+    lay = check_nbits_args(w["B"], w["scales"], w["zero_points"], None, **args)
+    int8_reading = _int8_blocks(A, w["B"], w["scales"], w["zero_points"], lay)[0].sum(axis=2)
+    assert (np.abs(int8_reading - theirs) > tol).any()
 
 
 def test_matmul_nbits_accuracy_level_4_blocks_below_127_over_flt_max() -> None:

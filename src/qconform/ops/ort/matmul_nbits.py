@@ -241,7 +241,8 @@ def _nbits_strategy(op: str, leaf: str, with_a: bool) -> Any:
 
 def _int8_path(inputs: dict[str, Any], params: dict[str, Any]) -> bool:
     """ORT CPU's int8 activations apply to this case (the oracle's own rule)."""
-    return uses_int8_activations(params.get("accuracy_level", 0), inputs.get("zero_points"), None)
+    level, zp = params.get("accuracy_level", 0), inputs.get("zero_points")
+    return uses_int8_activations(level, zp, None, params["bits"], params["block_size"])
 
 
 PATHS = {"int8": "int8 activations (ORT CPU's CompInt8)", "float": "fp32 activations"}

@@ -243,7 +243,7 @@ def matmul_nbits(
     if accuracy_level not in (0, 1, 2, 3, 4):
         raise ArgumentError(f"accuracy_level: must be 0..4, got {accuracy_level!r}")
     a32 = a.astype(np.float32).reshape(-1, lay.K)
-    if uses_int8_activations(accuracy_level, zero_points, g_idx):
+    if uses_int8_activations(accuracy_level, zero_points, g_idx, lay.bits, lay.block_size):
         y = _int8_blocks(a32, B, scales, zero_points, lay)[0].sum(axis=2)
     else:
         y = _fp32_product(a32, B, scales, zero_points, g_idx, lay, form, ort_quirks)[0]
@@ -252,9 +252,14 @@ def matmul_nbits(
     return deliver(_rounded(y, a, lay, ftz), out)
 
 
-def uses_int8_activations(accuracy_level: int, zero_points: object, g_idx: object) -> bool:
-    """ORT CPU's CompInt8 path: accuracy_level 4 with integer zero points and no g_idx."""
+def uses_int8_activations(accuracy_level: int, zero_points: object, g_idx: object, bits: int, block_size: int) -> bool:
+    """ORT CPU's CompInt8 path: accuracy_level 4 with integer zero points and no g_idx, where MLAS has an
+    int8 kernel for the width and block (``MlasIsQNBitGemmAvailable``; ORT 1.32 on x86-64, measured: 4 and
+    8 bits at every block of 16..256, 2 bits at 32, 64 and 128 only, else fp32 activations, level 0's
+    result). 3 bits (which ORT refuses) keep the int8 reading."""
     z_is_float = zero_points is not None and np.asarray(zero_points).dtype != np.uint8
+    if bits == 2 and block_size not in (32, 64, 128):
+        return False
     return accuracy_level == 4 and g_idx is None and not z_is_float
 
 
