@@ -14,6 +14,9 @@ Left out or narrowed, and why:
   element, possibly -0.0) and Q4_1/Q5_1's min from ``np.min`` (+0.0), where the C keeps its +0.0
   start (``d = +0.0 / -8 = -0.0``) and its first element (``if (v < min)``: min = x[0]). Those
   blocks' d or m are checked against the C's rule, their other bytes against gguf.
+- More generally, a Q4_1/Q5_1 block whose minimum is a zero held with both signs: the C keeps the
+  first zero its strict ``<`` meets, gguf's ``np.min`` either one, so m's sign bit may differ (the
+  oracle follows the C; the inputs here hold no such block outside the all-zero ones).
 """
 
 from __future__ import annotations
