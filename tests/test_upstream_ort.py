@@ -649,13 +649,10 @@ def _ort_quantize(x: np.ndarray, scale: np.ndarray, zp, dtype: str, opset: int, 
     the codes' fp32 values)."""
     elem = FP8[dtype] if dtype in FP8 else QTYPES[dtype][0]
     attrs = {"precision": {"float32": TP.FLOAT, "float16": TP.FLOAT16}[precision]} if precision else {}
-    names = ["x", "s"] + (["z"] if zp is not None else [])
     if zp is None:
         attrs["output_dtype"] = elem
-    inits = [_init("s", scale)]
-    if zp is not None:
-        inits.append(_init_4bit("z", zp, dtype) if _sub_byte(dtype) else _init("z", zp))
-    nodes = [helper.make_node("QuantizeLinear", names, ["q"], **attrs)]
+    inits, pnames = _qdq_param_inits(dtype, scale, zp, "")
+    nodes = [helper.make_node("QuantizeLinear", ["x"] + pnames, ["q"], **attrs)]
     out_elem = TP.FLOAT if dtype in FP8 else TP.UINT8 if dtype.startswith("u") else TP.INT8
     if _sub_byte(dtype) or dtype in FP8:  # read back as logical values (fp8: their exact fp32 values)
         nodes.append(helper.make_node("Cast", ["q"], ["y"], to=out_elem))

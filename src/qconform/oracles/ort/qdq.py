@@ -180,8 +180,9 @@ def quantize_linear(
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         # fp16: both operands to fp16, the fp32 quotient rounded to fp16 (one rounding: fp32 carries
         # more than twice fp16's bits, so the division's double rounding is innocuous)
-        quotient = nudge_ulp((x.astype(div).astype(np.float32) / s).astype(np.float32), nudge)
-        quotient = quotient.astype(div).astype(np.float32)
+        quotient = nudge_ulp((x.astype(div, copy=False).astype(np.float32) / s).astype(np.float32), nudge)
+        if div != np.float32:
+            quotient = quotient.astype(div).astype(np.float32)
     if output_dtype in FP8_TYPES:
         return deliver(fp32_to_fp8(flushed(quotient, ftz), output_dtype, bool(saturate)), out)
     r = np.rint(quotient).astype(np.float64)
@@ -259,7 +260,6 @@ def fake_quantize(
     """DQ(Q(x)) in one call: ``(clip(rint(x/s) + zp, lo, hi) - zp) * s`` with ONNX's roundings, for
     fp8 ``fp8(x/s) * s`` (``opset``, ``precision``, ``nudge``, ``saturate``: as ``quantize_linear``)."""
     x, scale, dtype = check_fake_quantize_args(x, scale, zero_point, axis, block_size, dtype)
-    division_type(x, scale, dtype, opset, precision)
     check_out(out, x.shape, scale.dtype, x, scale, zero_point)
     q = quantize_linear(
         x, scale, zero_point, axis=axis, block_size=block_size, output_dtype=dtype, opset=opset,
