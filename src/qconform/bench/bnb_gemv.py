@@ -20,8 +20,9 @@ one process, the same cold-weight rotation: session 8's SIMT kernel (the build o
 each one's spread, new x old, the roofline share, new x cuBLAS on the dequantized weights with the
 allowed ratio (M = 1), each one's time over its own M = 1 (the M target), and the suite's check
 (each output within the op's bound of the oracle, default contract) at M = 1 and 16.
-``--variants mma``: the same table for the shipped matrix-unit kernel (old) and its build with
-``-DQK_BNBM_LOADS_FIRST`` (new: the ring's first weight loads issued before the CTA fills its pair table).
+``--variants mma``: the same table for the matrix-unit kernel's build with ``-DQK_BNBM_FILL_FIRST`` (old:
+session 19's order, the CTA's pair table filled before any weight load) and the shipped one (new: the
+ring's first weight loads issued before the fill).
 ``--variants cuda``: session 7's SIMT kernel (``-DQK_BNB_GEMM_V1``) and the current one in the
 "simt" reading, each bit-identical to the oracle's "simt" order at M = 1 and the two outputs
 byte-identical at every M. ``--quick``: the first shape, fp16, M = 1 and 16.
@@ -50,8 +51,8 @@ TARGET_ROOFLINE = 0.8
 TARGET_CUBLAS = 0.8  # of the ratio of the T and the 4-bit rooflines
 TARGET_M = 1.5  # M = 2..16 within this factor of M = 1
 CARRIER = {"float16": cupy.float16, "bfloat16": cupy.uint16}
-# --variants mma: the shipped matrix-unit build (old) and the ring's first loads issued before the table fill
-MMA_VARIANTS = {"shipped (mma)": (), "loads first": ("-DQK_BNBM_LOADS_FIRST",)}
+# --variants mma: the table filled before the ring's first loads (old) and the shipped build (loads first)
+MMA_VARIANTS = {"fill first": ("-DQK_BNBM_FILL_FIRST",), "shipped (mma)": ()}
 
 
 def _record(
@@ -391,8 +392,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--variants", nargs="?", const="cpu", choices=("cpu", "cuda", "mma"),
         help="cpu (the default): the cpu reading's SIMT and mma kernels side by side; cuda: session 7's SIMT "
-        "kernel and the current one in the simt reading; mma: the shipped mma kernel and its "
-        "-DQK_BNBM_LOADS_FIRST build",
+        "kernel and the current one in the simt reading; mma: the mma kernel's -DQK_BNBM_FILL_FIRST "
+        "build and the shipped one",
     )  # fmt: skip
     a = parser.parse_args(argv)
     mma = partial(bench_cpu_variants, variants=MMA_VARIANTS)

@@ -446,8 +446,8 @@ def function_kernel(
     return KernelSpec(op, "cupy", symbol, f"{family}/{source}", None, doc, leaves)
 
 
-def _ort(op: str, symbol: str, source: str, doc: str) -> KernelSpec:
-    return function_kernel("ort", op, symbol, source, doc)
+def _ort(op: str, symbol: str, source: str, doc: str, leaves: tuple[str, ...] | None = None) -> KernelSpec:
+    return function_kernel("ort", op, symbol, source, doc, leaves)
 
 
 def _mma_symbols() -> tuple[KernelSpec, ...]:
@@ -484,13 +484,17 @@ def _mma_symbols() -> tuple[KernelSpec, ...]:
     )
 
 
+FAKE_QUANTIZE_LEAVES = (  # the integer types: the ABI's binder declines fp8, naming the dtype
+    *(f"Xfp32_Q{q}_Yfp32" for q in ("u8", "i8", "u16", "i16", "u4", "i4", "u2", "i2")),
+    "Xfp16_Qu8_Yfp16",
+)
 ORT_KERNELS: tuple[KernelSpec, ...] = (
     _ort("dequantize_nbits", "qk_nbits_dequant", "nbits_gemv.hip", "one thread per weight"),
     _ort("matmul_nbits", "qk_nbits_gemv", "nbits_gemv.hip", "a 32-lane group per output (any bits, fp32 A)"),
     _ort("matmul_nbits", "qk_quantize_a_int8", "nbits_gemv.hip", "accuracy_level 4: A to int8 per block"),
     _ort("matmul_nbits", "qk_nbits_gemv_int8", "nbits_gemv.hip", "accuracy_level 4: the int8 product"),
     _ort("gather_block_quantized", "qk_gather_block_quantized", "gather_block_quantized.hip", "one thread per output"),
-    _ort("fake_quantize", "qk_fake_quantize", "fake_quantize.hip", "one thread per element"),
+    _ort("fake_quantize", "qk_fake_quantize", "fake_quantize.hip", "one thread per element", FAKE_QUANTIZE_LEAVES),
     _ort("qswiglu", "qk_qswiglu_fused", "qswiglu.hip", "the whole chain per element"),
     _ort("qswiglu", "qk_step_dequantize", "qswiglu.hip", "unfused step: DQ"),
     _ort("qswiglu", "qk_step_sigmoid_quantize", "qswiglu.hip", "unfused step: Q(Sigmoid)"),

@@ -184,9 +184,9 @@ __device__ __forceinline__ void qk_bnbm_fill(float2* tab, qk_i64 quant_type) {
     __syncthreads();
 }
 
-/* the tiles (the caller has filled the table); -DQK_BNBM_LOADS_FIRST (bench-only, `python -m qconform.bench.bnb_gemv
- * --variants mma`): the table filled here, after the ring's first steps are issued, their loads in
- * flight during the fill (the same arithmetic, so the same output bits) */
+/* the tiles: the table is filled here, after the ring's first steps are issued, their loads in flight
+ * during the fill; -DQK_BNBM_FILL_FIRST (bench-only, `python -m qconform.bench.bnb_gemv --variants mma`):
+ * the caller fills it before any load, session 19's order (the same arithmetic, so the same output bits) */
 template <int DT, int NT, int RT>
 __device__ __forceinline__ void qk_bnbm_run(const void* A, const qk_u8* B, const float* absmax, const void* bias,
                                             void* C, qk_i64 M, qk_i64 N, qk_i64 K, qk_i64 blocksize,
@@ -201,7 +201,7 @@ __device__ __forceinline__ void qk_bnbm_run(const void* A, const qk_u8* B, const
     uint4 wq[4][RT][2];
     float sc[4][RT][2];
     if ((qk_i64)blockIdx.x < tiles) qk_bnbm_first<NT, RT>(B, absmax, N, K, steps, blockIdx.x, g, t, warp, bs_shift, wq, sc);
-#if defined(QK_BNBM_LOADS_FIRST)
+#if !defined(QK_BNBM_FILL_FIRST)
     qk_bnbm_fill(tab, quant_type);
 #endif
     for (qk_i64 tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
@@ -283,7 +283,7 @@ __device__ __forceinline__ void qk_gemm_4bit_mma(const void* A, const qk_u8* B, 
     __shared__ float2 tab[256 * QK_BNBM_COPIES];
     __shared__ float red[QK_BNBM_WARPS * RT * 4 * NT * 32];
 #endif
-#if !defined(QK_BNBM_LOADS_FIRST)
+#if defined(QK_BNBM_FILL_FIRST)
     qk_bnbm_fill(tab, quant_type);
 #endif
     if (a_dtype == QCONFORM_DTYPE_FLOAT16)
