@@ -6,8 +6,8 @@
 #   bash ci/device.sh [all|check|mutants|users|time] [FAMILY]
 # check: pytest -m device and the conformance run; mutants: the device mutants and controls;
 # users: the worked user kernels with their wrong twins; time: the throughput tables (each part
-# well under one 10-minute device call); FAMILY (ggml, ort, ...: `qconform list --families`) limits check and time
-# to one family.
+# well under one 10-minute device call); FAMILY (ggml, ort, ...: `qconform list --families`) limits check, mutants
+# and time to one family (the mutants of every family do not fit one call).
 # BENCHES (names: gqa gqa-prefill qmoe qmoe-prefill nbits nbits-prefill bnb-gemv bnb-gemv-cpu ggml-gemv throughput) limits the time part
 # to those benches: with every family it takes longer than one 10-minute device call.
 # QUICK=1 passes --quick to each bench (their smaller shape sets: one device call for all of them).
@@ -75,7 +75,7 @@ if part mutants; then
   # MUTANT_SHARDS processes side by side (each builds its own rows), one table after
   shards="${MUTANT_SHARDS:-8}"
   for ((i = 1; i <= shards; i++)); do
-    bg "$OUT/mutants-$i.log" "$PY" tests/device_catalogue.py --shard "$i/$shards"
+    bg "$OUT/mutants-$i.log" "$PY" tests/device_catalogue.py --shard "$i/$shards" ${FAMILY:+--family "$FAMILY"}
   done
   waitall
   {

@@ -1423,6 +1423,22 @@ def write_sources(directory: Path) -> list[Path]:
     return [m.patch().write(directory / m.slug) for m in ALL if m.edits]
 
 
+def chosen_rows(only: list[str] | None = None, family: str | None = None) -> list[DeviceMutant]:
+    """The rows of ``ALL`` whose name contains one of ``only`` (None: every row) and whose op is of
+    ``family`` (``--family``, as ``ci/device.sh mutants FAMILY``; None: every family)."""
+    from qconform.cli import UsageError
+    from qconform.ops import get_op
+
+    families = sorted({get_op(m.op).family for m in ALL})
+    if family is not None and family not in families:
+        raise UsageError(f"--family: no device mutant of family {family!r}; families: {', '.join(families)}")
+    return [
+        m
+        for m in ALL
+        if (only is None or any(text in m.name for text in only)) and family in (None, get_op(m.op).family)
+    ]
+
+
 def shard_rows(rows: list[DeviceMutant], spec: str) -> list[DeviceMutant]:
     """``--shard i/n`` (1-based, the rule of ``qconform run --shard``): every n-th row from the i-th,
     so the n parts of ci/device.sh take every row once."""
@@ -1440,6 +1456,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--only", metavar="TEXT", action="append", help="only the rows whose name contains TEXT (repeatable: any)"
     )
+    parser.add_argument("--family", help="only the rows of this family's ops (ort, ggml, bnb)")
     parser.add_argument("--shard", metavar="I/N", default="1/1", help="only every N-th row from the I-th (1-based)")
     parser.add_argument("--rows", help=argparse.SUPPRESS)  # indices into ALL: a run continued in a fresh process
     args = parser.parse_args(argv)
@@ -1454,9 +1471,8 @@ def main(argv: list[str]) -> int:
     else:
         print("| device mutant / control | expected | result | |")
         print("|---|---|---|---|", flush=True)
-        chosen = [m for m in ALL if args.only is None or any(text in m.name for text in args.only)]
         try:
-            rows = shard_rows(chosen, args.shard)
+            rows = shard_rows(chosen_rows(args.only, args.family), args.shard)
         except UsageError as exc:
             parser.error(str(exc))
     as_expected = run_rows(rows)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from device_catalogue import ALL, shard_rows, verdict, write_sources
+from device_catalogue import ALL, chosen_rows, shard_rows, verdict, write_sources
 
 from qconform.device.errstate import mapped_runtimes
 from qconform.device.patch import Patch, PatchError, apply_edits
@@ -521,3 +521,18 @@ def test_dependent_launch_structures_match_cuda_h(tmp_path) -> None:
         num_at,
     )
     assert pdl.PROGRAMMATIC_STREAM_SERIALIZATION == attr_id
+
+
+def test_mutant_families_split_the_rows_once_each() -> None:
+    """``ci/device.sh mutants FAMILY`` runs ``--family FAMILY``: the families' rows together are every
+    row once, each of its family; ``--only`` narrows within one; an unknown family is a usage error
+    naming the families."""
+    from qconform.cli import UsageError
+
+    parts = {fam: chosen_rows(family=fam) for fam in ("ort", "ggml", "bnb")}
+    assert sorted(m.name for rows in parts.values() for m in rows) == sorted(m.name for m in ALL)
+    assert all(CATALOGUE[m.op].family == fam for fam, rows in parts.items() for m in rows)
+    assert [m.name for m in chosen_rows(["bnb mma"], "bnb")] == [m.name for m in ALL if "bnb mma" in m.name]
+    assert chosen_rows(["bnb mma"], "ort") == []
+    with pytest.raises(UsageError, match="--family: no device mutant of family 'gguf'; families: bnb, ggml, ort"):
+        chosen_rows(family="gguf")
