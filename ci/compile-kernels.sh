@@ -180,15 +180,17 @@ if part patched; then
   # (-DQK_GQA_PREFILL_V1; bench.gqa_prefill --variants); the keep-quant fast GEMV's round 1
   # (-DQK_KQ_FAST_V1) and round 2 with one step in flight (-DQK_KF_STEPS_M1=1; bench.ggml_gemv); every
   # programmatic-launch trigger dropped (-DQK_PDL_TRIGGER_AT_EXIT; bench.ggml_gemv's trigger_at_exit); the
-  # bnb matrix-unit GEMM with its table filled before the ring's first loads (-DQK_BNBM_FILL_FIRST;
-  # bench.bnb_gemv --variants mma)
+  # bnb matrix-unit GEMM with its table filled before the ring's first loads (-DQK_BNBM_FILL_FIRST) and
+  # with activation pieces loaded a step ahead (-DQK_BNBM_A_AHEAD=1, 2; bench.bnb_gemv --variants mma)
   front "$KERNELS/ort/gqa.hip -DQK_GQA_LEGACY" -DQK_GQA_LEGACY "$KERNELS/ort/gqa.hip"
   for def in -DQK_NBITS_ZP_SUM_V1 -DQK_NBITS_RING_STRIDED -DQK_NBITS_RING_LOADS_ONLY; do
     front "$KERNELS/ort/nbits_mma.hip $def" "$def" "$KERNELS/ort/nbits_mma.hip"
   done
   front "$KERNELS/ort/gqa_flash.hip -DQK_GQA_PREFILL_V1" -DQK_GQA_PREFILL_V1 "$KERNELS/ort/gqa_flash.hip"
   front "$KERNELS/ggml/q8_quant.hip -DQK_PDL_TRIGGER_AT_EXIT" -DQK_PDL_TRIGGER_AT_EXIT "$KERNELS/ggml/q8_quant.hip"
-  front "$KERNELS/bnb/gemm_mma.hip -DQK_BNBM_FILL_FIRST" -DQK_BNBM_FILL_FIRST "$KERNELS/bnb/gemm_mma.hip"
+  for def in -DQK_BNBM_FILL_FIRST -DQK_BNBM_A_AHEAD=1 -DQK_BNBM_A_AHEAD=2; do
+    front "$KERNELS/bnb/gemm_mma.hip $def" "$def" "$KERNELS/bnb/gemm_mma.hip"
+  done
   for def in -DQK_KQ_FAST_V1 -DQK_KF_STEPS_M1=1; do
     front "$KERNELS/ggml/keep_quant_fast.hip $def" "$def" "$KERNELS/ggml/keep_quant_fast.hip"
   done

@@ -20,14 +20,15 @@ one process, the same cold-weight rotation: session 8's SIMT kernel (the build o
 each one's spread, new x old, the roofline share, new x cuBLAS on the dequantized weights with the
 allowed ratio (M = 1), each one's time over its own M = 1 (the M target), and the suite's check
 (each output within the op's bound of the oracle, default contract) at M = 1 and 16.
-``--variants mma``: the same table for the matrix-unit kernel's build with ``-DQK_BNBM_FILL_FIRST`` (old:
-session 19's order, the CTA's pair table filled before any weight load) and the shipped one (new: the
-ring's first weight loads issued before the fill).
+``--variants mma``: the same table for the shipped matrix-unit kernel (old) and its build with the
+bench-only options of ``--build-options`` (new; default ``-DQK_BNBM_A_AHEAD=2``: the first two of a
+step's four activation pieces loaded a step ahead; ``-DQK_BNBM_FILL_FIRST``: session 19's order, the
+pair table filled before the ring's first weight loads).
 ``--variants cuda``: session 7's SIMT kernel (``-DQK_BNB_GEMM_V1``) and the current one in the
 "simt" reading, each bit-identical to the oracle's "simt" order at M = 1 and the two outputs
 byte-identical at every M. ``--quick``: the first shape, fp16, M = 1 and 16.
 
-``python -m qconform.bench.bnb_gemv [--quick] [--variants [cpu|cuda|mma]] [--json FILE]``
+``python -m qconform.bench.bnb_gemv [--quick] [--variants [cpu|cuda|mma]] [--build-options OPTIONS] [--json FILE]``
 """
 
 from __future__ import annotations
@@ -51,8 +52,7 @@ TARGET_ROOFLINE = 0.8
 TARGET_CUBLAS = 0.8  # of the ratio of the T and the 4-bit rooflines
 TARGET_M = 1.5  # M = 2..16 within this factor of M = 1
 CARRIER = {"float16": cupy.float16, "bfloat16": cupy.uint16}
-# --variants mma: the table filled before the ring's first loads (old) and the shipped build (loads first)
-MMA_VARIANTS = {"fill first": ("-DQK_BNBM_FILL_FIRST",), "shipped (mma)": ()}
+MMA_OPTIONS = "-DQK_BNBM_A_AHEAD=2"  # --variants mma: the new build's default --build-options
 
 
 def _record(
@@ -392,11 +392,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--variants", nargs="?", const="cpu", choices=("cpu", "cuda", "mma"),
         help="cpu (the default): the cpu reading's SIMT and mma kernels side by side; cuda: session 7's SIMT "
-        "kernel and the current one in the simt reading; mma: the mma kernel's -DQK_BNBM_FILL_FIRST "
-        "build and the shipped one",
+        "kernel and the current one in the simt reading; mma: the shipped mma kernel and its build with "
+        "--build-options",
+    )  # fmt: skip
+    parser.add_argument(
+        "--build-options", default=MMA_OPTIONS, metavar="OPTIONS",
+        help=f"--variants mma: the new build's bench-only -D options, space-separated (default {MMA_OPTIONS})",
     )  # fmt: skip
     a = parser.parse_args(argv)
-    mma = partial(bench_cpu_variants, variants=MMA_VARIANTS)
+    mma = partial(bench_cpu_variants, variants={"shipped (mma)": (), a.build_options: tuple(a.build_options.split())})
     run = {None: bench, "cpu": bench_cpu_variants, "cuda": bench_variants, "mma": mma}[a.variants]
     records = run(SHAPES[:1], DTYPES[:1], (1, 16), 20) if a.quick else run()
     return finish(records, a.json, ("PASS", "n/a (M=1 checked)", "n/a (M=1, 16 checked)"))

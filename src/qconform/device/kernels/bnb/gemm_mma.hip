@@ -140,19 +140,41 @@ __device__ __forceinline__ void qk_bnbm_first(const qk_u8* B, const float* absma
     }
 }
 
-/* one step of a warp: the lane's RT x 2 x 16 bytes of W (decoded here) against NT n-tiles of tokens */
-template <int DT, int NT, int RT>
-__device__ __forceinline__ void qk_bnbm_step(const qk_u16* A, const float2* tab, qk_i64 M, qk_i64 K, qk_i64 k, int g,
-                                             qk_u32 low, const uint4 w[RT][2], const float sc[RT][2],
-                                             float d[RT][NT][4]) {
-    uint4 act[NT][4]; /* token nt * 8 + g, values k .. k + 31 */
+/* a step's activations for a lane: token nt * 8 + g, values k + 8 q .. k + 8 q + 7 for q in [Q0, Q1)
+ * (zeros past M or K) */
+template <int NT, int Q0 = 0, int Q1 = 4>
+__device__ __forceinline__ void qk_bnbm_act(const qk_u16* A, qk_i64 M, qk_i64 K, qk_i64 k, int g, uint4 act[NT][4]) {
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
         const qk_i64 tok = nt * 8 + g;
 #pragma unroll
-        for (int q = 0; q < 4; ++q)
+        for (int q = Q0; q < Q1; ++q)
             act[nt][q] = tok < M && k < K ? *(const uint4*)(A + tok * K + k + 8 * q) : make_uint4(0u, 0u, 0u, 0u);
     }
+}
+
+/* one step of a warp: the lane's RT x 2 x 16 bytes of W (decoded here) against NT n-tiles of tokens;
+ * -DQK_BNBM_A_AHEAD=P (bench-only, `python -m qconform.bench.bnb_gemv --variants mma`): the step's
+ * first P of its 4 activation pieces come loaded a step before (`ahead`), the rest are loaded here */
+template <int DT, int NT, int RT>
+__device__ __forceinline__ void qk_bnbm_step(const qk_u16* A, const float2* tab, qk_i64 M, qk_i64 K, qk_i64 k, int g,
+                                             qk_u32 low, const uint4 w[RT][2], const float sc[RT][2],
+                                             float d[RT][NT][4]
+#if defined(QK_BNBM_A_AHEAD)
+                                             ,
+                                             const uint4 ahead[NT][4]
+#endif
+) {
+    uint4 act[NT][4];
+#if defined(QK_BNBM_A_AHEAD)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int q = 0; q < QK_BNBM_A_AHEAD; ++q) act[nt][q] = ahead[nt][q];
+    qk_bnbm_act<NT, QK_BNBM_A_AHEAD, 4>(A, M, K, k, g, act);
+#else
+    qk_bnbm_act<NT>(A, M, K, k, g, act);
+#endif
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
         const int word = i >> 1, j0 = 2 * (i & 1);
@@ -201,6 +223,10 @@ __device__ __forceinline__ void qk_bnbm_run(const void* A, const qk_u8* B, const
     uint4 wq[4][RT][2];
     float sc[4][RT][2];
     if ((qk_i64)blockIdx.x < tiles) qk_bnbm_first<NT, RT>(B, absmax, N, K, steps, blockIdx.x, g, t, warp, bs_shift, wq, sc);
+#if defined(QK_BNBM_A_AHEAD)
+    uint4 ahead_act[NT][4]; /* pieces [0, QK_BNBM_A_AHEAD) of the warp's next step */
+    qk_bnbm_act<NT, 0, QK_BNBM_A_AHEAD>(a16, M, K, QK_BNBM_STEP * warp + 32 * t, g, ahead_act);
+#endif
 #if !defined(QK_BNBM_FILL_FIRST)
     qk_bnbm_fill(tab, quant_type);
 #endif
@@ -233,7 +259,19 @@ __device__ __forceinline__ void qk_bnbm_run(const void* A, const qk_u8* B, const
                     qk_bnbm_load(B, absmax, r0[rt], r1[rt], ahead < steps ? K : 0, QK_BNBM_STEP * ahead + 32 * t,
                                  bs_shift, wq[p][rt], sc[p][rt]);
                 }
+#if defined(QK_BNBM_A_AHEAD)
+                /* this step's first pieces; the warp's next step's (the next tile's first after the last) */
+                uint4 now[NT][4];
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                    for (int q = 0; q < QK_BNBM_A_AHEAD; ++q) now[nt][q] = ahead_act[nt][q];
+                const qk_i64 next = s + QK_BNBM_WARPS < steps ? s + QK_BNBM_WARPS : (qk_i64)warp;
+                qk_bnbm_act<NT, 0, QK_BNBM_A_AHEAD>(a16, M, K, QK_BNBM_STEP * next + 32 * t, g, ahead_act);
+                qk_bnbm_step<DT, NT, RT>(a16, tab, M, K, QK_BNBM_STEP * s + 32 * t, g, low, w, f, d, now);
+#else
                 qk_bnbm_step<DT, NT, RT>(a16, tab, M, K, QK_BNBM_STEP * s + 32 * t, g, low, w, f, d);
+#endif
             }
         }
         /* the next tile's first steps in flight during the reduction (the ring is free: its last
