@@ -155,7 +155,15 @@ __device__ __forceinline__ void qk_bnbm_act(const qk_u16* A, qk_i64 M, qk_i64 K,
 
 /* one step of a warp: the lane's RT x 2 x 16 bytes of W (decoded here) against NT n-tiles of tokens;
  * -DQK_BNBM_A_AHEAD=P (bench-only, `python -m qconform.bench.bnb_gemv --variants mma`): the step's
- * first P of its 4 activation pieces come loaded a step before (`ahead`), the rest are loaded here */
+ * first P of its 4 activation pieces come loaded a step before (`ahead`), the rest are loaded here;
+ * one n-tile of tokens only (qk_bnbm_ahead: n2's ring leaves no registers for them) */
+#if defined(QK_BNBM_A_AHEAD)
+template <int NT>
+__device__ constexpr int qk_bnbm_ahead() {
+    return NT == 1 ? QK_BNBM_A_AHEAD : 0;
+}
+#endif
+
 template <int DT, int NT, int RT>
 __device__ __forceinline__ void qk_bnbm_step(const qk_u16* A, const float2* tab, qk_i64 M, qk_i64 K, qk_i64 k, int g,
                                              qk_u32 low, const uint4 w[RT][2], const float sc[RT][2],
@@ -170,8 +178,8 @@ __device__ __forceinline__ void qk_bnbm_step(const qk_u16* A, const float2* tab,
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-        for (int q = 0; q < QK_BNBM_A_AHEAD; ++q) act[nt][q] = ahead[nt][q];
-    qk_bnbm_act<NT, QK_BNBM_A_AHEAD, 4>(A, M, K, k, g, act);
+        for (int q = 0; q < qk_bnbm_ahead<NT>(); ++q) act[nt][q] = ahead[nt][q];
+    qk_bnbm_act<NT, qk_bnbm_ahead<NT>(), 4>(A, M, K, k, g, act);
 #else
     qk_bnbm_act<NT>(A, M, K, k, g, act);
 #endif
@@ -224,8 +232,8 @@ __device__ __forceinline__ void qk_bnbm_run(const void* A, const qk_u8* B, const
     float sc[4][RT][2];
     if ((qk_i64)blockIdx.x < tiles) qk_bnbm_first<NT, RT>(B, absmax, N, K, steps, blockIdx.x, g, t, warp, bs_shift, wq, sc);
 #if defined(QK_BNBM_A_AHEAD)
-    uint4 ahead_act[NT][4]; /* pieces [0, QK_BNBM_A_AHEAD) of the warp's next step */
-    qk_bnbm_act<NT, 0, QK_BNBM_A_AHEAD>(a16, M, K, QK_BNBM_STEP * warp + 32 * t, g, ahead_act);
+    uint4 ahead_act[NT][4]; /* pieces [0, qk_bnbm_ahead<NT>()) of the warp's next step */
+    qk_bnbm_act<NT, 0, qk_bnbm_ahead<NT>()>(a16, M, K, QK_BNBM_STEP * warp + 32 * t, g, ahead_act);
 #endif
 #if !defined(QK_BNBM_FILL_FIRST)
     qk_bnbm_fill(tab, quant_type);
@@ -265,9 +273,9 @@ __device__ __forceinline__ void qk_bnbm_run(const void* A, const qk_u8* B, const
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-                    for (int q = 0; q < QK_BNBM_A_AHEAD; ++q) now[nt][q] = ahead_act[nt][q];
+                    for (int q = 0; q < qk_bnbm_ahead<NT>(); ++q) now[nt][q] = ahead_act[nt][q];
                 const qk_i64 next = s + QK_BNBM_WARPS < steps ? s + QK_BNBM_WARPS : (qk_i64)warp;
-                qk_bnbm_act<NT, 0, QK_BNBM_A_AHEAD>(a16, M, K, QK_BNBM_STEP * next + 32 * t, g, ahead_act);
+                qk_bnbm_act<NT, 0, qk_bnbm_ahead<NT>()>(a16, M, K, QK_BNBM_STEP * next + 32 * t, g, ahead_act);
                 qk_bnbm_step<DT, NT, RT>(a16, tab, M, K, QK_BNBM_STEP * s + 32 * t, g, low, w, f, d, now);
 #else
                 qk_bnbm_step<DT, NT, RT>(a16, tab, M, K, QK_BNBM_STEP * s + 32 * t, g, low, w, f, d);
