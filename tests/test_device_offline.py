@@ -123,6 +123,16 @@ def test_kernels_name_leaves_of_their_op() -> None:
             assert {j.leaves for j in KERNELS if j.op == k.op} == {k.leaves}, k.op
 
 
+def test_fake_quantize_kernel_names_every_integer_leaf() -> None:
+    """``registry.FAKE_QUANTIZE_LEAVES`` (a literal, the registry imports no op) is exactly the catalogue's
+    fake_quantize leaves of the types its ABI takes: a new integer leaf is not left out of the device suite."""
+    from qconform.device.registry import FAKE_QUANTIZE_LEAVES
+    from qconform.oracles.ort.qdq import FP8_TYPES
+
+    integer = {lf.name for lf in CATALOGUE["fake_quantize"].leaves if lf.params["dtype"] not in FP8_TYPES}
+    assert set(FAKE_QUANTIZE_LEAVES) == integer
+
+
 def test_every_device_mutant_symbol_exists() -> None:
     for m in ALL:
         text = m.patch().text() if m.edits else m.path().read_text()
