@@ -28,7 +28,8 @@ pair table filled before the ring's first weight loads).
 "simt" reading, each bit-identical to the oracle's "simt" order at M = 1 and the two outputs
 byte-identical at every M. ``--quick``: the first shape, fp16, M = 1 and 16.
 
-``python -m qconform.bench.bnb_gemv [--quick] [--variants [cpu|cuda|mma]] [--build-options OPTIONS] [--json FILE]``
+``python -m qconform.bench.bnb_gemv [--quick] [--variants [cpu|cuda|mma]] [--build-options=OPTIONS] [--json FILE]``
+(``--build-options`` takes its value after ``=``: a value starting with ``-D`` would read as an option.)
 """
 
 from __future__ import annotations
@@ -397,7 +398,8 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument(
         "--build-options", default=MMA_OPTIONS, metavar="OPTIONS",
-        help=f"--variants mma: the new build's bench-only -D options, space-separated (default {MMA_OPTIONS})",
+        help=f"--variants mma: the new build's bench-only -D options, space-separated, given with '=' "
+        f"(--build-options=-DQK_BNBM_A_AHEAD=1; default {MMA_OPTIONS})",
     )  # fmt: skip
     a = parser.parse_args(argv)
     mma = partial(bench_cpu_variants, variants={"shipped (mma)": (), a.build_options: tuple(a.build_options.split())})

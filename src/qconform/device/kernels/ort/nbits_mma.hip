@@ -607,9 +607,11 @@ __device__ __forceinline__ void qk_ring_chunks(float acc[R * 4], const qk_u32 ws
  * (no barrier passed, its copies drained) and the wrapper computes the CTA's outputs with
  * qk_nbits_f32_tile; true otherwise.
  *
- * Bench-only build options (qconform.bench.nbits --variants ring): -DQK_NBITS_RING_STRIDED, warp wk
- * takes superchunks wk, wk + wk_n, ... instead of one contiguous range (the CTA's warps then read
- * adjacent 64-byte pieces of each row at about the same time: other sums' order, the same bound);
+ * The superchunks of a warp: for BITS 4, strided (warp wk takes wk, wk + wk_n, ...: the CTA's warps
+ * read adjacent 64-byte pieces of each row at about the same time); for BITS 2, one contiguous range
+ * of n_super / wk_n (each warp its own part of the row). The order of the partial sums differs, the
+ * bound is the same. Bench-only build options (qconform.bench.nbits --variants ring):
+ * -DQK_NBITS_RING_STRIDED and -DQK_NBITS_RING_CONTIGUOUS, one order for both bit widths;
  * -DQK_NBITS_RING_LOADS_ONLY, the copies and waits without the chunks' arithmetic (a diagnostic:
  * its outputs are zeros). */
 /* a token group with an activation the split does not carry (qk_nbits_split_a's flags) */
@@ -631,10 +633,14 @@ __device__ __forceinline__ bool qk_nbits_mmaa(const qk_u16* A, const qk_u8* B, c
     const int row0 = (int)blockIdx.x * 16 * R;
     const int n_chunks = (K + 63) / 64, n_super = (n_chunks + SC - 1) / SC;
 #if defined(QK_NBITS_RING_STRIDED)
-    const int s_lo = wk, s_hi = n_super, s_step = wk_n;
+    constexpr bool strided = true;
+#elif defined(QK_NBITS_RING_CONTIGUOUS)
+    constexpr bool strided = false;
 #else
-    const int s_lo = wk * n_super / wk_n, s_hi = (wk + 1) * n_super / wk_n, s_step = 1;
+    constexpr bool strided = BITS == 4; /* measured per bit width: docs/perf-notes.md, session 32 */
 #endif
+    const int s_lo = strided ? wk : wk * n_super / wk_n, s_hi = strided ? n_super : (wk + 1) * n_super / wk_n;
+    const int s_step = strided ? wk_n : 1;
     const qk_i64 row_bytes = (qk_i64)k_blocks * ((64 << cpb_shift) * BITS / 8);
     const qk_i64 n_scales = (qk_i64)N * k_blocks;
     const int grp = F32 ? (int)blockIdx.y : 0; /* F32: the token group (4 tokens) of this CTA */
