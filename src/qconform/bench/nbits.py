@@ -13,7 +13,7 @@ times every decode candidate (``registry.MMA_DECODE_CANDIDATES`` x warps per SM)
 matrix-unit kernel (decode_zp shape) in the session-3 arithmetic (build option
 ``-DQK_NBITS_ZP_SUM_V1``: the zero point through sum(a)) and the session-10 one (its integer part
 folded into the weights) side by side; then the fp16 ring decode kernel as shipped beside its
-bench-only builds ``-DQK_NBITS_RING_CONTIGUOUS``, ``-DQK_NBITS_RING_STRIDED`` and ``-DQK_NBITS_RING_LOADS_ONLY``
+bench-only builds ``-DQK_NBITS_RING_STRIDED_U4``, ``-DQK_NBITS_RING_STRIDED`` and ``-DQK_NBITS_RING_LOADS_ONLY``
 (``ring_variants``).
 ``--variants f32`` / ``zp`` / ``ring``: one table only.
 """
@@ -342,22 +342,22 @@ def zp_variants(
 
 
 RING_STRIDED = "-DQK_NBITS_RING_STRIDED"  # build option: each warp's superchunks strided over the CTA's
-RING_CONTIGUOUS = "-DQK_NBITS_RING_CONTIGUOUS"  # build option: each warp one contiguous range of superchunks
+RING_STRIDED_U4 = "-DQK_NBITS_RING_STRIDED_U4"  # build option: RING_STRIDED for 4-bit weights only
 RING_LOADS_ONLY = "-DQK_NBITS_RING_LOADS_ONLY"  # build option: the ring's copies and waits only (diagnostic)
 
 
 def ring_variants(shapes=SHAPES, bits_list=(2, 4), ms=(1, 8), reps: int = 50, verdicts: bool = True) -> bool:
-    """The fp16 ring decode kernel as shipped (u2: each warp a contiguous range of superchunks; u4:
-    the warps' superchunks strided), with one order forced for both widths (``RING_CONTIGUOUS``,
-    ``RING_STRIDED``) and with its copies alone (``RING_LOADS_ONLY``, no verdict: its outputs are
-    zeros), side by side on the same cold weights and in the shipped build's launch plan, against the
-    read-only roofline of the weights, scales and activations."""
+    """The fp16 ring decode kernel as shipped (each warp a contiguous range of superchunks), with its
+    warps' superchunks strided for u4 only (``RING_STRIDED_U4``) and for both widths (``RING_STRIDED``),
+    and with its copies alone (``RING_LOADS_ONLY``, no verdict: its outputs are zeros), side by side on
+    the same cold weights and in the shipped build's launch plan, against the read-only roofline of
+    the weights, scales and activations."""
     from qconform.device import ort as ort_launch
 
     launcher = importlib.import_module("qconform.device.ort.matmul_nbits")  # the module, not its function
     builds = (
-        ("shipped", ()),
-        ("contiguous", (RING_CONTIGUOUS,)),
+        ("contiguous (shipped)", ()),
+        ("strided u4", (RING_STRIDED_U4,)),
         ("strided", (RING_STRIDED,)),
         ("loads only", (RING_LOADS_ONLY,)),
     )
