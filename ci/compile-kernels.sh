@@ -176,7 +176,8 @@ if part patched; then
   # kernels of ort/gqa.hip (-DQK_GQA_LEGACY; bench.gqa --variants flash,legacy); the session-3 zero-point
   # arithmetic of the fp16-A matrix-unit kernels (-DQK_NBITS_ZP_SUM_V1; bench.nbits --variants and the
   # device mutant "mma GEMV fp16 A: zero point through sum(a)") and the ring decode's strided (both widths, u4
-  # only) and loads-only builds (-DQK_NBITS_RING_STRIDED, -DQK_NBITS_RING_STRIDED_U4, -DQK_NBITS_RING_LOADS_ONLY; bench.nbits --variants ring); the flash prefill's session-8 kernels
+  # only) and loads-only builds (-DQK_NBITS_RING_STRIDED, -DQK_NBITS_RING_STRIDED_U4,
+  # -DQK_NBITS_RING_LOADS_ONLY; bench.nbits --variants ring); the flash prefill's session-8 kernels
   # (-DQK_GQA_PREFILL_V1; bench.gqa_prefill --variants); the keep-quant fast GEMV's round 1
   # (-DQK_KQ_FAST_V1) and round 2 with one step in flight (-DQK_KF_STEPS_M1=1; bench.ggml_gemv); every
   # programmatic-launch trigger dropped (-DQK_PDL_TRIGGER_AT_EXIT; bench.ggml_gemv's trigger_at_exit); the
