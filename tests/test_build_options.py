@@ -1,0 +1,89 @@
+"""Every ``-DQK_*`` build option that qconform's launchers, benches, device mutants and CI scripts pass is read
+somewhere: by a preprocessor line of a kernel source (``#if defined(X)``, ``#ifdef X``, ...) or by a
+launcher that looks for it in ``launchers.OPTIONS``. A misspelt option would otherwise build the
+shipped kernel unchanged, and a bench would time the shipped kernel against itself."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+KERNELS = ROOT / "src/qconform/device/kernels"
+PASSED_BY = [
+    *sorted((ROOT / "src/qconform").rglob("*.py")),
+    ROOT / "tests/device_catalogue.py",
+    *sorted(ROOT.glob("ci/*.sh")),
+]
+OPTION = re.compile(r"""["' ]-D(QK_[A-Z0-9_]+)(?:=[^"'\s]*)?(?=["'\s])""")
+CONSTANT = re.compile(r"""^\s*([A-Z][A-Z0-9_]*)\s*=\s*["']-D(QK_[A-Z0-9_]+)["']""", re.M)
+
+
+def passed_options(texts: dict[str, str]) -> dict[str, set[str]]:
+    """{macro: the files that pass it as a -D option in a string}."""
+    found: dict[str, set[str]] = {}
+    for name, text in texts.items():
+        for macro in OPTION.findall(text):
+            found.setdefault(macro, set()).add(name)
+    return found
+
+
+def preprocessor_macros(sources: list[str]) -> set[str]:
+    """The identifiers on the preprocessor lines of kernel sources."""
+    words: set[str] = set()
+    for text in sources:
+        for line in text.splitlines():
+            if line.lstrip().startswith("#"):
+                words.update(re.findall(r"\b[A-Z_][A-Z0-9_]*\b", line))
+    return words
+
+
+def launcher_reads(texts: list[str]) -> set[str]:
+    """The macros whose constant (``NAME = "-DX"``) a module tests against ``OPTIONS`` (``NAME in
+    launchers.OPTIONS``, ``any(o in launchers.OPTIONS for o in (NAME, ...))``)."""
+    read: set[str] = set()
+    for text in texts:
+        for name, macro in CONSTANT.findall(text):
+            uses = [line for line in text.splitlines() if "OPTIONS" in line and re.search(rf"\b{name}\b", line)]
+            if any(not re.match(rf"\s*{name}\s*=", line) for line in uses):
+                read.add(macro)
+    return read
+
+
+def unread(passed: dict[str, set[str]], pre: set[str], launch: set[str]) -> list[str]:
+    return sorted(f"-D{m} (passed by {', '.join(sorted(passed[m]))})" for m in passed if m not in pre | launch)
+
+
+def _tree() -> tuple[dict[str, set[str]], set[str], set[str]]:
+    texts = {str(p.relative_to(ROOT)): p.read_text() for p in PASSED_BY}
+    kernels = [p.read_text() for p in sorted(KERNELS.rglob("*")) if p.suffix in (".hip", ".h", ".cu", ".cuh")]
+    device_py = [t for n, t in texts.items() if n.startswith("src/qconform/device/")]
+    return passed_options(texts), preprocessor_macros(kernels), launcher_reads(device_py)
+
+
+def test_every_build_option_is_read_by_a_kernel_or_a_launcher():
+    passed, pre, launch = _tree()
+    assert len(passed) >= 20, sorted(passed)  # the scan finds the options (31 when written)
+    assert unread(passed, pre, launch) == []
+
+
+def test_a_misspelt_option_is_reported():
+    """Mutants: an option nobody reads (a typo of a real one), and a real option whose kernel line is gone."""
+    passed, pre, launch = _tree()
+    typo = passed_options({"bench.py": 'RING = "-DQK_NBITS_RING_STRIDED_U5"'})
+    assert unread(typo, pre, launch) == ["-DQK_NBITS_RING_STRIDED_U5 (passed by bench.py)"]
+    assert "QK_NBITS_RING_STRIDED_U4" in passed
+    kernel_gone = pre - {"QK_NBITS_RING_STRIDED_U4"}
+    assert unread(passed, kernel_gone, launch) == [
+        f"-DQK_NBITS_RING_STRIDED_U4 (passed by {', '.join(sorted(passed['QK_NBITS_RING_STRIDED_U4']))})"
+    ]
+
+
+def test_a_launcher_reads_its_option_only_through_options():
+    """A constant assigned and never compared with OPTIONS is not a read; one compared is."""
+    assigned_only = 'X = "-DQK_FOO"\nOPTIONS_DOC = 1\n'
+    compared = 'X = "-DQK_FOO"\nif X in launchers.OPTIONS:\n    pass\n'
+    grouped = 'X = "-DQK_FOO"\nok = any(o in launchers.OPTIONS for o in (Y, X))\n'
+    assert launcher_reads([assigned_only]) == set()
+    assert launcher_reads([compared]) == {"QK_FOO"}
+    assert launcher_reads([grouped]) == {"QK_FOO"}
