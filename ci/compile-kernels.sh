@@ -169,8 +169,9 @@ if part patched; then
     compile "$label" nvcc_front -ptx -arch=$arch -Xcicc --no_code_gen -Werror all-warnings $INCLUDES "${defs[@]}" \
       -x cu -o "$tmp/k.ptx" "$src"
   }
-  for src in "$tmp"/patched/*/*.hip; do
-    front "$src for sm_90 (front end)" -DQK_MMA_DEFAULT_ONLY "$src"
+  for src in "$tmp"/patched/*/*.hip; do  # with the row's -D options (its options file) as the suite builds it
+    read -ra row_defs <"$(dirname "$src")/options"
+    front "$src for sm_90 (front end)" -DQK_MMA_DEFAULT_ONLY "${row_defs[@]}" "$src"
   done
   # the benches' diagnostic builds, sm_90 only (the benches run on NVIDIA): the session-7 attention
   # kernels of ort/gqa.hip (-DQK_GQA_LEGACY; bench.gqa --variants flash,legacy); the session-3 zero-point
@@ -195,6 +196,25 @@ if part patched; then
   for def in -DQK_KQ_FAST_V1 -DQK_KF_STEPS_M1=1; do
     front "$KERNELS/ggml/keep_quant_fast.hip $def" "$def" "$KERNELS/ggml/keep_quant_fast.hip"
   done
+  # the other builds the benches and the device mutants' controls load (each option a kernel reads: tests/
+  # test_build_options.py): the portable mma's shuffle form on NVIDIA (-DQK_MMA_EMULATE), bnb's 16-copy
+  # table (-DQK_BNBM_TAB16), its cpu reading on the SIMT kernel (-DQK_BNB_CPU_SIMT) and session 7's SIMT
+  # GEMM (-DQK_BNB_GEMM_V1), GQA's session-9 flash decode (-DQK_GQA_FLASH_V1) and int8 transposed cache as
+  # uint8 (-DQK_GQA_I8T_U8), QMoE's session-3 decode (-DQK_MOE_DECODE_V1) and round 1's grouped GEMM
+  # (-DQK_MOE_GEMM_V1), MatMulNBits prefill without wgmma (-DQK_NBITS_NO_WGMMA)
+  front "$KERNELS/bnb/gemm_mma.hip -DQK_MMA_EMULATE -DQK_BNBM_TAB16" -DQK_MMA_EMULATE -DQK_BNBM_TAB16 \
+    "$KERNELS/bnb/gemm_mma.hip"
+  front "$KERNELS/bnb/gemm_mma.hip -DQK_BNB_CPU_SIMT" -DQK_BNB_CPU_SIMT "$KERNELS/bnb/gemm_mma.hip"
+  front "$KERNELS/bnb/gemm_simt.hip -DQK_BNB_GEMM_V1" -DQK_BNB_GEMM_V1 "$KERNELS/bnb/gemm_simt.hip"
+  for def in -DQK_GQA_FLASH_V1 -DQK_GQA_I8T_U8 -DQK_MMA_EMULATE; do
+    front "$KERNELS/ort/gqa.hip $def" "$def" "$KERNELS/ort/gqa.hip"
+  done
+  for def in -DQK_MOE_DECODE_V1 -DQK_MOE_GEMM_V1 -DQK_MMA_EMULATE; do
+    front "$KERNELS/ort/qmoe.hip $def" "$def" "$KERNELS/ort/qmoe.hip"
+  done
+  front "$KERNELS/ort/gqa_flash.hip -DQK_MMA_EMULATE" -DQK_MMA_EMULATE "$KERNELS/ort/gqa_flash.hip"
+  front "$KERNELS/ort/nbits_mma.hip -DQK_MMA_EMULATE" -DQK_MMA_EMULATE -DQK_MMA_DEFAULT_ONLY "$KERNELS/ort/nbits_mma.hip"
+  front "$KERNELS/ort/nbits_wgmma.hip -DQK_NBITS_NO_WGMMA" -DQK_NBITS_NO_WGMMA "$KERNELS/ort/nbits_wgmma.hip"
 fi
 for pid in $(jobs -p); do wait "$pid" || fail=1; done
 [ "$fail" = 0 ] || { echo "compile-kernels: a compile FAILED (log above)" >&2; exit 1; }

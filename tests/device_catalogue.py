@@ -1419,8 +1419,15 @@ def verdict(m: DeviceMutant, result) -> tuple[bool, str]:
 
 def write_sources(directory: Path) -> list[Path]:
     """Write every patched kernel source the suite loads, each as ``directory/<name>/<file>`` beside
-    copies of the headers of its folder (for the offline compile gate); returns their paths."""
-    return [m.patch().write(directory / m.slug) for m in ALL if m.edits]
+    copies of the headers of its folder and a file ``options`` holding the row's -D build options
+    (for the offline compile gate, which builds the copy with them); returns the sources' paths."""
+    paths = []
+    for m in ALL:
+        if m.edits:
+            paths.append(m.patch().write(directory / m.slug))
+            defines = [o for o in m.options.split() if o.startswith("-D")]
+            (directory / m.slug / "options").write_text(" ".join(defines) + "\n")
+    return paths
 
 
 def chosen_rows(only: list[str] | None = None, family: str | None = None) -> list[DeviceMutant]:

@@ -1,7 +1,9 @@
 """Every ``-DQK_*`` build option that qconform's launchers, benches, device mutants and CI scripts pass is read
 somewhere: by a preprocessor line of a kernel source (``#if defined(X)``, ``#ifdef X``, ...) or by a
 launcher that looks for it in ``launchers.OPTIONS``. A misspelt option would otherwise build the
-shipped kernel unchanged, and a bench would time the shipped kernel against itself."""
+shipped kernel unchanged, and a bench would time the shipped kernel against itself. And every option
+a kernel reads is built by the offline compile gate (ci/compile-kernels.sh), so a bench-only or
+control build cannot rot unseen between device sessions."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+GATE = ROOT / "ci/compile-kernels.sh"
 KERNELS = ROOT / "src/qconform/device/kernels"
 PASSED_BY = [
     *sorted((ROOT / "src/qconform").rglob("*.py")),
@@ -54,6 +57,11 @@ def unread(passed: dict[str, set[str]], pre: set[str], launch: set[str]) -> list
     return sorted(f"-D{m} (passed by {', '.join(sorted(passed[m]))})" for m in passed if m not in pre | launch)
 
 
+def ungated(passed: dict[str, set[str]], pre: set[str], gate: str) -> list[str]:
+    """The options a kernel reads that the compile gate's text never passes (``-DX`` or ``-DX=...``)."""
+    return sorted(f"-D{m}" for m in passed if m in pre and not re.search(rf"-D{m}(?![A-Z0-9_])", gate))
+
+
 def _tree() -> tuple[dict[str, set[str]], set[str], set[str]]:
     texts = {str(p.relative_to(ROOT)): p.read_text() for p in PASSED_BY}
     kernels = [p.read_text() for p in sorted(KERNELS.rglob("*")) if p.suffix in (".hip", ".h", ".cu", ".cuh")]
@@ -87,3 +95,13 @@ def test_a_launcher_reads_its_option_only_through_options():
     assert launcher_reads([assigned_only]) == set()
     assert launcher_reads([compared]) == {"QK_FOO"}
     assert launcher_reads([grouped]) == {"QK_FOO"}
+
+
+def test_every_option_a_kernel_reads_is_compile_gated():
+    passed, pre, _ = _tree()
+    gate = GATE.read_text()
+    assert ungated(passed, pre, gate) == []
+    # mutant: the gate's QK_GQA_FLASH_V1 build dropped (and a prefix of a gated option is no match)
+    dropped = gate.replace("-DQK_GQA_FLASH_V1", "")
+    assert ungated(passed, pre, dropped) == ["-DQK_GQA_FLASH_V1"]
+    assert ungated({"QK_NBITS_RING": {"x"}}, {"QK_NBITS_RING"}, gate) == ["-DQK_NBITS_RING"]

@@ -228,6 +228,10 @@ def test_patch_rules_and_written_sources(tmp_path) -> None:
         assert path.name == patch.source.name and path.read_text() == patch.text(), name
         for header in patch.source.parent.glob("*.h"):
             assert (path.parent / header.name).read_bytes() == header.read_bytes(), name
+    for path in written:  # the row's -D options beside its copy: the compile gate builds it with them
+        assert (path.parent / "options").is_file(), path
+    kq = next(m for m in ALL if m.edits and "(-DQK_KQ_FAST_V1)" in m.name)
+    assert (tmp_path / kq.slug / "options").read_text().split() == ["-DQK_KQ_FAST_V1"]
     ring = dict(patches)["ring GEMV: the quad transpose reads unswizzled slots"]
     with Patch(KERNEL_DIR / "ort/nbits_mma.hip", ring.edits).materialised() as path:
         assert path.read_text() == ring.text() and (path.parent / "ort_common.h").is_file()
