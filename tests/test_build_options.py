@@ -58,8 +58,10 @@ def unread(passed: dict[str, set[str]], pre: set[str], launch: set[str]) -> list
 
 
 def ungated(passed: dict[str, set[str]], pre: set[str], gate: str) -> list[str]:
-    """The options a kernel reads that the compile gate's text never passes (``-DX`` or ``-DX=...``)."""
-    return sorted(f"-D{m}" for m in passed if m in pre and not re.search(rf"-D{m}(?![A-Z0-9_])", gate))
+    """The options a kernel reads that the compile gate's commands never pass (``-DX`` or ``-DX=...``;
+    its comment lines do not count)."""
+    code = "\n".join(line for line in gate.splitlines() if not line.lstrip().startswith("#"))
+    return sorted(f"-D{m}" for m in passed if m in pre and not re.search(rf"-D{m}(?![A-Z0-9_])", code))
 
 
 def _tree() -> tuple[dict[str, set[str]], set[str], set[str]]:
@@ -105,3 +107,5 @@ def test_every_option_a_kernel_reads_is_compile_gated():
     dropped = gate.replace("-DQK_GQA_FLASH_V1", "")
     assert ungated(passed, pre, dropped) == ["-DQK_GQA_FLASH_V1"]
     assert ungated({"QK_NBITS_RING": {"x"}}, {"QK_NBITS_RING"}, gate) == ["-DQK_NBITS_RING"]
+    # mutant: named only in a comment of the gate
+    assert ungated({"QK_FOO": {"x"}}, {"QK_FOO"}, "  # the -DQK_FOO build\nfront a b\n") == ["-DQK_FOO"]
