@@ -80,12 +80,12 @@ def test_every_build_option_is_read_by_a_kernel_or_a_launcher():
 def test_a_misspelt_option_is_reported():
     """Mutants: an option nobody reads (a typo of a real one), and a real option whose kernel line is gone."""
     passed, pre, launch = _tree()
-    typo = passed_options({"bench.py": 'RING = "-DQK_NBITS_RING_STRIDED_U5"'})
-    assert unread(typo, pre, launch) == ["-DQK_NBITS_RING_STRIDED_U5 (passed by bench.py)"]
-    assert "QK_NBITS_RING_STRIDED_U4" in passed
-    kernel_gone = pre - {"QK_NBITS_RING_STRIDED_U4"}
+    typo = passed_options({"bench.py": 'RING = "-DQK_NBITS_RING_CONTIGUOUZ"'})
+    assert unread(typo, pre, launch) == ["-DQK_NBITS_RING_CONTIGUOUZ (passed by bench.py)"]
+    assert "QK_NBITS_RING_CONTIGUOUS" in passed
+    kernel_gone = pre - {"QK_NBITS_RING_CONTIGUOUS"}
     assert unread(passed, kernel_gone, launch) == [
-        f"-DQK_NBITS_RING_STRIDED_U4 (passed by {', '.join(sorted(passed['QK_NBITS_RING_STRIDED_U4']))})"
+        f"-DQK_NBITS_RING_CONTIGUOUS (passed by {', '.join(sorted(passed['QK_NBITS_RING_CONTIGUOUS']))})"
     ]
 
 

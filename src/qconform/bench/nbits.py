@@ -13,7 +13,7 @@ times every decode candidate (``registry.MMA_DECODE_CANDIDATES`` x warps per SM)
 matrix-unit kernel (decode_zp shape) in the session-3 arithmetic (build option
 ``-DQK_NBITS_ZP_SUM_V1``: the zero point through sum(a)) and the session-10 one (its integer part
 folded into the weights) side by side; then the fp16 ring decode kernel as shipped beside its
-bench-only builds ``-DQK_NBITS_RING_STRIDED_U4``, ``-DQK_NBITS_RING_STRIDED`` and ``-DQK_NBITS_RING_LOADS_ONLY``
+bench-only builds ``-DQK_NBITS_RING_CONTIGUOUS``, ``-DQK_NBITS_RING_STRIDED`` and ``-DQK_NBITS_RING_LOADS_ONLY``
 (``ring_variants``).
 ``--variants f32`` / ``zp`` / ``ring``: one table only.
 """
@@ -341,23 +341,24 @@ def zp_variants(
     return ok
 
 
-RING_STRIDED = "-DQK_NBITS_RING_STRIDED"  # build option: each warp's superchunks strided over the CTA's
-RING_STRIDED_U4 = "-DQK_NBITS_RING_STRIDED_U4"  # build option: RING_STRIDED for 4-bit weights only
+RING_STRIDED = "-DQK_NBITS_RING_STRIDED"  # build option: each warp's superchunks strided, both widths
+RING_CONTIGUOUS = "-DQK_NBITS_RING_CONTIGUOUS"  # build option: each warp's a contiguous range, both widths
 RING_LOADS_ONLY = "-DQK_NBITS_RING_LOADS_ONLY"  # build option: the ring's copies and waits only (diagnostic)
 
 
 def ring_variants(shapes=SHAPES, bits_list=(2, 4), ms=(1, 8), reps: int = 50, verdicts: bool = True) -> bool:
-    """The fp16 ring decode kernel as shipped (each warp a contiguous range of superchunks), with its
-    warps' superchunks strided for u4 only (``RING_STRIDED_U4``; for u2 that is the shipped build, not
-    timed twice) and for both widths (``RING_STRIDED``), and with its copies alone (``RING_LOADS_ONLY``,
-    no verdict: its outputs are zeros), side by side on the same cold weights and in the shipped
-    build's launch plan, against the read-only roofline of the weights, scales and activations."""
+    """The fp16 ring decode kernel as shipped (u2: each warp a contiguous range of superchunks; u4:
+    the warps' superchunks strided), with the other order (``RING_CONTIGUOUS`` for u4,
+    ``RING_STRIDED`` for u2; each is the shipped build at the other width, not timed twice) and with
+    its copies alone (``RING_LOADS_ONLY``, no verdict: its outputs are zeros), side by side on the same
+    cold weights and in the shipped build's launch plan, against the read-only roofline of the
+    weights, scales and activations."""
     from qconform.device import ort as ort_launch
 
     launcher = importlib.import_module("qconform.device.ort.matmul_nbits")  # the module, not its function
     builds = (
-        ("contiguous (shipped)", ()),
-        ("strided u4", (RING_STRIDED_U4,)),
+        ("shipped", ()),
+        ("contiguous", (RING_CONTIGUOUS,)),
         ("strided", (RING_STRIDED,)),
         ("loads only", (RING_LOADS_ONLY,)),
     )
@@ -378,7 +379,7 @@ def ring_variants(shapes=SHAPES, bits_list=(2, 4), ms=(1, 8), reps: int = 50, ve
 
                 cells = [f"{K} x {N}", str(M), str(bits), _us(roof)]
                 for _, options in builds:
-                    if options == (RING_STRIDED_U4,) and bits != 4:  # the shipped build itself: not timed again
+                    if options == ((RING_CONTIGUOUS,) if bits == 2 else (RING_STRIDED,)):  # the shipped build
                         cells += ["the shipped build", "-"]
                         continue
                     plan = shipped_plan if not plans else (lambda *args, _p=plans[0], **kw: _p)

@@ -607,13 +607,15 @@ __device__ __forceinline__ void qk_ring_chunks(float acc[R * 4], const qk_u32 ws
  * (no barrier passed, its copies drained) and the wrapper computes the CTA's outputs with
  * qk_nbits_f32_tile; true otherwise.
  *
- * Each warp takes one contiguous range of n_super / wk_n superchunks (its own part of the row).
- * Bench-only build options (qconform.bench.nbits --variants ring): -DQK_NBITS_RING_STRIDED, warp wk
- * takes superchunks wk, wk + wk_n, ... (the CTA's warps read adjacent 64-byte pieces of each row at
- * about the same time; other partial sums' order, the same bound); -DQK_NBITS_RING_STRIDED_U4, that
- * order for BITS 4 only (measured faster for u4, mixed for u2: docs/perf-notes.md, session 32; not
- * yet checked on the device); -DQK_NBITS_RING_LOADS_ONLY, the copies and waits without the chunks'
- * arithmetic (a diagnostic: its outputs are zeros). */
+ * The order of the superchunks: u2, each warp one contiguous range of n_super / wk_n superchunks (its
+ * own part of the row); u4, strided: warp wk takes superchunks wk, wk + wk_n, ... (the CTA's warps read
+ * adjacent pieces of each row at about the same time; measured faster for u4 in 9 of 10 shapes, mixed
+ * for u2: docs/perf-notes.md, session 32). Bench-only build options (qconform.bench.nbits --variants
+ * ring): -DQK_NBITS_RING_CONTIGUOUS, the contiguous order for u4 too (the build before session 33);
+ * -DQK_NBITS_RING_STRIDED, the strided order for u2 too; -DQK_NBITS_RING_LOADS_ONLY, the copies and
+ * waits without the chunks' arithmetic (a diagnostic: its outputs are zeros). Either order is a
+ * fixed partition of the superchunks over the warps and a fixed sum of the warps' parts, so repeat
+ * calls are bit-identical. */
 /* a token group with an activation the split does not carry (qk_nbits_split_a's flags) */
 __device__ __forceinline__ bool qk_group_flagged(const int* flags, int grp) {
     const int4 f = *(const int4*)(flags + 4 * grp);
@@ -634,10 +636,10 @@ __device__ __forceinline__ bool qk_nbits_mmaa(const qk_u16* A, const qk_u8* B, c
     const int n_chunks = (K + 63) / 64, n_super = (n_chunks + SC - 1) / SC;
 #if defined(QK_NBITS_RING_STRIDED)
     constexpr bool strided = true;
-#elif defined(QK_NBITS_RING_STRIDED_U4)
-    constexpr bool strided = BITS == 4;
-#else
+#elif defined(QK_NBITS_RING_CONTIGUOUS)
     constexpr bool strided = false;
+#else
+    constexpr bool strided = BITS == 4;
 #endif
     const int s_lo = strided ? wk : wk * n_super / wk_n, s_hi = strided ? n_super : (wk + 1) * n_super / wk_n;
     const int s_step = strided ? wk_n : 1;
