@@ -156,7 +156,9 @@ __device__ __forceinline__ void qk_bnbm_act(const qk_u16* A, qk_i64 M, qk_i64 K,
 /* one step of a warp: the lane's RT x 2 x 16 bytes of W (decoded here) against NT n-tiles of tokens;
  * -DQK_BNBM_A_AHEAD=P (bench-only, `python -m qconform.bench.bnb_gemv --variants mma`): the step's
  * first P of its 4 activation pieces come loaded a step before (`ahead`), the rest are loaded here;
- * one n-tile of tokens only (qk_bnbm_ahead: n2's ring leaves no registers for them) */
+ * one n-tile of tokens only (qk_bnbm_ahead: n2's ring leaves no registers for them). Measured on an
+ * H100 (docs/perf-notes.md, session 33): P = 2 0.7 us faster on 14336 x 4096 at M = 1, 0.3 us slower
+ * on 4096 x 14336 (where it spills), so not the default */
 #if defined(QK_BNBM_A_AHEAD)
 template <int NT>
 __device__ constexpr int qk_bnbm_ahead() {
