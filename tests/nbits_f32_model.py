@@ -146,6 +146,13 @@ def fmaf(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
     return ftz32((a.astype(np.float64) * b.astype(np.float64) + c.astype(np.float64)).astype(np.float32))
 
 
+def warp_chunks(wk: int, wk_n: int, n_super: int, sc: int, n_chunks: int, strided: bool) -> list[int]:
+    """The chunks warp wk of a CTA sums, in its order: its superchunks (strided, or one contiguous
+    range of n_super / wk_n), sc chunks each, those past K skipped."""
+    supers = range(wk, n_super, wk_n) if strided else range(wk * n_super // wk_n, (wk + 1) * n_super // wk_n)
+    return [c for sj in supers for c in range(sj * sc, min(sj * sc + sc, n_chunks))]
+
+
 def ring_f32(
     A: np.ndarray,
     B: np.ndarray,
@@ -157,8 +164,11 @@ def ring_f32(
     block_size: int,
     wk_n: int = 1,
     extra: int | None = 0,
+    strided: bool | None = None,
 ) -> np.ndarray:
-    """Y (M, N) fp32 as the split ring kernel computes it (default zero point, block % 64 == 0)."""
+    """Y (M, N) fp32 as the split ring kernel computes it (default zero point, block % 64 == 0).
+    The warps' superchunks: ``strided`` (warp wk takes wk, wk + wk_n, ...) or each warp a contiguous
+    range; None: the shipped order, strided for bits 4 only."""
     M, N = A.shape[0], B.shape[0]
     n_chunks = -(-K // 64)
     sc = 8 // bits
@@ -174,9 +184,8 @@ def ring_f32(
     for m in range(M):
         parts = []
         for wk in range(wk_n):
-            s_lo, s_hi = wk * n_super // wk_n, (wk + 1) * n_super // wk_n
             acc = [np.zeros(N, np.float32), np.zeros(N, np.float32)]
-            for c in range(s_lo * sc, min(s_hi * sc, n_chunks)):
+            for c in warp_chunks(wk, wk_n, n_super, sc, n_chunks, bits == 4 if strided is None else strided):
                 s = s32[:, (c * 64) // block_size]
                 for j in range(2):
                     d = np.zeros(N, np.float32)

@@ -9,7 +9,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from nbits_f32_model import LO_SHIFT, SPLIT_FLOOR, flagged, group_flags, per_output, ring_f32, split, tile_f32
+from nbits_f32_model import (
+    LO_SHIFT,
+    SPLIT_FLOOR,
+    flagged,
+    group_flags,
+    per_output,
+    ring_f32,
+    split,
+    tile_f32,
+    warp_chunks,
+)
 
 from qconform.contracts import STRICT
 from qconform.ops import CATALOGUE
@@ -77,7 +87,30 @@ def test_model_within_the_strict_bound_on_catalogue_cases(bits: int) -> None:
         # the share grows as K shrinks (0.0205 at K 1024, u4, truncating sums; 0.0058 at K 4160)
         margin = 0.05 if case.pattern == "outlier" else 0.02
         for extra in (0, None):  # the tensor core truncating at the largest addend's ulp; IEEE sums
-            assert _worst(OP.make_inputs(case), params, extra=extra, wk_n=2) < margin, case
+            for strided in (False, True):  # either order of the warps' superchunks (u4 ships strided)
+                assert _worst(inputs, params, extra=extra, wk_n=3, strided=strided) < margin, (case, strided)
+
+
+def test_the_warps_superchunk_orders() -> None:
+    """Each order gives every chunk to one warp once; they differ with more than one warp (so the
+    strided case above is not the contiguous one again), and the shipped order is strided for u4 only."""
+    for n_super, wk_n in ((10, 3), (7, 4), (1, 2)):
+        for strided in (False, True):
+            parts = [warp_chunks(wk, wk_n, n_super, 4, 4 * n_super - 1, strided) for wk in range(wk_n)]
+            assert sorted(c for p in parts for c in p) == list(range(4 * n_super - 1))
+    assert warp_chunks(0, 3, 10, 4, 40, False) == list(range(12))
+    assert warp_chunks(0, 3, 10, 4, 40, True) == [0, 1, 2, 3, 12, 13, 14, 15, 24, 25, 26, 27, 36, 37, 38, 39]
+    rng = np.random.default_rng(3)
+    K, N = 64 * 4 * 6, 16
+    A = rng.standard_normal((1, K)).astype(np.float32)
+    scales = rng.uniform(0.5, 2, (N, K // 64)).astype(np.float32)
+    outs = {}
+    for bits in (2, 4):
+        B = rng.integers(0, 256, (N, K // 64, 64 * bits // 8), dtype=np.uint8)
+        kw = {"K": K, "bits": bits, "block_size": 64, "wk_n": 4}
+        outs[bits] = [ring_f32(A, B, scales, None, **kw, strided=st) for st in (None, False, True)]
+        assert not np.array_equal(outs[bits][1], outs[bits][2]), bits
+    assert np.array_equal(outs[2][0], outs[2][1]) and np.array_equal(outs[4][0], outs[4][2])
 
 
 def _device(A, B, scales, bias, **kw) -> np.ndarray:
