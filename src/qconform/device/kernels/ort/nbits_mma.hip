@@ -609,8 +609,8 @@ __device__ __forceinline__ void qk_ring_chunks(float acc[R * 4], const qk_u32 ws
  *
  * The order of the superchunks: u2, each warp one contiguous range of n_super / wk_n superchunks (its
  * own part of the row); u4, strided: warp wk takes superchunks wk, wk + wk_n, ... (the CTA's warps read
- * adjacent pieces of each row at about the same time; measured faster for u4 in 9 of 10 shapes, mixed
- * for u2: docs/perf-notes.md, session 32). Bench-only build options (qconform.bench.nbits --variants
+ * adjacent pieces of each row at about the same time; for u4 measured faster in 7 of 10 cells and
+ * level in 2 (the lm_head 1.11x), mixed for u2: docs/perf-notes.md, sessions 32 and 33). Bench-only build options (qconform.bench.nbits --variants
  * ring): -DQK_NBITS_RING_CONTIGUOUS, the contiguous order for u4 too (the build before session 33);
  * -DQK_NBITS_RING_STRIDED, the strided order for u2 too; -DQK_NBITS_RING_LOADS_ONLY, the copies and
  * waits without the chunks' arithmetic (a diagnostic: its outputs are zeros). Either order is a
