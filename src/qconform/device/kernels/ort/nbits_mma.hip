@@ -627,12 +627,13 @@ __device__ __forceinline__ void qk_ring_chunks(float acc[R * 4], const qk_u32 ws
  * The order of the superchunks: u2, each warp one contiguous range of n_super / wk_n superchunks (its
  * own part of the row); u4, strided: warp wk takes superchunks wk, wk + wk_n, ... (the CTA's warps read
  * adjacent pieces of each row at about the same time; for u4 measured faster in 7 of 10 cells and
- * level in 2 (the lm_head 1.11x), mixed for u2: docs/perf-notes.md, sessions 32 and 33). Bench-only build options (qconform.bench.nbits --variants
- * ring): -DQK_NBITS_RING_CONTIGUOUS, the contiguous order for u4 too (the build before session 33);
- * -DQK_NBITS_RING_STRIDED, the strided order for u2 too; -DQK_NBITS_RING_LOADS_ONLY, the copies and
- * waits without the chunks' arithmetic (a diagnostic: its outputs are zeros). Either order is a
- * fixed partition of the superchunks over the warps and a fixed sum of the warps' parts, so repeat
- * calls are bit-identical. */
+ * level in 2, the lm_head 1.11x; mixed for u2: docs/perf-notes.md, sessions 32 and 33). Either order
+ * is a fixed partition of the superchunks over the warps and a fixed sum of the warps' parts, so
+ * repeat calls are bit-identical. Bench-only build options (qconform.bench.nbits --variants ring):
+ * -DQK_NBITS_RING_CONTIGUOUS, the contiguous order for u4 too (the build before session 33);
+ * -DQK_NBITS_RING_STRIDED, the strided order for u2 too; -DQK_NBITS_RING_LDSM, the transposed words
+ * by ldmatrix (QkRing::transposed4); -DQK_NBITS_RING_LOADS_ONLY, the copies and waits without the
+ * chunks' arithmetic (a diagnostic: its outputs are zeros). */
 /* a token group with an activation the split does not carry (qk_nbits_split_a's flags) */
 __device__ __forceinline__ bool qk_group_flagged(const int* flags, int grp) {
     const int4 f = *(const int4*)(flags + 4 * grp);
