@@ -227,6 +227,27 @@ __device__ __forceinline__ void qk_mma_16816_bf16(float d[4], const qk_u32 a[4],
 #endif
 }
 
+/* ---------------------------------------------------------------- matrix loads from shared */
+/* Four 8 x 8 b16 matrices from shared memory (PTX ldmatrix.sync.aligned.m8n8.x4, sm_75+: "Data
+ * Movement and Conversion Instructions: ldmatrix"): lanes 8i..8i+7 give, in row, the addresses of the
+ * 16-byte rows 0..7 of matrix i; lane l receives r[i] = word l % 4 of row l / 4 of matrix i (TRANS:
+ * of the transposed matrix, the .trans form). NVIDIA only: callers keep shared-memory reads of the
+ * same words for AMD. */
+#if defined(QK_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
+template <bool TRANS = false>
+__device__ __forceinline__ void qk_ldmatrix_x4(qk_u32 r[4], const void* row) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(row);
+    if (TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a));
+}
+#endif
+
 /* ---------------------------------------------------------------- asynchronous copies */
 /* Global -> shared copies that the thread waits for later (PTX cp.async, sm_80+: "Data Movement
  * and Conversion Instructions: cp.async"): `bytes` of 16 (qk_cp_async16) or 4 (qk_cp_async4)

@@ -76,11 +76,7 @@ template <int LD>
 __device__ __forceinline__ void qk_fl_kfrag(qk_u32 r[4], const qk_u16* tile, int n0, int k0) {
     const int lane = (int)(threadIdx.x & 31);
 #if defined(QK_FL_LDMATRIX)
-    const qk_u16* p = tile + (n0 + ((lane >> 4) & 1) * 8 + (lane & 7)) * LD + k0 + ((lane >> 3) & 1) * 8;
-    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
+    qk_ldmatrix_x4(r, tile + (n0 + ((lane >> 4) & 1) * 8 + (lane & 7)) * LD + k0 + ((lane >> 3) & 1) * 8);
 #else
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
@@ -96,11 +92,7 @@ template <int LD>
 __device__ __forceinline__ void qk_fl_vfrag(qk_u32 r[4], const qk_u16* tile, int k0, int c0) {
     const int lane = (int)(threadIdx.x & 31);
 #if defined(QK_FL_LDMATRIX)
-    const qk_u16* p = tile + (k0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LD + c0 + (lane >> 4) * 8;
-    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
+    qk_ldmatrix_x4<true>(r, tile + (k0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LD + c0 + (lane >> 4) * 8);
 #else
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll

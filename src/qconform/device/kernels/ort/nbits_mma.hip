@@ -491,17 +491,11 @@ struct QkRing {
         return stage[(r * 2 + h) * 128 + (tr ^ (4 * c))];
     }
     /* w[c] = transposed(stage, r, h, c), c = 0..3. Bench-only -DQK_NBITS_RING_LDSM (sm_75+): one
-     * ldmatrix.x4 (PTX ISA "ldmatrix": lanes 8i..8i+7 give the row addresses of 8 x 8 b16 matrix i,
-     * lane l receives word l % 4 of row l / 4 of each), matrix c's row g being the slot of quad lane
-     * 4g + c's piece; the 8 rows of a matrix sit in 8 different 16-byte bank groups (qk_ring_slot).
-     * Elsewhere the four reads above. */
+     * qk_ldmatrix_x4, matrix c's row g being the slot of quad lane 4g + c's piece (the 8 rows of a
+     * matrix sit in 8 different 16-byte bank groups: qk_ring_slot). Elsewhere the four reads above. */
     __device__ __forceinline__ void transposed4(const qk_u32* stage, int r, int h, qk_u32 w[4]) const {
 #if defined(QK_NBITS_RING_LDSM) && defined(QK_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
-        const unsigned a = (unsigned)__cvta_generic_to_shared(stage + (r * 2 + h) * 128 +
-                                                              4 * qk_ring_slot(lane & 7, lane >> 3));
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
-                     : "r"(a));
+        qk_ldmatrix_x4(w, stage + (r * 2 + h) * 128 + 4 * qk_ring_slot(lane & 7, lane >> 3));
 #else
 #pragma unroll
         for (int c = 0; c < 4; ++c) w[c] = transposed(stage, r, h, c);

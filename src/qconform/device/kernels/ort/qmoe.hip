@@ -1431,10 +1431,7 @@ __device__ __forceinline__ bool qk_moe_tile(const int* offs, const int* tiles, i
 __device__ __forceinline__ void qk_moe_frag(qk_u32 f[4], const qk_u16 (*T)[QK_MOE_GPAD], int r0, int c0) {
     const int lane = (int)(threadIdx.x & 31);
 #ifdef QK_MOE_LDMATRIX
-    const unsigned a = (unsigned)__cvta_generic_to_shared(&T[r0 + (lane & 7) + ((lane >> 3) & 1) * 8][c0 + (lane >> 4) * 8]);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(f[0]), "=r"(f[1]), "=r"(f[2]), "=r"(f[3])
-                 : "r"(a));
+    qk_ldmatrix_x4(f, &T[r0 + (lane & 7) + ((lane >> 3) & 1) * 8][c0 + (lane >> 4) * 8]);
 #else
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
