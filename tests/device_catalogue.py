@@ -295,6 +295,10 @@ RING_TRANSPOSE: Edits = (
         "return stage[(r * 2 + h) * 128 + (tr ^ (4 * c))];",
         "return stage[(r * 2 + h) * 128 + 16 * (lane >> 2) + 4 * c + (lane & 3)];",
     ),
+    (  # the same slip in the ldmatrix read CUDA builds take (sm_75+): rows at slot 4 g + c, unswizzled
+        "4 * qk_ring_slot(lane & 7, lane >> 3));",
+        "4 * (4 * (lane & 7) + (lane >> 3)));",
+    ),
 )
 # the last K split's partial sums never added
 RING_DROP_LAST_WARP: Edits = (

@@ -490,11 +490,13 @@ struct QkRing {
     __device__ __forceinline__ qk_u32 transposed(const qk_u32* stage, int r, int h, int c) const {
         return stage[(r * 2 + h) * 128 + (tr ^ (4 * c))];
     }
-    /* w[c] = transposed(stage, r, h, c), c = 0..3. Bench-only -DQK_NBITS_RING_LDSM (sm_75+): one
-     * qk_ldmatrix_x4, matrix c's row g being the slot of quad lane 4g + c's piece (the 8 rows of a
-     * matrix sit in 8 different 16-byte bank groups: qk_ring_slot). Elsewhere the four reads above. */
+    /* w[c] = transposed(stage, r, h, c), c = 0..3. CUDA sm_75+: one qk_ldmatrix_x4, matrix c's row g
+     * being the slot of quad lane 4g + c's piece (the 8 rows of a matrix sit in 8 different 16-byte
+     * bank groups: qk_ring_slot); 4 shared reads a superchunk, not 16 (session 34, H100: faster in 14
+     * of 20 ring cells, up to 1.04x, within 0.5% in 4, 0.9% slower at most). Elsewhere, and in the
+     * bench-only -DQK_NBITS_RING_LDS build, the four reads above. */
     __device__ __forceinline__ void transposed4(const qk_u32* stage, int r, int h, qk_u32 w[4]) const {
-#if defined(QK_NBITS_RING_LDSM) && defined(QK_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
+#if !defined(QK_NBITS_RING_LDS) && defined(QK_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
         qk_ldmatrix_x4(w, stage + (r * 2 + h) * 128 + 4 * qk_ring_slot(lane & 7, lane >> 3));
 #else
 #pragma unroll
@@ -625,8 +627,9 @@ __device__ __forceinline__ void qk_ring_chunks(float acc[R * 4], const qk_u32 ws
  * is a fixed partition of the superchunks over the warps and a fixed sum of the warps' parts, so
  * repeat calls are bit-identical. Bench-only build options (qconform.bench.nbits --variants ring):
  * -DQK_NBITS_RING_CONTIGUOUS, the contiguous order for u4 too (the build before session 33);
- * -DQK_NBITS_RING_STRIDED, the strided order for u2 too; -DQK_NBITS_RING_LDSM, the transposed words
- * by ldmatrix (QkRing::transposed4); -DQK_NBITS_RING_LOADS_ONLY, the copies and waits without the
+ * -DQK_NBITS_RING_STRIDED, the strided order for u2 too; -DQK_NBITS_RING_LDS, the transposed words
+ * by four shared reads, not ldmatrix (QkRing::transposed4; the build before session 34);
+ * -DQK_NBITS_RING_LOADS_ONLY, the copies and waits without the
  * chunks' arithmetic (a diagnostic: its outputs are zeros). */
 /* a token group with an activation the split does not carry (qk_nbits_split_a's flags) */
 __device__ __forceinline__ bool qk_group_flagged(const int* flags, int grp) {
