@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 GATE = ROOT / "ci/compile-kernels.sh"
 KERNELS = ROOT / "src/qconform/device/kernels"
@@ -109,3 +111,64 @@ def test_every_option_a_kernel_reads_is_compile_gated():
     assert ungated({"QK_NBITS_RING": {"x"}}, {"QK_NBITS_RING"}, gate) == ["-DQK_NBITS_RING"]
     # mutant: named only in a comment of the gate
     assert ungated({"QK_FOO": {"x"}}, {"QK_FOO"}, "  # the -DQK_FOO build\nfront a b\n") == ["-DQK_FOO"]
+
+
+VALUED = re.compile(r"""["' ]-D(QK_[A-Z0-9_]+(?:=[A-Za-z0-9_.]+)?)(?=["'\s;])""")
+
+
+def option_sources(macro: str) -> list[Path]:
+    """The kernel sources a build with ``-D<macro>`` must change: those with a preprocessor line that
+    reads it; for a macro only a header reads, the sources that include that header."""
+
+    def reads(p: Path) -> bool:
+        return re.search(rf"^\s*#.*\b{macro}\b", p.read_text(), re.M) is not None
+
+    files = [p for p in sorted(KERNELS.rglob("*")) if p.suffix in (".hip", ".cu", ".h", ".cuh") and reads(p)]
+    sources = [p for p in files if p.suffix in (".hip", ".cu")]
+    headers = [p.name for p in files if p.suffix in (".h", ".cuh")]
+    if sources:
+        return sources
+    return [p for p in sorted(KERNELS.rglob("*.hip")) if any(f'#include "{h}"' in p.read_text() for h in headers)]
+
+
+def unchanged_builds(options: list[str], ptx, sources_of=option_sources) -> list[str]:
+    """The ``-D`` options (``X`` or ``X=v``) whose sm_90 build is the shipped one in every source that
+    reads them: a bench column or a control built with one would be the shipped kernel again."""
+    from cuda_ptx import parallel_map
+
+    def changes(option: str) -> bool:
+        return any(ptx(s, ()) != ptx(s, (f"-D{option}",)) for s in sources_of(option.split("=")[0]))
+
+    return [o for o, ok in zip(options, parallel_map(changes, options), strict=True) if not ok]
+
+
+def test_every_build_option_changes_the_cuda_build():
+    """Each -D option passed with a kernel that reads it changes that kernel's sm_90 PTX (nvcc, -O0)
+    in at least one source: an option read only where the CUDA build never goes (an AMD branch, a
+    function nothing calls) would time or check the shipped kernel under another name. Mutant: an
+    option read only around a device function no kernel calls is reported; the ring's four-reads
+    build (-DQK_NBITS_RING_LDS, bench-only since the ldmatrix read shipped) is the live control."""
+    from cuda_ptx import HAVE_NVCC, cuda_ptx
+
+    from qconform.device.patch import Patch
+
+    if not HAVE_NVCC:
+        pytest.skip("no nvcc (CUDA toolkit)")
+    texts = {str(p.relative_to(ROOT)): p.read_text() for p in PASSED_BY}
+    _, pre, _ = _tree()
+    every = {o for t in texts.values() for o in VALUED.findall(t) if o.split("=")[0] in pre}
+    options = sorted(every - {"QK_MMA_DEFAULT_ONLY"})  # the suite's own build of nbits_mma.hip, cuda_ptx's too
+    assert len(options) >= 20, options
+    cache: dict[tuple[Path, tuple[str, ...]], str] = {}
+
+    def ptx(source: Path, defines: tuple[str, ...]) -> str:
+        if (source, defines) not in cache:
+            cache[(source, defines)] = cuda_ptx(source, defines)
+        return cache[(source, defines)]
+
+    assert unchanged_builds(options, ptx) == []
+    anchor = "template <int R>\nstruct QkRing {"
+    dead = "#if defined(QK_PROBE_DEAD)\n__device__ __forceinline__ int qk_probe_dead() { return 1; }\n#endif\n"
+    with Patch(KERNELS / "ort/nbits_mma.hip", ((anchor, dead + anchor),)).materialised() as probe:
+        found = unchanged_builds(["QK_PROBE_DEAD", "QK_NBITS_RING_LDS"], ptx, lambda _: [probe])
+    assert found == ["QK_PROBE_DEAD"]

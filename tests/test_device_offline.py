@@ -5,16 +5,10 @@ to the shipped kernels, which carry no hooks, and changing their CUDA device cod
 
 from __future__ import annotations
 
-import concurrent.futures
-import contextlib
-import os
 import re
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
 
 import pytest
+from cuda_ptx import HAVE_NVCC, cuda_ptx, parallel_map
 from device_catalogue import ALL, chosen_rows, shard_rows, verdict, write_sources
 
 from qconform.device.errstate import mapped_runtimes
@@ -559,31 +553,13 @@ def test_mutant_families_split_the_rows_once_each() -> None:
         chosen_rows(family="gguf")
 
 
-def _cuda_device_code(patch: Patch | None, source: Path, defines: tuple[str, ...]) -> str:
-    """The PTX of ``source`` (``patch`` applied when given) for sm_90 (sm_90a where the file has
-    sm_90a code), as the suite builds it, at -O0 (~1 s for nbits_mma.hip; a member of a class
-    template, or an inline function, no kernel calls is not in it), file-hashed names made equal."""
-    arch = "sm_90a" if "__CUDA_ARCH_FEAT_SM90_ALL" in source.read_text() else "sm_90"
-    with (
-        tempfile.TemporaryDirectory() as tmp,
-        patch.materialised() if patch else contextlib.nullcontext(source) as path,
-    ):
-        ptx = Path(tmp) / "k.ptx"
-        command = ["nvcc", "-ptx", f"-arch={arch}", "-Xcicc", "-O0", f"-I{KERNEL_DIR}", f"-I{COMMON_DIR}"]
-        command += ["-DQK_MMA_DEFAULT_ONLY", *defines, "-x", "cu", "-o", str(ptx), str(path)]
-        run = subprocess.run(command, capture_output=True, text=True)
-        assert run.returncode == 0, f"nvcc {path}: {run.stderr[-2000:]}"
-        return re.sub(r"_INTERNAL_[0-9a-f]{8}_", "_INTERNAL_", ptx.read_text())
-
-
 def _dead_in_cuda(rows: list[tuple[str, Patch, tuple[str, ...]]]) -> list[str]:
     """The names of the rows whose patch leaves the sm_90 device code as shipped: every edit sits in
     code the CUDA build drops (an AMD or pre-sm_75 branch, a build option's other side, a function
     nothing calls there)."""
-    shipped_keys = sorted({(p.source, d) for _, p, d in rows})
-    with concurrent.futures.ThreadPoolExecutor(os.cpu_count()) as pool:
-        shipped = dict(zip(shipped_keys, pool.map(lambda k: _cuda_device_code(None, *k), shipped_keys), strict=True))
-        patched = list(pool.map(lambda r: _cuda_device_code(r[1], r[1].source, r[2]), rows))
+    keys = sorted({(p.source, d) for _, p, d in rows})
+    shipped = dict(zip(keys, parallel_map(lambda k: cuda_ptx(*k), keys), strict=True))
+    patched = parallel_map(lambda r: cuda_ptx(r[1].source, r[2], r[1]), rows)
     return [name for (name, p, d), text in zip(rows, patched, strict=True) if text == shipped[(p.source, d)]]
 
 
@@ -592,7 +568,7 @@ def test_every_patch_changes_the_cuda_device_code() -> None:
     not look tests the shipped kernel and can never be caught (session 34: the ring-transpose mutant
     edited only the four shared reads after the ldmatrix read became the CUDA path, and was missed on
     the device). Its mutant: that edit alone is reported dead; a control edit of the live read is not."""
-    if shutil.which("nvcc") is None:
+    if not HAVE_NVCC:
         pytest.skip("no nvcc (CUDA toolkit)")
     rows = [(m.name, m.patch(), tuple(o for o in m.options.split() if o.startswith("-D"))) for m in ALL if m.edits]
     ring = KERNEL_DIR / "ort/nbits_mma.hip"
