@@ -13,8 +13,8 @@ times every decode candidate (``registry.MMA_DECODE_CANDIDATES`` x warps per SM)
 matrix-unit kernel (decode_zp shape) in the session-3 arithmetic (build option
 ``-DQK_NBITS_ZP_SUM_V1``: the zero point through sum(a)) and the session-10 one (its integer part
 folded into the weights) side by side; then the fp16 ring decode kernel as shipped beside its
-bench-only builds ``-DQK_NBITS_RING_CONTIGUOUS``, ``-DQK_NBITS_RING_STRIDED``, ``-DQK_NBITS_RING_LDS`` and
-``-DQK_NBITS_RING_LOADS_ONLY`` (``ring_variants``).
+bench-only builds ``-DQK_NBITS_RING_CONTIGUOUS``, ``-DQK_NBITS_RING_STRIDED``, ``-DQK_NBITS_RING_LDS``,
+``-DQK_NBITS_RING_TAIL_SPLIT`` and ``-DQK_NBITS_RING_LOADS_ONLY`` (``ring_variants``).
 ``--variants f32`` / ``zp`` / ``ring``: one table only.
 """
 
@@ -344,6 +344,7 @@ def zp_variants(
 RING_STRIDED = "-DQK_NBITS_RING_STRIDED"  # build option: each warp's superchunks strided, both widths
 RING_CONTIGUOUS = "-DQK_NBITS_RING_CONTIGUOUS"  # build option: each warp's a contiguous range, both widths
 RING_LDS = "-DQK_NBITS_RING_LDS"  # build option: the ring's transposed words by 16 shared reads, not 4 ldmatrix.x4
+RING_TAIL_SPLIT = "-DQK_NBITS_RING_TAIL_SPLIT"  # build option: unchecked scale copies without the tail test
 RING_LOADS_ONLY = "-DQK_NBITS_RING_LOADS_ONLY"  # build option: the ring's copies and waits only (diagnostic)
 
 
@@ -352,7 +353,8 @@ def ring_variants(shapes=SHAPES, bits_list=(2, 4), ms=(1, 8), reps: int = 50, ve
     the warps' superchunks strided), with the other order (``RING_CONTIGUOUS`` for u4,
     ``RING_STRIDED`` for u2; each is the shipped build at the other width, not timed twice), with the
     ring's transposed weight words read by four shared reads a 16-row half instead of one ldmatrix.x4
-    (``RING_LDS``, the shipped order; the build before session 34) and with
+    (``RING_LDS``, the shipped order; the build before session 34), with the unchecked superchunks'
+    scale copies free of the tensor-end test in every CTA but the last (``RING_TAIL_SPLIT``) and with
     its copies alone (``RING_LOADS_ONLY``, no verdict: its outputs are zeros), side by side on the same
     cold weights and in the shipped build's launch plan, against the read-only roofline of the
     weights, scales and activations."""
@@ -364,6 +366,7 @@ def ring_variants(shapes=SHAPES, bits_list=(2, 4), ms=(1, 8), reps: int = 50, ve
         ("contiguous", (RING_CONTIGUOUS,)),
         ("strided", (RING_STRIDED,)),
         ("four reads", (RING_LDS,)),
+        ("no tail test", (RING_TAIL_SPLIT,)),
         ("loads only", (RING_LOADS_ONLY,)),
     )
     _builds_head(f"fp16 A and scales, block {BLOCK}, default zero point", ROOF_COLUMNS, builds)

@@ -516,8 +516,9 @@ struct QkRing {
  * of the scales; tail: the low 32 bits of the address of the tensor's last scale word when that
  * word reaches past send (fp16 scales ending 2 bytes into it), else 1 (no 4-aligned word's). FULL
  * (s before the row's last superchunk): every piece inside its row and every chunk inside K, no
- * bounds checked but that word (by the low 32 bits of its address: the scales span < 4 GB). */
-template <int BITS, int R, int S, bool F32, bool FULL>
+ * bounds checked but that word (by the low 32 bits of its address: the scales span < 4 GB); NO_TAIL
+ * (tail 1: no scale word of the CTA's rows reaches past send), not that word either. */
+template <int BITS, int R, int S, bool F32, bool FULL, bool NO_TAIL = false>
 __device__ __forceinline__ void qk_issue_super(const QkRing<R>& ring, int j, const qk_u8* wbase, qk_i64 wstep,
                                                const qk_u8* sbase, qk_i64 sstep, const qk_u8* send, qk_u32 tail,
                                                int s, int t, qk_i64 row_bytes, int n_chunks, int cpb_shift) {
@@ -533,10 +534,34 @@ __device__ __forceinline__ void qk_issue_super(const QkRing<R>& ring, int j, con
             qk_cp_async16(ring.piece(j, r, h), in_row ? w + off : w - 16 * t, in_row ? 16 : 0);
             const qk_u8* p = sbase + (2 * r + h) * sstep + (in_k ? (c >> cpb_shift) * E : 0);
             if (!F32) p = (const qk_u8*)((size_t)p & ~(size_t)3);
-            const int bytes = FULL ? (F32 || (qk_u32)(size_t)p != tail ? 4 : 2)
+            const int bytes = FULL ? (F32 || NO_TAIL || (qk_u32)(size_t)p != tail ? 4 : 2)
                                    : (!in_k ? 0 : (F32 || p + 4 <= send ? 4 : 2));
             qk_cp_async4(ring.scale(j, r, h, S), p, bytes);
         }
+}
+
+/* superchunk s into stage j, unchecked before the row's last superchunk (s < s_full), checked up to
+ * s_hi, nothing from there. Bench-only -DQK_NBITS_RING_TAIL_SPLIT: the unchecked copies without the
+ * scale word's tail test where tail is 1 (under the option, every CTA but the one holding row N - 1:
+ * only that row's last scale word can reach past send), one uniform branch a superchunk instead of
+ * ~6 instructions a row's scale copy. */
+template <int BITS, int R, int S, bool F32>
+__device__ __forceinline__ void qk_issue_next(const QkRing<R>& ring, int j, const qk_u8* wbase, qk_i64 wstep,
+                                              const qk_u8* sbase, qk_i64 sstep, const qk_u8* send, qk_u32 tail,
+                                              int s, int s_full, int s_hi, int t, qk_i64 row_bytes, int n_chunks,
+                                              int cpb_shift) {
+#if defined(QK_NBITS_RING_TAIL_SPLIT)
+    if (!F32 && s < s_full && tail == 1u)
+        qk_issue_super<BITS, R, S, F32, true, true>(ring, j, wbase, wstep, sbase, sstep, send, tail, s, t, row_bytes,
+                                                    n_chunks, cpb_shift);
+    else
+#endif
+    if (s < s_full)
+        qk_issue_super<BITS, R, S, F32, true>(ring, j, wbase, wstep, sbase, sstep, send, tail, s, t, row_bytes,
+                                              n_chunks, cpb_shift);
+    else if (s < s_hi)
+        qk_issue_super<BITS, R, S, F32, false>(ring, j, wbase, wstep, sbase, sstep, send, tail, s, t, row_bytes,
+                                               n_chunks, cpb_shift);
 }
 
 /* the ring kernel's unchecked chunk paths (qk_ring_chunks<FULL>) on NVIDIA; AMD's compiler spends
@@ -629,6 +654,7 @@ __device__ __forceinline__ void qk_ring_chunks(float acc[R * 4], const qk_u32 ws
  * -DQK_NBITS_RING_CONTIGUOUS, the contiguous order for u4 too (the build before session 33);
  * -DQK_NBITS_RING_STRIDED, the strided order for u2 too; -DQK_NBITS_RING_LDS, the transposed words
  * by four shared reads, not ldmatrix (QkRing::transposed4; the build before session 34);
+ * -DQK_NBITS_RING_TAIL_SPLIT, the unchecked scale copies without the tensor-end test (qk_issue_next);
  * -DQK_NBITS_RING_LOADS_ONLY, the copies and waits without the
  * chunks' arithmetic (a diagnostic: its outputs are zeros). */
 /* a token group with an activation the split does not carry (qk_nbits_split_a's flags) */
@@ -680,18 +706,18 @@ __device__ __forceinline__ bool qk_nbits_mmaa(const qk_u16* A, const qk_u8* B, c
     const qk_u8* sbase = (const qk_u8*)scales + (qk_i64)(rbase + g) * k_blocks * E;
     const qk_i64 wstep = 8 * row_bytes, sstep = (qk_i64)8 * k_blocks * E;
     const qk_u8* send = (const qk_u8*)scales + n_scales * E;
+#if defined(QK_NBITS_RING_TAIL_SPLIT) /* only the CTA ending at row N - 1 holds the tensor's last scale */
+    const qk_u32 tail = (size_t)send & 3 && rbase + 16 * R == N ? (qk_u32)(size_t)(send - 2) : 1u;
+#else
     const qk_u32 tail = (size_t)send & 3 ? (qk_u32)(size_t)(send - 2) : 1u;
+#endif
     const int n_full = n_super - 1; /* superchunks before the last: no bounds to check */
+    const int s_full = min(s_hi, n_full);
     /* the first S - 1 superchunks start before the activations are staged */
 #pragma unroll
     for (int j = 0; j < S - 1; ++j) {
-        const int sj = s_lo + j * s_step;
-        if (sj < min(s_hi, n_full))
-            qk_issue_super<BITS, R, S, F32, true>(ring, j, wbase, wstep, sbase, sstep, send, tail, sj, t, row_bytes,
-                                                  n_chunks, cpb_shift);
-        else if (sj < s_hi)
-            qk_issue_super<BITS, R, S, F32, false>(ring, j, wbase, wstep, sbase, sstep, send, tail, sj, t, row_bytes,
-                                                  n_chunks, cpb_shift);
+        qk_issue_next<BITS, R, S, F32>(ring, j, wbase, wstep, sbase, sstep, send, tail, s_lo + j * s_step, s_full,
+                                       s_hi, t, row_bytes, n_chunks, cpb_shift);
         qk_cp_async_commit();
     }
     if (F32) { /* launched as a dependent of qk_nbits_split_a: the weights above need nothing of it */
@@ -713,13 +739,8 @@ __device__ __forceinline__ bool qk_nbits_mmaa(const qk_u16* A, const qk_u8* B, c
     for (int s = s_lo, j = 0; s < s_hi; s += s_step, j = j + 1 == S ? 0 : j + 1) {
         const int jn = j == 0 ? S - 1 : j - 1; /* the stage read last iteration: refilled S - 1 ahead */
         qk_syncwarp(); /* the quad read each other's copies of stage jn: all done before it is refilled */
-        const int sn = s + (S - 1) * s_step;
-        if (sn < min(s_hi, n_full))
-            qk_issue_super<BITS, R, S, F32, true>(ring, jn, wbase, wstep, sbase, sstep, send, tail, sn, t, row_bytes,
-                                                  n_chunks, cpb_shift);
-        else if (sn < s_hi)
-            qk_issue_super<BITS, R, S, F32, false>(ring, jn, wbase, wstep, sbase, sstep, send, tail, sn, t, row_bytes,
-                                                  n_chunks, cpb_shift);
+        qk_issue_next<BITS, R, S, F32>(ring, jn, wbase, wstep, sbase, sstep, send, tail, s + (S - 1) * s_step, s_full,
+                                       s_hi, t, row_bytes, n_chunks, cpb_shift);
         qk_cp_async_commit();
         qk_cp_async_wait<S - 1>();
         qk_syncwarp(); /* stage j: every lane's copies landed, visible to the quad */
