@@ -493,10 +493,12 @@ struct QkRing {
     /* w[c] = transposed(stage, r, h, c), c = 0..3. CUDA sm_75+: one qk_ldmatrix_x4, matrix c's row g
      * being the slot of quad lane 4g + c's piece (the 8 rows of a matrix sit in 8 different 16-byte
      * bank groups: qk_ring_slot); 4 shared reads a superchunk, not 16 (session 34, H100: faster in 14
-     * of 20 ring cells, up to 1.04x, within 0.5% in 4, 0.9% slower at most). Elsewhere, and in the
+     * of 20 ring cells, up to 1.04x, within 0.5% in 4, 0.9% slower at most). Elsewhere (AMD, older
+     * CUDA, and the portable control -DQK_MMA_EMULATE, which so runs AMD's read on NVIDIA), and in the
      * bench-only -DQK_NBITS_RING_LDS build, the four reads above. */
     __device__ __forceinline__ void transposed4(const qk_u32* stage, int r, int h, qk_u32 w[4]) const {
-#if !defined(QK_NBITS_RING_LDS) && defined(QK_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
+#if !defined(QK_NBITS_RING_LDS) && !defined(QK_MMA_EMULATE) && defined(QK_CUDA) && defined(__CUDA_ARCH__) && \
+    __CUDA_ARCH__ >= 750
         qk_ldmatrix_x4(w, stage + (r * 2 + h) * 128 + 4 * qk_ring_slot(lane & 7, lane >> 3));
 #else
 #pragma unroll
