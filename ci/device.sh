@@ -11,6 +11,7 @@
 # BENCHES (names: gqa gqa-prefill qmoe qmoe-prefill nbits nbits-prefill bnb-gemv bnb-gemv-cpu ggml-gemv throughput) limits the time part
 # to those benches: with every family it takes longer than one 10-minute device call.
 # QUICK=1 passes --quick to each bench (their smaller shape sets: one device call for all of them).
+# MUTANT_SHARDS=S (default 8) runs the mutants in S processes; MUTANT_PART=p/n only part p of n of them.
 # Logs and tables land under $OUT (default /tmp/qconform-device).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -72,10 +73,17 @@ if part check; then
   tail -n 3 "$OUT/pytest.log"
 fi
 if part mutants; then
-  # MUTANT_SHARDS processes side by side (each builds its own rows), one table after
+  # MUTANT_SHARDS processes side by side (each builds its own rows), one table after; MUTANT_PART=p/n
+  # runs part p of n (shards (p - 1) S + 1 .. p S of n S), so one family's rows can span n device calls
   shards="${MUTANT_SHARDS:-8}"
+  mpart="${MUTANT_PART:-1/1}"
+  if ! [[ "$mpart" =~ ^([1-9][0-9]*)/([1-9][0-9]*)$ ]] || [ "${BASH_REMATCH[1]}" -gt "${BASH_REMATCH[2]}" ]; then
+    echo "ci/device.sh: MUTANT_PART must be p/n with 1 <= p <= n, not $mpart" >&2
+    exit 2
+  fi
+  first=$(((BASH_REMATCH[1] - 1) * shards)) total=$((BASH_REMATCH[2] * shards))
   for ((i = 1; i <= shards; i++)); do
-    bg "$OUT/mutants-$i.log" "$PY" tests/device_catalogue.py --shard "$i/$shards" ${FAMILY:+--family "$FAMILY"}
+    bg "$OUT/mutants-$i.log" "$PY" tests/device_catalogue.py --shard "$((first + i))/$total" ${FAMILY:+--family "$FAMILY"}
   done
   waitall
   {
