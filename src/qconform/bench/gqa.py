@@ -20,8 +20,6 @@ decode's new rows appended by the mma kernels' CTAs, the combine folded in up to
 (``-DQK_GQA_COMBINE_LAUNCH``), the rows appended by a qk_gqa_append8 launch first
 (``-DQK_GQA_APPEND_LAUNCH``), and session 10's qk_gqa_append and qk_gqa_combine launches
 (``-DQK_GQA_APPEND_V1 -DQK_GQA_COMBINE_LAUNCH``, a thread per channel pair).
-``--variants flash,prefetch`` times the mma decode kernels with each group's next tile of K / V
-prefetched to L1 while a tile computes (``-DQK_GQA_PREFETCH_NEXT``, bench-only) beside the default.
 ``--variants flash,simt`` times the session-9 SIMT flash kernels
 (``-DQK_GQA_DECODE_SIMT``) beside
 the default ones, which run the attention on the matrix units for this bench's fp16 queries and
@@ -153,7 +151,6 @@ VARIANTS = {  # build options of each attention kernel
     "flash_v1": ("-DQK_GQA_FLASH_V1",),  # session 8: every lane does every (key, head)'s butterfly and softmax
     "flash_i8u8": ("-DQK_GQA_I8T_U8",),  # int8 per-tensor tiles of 8 keys a group (3 CTAs an SM); fp16 as flash
     "legacy": ("-DQK_GQA_LEGACY",),
-    "prefetch": ("-DQK_GQA_PREFETCH_NEXT",),  # mma decode: the next tile's K / V lines prefetched to L1
     STREAM_ORDER: (),  # the default build with every launch in stream order (the combine not a dependent)
 }
 

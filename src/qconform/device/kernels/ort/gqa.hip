@@ -657,16 +657,6 @@ QK_GQA_FLASH(qk_gqa_flash_u4c_words, 3, 1, 0, 4)
 #define QK_GQA_MK 16  /* keys of a group's tile (two N = 8 tiles of the scores, the K = 16 of P V) */
 #define QK_GQA_PS 32768.0f /* P's scale before its split into fp16 halves: p 2^15 <= 2^15 */
 
-/* a hint that the line holding p is read soon (PTX prefetch.global.L1 on NVIDIA: no value changes;
- * nothing elsewhere): the bench-only -DQK_GQA_PREFETCH_NEXT build of qk_gqa_mma */
-__device__ __forceinline__ void qk_gqa_prefetch(const char* p) {
-#if defined(QK_CUDA) && defined(__CUDA_ARCH__)
-    asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
-#else
-    (void)p;
-#endif
-}
-
 /* W bytes of p (aligned to W) into words w[0 .. max(1, W / 4)): 16, 8, 4 or 2 (the low half) */
 template <int W>
 __device__ __forceinline__ void qk_gqa_ldw(qk_u32* w, const char* p) {
@@ -798,26 +788,6 @@ __device__ __forceinline__ void qk_gqa_mma(const float* qrot, const float* qbloc
 #pragma unroll
             for (int lv = 0; lv < VL; ++lv) qk_gqa_ldw<VW>(vw[r][lv], p + lv * 8 * VW);
         }
-#if defined(QK_GQA_PREFETCH_NEXT)
-        /* bench-only: the lines of the group's next tile asked for now, so its loads find them in L1
-         * instead of waiting a DRAM latency after this tile's arithmetic (a decode split is ~2 tiles) */
-        if (t0 + MG * MK < n) {
-            const int t1 = t0 + MG * MK;
-#pragma unroll
-            for (int nt = 0; nt < 2; ++nt) {
-                const int i = t1 + nt * 8 + gq < n ? t1 + nt * 8 + gq : n - 1;
-#pragma unroll
-                for (int li = 0; li < KL; ++li) qk_gqa_prefetch(kbase + (qk_i64)i * row_bytes + tq * KW + li * 4 * KW);
-            }
-#pragma unroll
-            for (int r = 0; r < 4; ++r) {
-                const int kr = 2 * tq + (r & 1) + (r >> 1) * 8;
-                const int i = t1 + kr < n ? t1 + kr : n - 1;
-#pragma unroll
-                for (int lv = 0; lv < VL; ++lv) qk_gqa_prefetch(vbase + (qk_i64)i * row_bytes + gq * VW + lv * 8 * VW);
-            }
-        }
-#endif
         /* the scores: d[nt][0..1] = S[gq][keys nt 8 + 2tq, + 1] */
         float d[2][4];
 #pragma unroll
