@@ -13,7 +13,9 @@ may run lower under load), and the spread of the CTAs' entries and ends on the d
 The build differs from the shipped one by the stamps only (sm_90: f16 x 128 217 registers instead of
 215; int8 x 128 spills 8 bytes at its cap of 168), so its call time is printed beside the phases.
 
-``python -m qconform.bench.gqa_phases [--batch 1] [--past 16,4096] [--cache fp16,int8]``
+``--variant`` stamps another build of ``qconform.bench.gqa``'s variants (its options added to the stamps').
+
+``python -m qconform.bench.gqa_phases [--batch 1] [--past 16,4096] [--cache fp16,int8] [--variant flash]``
 """
 
 from __future__ import annotations
@@ -75,8 +77,9 @@ def _stamps(calls: list, module: Any, n_ctas: int) -> np.ndarray:
     return cupy.asnumpy(stamps).astype(np.int64)
 
 
-def run(batch: int, past: int, bits: int, reps: int = 50) -> str:
-    """The phase table of one decode shape (Llama-3-8B's heads, as ``qconform.bench.gqa``)."""
+def run(batch: int, past: int, bits: int, variant: str = "flash", reps: int = 50) -> str:
+    """The phase table of one decode shape (Llama-3-8B's heads, as ``qconform.bench.gqa``) in
+    ``variant``'s build (a key of ``qconform.bench.gqa.VARIANTS``) with the stamps."""
     import cupy
 
     from qconform.bench import baselines as bl
@@ -90,7 +93,7 @@ def run(batch: int, past: int, bits: int, reps: int = 50) -> str:
     kv_bytes = 2 * batch * Nk * (past + 1) * H * (1 if bits else 2)
     sets = [gqa._inputs(batch, past, bits, 10 + i) for i in range(n_sets_for(kv_bytes))]
     with launchers.compile_options(BUILD):
-        ts, calls = gqa._time_variant(sets, bits, "flash", reps)
+        ts, calls = gqa._time_variant(sets, bits, variant, reps)
         module = load_module(launchers.KERNEL_DIR / SOURCE, launchers.OPTIONS)
     attention = calls[0][0].args[0][0]  # the first launch of the call: the mma attention kernel
     grid = attention.grid
@@ -98,8 +101,8 @@ def run(batch: int, past: int, bits: int, reps: int = 50) -> str:
     khz = cupy.cuda.Device().attributes["ClockRate"]
     e50, emax, d50, dmax = spread(stamps[:, :, 1])
     lines = [
-        f"{'int8' if bits else 'fp16'} cache, batch {batch}, past {past}: {attention.kernel.name} grid {grid}, "
-        f"call {bl.median(ts) * 1e6:.1f} us (this build); CTAs enter within {e50:.2f} / {emax:.2f} us "
+        f"{variant}: {'int8' if bits else 'fp16'} cache, batch {batch}, past {past}: {attention.kernel.name} "
+        f"grid {grid}, call {bl.median(ts) * 1e6:.1f} us (this build); CTAs enter within {e50:.2f} / {emax:.2f} us "
         f"(median / max) of the first and end at {d50:.2f} / {dmax:.2f} us",
         "| phase | us median | us max | CTAs |",
         "|---|---|---|---|",
@@ -113,15 +116,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--past", default="16,4096", help="comma-separated past lengths")
     p.add_argument("--cache", default="fp16,int8", help="fp16 and / or int8")
+    p.add_argument("--variant", default="flash", help="a build of qconform.bench.gqa's --variants")
     args = p.parse_args(argv)
     pasts = [int(x) for x in args.past.split(",")]
     if args.batch < 1 or min(pasts) < 1:
         p.error("--batch and --past: positive integers")
+    from qconform.bench.gqa import VARIANTS
+
+    if args.variant not in VARIANTS:
+        p.error(f"--variant: one of {', '.join(VARIANTS)}, got {args.variant!r}")
     for cache in args.cache.split(","):
         if cache not in ("fp16", "int8"):
             p.error(f"--cache: fp16 or int8, got {cache!r}")
         for past in pasts:
-            print(run(args.batch, past, 8 if cache == "int8" else 0), flush=True)
+            print(run(args.batch, past, 8 if cache == "int8" else 0, args.variant), flush=True)
     return 0
 
 

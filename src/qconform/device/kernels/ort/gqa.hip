@@ -164,6 +164,15 @@ __device__ __forceinline__ float qk_gqa_new_value(const void* base, qk_i64 src, 
     return qk_gqa_rotate(qk_load_f(base, src + p.ia, is16), qk_load_f(base, src + p.ib, is16), c, sn, p.second, is16);
 }
 
+/* the reads of element e of a new row at base + src (qk_gqa_new_value's): x[0] = x[ia], x[1] = x[ib]
+ * of its rotary pair where rot, else element e twice; p its pair (-DQK_GQA_APPEND_LOADS_FIRST) */
+__device__ __forceinline__ void qk_gqa_new_inputs(float (&x)[2], qk_gqa_pair& p, const void* base, qk_i64 src, int e,
+                                                  int rot, int rotary_dim, int interleaved) {
+    p = qk_gqa_pair_of(e, rotary_dim, interleaved);
+    x[0] = qk_load_f(base, src + (rot ? p.ia : e), 1);
+    x[1] = qk_load_f(base, src + (rot ? p.ib : e), 1);
+}
+
 /* qk_gqa_append's outputs, bit for bit (each element by the same arithmetic), one thread per 8
  * channels [e0, e0 + 8) of one new row (H % 8 == 0): blockIdx.x is the token b S + s,
  * blockIdx.y 256 + threadIdx.x the row's head hh (Q, then K, then V) times H / 8 plus the chunk;
@@ -295,11 +304,18 @@ struct qk_gqa_heads {
 
 template <int HB>
 __device__ __forceinline__ qk_gqa_heads qk_gqa_head_block(qk_i64 N, qk_i64 Nk) {
-    const qk_i64 G = N / Nk, nhb = (G + HB - 1) / HB;
     qk_gqa_heads r;
+#if defined(QK_GQA_INDEX32) /* bench-only: the same values by 32-bit divisions (head counts < 2^31) */
+    const int G = (int)N / (int)Nk, nhb = (G + HB - 1) / HB, y = (int)blockIdx.y;
+    r.g = y / nhb;
+    r.h0 = r.g * G + (y % nhb) * HB;
+    r.nh = G - (y % nhb) * HB < HB ? G - (y % nhb) * HB : HB;
+#else
+    const qk_i64 G = N / Nk, nhb = (G + HB - 1) / HB;
     r.g = blockIdx.y / nhb;
     r.h0 = r.g * G + (blockIdx.y % nhb) * HB;
     r.nh = (int)(G - (blockIdx.y % nhb) * HB < HB ? G - (blockIdx.y % nhb) * HB : HB);
+#endif
     return r;
 }
 
@@ -762,7 +778,12 @@ __device__ __forceinline__ void qk_gqa_mma(const float* qrot, const float* qbloc
     const float neg_inf = qk_gqa_neg_inf();
     const int tid = (int)threadIdx.x, grp = tid / 32, lane = tid % 32, gq = lane / 4, tq = lane % 4;
     const int sp = (int)(blockIdx.x % splits);
+#if defined(QK_GQA_INDEX32)
+    const int bs32 = (int)blockIdx.x / splits;
+    const qk_i64 bs = bs32, b = bs32 / (int)S, s = bs32 % (int)S;
+#else
     const qk_i64 bs = blockIdx.x / splits, b = bs / S, s = bs % S;
+#endif
     const qk_gqa_heads blk = qk_gqa_head_block<MH>(N, Nk);
     const qk_i64 g = blk.g, h0 = blk.h0;
     const int nh = blk.nh;
@@ -983,14 +1004,67 @@ __device__ __noinline__ const float* qk_gqa_mma_append(const void* query, const 
     const qk_gqa_heads blk = qk_gqa_head_block<MH>(N, Nk);
     const qk_i64 g = blk.g, h0 = blk.h0;
     const int nh = blk.nh;
-    const qk_i64 past = first_prompt ? 0 : (qk_i64)seqlens_k[b];
     const int rotate = rotary_dim > 0;
-    const qk_i64 pos = rotate ? qk_gqa_position(position_ids, pid_stride, b, 0, past, first_prompt) : 0;
-    QK_GQA_PHASE_AFTER(1, pos);
-    /* every element's loads issued before the first store (unrolled: one latency, not one an element) */
     constexpr int QPER = (MH * HD + QK_GQA_THREADS - 1) / QK_GQA_THREADS;
     constexpr int KPER = (2 * HD + QK_GQA_THREADS - 1) / QK_GQA_THREADS;
     float y[QPER];
+#if defined(QK_GQA_APPEND_LOADS_FIRST)
+    /* bench-only: every slot's reads issued before any value is used (no branch between them), the
+     * query's and the new K / V rows' before seqlens_k's, which they do not need; cos / sin after the
+     * position; then qk_gqa_new_value's arithmetic, bit for bit. Slots past the block's elements read
+     * element 0 (a valid address) and are never stored. */
+    float xq[QPER][2], xk[KPER][2], cq[QPER], sq[QPER], ck[KPER], sk[KPER], kv[KPER];
+    qk_gqa_pair pq[QPER], pk[KPER];
+    int rq[QPER], rk[KPER];
+#pragma unroll
+    for (int j = 0; j < QPER; ++j) {
+        const int i = tid + j * QK_GQA_THREADS < nh * HD ? tid + j * QK_GQA_THREADS : 0;
+        qk_i64 src;
+        const void* base = qk_gqa_new_source(query, key, value, packed, N, Nk, HD, b, h0 + i / HD, src);
+        rq[j] = rotate && i % HD < rotary_dim;
+        qk_gqa_new_inputs(xq[j], pq[j], base, src, i % HD, rq[j], rotary_dim, interleaved);
+    }
+#pragma unroll
+    for (int j = 0; j < KPER; ++j) {
+        const int i = tid + j * QK_GQA_THREADS < 2 * HD ? tid + j * QK_GQA_THREADS : 0, isv = i / HD;
+        qk_i64 src;
+        const void* base = qk_gqa_new_source(query, key, value, packed, N, Nk, HD, b, N + isv * Nk + g, src);
+        rk[j] = rotate && !isv && i % HD < rotary_dim;
+        qk_gqa_new_inputs(xk[j], pk[j], base, src, i % HD, rk[j], rotary_dim, interleaved);
+    }
+    const qk_i64 past = first_prompt ? 0 : (qk_i64)seqlens_k[b];
+    const qk_i64 pos = rotate ? qk_gqa_position(position_ids, pid_stride, b, 0, past, first_prompt) : 0;
+    QK_GQA_PHASE_AFTER(1, pos);
+    if (rotate) { /* row pos of the tables: every slot reads one (its own pair's where it rotates) */
+        const qk_i64 row = pos * (rotary_dim / 2);
+#pragma unroll
+        for (int j = 0; j < QPER; ++j) {
+            cq[j] = qk_load_f(cos_cache, row + (rq[j] ? pq[j].i : 0), 1);
+            sq[j] = qk_load_f(sin_cache, row + (rq[j] ? pq[j].i : 0), 1);
+        }
+#pragma unroll
+        for (int j = 0; j < KPER; ++j) {
+            ck[j] = qk_load_f(cos_cache, row + (rk[j] ? pk[j].i : 0), 1);
+            sk[j] = qk_load_f(sin_cache, row + (rk[j] ? pk[j].i : 0), 1);
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < QPER; ++j) cq[j] = sq[j] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < KPER; ++j) ck[j] = sk[j] = 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < QPER; ++j)
+        y[j] = rq[j] ? qk_gqa_rotate(xq[j][0], xq[j][1], cq[j], sq[j], pq[j].second, 1) : xq[j][0];
+#pragma unroll
+    for (int j = 0; j < KPER; ++j)
+        kv[j] = rk[j] ? qk_gqa_rotate(xk[j][0], xk[j][1], ck[j], sk[j], pk[j].second, 1) : xk[j][0];
+#else
+    const qk_i64 past = first_prompt ? 0 : (qk_i64)seqlens_k[b];
+    const qk_i64 pos = rotate ? qk_gqa_position(position_ids, pid_stride, b, 0, past, first_prompt) : 0;
+    QK_GQA_PHASE_AFTER(1, pos);
+    /* each element's reads and arithmetic in turn (the branches keep the next element's reads behind
+     * this one's use: one latency an element; -DQK_GQA_APPEND_LOADS_FIRST issues them all first) */
 #pragma unroll
     for (int j = 0; j < QPER; ++j) {
         const int i = tid + j * QK_GQA_THREADS;
@@ -1001,12 +1075,18 @@ __device__ __noinline__ const float* qk_gqa_mma_append(const void* query, const 
             y[j] = qk_gqa_new_value(base, src, i % HD, rotate, rotary_dim, interleaved, cos_cache, sin_cache, pos, 1);
         }
     }
+#endif
     QK_GQA_PHASE_AFTER(2, __float_as_uint(y[QPER - 1]));
 #pragma unroll
     for (int j = 0; j < QPER; ++j)
         if (tid + j * QK_GQA_THREADS < nh * HD) s_q[tid + j * QK_GQA_THREADS] = y[j];
+#if defined(QK_GQA_INDEX32)
+    if (sp == (int)past / chunk) {
+#else
     if (sp == past / chunk) {
+#endif
         const qk_i64 row = (b * Nk + g) * Tp + past;
+#if !defined(QK_GQA_APPEND_LOADS_FIRST)
         float kv[KPER];
 #pragma unroll
         for (int j = 0; j < KPER; ++j) {
@@ -1019,6 +1099,7 @@ __device__ __noinline__ const float* qk_gqa_mma_append(const void* query, const 
                                          sin_cache, pos, 1);
             }
         }
+#endif
 #pragma unroll
         for (int j = 0; j < KPER; ++j) {
             const int i = tid + j * QK_GQA_THREADS, isv = i / HD, e = i % HD;
