@@ -1032,9 +1032,11 @@ __device__ __noinline__ const float* qk_gqa_mma_append(const void* query, const 
         rk[j] = rotate && !isv && i % HD < rotary_dim;
         qk_gqa_new_inputs(xk[j], pk[j], base, src, i % HD, rk[j], rotary_dim, interleaved);
     }
+#endif
     const qk_i64 past = first_prompt ? 0 : (qk_i64)seqlens_k[b];
     const qk_i64 pos = rotate ? qk_gqa_position(position_ids, pid_stride, b, 0, past, first_prompt) : 0;
     QK_GQA_PHASE_AFTER(1, pos);
+#if defined(QK_GQA_APPEND_LOADS_FIRST)
     if (rotate) { /* row pos of the tables: every slot reads one (its own pair's where it rotates) */
         const qk_i64 row = pos * (rotary_dim / 2);
 #pragma unroll
@@ -1060,9 +1062,6 @@ __device__ __noinline__ const float* qk_gqa_mma_append(const void* query, const 
     for (int j = 0; j < KPER; ++j)
         kv[j] = rk[j] ? qk_gqa_rotate(xk[j][0], xk[j][1], ck[j], sk[j], pk[j].second, 1) : xk[j][0];
 #else
-    const qk_i64 past = first_prompt ? 0 : (qk_i64)seqlens_k[b];
-    const qk_i64 pos = rotate ? qk_gqa_position(position_ids, pid_stride, b, 0, past, first_prompt) : 0;
-    QK_GQA_PHASE_AFTER(1, pos);
     /* each element's reads and arithmetic in turn (the branches keep the next element's reads behind
      * this one's use: one latency an element; -DQK_GQA_APPEND_LOADS_FIRST issues them all first) */
 #pragma unroll
