@@ -24,7 +24,7 @@ decode's new rows appended by the mma kernels' CTAs, the combine folded in up to
 issued before any is used (``-DQK_GQA_APPEND_LOADS_FIRST``: the query's and new rows' before
 ``seqlens_k``, cos / sin after the position; the default build waits one latency an element), with its
 index arithmetic in 32 bits (``-DQK_GQA_INDEX32``: no 64-bit division calls), and both (bench-only;
-``qconform.bench.gqa_phases --variant`` shows where each build's time goes).
+``python -m qconform.bench.phases gqa --variant`` shows where each build's time goes).
 ``--variants flash,simt`` times the session-9 SIMT flash kernels
 (``-DQK_GQA_DECODE_SIMT``) beside
 the default ones, which run the attention on the matrix units for this bench's fp16 queries and

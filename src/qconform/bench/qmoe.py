@@ -139,11 +139,9 @@ VARIANTS = {  # name -> build options (qconform.device.ort.qmoe)
 }
 
 
-def _time_variant(layer, sets, params, H, variant, reps) -> tuple[list[float], float, str, Any]:
-    """The launcher's kernels built and launched as ``variant`` says (VARIANTS; ``stream_order``: every
-    launch in stream order): seconds per call over the cold rotation, the
-    host's seconds to queue one call (the timing is the device's only while this is shorter),
-    whether its output on the first set is within the catalogue's bound, and that output."""
+def bind_calls(layer, sets, params, H, variant) -> tuple[list[Any], Any]:
+    """One bound decode call per set of router logits (``qconform.device.launchers.bound``: its launches
+    replayed) in ``variant``'s build (VARIANTS), all writing the returned output buffer."""
     from qconform.device.launchers import bound, compile_options
     from qconform.device.ort import qmoe_decode
     from qconform.ops.ort.qmoe import qmoe_call
@@ -154,6 +152,15 @@ def _time_variant(layer, sets, params, H, variant, reps) -> tuple[list[float], f
         for logits in sets:
             args, kw = qmoe_call({**layer, "router_probs": logits}, params)
             calls.append(bound(qmoe_decode, *args, **kw, out=y))
+    return calls, y
+
+
+def _time_variant(layer, sets, params, H, variant, reps) -> tuple[list[float], float, str, Any]:
+    """The launcher's kernels built and launched as ``variant`` says (VARIANTS; ``stream_order``: every
+    launch in stream order): seconds per call over the cold rotation, the
+    host's seconds to queue one call (the timing is the device's only while this is shorter),
+    whether its output on the first set is within the catalogue's bound, and that output."""
+    calls, y = bind_calls(layer, sets, params, H, variant)
     with bl.launch_order(variant):
         ts = bl.times(lambda i, c=calls: c[i](), len(calls), reps)
     cupy.cuda.get_current_stream().synchronize()

@@ -16,6 +16,7 @@
  * kernels (qk_gqa_mma_*, fp16 queries) take Q, K and V as the fp16 values they are (int8 codes are
  * exact in fp16) and P as two fp16 halves (hi + lo, 22 bits: see qk_gqa_mma). */
 #include "ort_common.h"
+#include "qk_phases.h" /* bench-only -DQK_PHASES: the mma decode's boundaries 0..9 */
 
 #define QK_GQA_THREADS 128 /* threads of an attention CTA */
 #define QK_GQA_MAX_SPLITS 512 /* splits the combine takes */
@@ -668,39 +669,6 @@ QK_GQA_FLASH(qk_gqa_flash_u4c_words, 3, 1, 0, 4)
 
 /* ------------------------------------------------------------- attention on the matrix units */
 
-/* Bench-only -DQK_GQA_PHASES (qconform.bench.gqa_phases): thread 0 of each mma CTA writes its SM clock
- * (clock64) and a device-wide clock (CUDA %globaltimer in ns; HIP wall_clock64) at the decode's phase
- * boundaries 0..9 into qk_gqa_phase_clock[CTA][boundary][2]; QK_GQA_PHASE_AFTER first makes the boundary
- * wait for a value (a load's result). Nothing in the default build. */
-#if defined(QK_GQA_PHASES)
-#define QK_GQA_PHASE_CTAS 4096
-#define QK_GQA_PHASE_SLOTS 10
-__device__ unsigned long long qk_gqa_phase_clock[QK_GQA_PHASE_CTAS * QK_GQA_PHASE_SLOTS * 2];
-__device__ __forceinline__ void qk_gqa_phase(int i) {
-    if (threadIdx.x != 0) return;
-    const unsigned cta = blockIdx.x + gridDim.x * blockIdx.y;
-    if (cta >= QK_GQA_PHASE_CTAS) return;
-#if defined(QK_CUDA)
-    unsigned long long wall;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(wall));
-#else
-    const unsigned long long wall = wall_clock64();
-#endif
-    unsigned long long* slot = qk_gqa_phase_clock + (cta * QK_GQA_PHASE_SLOTS + i) * 2;
-    slot[0] = (unsigned long long)clock64();
-    slot[1] = wall;
-}
-#define QK_GQA_PHASE(i) qk_gqa_phase(i)
-#define QK_GQA_PHASE_AFTER(i, v)                          \
-    do {                                                  \
-        asm volatile("" ::"r"((unsigned)(v)) : "memory"); \
-        qk_gqa_phase(i);                                  \
-    } while (0)
-#else
-#define QK_GQA_PHASE(i)
-#define QK_GQA_PHASE_AFTER(i, v)
-#endif
-
 #define QK_GQA_MG 4   /* 32-lane groups of an mma CTA (QK_GQA_THREADS / 32) */
 #define QK_GQA_MH 8   /* query heads of one KV head an mma CTA takes (the mma's N = 8) */
 #define QK_GQA_MK 16  /* keys of a group's tile (two N = 8 tiles of the scores, the K = 16 of P V) */
@@ -790,7 +758,7 @@ __device__ __forceinline__ void qk_gqa_mma(const float* qrot, const float* qbloc
     qk_i64 k0;
     const int n = qk_gqa_split_keys(seqlens_k, b, s, S, first_prompt, window, sp, chunk, k0);
     const qk_i64 o = (bs * N + h0) * splits + sp; /* head h's slot: o + h * splits */
-    QK_GQA_PHASE_AFTER(4, o + n);
+    QK_PHASE_AFTER(4, o + n);
     if (n == 0) {
         if (tid < nh) {
             part_m[o + tid * splits] = neg_inf;
@@ -811,7 +779,7 @@ __device__ __forceinline__ void qk_gqa_mma(const float* qrot, const float* qbloc
             qa[ks][1] = (qk_u32)qk_fp16_bits(v.z) | ((qk_u32)qk_fp16_bits(v.w) << 16);
         }
     }
-    QK_GQA_PHASE_AFTER(5, qa[KS - 1][1]);
+    QK_PHASE_AFTER(5, qa[KS - 1][1]);
     const float ks0 = KIND == 2 ? k_scale[0] : 1.0f;
     const qk_i64 row_bytes = (qk_i64)HD * EB;
     const char* kbase = (const char*)present_key + ((b * Nk + g) * Tp + k0) * row_bytes;
@@ -877,7 +845,7 @@ __device__ __forceinline__ void qk_gqa_mma(const float* qrot, const float* qbloc
         }
         mt = fmaxf(mt, QK_SHFL_XOR(mt, 1, QK_WARP));
         mt = fmaxf(mt, QK_SHFL_XOR(mt, 2, QK_WARP));
-        if (t0 == grp * MK) QK_GQA_PHASE_AFTER(6, __float_as_uint(mt));
+        if (t0 == grp * MK) QK_PHASE_AFTER(6, __float_as_uint(mt));
         const float mn = fmaxf(m, mt);
         const float c = mn == neg_inf ? 1.0f : expf(QK_FADD(m, -mn)); /* every score so far -inf: 1 */
         if (c != 1.0f) {
@@ -930,7 +898,7 @@ __device__ __forceinline__ void qk_gqa_mma(const float* qrot, const float* qbloc
 
     /* the quad's sum of p (an xor butterfly), P V = (hi + lo 2^-11) 2^-15, then the groups merged in
      * group order as qk_gqa_flash */
-    QK_GQA_PHASE_AFTER(7, __float_as_uint(l));
+    QK_PHASE_AFTER(7, __float_as_uint(l));
     l = QK_FADD(l, QK_SHFL_XOR(l, 1, QK_WARP));
     l = QK_FADD(l, QK_SHFL_XOR(l, 2, QK_WARP));
     if (head_ok) {
@@ -1035,7 +1003,7 @@ __device__ __noinline__ const float* qk_gqa_mma_append(const void* query, const 
 #endif
     const qk_i64 past = first_prompt ? 0 : (qk_i64)seqlens_k[b];
     const qk_i64 pos = rotate ? qk_gqa_position(position_ids, pid_stride, b, 0, past, first_prompt) : 0;
-    QK_GQA_PHASE_AFTER(1, pos);
+    QK_PHASE_AFTER(1, pos);
 #if defined(QK_GQA_APPEND_LOADS_FIRST)
     if (rotate) { /* row pos of the tables: every slot reads one (its own pair's where it rotates) */
         const qk_i64 row = pos * (rotary_dim / 2);
@@ -1075,7 +1043,7 @@ __device__ __noinline__ const float* qk_gqa_mma_append(const void* query, const 
         }
     }
 #endif
-    QK_GQA_PHASE_AFTER(2, __float_as_uint(y[QPER - 1]));
+    QK_PHASE_AFTER(2, __float_as_uint(y[QPER - 1]));
 #pragma unroll
     for (int j = 0; j < QPER; ++j)
         if (tid + j * QK_GQA_THREADS < nh * HD) s_q[tid + j * QK_GQA_THREADS] = y[j];
@@ -1335,22 +1303,22 @@ __device__ __noinline__ void qk_gqa_mma_combine(const float* part_m, const float
              int splits, const void* head_sink, void* output, unsigned* ticket, int sink_mode, const void* query,     \
              const void* key, const void* value, const void* cos_cache, const void* sin_cache,                        \
              const qk_i64* position_ids, qk_i64 pid_stride, int packed, int rotary_dim, int interleaved) {            \
-        QK_GQA_PHASE(0);                                                                                              \
+        QK_PHASE(0);                                                                                              \
         const float* qblock =                                                                                         \
             query ? qk_gqa_mma_append<KIND, HD>(query, key, value, seqlens_k, cos_cache, sin_cache, position_ids,     \
                                                 k_scale, v_scale, (void*)present_key, (void*)present_value, N, Nk,    \
                                                 Tp, pid_stride, first_prompt, packed, rotary_dim, interleaved, chunk, \
                                                 splits)                                                               \
                   : nullptr;                                                                                          \
-        QK_GQA_PHASE(3);                                                                                              \
+        QK_PHASE(3);                                                                                              \
         qk_gqa_mma<KIND, HD, KW, VW>(qrot, qblock, present_key, present_value, seqlens_k, attention_bias, k_scale,   \
                                      v_scale, part_m, part_l, part_acc, S, N, Nk, Tp, T, first_prompt, window,        \
                                      bias_batch, bias_heads, alpha, softcap, chunk, splits);                          \
-        QK_GQA_PHASE(8);                                                                                              \
+        QK_PHASE(8);                                                                                              \
         if (ticket)                                                                                                   \
             qk_gqa_mma_combine<HD, QK_GQA_CU(C)>(part_m, part_l, part_acc, head_sink, output, ticket, N, Nk, splits,  \
                                                  sink_mode, is16);                                                    \
-        QK_GQA_PHASE(9);                                                                                              \
+        QK_PHASE(9);                                                                                              \
     }
 
 QK_GQA_MMA(qk_gqa_mma_f16_h16, 1, 16, 8, 4, 3)

@@ -11,6 +11,7 @@
  * Where ORT's CPU quantizes an fc's input to int8 (block-wise weights, 8-bit or accuracy_level 4),
  * the launcher quantizes it as ORT does (qk_moe_quantize) and that fc takes the dp4a product. */
 #include "ort_common.h"
+#include "qk_phases.h" /* bench-only -DQK_PHASES: fc1m's boundaries 0..3, fc2m's 12..17 */
 
 #define QK_MOE_SKIP 1e-8f /* an expert whose weight is <= this is not evaluated (ORT CPU) */
 
@@ -1074,6 +1075,7 @@ __device__ __forceinline__ void qk_moe_fc1m_body(const void* x, const void* logi
     const qk_i64 t = blockIdx.y;
     const int nseg = K / 32, steps = (nseg + QK_MOE_SEGS - 1) / QK_MOE_SEGS, blocks = bs ? K / bs : 1;
     const int bsh = qk_moe_seg_shift(bs);
+    QK_PHASE(0);
     if (threadIdx.x < 8) s_zero[threadIdx.x] = make_uint2(0u, 0u);
     /* the input's 8-value words (zeros past K) staged while the logits load; the loads of 2 rounds in
      * flight together */
@@ -1082,6 +1084,7 @@ __device__ __forceinline__ void qk_moe_fc1m_body(const void* x, const void* logi
         for (int i = (int)threadIdx.x; i < steps * 32; i += (int)blockDim.x)
             qk_moe_xw[i] = i < K / 8 ? qk_moe_xpairs(((const uint4*)x)[t * (K / 8) + i]) : make_uint4(0u, 0u, 0u, 0u);
     });
+    QK_PHASE(1);
     if (blockIdx.x == 0 && (int)threadIdx.x < k) {
         sel[t * k + threadIdx.x] = s_sel[threadIdx.x];
         wts[t * k + threadIdx.x] = s_w[threadIdx.x];
@@ -1100,6 +1103,7 @@ __device__ __forceinline__ void qk_moe_fc1m_body(const void* x, const void* logi
         if (live)
             qk_moe_m_run<ZP, false>(f, s_sel[j], R, (const uint2*)qk_moe_xw, 0, s_zero, s_lo, s_hi, g, tq, nseg, bsh,
                                     acc);
+        if (base == 0) QK_PHASE_AFTER(2, __float_as_uint(acc[0]));
         if (parts > 1) { /* part 0 adds the parts in order */
             s_part[warp][0][lane] = acc[0];
             s_part[warp][1][lane] = acc[1];
@@ -1128,6 +1132,7 @@ __device__ __forceinline__ void qk_moe_fc1m_body(const void* x, const void* logi
             if (u < units) qk_moe_store_a(A, p, units, u, at, qk_moe_act(act, h[r], glu ? l : 0.0f, alpha, beta, limit));
         }
     }
+    QK_PHASE(3);
 }
 
 /* qk_moe_fc1m: default zero points (8); qk_moe_fc1m_z: packed zero points. No QK_LAUNCH_DEPENDENTS():
@@ -1173,12 +1178,14 @@ __device__ __forceinline__ void qk_moe_fc2m_body(const uint4* planes, const int*
     const int n0 = (int)blockIdx.x * 16;
     const int nseg = K / 32, steps = (nseg + QK_MOE_SEGS - 1) / QK_MOE_SEGS, blocks = bs ? K / bs : 1;
     const int words = steps * 32, bsh = qk_moe_seg_shift(bs); /* 16-byte units of a staged plane */
+    QK_PHASE(13);
     if ((int)threadIdx.x < k) {
         s_sel[threadIdx.x] = sel[t * k + threadIdx.x];
         s_w[threadIdx.x] = wts[t * k + threadIdx.x];
     }
     if (threadIdx.x < 8) s_zero[threadIdx.x] = make_uint2(0u, 0u);
     __syncthreads();
+    QK_PHASE(14);
     /* the token's 3 k planes (qk_moe_store_planes, written by qk_moe_fc1m) copied, zeros past K and for
      * skipped slots (whose planes fc1 never wrote); a thread loads QK_MOE_F2_BATCH units before it stores */
     const int n = 3 * k * words;
@@ -1195,6 +1202,7 @@ __device__ __forceinline__ void qk_moe_fc2m_body(const uint4* planes, const int*
             if (i0 + b * (int)blockDim.x < n) qk_moe_xw[i0 + b * (int)blockDim.x] = v[b];
     }
     __syncthreads();
+    QK_PHASE(15);
     const int lane = (int)(threadIdx.x & 31), g = lane >> 2, tq = lane & 3, warp = (int)(threadIdx.x / 32);
     for (int pi = warp; pi < k * parts; pi += QK_MOE_M_WARPS) {
         const int j = pi / parts, part = pi - j * parts;
@@ -1211,6 +1219,7 @@ __device__ __forceinline__ void qk_moe_fc2m_body(const uint4* planes, const int*
         }
     }
     __syncthreads();
+    QK_PHASE(16);
     const int c = (int)threadIdx.x;
     if (c >= 16 || n0 + c >= N) return;
     float out = 0.0f;
@@ -1223,6 +1232,7 @@ __device__ __forceinline__ void qk_moe_fc2m_body(const uint4* planes, const int*
         out = qk_ftz(QK_FADD(out, qk_ftz(QK_FMUL(w, y))));
     }
     qk_store_f(Y, t * N + n0 + c, out, 1);
+    QK_PHASE(17);
 }
 
 /* qk_moe_fc2m: default zero points (8); qk_moe_fc2m_z: packed zero points. grid (ceil(N / 16), T) */
@@ -1231,6 +1241,7 @@ __device__ __forceinline__ void qk_moe_fc2m_body(const uint4* planes, const int*
     NAME(const uint4* planes, const int* sel, const float* wts, const qk_u8* W, const void* S, const qk_u8* Z,   \
          const void* Bias, void* Y, int K, int N, int k, int bs, int zp_bytes, int has_zp, int has_bias,          \
          int parts) {                                                                                            \
+        QK_PHASE(12);                                                                                            \
         QK_WAIT_PRIOR_GRID(); /* launched as a dependent of fc1: its routing and planes */                       \
         qk_moe_fc2m_body<ZP>(planes, sel, wts, W, S, Z, Bias, Y, K, N, k, bs, zp_bytes, has_zp, has_bias, parts); \
     }

@@ -1,0 +1,36 @@
+/* Bench-only phase stamps (qconform.bench.phases). With -DQK_PHASES, thread 0 of each CTA of a kernel that
+ * marks QK_PHASE(i) writes its SM clock (clock64) and a device-wide clock (CUDA %globaltimer, in ns; HIP
+ * wall_clock64) into qk_phase_clock[CTA][i][2], CTA = blockIdx.x + gridDim.x blockIdx.y (the first
+ * QK_PHASE_CTAS of them); QK_PHASE_AFTER(i, v) first makes the stamp wait for the value v (a load's
+ * result). The kernels of one module take separate boundaries i < QK_PHASE_SLOTS. Without the option the
+ * macros are empty and nothing else is defined. */
+#pragma once
+
+#if defined(QK_PHASES)
+#define QK_PHASE_CTAS 4096
+#define QK_PHASE_SLOTS 24
+__device__ unsigned long long qk_phase_clock[QK_PHASE_CTAS * QK_PHASE_SLOTS * 2];
+__device__ __forceinline__ void qk_phase(int i) {
+    if (threadIdx.x != 0) return;
+    const unsigned cta = blockIdx.x + gridDim.x * blockIdx.y;
+    if (cta >= QK_PHASE_CTAS) return;
+#if defined(QK_CUDA)
+    unsigned long long wall;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(wall));
+#else
+    const unsigned long long wall = wall_clock64();
+#endif
+    unsigned long long* slot = qk_phase_clock + (cta * QK_PHASE_SLOTS + i) * 2;
+    slot[0] = (unsigned long long)clock64();
+    slot[1] = wall;
+}
+#define QK_PHASE(i) qk_phase(i)
+#define QK_PHASE_AFTER(i, v)                              \
+    do {                                                  \
+        asm volatile("" ::"r"((unsigned)(v)) : "memory"); \
+        qk_phase(i);                                      \
+    } while (0)
+#else
+#define QK_PHASE(i)
+#define QK_PHASE_AFTER(i, v)
+#endif

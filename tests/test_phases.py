@@ -1,0 +1,90 @@
+"""The phase arithmetic of the decode diagnostic (qconform.bench.phases): durations between stamped
+boundaries over the CTAs that reached both, and when each marked kernel's CTAs enter and end."""
+
+import numpy as np
+import pytest
+
+from qconform.bench.phases import GQA, QMOE, SLOTS, Marked, phase_table, report, spread
+
+KHZ = 2_000_000.0  # 2 GHz: 2000 cycles a us
+
+
+def _stamps(marked: Marked, durations_us: np.ndarray, start: np.ndarray, skipped: dict[int, tuple[int, ...]]):
+    """[CTAs, SLOTS] SM clock stamps of CTAs whose phase i of ``marked`` takes durations_us[cta, i],
+    from start[cta] cycles; the boundaries in skipped[cta] left 0 (not reached), as the kernel leaves
+    them, and every slot outside ``marked`` 0."""
+    cycles = np.round(durations_us * KHZ / 1e3).astype(np.int64)
+    marks = start[:, None] + np.concatenate([np.zeros((len(start), 1), np.int64), np.cumsum(cycles, 1)], 1)
+    clock = np.zeros((len(start), SLOTS), np.int64)
+    clock[:, marked.first : marked.last + 1] = marks
+    for cta, bounds in skipped.items():
+        clock[cta, list(bounds)] = 0
+    return clock
+
+
+@pytest.mark.parametrize("marked", [*GQA, *QMOE], ids=lambda m: m.kernel)
+def test_phases_are_the_durations_of_the_ctas_that_reached_both_boundaries(marked):
+    rng = np.random.default_rng(7)
+    dur = rng.integers(1, 400, (5, len(marked.phases))) / 100.0  # us, exact in cycles at 2 GHz
+    start = rng.integers(10**6, 10**7, 5)
+    skipped = {3: (marked.first + 2, marked.first + 3)}  # e.g. a split with no key skips the loop's marks
+    table = phase_table(_stamps(marked, dur, start, skipped), marked, KHZ)
+    assert [row[0] for row in table] == list(marked.phases)
+    for i, (_, med, mx, n) in enumerate(table):
+        keep = [c for c in range(5) if not any(marked.first + b in skipped.get(c, ()) for b in (i, i + 1))]
+        assert n == len(keep)
+        assert med == pytest.approx(float(np.median(dur[keep, i])), abs=1e-9)
+        assert mx == pytest.approx(float(dur[keep, i].max()), abs=1e-9)
+
+
+def test_a_phase_table_that_counts_unreached_boundaries_is_caught():
+    """Mutant: durations taken over every CTA, zeros included (a CTA that skipped the loop)."""
+    (marked,) = GQA
+
+    def unmasked(clock: np.ndarray, m: Marked, khz: float) -> list[tuple[str, float, float, int]]:
+        d = (clock[:, m.first + 1 : m.last + 1] - clock[:, m.first : m.last]) / khz * 1e3
+        return [(n, float(np.median(d[:, i])), float(d[:, i].max()), len(d)) for i, n in enumerate(m.phases)]
+
+    dur = np.full((4, len(marked.phases)), 1.5)
+    clock = _stamps(marked, dur, np.array([5000, 9000, 7000, 6000]), {1: (5, 6, 7)})
+    assert all(med == 1.5 and mx == 1.5 for _, med, mx, _ in phase_table(clock, marked, KHZ))
+    assert any(med != 1.5 or mx != 1.5 for _, med, mx, _ in unmasked(clock, marked, KHZ))
+
+
+def test_spread_is_measured_from_the_calls_first_entry_per_kernel():
+    fc1, fc2 = QMOE
+    wall = np.zeros((3, SLOTS), np.int64)
+    wall[:, fc1.first] = [1_000_500, 1_000_000, 1_000_200]
+    wall[:, fc1.last] = [1_009_000, 1_012_000, 1_010_000]
+    wall[:2, fc2.first] = [1_011_000, 1_011_500]  # fc2 has 2 CTAs: the third row's slots stay 0
+    wall[:2, fc2.last] = [1_020_000, 1_021_000]
+    assert spread(wall, fc1, 1_000_000) == pytest.approx((0.2, 0.5, 10.0, 12.0))
+    assert spread(wall, fc2, 1_000_000) == pytest.approx((11.25, 11.5, 20.5, 21.0))
+    stamps = np.stack([np.zeros_like(wall), wall], axis=2)
+    lines = report(stamps, QMOE, KHZ)
+    assert lines[0].startswith("qk_moe_fc1m: CTAs enter at 0.20 / 0.50 us")
+    assert any(line.startswith("qk_moe_fc2m: CTAs enter at 11.25 / 11.50 us") for line in lines)
+
+
+def test_the_marked_boundaries_fit_the_kernels_slots():
+    """Each kernel's boundaries inside QK_PHASE_SLOTS and apart from the other kernels' of its module."""
+    for kernels in (GQA, QMOE):
+        taken = [b for m in kernels for b in range(m.first, m.last + 1)]
+        assert len(taken) == len(set(taken)) and max(taken) < SLOTS
+
+
+def test_the_tables_boundaries_are_the_kernels_marks():
+    """The boundaries the tables read are those the sources mark, and the array's shape is the header's
+    (a mark renumbered in a kernel, or a slot count changed, would shift every phase)."""
+    import re
+    from pathlib import Path
+
+    from qconform.bench.phases import CTAS
+
+    kernels = Path(__file__).resolve().parents[1] / "src/qconform/device/kernels"
+    header = (kernels / "common/qk_phases.h").read_text()
+    assert f"#define QK_PHASE_SLOTS {SLOTS}\n" in header and f"#define QK_PHASE_CTAS {CTAS}\n" in header
+    for source, marked in (("ort/gqa.hip", GQA), ("ort/qmoe.hip", QMOE)):
+        text = (kernels / source).read_text()
+        marks = {int(n) for n in re.findall(r"\bQK_PHASE(?:_AFTER)?\((\d+)", text)}
+        assert marks == {b for m in marked for b in range(m.first, m.last + 1)}, source
