@@ -136,11 +136,14 @@ def _stamps(replays: list[Any], module: Any) -> np.ndarray:
     return cupy.asnumpy(stamps).astype(np.int64)
 
 
-def _module(source: str) -> Any:
+def _module(source: str, options: tuple[str, ...]) -> Any:
+    """The module of ``source`` that the stamped build ``options`` (BUILD, then the variant's) loaded:
+    the one whose ``qk_phase_clock`` its kernels write."""
     from qconform.device import launchers
     from qconform.device.loader import load_module
 
-    return load_module(launchers.KERNEL_DIR / source, launchers.OPTIONS)
+    with launchers.compile_options(BUILD, *options):
+        return load_module(launchers.KERNEL_DIR / source, launchers.OPTIONS)
 
 
 def _khz() -> float:
@@ -163,8 +166,8 @@ def run_gqa(batch: int, past: int, bits: int, variant: str = "flash", reps: int 
     sets = [gqa._inputs(batch, past, bits, 10 + i) for i in range(n_sets_for(kv_bytes))]
     with launchers.compile_options(BUILD):
         ts, calls = gqa._time_variant(sets, bits, variant, reps)
-        module = _module(SOURCE)
-    stamps = _stamps([c[0] for c in calls], module)
+    with bl.launch_order(variant):
+        stamps = _stamps([c[0] for c in calls], _module(SOURCE, gqa.VARIANTS[variant]))
     head = (
         f"gqa {variant}: {'int8' if bits else 'fp16'} cache, batch {batch}, past {past}, grid "
         f"{calls[0][0].args[0][0].grid}: call {bl.median(ts) * 1e6:.1f} us (this build)"
@@ -188,7 +191,7 @@ def run_qmoe(layer_name: str, variant: str = "decode", reps: int = 50) -> str:
         calls, _ = qmoe.bind_calls(layer, sets, params, H, variant)
         with bl.launch_order(variant):
             ts = bl.times(lambda i: calls[i](), len(calls), reps)
-            stamps = _stamps(calls, _module(SOURCE))
+            stamps = _stamps(calls, _module(SOURCE, qmoe.VARIANTS[variant]))
     head = f"qmoe {variant}: {name} (H {H}, I {inter}, E {E}, k {k}): call {bl.median(ts) * 1e6:.1f} us (this build)"
     return "\n".join([head, *report(stamps, QMOE, _khz())])
 
