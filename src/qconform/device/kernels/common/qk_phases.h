@@ -3,7 +3,7 @@
  * wall_clock64) into qk_phase_clock[CTA][i][2], CTA = blockIdx.x + gridDim.x blockIdx.y (the first
  * QK_PHASE_CTAS of them); QK_PHASE_AFTER(i, v) first makes the stamp wait for the value v (a load's
  * result). The kernels of one module take separate boundaries i < QK_PHASE_SLOTS. Without the option the
- * macros are empty and nothing else is defined. */
+ * macros do nothing and nothing else is defined. */
 #pragma once
 
 #if defined(QK_PHASES)
@@ -30,7 +30,7 @@ __device__ __forceinline__ void qk_phase(int i) {
         asm volatile("" ::"r"((unsigned)(v)) : "memory"); \
         qk_phase(i);                                      \
     } while (0)
-#else
-#define QK_PHASE(i)
-#define QK_PHASE_AFTER(i, v)
+#else /* a statement still (``if (c) QK_PHASE(i);`` keeps a body) */
+#define QK_PHASE(i) ((void)0)
+#define QK_PHASE_AFTER(i, v) ((void)0)
 #endif
