@@ -20,11 +20,11 @@ decode's new rows appended by the mma kernels' CTAs, the combine folded in up to
 (``-DQK_GQA_COMBINE_LAUNCH``), the rows appended by a qk_gqa_append8 launch first
 (``-DQK_GQA_APPEND_LAUNCH``), and session 10's qk_gqa_append and qk_gqa_combine launches
 (``-DQK_GQA_APPEND_V1 -DQK_GQA_COMBINE_LAUNCH``, a thread per channel pair).
-``--variants flash,loads_first,index32,lean`` times the mma decode with the folded append's reads all
-issued before any is used (``-DQK_GQA_APPEND_LOADS_FIRST``: the query's and new rows' before
-``seqlens_k``, cos / sin after the position; the default build waits one latency an element), with its
-index arithmetic in 32 bits (``-DQK_GQA_INDEX32``: no 64-bit division calls), and both (bench-only;
-``python -m qconform.bench.phases gqa --variant`` shows where each build's time goes).
+``--variants flash,loads_first`` times the mma decode with the folded append's reads all issued before
+any is used (``-DQK_GQA_APPEND_LOADS_FIRST``: the query's and new rows' before ``seqlens_k``, cos / sin
+after the position; the default build waits one latency an element). Bench-only: beside the default's
+32-bit index arithmetic it measured level or slower (docs/perf-notes.md, session 36); ``python -m
+qconform.bench.phases gqa --variant`` shows where each build's time goes.
 ``--variants flash,simt`` times the session-9 SIMT flash kernels
 (``-DQK_GQA_DECODE_SIMT``) beside
 the default ones, which run the attention on the matrix units for this bench's fp16 queries and
@@ -157,8 +157,6 @@ VARIANTS = {  # build options of each attention kernel
     "flash_i8u8": ("-DQK_GQA_I8T_U8",),  # int8 per-tensor tiles of 8 keys a group (3 CTAs an SM); fp16 as flash
     "legacy": ("-DQK_GQA_LEGACY",),
     "loads_first": ("-DQK_GQA_APPEND_LOADS_FIRST",),  # mma decode: the append's reads issued before any use
-    "index32": ("-DQK_GQA_INDEX32",),  # the head block, batch row and new-row split by 32-bit divisions
-    "lean": ("-DQK_GQA_APPEND_LOADS_FIRST", "-DQK_GQA_INDEX32"),
     STREAM_ORDER: (),  # the default build with every launch in stream order (the combine not a dependent)
 }
 

@@ -297,7 +297,10 @@ __device__ __forceinline__ void qk_gqa_load(qk_u32 (&w)[WORDS], const qk_u32* p)
 }
 
 /* the query heads of CTA row blockIdx.y: its KV head g, the first of its block of at most HB of g's
- * query heads, h0, and how many there are, nh (G = N / Nk query heads a KV head, ceil(G / HB) blocks) */
+ * query heads, h0, and how many there are, nh (G = N / Nk query heads a KV head, ceil(G / HB) blocks).
+ * Here, for the mma kernel's batch row and for the new row's split, 32-bit divisions: head counts, grid
+ * indices and positions (seqlens_k is int32) are below 2^31, and a 64-bit one is a called routine on
+ * NVIDIA, 6 of them before a decode CTA's first K / V load (docs/perf-notes.md, sessions 35-36) */
 struct qk_gqa_heads {
     qk_i64 g, h0;
     int nh;
@@ -306,17 +309,10 @@ struct qk_gqa_heads {
 template <int HB>
 __device__ __forceinline__ qk_gqa_heads qk_gqa_head_block(qk_i64 N, qk_i64 Nk) {
     qk_gqa_heads r;
-#if defined(QK_GQA_INDEX32) /* bench-only: the same values by 32-bit divisions (head counts < 2^31) */
     const int G = (int)N / (int)Nk, nhb = (G + HB - 1) / HB, y = (int)blockIdx.y;
     r.g = y / nhb;
     r.h0 = r.g * G + (y % nhb) * HB;
     r.nh = G - (y % nhb) * HB < HB ? G - (y % nhb) * HB : HB;
-#else
-    const qk_i64 G = N / Nk, nhb = (G + HB - 1) / HB;
-    r.g = blockIdx.y / nhb;
-    r.h0 = r.g * G + (blockIdx.y % nhb) * HB;
-    r.nh = (int)(G - (blockIdx.y % nhb) * HB < HB ? G - (blockIdx.y % nhb) * HB : HB);
-#endif
     return r;
 }
 
@@ -746,12 +742,8 @@ __device__ __forceinline__ void qk_gqa_mma(const float* qrot, const float* qbloc
     const float neg_inf = qk_gqa_neg_inf();
     const int tid = (int)threadIdx.x, grp = tid / 32, lane = tid % 32, gq = lane / 4, tq = lane % 4;
     const int sp = (int)(blockIdx.x % splits);
-#if defined(QK_GQA_INDEX32)
     const int bs32 = (int)blockIdx.x / splits;
     const qk_i64 bs = bs32, b = bs32 / (int)S, s = bs32 % (int)S;
-#else
-    const qk_i64 bs = blockIdx.x / splits, b = bs / S, s = bs % S;
-#endif
     const qk_gqa_heads blk = qk_gqa_head_block<MH>(N, Nk);
     const qk_i64 g = blk.g, h0 = blk.h0;
     const int nh = blk.nh;
@@ -1047,11 +1039,7 @@ __device__ __noinline__ const float* qk_gqa_mma_append(const void* query, const 
 #pragma unroll
     for (int j = 0; j < QPER; ++j)
         if (tid + j * QK_GQA_THREADS < nh * HD) s_q[tid + j * QK_GQA_THREADS] = y[j];
-#if defined(QK_GQA_INDEX32)
     if (sp == (int)past / chunk) {
-#else
-    if (sp == past / chunk) {
-#endif
         const qk_i64 row = (b * Nk + g) * Tp + past;
 #if !defined(QK_GQA_APPEND_LOADS_FIRST)
         float kv[KPER];
