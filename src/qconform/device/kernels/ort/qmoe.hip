@@ -1047,34 +1047,6 @@ __device__ __forceinline__ void qk_moe_m_run(const qk_moe_fc& f, int e, const qk
     }
 }
 
-#if defined(QK_MOE_M_DEPTH)
-/* bench-only (-DQK_MOE_M_DEPTH=D, fc1m and fc2m; docs/perf-notes.md session 36): qk_moe_m_run with D steps'
- * loads in flight (step s + D's issued once step s is summed), the steps summed in the same order */
-template <bool ZP, bool BF16>
-__device__ __forceinline__ void qk_moe_m_run_deep(const qk_moe_fc& f, int e, const qk_moe_rows2& R, const uint2* xp,
-                                                  int ps, const uint2* zero, int s_lo, int s_hi, int g, int t,
-                                                  int nseg, int bsh, float* acc) {
-    constexpr int D = QK_MOE_M_DEPTH;
-    if (s_lo >= s_hi) return;
-    qk_moe_fc1m_step b[D];
-#pragma unroll
-    for (int d = 0; d < D; ++d)
-        if (s_lo + d < s_hi) qk_moe_fc1m_load<ZP, BF16>(f, e, R, s_lo + d, t, nseg, bsh, b[d]);
-    for (int s = s_lo; s < s_hi; s += D) {
-#pragma unroll
-        for (int d = 0; d < D; ++d) {
-            if (s + d >= s_hi) break;
-            if (BF16) qk_moe_fc2m_mma(b[d], xp, ps, zero, s + d, g, t, acc);
-            else qk_moe_fc1m_mma(b[d], xp, zero, s + d, g, t, acc);
-            if (s + d + D < s_hi) qk_moe_fc1m_load<ZP, BF16>(f, e, R, s + d + D, t, nseg, bsh, b[d]);
-        }
-    }
-}
-#define QK_MOE_M_RUN qk_moe_m_run_deep
-#else
-#define QK_MOE_M_RUN qk_moe_m_run
-#endif
-
 /* log2(block_size / 32) (block_size a power of two >= 32), 31 for per-row scales */
 __device__ __forceinline__ int qk_moe_seg_shift(int bs) { return bs ? 26 - __clz(bs) : 31; }
 
@@ -1129,7 +1101,7 @@ __device__ __forceinline__ void qk_moe_fc1m_body(const void* x, const void* logi
         const qk_moe_rows2 R = qk_moe_rows_of(f, s_sel[j], r0, g, blocks);
         float acc[2] = {0.0f, 0.0f};
         if (live)
-            QK_MOE_M_RUN<ZP, false>(f, s_sel[j], R, (const uint2*)qk_moe_xw, 0, s_zero, s_lo, s_hi, g, tq, nseg, bsh,
+            qk_moe_m_run<ZP, false>(f, s_sel[j], R, (const uint2*)qk_moe_xw, 0, s_zero, s_lo, s_hi, g, tq, nseg, bsh,
                                     acc);
         if (base == 0) QK_PHASE_AFTER(2, __float_as_uint(acc[0]));
         if (parts > 1) { /* part 0 adds the parts in order */
@@ -1237,7 +1209,7 @@ __device__ __forceinline__ void qk_moe_fc2m_body(const uint4* planes, const int*
         if (!(s_w[j] > QK_MOE_SKIP)) continue; /* the whole warp */
         const qk_moe_rows2 R = qk_moe_rows_of(f, s_sel[j], n0, g, blocks);
         float acc[2] = {0.0f, 0.0f};
-        QK_MOE_M_RUN<ZP, true>(f, s_sel[j], R, (const uint2*)(qk_moe_xw + 3 * j * words), 2 * words, s_zero,
+        qk_moe_m_run<ZP, true>(f, s_sel[j], R, (const uint2*)(qk_moe_xw + 3 * j * words), 2 * words, s_zero,
                                part * steps / parts, (part + 1) * steps / parts, g, tq, nseg, bsh, acc);
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
