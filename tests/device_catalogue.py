@@ -1495,7 +1495,6 @@ def run_rows(rows: list[DeviceMutant]) -> int:
     """Run the rows in order, printing each as it finishes (a cut-off run still shows them); how
     many went as expected. Where a row leaves the device context unusable (``context_lost``), the
     rest run in a fresh process (``--rows``), never in the broken one."""
-    import subprocess
     import tempfile
 
     as_expected = 0
@@ -1509,12 +1508,22 @@ def run_rows(rows: list[DeviceMutant]) -> int:
             rest = rows[k + 1 :]
             if rest and (why := context_lost()):
                 print(f"(device context lost after this row: {why}; the rest in a fresh process)", flush=True)
-                cmd = [sys.executable, __file__, "--rows", ",".join(str(ALL.index(r)) for r in rest)]
-                out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False).stdout
+                fresh, out = run_in_fresh_process(rest)
                 print(out, end="", flush=True)
-                found = re.search(r"^mutants and controls as expected: (\d+)/", out, re.M)
-                return as_expected + (int(found.group(1)) if found else 0)
+                return as_expected + fresh
     return as_expected
+
+
+def run_in_fresh_process(rows: list[DeviceMutant]) -> tuple[int, str]:
+    """Run the rows in a new process of this script (``--rows``: its own device context, never one a
+    faulted row left unusable): how many went as expected (0 where the process printed no total) and
+    what it printed."""
+    import subprocess
+
+    cmd = [sys.executable, __file__, "--rows", ",".join(str(ALL.index(r)) for r in rows)]
+    out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False).stdout
+    found = re.search(r"^mutants and controls as expected: (\d+)/", out, re.M)
+    return (int(found.group(1)) if found else 0), out
 
 
 if __name__ == "__main__":

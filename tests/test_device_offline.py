@@ -469,6 +469,45 @@ def test_rows_after_a_lost_context_run_in_a_fresh_process(monkeypatch: pytest.Mo
     assert cmd[-2:] == ["--rows", str(ALL.index(rows[2]))]
 
 
+@pytest.mark.parametrize("child_ok", [1, 0])
+def test_a_device_mutant_test_after_a_fault_runs_its_row_in_a_fresh_process(
+    monkeypatch: pytest.MonkeyPatch, child_ok: int
+) -> None:
+    """pytest's test_device_mutant in a worker whose context an earlier row faulted: the row never runs
+    in that context but in a fresh ``--rows`` process, whose verdict decides. Mutant: the former test,
+    which failed every later row of the worker ("context lost") whatever the row did."""
+    import subprocess
+
+    import test_device as td
+
+    m = ALL[1]
+    calls: list[list[str]] = []
+
+    def child(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess:
+        calls.append(cmd)
+        out = f"| {m.name} | x | y | ok |\nmutants and controls as expected: {child_ok}/1\n"
+        return subprocess.CompletedProcess(cmd, 0, stdout=out)
+
+    def in_lost_context(*args: object) -> None:
+        raise AssertionError("a row ran in the lost context")
+
+    def former(m: object, built: dict) -> None:
+        assert not (why := td.context_lost()), f"the worker's device context was lost by an earlier test: {why}"
+
+    monkeypatch.setattr(td, "context_lost", lambda: "CUDARuntimeError: cudaErrorMisalignedAddress")
+    monkeypatch.setattr(td, "run_mutant", in_lost_context)
+    monkeypatch.setattr(subprocess, "run", child)
+    if child_ok:
+        td.test_device_mutant(m, {})
+        with pytest.raises(AssertionError, match="context was lost"):
+            former(m, {})
+    else:
+        with pytest.raises(AssertionError, match="in a fresh process"):
+            td.test_device_mutant(m, {})
+    (cmd,) = calls
+    assert cmd[-2:] == ["--rows", str(ALL.index(m))]
+
+
 def test_prefill_gemm_tiles() -> None:
     """The prefill GEMM's tiles and shared memory (``qk_nbits_gemm``'s STAGE: per row 8 bits weight
     bytes, a scale word and with packed zero points a zero-point word, per token 72 halves; 4 stages;
