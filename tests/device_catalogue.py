@@ -1273,6 +1273,8 @@ GQA_FOLD_POS_LATE: Edits = (
     ("qk_gqa_position(position_ids, pid_stride, b, 0, past, first_prompt)",
      "qk_gqa_position(position_ids, pid_stride, b, 0, past + 1, first_prompt)"),
 )  # fmt: skip
+# the early first tile (-DQK_GQA_EARLY_TILE) read in the split that holds the new row too: before the append writes it
+GQA_EARLY_IN_NEW_SPLIT: Edits = (("e.ok = grp * QK_GQA_MK < n && sp != past / chunk;", "e.ok = grp * QK_GQA_MK < n;"),)
 # the folded combine's l without the sink's exp(sink - M)
 GQA_FOLD_NO_SINK: Edits = (("l = QK_FADD(l, expf(QK_FADD(sigma, -c_M[tid])));", "l = QK_FADD(l, 0.0f * sigma);"),)
 # the folded combine's 16-byte pieces read at channel q of a head row, not 4 q (overlapping pieces)
@@ -1320,6 +1322,13 @@ GQA_MUTANTS = (
                  "-DQK_GQA_APPEND_V1 -DQK_GQA_COMBINE_LAUNCH", "gqa_decode", None, leaf="Xfp16_Wi8_Yfp16"),
     DeviceMutant("control: gqa mma decode in one launch (-DQK_GQA_COMBINE_FOLD), int8", "ort/gqa.hip", "",
                  "-DQK_GQA_COMBINE_FOLD", "gqa_decode", None, leaf="Xfp16_Wi8_Yfp16"),
+    DeviceMutant("gqa mma early tile (-DQK_GQA_EARLY_TILE): read in the new row's split too, before the append",
+                 "ort/gqa.hip", "", "-DQK_GQA_EARLY_TILE", "gqa_decode", "matches_oracle", leaf="Xfp16_Wfp16_Yfp16",
+                 coverage=2, edits=GQA_EARLY_IN_NEW_SPLIT),
+    DeviceMutant("control: gqa mma decode with its first tile read before the append (-DQK_GQA_EARLY_TILE), fp16",
+                 "ort/gqa.hip", "", "-DQK_GQA_EARLY_TILE", "gqa_decode", None, leaf="Xfp16_Wfp16_Yfp16", coverage=2),
+    DeviceMutant("control: gqa mma decode with its first tile read before the append (-DQK_GQA_EARLY_TILE), int8",
+                 "ort/gqa.hip", "", "-DQK_GQA_EARLY_TILE", "gqa_decode", None, leaf="Xfp16_Wi8_Yfp16", coverage=2),
     _gqa("control: gqa SIMT decode kernels (-DQK_GQA_DECODE_SIMT), fp16", "gqa_decode", "Xfp16_Wfp16_Yfp16", (),
          caught_by=None),
     _gqa("control: gqa mma on the portable mma (shuffles), int8", "gqa_decode", "Xfp16_Wi8_Yfp16", (),

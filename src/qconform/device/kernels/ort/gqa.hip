@@ -694,6 +694,74 @@ __device__ __forceinline__ qk_u32 qk_gqa_i8pair(qk_u32 x, qk_u32 y, qk_u32 sel) 
     return qk_hfma2(t, 0x3C003C00u, 0xE480E480u);
 }
 
+#if defined(QK_GQA_EARLY_TILE)
+/* a group's tile from key t0 of its split (n keys; rows past n read the last row again): this lane's
+ * K pieces of rows t0 + gq and t0 + 8 + gq, and its V pieces of rows t0 + 2tq, + 1, + 8, + 9 (the
+ * default build's loop reads them inline: its SASS as before) */
+template <int KW, int VW, int KL, int KWD, int VL, int VWD>
+__device__ __forceinline__ void qk_gqa_tile_load(qk_u32 (&kw)[2][KL][KWD], qk_u32 (&vw)[4][VL][VWD], const char* kbase,
+                                                 const char* vbase, qk_i64 row_bytes, int t0, int n, int gq, int tq) {
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+        const int i = t0 + nt * 8 + gq < n ? t0 + nt * 8 + gq : n - 1; /* past the split: a row it reads anyway */
+        const char* p = kbase + (qk_i64)i * row_bytes + tq * KW;
+#pragma unroll
+        for (int li = 0; li < KL; ++li) qk_gqa_ldw<KW>(kw[nt][li], p + li * 4 * KW);
+    }
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+        const int kr = 2 * tq + (r & 1) + (r >> 1) * 8;
+        const int i = t0 + kr < n ? t0 + kr : n - 1;
+        const char* p = vbase + (qk_i64)i * row_bytes + gq * VW;
+#pragma unroll
+        for (int lv = 0; lv < VL; ++lv) qk_gqa_ldw<VW>(vw[r][lv], p + lv * 8 * VW);
+    }
+}
+
+/* bench-only (docs/perf-notes.md session 36): the group's first tile read at the CTA's start, before the
+ * folded append (a decode), so its latency passes under the query's rotation and the append instead of
+ * after them; not in the split that holds the new row (it reads that row after the append writes it) */
+template <int KIND, int HD, int KW, int VW>
+struct qk_gqa_early {
+    static constexpr int EB = KIND == 1 ? 2 : 1, KL = HD / 16 / (KW / (4 * EB)), KWD = KW / 4;
+    static constexpr int VL = HD / (8 * (VW / EB)), VWD = VW >= 4 ? VW / 4 : 1;
+    qk_u32 kw[2][KL][KWD], vw[4][VL][VWD];
+    bool ok;
+};
+
+template <int KIND, int HD, int KW, int VW>
+__device__ __forceinline__ void qk_gqa_early_issue(qk_gqa_early<KIND, HD, KW, VW>& e, const void* present_key,
+                                                   const void* present_value, const int* seqlens_k, qk_i64 N,
+                                                   qk_i64 Nk, qk_i64 Tp, int first_prompt, int window, int chunk,
+                                                   int splits) {
+    const int sp = (int)(blockIdx.x % splits), b = (int)blockIdx.x / splits; /* S = 1 */
+    const int lane = (int)threadIdx.x % 32, grp = (int)threadIdx.x / 32;
+    const qk_i64 g = qk_gqa_head_block<QK_GQA_MH>(N, Nk).g;
+    qk_i64 k0;
+    const int n = qk_gqa_split_keys(seqlens_k, b, 0, 1, first_prompt, window, sp, chunk, k0);
+    const int past = first_prompt ? 0 : seqlens_k[b];
+    e.ok = grp * QK_GQA_MK < n && sp != past / chunk;
+    if (!e.ok) return;
+    const qk_i64 row_bytes = (qk_i64)HD * e.EB, row0 = (b * Nk + g) * Tp + k0;
+    qk_gqa_tile_load<KW, VW>(e.kw, e.vw, (const char*)present_key + row0 * row_bytes,
+                             (const char*)present_value + row0 * row_bytes, row_bytes, grp * QK_GQA_MK, n, lane / 4,
+                             lane % 4);
+}
+#define QK_GQA_EARLY_PARAM(KIND, HD, KW, VW) , const qk_gqa_early<KIND, HD, KW, VW>&early
+#define QK_GQA_EARLY_ARG , early
+/* a decode (the append folded in: query set) issues the reads; otherwise every row is in place, but
+ * the kernel reads its tiles as the default build */
+#define QK_GQA_EARLY_ISSUE(KIND, HD, KW, VW)                                                                        \
+    qk_gqa_early<KIND, HD, KW, VW> early;                                                                           \
+    early.ok = false;                                                                                               \
+    if (query)                                                                                                      \
+    qk_gqa_early_issue(early, present_key, present_value, seqlens_k, N, Nk, Tp, first_prompt, window, chunk, splits)
+#else
+#define QK_GQA_EARLY_ISSUE(KIND, HD, KW, VW) ((void)0)
+#define QK_GQA_EARLY_PARAM(KIND, HD, KW, VW)
+#define QK_GQA_EARLY_ARG
+#endif
+
 /* One CTA of QK_GQA_THREADS per (query row (b, s), split sp of the keys, KV head g, block of up to
  * QK_GQA_MH of g's query heads), fp16 queries only (their rotated values are fp16, so exact as
  * the mma's operands), fp16 cache (KIND 1) or int8 with per-tensor scales (KIND 2: codes exact in
@@ -725,7 +793,7 @@ __device__ __forceinline__ void qk_gqa_mma(const float* qrot, const float* qbloc
                                            const float* v_scale, float* part_m, float* part_l, float* part_acc,
                                            qk_i64 S, qk_i64 N, qk_i64 Nk, qk_i64 Tp, qk_i64 T, int first_prompt,
                                            int window, int bias_batch, int bias_heads, float alpha, float softcap,
-                                           int chunk, int splits) {
+                                           int chunk, int splits QK_GQA_EARLY_PARAM(KIND, HD, KW, VW)) {
     constexpr int EB = KIND == 1 ? 2 : 1;       /* bytes of a cache element */
     constexpr int KS = HD / 16;                 /* ksteps of the scores */
     constexpr int SPL = KW / (4 * EB);          /* ksteps of one K load */
@@ -786,8 +854,27 @@ __device__ __forceinline__ void qk_gqa_mma(const float* qrot, const float* qbloc
     const bool head_ok = gq < nh;
 
     for (int t0 = grp * MK; t0 < n; t0 += MG * MK) { /* the same trips for the group's 32 lanes */
-        /* K rows t0 + gq (tile 0) and t0 + 8 + gq (tile 1), this lane's KW-byte pieces */
+        /* K rows t0 + gq (tile 0) and t0 + 8 + gq (tile 1), this lane's KW-byte pieces; V rows t0 + 2tq,
+         * + 1, + 8, + 9: channels (lv 8 + gq) E .. + E */
         qk_u32 kw[2][KL][KWD], vw[4][VL][VWD];
+#if defined(QK_GQA_EARLY_TILE)
+        if (early.ok && t0 == grp * MK) {
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+                for (int li = 0; li < KL; ++li)
+#pragma unroll
+                    for (int w = 0; w < KWD; ++w) kw[nt][li][w] = early.kw[nt][li][w];
+#pragma unroll
+            for (int r = 0; r < 4; ++r)
+#pragma unroll
+                for (int lv = 0; lv < VL; ++lv)
+#pragma unroll
+                    for (int w = 0; w < VWD; ++w) vw[r][lv][w] = early.vw[r][lv][w];
+        } else {
+            qk_gqa_tile_load<KW, VW>(kw, vw, kbase, vbase, row_bytes, t0, n, gq, tq);
+        }
+#else
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
             const int i = t0 + nt * 8 + gq < n ? t0 + nt * 8 + gq : n - 1; /* past the split: a row it reads anyway */
@@ -795,7 +882,6 @@ __device__ __forceinline__ void qk_gqa_mma(const float* qrot, const float* qbloc
 #pragma unroll
             for (int li = 0; li < KL; ++li) qk_gqa_ldw<KW>(kw[nt][li], p + li * 4 * KW);
         }
-        /* V rows t0 + 2tq, + 1, + 8, + 9: channels (lv 8 + gq) E .. + E */
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
             const int kr = 2 * tq + (r & 1) + (r >> 1) * 8;
@@ -804,6 +890,7 @@ __device__ __forceinline__ void qk_gqa_mma(const float* qrot, const float* qbloc
 #pragma unroll
             for (int lv = 0; lv < VL; ++lv) qk_gqa_ldw<VW>(vw[r][lv], p + lv * 8 * VW);
         }
+#endif
         /* the scores: d[nt][0..1] = S[gq][keys nt 8 + 2tq, + 1] */
         float d[2][4];
 #pragma unroll
@@ -1292,6 +1379,7 @@ __device__ __noinline__ void qk_gqa_mma_combine(const float* part_m, const float
              const void* key, const void* value, const void* cos_cache, const void* sin_cache,                        \
              const qk_i64* position_ids, qk_i64 pid_stride, int packed, int rotary_dim, int interleaved) {            \
         QK_PHASE(0);                                                                                              \
+        QK_GQA_EARLY_ISSUE(KIND, HD, KW, VW);                                                                     \
         const float* qblock =                                                                                         \
             query ? qk_gqa_mma_append<KIND, HD>(query, key, value, seqlens_k, cos_cache, sin_cache, position_ids,     \
                                                 k_scale, v_scale, (void*)present_key, (void*)present_value, N, Nk,    \
@@ -1301,7 +1389,7 @@ __device__ __noinline__ void qk_gqa_mma_combine(const float* part_m, const float
         QK_PHASE(3);                                                                                              \
         qk_gqa_mma<KIND, HD, KW, VW>(qrot, qblock, present_key, present_value, seqlens_k, attention_bias, k_scale,   \
                                      v_scale, part_m, part_l, part_acc, S, N, Nk, Tp, T, first_prompt, window,        \
-                                     bias_batch, bias_heads, alpha, softcap, chunk, splits);                          \
+                                     bias_batch, bias_heads, alpha, softcap, chunk, splits QK_GQA_EARLY_ARG);         \
         QK_PHASE(8);                                                                                              \
         if (ticket)                                                                                                   \
             qk_gqa_mma_combine<HD, QK_GQA_CU(C)>(part_m, part_l, part_acc, head_sink, output, ticket, N, Nk, splits,  \
