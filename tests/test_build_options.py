@@ -20,7 +20,7 @@ PASSED_BY = [
     ROOT / "tests/device_catalogue.py",
     *sorted(ROOT.glob("ci/*.sh")),
 ]
-OPTION = re.compile(r"""["' ]-D(QK_[A-Z0-9_]+)(?:=[^"'\s]*)?(?=["'\s])""")
+OPTION = re.compile(r"""["' ]-D(QK_[A-Z0-9_]+)(=[A-Za-z0-9_.]+)?(?=["'\s;])""")  # (macro, "=value" or "")
 CONSTANT = re.compile(r"""^\s*([A-Z][A-Z0-9_]*)\s*=\s*["']-D(QK_[A-Z0-9_]+)["']""", re.M)
 
 
@@ -28,7 +28,7 @@ def passed_options(texts: dict[str, str]) -> dict[str, set[str]]:
     """{macro: the files that pass it as a -D option in a string}."""
     found: dict[str, set[str]] = {}
     for name, text in texts.items():
-        for macro in OPTION.findall(text):
+        for macro, _ in OPTION.findall(text):
             found.setdefault(macro, set()).add(name)
     return found
 
@@ -113,9 +113,6 @@ def test_every_option_a_kernel_reads_is_compile_gated():
     assert ungated({"QK_FOO": {"x"}}, {"QK_FOO"}, "  # the -DQK_FOO build\nfront a b\n") == ["-DQK_FOO"]
 
 
-VALUED = re.compile(r"""["' ]-D(QK_[A-Z0-9_]+(?:=[A-Za-z0-9_.]+)?)(?=["'\s;])""")
-
-
 def option_sources(macro: str) -> list[Path]:
     """The kernel sources a build with ``-D<macro>`` must change: those with a preprocessor line that
     reads it; for a macro only a header reads, the sources that include that header."""
@@ -156,7 +153,7 @@ def test_every_build_option_changes_the_cuda_build():
         pytest.skip("no nvcc (CUDA toolkit)")
     texts = {str(p.relative_to(ROOT)): p.read_text() for p in PASSED_BY}
     _, pre, _ = _tree()
-    every = {o for t in texts.values() for o in VALUED.findall(t) if o.split("=")[0] in pre}
+    every = {m + v for t in texts.values() for m, v in OPTION.findall(t) if m in pre}
     options = sorted(every - {"QK_MMA_DEFAULT_ONLY"})  # the suite's own build of nbits_mma.hip, cuda_ptx's too
     assert len(options) >= 20, options
     cache: dict[tuple[Path, tuple[str, ...]], str] = {}
