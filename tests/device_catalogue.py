@@ -1273,8 +1273,8 @@ GQA_FOLD_POS_LATE: Edits = (
     ("qk_gqa_position(position_ids, pid_stride, b, 0, past, first_prompt)",
      "qk_gqa_position(position_ids, pid_stride, b, 0, past + 1, first_prompt)"),
 )  # fmt: skip
-# the early first tile (-DQK_GQA_EARLY_TILE) read in the split that holds the new row too: before the append writes it
-GQA_EARLY_IN_NEW_SPLIT: Edits = (("e.ok = grp * QK_GQA_MK < n && sp != past / chunk;", "e.ok = grp * QK_GQA_MK < n;"),)
+# the early first tile (-DQK_GQA_EARLY_TILE) read in every split, the new row's too (before the append writes it)
+GQA_EARLY_IN_NEW_SPLIT: Edits = (("sp != (int)e.past / chunk;", "sp != -1;"),)
 # the folded combine's l without the sink's exp(sink - M)
 GQA_FOLD_NO_SINK: Edits = (("l = QK_FADD(l, expf(QK_FADD(sigma, -c_M[tid])));", "l = QK_FADD(l, 0.0f * sigma);"),)
 # the folded combine's 16-byte pieces read at channel q of a head row, not 4 q (overlapping pieces)

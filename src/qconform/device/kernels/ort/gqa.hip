@@ -726,27 +726,37 @@ struct qk_gqa_early {
     static constexpr int EB = KIND == 1 ? 2 : 1, KL = HD / 16 / (KW / (4 * EB)), KWD = KW / 4;
     static constexpr int VL = HD / (8 * (VW / EB)), VWD = VW >= 4 ? VW / 4 : 1;
     qk_u32 kw[2][KL][KWD], vw[4][VL][VWD];
+    qk_i64 past, pos; /* the append's, read here once */
     bool ok;
 };
 
 template <int KIND, int HD, int KW, int VW>
 __device__ __forceinline__ void qk_gqa_early_issue(qk_gqa_early<KIND, HD, KW, VW>& e, const void* present_key,
-                                                   const void* present_value, const int* seqlens_k, qk_i64 N,
-                                                   qk_i64 Nk, qk_i64 Tp, int first_prompt, int window, int chunk,
-                                                   int splits) {
+                                                   const void* present_value, const int* seqlens_k,
+                                                   const qk_i64* position_ids, qk_i64 pid_stride, int rotary_dim,
+                                                   qk_i64 N, qk_i64 Nk, qk_i64 Tp, int first_prompt, int window,
+                                                   int chunk, int splits) {
     const int sp = (int)(blockIdx.x % splits), b = (int)blockIdx.x / splits; /* S = 1 */
     const int lane = (int)threadIdx.x % 32, grp = (int)threadIdx.x / 32;
     const qk_i64 g = qk_gqa_head_block<QK_GQA_MH>(N, Nk).g;
     qk_i64 k0;
     const int n = qk_gqa_split_keys(seqlens_k, b, 0, 1, first_prompt, window, sp, chunk, k0);
-    const int past = first_prompt ? 0 : seqlens_k[b];
-    e.ok = grp * QK_GQA_MK < n && sp != past / chunk;
+    /* the position read before the tile too (the append's, passed on): ptxas gives it the tile's
+     * scoreboard, so the append's first use of it waits for the tile as well (sm_90 SASS) */
+    e.past = first_prompt ? 0 : (qk_i64)seqlens_k[b];
+    e.pos = rotary_dim > 0 ? qk_gqa_position(position_ids, pid_stride, b, 0, e.past, first_prompt) : 0;
+    e.ok = grp * QK_GQA_MK < n && sp != (int)e.past / chunk;
     if (!e.ok) return;
     const qk_i64 row_bytes = (qk_i64)HD * e.EB, row0 = (b * Nk + g) * Tp + k0;
     qk_gqa_tile_load<KW, VW>(e.kw, e.vw, (const char*)present_key + row0 * row_bytes,
                              (const char*)present_value + row0 * row_bytes, row_bytes, grp * QK_GQA_MK, n, lane / 4,
                              lane % 4);
 }
+/* the append inlined: a call waits for every read in flight (sm_90 SASS: the CALL waits on the loads'
+ * scoreboard), so a called append would wait for the early tile before it starts */
+#define QK_GQA_APPEND_INLINE __forceinline__
+#define QK_GQA_APPEND_PARAM , qk_i64 past_in, qk_i64 pos_in
+#define QK_GQA_APPEND_ARG , early.past, early.pos
 #define QK_GQA_EARLY_PARAM(KIND, HD, KW, VW) , const qk_gqa_early<KIND, HD, KW, VW>&early
 #define QK_GQA_EARLY_ARG , early
 /* a decode (the append folded in: query set) issues the reads; otherwise every row is in place, but
@@ -755,8 +765,12 @@ __device__ __forceinline__ void qk_gqa_early_issue(qk_gqa_early<KIND, HD, KW, VW
     qk_gqa_early<KIND, HD, KW, VW> early;                                                                           \
     early.ok = false;                                                                                               \
     if (query)                                                                                                      \
-    qk_gqa_early_issue(early, present_key, present_value, seqlens_k, N, Nk, Tp, first_prompt, window, chunk, splits)
+    qk_gqa_early_issue(early, present_key, present_value, seqlens_k, position_ids, pid_stride, rotary_dim, N, Nk, Tp, \
+                       first_prompt, window, chunk, splits)
 #else
+#define QK_GQA_APPEND_INLINE __noinline__
+#define QK_GQA_APPEND_PARAM
+#define QK_GQA_APPEND_ARG
 #define QK_GQA_EARLY_ISSUE(KIND, HD, KW, VW) ((void)0)
 #define QK_GQA_EARLY_PARAM(KIND, HD, KW, VW)
 #define QK_GQA_EARLY_ARG
@@ -1036,14 +1050,14 @@ __device__ __forceinline__ void qk_gqa_mma(const float* qrot, const float* qbloc
  * than QK_GQA_MH query heads a KV head's head blocks write the same bytes). Returns the block's
  * rotated query rows (stride HD). fp16 inputs (the mma kernels' queries), per-tensor int8 scales. */
 template <int KIND, int HD>
-__device__ __noinline__ const float* qk_gqa_mma_append(const void* query, const void* key, const void* value,
+__device__ QK_GQA_APPEND_INLINE const float* qk_gqa_mma_append(const void* query, const void* key, const void* value,
                                                        const int* seqlens_k, const void* cos_cache,
                                                        const void* sin_cache, const qk_i64* position_ids,
                                                        const float* k_scale, const float* v_scale,
                                                        void* present_key, void* present_value, qk_i64 N,
                                                        qk_i64 Nk, qk_i64 Tp, qk_i64 pid_stride, int first_prompt,
                                                        int packed, int rotary_dim, int interleaved, int chunk,
-                                                       int splits) {
+                                                       int splits QK_GQA_APPEND_PARAM) {
     constexpr int MH = QK_GQA_MH;
     __shared__ float s_q[MH * HD];
     const int tid = (int)threadIdx.x, sp = (int)(blockIdx.x % splits);
@@ -1080,8 +1094,12 @@ __device__ __noinline__ const float* qk_gqa_mma_append(const void* query, const 
         qk_gqa_new_inputs(xk[j], pk[j], base, src, i % HD, rk[j], rotary_dim, interleaved);
     }
 #endif
+#if defined(QK_GQA_EARLY_TILE)
+    const qk_i64 past = past_in, pos = pos_in;
+#else
     const qk_i64 past = first_prompt ? 0 : (qk_i64)seqlens_k[b];
     const qk_i64 pos = rotate ? qk_gqa_position(position_ids, pid_stride, b, 0, past, first_prompt) : 0;
+#endif
     QK_PHASE_AFTER(1, pos);
 #if defined(QK_GQA_APPEND_LOADS_FIRST)
     if (rotate) { /* row pos of the tables: every slot reads one (its own pair's where it rotates) */
@@ -1384,7 +1402,7 @@ __device__ __noinline__ void qk_gqa_mma_combine(const float* part_m, const float
             query ? qk_gqa_mma_append<KIND, HD>(query, key, value, seqlens_k, cos_cache, sin_cache, position_ids,     \
                                                 k_scale, v_scale, (void*)present_key, (void*)present_value, N, Nk,    \
                                                 Tp, pid_stride, first_prompt, packed, rotary_dim, interleaved, chunk, \
-                                                splits)                                                               \
+                                                splits QK_GQA_APPEND_ARG)                                             \
                   : nullptr;                                                                                          \
         QK_PHASE(3);                                                                                              \
         qk_gqa_mma<KIND, HD, KW, VW>(qrot, qblock, present_key, present_value, seqlens_k, attention_bias, k_scale,   \
