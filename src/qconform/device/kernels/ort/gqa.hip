@@ -718,14 +718,22 @@ __device__ __forceinline__ void qk_gqa_tile_load(qk_u32 (&kw)[2][KL][KWD], qk_u3
     }
 }
 
-/* bench-only (docs/perf-notes.md session 36): the group's first tile read at the CTA's start, before the
- * folded append (a decode), so its latency passes under the query's rotation and the append instead of
- * after them; not in the split that holds the new row (it reads that row after the append writes it) */
+/* bench-only (docs/perf-notes.md session 36): each group's first tile of keys copied into shared memory
+ * (cp.async) at the CTA's start, before the folded append (a decode), so its latency passes under the
+ * query's rotation and the append; the loop's first round reads it from there. Not in the split that
+ * holds the new row (it reads that row after the append writes it), and only where a lane's K and V
+ * pieces are 16 bytes (KW = VW = 16). Through shared memory, not registers: ptxas gives loaded
+ * registers the scoreboard of the append's own reads, whose first use then waits for the tile too; a
+ * copy is waited for only where the loop asks. Lane tid's piece j at stage[j THREADS + tid]; the
+ * buffer is the kernel's s_acc afterwards (written after a barrier that every first round precedes). */
 template <int KIND, int HD, int KW, int VW>
 struct qk_gqa_early {
-    static constexpr int EB = KIND == 1 ? 2 : 1, KL = HD / 16 / (KW / (4 * EB)), KWD = KW / 4;
-    static constexpr int VL = HD / (8 * (VW / EB)), VWD = VW >= 4 ? VW / 4 : 1;
-    qk_u32 kw[2][KL][KWD], vw[4][VL][VWD];
+    static constexpr int EB = KIND == 1 ? 2 : 1, KL = HD / 16 / (KW / (4 * EB)), VL = HD / (8 * (VW / EB));
+    static constexpr bool ON = KW == 16 && VW == 16;
+    static constexpr int PIECES = ON ? 2 * KL + 4 * VL : 0;                          /* 16-byte pieces a lane */
+    static constexpr int SACC = QK_GQA_MG * QK_GQA_MH * HD * 4 / 16 / QK_GQA_THREADS; /* s_acc's, a lane */
+    static constexpr int UNITS = (PIECES > SACC ? PIECES : SACC) * QK_GQA_THREADS;
+    uint4* stage;
     qk_i64 past, pos; /* the append's, read here once */
     bool ok;
 };
@@ -736,33 +744,50 @@ __device__ __forceinline__ void qk_gqa_early_issue(qk_gqa_early<KIND, HD, KW, VW
                                                    const qk_i64* position_ids, qk_i64 pid_stride, int rotary_dim,
                                                    qk_i64 N, qk_i64 Nk, qk_i64 Tp, int first_prompt, int window,
                                                    int chunk, int splits) {
+    using Early = qk_gqa_early<KIND, HD, KW, VW>;
     const int sp = (int)(blockIdx.x % splits), b = (int)blockIdx.x / splits; /* S = 1 */
-    const int lane = (int)threadIdx.x % 32, grp = (int)threadIdx.x / 32;
+    const int tid = (int)threadIdx.x, gq = tid % 32 / 4, tq = tid % 4, t0 = tid / 32 * QK_GQA_MK;
     const qk_i64 g = qk_gqa_head_block<QK_GQA_MH>(N, Nk).g;
     qk_i64 k0;
     const int n = qk_gqa_split_keys(seqlens_k, b, 0, 1, first_prompt, window, sp, chunk, k0);
-    /* the position read before the tile too (the append's, passed on): ptxas gives it the tile's
-     * scoreboard, so the append's first use of it waits for the tile as well (sm_90 SASS) */
     e.past = first_prompt ? 0 : (qk_i64)seqlens_k[b];
     e.pos = rotary_dim > 0 ? qk_gqa_position(position_ids, pid_stride, b, 0, e.past, first_prompt) : 0;
-    e.ok = grp * QK_GQA_MK < n && sp != (int)e.past / chunk;
+    e.ok = Early::ON && t0 < n && sp != (int)e.past / chunk;
     if (!e.ok) return;
-    const qk_i64 row_bytes = (qk_i64)HD * e.EB, row0 = (b * Nk + g) * Tp + k0;
-    qk_gqa_tile_load<KW, VW>(e.kw, e.vw, (const char*)present_key + row0 * row_bytes,
-                             (const char*)present_value + row0 * row_bytes, row_bytes, grp * QK_GQA_MK, n, lane / 4,
-                             lane % 4);
+    const qk_i64 row_bytes = (qk_i64)HD * Early::EB, row0 = (b * Nk + g) * Tp + k0;
+    const char* kbase = (const char*)present_key + row0 * row_bytes;
+    const char* vbase = (const char*)present_value + row0 * row_bytes;
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) { /* the loop's K rows t0 + gq, t0 + 8 + gq (past n: the last row) */
+        const int i = t0 + nt * 8 + gq < n ? t0 + nt * 8 + gq : n - 1;
+#pragma unroll
+        for (int li = 0; li < Early::KL; ++li)
+            qk_cp_async16(e.stage + (nt * Early::KL + li) * QK_GQA_THREADS + tid,
+                          kbase + (qk_i64)i * row_bytes + tq * KW + li * 4 * KW, 16);
+    }
+#pragma unroll
+    for (int r = 0; r < 4; ++r) { /* its V rows t0 + 2tq, + 1, + 8, + 9 */
+        const int kr = 2 * tq + (r & 1) + (r >> 1) * 8, i = t0 + kr < n ? t0 + kr : n - 1;
+#pragma unroll
+        for (int lv = 0; lv < Early::VL; ++lv)
+            qk_cp_async16(e.stage + (2 * Early::KL + r * Early::VL + lv) * QK_GQA_THREADS + tid,
+                          vbase + (qk_i64)i * row_bytes + gq * VW + lv * 8 * VW, 16);
+    }
+    qk_cp_async_commit();
 }
-/* the append inlined: a call waits for every read in flight (sm_90 SASS: the CALL waits on the loads'
- * scoreboard), so a called append would wait for the early tile before it starts */
+/* the append inlined: a call waits for every read in flight (sm_90 SASS: a CALL waits on the loads'
+ * scoreboards), so a called append would wait for reads the CTA issued before it */
 #define QK_GQA_APPEND_INLINE __forceinline__
 #define QK_GQA_APPEND_PARAM , qk_i64 past_in, qk_i64 pos_in
 #define QK_GQA_APPEND_ARG , early.past, early.pos
 #define QK_GQA_EARLY_PARAM(KIND, HD, KW, VW) , const qk_gqa_early<KIND, HD, KW, VW>&early
 #define QK_GQA_EARLY_ARG , early
-/* a decode (the append folded in: query set) issues the reads; otherwise every row is in place, but
- * the kernel reads its tiles as the default build */
+/* a decode (the append folded in: query set) issues the copies; otherwise the kernel reads its tiles
+ * as the default build */
 #define QK_GQA_EARLY_ISSUE(KIND, HD, KW, VW)                                                                        \
+    __shared__ uint4 qk_gqa_stage[qk_gqa_early<KIND, HD, KW, VW>::UNITS];                                           \
     qk_gqa_early<KIND, HD, KW, VW> early;                                                                           \
+    early.stage = qk_gqa_stage;                                                                                     \
     early.ok = false;                                                                                               \
     if (query)                                                                                                      \
     qk_gqa_early_issue(early, present_key, present_value, seqlens_k, position_ids, pid_stride, rotary_dim, N, Nk, Tp, \
@@ -819,7 +844,11 @@ __device__ __forceinline__ void qk_gqa_mma(const float* qrot, const float* qbloc
     constexpr int NT = HD / 8;                  /* n tiles of P V */
     constexpr int MH = QK_GQA_MH, MG = QK_GQA_MG, MK = QK_GQA_MK;
     static_assert(SPL >= 1 && KS % SPL == 0 && HD % (8 * E) == 0, "head size and load widths");
+#if defined(QK_GQA_EARLY_TILE)
+    float* const s_acc = (float*)early.stage; /* [MG * MH * HD], the first tiles' buffer before */
+#else
     __shared__ float s_acc[MG * MH * HD];
+#endif
     __shared__ float s_m[MG * MH], s_l[MG * MH], s_f[MG * MH], s_stat[2 * MH];
     const float neg_inf = qk_gqa_neg_inf();
     const int tid = (int)threadIdx.x, grp = tid / 32, lane = tid % 32, gq = lane / 4, tq = lane % 4;
@@ -872,19 +901,26 @@ __device__ __forceinline__ void qk_gqa_mma(const float* qrot, const float* qbloc
          * + 1, + 8, + 9: channels (lv 8 + gq) E .. + E */
         qk_u32 kw[2][KL][KWD], vw[4][VL][VWD];
 #if defined(QK_GQA_EARLY_TILE)
-        if (early.ok && t0 == grp * MK) {
+        if (early.ok && t0 == grp * MK) { /* the lane's own copies: no barrier (KWD = VWD = 4 here) */
+            qk_cp_async_wait<0>();
 #pragma unroll
             for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-                for (int li = 0; li < KL; ++li)
+                for (int li = 0; li < KL; ++li) {
+                    const uint4 v = early.stage[(nt * KL + li) * QK_GQA_THREADS + tid];
+                    const qk_u32 u[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-                    for (int w = 0; w < KWD; ++w) kw[nt][li][w] = early.kw[nt][li][w];
+                    for (int w = 0; w < KWD; ++w) kw[nt][li][w] = u[w % 4];
+                }
 #pragma unroll
             for (int r = 0; r < 4; ++r)
 #pragma unroll
-                for (int lv = 0; lv < VL; ++lv)
+                for (int lv = 0; lv < VL; ++lv) {
+                    const uint4 v = early.stage[(2 * KL + r * VL + lv) * QK_GQA_THREADS + tid];
+                    const qk_u32 u[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-                    for (int w = 0; w < VWD; ++w) vw[r][lv][w] = early.vw[r][lv][w];
+                    for (int w = 0; w < VWD; ++w) vw[r][lv][w] = u[w % 4];
+                }
         } else {
             qk_gqa_tile_load<KW, VW>(kw, vw, kbase, vbase, row_bytes, t0, n, gq, tq);
         }
@@ -992,6 +1028,9 @@ __device__ __forceinline__ void qk_gqa_mma(const float* qrot, const float* qbloc
     /* the quad's sum of p (an xor butterfly), P V = (hi + lo 2^-11) 2^-15, then the groups merged in
      * group order as qk_gqa_flash */
     QK_PHASE_AFTER(7, __float_as_uint(l));
+#if defined(QK_GQA_EARLY_TILE)
+    __syncthreads(); /* every group's first round read the stage before any writes s_acc over it */
+#endif
     l = QK_FADD(l, QK_SHFL_XOR(l, 1, QK_WARP));
     l = QK_FADD(l, QK_SHFL_XOR(l, 2, QK_WARP));
     if (head_ok) {
