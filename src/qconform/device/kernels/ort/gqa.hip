@@ -694,6 +694,9 @@ __device__ __forceinline__ qk_u32 qk_gqa_i8pair(qk_u32 x, qk_u32 y, qk_u32 sel) 
     return qk_hfma2(t, 0x3C003C00u, 0xE480E480u);
 }
 
+#if defined(QK_GQA_PIPE) && !defined(QK_GQA_EARLY_TILE)
+#define QK_GQA_EARLY_TILE /* the pipeline's round 0 is the early tile's copy */
+#endif
 #if defined(QK_GQA_EARLY_TILE)
 /* a group's tile from key t0 of its split (n keys; rows past n read the last row again): this lane's
  * K pieces of rows t0 + gq and t0 + 8 + gq, and its V pieces of rows t0 + 2tq, + 1, + 8, + 9 (the
@@ -726,6 +729,54 @@ __device__ __forceinline__ void qk_gqa_tile_load(qk_u32 (&kw)[2][KL][KWD], qk_u3
  * registers the scoreboard of the append's own reads, whose first use then waits for the tile too; a
  * copy is waited for only where the loop asks. Lane tid's piece j at stage[j THREADS + tid]; the
  * buffer is the kernel's s_acc afterwards (written after a barrier that every first round precedes). */
+/* lane tid's K / V pieces of its group's tile from key t0 (as qk_gqa_tile_load, 16 bytes each) copied
+ * into slot: piece j at slot[j THREADS + tid], K's 2 KL then V's 4 VL (one cp.async group: the caller
+ * commits) */
+template <int KW, int VW, int KL, int VL>
+__device__ __forceinline__ void qk_gqa_stage_copy(uint4* slot, const char* kbase, const char* vbase, qk_i64 row_bytes,
+                                                  int t0, int n, int gq, int tq, int tid) {
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+        const int i = t0 + nt * 8 + gq < n ? t0 + nt * 8 + gq : n - 1;
+#pragma unroll
+        for (int li = 0; li < KL; ++li)
+            qk_cp_async16(slot + (nt * KL + li) * QK_GQA_THREADS + tid,
+                          kbase + (qk_i64)i * row_bytes + tq * KW + li * 4 * KW, 16);
+    }
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+        const int kr = 2 * tq + (r & 1) + (r >> 1) * 8, i = t0 + kr < n ? t0 + kr : n - 1;
+#pragma unroll
+        for (int lv = 0; lv < VL; ++lv)
+            qk_cp_async16(slot + (2 * KL + r * VL + lv) * QK_GQA_THREADS + tid,
+                          vbase + (qk_i64)i * row_bytes + gq * VW + lv * 8 * VW, 16);
+    }
+}
+
+/* the lane's own pieces back from slot (its copies waited for: no barrier) as the loop's words */
+template <int KL, int KWD, int VL, int VWD>
+__device__ __forceinline__ void qk_gqa_stage_read(qk_u32 (&kw)[2][KL][KWD], qk_u32 (&vw)[4][VL][VWD], const uint4* slot,
+                                                  int tid) {
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int li = 0; li < KL; ++li) {
+            const uint4 v = slot[(nt * KL + li) * QK_GQA_THREADS + tid];
+            const qk_u32 u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int w = 0; w < KWD; ++w) kw[nt][li][w] = u[w % 4];
+        }
+#pragma unroll
+    for (int r = 0; r < 4; ++r)
+#pragma unroll
+        for (int lv = 0; lv < VL; ++lv) {
+            const uint4 v = slot[(2 * KL + r * VL + lv) * QK_GQA_THREADS + tid];
+            const qk_u32 u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int w = 0; w < VWD; ++w) vw[r][lv][w] = u[w % 4];
+        }
+}
+
 template <int KIND, int HD, int KW, int VW>
 struct qk_gqa_early {
     static constexpr int EB = KIND == 1 ? 2 : 1, KL = HD / 16 / (KW / (4 * EB)), VL = HD / (8 * (VW / EB));
@@ -734,6 +785,9 @@ struct qk_gqa_early {
     static constexpr int SACC = QK_GQA_MG * QK_GQA_MH * HD * 4 / 16 / QK_GQA_THREADS; /* s_acc's, a lane */
     static constexpr int UNITS = (PIECES > SACC ? PIECES : SACC) * QK_GQA_THREADS;
     uint4* stage;
+#if defined(QK_GQA_PIPE)
+    uint4* ring; /* the second slot (dynamic shared memory, PIECES THREADS units) */
+#endif
     qk_i64 past, pos; /* the append's, read here once */
     bool ok;
 };
@@ -755,26 +809,21 @@ __device__ __forceinline__ void qk_gqa_early_issue(qk_gqa_early<KIND, HD, KW, VW
     e.ok = Early::ON && t0 < n && sp != (int)e.past / chunk;
     if (!e.ok) return;
     const qk_i64 row_bytes = (qk_i64)HD * Early::EB, row0 = (b * Nk + g) * Tp + k0;
-    const char* kbase = (const char*)present_key + row0 * row_bytes;
-    const char* vbase = (const char*)present_value + row0 * row_bytes;
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt) { /* the loop's K rows t0 + gq, t0 + 8 + gq (past n: the last row) */
-        const int i = t0 + nt * 8 + gq < n ? t0 + nt * 8 + gq : n - 1;
-#pragma unroll
-        for (int li = 0; li < Early::KL; ++li)
-            qk_cp_async16(e.stage + (nt * Early::KL + li) * QK_GQA_THREADS + tid,
-                          kbase + (qk_i64)i * row_bytes + tq * KW + li * 4 * KW, 16);
-    }
-#pragma unroll
-    for (int r = 0; r < 4; ++r) { /* its V rows t0 + 2tq, + 1, + 8, + 9 */
-        const int kr = 2 * tq + (r & 1) + (r >> 1) * 8, i = t0 + kr < n ? t0 + kr : n - 1;
-#pragma unroll
-        for (int lv = 0; lv < Early::VL; ++lv)
-            qk_cp_async16(e.stage + (2 * Early::KL + r * Early::VL + lv) * QK_GQA_THREADS + tid,
-                          vbase + (qk_i64)i * row_bytes + gq * VW + lv * 8 * VW, 16);
-    }
+    qk_gqa_stage_copy<KW, VW, Early::KL, Early::VL>(e.stage, (const char*)present_key + row0 * row_bytes,
+                                                   (const char*)present_value + row0 * row_bytes, row_bytes, t0, n,
+                                                   gq, tq, tid);
     qk_cp_async_commit();
 }
+#if defined(QK_GQA_PIPE)
+/* bench-only (with -DQK_GQA_EARLY_TILE; docs/perf-notes.md session 36): every round of the loop copied
+ * into a slot of two (the early stage, then PIECES THREADS units of dynamic shared memory, which the
+ * launcher passes) one round ahead: round r + 1's copies are in flight while round r is computed */
+#define QK_GQA_PIPE_RING                                                                                            \
+    extern __shared__ uint4 qk_gqa_ring[];                                                                          \
+    early.ring = qk_gqa_ring
+#else
+#define QK_GQA_PIPE_RING ((void)0)
+#endif
 /* the append inlined: a call waits for every read in flight (sm_90 SASS: a CALL waits on the loads'
  * scoreboards), so a called append would wait for reads the CTA issued before it */
 #define QK_GQA_APPEND_INLINE __forceinline__
@@ -788,6 +837,7 @@ __device__ __forceinline__ void qk_gqa_early_issue(qk_gqa_early<KIND, HD, KW, VW
     __shared__ uint4 qk_gqa_stage[qk_gqa_early<KIND, HD, KW, VW>::UNITS];                                           \
     qk_gqa_early<KIND, HD, KW, VW> early;                                                                           \
     early.stage = qk_gqa_stage;                                                                                     \
+    QK_GQA_PIPE_RING;                                                                                               \
     early.ok = false;                                                                                               \
     if (query)                                                                                                      \
     qk_gqa_early_issue(early, present_key, present_value, seqlens_k, position_ids, pid_stride, rotary_dim, N, Nk, Tp, \
@@ -896,31 +946,34 @@ __device__ __forceinline__ void qk_gqa_mma(const float* qrot, const float* qbloc
     float m = neg_inf, l = 0.0f; /* head gq's running max (the quad's) and the lane's sum of p */
     const bool head_ok = gq < nh;
 
+#if defined(QK_GQA_PIPE)
+    if (qk_gqa_early<KIND, HD, KW, VW>::ON && !early.ok && grp * MK < n) { /* round 0 not copied early */
+        qk_gqa_stage_copy<KW, VW, KL, VL>(early.stage, kbase, vbase, row_bytes, grp * MK, n, gq, tq, tid);
+        qk_cp_async_commit();
+    }
+    int slot = 0; /* round r in slot r % 2: 0 the early stage, 1 the ring */
+#endif
     for (int t0 = grp * MK; t0 < n; t0 += MG * MK) { /* the same trips for the group's 32 lanes */
         /* K rows t0 + gq (tile 0) and t0 + 8 + gq (tile 1), this lane's KW-byte pieces; V rows t0 + 2tq,
          * + 1, + 8, + 9: channels (lv 8 + gq) E .. + E */
         qk_u32 kw[2][KL][KWD], vw[4][VL][VWD];
-#if defined(QK_GQA_EARLY_TILE)
+#if defined(QK_GQA_PIPE)
+        if (qk_gqa_early<KIND, HD, KW, VW>::ON) { /* round t0 + 64's copies, then round t0's waited for */
+            const int t1 = t0 + MG * MK;
+            if (t1 < n)
+                qk_gqa_stage_copy<KW, VW, KL, VL>(slot ? early.stage : early.ring, kbase, vbase, row_bytes, t1, n, gq,
+                                                  tq, tid);
+            qk_cp_async_commit(); /* an empty group past the split: one group a round */
+            qk_cp_async_wait<1>();
+            qk_gqa_stage_read(kw, vw, slot ? early.ring : early.stage, tid);
+            slot ^= 1;
+        } else {
+            qk_gqa_tile_load<KW, VW>(kw, vw, kbase, vbase, row_bytes, t0, n, gq, tq);
+        }
+#elif defined(QK_GQA_EARLY_TILE)
         if (early.ok && t0 == grp * MK) { /* the lane's own copies: no barrier (KWD = VWD = 4 here) */
             qk_cp_async_wait<0>();
-#pragma unroll
-            for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-                for (int li = 0; li < KL; ++li) {
-                    const uint4 v = early.stage[(nt * KL + li) * QK_GQA_THREADS + tid];
-                    const qk_u32 u[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-                    for (int w = 0; w < KWD; ++w) kw[nt][li][w] = u[w % 4];
-                }
-#pragma unroll
-            for (int r = 0; r < 4; ++r)
-#pragma unroll
-                for (int lv = 0; lv < VL; ++lv) {
-                    const uint4 v = early.stage[(2 * KL + r * VL + lv) * QK_GQA_THREADS + tid];
-                    const qk_u32 u[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-                    for (int w = 0; w < VWD; ++w) vw[r][lv][w] = u[w % 4];
-                }
+            qk_gqa_stage_read(kw, vw, early.stage, tid);
         } else {
             qk_gqa_tile_load<KW, VW>(kw, vw, kbase, vbase, row_bytes, t0, n, gq, tq);
         }
