@@ -25,10 +25,10 @@ any is used (``-DQK_GQA_APPEND_LOADS_FIRST``: the query's and new rows' before `
 after the position; the default build waits one latency an element). Bench-only: beside the default's
 32-bit index arithmetic it measured level or slower (docs/perf-notes.md, session 36). ``--variants
 flash,early,pipe`` times the mma decode with each group's first tile of keys copied in at the CTA's
-start, before the folded append (``-DQK_GQA_EARLY_TILE``; not in the split that holds the new row, which reads it
-after the append writes it); ``pipe`` (``-DQK_GQA_PIPE``) copies every round of the loop into shared
-memory a round ahead as well. ``python -m qconform.bench.phases gqa --variant`` shows where each build's
-time goes.
+start, before the folded append (``-DQK_GQA_EARLY_TILE``; not in the split that holds the new row,
+which reads it after the append writes it); ``pipe`` (``-DQK_GQA_PIPE``) copies every round of the
+loop into shared memory a round ahead as well. ``python -m qconform.bench.phases gqa --variant`` shows
+where each build's time goes.
 ``--variants flash,simt`` times the session-9 SIMT flash kernels
 (``-DQK_GQA_DECODE_SIMT``) beside
 the default ones, which run the attention on the matrix units for this bench's fp16 queries and

@@ -63,12 +63,12 @@ APPEND_V1 = "-DQK_GQA_APPEND_V1"  # decode's rows by qk_gqa_append (a thread a c
 APPEND_LAUNCH = "-DQK_GQA_APPEND_LAUNCH"  # decode's rows by a qk_gqa_append8 launch, not by the mma kernels
 APPEND_THREADS = 256  # qk_gqa_append8's __launch_bounds__
 PIPE = "-DQK_GQA_PIPE"  # bench-only: the mma loop's rounds copied into shared memory one round ahead
-PIPE_RING = 16 * 16 * 128  # its second slot (dynamic shared memory): up to 16 pieces of 16 bytes a lane
 MMA_HEADS = (16, 32, 64, 128)  # head sizes of the qk_gqa_mma_* kernels
 MMA_TILE = 64  # keys an mma CTA takes at once: QK_GQA_MG groups x QK_GQA_MK keys
 MMA_HB = 8  # QK_GQA_MH: query heads of one KV head per mma CTA
 MMA_RESIDENT = {"f16": {128: 2}, "i8t": {}}  # CTAs per SM (__launch_bounds__) where not 3
 THREADS = 128  # QK_GQA_THREADS
+PIPE_RING = 16 * 16 * THREADS  # PIPE's second slot (dynamic shared memory): up to 16 pieces of 16 bytes a lane
 HB = 4  # QK_GQA_HB: query heads of one KV head per flash CTA
 # flash kernels: cache kind -> (32-bit words a lane loads per row, keys a lane group loads per tile,
 # CTAs resident per SM: QK_GQA_FLASH_MIN_CTAS)

@@ -698,59 +698,50 @@ __device__ __forceinline__ qk_u32 qk_gqa_i8pair(qk_u32 x, qk_u32 y, qk_u32 sel) 
 #define QK_GQA_EARLY_TILE /* the pipeline's round 0 is the early tile's copy */
 #endif
 #if defined(QK_GQA_EARLY_TILE)
-/* a group's tile from key t0 of its split (n keys; rows past n read the last row again): this lane's
- * K pieces of rows t0 + gq and t0 + 8 + gq, and its V pieces of rows t0 + 2tq, + 1, + 8, + 9 (the
- * default build's loop reads them inline: its SASS as before) */
-template <int KW, int VW, int KL, int KWD, int VL, int VWD>
-__device__ __forceinline__ void qk_gqa_tile_load(qk_u32 (&kw)[2][KL][KWD], qk_u32 (&vw)[4][VL][VWD], const char* kbase,
-                                                 const char* vbase, qk_i64 row_bytes, int t0, int n, int gq, int tq) {
+/* the pieces of a group's tile from key t0 of its split (n keys; rows past n read the last row again),
+ * each as f(v, x, y, p): this lane's K pieces (v false) x = nt, y = li of rows t0 + gq (nt 0) and
+ * t0 + 8 + gq (nt 1), and its V pieces (v true) x = r, y = lv of rows t0 + 2tq, + 1, + 8, + 9; p the
+ * piece's address (the default build's loop reads them inline: its SASS as before) */
+template <int KW, int VW, int KL, int VL, typename F>
+__device__ __forceinline__ void qk_gqa_tile_pieces(const char* kbase, const char* vbase, qk_i64 row_bytes, int t0, int n,
+                                                   int gq, int tq, F&& f) {
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
         const int i = t0 + nt * 8 + gq < n ? t0 + nt * 8 + gq : n - 1; /* past the split: a row it reads anyway */
-        const char* p = kbase + (qk_i64)i * row_bytes + tq * KW;
 #pragma unroll
-        for (int li = 0; li < KL; ++li) qk_gqa_ldw<KW>(kw[nt][li], p + li * 4 * KW);
-    }
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-        const int kr = 2 * tq + (r & 1) + (r >> 1) * 8;
-        const int i = t0 + kr < n ? t0 + kr : n - 1;
-        const char* p = vbase + (qk_i64)i * row_bytes + gq * VW;
-#pragma unroll
-        for (int lv = 0; lv < VL; ++lv) qk_gqa_ldw<VW>(vw[r][lv], p + lv * 8 * VW);
-    }
-}
-
-/* bench-only (docs/perf-notes.md session 36): each group's first tile of keys copied into shared memory
- * (cp.async) at the CTA's start, before the folded append (a decode), so its latency passes under the
- * query's rotation and the append; the loop's first round reads it from there. Not in the split that
- * holds the new row (it reads that row after the append writes it), and only where a lane's K and V
- * pieces are 16 bytes (KW = VW = 16). Through shared memory, not registers: ptxas gives loaded
- * registers the scoreboard of the append's own reads, whose first use then waits for the tile too; a
- * copy is waited for only where the loop asks. Lane tid's piece j at stage[j THREADS + tid]; the
- * buffer is the kernel's s_acc afterwards (written after a barrier that every first round precedes). */
-/* lane tid's K / V pieces of its group's tile from key t0 (as qk_gqa_tile_load, 16 bytes each) copied
- * into slot: piece j at slot[j THREADS + tid], K's 2 KL then V's 4 VL (one cp.async group: the caller
- * commits) */
-template <int KW, int VW, int KL, int VL>
-__device__ __forceinline__ void qk_gqa_stage_copy(uint4* slot, const char* kbase, const char* vbase, qk_i64 row_bytes,
-                                                  int t0, int n, int gq, int tq, int tid) {
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-        const int i = t0 + nt * 8 + gq < n ? t0 + nt * 8 + gq : n - 1;
-#pragma unroll
-        for (int li = 0; li < KL; ++li)
-            qk_cp_async16(slot + (nt * KL + li) * QK_GQA_THREADS + tid,
-                          kbase + (qk_i64)i * row_bytes + tq * KW + li * 4 * KW, 16);
+        for (int li = 0; li < KL; ++li) f(false, nt, li, kbase + (qk_i64)i * row_bytes + tq * KW + li * 4 * KW);
     }
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
         const int kr = 2 * tq + (r & 1) + (r >> 1) * 8, i = t0 + kr < n ? t0 + kr : n - 1;
 #pragma unroll
-        for (int lv = 0; lv < VL; ++lv)
-            qk_cp_async16(slot + (2 * KL + r * VL + lv) * QK_GQA_THREADS + tid,
-                          vbase + (qk_i64)i * row_bytes + gq * VW + lv * 8 * VW, 16);
+        for (int lv = 0; lv < VL; ++lv) f(true, r, lv, vbase + (qk_i64)i * row_bytes + gq * VW + lv * 8 * VW);
     }
+}
+
+/* the tile's pieces read into the loop's words */
+template <int KW, int VW, int KL, int KWD, int VL, int VWD>
+__device__ __forceinline__ void qk_gqa_tile_load(qk_u32 (&kw)[2][KL][KWD], qk_u32 (&vw)[4][VL][VWD], const char* kbase,
+                                                 const char* vbase, qk_i64 row_bytes, int t0, int n, int gq, int tq) {
+    qk_gqa_tile_pieces<KW, VW, KL, VL>(kbase, vbase, row_bytes, t0, n, gq, tq,
+                                       [&](bool v, int x, int y, const char* p) {
+                                           if (v)
+                                               qk_gqa_ldw<VW>(vw[x][y], p);
+                                           else
+                                               qk_gqa_ldw<KW>(kw[x][y], p);
+                                       });
+}
+
+/* the tile's pieces (16 bytes each) copied into slot: piece j of lane tid at slot[j THREADS + tid],
+ * K's 2 KL then V's 4 VL (one cp.async group: the caller commits) */
+template <int KW, int VW, int KL, int VL>
+__device__ __forceinline__ void qk_gqa_stage_copy(uint4* slot, const char* kbase, const char* vbase, qk_i64 row_bytes,
+                                                  int t0, int n, int gq, int tq, int tid) {
+    qk_gqa_tile_pieces<KW, VW, KL, VL>(kbase, vbase, row_bytes, t0, n, gq, tq,
+                                       [&](bool v, int x, int y, const char* p) {
+                                           const int j = v ? 2 * KL + x * VL + y : x * KL + y;
+                                           qk_cp_async16(slot + j * QK_GQA_THREADS + tid, p, 16);
+                                       });
 }
 
 /* the lane's own pieces back from slot (its copies waited for: no barrier) as the loop's words */
@@ -777,6 +768,14 @@ __device__ __forceinline__ void qk_gqa_stage_read(qk_u32 (&kw)[2][KL][KWD], qk_u
         }
 }
 
+/* bench-only (docs/perf-notes.md session 36): each group's first tile of keys copied into shared memory
+ * (cp.async) at the CTA's start, before the folded append (a decode), so its latency passes under the
+ * query's rotation and the append; the loop's first round reads it from there. Not in the split that
+ * holds the new row (it reads that row after the append writes it), and only where a lane's K and V
+ * pieces are 16 bytes (KW = VW = 16). Through shared memory, not registers: ptxas gives loaded
+ * registers the scoreboard of the append's own reads, whose first use then waits for the tile too; a
+ * copy is waited for only where the loop asks. Lane tid's piece j at stage[j THREADS + tid]; the
+ * buffer is the kernel's s_acc afterwards (written after a barrier that every first round precedes). */
 template <int KIND, int HD, int KW, int VW>
 struct qk_gqa_early {
     static constexpr int EB = KIND == 1 ? 2 : 1, KL = HD / 16 / (KW / (4 * EB)), VL = HD / (8 * (VW / EB));
