@@ -29,6 +29,7 @@ from qconform.device.abi import bind_call
 from qconform.device.ggml.q8_quant import quantize
 from qconform.device.launch import check_aligned
 from qconform.device.launchers import launch_grid
+from qconform.device.registry import kernel_for
 from qconform.errors import ArgumentError, Declined
 from qconform.ops.ggml.keep_quant import MATMUL_BT_QUANT
 from qconform.oracles.ggml.vec_dot_generic import vec_dot_formats
@@ -99,8 +100,12 @@ def matmul_bt_quant(
     elif afmt.name == "Q8_1":  # Q8_1's quants and d are Q8_0's
         a8 = quantize(A_fp32, "Q8_0")
         launch_grid(op, SOURCE, "qk_q8_1_words", -(-blocks // THREADS), THREADS, (A_fp32, a8, aq, np.int64(blocks)))
-    else:  # Q8_K by a warp a super-block (w32: coop's bytes, a chain a quarter as long, for short rows)
-        a8 = quantize(A_fp32, "Q8_K", variant="w32")
+    else:  # Q8_K by a warp a super-block (w32: coop's bytes, a chain a quarter as long, for short rows);
+        # launched here as the Q8_0 one is, so the family's build options and source overrides reach it
+        w32 = kernel_for("q8_k_quant", "w32")
+        a8 = cupy.empty((M, nb * afmt.type_size), cupy.uint8)
+        geometry = w32.geometry
+        launch_grid(op, w32.source, w32.symbol, geometry.grid(blocks), geometry.threads, (A_fp32, a8, np.int64(blocks)))
         if not fast:  # the fast kernel reads the Q8_K blocks as quantized
             regroup = "qk_q8_k_words" if wfmt.name in ELEMENT_ORDER else "qk_q8_k_lanes"
             launch_grid(op, SOURCE, regroup, -(-blocks * words // THREADS), THREADS, (a8, aq, np.int64(blocks)))
