@@ -46,6 +46,9 @@ class DeviceMutant:
     coverage: int = 1
     edits: Edits = ()  # a patch of ``source`` (a shipped kernel): the mutant is the patched copy
     contract: str = ""  # the implementation's numeric contract (--contract), e.g. variant=cuda
+    # other shipped kernels of the same call patched with the row, (kernels/ name, edits): e.g. the
+    # kernel launched before ``source``'s, delayed so that a missing wait shows
+    beside: tuple[tuple[str, Edits], ...] = ()
 
     @property
     def is_so(self) -> bool:
@@ -77,6 +80,13 @@ class DeviceMutant:
         from qconform.device.patch import Patch
 
         return Patch(self.path(), self.edits) if self.edits else None
+
+    def beside_patches(self) -> list[tuple[str, Patch]]:
+        """(kernels/ name, patch) of each other source the row patches (``beside``)."""
+        from qconform.device.patch import Patch
+        from qconform.device.registry import KERNEL_DIR
+
+        return [(name, Patch(KERNEL_DIR / name, edits)) for name, edits in self.beside]
 
     @contextlib.contextmanager
     def loaded_source(self) -> Iterator[Path]:
@@ -1046,6 +1056,32 @@ def _fast(name: str, leaf: str, edits: Edits, define: str = "") -> DeviceMutant:
     return DeviceMutant(name, source, "", define, op, caught, leaf=leaf, edits=edits, contract="order=any")
 
 
+# bench-only -DQK_KF_LOADS_FIRST (the GEMV's first weight loads before its wait for the activations'
+# quantize): both rows delay the quantize's writes by ~1 ms after its trigger (qk_q8_k_quant_w32, the
+# kernel before in the call), so the GEMV's CTAs reach their activation reads long before the bytes are
+# there; the mutant drops the wait. Caught, by analogy with the ring GEMV's delayed split above, by the
+# check of every output written (the quantize's output comes from the pool holding that check's poison)
+KQ_QUANT_DELAYED: Edits = (
+    (
+        "    QK_LAUNCH_DEPENDENTS(); /* the keep-quant GEMV after it may start: it waits for these bytes */\n",
+        "    QK_LAUNCH_DEPENDENTS(); /* the keep-quant GEMV after it may start: it waits for these bytes */\n"
+        "    for (const long long t0 = clock64(); clock64() - t0 < 2000000;) {\n    }\n",
+    ),
+)
+KF_LOADS_FIRST_NO_WAIT: Edits = (
+    ("        if (first) QK_WAIT_PRIOR_GRID();  \\\n", "        (void)(first);            \\\n"),
+)
+LOADS_FIRST = "-DQK_KF_LOADS_FIRST"
+
+
+def _fast_delayed(name: str, edits: Edits) -> DeviceMutant:
+    """A row of the -DQK_KF_LOADS_FIRST build with the activations' quantize delayed (KQ_QUANT_DELAYED)."""
+    caught = "writes_every_output" if edits else None
+    beside = (("ggml/keep_quant_fast.hip", edits),) if edits else ()
+    return DeviceMutant(name, "ggml/q8_quant.hip", "", LOADS_FIRST, "matmul_bt_quant", caught,
+                        leaf="Wq4_K_Aq8_K_Yfp32", edits=KQ_QUANT_DELAYED, contract="order=any", beside=beside)
+
+
 KEEP_QUANT_FAST_MUTANTS = (
     _fast("keep-quant fast: Q4_K sub-block min applied to the wrong half", "Wq4_K_Aq8_K_Yfp32", KF_MIN_WRONG_HALF),
     _fast("keep-quant fast: Q6_K high bits shifted by 2 too few", "Wq6_K_Aq8_K_Yfp32", KF_Q6_HIGH_SHIFT),
@@ -1059,6 +1095,13 @@ KEEP_QUANT_FAST_MUTANTS = (
     _fast("control: keep-quant fast round 1 (-DQK_KQ_FAST_V1) under order=any (Q5_K)", "Wq5_K_Aq8_K_Yfp32", (),
           "-DQK_KQ_FAST_V1"),
     _fast("control: keep-quant fast round 2 under order=any (Q4_K)", "Wq4_K_Aq8_K_Yfp32", ()),
+    _fast_delayed("keep-quant fast loads first (-DQK_KF_LOADS_FIRST): a delayed quantize not waited for",
+                  KF_LOADS_FIRST_NO_WAIT),
+    _fast_delayed("control: keep-quant fast loads first (-DQK_KF_LOADS_FIRST) waits for a delayed quantize", ()),
+    _fast("control: keep-quant fast loads first (-DQK_KF_LOADS_FIRST) under order=any (Q8_0)", "Wq8_0_Aq8_0_Yfp32",
+          (), LOADS_FIRST),
+    _fast("control: keep-quant fast loads first (-DQK_KF_LOADS_FIRST) under order=any (Q6_K)", "Wq6_K_Aq8_K_Yfp32",
+          (), LOADS_FIRST),
 )
 # ort/gqa_flash.hip (gqa_prefill under --contract storage=fp16; coverage 1: a chunk with a past of
 # 5 rows, window 3, softcap, a head sink and a full bias; a first prompt with smooth_softmax)
@@ -1390,7 +1433,7 @@ def run_mutant(m: DeviceMutant, built: dict[str, Path], coverage: int = 1):
     from qconform.properties.suite import run_leaf
 
     op = get_op(m.op)
-    with m.loaded_source() as source:
+    with m.loaded_source() as source, contextlib.ExitStack() as stack:
         impl = load_impl(impl_spec(m, built, source), [m.op], m.contract or None)
         leaf = m.leaf or op.leaves[0].name
         prepared = [Prepared.from_case(op, c, impl) for c in op.cases(leaf, max(coverage, m.coverage))]
@@ -1402,6 +1445,7 @@ def run_mutant(m: DeviceMutant, built: dict[str, Path], coverage: int = 1):
         from qconform.device import launchers
 
         override = {m.source: source} if m.edits else {}
+        override |= {name: stack.enter_context(patch.materialised()) for name, patch in m.beside_patches()}
         with launchers.compile_options(*m.options.split()), launchers.source_override(override):
             return run_leaf(impl, op, leaf, prepared, cold=cold)
 
@@ -1446,10 +1490,12 @@ def write_sources(directory: Path) -> list[Path]:
     (for the offline compile gate, which builds the copy with them); returns the sources' paths."""
     paths = []
     for m in ALL:
-        if m.edits:
-            paths.append(m.patch().write(directory / m.slug))
-            defines = [o for o in m.options.split() if o.startswith("-D")]
-            (directory / m.slug / "options").write_text(" ".join(defines) + "\n")
+        defines = " ".join(o for o in m.options.split() if o.startswith("-D")) + "\n"
+        patches = [(m.slug, m.patch())] if m.edits else []
+        patches += [(f"{m.slug}--{Path(name).stem}", patch) for name, patch in m.beside_patches()]
+        for folder, patch in patches:  # a folder each (the beside sources: the row's slug and their stem)
+            paths.append(patch.write(directory / folder))
+            (directory / folder / "options").write_text(defines)
     return paths
 
 

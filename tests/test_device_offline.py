@@ -165,8 +165,9 @@ def test_shipped_kernels_carry_no_mutant_or_diagnostic_hooks() -> None:
 
 
 def _patches() -> list[tuple[str, Patch]]:
-    """(name, patch) of every patched source, in the order ``--write-sources`` writes them."""
-    return [(m.name, m.patch()) for m in ALL if m.edits]
+    """(name, patch) of every patched source (a row's own, then those beside it), in the order
+    ``--write-sources`` writes them."""
+    return [(m.name, p) for m in ALL for p in ([m.patch()] if m.edits else []) + [p for _, p in m.beside_patches()]]
 
 
 def test_every_patch_applies_once_to_the_shipped_kernel() -> None:
@@ -212,6 +213,7 @@ def test_every_patch_applies_once_to_the_shipped_kernel() -> None:
             "-DQK_NBITS_NO_WGMMA",
             "-DQK_GQA_EARLY_TILE",
             "-DQK_GQA_PIPE",
+            "-DQK_KF_LOADS_FIRST",
         )
         assert all(o in build for o in m.options.split() if o.startswith("-D"))
 
@@ -611,7 +613,8 @@ def test_every_patch_changes_the_cuda_device_code() -> None:
     the device). Its mutant: that edit alone is reported dead; a control edit of the live read is not."""
     if not HAVE_NVCC:
         pytest.skip("no nvcc (CUDA toolkit)")
-    rows = [(m.name, m.patch(), tuple(o for o in m.options.split() if o.startswith("-D"))) for m in ALL if m.edits]
+    options = {m.name: tuple(o for o in m.options.split() if o.startswith("-D")) for m in ALL}
+    rows = [(name, patch, options[name]) for name, patch in _patches()]
     ring = KERNEL_DIR / "ort/nbits_mma.hip"
     four_reads, ldmatrix = RING_TRANSPOSE  # the row's two edits: the four shared reads, the ldmatrix address
     assert "stage[" in four_reads[0] and "qk_ring_slot(lane & 7" in ldmatrix[0]

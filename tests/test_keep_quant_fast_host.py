@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 from device_catalogue import (
     KF_GROUP0_DROPPED,
+    KF_LOADS_FIRST_NO_WAIT,
     KF_MIN_WRONG_HALF,
     KF_NO_REALIGN,
     KF_Q5_HIGH_BIT,
@@ -58,8 +59,10 @@ def _build(tmp: Path, edits: Edits = (), driver: str = "keep_quant_fast_host.cpp
     return exe
 
 
-def _worst(exe: Path, tmp: Path, qtype: str, M: int, N: int, K: int, w: str, out: type = np.float64) -> float:
-    """max over outputs of |host result - ref| / (gamma_{K+4} mag); ``out``: the driver's output type"""
+def _worst(exe: Path, tmp: Path, qtype: str, M: int, N: int, K: int, w: str, cta: bool = False) -> float:
+    """max over outputs of |host result - ref| / (gamma_{K+4} mag); ``cta``: ``exe`` runs the kernels
+    whole (keep_quant_fast_cta.cpp: float32 out; the activations stale, another A's, until every
+    thread of a CTA has waited for the quantize), else the thread terms (float64 out)"""
     rng = np.random.default_rng(K + M)
     fmt = FORMATS[qtype]
     if w == "valid":
@@ -70,12 +73,16 @@ def _worst(exe: Path, tmp: Path, qtype: str, M: int, N: int, K: int, w: str, out
     afmt = "Q8_0" if qtype == "Q8_0" else "Q8_K"
     a8 = quantize(A, afmt)
     nb = K // FORMATS[afmt].block_size
-    aq = _q8_0_words(a8, nb) if qtype == "Q8_0" else a8  # Q8_K blocks as quantized
+    words = (lambda q: _q8_0_words(q, nb)) if qtype == "Q8_0" else (lambda q: q)  # Q8_K blocks as quantized
     W.tofile(tmp / "w.bin")
-    np.ascontiguousarray(aq).tofile(tmp / "a.bin")
+    np.ascontiguousarray(words(a8)).tofile(tmp / "a.bin")
     args = [str(KIND[qtype]), str(M), str(N), str(K // fmt.block_size), "w.bin", "a.bin", "y.bin"]
+    if cta:
+        stale = quantize(rng.standard_normal((M, K)).astype(np.float32), afmt)
+        np.ascontiguousarray(words(stale)).tofile(tmp / "stale.bin")
+        args.append("stale.bin")
     subprocess.run([str(exe), *args], check=True, cwd=tmp)
-    y = np.fromfile(tmp / "y.bin", out).reshape(M, N).astype(np.float64)
+    y = np.fromfile(tmp / "y.bin", np.float32 if cta else np.float64).reshape(M, N).astype(np.float64)
     t = matmul_terms(W, qtype, a8)
     n = K + 4
     return float(np.max(np.abs(y - t["ref"]) / (n * U / (1 - n * U) * t["mag"])))
@@ -107,23 +114,48 @@ def test_fast_kernels_whole_on_host_threads(tmp_path: Path, qtype: str) -> None:
     exe = _build(tmp_path, driver="keep_quant_fast_cta.cpp")
     shapes = CTA_SHAPES + (((2, 6, 2592, "valid"), (1, 3, 96, "valid")) if qtype == "Q8_0" else LONG_SHAPES)
     for M, N, K, w in shapes:
-        assert _worst(exe, tmp_path, qtype, M, N, K, w, np.float32) <= 1.0, (M, N, K, w)
+        assert _worst(exe, tmp_path, qtype, M, N, K, w, cta=True) <= 1.0, (M, N, K, w)
 
 
-@pytest.mark.parametrize("define", ["QK_KQ_FAST_V1", "QK_KF_STEPS_M1 1"])
-@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K"])
+BUILT_VARIANTS = [(q, d) for d in ("QK_KQ_FAST_V1", "QK_KF_STEPS_M1 1") for q in ("Q4_K", "Q5_K")]
+BUILT_VARIANTS += [(q, "QK_KF_LOADS_FIRST") for q in KIND]
+
+
+@pytest.mark.parametrize("qtype,define", BUILT_VARIANTS)
 def test_built_variants_whole_on_host_threads(tmp_path: Path, qtype: str, define: str) -> None:
-    """The Q4_K / Q5_K kernels the bench's build options select (-DQK_KQ_FAST_V1: round 1's;
-    -DQK_KF_STEPS_M1=1: round 2 with one step in flight at M tile 1), still reachable, still right."""
+    """The kernels the bench's build options select (-DQK_KQ_FAST_V1: Q4_K / Q5_K round 1's;
+    -DQK_KF_STEPS_M1=1: round 2 with one step in flight at M tile 1; -DQK_KF_LOADS_FIRST: every type's
+    weights loaded before the wait for the quantize), still reachable, still right, no activation read
+    before the wait."""
     exe = _build(tmp_path, driver="keep_quant_fast_cta.cpp", defines=f"#define {define}\n")
-    for M, N, K, w in CTA_SHAPES + LONG_SHAPES[:1]:
-        assert _worst(exe, tmp_path, qtype, M, N, K, w, np.float32) <= 1.0, (M, N, K, w)
+    long_shapes = ((2, 6, 2592, "valid"),) if qtype == "Q8_0" else LONG_SHAPES[:1]
+    for M, N, K, w in CTA_SHAPES + long_shapes:
+        assert _worst(exe, tmp_path, qtype, M, N, K, w, cta=True) <= 1.0, (M, N, K, w)
+
+
+# the wait dropped (the default build: at entry; -DQK_KF_LOADS_FIRST: after the first loads): the stale
+# activations are read
+WAIT_AT_ENTRY_DROPPED: Edits = (("#define KF_WAIT_AT_ENTRY() QK_WAIT_PRIOR_GRID()", "#define KF_WAIT_AT_ENTRY()  "),)
+NO_WAIT_ROWS = [
+    ("Q4_K", "", WAIT_AT_ENTRY_DROPPED),
+    ("Q8_0", "", WAIT_AT_ENTRY_DROPPED),
+    ("Q4_K", "#define QK_KF_LOADS_FIRST\n", KF_LOADS_FIRST_NO_WAIT),
+    ("Q6_K", "#define QK_KF_LOADS_FIRST\n", KF_LOADS_FIRST_NO_WAIT),
+]
+
+
+@pytest.mark.parametrize("qtype,define,edits", NO_WAIT_ROWS)
+def test_a_kernel_that_does_not_wait_reads_stale_activations(
+    tmp_path: Path, qtype: str, define: str, edits: Edits
+) -> None:
+    exe = _build(tmp_path, edits, driver="keep_quant_fast_cta.cpp", defines=define)
+    assert _worst(exe, tmp_path, qtype, 1, 5, 768, "valid", cta=True) > 1.0
 
 
 @pytest.mark.parametrize("qtype,edits", [("Q4_K", KF_GROUP0_DROPPED), ("Q6_K", KF_Q6_STAGE_NO_D)])
 def test_fast_kernel_cta_mutants_fail_on_host_threads(tmp_path: Path, qtype: str, edits: Edits) -> None:
     exe = _build(tmp_path, edits, driver="keep_quant_fast_cta.cpp")
-    assert _worst(exe, tmp_path, qtype, 1, 5, 768, "valid", np.float32) > 1.0
+    assert _worst(exe, tmp_path, qtype, 1, 5, 768, "valid", cta=True) > 1.0
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,9 @@
 /* Host run of keep_quant_fast.hip's kernels, whole (tests/test_keep_quant_fast_host.py): every CTA of
  * the launcher's grid (qconform/device/ggml/keep_quant.py: MT 1, 2 or 4 activation rows, 4 weight
  * rows, 128 threads), one CTA at a time as 128 host threads (tests/kernel_host/qk_portable.h).
- * Arguments: KIND M N nb W-file A-file Y-file (float32 M x N out); A as the kernel reads it. */
+ * Arguments: KIND M N nb W-file A-file Y-file (float32 M x N out) stale-file; A as the kernel reads it,
+ * the stale file as many bytes: what each CTA's activation buffer holds until all its threads have
+ * waited for the kernel before (QK_WAIT_PRIOR_GRID, tests/kernel_host/qk_portable.h). */
 #include "keep_quant_fast.hip"
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,10 +22,11 @@ static kf_kernel pick(int kind, int mt) {
     return t[kind == 0 ? 0 : kind - 3][mt == 1 ? 0 : mt == 2 ? 1 : 2];
 }
 
-static void* load(const char* path) {
+static void* load(const char* path, size_t* size = nullptr) {
     FILE* f = fopen(path, "rb");
     fseek(f, 0, SEEK_END);
     const long n = ftell(f);
+    if (size) *size = (size_t)n;
     rewind(f);
     void* p = aligned_alloc(256, (size_t)(n + 255) / 256 * 256);
     if (fread(p, 1, (size_t)n, f) != (size_t)n) exit(3);
@@ -32,10 +35,17 @@ static void* load(const char* path) {
 }
 
 int main(int argc, char** argv) {
-    if (argc != 8) return 2;
+    if (argc != 9) return 2;
     const int kind = atoi(argv[1]), M = atoi(argv[2]), N = atoi(argv[3]), nb = atoi(argv[4]);
     const qk_u8* W = (const qk_u8*)load(argv[5]);
-    const qk_u8* A = (const qk_u8*)load(argv[6]);
+    size_t bytes = 0;
+    const qk_u8* A = (const qk_u8*)load(argv[6], &bytes);
+    const qk_u8* stale = (const qk_u8*)load(argv[8]); /* the buffer's bytes before the quantize wrote it */
+    qk_u8* Abuf = (qk_u8*)load(argv[8]);
+    qk_host_prior_dst = Abuf;
+    qk_host_prior_src = A;
+    qk_host_prior_bytes = bytes;
+    qk_host_cta_threads = 128;
     const int mt = M <= 1 ? 1 : M <= 2 ? 2 : 4; /* keep_quant.py act_tile(M, FAST_TILES) */
     std::vector<float> Y((size_t)M * N, -12345.0f);
     const kf_kernel k = pick(kind, mt);
@@ -45,12 +55,15 @@ int main(int argc, char** argv) {
     qk_host_group_barriers = groups;
     for (unsigned by = 0; by < (unsigned)((N + 3) / 4); ++by)
         for (unsigned bx = 0; bx < (unsigned)((M + mt - 1) / mt); ++bx) {
+            memcpy(Abuf, stale, bytes); /* each CTA: the quantize not yet done until its threads wait */
+            qk_host_waits = 0;
+            qk_host_prior_done = false;
             std::vector<std::thread> th;
             for (unsigned t = 0; t < 128; ++t)
                 th.emplace_back([=, &Y] {
                     threadIdx = {t, 0, 0};
                     blockIdx = {bx, by, 0};
-                    k(W, A, Y.data(), M, N, nb);
+                    k(W, Abuf, Y.data(), M, N, nb);
                 });
             for (auto& x : th) x.join();
         }

@@ -8,7 +8,10 @@
 #include <math.h>
 #include <string.h>
 #include <stdint.h>
+#include <atomic>
 #include <barrier>
+#include <chrono>
+#include <thread>
 #define __device__
 #define __forceinline__ inline
 #define __global__
@@ -36,9 +39,29 @@ typedef signed char qk_i8; typedef unsigned char qk_u8; typedef short qk_i16; ty
 typedef int qk_i32; typedef unsigned int qk_u32; typedef long long qk_i64;
 struct uint4 { qk_u32 x, y, z, w; };
 struct uint2 { qk_u32 x, y; };
-/* programmatic dependent launch (qk_portable.h): nothing to wait for on the host */
+/* programmatic dependent launch (qk_portable.h). keep_quant_fast_cta.cpp stands in for the kernel
+ * before (the activations' quantize), CTA by CTA: the activation buffer holds stale bytes until every
+ * thread of the CTA has called QK_WAIT_PRIOR_GRID(), and then this call's; a thread that waits while
+ * another never does gives up after a second, so the stale bytes stay. No stand-in (qk_host_prior_bytes
+ * 0): nothing to wait for. */
 #define QK_LAUNCH_DEPENDENTS()
-#define QK_WAIT_PRIOR_GRID()
+static std::atomic<int> qk_host_waits{0};
+static std::atomic<bool> qk_host_prior_done{false};
+static void* qk_host_prior_dst = nullptr;
+static const void* qk_host_prior_src = nullptr;
+static size_t qk_host_prior_bytes = 0;
+static int qk_host_cta_threads = 0;
+static inline void qk_host_wait_prior_grid() {
+    if (qk_host_prior_bytes == 0) return;
+    if (++qk_host_waits == qk_host_cta_threads) {
+        memcpy(qk_host_prior_dst, qk_host_prior_src, qk_host_prior_bytes);
+        qk_host_prior_done = true;
+        return;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    while (!qk_host_prior_done && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(1)) std::this_thread::yield();
+}
+#define QK_WAIT_PRIOR_GRID() qk_host_wait_prior_grid()
 #define QK_FMUL(a, b) ((float)(a) * (float)(b))
 static inline float __int2float_rn(int i) { return (float)i; }
 static inline qk_u32 qk_bits(float v) { qk_u32 b; memcpy(&b, &v, 4); return b; }

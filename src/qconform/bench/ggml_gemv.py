@@ -14,6 +14,10 @@ kernel at >= 80% of its roofline, and its speed-up over cuBLAS at least 0.8 x th
 rooflines. One ``BenchRecord`` per (type, shape, variant); weights are random blocks with finite
 scales.
 
+``--variants fast,loads_first``: the fast GEMV with its first trip of weight loads issued before it waits
+for the activations' quantize (``-DQK_KF_LOADS_FIRST``, bench-only), so the first wave's weights are in
+flight while the quantize runs.
+
 ``--split``: for the fast kernels also the call's launches timed apart, back to back as in the call: the
 activation quantize (and Q8_0's regrouping) alone, then the GEMV alone on the activations they wrote.
 
@@ -51,11 +55,18 @@ VARIANTS = {
     "fast": "any",
     STREAM_ORDER: "any",
     TRIGGER_AT_EXIT: "any",
+    "loads_first": "any",
 }
 V1_OPTION = "-DQK_KQ_FAST_V1"  # the build option of round 1's fast kernel (keep_quant_fast.hip)
 # the build options of each fast variant: round 1; round 2 with one step of 4 row-blocks in flight a
 # thread at M tile 1 (the default: two)
-OPTIONS = {"fast-v1": (V1_OPTION,), "fast-u1": ("-DQK_KF_STEPS_M1=1",), TRIGGER_AT_EXIT: ("-DQK_PDL_TRIGGER_AT_EXIT",)}
+OPTIONS = {
+    "fast-v1": (V1_OPTION,),
+    "fast-u1": ("-DQK_KF_STEPS_M1=1",),
+    TRIGGER_AT_EXIT: ("-DQK_PDL_TRIGGER_AT_EXIT",),
+    # the GEMV's first weight loads issued before its wait for the quantize (bench-only)
+    "loads_first": ("-DQK_KF_LOADS_FIRST",),
+}
 V1_TYPES = ("Q4_K", "Q5_K")  # the types whose fast kernel round 2 changed (the others: fast-v1, fast-u1 are fast)
 
 

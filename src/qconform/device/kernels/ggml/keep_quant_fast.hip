@@ -38,6 +38,23 @@
 #define KF_A0 48   /* bytes per regrouped Q8_0 block (q8_quant.hip qk_q8_0_quant_words: KQ_A0 words) */
 #define KF_ROWS 4  /* weight rows per CTA: 8 threads each in every group */
 #define KF_GROUPS 4 /* groups of 32 threads per CTA, splitting a row's blocks */
+/* The GEMV is launched as a programmatic dependent of the activations' quantize (qconform.device.pdl)
+ * and waits for it (QK_WAIT_PRIOR_GRID) before it reads an activation. By default at entry; bench-only
+ * -DQK_KF_LOADS_FIRST: after a thread's first trip of weight loads is issued (the weights need nothing
+ * of the quantize), so the first wave's weights are in flight while the quantize runs (sm_90: the wait
+ * is ACQBULK, which waits on no load's scoreboard); a thread without a trip waits before its sums. */
+#ifdef QK_KF_LOADS_FIRST
+#define KF_WAIT_AT_ENTRY()
+#define KF_WAIT_AFTER_LOADS(first)        \
+    do {                                  \
+        if (first) QK_WAIT_PRIOR_GRID();  \
+    } while (0)
+#else
+#define KF_WAIT_AT_ENTRY() QK_WAIT_PRIOR_GRID()
+#define KF_WAIT_AFTER_LOADS(first) \
+    do {                           \
+    } while (0) /* waited at entry */
+#endif
 #define KF_LO4 0x0F0F0F0Fu
 
 /* 16 bytes at the 2-byte aligned address p, in two steps so that a thread's loads of several blocks
@@ -348,6 +365,7 @@ __device__ __forceinline__ void kf_gemv(const qk_u8* __restrict__ W, const qk_u8
                     else kf_stage_q6_k(S, c, v[u]);
                 }
             }
+            KF_WAIT_AFTER_LOADS(s0 == w);
             qk_syncwarp(); /* the previous trip's reads of stg are done */
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u) {
@@ -362,6 +380,7 @@ __device__ __forceinline__ void kf_gemv(const qk_u8* __restrict__ W, const qk_u8
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u) /* every load of the UNROLL blocks first */
                 if (rowok && s0 + KF_GROUPS * u < full) kf_wload<KIND>(row + ((s0 + KF_GROUPS * u) * BPS + sub) * TS, c, raw[u]);
+            KF_WAIT_AFTER_LOADS(s0 == w);
         }
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
@@ -375,6 +394,7 @@ __device__ __forceinline__ void kf_gemv(const qk_u8* __restrict__ W, const qk_u8
             }
         }
     }
+    KF_WAIT_AFTER_LOADS(w >= full); /* a group without a trip */
     if (rowok && BPS > 1 && nb % BPS != 0 && full % KF_GROUPS == w) { /* Q8_0: the last, partial quad */
         const qk_i64 ib = full * BPS + sub;
         if (ib < nb) {
@@ -427,6 +447,7 @@ __device__ __forceinline__ void kf2_gemv(const qk_u8* __restrict__ W, const qk_u
             if (ib0 + COLS * u < nb)
 #pragma unroll
                 for (int rr = 0; rr < KF_ROWS; ++rr) kf_wload<KIND>(rows[rr] + (ib0 + COLS * u) * TS, c, raw[u][rr]);
+        KF_WAIT_AFTER_LOADS(ib0 == kc);
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             const qk_i64 ib = ib0 + COLS * u;
@@ -446,6 +467,7 @@ __device__ __forceinline__ void kf2_gemv(const qk_u8* __restrict__ W, const qk_u
             }
         }
     }
+    KF_WAIT_AFTER_LOADS(kc >= nb); /* a block column without a trip */
 #pragma unroll
     for (int rr = 0; rr < KF_ROWS; ++rr)
 #pragma unroll
@@ -469,7 +491,7 @@ __device__ __forceinline__ void kf2_gemv(const qk_u8* __restrict__ W, const qk_u
 #define KF_GEMV(NAME, KIND, TS, MT, UNROLL, FN)                                                        \
     extern "C" __global__ void __launch_bounds__(32 * KF_GROUPS) qk_kq_fast_##NAME##_m##MT(          \
         const qk_u8* W, const qk_u8* aq, float* Y, qk_i64 M, qk_i64 N, qk_i64 nb) {                  \
-        QK_WAIT_PRIOR_GRID(); /* launched as a dependent of the activations' quantize */              \
+        KF_WAIT_AT_ENTRY(); /* launched as a dependent of the activations' quantize */                \
         FN(W, aq, Y, M, N, nb);                                                                       \
     }
 /* UNROLL: round 1's blocks in flight per thread; UNROLL2: round 2's steps of 4 rows (Q4_K / Q5_K) */
