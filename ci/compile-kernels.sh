@@ -181,8 +181,9 @@ if part patched; then
   # -DQK_NBITS_RING_CONTIGUOUS, -DQK_NBITS_RING_LDS, -DQK_NBITS_RING_TAIL_SPLIT, -DQK_NBITS_RING_LOADS_ONLY;
   # bench.nbits --variants ring); the flash prefill's
   # session-8 kernels (-DQK_GQA_PREFILL_V1; bench.gqa_prefill --variants); the keep-quant fast GEMV's round 1
-  # (-DQK_KQ_FAST_V1), round 2 with one step in flight (-DQK_KF_STEPS_M1=1) and its first weight loads
-  # before its wait for the quantize (-DQK_KF_LOADS_FIRST; bench.ggml_gemv); every
+  # (-DQK_KQ_FAST_V1), round 2 with one step in flight (-DQK_KF_STEPS_M1=1), its first weight loads
+  # before its wait for the quantize (-DQK_KF_LOADS_FIRST) and its row groups streamed through shared
+  # memory on the resident CTAs (-DQK_KF_RING; bench.ggml_gemv); every
   # programmatic-launch trigger dropped (-DQK_PDL_TRIGGER_AT_EXIT; bench.ggml_gemv's trigger_at_exit); the bnb
   # matrix-unit GEMM with its table filled before the ring's first loads (-DQK_BNBM_FILL_FIRST) and with
   # activation pieces loaded a step ahead (-DQK_BNBM_A_AHEAD=1, 2; bench.bnb_gemv --variants mma)
@@ -196,7 +197,7 @@ if part patched; then
   for def in -DQK_BNBM_FILL_FIRST -DQK_BNBM_A_AHEAD=1 -DQK_BNBM_A_AHEAD=2; do
     front "$KERNELS/bnb/gemm_mma.hip $def" "$def" "$KERNELS/bnb/gemm_mma.hip"
   done
-  for def in -DQK_KQ_FAST_V1 -DQK_KF_STEPS_M1=1 -DQK_KF_LOADS_FIRST; do
+  for def in -DQK_KQ_FAST_V1 -DQK_KF_STEPS_M1=1 -DQK_KF_LOADS_FIRST -DQK_KF_RING; do
     front "$KERNELS/ggml/keep_quant_fast.hip $def" "$def" "$KERNELS/ggml/keep_quant_fast.hip"
   done
   # the other builds the benches and the device mutants' controls load (each option a kernel reads: tests/

@@ -1075,6 +1075,14 @@ KF_LOADS_FIRST_NO_WAIT: Edits = (
     ("        if (first) QK_WAIT_PRIOR_GRID();  \\\n", "        (void)(first);            \\\n"),
 )
 LOADS_FIRST = "-DQK_KF_LOADS_FIRST"
+# bench-only -DQK_KF_RING: a unit's pieces read from the slot its next unit is being copied into
+KF_RING_SLOT_FILLED: Edits = (
+    (
+        "kf3_read<KIND>(kf_ring + cur * SLOT, u, rr, t, raw);",
+        "kf3_read<KIND>(kf_ring + (cur ^ 1) * SLOT, u, rr, t, raw);",
+    ),
+)
+RING = "-DQK_KF_RING"
 
 
 def _fast_delayed(name: str, edits: Edits) -> DeviceMutant:
@@ -1105,6 +1113,10 @@ KEEP_QUANT_FAST_MUTANTS = (
           (), LOADS_FIRST),
     _fast("control: keep-quant fast loads first (-DQK_KF_LOADS_FIRST) under order=any (Q6_K)", "Wq6_K_Aq8_K_Yfp32",
           (), LOADS_FIRST),
+    _fast("keep-quant fast ring (-DQK_KF_RING): a unit read from the slot being filled", "Wq4_K_Aq8_K_Yfp32",
+          KF_RING_SLOT_FILLED, RING),
+    _fast("control: keep-quant fast ring (-DQK_KF_RING) under order=any (Q4_K)", "Wq4_K_Aq8_K_Yfp32", (), RING),
+    _fast("control: keep-quant fast ring (-DQK_KF_RING) under order=any (Q5_K)", "Wq5_K_Aq8_K_Yfp32", (), RING),
 )
 # ort/gqa_flash.hip (gqa_prefill under --contract storage=fp16; coverage 1: a chunk with a past of
 # 5 rows, window 3, softcap, a head sink and a full bias; a first prompt with smooth_softmax)

@@ -21,6 +21,7 @@
 struct dim3s { unsigned x, y, z; };
 /* a CTA runs as host threads (keep_quant_fast_cta.cpp): each its own threadIdx, one barrier */
 static thread_local dim3s threadIdx, blockIdx;
+static dim3s gridDim;
 static std::barrier<>* qk_host_barrier = nullptr;
 static std::barrier<>* qk_host_group_barriers = nullptr; /* one per 32 threads: qk_syncwarp */
 static float qk_host_slots[1024];
@@ -62,6 +63,16 @@ static inline void qk_host_wait_prior_grid() {
     while (!qk_host_prior_done && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(1)) std::this_thread::yield();
 }
 #define QK_WAIT_PRIOR_GRID() qk_host_wait_prior_grid()
+/* cp.async (qk_portable.h): the copy done at once (the first n bytes, the rest zero), the waits nothing;
+ * dynamic shared memory as one static array (keep_quant_fast.hip's KF_DYNAMIC_SHARED) */
+static inline void qk_cp_async16(void* dst, const void* src, int n) {
+    memset(dst, 0, 16);
+    memcpy(dst, src, (size_t)n);
+}
+static inline void qk_cp_async_commit() {}
+template <int N>
+static inline void qk_cp_async_wait() {}
+#define KF_DYNAMIC_SHARED(T, name) static T name[98304 / sizeof(T)]
 #define QK_FMUL(a, b) ((float)(a) * (float)(b))
 static inline float __int2float_rn(int i) { return (float)i; }
 static inline qk_u32 qk_bits(float v) { qk_u32 b; memcpy(&b, &v, 4); return b; }

@@ -315,14 +315,15 @@ __device__ __forceinline__ void kf_unstage_q6_k(const qk_u8* blk, int c, const q
     r[11 % WR] = (stg[od >> 2] >> (8 * (od & 2))) & 0xFFFFu;
 }
 
-/* The CTA's outputs: after a barrier, thread rr * MT + m adds the 4 groups' partial sums of row rr,
- * activation row m in group order and stores the rows that exist. */
+/* The CTA's outputs: after a barrier, thread rr * MT + m adds the 4 groups' partial sums of row rr
+ * (of row group rg), activation row m in group order and stores the rows that exist. */
 template <int MT>
-__device__ __forceinline__ void kf_store(const float (&part)[KF_GROUPS][KF_ROWS][MT], int t, qk_i64 m0, int mt, qk_i64 N, float* Y) {
+__device__ __forceinline__ void kf_store(const float (&part)[KF_GROUPS][KF_ROWS][MT], int t, qk_i64 m0, int mt, qk_i64 N, float* Y,
+                                         qk_i64 rg) {
     __syncthreads();
     if (t < KF_ROWS * MT) {
         const int rr = t / MT, m = t % MT;
-        const qk_i64 nn = (qk_i64)blockIdx.y * KF_ROWS + rr;
+        const qk_i64 nn = rg * KF_ROWS + rr;
         if (m < mt && nn < N) {
             float y = part[0][rr][m];
 #pragma unroll
@@ -411,7 +412,7 @@ __device__ __forceinline__ void kf_gemv(const qk_u8* __restrict__ W, const qk_u8
         v += QK_SHFL_XOR(v, 1, 8);
         if (c == 0) part[w][r][m] = v;
     }
-    kf_store<MT>(part, t, m0, mt, N, Y);
+    kf_store<MT>(part, t, m0, mt, N, Y, blockIdx.y);
 }
 
 #ifndef QK_KQ_FAST_V1
@@ -480,9 +481,122 @@ __device__ __forceinline__ void kf2_gemv(const qk_u8* __restrict__ W, const qk_u
             v += QK_SHFL_XOR(v, 1, 32);
             if ((t & 31) == 0) part[w][rr][m] = v;
         }
-    kf_store<MT>(part, t, m0, mt, N, Y);
+    kf_store<MT>(part, t, m0, mt, N, Y, blockIdx.y);
 }
+#if defined(QK_KF_RING)
+/* Bench-only -DQK_KF_RING: Q4_K / Q5_K at M tile 1 (qk_kq_fast_q4_k_m1, _q5_k_m1) as kf2_gemv (the same
+ * slices, arithmetic, shuffles and group order: the same bits), but a CTA takes the row groups
+ * blockIdx.y, + gridDim.y, ... (the launcher: as many CTAs as are resident) and each thread streams its
+ * weight pieces (kf_wload's 16-byte words: header, qs, Q5_K's qh, of KF_RING_UNROLL steps x 4 rows)
+ * through two slots of dynamic shared memory with cp.async: the copies of its next unit (the group's
+ * next trip, else the next group's first) are issued before this unit is computed, so a CTA's loads
+ * stay in flight while it computes, sums and stores (kf2's CTAs, all of an SM started together, leave
+ * DRAM idle while they compute). Piece j of thread tid at slot[j THREADS + tid]: a thread reads back
+ * only what it copied (no barrier). */
+#define KF_RING_UNROLL 2
+#define KF_RING_P(KIND) ((KIND) == 5 ? 3 : 2) /* pieces of a slice: header, qs (and qh) */
+#define KF_THREADS (32 * KF_GROUPS)
+#ifndef KF_DYNAMIC_SHARED
+#define KF_DYNAMIC_SHARED(T, name) extern __shared__ T name[]
+#endif
+
+template <int KIND, int TS>
+__device__ __forceinline__ void kf3_copy(uint4* slot, const qk_u8* W, qk_i64 N, qk_i64 nb, qk_i64 rg, qk_i64 ib0, int c,
+                                         int t) {
+#pragma unroll
+    for (int u = 0; u < KF_RING_UNROLL; ++u) {
+        const qk_i64 ib = ib0 + 4 * KF_GROUPS * u;
+        if (ib < nb)
+#pragma unroll
+            for (int rr = 0; rr < KF_ROWS; ++rr) {
+                const qk_i64 n = rg * KF_ROWS + rr < N ? rg * KF_ROWS + rr : N - 1;
+                const qk_u8* blk = W + (n * nb + ib) * TS;
+                uint4* d = slot + (u * KF_ROWS + rr) * KF_RING_P(KIND) * KF_THREADS + t;
+                qk_cp_async16(d, blk, 16);
+                qk_cp_async16(d + KF_THREADS, blk + (KIND == 5 ? 48 : 16) + 16 * c, 16);
+                if (KIND == 5) qk_cp_async16(d + 2 * KF_THREADS, blk + 16 + 16 * (c & 1), 16);
+            }
+    }
+}
+
+template <int KIND>
+__device__ __forceinline__ void kf3_read(const uint4* slot, int u, int rr, int t, qk_u32 (&r)[KF_WR(KIND)]) {
+    const uint4* s = slot + (u * KF_ROWS + rr) * KF_RING_P(KIND) * KF_THREADS + t;
+    const uint4 hd = s[0], qv = s[KF_THREADS];
+    r[0] = hd.x; r[1] = hd.y; r[2] = hd.z; r[3] = hd.w;
+    r[4] = qv.x; r[5] = qv.y; r[6] = qv.z; r[7] = qv.w;
+    if (KIND == 5) {
+        const uint4 hv = s[2 * KF_THREADS];
+        r[8 % KF_WR(KIND)] = hv.x; r[9 % KF_WR(KIND)] = hv.y; r[10 % KF_WR(KIND)] = hv.z; r[11 % KF_WR(KIND)] = hv.w;
+    }
+}
+
+template <int KIND, int TS>
+__device__ __forceinline__ void kf3_gemv(const qk_u8* __restrict__ W, const qk_u8* __restrict__ aq, float* __restrict__ Y,
+                                         qk_i64 M, qk_i64 N, qk_i64 nb) {
+    constexpr int COLS = 4 * KF_GROUPS, STEP = COLS * KF_RING_UNROLL;
+    constexpr int SLOT = KF_RING_UNROLL * KF_ROWS * KF_RING_P(KIND) * KF_THREADS; /* 16-byte pieces */
+    KF_DYNAMIC_SHARED(uint4, kf_ring);
+    __shared__ float part[KF_GROUPS][KF_ROWS][1];
+    const int t = threadIdx.x, w = t >> 5, c = t & 7, kc = t >> 3, g = c >> 1, half = c & 1;
+    const qk_i64 groups = (N + KF_ROWS - 1) / KF_ROWS, trips = kc < nb ? (nb - kc + STEP - 1) / STEP : 0;
+    const qk_u8* a0 = aq + (qk_i64)blockIdx.x * nb * KF_Q8K;
+    if (trips > 0 && (qk_i64)blockIdx.y < groups) kf3_copy<KIND, TS>(kf_ring, W, N, nb, blockIdx.y, kc, c, t);
+    qk_cp_async_commit();
+    KF_WAIT_AFTER_LOADS(true);
+    int cur = 0;
+    for (qk_i64 rg = blockIdx.y; rg < groups; rg += gridDim.y) {
+        float acc[KF_ROWS];
+#pragma unroll
+        for (int rr = 0; rr < KF_ROWS; ++rr) acc[rr] = 0.0f;
+        for (qk_i64 tr = 0; tr < trips; ++tr) { /* this thread's units, its next one's copies first */
+            const bool last = tr + 1 == trips;
+            const qk_i64 nrg = last ? rg + gridDim.y : rg;
+            if (nrg < groups) kf3_copy<KIND, TS>(kf_ring + (cur ^ 1) * SLOT, W, N, nb, nrg, last ? kc : kc + (tr + 1) * STEP, c, t);
+            qk_cp_async_commit();
+            qk_cp_async_wait<1>();
+#pragma unroll
+            for (int u = 0; u < KF_RING_UNROLL; ++u) {
+                const qk_i64 ib = kc + tr * STEP + COLS * u;
+                if (ib < nb) {
+                    const qk_u8* a = a0 + ib * KF_Q8K;
+                    qk_u32 alo[4], ahi[4];
+                    kf_act16(a + 4 + 64 * g + 16 * half, alo);
+                    kf_act16(a + 4 + 64 * g + 32 + 16 * half, ahi);
+                    const qk_u32* bs = (const qk_u32*)(a + 260 + 8 * g); /* bsums 4g .. 4g + 3 */
+                    const qk_u32 bs0 = bs[0], bs1 = bs[1];
+                    const float yd = *(const float*)a;
+#pragma unroll
+                    for (int rr = 0; rr < KF_ROWS; ++rr) {
+                        qk_u32 raw[KF_WR(KIND)];
+                        kf3_read<KIND>(kf_ring + cur * SLOT, u, rr, t, raw);
+                        kf_q45_row<KIND>(raw, c, alo, ahi, bs0, bs1, yd, acc[rr]);
+                    }
+                }
+            }
+            cur ^= 1;
+        }
+#pragma unroll
+        for (int rr = 0; rr < KF_ROWS; ++rr) {
+            float v = acc[rr];
+            v += QK_SHFL_XOR(v, 16, 32);
+            v += QK_SHFL_XOR(v, 8, 32);
+            v += QK_SHFL_XOR(v, 4, 32);
+            v += QK_SHFL_XOR(v, 2, 32);
+            v += QK_SHFL_XOR(v, 1, 32);
+            if ((t & 31) == 0) part[w][rr][0] = v;
+        }
+        kf_store<1>(part, t, blockIdx.x, 1, N, Y, rg);
+        __syncthreads(); /* part read before the next group's sums are stored */
+    }
+}
+#define KF_GEMV_Q45(NAME, KIND, TS, MT, UNROLL, UNROLL2) KF_Q45_M##MT(KIND, TS, MT, UNROLL2)
+#define KF_Q45_M1(KIND, TS, MT, UNROLL2) kf3_gemv<KIND, TS>
+#define KF_Q45_M2(KIND, TS, MT, UNROLL2) kf2_gemv<KIND, TS, MT, UNROLL2>
+#define KF_Q45_M4(KIND, TS, MT, UNROLL2) kf2_gemv<KIND, TS, MT, UNROLL2>
+#else
 #define KF_GEMV_Q45(NAME, KIND, TS, MT, UNROLL, UNROLL2) kf2_gemv<KIND, TS, MT, UNROLL2>
+#endif
 #else
 #define KF_GEMV_Q45(NAME, KIND, TS, MT, UNROLL, UNROLL2) kf_gemv<KIND, TS, MT, UNROLL>
 #endif
