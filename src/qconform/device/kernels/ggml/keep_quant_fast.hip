@@ -490,9 +490,9 @@ __device__ __forceinline__ void kf2_gemv(const qk_u8* __restrict__ W, const qk_u
  * weight pieces (kf_wload's 16-byte words: header, qs, Q5_K's qh, of KF_RING_UNROLL steps x 4 rows)
  * through two slots of dynamic shared memory with cp.async: the copies of its next unit (the group's
  * next trip, else the next group's first) are issued before this unit is computed, so a CTA's loads
- * stay in flight while it computes, sums and stores (kf2's CTAs, all of an SM started together, leave
- * DRAM idle while they compute). Piece j of thread tid at slot[j THREADS + tid]: a thread reads back
- * only what it copied (no barrier). */
+ * stay in flight while it computes, sums and stores (kf2's CTAs on one SM start together, so they may
+ * all compute while none of them reads: docs/perf-notes.md, session 37). Piece j of thread tid at
+ * slot[j THREADS + tid]: a thread reads back only what it copied (no barrier). */
 #define KF_RING_UNROLL 2
 #define KF_RING_P(KIND) ((KIND) == 5 ? 3 : 2) /* pieces of a slice: header, qs (and qh) */
 #define KF_THREADS (32 * KF_GROUPS)
