@@ -197,9 +197,11 @@ if part patched; then
   for def in -DQK_BNBM_FILL_FIRST -DQK_BNBM_A_AHEAD=1 -DQK_BNBM_A_AHEAD=2; do
     front "$KERNELS/bnb/gemm_mma.hip $def" "$def" "$KERNELS/bnb/gemm_mma.hip"
   done
-  for def in -DQK_KQ_FAST_V1 -DQK_KF_STEPS_M1=1 -DQK_KF_LOADS_FIRST -DQK_KF_RING; do
+  for def in -DQK_KQ_FAST_V1 -DQK_KF_STEPS_M1=1 -DQK_KF_LOADS_FIRST -DQK_KF_RING -DQK_PHASES; do
     front "$KERNELS/ggml/keep_quant_fast.hip $def" "$def" "$KERNELS/ggml/keep_quant_fast.hip"
   done
+  front "$KERNELS/ggml/keep_quant_fast.hip -DQK_PHASES -DQK_KF_RING -DQK_KF_LOADS_FIRST" -DQK_PHASES -DQK_KF_RING \
+    -DQK_KF_LOADS_FIRST "$KERNELS/ggml/keep_quant_fast.hip"
   # the other builds the benches and the device mutants' controls load (each option a kernel reads: tests/
   # test_build_options.py): the portable mma's shuffle form on NVIDIA (-DQK_MMA_EMULATE), bnb's 16-copy
   # table (-DQK_BNBM_TAB16), its cpu reading on the SIMT kernel (-DQK_BNB_CPU_SIMT) and session 7's SIMT
@@ -208,7 +210,8 @@ if part patched; then
   # and its first tile copied in before the append (-DQK_GQA_EARLY_TILE), every round a round ahead (-DQK_GQA_PIPE),
   # QMoE's session-3 decode (-DQK_MOE_DECODE_V1), round 1's grouped GEMM (-DQK_MOE_GEMM_V1) and fc2m's rows
   # prefetched to L2 (-DQK_MOE_FC2_PREFETCH), the phase
-  # stamps of both decodes (-DQK_PHASES), MatMulNBits prefill without wgmma (-DQK_NBITS_NO_WGMMA)
+  # stamps of both decodes and of the keep-quant GEMV (-DQK_PHASES, the last also with the ring and its loads
+  # first), MatMulNBits prefill without wgmma (-DQK_NBITS_NO_WGMMA)
   front "$KERNELS/bnb/gemm_mma.hip -DQK_MMA_EMULATE -DQK_BNBM_TAB16" -DQK_MMA_EMULATE -DQK_BNBM_TAB16 \
     "$KERNELS/bnb/gemm_mma.hip"
   front "$KERNELS/bnb/gemm_mma.hip -DQK_BNB_CPU_SIMT" -DQK_BNB_CPU_SIMT "$KERNELS/bnb/gemm_mma.hip"

@@ -55,7 +55,8 @@ def _build(tmp: Path, edits: Edits = (), driver: str = "keep_quant_fast_host.cpp
     (tmp / "keep_quant_fast.hip").write_text(src)
     shutil.copy(HERE / "qk_portable.h", tmp / "qk_portable.h")
     exe = tmp / Path(driver).stem
-    cmd = ["g++", "-O1", "-std=c++20", "-pthread", "-ffp-contract=off", "-w", f"-I{tmp}", "-o", str(exe)]
+    common = KERNEL_DIR / "common"  # qk_phases.h (qk_portable.h is the stand-in beside the source)
+    cmd = ["g++", "-O1", "-std=c++20", "-pthread", "-ffp-contract=off", "-w", f"-I{tmp}", f"-I{common}", "-o", str(exe)]
     subprocess.run([*cmd, str(HERE / driver)], check=True, cwd=tmp)
     return exe
 

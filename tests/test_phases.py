@@ -4,7 +4,7 @@ boundaries over the CTAs that reached both, and when each marked kernel's CTAs e
 import numpy as np
 import pytest
 
-from qconform.bench.phases import GQA, QMOE, SLOTS, Marked, phase_table, report, spread
+from qconform.bench.phases import GQA, KQ, QMOE, SLOTS, Marked, phase_table, report, spread
 
 KHZ = 2_000_000.0  # 2 GHz: 2000 cycles a us
 
@@ -22,7 +22,7 @@ def _stamps(marked: Marked, durations_us: np.ndarray, start: np.ndarray, skipped
     return clock
 
 
-@pytest.mark.parametrize("marked", [*GQA, *QMOE], ids=lambda m: m.kernel)
+@pytest.mark.parametrize("marked", [*GQA, *QMOE, *KQ], ids=lambda m: m.kernel)
 def test_phases_are_the_durations_of_the_ctas_that_reached_both_boundaries(marked):
     rng = np.random.default_rng(7)
     dur = rng.integers(1, 400, (5, len(marked.phases))) / 100.0  # us, exact in cycles at 2 GHz
@@ -68,7 +68,7 @@ def test_spread_is_measured_from_the_calls_first_entry_per_kernel():
 
 def test_the_marked_boundaries_fit_the_kernels_slots():
     """Each kernel's boundaries inside QK_PHASE_SLOTS and apart from the other kernels' of its module."""
-    for kernels in (GQA, QMOE):
+    for kernels in (GQA, QMOE, KQ):
         taken = [b for m in kernels for b in range(m.first, m.last + 1)]
         assert len(taken) == len(set(taken)) and max(taken) < SLOTS
 
@@ -84,7 +84,7 @@ def test_the_tables_boundaries_are_the_kernels_marks():
     kernels = Path(__file__).resolve().parents[1] / "src/qconform/device/kernels"
     header = (kernels / "common/qk_phases.h").read_text()
     assert f"#define QK_PHASE_SLOTS {SLOTS}\n" in header and f"#define QK_PHASE_CTAS {CTAS}\n" in header
-    for source, marked in (("ort/gqa.hip", GQA), ("ort/qmoe.hip", QMOE)):
+    for source, marked in (("ort/gqa.hip", GQA), ("ort/qmoe.hip", QMOE), ("ggml/keep_quant_fast.hip", KQ)):
         text = (kernels / source).read_text()
         marks = {int(n) for n in re.findall(r"\bQK_PHASE(?:_AFTER)?\((\d+)", text)}
         assert marks == {b for m in marked for b in range(m.first, m.last + 1)}, source

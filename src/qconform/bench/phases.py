@@ -13,6 +13,11 @@ and the stamps of the last call are read.
   routing done: logits, input staged, ranks, weights; the first task done; every task done) and
   ``qk_moe_fc2m``'s 12..17 (entry; the wait for fc1 over; sel / wts read; the planes staged; the slots'
   dots; the output stored).
+- ``ggml``: ggml's keep-quant GEMV under order=any (``qconform.bench.ggml_gemv``'s first shape, M 1), the
+  Q4_K / Q5_K kernel's boundaries 0..4: entry; its first weights requested (and the activations'
+  quantize waited for); those weights arrived; its first row group done but the sums (the default
+  build: its only row group; ``ring``: through its store); the end (the sums stored; ``ring``: every
+  row group). The CTAs' entries and ends show how the waves of the default build follow each other.
 
 For each phase (boundary i to i + 1 of one kernel) the table gives the median and maximum over the CTAs
 that reached both boundaries (an mma split with no key skips 5..7), in us at the device's nominal SM
@@ -23,6 +28,7 @@ its phases.
 
 ``python -m qconform.bench.phases gqa [--batch 1] [--past 16,4096] [--cache fp16,int8] [--variant flash]``
 ``python -m qconform.bench.phases qmoe [--layer gpt-oss-20b] [--variant decode]``
+``python -m qconform.bench.phases ggml [--qtype Q4_K] [--variant fast]``
 (``--variant``: a build of the op bench's ``--variants``, its options added to the stamps')
 """
 
@@ -76,6 +82,19 @@ QMOE = (
         "qk_moe_fc2m",
         12,
         ("wait for fc1", "sel / wts read", "planes staged", "slots' dots", "sum and store"),
+    ),
+)
+
+KQ = (
+    Marked(
+        "qk_kq_fast_q4_k_m1 / q5_k_m1",
+        0,
+        (
+            "first weights requested (and the quantize waited for)",
+            "first weights arrived",
+            "first row group (the default: its loop; ring: through its store)",
+            "the rest (the default: sums and store; ring: the other row groups)",
+        ),
     ),
 )
 
@@ -196,6 +215,36 @@ def run_qmoe(layer_name: str, variant: str = "decode", reps: int = 50) -> str:
     return "\n".join([head, *report(stamps, QMOE, _khz())])
 
 
+def run_ggml(qtype: str, variant: str = "fast", reps: int = 50) -> str:
+    """The phases of the keep-quant GEMV (``qconform.bench.ggml_gemv``'s first shape, M 1) of ``qtype``
+    (Q4_K or Q5_K) in ``variant``'s build (a key of ``qconform.bench.ggml_gemv.VARIANTS``) with the stamps."""
+    import cupy
+
+    from qconform.bench import baselines as bl
+    from qconform.bench import ggml_gemv
+    from qconform.bench.nbits import n_sets_for
+    from qconform.device import launchers
+    from qconform.device.ggml import matmul_bt_quant
+    from qconform.device.ggml.keep_quant import FAST_SOURCE
+    from qconform.device.launch import record, replay
+    from qconform.formats.ggml import FORMATS
+
+    K, N = ggml_gemv.SHAPES[0]
+    sets = ggml_gemv._weights(qtype, K, N, n_sets_for(N * FORMATS[qtype].n_bytes(K)))
+    A = cupy.asarray(np.random.default_rng(7).standard_normal((1, K)).astype(np.float32))
+    y = cupy.empty((1, N), cupy.float32)
+    options = ggml_gemv.OPTIONS.get(variant, ())
+    with launchers.compile_options(BUILD, *options):
+        calls = [record(matmul_bt_quant, W, qtype, A, out=y, order=ggml_gemv.VARIANTS[variant])[0] for W in sets]
+    replays = [lambda c=c: replay(c) for c in calls]
+    with bl.launch_order(variant):
+        ts = bl.times(lambda i: replays[i](), len(replays), reps)
+        stamps = _stamps(replays, _module(FAST_SOURCE, options))
+    grid = calls[0][-1].grid
+    head = f"ggml {variant}: {qtype} {K} x {N}, M 1, GEMV grid {grid}: call {bl.median(ts) * 1e6:.1f} us (this build)"
+    return "\n".join([head, *report(stamps, KQ, _khz())])
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m qconform.bench.phases", description=__doc__.split("\n\n")[0])
     ops = p.add_subparsers(dest="op", required=True)
@@ -207,7 +256,21 @@ def main(argv: list[str] | None = None) -> int:
     q = ops.add_parser("qmoe", help="QMoE decode")
     q.add_argument("--layer", default="gpt-oss-20b", help="comma-separated layers of qconform.bench.qmoe")
     q.add_argument("--variant", default="decode", help="a build of qconform.bench.qmoe's --variants")
+    k = ops.add_parser("ggml", help="ggml keep-quant GEMV (order=any), M 1")
+    k.add_argument("--qtype", default="Q4_K", help="Q4_K and / or Q5_K, comma-separated")
+    k.add_argument("--variant", default="fast", help="a build of qconform.bench.ggml_gemv's --variants")
     args = p.parse_args(argv)
+    if args.op == "ggml":
+        from qconform.bench.ggml_gemv import VARIANTS as KQ_VARIANTS
+
+        qtypes = args.qtype.split(",")
+        if not set(qtypes) <= {"Q4_K", "Q5_K"}:
+            p.error(f"--qtype: Q4_K and / or Q5_K (the stamped kernels), got {args.qtype!r}")
+        if args.variant not in KQ_VARIANTS or KQ_VARIANTS[args.variant] != "any":
+            p.error(f"--variant: one of the order=any builds of {', '.join(KQ_VARIANTS)}, got {args.variant!r}")
+        for qtype in qtypes:
+            print(run_ggml(qtype, args.variant), flush=True)
+        return 0
     if args.op == "gqa":
         pasts = [int(x) for x in args.past.split(",")]
         caches = args.cache.split(",")

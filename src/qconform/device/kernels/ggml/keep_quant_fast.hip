@@ -33,6 +33,7 @@
  * the bit-exact kernel's qk_q8_0_quant_words (12 words a block, d as fp32 at word 8), 16-byte loads.
  * Launcher: qconform/device/ggml/keep_quant.py (order="any"). */
 #include "qk_portable.h"
+#include "qk_phases.h" /* bench-only -DQK_PHASES: the Q4_K / Q5_K GEMV's boundaries 0..4 (kf2_gemv, kf3_gemv) */
 
 #define KF_Q8K 292 /* bytes per block_q8_K {float d; i8 qs[256]; i16 bsums[16]} */
 #define KF_A0 48   /* bytes per regrouped Q8_0 block (q8_quant.hip qk_q8_0_quant_words: KQ_A0 words) */
@@ -441,6 +442,7 @@ __device__ __forceinline__ void kf2_gemv(const qk_u8* __restrict__ W, const qk_u
     for (int rr = 0; rr < KF_ROWS; ++rr)
 #pragma unroll
         for (int m = 0; m < MT; ++m) acc[rr][m] = 0.0f;
+    QK_PHASE(0);
     for (qk_i64 ib0 = kc; ib0 < nb; ib0 += COLS * UNROLL) { /* the same trips for the 8 threads of a block */
         qk_u32 raw[UNROLL][KF_ROWS][KF_WR(KIND)];
 #pragma unroll
@@ -449,6 +451,10 @@ __device__ __forceinline__ void kf2_gemv(const qk_u8* __restrict__ W, const qk_u
 #pragma unroll
                 for (int rr = 0; rr < KF_ROWS; ++rr) kf_wload<KIND>(rows[rr] + (ib0 + COLS * u) * TS, c, raw[u][rr]);
         KF_WAIT_AFTER_LOADS(ib0 == kc);
+        if (ib0 == kc) {
+            QK_PHASE(1);
+            QK_PHASE_AFTER(2, raw[0][0][4]);
+        }
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             const qk_i64 ib = ib0 + COLS * u;
@@ -469,6 +475,7 @@ __device__ __forceinline__ void kf2_gemv(const qk_u8* __restrict__ W, const qk_u
         }
     }
     KF_WAIT_AFTER_LOADS(kc >= nb); /* a block column without a trip */
+    QK_PHASE(3);
 #pragma unroll
     for (int rr = 0; rr < KF_ROWS; ++rr)
 #pragma unroll
@@ -482,6 +489,7 @@ __device__ __forceinline__ void kf2_gemv(const qk_u8* __restrict__ W, const qk_u
             if ((t & 31) == 0) part[w][rr][m] = v;
         }
     kf_store<MT>(part, t, m0, mt, N, Y, blockIdx.y);
+    QK_PHASE(4);
 }
 #if defined(QK_KF_RING)
 /* Bench-only -DQK_KF_RING: Q4_K / Q5_K at M tile 1 (qk_kq_fast_q4_k_m1, _q5_k_m1) as kf2_gemv (the same
@@ -541,9 +549,11 @@ __device__ __forceinline__ void kf3_gemv(const qk_u8* __restrict__ W, const qk_u
     const int t = threadIdx.x, w = t >> 5, c = t & 7, kc = t >> 3, g = c >> 1, half = c & 1;
     const qk_i64 groups = (N + KF_ROWS - 1) / KF_ROWS, trips = kc < nb ? (nb - kc + STEP - 1) / STEP : 0;
     const qk_u8* a0 = aq + (qk_i64)blockIdx.x * nb * KF_Q8K;
+    QK_PHASE(0);
     if (trips > 0 && (qk_i64)blockIdx.y < groups) kf3_copy<KIND, TS>(kf_ring, W, N, nb, blockIdx.y, kc, c, t);
     qk_cp_async_commit();
     KF_WAIT_AFTER_LOADS(true);
+    QK_PHASE(1);
     int cur = 0;
     for (qk_i64 rg = blockIdx.y; rg < groups; rg += gridDim.y) {
         float acc[KF_ROWS];
@@ -555,6 +565,7 @@ __device__ __forceinline__ void kf3_gemv(const qk_u8* __restrict__ W, const qk_u
             if (nrg < groups) kf3_copy<KIND, TS>(kf_ring + (cur ^ 1) * SLOT, W, N, nb, nrg, last ? kc : kc + (tr + 1) * STEP, c, t);
             qk_cp_async_commit();
             qk_cp_async_wait<1>();
+            if (tr == 0 && rg == (qk_i64)blockIdx.y) QK_PHASE(2);
 #pragma unroll
             for (int u = 0; u < KF_RING_UNROLL; ++u) {
                 const qk_i64 ib = kc + tr * STEP + COLS * u;
@@ -587,8 +598,10 @@ __device__ __forceinline__ void kf3_gemv(const qk_u8* __restrict__ W, const qk_u
             if ((t & 31) == 0) part[w][rr][0] = v;
         }
         kf_store<1>(part, t, blockIdx.x, 1, N, Y, rg);
+        if (rg == (qk_i64)blockIdx.y) QK_PHASE(3);
         __syncthreads(); /* part read before the next group's sums are stored */
     }
+    QK_PHASE(4);
 }
 #define KF_GEMV_Q45(NAME, KIND, TS, MT, UNROLL, UNROLL2) KF_Q45_M##MT(KIND, TS, MT, UNROLL2)
 #define KF_Q45_M1(KIND, TS, MT, UNROLL2) kf3_gemv<KIND, TS>
