@@ -5,7 +5,9 @@ with g++ against tests/kernel_host/qk_portable.h, a host stand-in for the portab
   16-byte phase (kf_act16's word shift), M below the 4-row tile;
 - the kernels whole, one CTA at a time as 128 host threads (keep_quant_fast_cta.cpp: barriers, the
   width-8 shuffles, the groups' shared sums): M tiles of 1, 2 and 4, partial tiles, N past the last
-  CTA's rows, Q8_0's partial last quad of blocks.
+  CTA's rows, Q8_0's partial last quad of blocks; each CTA's activations stale (another input's) until
+  all its threads have waited for the quantize (QK_WAIT_PRIOR_GRID), so a read before the wait shows;
+  the bench-only builds too (the ring: fewer CTAs than row groups, cp.async done at once).
 Each against the float64 reference of the quantized operands (``matmul_terms``): a thread term is
 formed from exact integers and at most two rounded fp32 products and one fmaf per sub-block pair, so
 the sum is within gamma_{K+4} mag of the reference (the contract's order=any bound, docs/contracts.md);
