@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from device_catalogue import (
+    KF4_RING_SLOT_FILLED,
     KF_GROUP0_DROPPED,
     KF_LOADS_FIRST_NO_WAIT,
     KF_MIN_WRONG_HALF,
@@ -123,14 +124,14 @@ def test_fast_kernels_whole_on_host_threads(tmp_path: Path, qtype: str) -> None:
 
 BUILT_VARIANTS = [(q, d) for d in ("QK_KQ_FAST_V1", "QK_KF_STEPS_M1 1") for q in ("Q4_K", "Q5_K")]
 BUILT_VARIANTS += [(q, "QK_KF_LOADS_FIRST") for q in KIND]
-BUILT_VARIANTS += [(q, d) for d in ("QK_KF_RING", "QK_KF_RING\n#define QK_KF_LOADS_FIRST") for q in ("Q4_K", "Q5_K")]
+BUILT_VARIANTS += [(q, d) for d in ("QK_KF_RING", "QK_KF_RING\n#define QK_KF_LOADS_FIRST") for q in KIND]
 
 
 @pytest.mark.parametrize("qtype,define", BUILT_VARIANTS)
 def test_built_variants_whole_on_host_threads(tmp_path: Path, qtype: str, define: str) -> None:
     """The kernels the bench's build options select (-DQK_KQ_FAST_V1: Q4_K / Q5_K round 1's;
     -DQK_KF_STEPS_M1=1: round 2 with one step in flight at M tile 1; -DQK_KF_LOADS_FIRST: every type's
-    weights loaded before the wait for the quantize; -DQK_KF_RING: Q4_K / Q5_K at M tile 1 on fewer CTAs
+    weights loaded before the wait for the quantize; -DQK_KF_RING: every type at M tile 1 on fewer CTAs
     than row groups, each streaming its groups through shared memory), still reachable, still right,
     no activation read before the wait."""
     exe = _build(tmp_path, driver="keep_quant_fast_cta.cpp", defines=f"#define {define}\n")
@@ -160,7 +161,12 @@ def test_a_kernel_that_does_not_wait_reads_stale_activations(
 
 @pytest.mark.parametrize(
     "qtype,edits,define",
-    [("Q4_K", KF_GROUP0_DROPPED, ""), ("Q6_K", KF_Q6_STAGE_NO_D, ""), ("Q5_K", KF_RING_SLOT_FILLED, "QK_KF_RING")],
+    [
+        ("Q4_K", KF_GROUP0_DROPPED, ""),
+        ("Q6_K", KF_Q6_STAGE_NO_D, ""),
+        ("Q5_K", KF_RING_SLOT_FILLED, "QK_KF_RING"),
+        ("Q8_0", KF4_RING_SLOT_FILLED, "QK_KF_RING"),
+    ],
 )
 def test_fast_kernel_cta_mutants_fail_on_host_threads(tmp_path: Path, qtype: str, edits: Edits, define: str) -> None:
     exe = _build(tmp_path, edits, driver="keep_quant_fast_cta.cpp", defines=f"#define {define}\n" if define else "")

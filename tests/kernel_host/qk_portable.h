@@ -69,6 +69,10 @@ static inline void qk_cp_async16(void* dst, const void* src, int n) {
     memset(dst, 0, 16);
     memcpy(dst, src, (size_t)n);
 }
+static inline void qk_cp_async4(void* dst, const void* src, int n) {
+    memset(dst, 0, 4);
+    memcpy(dst, src, (size_t)n);
+}
 static inline void qk_cp_async_commit() {}
 template <int N>
 static inline void qk_cp_async_wait() {}

@@ -16,7 +16,7 @@ scales.
 
 ``--variants fast,loads_first``: the fast GEMV with its first trip of weight loads issued before it waits
 for the activations' quantize (``-DQK_KF_LOADS_FIRST``, bench-only), so the first wave's weights are in
-flight while the quantize runs. ``--variants fast,ring`` (``-DQK_KF_RING``, bench-only): Q4_K / Q5_K at M
+flight while the quantize runs. ``--variants fast,ring`` (``-DQK_KF_RING``, bench-only): every type at M
 tile 1 on as many CTAs as are resident, each streaming its row groups' weights through two slots of shared
 memory (``cp.async``), the next unit's copies issued before this one is computed; ``ring_loads_first``
 both options.
@@ -71,7 +71,7 @@ OPTIONS = {
     TRIGGER_AT_EXIT: ("-DQK_PDL_TRIGGER_AT_EXIT",),
     # the GEMV's first weight loads issued before its wait for the quantize (bench-only)
     "loads_first": ("-DQK_KF_LOADS_FIRST",),
-    # Q4_K / Q5_K at M tile 1 on the resident CTAs, each streaming its row groups through shared memory
+    # every type at M tile 1 on the resident CTAs, each streaming its row groups through shared memory
     "ring": ("-DQK_KF_RING",),
     "ring_loads_first": ("-DQK_KF_RING", "-DQK_KF_LOADS_FIRST"),
 }

@@ -60,9 +60,9 @@ ROWS_PER_CTA, THREADS = 4, 128  # KQ_R weight rows, a warp each; the regrouping 
 ACT_WORDS = {"Q8_K": 76, "Q8_0": 12, "Q8_1": 12}  # KQ_AK, KQ_A0: words per regrouped activation block
 ACT_TILES = (1, 2)  # activation rows per CTA, the kernel's instantiations (MT)
 MAX_GRID_Y = 65535  # CUDA's and HIP's limit on gridDim.y: the weight-row blocks
-# bench-only build of keep_quant_fast.hip: Q4_K / Q5_K at M tile 1 on as many CTAs as are resident, each
-# streaming its row groups through two slots of dynamic shared memory (16-byte pieces a thread: 2 steps x
-# 4 rows x header, qs and Q5_K's qh)
+# bench-only build of keep_quant_fast.hip: every fast type at M tile 1 on as many CTAs as are resident, each
+# streaming its row groups through two slots of shared memory; Q4_K / Q5_K's slots dynamic (16-byte pieces
+# a thread: 2 steps x 4 rows x header, qs and Q5_K's qh), Q6_K / Q8_0's static
 RING = "-DQK_KF_RING"
 RING_SLOTS = {"Q4_K": 2 * 2 * 4 * 2 * 16 * THREADS, "Q5_K": 2 * 2 * 4 * 3 * 16 * THREADS}
 
@@ -122,11 +122,12 @@ def matmul_bt_quant(
         act = a8 if afmt.name == "Q8_K" else aq
         args = (W_blocks, act, call.out, np.int64(M), np.int64(N), np.int64(nb))
         smem = 0
-        if RING in launchers.OPTIONS and mt == 1 and wfmt.name in RING_SLOTS:
-            kernel, smem = launchers.kernel_of(FAST_SOURCE, symbol), RING_SLOTS[wfmt.name]
-            if not launchers.allow_smem(kernel, smem):
+        if RING in launchers.OPTIONS and mt == 1:
+            kernel, smem = launchers.kernel_of(FAST_SOURCE, symbol), RING_SLOTS.get(wfmt.name, 0)
+            if smem and not launchers.allow_smem(kernel, smem):
                 raise DeviceError(f"{op}: {symbol} cannot take {smem} bytes of dynamic shared memory ({RING})")
-            resident = resident_ctas(THREADS // 32, kernel.num_regs, smem, launchers.smem_limits()[1])
+            cta_smem = smem + kernel.shared_size_bytes
+            resident = resident_ctas(THREADS // 32, kernel.num_regs, cta_smem, launchers.smem_limits()[1])
             per_cta = -(-grid[1] // (max(1, resident) * launchers.sm_count()))  # row groups a CTA, all but the last
             grid = (grid[0], -(-grid[1] // per_cta))  # as even as that allows: no CTA takes a group more than most
         # a programmatic dependent: the GEMV waits for the quantize before it reads an activation

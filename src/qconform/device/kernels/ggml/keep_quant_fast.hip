@@ -603,15 +603,113 @@ __device__ __forceinline__ void kf3_gemv(const qk_u8* __restrict__ W, const qk_u
     }
     QK_PHASE(4);
 }
-#define KF_GEMV_Q45(NAME, KIND, TS, MT, UNROLL, UNROLL2) KF_Q45_M##MT(KIND, TS, MT, UNROLL2)
-#define KF_Q45_M1(KIND, TS, MT, UNROLL2) kf3_gemv<KIND, TS>
-#define KF_Q45_M2(KIND, TS, MT, UNROLL2) kf2_gemv<KIND, TS, MT, UNROLL2>
-#define KF_Q45_M4(KIND, TS, MT, UNROLL2) kf2_gemv<KIND, TS, MT, UNROLL2>
+
+/* -DQK_KF_RING for Q6_K / Q8_0 at M tile 1: kf_gemv's steps, staged words and arithmetic (the same bits),
+ * on the resident CTAs (row groups blockIdx.y, + gridDim.y, ...), the staged words copied straight into
+ * shared memory by 4-byte cp.async (kf_stage_copy_*: the words kf_stage_* loads, the partial last word
+ * zero-filled past its half) through two slots: a warp's next unit (its next trip, else the next row
+ * group's first) copied before this unit is computed. The 8 lanes of a row read each other's words, so
+ * a warp barrier follows each unit's wait, and one precedes each refill of a slot. */
+__device__ __forceinline__ void kf_stage_copy_q8_0(const qk_u8* S, int c, qk_u32* stg) {
+    const int mis = (int)((unsigned long long)S & 2u);
+    const qk_u32* base = (const qk_u32*)(S - mis);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) qk_cp_async4(stg + c + 8 * k, base + c + 8 * k, 4);
+    if (c < 2) qk_cp_async4(stg + 32 + c, base + 32 + c, 4);
+    if (c == 2) qk_cp_async4(stg + 34, base + 34, mis ? 2 : 0); /* kf_stage_q8_0's half word, or zero */
+}
+
+__device__ __forceinline__ void kf_stage_copy_q6_k(const qk_u8* blk, int c, qk_u32* stg) {
+    const int mis = (int)((unsigned long long)blk & 2u);
+    const qk_u32* base = (const qk_u32*)(blk - mis);
+#pragma unroll
+    for (int k = 0; k < 6; ++k) qk_cp_async4(stg + c + 8 * k, base + c + 8 * k, 4);
+    if (c < 4) qk_cp_async4(stg + 48 + c, base + 48 + c, 4);
+    if (c == 4) qk_cp_async4(stg + 52, base + 52, mis ? 4 : 2); /* d's word, or its low half */
+}
+
+template <int KIND, int TS, int UNROLL>
+__device__ __forceinline__ void kf4_copy(const qk_u8* row, qk_i64 s0, qk_i64 full, int c, qk_u32 (*st)[KF_SW(KIND)]) {
+    constexpr int BPS = KIND == 0 ? 4 : 1;
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u)
+        if (s0 + KF_GROUPS * u < full) {
+            const qk_u8* S = row + (s0 + KF_GROUPS * u) * (BPS * TS);
+            if (KIND == 0) kf_stage_copy_q8_0(S, c, st[u]);
+            else kf_stage_copy_q6_k(S, c, st[u]);
+        }
+}
+
+template <int KIND, int TS, int UNROLL>
+__device__ __forceinline__ void kf4_gemv(const qk_u8* __restrict__ W, const qk_u8* __restrict__ aq, float* __restrict__ Y,
+                                         qk_i64 M, qk_i64 N, qk_i64 nb) {
+    constexpr int AW = KIND == 0 ? KF_A0 : KF_Q8K, BPS = KIND == 0 ? 4 : 1, TRIP = KF_GROUPS * UNROLL;
+    __shared__ float part[KF_GROUPS][KF_ROWS][1];
+    __shared__ qk_u32 stg[2][KF_GROUPS][KF_ROWS][UNROLL][KF_SW(KIND)];
+    const int t = threadIdx.x, w = t >> 5, r = (t >> 3) & 3, c = t & 7, sub = KIND == 0 ? c >> 1 : 0;
+    const qk_i64 groups = (N + KF_ROWS - 1) / KF_ROWS, full = nb / BPS, trips = w < full ? (full - w + TRIP - 1) / TRIP : 0;
+    const qk_u8* a0 = aq + (qk_i64)blockIdx.x * nb * AW;
+    const qk_i64 rowbytes = nb * TS;
+    /* row r of group rg (past N: row N - 1 again, never stored) */
+#define KF4_ROW(rg) (W + ((rg) * KF_ROWS + r < N ? (rg) * KF_ROWS + r : N - 1) * rowbytes)
+    if (trips > 0 && (qk_i64)blockIdx.y < groups) kf4_copy<KIND, TS, UNROLL>(KF4_ROW((qk_i64)blockIdx.y), w, full, c, stg[0][w][r]);
+    qk_cp_async_commit();
+    KF_WAIT_AFTER_LOADS(true);
+    int cur = 0;
+    for (qk_i64 rg = blockIdx.y; rg < groups; rg += gridDim.y) {
+        const qk_u8* row = KF4_ROW(rg);
+        float acc[1] = {0.0f};
+        for (qk_i64 tr = 0; tr < trips; ++tr) { /* the same trips in every lane of the warp */
+            const qk_i64 s0 = w + tr * TRIP, nrg = tr + 1 == trips ? rg + gridDim.y : rg;
+            qk_syncwarp(); /* every lane's reads of the slot refilled next are done */
+            if (nrg < groups) kf4_copy<KIND, TS, UNROLL>(KF4_ROW(nrg), tr + 1 == trips ? w : s0 + TRIP, full, c, stg[cur ^ 1][w][r]);
+            qk_cp_async_commit();
+            qk_cp_async_wait<1>();
+            qk_syncwarp(); /* the row's 8 lanes' words of this unit, each lane's own copies waited for */
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                const qk_i64 s = s0 + KF_GROUPS * u, ib = s * BPS + sub;
+                if (s < full) {
+                    const qk_u8* S = row + s * (BPS * TS);
+                    qk_u32 raw[KF_WR(KIND)];
+                    if (KIND == 0) kf_unstage_q8_0(S, c, stg[cur][w][r][u], raw);
+                    else kf_unstage_q6_k(S, c, stg[cur][w][r][u], raw);
+                    kf_block<KIND, 1>(raw, row + ib * TS, a0 + ib * AW, nb * AW, 1, c, acc);
+                }
+            }
+            cur ^= 1;
+        }
+        if (BPS > 1 && nb % BPS != 0 && full % KF_GROUPS == w) { /* Q8_0: the last, partial quad */
+            const qk_i64 ib = full * BPS + sub;
+            if (ib < nb) {
+                qk_u32 raw[KF_WR(KIND)];
+                kf_wload<KIND>(row + ib * TS, c, raw);
+                kf_block<KIND, 1>(raw, row + ib * TS, a0 + ib * AW, nb * AW, 1, c, acc);
+            }
+        }
+#undef KF4_ROW
+        float v = acc[0];
+        v += QK_SHFL_XOR(v, 4, 8);
+        v += QK_SHFL_XOR(v, 2, 8);
+        v += QK_SHFL_XOR(v, 1, 8);
+        if (c == 0) part[w][r][0] = v;
+        kf_store<1>(part, t, blockIdx.x, 1, N, Y, rg);
+        __syncthreads(); /* part read before the next group's sums are stored */
+    }
+}
+#define KF_GEMV_Q45(NAME, KIND, TS, MT, UNROLL, UNROLL2) KF_RING_M##MT((kf3_gemv<KIND, TS>), (kf2_gemv<KIND, TS, MT, UNROLL2>))
+#define KF_GEMV_Q68(KIND, TS, MT, UNROLL) KF_RING_M##MT((kf4_gemv<KIND, TS, UNROLL>), (kf_gemv<KIND, TS, MT, UNROLL>))
+#define KF_RING_M1(RING, OTHER) RING
+#define KF_RING_M2(RING, OTHER) OTHER
+#define KF_RING_M4(RING, OTHER) OTHER
 #else
 #define KF_GEMV_Q45(NAME, KIND, TS, MT, UNROLL, UNROLL2) kf2_gemv<KIND, TS, MT, UNROLL2>
 #endif
 #else
 #define KF_GEMV_Q45(NAME, KIND, TS, MT, UNROLL, UNROLL2) kf_gemv<KIND, TS, MT, UNROLL>
+#endif
+#ifndef KF_GEMV_Q68
+#define KF_GEMV_Q68(KIND, TS, MT, UNROLL) (kf_gemv<KIND, TS, MT, UNROLL>)
 #endif
 
 /* (type, KIND, type size) x MT activation rows per CTA */
@@ -625,8 +723,8 @@ __device__ __forceinline__ void kf3_gemv(const qk_u8* __restrict__ W, const qk_u
 #define KF_GEMV_ALL(MT, UNROLL, UNROLL2)                                                        \
     KF_GEMV(q4_k, 4, 144, MT, UNROLL, KF_GEMV_Q45(q4_k, 4, 144, MT, UNROLL, UNROLL2))           \
     KF_GEMV(q5_k, 5, 176, MT, UNROLL, KF_GEMV_Q45(q5_k, 5, 176, MT, UNROLL, UNROLL2))           \
-    KF_GEMV(q6_k, 6, 210, MT, UNROLL, (kf_gemv<6, 210, MT, UNROLL>))                            \
-    KF_GEMV(q8_0, 0, 34, MT, UNROLL, (kf_gemv<0, 34, MT, UNROLL>))
+    KF_GEMV(q6_k, 6, 210, MT, UNROLL, KF_GEMV_Q68(6, 210, MT, UNROLL))                            \
+    KF_GEMV(q8_0, 0, 34, MT, UNROLL, KF_GEMV_Q68(0, 34, MT, UNROLL))
 
 #ifndef QK_KF_STEPS_M1
 #define QK_KF_STEPS_M1 2 /* round 2: steps in flight a thread at M tile 1 (1: the bench fast-u1; ptxas then sinks loads) */
