@@ -15,7 +15,8 @@ faster than the PyTorch baseline. PyTorch is imported here only; without it the 
 ``grouped_v1`` (round 1's tile loop, ``-DQK_MOE_GEMM_V1``) must give the same output bits as ``grouped``.
 (``--variants``: the decode path, its fc1 or fc2 on the SIMT kernels (``decode_simt``, ``decode_fc2v``),
 its session-8 kernels ``-DQK_MOE_DECODE_V1``, the legacy kernels ``-DQK_MOE_LEGACY`` and fc2m asking L2 for
-its rows before it stages the planes ``-DQK_MOE_FC2_PREFETCH`` (``fc2_prefetch``), timed side by side on the
+its rows before it stages the planes ``-DQK_MOE_FC2_PREFETCH`` (``fc2_prefetch``), fc2m staging them by
+cp.async ``-DQK_MOE_F2_STAGE_ASYNC`` (``fc2_stage_async``) and both (``fc2_both``), timed side by side on the
 same cold rotation, each output checked against the bound)
 """
 
@@ -138,6 +139,9 @@ VARIANTS = {  # name -> build options (qconform.device.ort.qmoe)
     "legacy": ("-DQK_MOE_LEGACY",),
     # fc2m's CTAs ask L2 for their slots' weight rows and scales before staging the planes (bench-only)
     "fc2_prefetch": ("-DQK_MOE_FC2_PREFETCH",),
+    # fc2m stages the planes by cp.async, every unit in flight at once (bench-only); and both
+    "fc2_stage_async": ("-DQK_MOE_F2_STAGE_ASYNC",),
+    "fc2_both": ("-DQK_MOE_FC2_PREFETCH", "-DQK_MOE_F2_STAGE_ASYNC"),
     STREAM_ORDER: (),  # the default build with every launch in stream order (fc2m not a dependent of fc1m)
 }
 

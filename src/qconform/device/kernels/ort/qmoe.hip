@@ -1216,6 +1216,17 @@ __device__ __forceinline__ void qk_moe_fc2m_body(const uint4* planes, const int*
      * skipped slots (whose planes fc1 never wrote); a thread loads QK_MOE_F2_BATCH units before it stores */
     const int n = 3 * k * words;
     const uint4* src = planes + t * n;
+#if defined(QK_MOE_F2_STAGE_ASYNC)
+    /* bench-only: every unit a thread stages copied by cp.async at once (the zeros by its zero fill,
+     * nothing read), one wait: one L2 round trip instead of one per QK_MOE_F2_BATCH units */
+    for (int i = (int)threadIdx.x; i < n; i += (int)blockDim.x) {
+        const int jp = i / words, u = i - jp * words;
+        const bool live = u < K / 8 && s_w[jp / 3] > QK_MOE_SKIP;
+        qk_cp_async16(qk_moe_xw + i, src + (live ? i : 0), live ? 16 : 0);
+    }
+    qk_cp_async_commit();
+    qk_cp_async_wait<0>();
+#else
     for (int i0 = (int)threadIdx.x; i0 < n; i0 += QK_MOE_F2_BATCH * (int)blockDim.x) {
         uint4 v[QK_MOE_F2_BATCH];
 #pragma unroll
@@ -1227,6 +1238,7 @@ __device__ __forceinline__ void qk_moe_fc2m_body(const uint4* planes, const int*
         for (int b = 0; b < QK_MOE_F2_BATCH; ++b)
             if (i0 + b * (int)blockDim.x < n) qk_moe_xw[i0 + b * (int)blockDim.x] = v[b];
     }
+#endif
     __syncthreads();
     QK_PHASE(15);
     const int lane = (int)(threadIdx.x & 31), g = lane >> 2, tq = lane & 3, warp = (int)(threadIdx.x / 32);
