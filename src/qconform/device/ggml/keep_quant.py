@@ -128,8 +128,7 @@ def matmul_bt_quant(
                 raise DeviceError(f"{op}: {symbol} cannot take {smem} bytes of dynamic shared memory ({RING})")
             cta_smem = smem + kernel.shared_size_bytes
             resident = resident_ctas(THREADS // 32, kernel.num_regs, cta_smem, launchers.smem_limits()[1])
-            per_cta = -(-grid[1] // (max(1, resident) * launchers.sm_count()))  # row groups a CTA, all but the last
-            grid = (grid[0], -(-grid[1] // per_cta))  # as even as that allows: no CTA takes a group more than most
+            grid = (grid[0], min(grid[1], max(1, resident) * launchers.sm_count()))  # one wave, looping
         # a programmatic dependent: the GEMV waits for the quantize before it reads an activation
         launch_grid(op, FAST_SOURCE, symbol, grid, THREADS, args, shared_mem=smem, dependent=True)
         return call.out
