@@ -129,6 +129,17 @@ __device__ __forceinline__ int kf_half(qk_u32 w, int hi) { return (int)(qk_i16)(
  *   Q8_0 {half d; i8 qs[32]}: slice c is bytes 16(c % 2) .. + 15 of the quants of block ib. */
 #define KF_WR(KIND) ((KIND) == 4 ? 8 : (KIND) == 5 ? 12 : (KIND) == 6 ? 12 : 6) /* raw words of a slice */
 
+/* a Q4_K / Q5_K slice's words from its 16-byte pieces: the header, the qs slice, Q5_K's qh half (hv);
+ * instantiated for every KIND (kf_wload's branches are not constexpr), hence the indices modulo KF_WR */
+template <int KIND>
+__device__ __forceinline__ void kf_q45_words(const uint4& hd, const uint4& qv, const uint4& hv, qk_u32 (&r)[KF_WR(KIND)]) {
+    r[0] = hd.x; r[1] = hd.y; r[2] = hd.z; r[3] = hd.w;
+    r[4] = qv.x; r[5] = qv.y; r[6 % KF_WR(KIND)] = qv.z; r[7 % KF_WR(KIND)] = qv.w;
+    if (KIND == 5) {
+        r[8 % KF_WR(KIND)] = hv.x; r[9 % KF_WR(KIND)] = hv.y; r[10 % KF_WR(KIND)] = hv.z; r[11 % KF_WR(KIND)] = hv.w;
+    }
+}
+
 /* the raw words of slice c of the block at blk: Q4_K header, qs; Q5_K header, qh, qs; Q6_K ql and
  * qh as kf_raw16 words, the two scale bytes and d; Q8_0 the quants as kf_raw16 words and d */
 template <int KIND>
@@ -136,12 +147,8 @@ __device__ __forceinline__ void kf_wload(const qk_u8* blk, int c, qk_u32 (&r)[KF
     if (KIND == 4 || KIND == 5) {
         const uint4 hd = *(const uint4*)blk;
         const uint4 qv = *(const uint4*)(blk + (KIND == 5 ? 48 : 16) + 16 * c);
-        r[0] = hd.x; r[1] = hd.y; r[2] = hd.z; r[3] = hd.w;
-        r[4] = qv.x; r[5] = qv.y; r[6] = qv.z; r[7] = qv.w;
-        if (KIND == 5) {
-            const uint4 hv = *(const uint4*)(blk + 16 + 16 * (c & 1));
-            r[8 % KF_WR(KIND)] = hv.x; r[9 % KF_WR(KIND)] = hv.y; r[10 % KF_WR(KIND)] = hv.z; r[11 % KF_WR(KIND)] = hv.w;
-        }
+        const uint4 hv = KIND == 5 ? *(const uint4*)(blk + 16 + 16 * (c & 1)) : hd;
+        kf_q45_words<KIND>(hd, qv, hv, r);
     } else if (KIND == 6) {
         const int h = c >> 2, p = c & 3, i0 = 8 * h + 2 * (p >> 1) + (p & 1);
         kf_raw16(blk + 64 * h + 16 * p, r);
@@ -316,6 +323,14 @@ __device__ __forceinline__ void kf_unstage_q6_k(const qk_u8* blk, int c, const q
     r[11 % WR] = (stg[od >> 2] >> (8 * (od & 2))) & 0xFFFFu;
 }
 
+/* v summed over the W lanes of its xor group (shuffles of width W: 8 lanes a row, or a warp) */
+template <int W>
+__device__ __forceinline__ float kf_xor_sum(float v) {
+#pragma unroll
+    for (int m = W / 2; m >= 1; m /= 2) v += QK_SHFL_XOR(v, m, W);
+    return v;
+}
+
 /* The CTA's outputs: after a barrier, thread rr * MT + m adds the 4 groups' partial sums of row rr
  * (of row group rg), activation row m in group order and stores the rows that exist. */
 template <int MT>
@@ -407,10 +422,7 @@ __device__ __forceinline__ void kf_gemv(const qk_u8* __restrict__ W, const qk_u8
     }
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
-        float v = acc[m];
-        v += QK_SHFL_XOR(v, 4, 8);
-        v += QK_SHFL_XOR(v, 2, 8);
-        v += QK_SHFL_XOR(v, 1, 8);
+        const float v = kf_xor_sum<8>(acc[m]);
         if (c == 0) part[w][r][m] = v;
     }
     kf_store<MT>(part, t, m0, mt, N, Y, blockIdx.y);
@@ -480,12 +492,7 @@ __device__ __forceinline__ void kf2_gemv(const qk_u8* __restrict__ W, const qk_u
     for (int rr = 0; rr < KF_ROWS; ++rr)
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
-            float v = acc[rr][m];
-            v += QK_SHFL_XOR(v, 16, 32);
-            v += QK_SHFL_XOR(v, 8, 32);
-            v += QK_SHFL_XOR(v, 4, 32);
-            v += QK_SHFL_XOR(v, 2, 32);
-            v += QK_SHFL_XOR(v, 1, 32);
+            const float v = kf_xor_sum<32>(acc[rr][m]);
             if ((t & 31) == 0) part[w][rr][m] = v;
         }
     kf_store<MT>(part, t, m0, mt, N, Y, blockIdx.y);
@@ -530,13 +537,7 @@ __device__ __forceinline__ void kf3_copy(uint4* slot, const qk_u8* W, qk_i64 N, 
 template <int KIND>
 __device__ __forceinline__ void kf3_read(const uint4* slot, int u, int rr, int t, qk_u32 (&r)[KF_WR(KIND)]) {
     const uint4* s = slot + (u * KF_ROWS + rr) * KF_RING_P(KIND) * KF_THREADS + t;
-    const uint4 hd = s[0], qv = s[KF_THREADS];
-    r[0] = hd.x; r[1] = hd.y; r[2] = hd.z; r[3] = hd.w;
-    r[4] = qv.x; r[5] = qv.y; r[6] = qv.z; r[7] = qv.w;
-    if (KIND == 5) {
-        const uint4 hv = s[2 * KF_THREADS];
-        r[8 % KF_WR(KIND)] = hv.x; r[9 % KF_WR(KIND)] = hv.y; r[10 % KF_WR(KIND)] = hv.z; r[11 % KF_WR(KIND)] = hv.w;
-    }
+    kf_q45_words<KIND>(s[0], s[KF_THREADS], KIND == 5 ? s[2 * KF_THREADS] : s[0], r);
 }
 
 template <int KIND, int TS>
@@ -589,12 +590,7 @@ __device__ __forceinline__ void kf3_gemv(const qk_u8* __restrict__ W, const qk_u
         }
 #pragma unroll
         for (int rr = 0; rr < KF_ROWS; ++rr) {
-            float v = acc[rr];
-            v += QK_SHFL_XOR(v, 16, 32);
-            v += QK_SHFL_XOR(v, 8, 32);
-            v += QK_SHFL_XOR(v, 4, 32);
-            v += QK_SHFL_XOR(v, 2, 32);
-            v += QK_SHFL_XOR(v, 1, 32);
+            const float v = kf_xor_sum<32>(acc[rr]);
             if ((t & 31) == 0) part[w][rr][0] = v;
         }
         kf_store<1>(part, t, blockIdx.x, 1, N, Y, rg);
@@ -688,10 +684,7 @@ __device__ __forceinline__ void kf4_gemv(const qk_u8* __restrict__ W, const qk_u
             }
         }
 #undef KF4_ROW
-        float v = acc[0];
-        v += QK_SHFL_XOR(v, 4, 8);
-        v += QK_SHFL_XOR(v, 2, 8);
-        v += QK_SHFL_XOR(v, 1, 8);
+        const float v = kf_xor_sum<8>(acc[0]);
         if (c == 0) part[w][r][0] = v;
         kf_store<1>(part, t, blockIdx.x, 1, N, Y, rg);
         __syncthreads(); /* part read before the next group's sums are stored */
