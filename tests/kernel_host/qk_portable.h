@@ -15,13 +15,13 @@
 #define __device__
 #define __forceinline__ inline
 #define __global__
-#define __launch_bounds__(x)
+#define __launch_bounds__(...)
 #define __shared__ static
 #define __restrict__
 struct dim3s { unsigned x, y, z; };
 /* a CTA runs as host threads (keep_quant_fast_cta.cpp): each its own threadIdx, one barrier */
 static thread_local dim3s threadIdx, blockIdx;
-static dim3s gridDim;
+static dim3s gridDim, blockDim;
 static std::barrier<>* qk_host_barrier = nullptr;
 static std::barrier<>* qk_host_group_barriers = nullptr; /* one per 32 threads: qk_syncwarp */
 static float qk_host_slots[1024];
@@ -91,3 +91,53 @@ static inline int qk_dp4a(int a, int b, int c) {
     for (int k = 0; k < 4; ++k) c += (int)(qk_i8)(a >> (8 * k)) * (int)(qk_i8)(b >> (8 * k));
     return c;
 }
+/* bnb/gemm_mma.hip (tests/test_bnb_gemm_mma_host.py): the centroid tables as host constants, the
+ * rounding to fp16 (RNE; NaN as qk_portable.h writes it), and the m16n8k16 matrix op per warp: each lane
+ * posts its fragments in a slot, the warp meets (qk_syncwarp), and each lane forms its four outputs
+ * from the PTX ISA's fragment layout (qk_portable.h's qk_mma_16816 comment): products exact in fp32,
+ * the sums in k order, every fp32 operation rounded on its own */
+#define __constant__ static const
+struct float2 { float x, y; };
+static inline float2 make_float2(float x, float y) { return {x, y}; }
+static inline uint4 make_uint4(qk_u32 x, qk_u32 y, qk_u32 z, qk_u32 w) { return {x, y, z, w}; }
+static inline int __ffsll(long long v) { return __builtin_ffsll(v); }
+#define QK_FADD(a, b) ((float)(a) + (float)(b))
+static inline bool qk_isnan(float v) { return (qk_bits(v) & 0x7FFFFFFFu) > 0x7F800000u; }
+static inline qk_u16 qk_fp16_bits(float v) {
+    if (qk_isnan(v)) return (qk_u16)(((qk_bits(v) >> 16) & 0x8000u) | 0x7E00u);
+    const _Float16 h = (_Float16)v;
+    qk_u16 b;
+    memcpy(&b, &h, 2);
+    return b;
+}
+static inline qk_u32 qk_and_or(qk_u32 v, qk_u32 mask, qk_u32 bits) { return (v & mask) | bits; }
+static qk_u32 qk_host_frag[1024][6]; /* a lane's a[0..3], b[0..1] */
+static inline float qk_host_half(qk_u32 w, int hi, bool bf16) {
+    const qk_u16 h = (qk_u16)(hi ? w >> 16 : w);
+    return bf16 ? qk_float((qk_u32)h << 16) : qk_fp16_to_float(h);
+}
+/* element (row, col) of the warp's 16 x 16 A, (col k, token n) of its 16 x 8 B */
+static inline float qk_host_a(const qk_u32 (*f)[6], int row, int k, bool bf16) {
+    const int lane = 4 * (row & 7) + ((k & 7) >> 1), reg = (row >> 3) + 2 * (k >> 3);
+    return qk_host_half(f[lane][reg], k & 1, bf16);
+}
+static inline float qk_host_b(const qk_u32 (*f)[6], int k, int n, bool bf16) {
+    const int lane = 4 * n + ((k & 7) >> 1);
+    return qk_host_half(f[lane][4 + (k >> 3)], k & 1, bf16);
+}
+template <bool BF16>
+static inline void qk_host_mma(float d[4], const qk_u32 a[4], const qk_u32 b[2]) {
+    const int lane = (int)(threadIdx.x & 31), g = lane >> 2, t = lane & 3;
+    qk_u32(*f)[6] = qk_host_frag + (threadIdx.x & ~31u);
+    for (int i = 0; i < 4; ++i) f[lane][i] = a[i];
+    f[lane][4] = b[0];
+    f[lane][5] = b[1];
+    qk_syncwarp();
+    for (int r = 0; r < 4; ++r) {
+        const int row = g + 8 * (r >> 1), n = 2 * t + (r & 1);
+        for (int k = 0; k < 16; ++k) d[r] += qk_host_a(f, row, k, BF16) * qk_host_b(f, k, n, BF16);
+    }
+    qk_syncwarp();
+}
+static inline void qk_mma_16816(float d[4], const qk_u32 a[4], const qk_u32 b[2]) { qk_host_mma<false>(d, a, b); }
+static inline void qk_mma_16816_bf16(float d[4], const qk_u32 a[4], const qk_u32 b[2]) { qk_host_mma<true>(d, a, b); }
