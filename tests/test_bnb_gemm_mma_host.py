@@ -16,7 +16,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from device_catalogue import BNB_MMA_NIBBLES_SWAPPED, BNB_MMA_PREVIOUS_BLOCK, BNB_MMA_SECOND_HALF_DROPPED, Edits
+from device_catalogue import (
+    BNB_MMA_NIBBLES_SWAPPED,
+    BNB_MMA_PREVIOUS_BLOCK,
+    BNB_MMA_SECOND_HALF_DROPPED,
+    BNBM_SK_ONE_PART,
+    BNBM_SK_TICKET_KEPT,
+    Edits,
+)
 
 from qconform.device.bnb_tiling import TOKENS
 from qconform.device.registry import KERNEL_DIR
@@ -41,10 +48,11 @@ CASES = (
     (16, 640, 72, 64, "nf4", False, 2, "n2"),
 )
 DTYPES = ("float16", "bfloat16")
+STREAMK = "#define QK_BNBM_STREAMK\n"  # bench-only: the (tile, step) pairs split evenly over the CTAs
 
 
-def _build(tmp: Path, edits: Edits = ()) -> Path:
-    src = (KERNEL_DIR / "bnb" / "gemm_mma.hip").read_text()
+def _build(tmp: Path, edits: Edits = (), defines: str = "") -> Path:
+    src = defines + (KERNEL_DIR / "bnb" / "gemm_mma.hip").read_text()
     for old, new in edits:
         assert src.count(old) == 1, old
         src = src.replace(old, new)
@@ -66,7 +74,7 @@ def _prepared(case: tuple, dtype: str, seed: int) -> Prepared:
     return Prepared.from_case(op, Case("gemm_4bit", leaf, seed, (M, K, N), "normal", params))
 
 
-def _run(exe: Path, tmp: Path, case: tuple, dtype: str, p: Prepared) -> np.ndarray:
+def _run(exe: Path, tmp: Path, case: tuple, dtype: str, p: Prepared) -> tuple[int, np.ndarray]:
     M, K, N, bs, qt, bias, grid, symbol = case
     files = []
     for name in ("A", "B", "absmax", "bias"):
@@ -78,17 +86,25 @@ def _run(exe: Path, tmp: Path, case: tuple, dtype: str, p: Prepared) -> np.ndarr
         files.append(str(path))
     codes = (str(QUANT_TYPE[qt]), str(DTYPE[dtype]))
     args = [symbol, str(M), str(N), str(K), str(bs), *codes, str(grid), *files, str(tmp / "C.bin")]
-    subprocess.run([str(exe), *args], check=True, timeout=300)
-    return np.fromfile(tmp / "C.bin", np.uint16).reshape(M, N)
+    rc = subprocess.run([str(exe), *args], timeout=300).returncode
+    assert rc in (0, 4), rc
+    return rc, np.fromfile(tmp / "C.bin", np.uint16).reshape(M, N)
 
 
-def _as_dtype(words: np.ndarray, dtype: str) -> np.ndarray:
-    return words.view(np.float16) if dtype == "float16" else words
+def _failures(exe: Path, tmp: Path, case: tuple, dtype: str) -> list[str]:
+    """What is wrong with the kernel's two calls on ``case``: nothing, or the rules they break."""
+    p = _prepared(case, dtype, seed=sum(case[:3]))
+    rc, words = _run(exe, tmp, case, dtype, p)
+    wrong = ["the second call's bits differ from the first's"] if rc == 4 else []
+    if (words == UNWRITTEN).any():
+        return [*wrong, "outputs left unwritten"]
+    c = p.verify(get_op("gemm_4bit"), words.view(np.float16) if dtype == "float16" else words)
+    return wrong if c.ok else [*wrong, c.detail]
 
 
-@pytest.fixture(scope="module")
-def exe(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _build(tmp_path_factory.mktemp("bnbm"))
+@pytest.fixture(scope="module", params=("", STREAMK), ids=("shipped", "streamk"))
+def exe(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _build(tmp_path_factory.mktemp("bnbm"), defines=request.param)
 
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="no g++")
@@ -103,24 +119,21 @@ def test_cases_take_the_launchers_symbols() -> None:
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"M{c[0]}_K{c[1]}_N{c[2]}_{c[7]}")
 def test_kernel_within_the_bound(exe: Path, tmp_path: Path, case: tuple, dtype: str) -> None:
-    p = _prepared(case, dtype, seed=sum(case[:3]))
-    words = _run(exe, tmp_path, case, dtype, p)
-    assert not (words == UNWRITTEN).any(), "outputs left unwritten"
-    got = _as_dtype(words, dtype)
-    c = p.verify(get_op("gemm_4bit"), got)
-    assert c.ok, c.detail
+    assert _failures(exe, tmp_path, case, dtype) == []
 
 
 @pytest.mark.parametrize(
-    "edits",
-    (BNB_MMA_NIBBLES_SWAPPED, BNB_MMA_PREVIOUS_BLOCK, BNB_MMA_SECOND_HALF_DROPPED),
-    ids=("nibbles_swapped", "previous_block", "second_half_dropped"),
+    ("edits", "defines"),
+    (
+        (BNB_MMA_NIBBLES_SWAPPED, ""),
+        (BNB_MMA_PREVIOUS_BLOCK, ""),
+        (BNB_MMA_SECOND_HALF_DROPPED, ""),
+        (BNBM_SK_TICKET_KEPT, STREAMK),
+        (BNBM_SK_ONE_PART, STREAMK),
+    ),
+    ids=("nibbles_swapped", "previous_block", "second_half_dropped", "sk_ticket_kept", "sk_one_part"),
 )
-def test_device_mutants_fail_on_the_host(tmp_path: Path, edits: Edits) -> None:
-    exe = _build(tmp_path, edits)
-    caught = []
-    for case in (CASES[4], CASES[5]):  # M 12 and 16: the second n-tile's tokens
-        p = _prepared(case, "float16", seed=sum(case[:3]))
-        got = _as_dtype(_run(exe, tmp_path, case, "float16", p), "float16")
-        caught.append(not p.verify(get_op("gemm_4bit"), got).ok)
-    assert any(caught)
+def test_device_mutants_fail_on_the_host(tmp_path: Path, edits: Edits, defines: str) -> None:
+    exe = _build(tmp_path, edits, defines)
+    # M 12 and 16: the second n-tile's tokens; grids below the tiles: split tiles under -DQK_BNBM_STREAMK
+    assert any(_failures(exe, tmp_path, case, "float16") for case in (CASES[4], CASES[5], CASES[2]))
