@@ -531,7 +531,8 @@ QMOE_TIES_LOWER: Edits = (("return v > bv || (v == bv && e > be);", "return v > 
 # normalize_routing_weights=0 honoured: the full softmax's probabilities of the selected experts
 QMOE_NORMALIZE_HONOURED: Edits = (
     (
-        "            float sum = 0.0f;\n            for (int j = 0; j < k; ++j) sum = qk_ftz(QK_FADD(sum, s_w[j]));",
+        "            float sum = 0.0f;\n"
+        "            for (int j = 0; j < k; ++j) sum = qk_ftz(QK_FADD(sum, s_w[j]));",
         "            float sum = 0.0f;\n"
         "            if (!has_rw && !normalize) {\n"
         "                const float top = s_logit[s_sel[0]];\n"
@@ -636,7 +637,9 @@ QMOE_G_PART_KEPT: Edits = (("const bool fresh = ci == 0;", "const bool fresh = k
 # pairs (so nothing is computed for it; every read stays in bounds)
 QMOE_G_TILE_SEARCH: Edits = (("        if (tiles[mid] <= i) lo = mid;", "        if (tiles[mid] < i) lo = mid;"),)
 # the weight codes enter as q (the zero point not subtracted: q - 0)
-QMOE_G_NO_ZP: Edits = (("0xE400u | (in ? (qk_u32)z : 0u);", "0xE400u | (in ? 0u * (qk_u32)z : 0u);"),)
+QMOE_G_NO_ZP: Edits = (
+    ("0xE400u | (in ? (qk_u32)z : 0u);", "0xE400u | (in ? 0u * (qk_u32)z : 0u);"),
+)
 # SwiGLU's gate and linear rows swapped in fc1's epilogue
 QMOE_G_GLU_SWAPPED: Edits = (
     (
@@ -838,10 +841,6 @@ BNB_MMA_SECOND_HALF_DROPPED: Edits = (
 BNB_MMA_PRMT_BYTE: Edits = (
     ("__byte_perm(w, low, 0x5504u | ((qk_u32)j << 4))", "__byte_perm(w, low, 0x5504u | ((qk_u32)(j ^ 1) << 4))"),
 )
-# -DQK_BNBM_STREAMK (bench-only): the boundary's ticket left at 2 (the next call's split tiles never
-# written); both parts of a split tile stored in one slot (each CTA's part added to itself)
-BNBM_SK_TICKET_KEPT: Edits = (("if (sk_last) qk_bnbm_sk_ticket[b] = 0u;", "if (sk_last) qk_bnbm_sk_ticket[b] = 2u;"),)
-BNBM_SK_ONE_PART: Edits = (("(2 * b + (s_lo > 0)) * (RT * PER)", "(2 * b) * (RT * PER)"),)
 TAB16 = "-DQK_BNBM_TAB16"  # qconform.device.bnb.gemm.TAB16_OPTION: the 16-copy table, as HIP builds it
 CPU_SIMT = "-DQK_BNB_CPU_SIMT"  # qconform.device.bnb.gemm.CPU_SIMT_OPTION
 
@@ -1097,18 +1096,8 @@ def _fast_delayed(name: str, edits: Edits) -> DeviceMutant:
     """A row of the -DQK_KF_LOADS_FIRST build with the activations' quantize delayed (KQ_QUANT_DELAYED)."""
     caught = "writes_every_output" if edits else None
     beside = (("ggml/keep_quant_fast.hip", edits),) if edits else ()
-    return DeviceMutant(
-        name,
-        "ggml/q8_quant.hip",
-        "",
-        LOADS_FIRST,
-        "matmul_bt_quant",
-        caught,
-        leaf="Wq4_K_Aq8_K_Yfp32",
-        edits=KQ_QUANT_DELAYED,
-        contract="order=any",
-        beside=beside,
-    )
+    return DeviceMutant(name, "ggml/q8_quant.hip", "", LOADS_FIRST, "matmul_bt_quant", caught,
+                        leaf="Wq4_K_Aq8_K_Yfp32", edits=KQ_QUANT_DELAYED, contract="order=any", beside=beside)
 
 
 KEEP_QUANT_FAST_MUTANTS = (
@@ -1119,49 +1108,24 @@ KEEP_QUANT_FAST_MUTANTS = (
     _fast("keep-quant fast: the first group's partial rows dropped", "Wq4_K_Aq8_K_Yfp32", KF_GROUP0_DROPPED),
     _fast("keep-quant fast: Q6_K staged without its d word", "Wq6_K_Aq8_K_Yfp32", KF_Q6_STAGE_NO_D),
     _fast("control: keep-quant fast kernel under order=any (Q6_K)", "Wq6_K_Aq8_K_Yfp32", ()),
-    _fast(
-        "keep-quant fast round 1 (-DQK_KQ_FAST_V1): Q4_K min on the wrong half",
-        "Wq4_K_Aq8_K_Yfp32",
-        KF_MIN_WRONG_HALF,
-        "-DQK_KQ_FAST_V1",
-    ),
-    _fast(
-        "control: keep-quant fast round 1 (-DQK_KQ_FAST_V1) under order=any (Q5_K)",
-        "Wq5_K_Aq8_K_Yfp32",
-        (),
-        "-DQK_KQ_FAST_V1",
-    ),
+    _fast("keep-quant fast round 1 (-DQK_KQ_FAST_V1): Q4_K min on the wrong half", "Wq4_K_Aq8_K_Yfp32",
+          KF_MIN_WRONG_HALF, "-DQK_KQ_FAST_V1"),
+    _fast("control: keep-quant fast round 1 (-DQK_KQ_FAST_V1) under order=any (Q5_K)", "Wq5_K_Aq8_K_Yfp32", (),
+          "-DQK_KQ_FAST_V1"),
     _fast("control: keep-quant fast round 2 under order=any (Q4_K)", "Wq4_K_Aq8_K_Yfp32", ()),
-    _fast_delayed(
-        "keep-quant fast loads first (-DQK_KF_LOADS_FIRST): a delayed quantize not waited for", KF_LOADS_FIRST_NO_WAIT
-    ),
+    _fast_delayed("keep-quant fast loads first (-DQK_KF_LOADS_FIRST): a delayed quantize not waited for",
+                  KF_LOADS_FIRST_NO_WAIT),
     _fast_delayed("control: keep-quant fast loads first (-DQK_KF_LOADS_FIRST) waits for a delayed quantize", ()),
-    _fast(
-        "control: keep-quant fast loads first (-DQK_KF_LOADS_FIRST) under order=any (Q8_0)",
-        "Wq8_0_Aq8_0_Yfp32",
-        (),
-        LOADS_FIRST,
-    ),
-    _fast(
-        "control: keep-quant fast loads first (-DQK_KF_LOADS_FIRST) under order=any (Q6_K)",
-        "Wq6_K_Aq8_K_Yfp32",
-        (),
-        LOADS_FIRST,
-    ),
-    _fast(
-        "keep-quant fast ring (-DQK_KF_RING): a unit read from the slot being filled",
-        "Wq4_K_Aq8_K_Yfp32",
-        KF_RING_SLOT_FILLED,
-        RING,
-    ),
+    _fast("control: keep-quant fast loads first (-DQK_KF_LOADS_FIRST) under order=any (Q8_0)", "Wq8_0_Aq8_0_Yfp32",
+          (), LOADS_FIRST),
+    _fast("control: keep-quant fast loads first (-DQK_KF_LOADS_FIRST) under order=any (Q6_K)", "Wq6_K_Aq8_K_Yfp32",
+          (), LOADS_FIRST),
+    _fast("keep-quant fast ring (-DQK_KF_RING): a unit read from the slot being filled", "Wq4_K_Aq8_K_Yfp32",
+          KF_RING_SLOT_FILLED, RING),
     _fast("control: keep-quant fast ring (-DQK_KF_RING) under order=any (Q4_K)", "Wq4_K_Aq8_K_Yfp32", (), RING),
     _fast("control: keep-quant fast ring (-DQK_KF_RING) under order=any (Q5_K)", "Wq5_K_Aq8_K_Yfp32", (), RING),
-    _fast(
-        "keep-quant fast ring (-DQK_KF_RING): a Q8_0 unit read from the slot being filled",
-        "Wq8_0_Aq8_0_Yfp32",
-        KF4_RING_SLOT_FILLED,
-        RING,
-    ),
+    _fast("keep-quant fast ring (-DQK_KF_RING): a Q8_0 unit read from the slot being filled", "Wq8_0_Aq8_0_Yfp32",
+          KF4_RING_SLOT_FILLED, RING),
     _fast("control: keep-quant fast ring (-DQK_KF_RING) under order=any (Q8_0)", "Wq8_0_Aq8_0_Yfp32", (), RING),
     _fast("control: keep-quant fast ring (-DQK_KF_RING) under order=any (Q6_K)", "Wq6_K_Aq8_K_Yfp32", (), RING),
 )
@@ -1381,12 +1345,8 @@ GQA_FOLD_POS_LATE: Edits = (
 # the early first tile (-DQK_GQA_EARLY_TILE) read in every split, the new row's too (before the append writes it)
 GQA_EARLY_IN_NEW_SPLIT: Edits = (("sp != (int)e.past / chunk;", "sp != -1;"),)
 # the pipelined loop (-DQK_GQA_PIPE) reading the slot whose copies for the next round are in flight
-GQA_PIPE_WRONG_SLOT: Edits = (
-    (
-        "qk_gqa_stage_read(kw, vw, slot ? early.ring : early.stage, tid);",
-        "qk_gqa_stage_read(kw, vw, slot ? early.stage : early.ring, tid);",
-    ),
-)
+GQA_PIPE_WRONG_SLOT: Edits = (("qk_gqa_stage_read(kw, vw, slot ? early.ring : early.stage, tid);",
+                               "qk_gqa_stage_read(kw, vw, slot ? early.stage : early.ring, tid);"),)
 # the folded combine's l without the sink's exp(sink - M)
 GQA_FOLD_NO_SINK: Edits = (("l = QK_FADD(l, expf(QK_FADD(sigma, -c_M[tid])));", "l = QK_FADD(l, 0.0f * sigma);"),)
 # the folded combine's 16-byte pieces read at channel q of a head row, not 4 q (overlapping pieces)

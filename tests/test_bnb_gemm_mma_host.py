@@ -20,8 +20,6 @@ from device_catalogue import (
     BNB_MMA_NIBBLES_SWAPPED,
     BNB_MMA_PREVIOUS_BLOCK,
     BNB_MMA_SECOND_HALF_DROPPED,
-    BNBM_SK_ONE_PART,
-    BNBM_SK_TICKET_KEPT,
     Edits,
 )
 
@@ -46,13 +44,14 @@ CASES = (
     (5, 1024, 16, 256, "fp4", True, 1, "n1_r1"),
     (12, 352, 40, 32, "fp4", True, 1, "n2"),
     (16, 640, 72, 64, "nf4", False, 2, "n2"),
+    (1, 1024, 224, 64, "nf4", True, 3, "n1"),  # 7 tiles on 3 CTAs
+    (2, 352, 160, 32, "fp4", True, 4, "n1"),  # 3 steps a tile (a partial step), 5 tiles on 4 CTAs
 )
 DTYPES = ("float16", "bfloat16")
-STREAMK = "#define QK_BNBM_STREAMK\n"  # bench-only: the (tile, step) pairs split evenly over the CTAs
 
 
-def _build(tmp: Path, edits: Edits = (), defines: str = "") -> Path:
-    src = defines + (KERNEL_DIR / "bnb" / "gemm_mma.hip").read_text()
+def _build(tmp: Path, edits: Edits = ()) -> Path:
+    src = (KERNEL_DIR / "bnb" / "gemm_mma.hip").read_text()
     for old, new in edits:
         assert src.count(old) == 1, old
         src = src.replace(old, new)
@@ -102,9 +101,9 @@ def _failures(exe: Path, tmp: Path, case: tuple, dtype: str) -> list[str]:
     return wrong if c.ok else [*wrong, c.detail]
 
 
-@pytest.fixture(scope="module", params=("", STREAMK), ids=("shipped", "streamk"))
-def exe(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _build(tmp_path_factory.mktemp("bnbm"), defines=request.param)
+@pytest.fixture(scope="module")
+def exe(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _build(tmp_path_factory.mktemp("bnbm"))
 
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="no g++")
@@ -123,17 +122,11 @@ def test_kernel_within_the_bound(exe: Path, tmp_path: Path, case: tuple, dtype: 
 
 
 @pytest.mark.parametrize(
-    ("edits", "defines"),
-    (
-        (BNB_MMA_NIBBLES_SWAPPED, ""),
-        (BNB_MMA_PREVIOUS_BLOCK, ""),
-        (BNB_MMA_SECOND_HALF_DROPPED, ""),
-        (BNBM_SK_TICKET_KEPT, STREAMK),
-        (BNBM_SK_ONE_PART, STREAMK),
-    ),
-    ids=("nibbles_swapped", "previous_block", "second_half_dropped", "sk_ticket_kept", "sk_one_part"),
+    "edits",
+    (BNB_MMA_NIBBLES_SWAPPED, BNB_MMA_PREVIOUS_BLOCK, BNB_MMA_SECOND_HALF_DROPPED),
+    ids=("nibbles_swapped", "previous_block", "second_half_dropped"),
 )
-def test_device_mutants_fail_on_the_host(tmp_path: Path, edits: Edits, defines: str) -> None:
-    exe = _build(tmp_path, edits, defines)
-    # M 12 and 16: the second n-tile's tokens; grids below the tiles: split tiles under -DQK_BNBM_STREAMK
-    assert any(_failures(exe, tmp_path, case, "float16") for case in (CASES[4], CASES[5], CASES[2]))
+def test_device_mutants_fail_on_the_host(tmp_path: Path, edits: Edits) -> None:
+    exe = _build(tmp_path, edits)
+    # M 12 and 16: the second n-tile's tokens
+    assert any(_failures(exe, tmp_path, case, "float16") for case in (CASES[4], CASES[5]))

@@ -141,7 +141,3 @@ static inline void qk_host_mma(float d[4], const qk_u32 a[4], const qk_u32 b[2])
 }
 static inline void qk_mma_16816(float d[4], const qk_u32 a[4], const qk_u32 b[2]) { qk_host_mma<false>(d, a, b); }
 static inline void qk_mma_16816_bf16(float d[4], const qk_u32 a[4], const qk_u32 b[2]) { qk_host_mma<true>(d, a, b); }
-/* the device-wide tickets (gemm_mma.hip's -DQK_BNBM_STREAMK): CTAs run one after another here, so a
- * fence orders nothing more */
-static inline unsigned atomicAdd(unsigned* p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
-static inline void __threadfence() {}

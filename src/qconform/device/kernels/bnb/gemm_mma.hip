@@ -122,19 +122,19 @@ __device__ __forceinline__ void qk_bnbm_rows(qk_i64 N, qk_i64 tile, int rt, int 
     r1 = n0 + g + 8 < N ? n0 + g + 8 : N - 1;
 }
 
-/* the ring's first steps of a tile's steps [s_lo, s_hi): warp w's steps s_lo + w, s_lo + w + 8, ... */
+/* the ring's first steps of a tile: warp w's steps w, w + 8, ... */
 template <int NT, int RT>
-__device__ __forceinline__ void qk_bnbm_first(const qk_u8* B, const float* absmax, qk_i64 N, qk_i64 K, qk_i64 s_lo,
-                                              qk_i64 s_hi, qk_i64 tile, int g, int t, int warp, int bs_shift,
-                                              uint4 wq[4][RT][2], float sc[4][RT][2]) {
+__device__ __forceinline__ void qk_bnbm_first(const qk_u8* B, const float* absmax, qk_i64 N, qk_i64 K, qk_i64 steps,
+                                              qk_i64 tile, int g, int t, int warp, int bs_shift, uint4 wq[4][RT][2],
+                                              float sc[4][RT][2]) {
 #pragma unroll
     for (int rt = 0; rt < RT; ++rt) {
         qk_i64 r0, r1;
         qk_bnbm_rows<RT>(N, tile, rt, g, r0, r1);
 #pragma unroll
         for (int p = 0; p < qk_bnbm_depth<NT, RT>(); ++p) {
-            const qk_i64 s = s_lo + warp + (qk_i64)p * QK_BNBM_WARPS;
-            qk_bnbm_load(B, absmax, r0, r1, s < s_hi ? K : 0, QK_BNBM_STEP * s + 32 * t, bs_shift, wq[p][rt],
+            const qk_i64 s = warp + (qk_i64)p * QK_BNBM_WARPS;
+            qk_bnbm_load(B, absmax, r0, r1, s < steps ? K : 0, QK_BNBM_STEP * s + 32 * t, bs_shift, wq[p][rt],
                          sc[p][rt]);
         }
     }
@@ -216,20 +216,6 @@ __device__ __forceinline__ void qk_bnbm_fill(float2* tab, qk_i64 quant_type) {
     __syncthreads();
 }
 
-/* output (tok, n): the fp32 sum v, the bias added in fp32, rounded once to T */
-template <int DT>
-__device__ __forceinline__ void qk_bnbm_out(float v, qk_i64 n, qk_i64 tok, const void* bias, void* C, qk_i64 N) {
-    const qk_u16* b16 = (const qk_u16*)bias;
-    qk_u16* c16 = (qk_u16*)C;
-    if (DT == QCONFORM_DTYPE_FLOAT16) {
-        if (bias != 0) v = QK_FADD(v, qk_fp16_to_float(b16[n]));
-        c16[tok * N + n] = qk_fp16_bits(v);
-    } else {
-        if (bias != 0) v = QK_FADD(v, qk_float((qk_u32)b16[n] << 16));
-        c16[tok * N + n] = qk_gemm_bf16_bits(v);
-    }
-}
-
 /* the tiles: the table is filled here, after the ring's first steps are issued, their loads in flight
  * during the fill; -DQK_BNBM_FILL_FIRST (bench-only, `python -m qconform.bench.bnb_gemv --variants mma`):
  * the caller fills it before any load, session 19's order (the same arithmetic, so the same output bits) */
@@ -246,7 +232,7 @@ __device__ __forceinline__ void qk_bnbm_run(const void* A, const qk_u8* B, const
     constexpr int PER = 4 * NT * 32; /* a 16-row tile's partials a warp */
     uint4 wq[4][RT][2];
     float sc[4][RT][2];
-    if ((qk_i64)blockIdx.x < tiles) qk_bnbm_first<NT, RT>(B, absmax, N, K, 0, steps, blockIdx.x, g, t, warp, bs_shift, wq, sc);
+    if ((qk_i64)blockIdx.x < tiles) qk_bnbm_first<NT, RT>(B, absmax, N, K, steps, blockIdx.x, g, t, warp, bs_shift, wq, sc);
 #if defined(QK_BNBM_A_AHEAD)
     uint4 ahead_act[NT][4]; /* pieces [0, qk_bnbm_ahead<NT>()) of the warp's next step */
     qk_bnbm_act<NT, 0, qk_bnbm_ahead<NT>()>(a16, M, K, QK_BNBM_STEP * warp + 32 * t, g, ahead_act);
@@ -301,7 +287,7 @@ __device__ __forceinline__ void qk_bnbm_run(const void* A, const qk_u8* B, const
         /* the next tile's first steps in flight during the reduction (the ring is free: its last
          * loads above were past the steps) */
         if (tile + gridDim.x < tiles)
-            qk_bnbm_first<NT, RT>(B, absmax, N, K, 0, steps, tile + gridDim.x, g, t, warp, bs_shift, wq, sc);
+            qk_bnbm_first<NT, RT>(B, absmax, N, K, steps, tile + gridDim.x, g, t, warp, bs_shift, wq, sc);
         /* the warps' partials: red[warp][rt][4 nt + r][lane], then one thread per output in warp order */
 #pragma unroll
         for (int rt = 0; rt < RT; ++rt)
@@ -315,142 +301,21 @@ __device__ __forceinline__ void qk_bnbm_run(const void* A, const qk_u8* B, const
             const qk_i64 n = 16 * (RT * tile + rt) + (l >> 2) + 8 * (rr >> 1), tok = 8 * nt + 2 * (l & 3) + (rr & 1);
             float v = red[e];
             for (int w = 1; w < QK_BNBM_WARPS; ++w) v = QK_FADD(v, red[w * RT * PER + e]);
-            if (n < N && tok < M) qk_bnbm_out<DT>(v, n, tok, bias, C, N);
+            if (n < N && tok < M) {
+                const qk_u16* b16 = (const qk_u16*)bias;
+                qk_u16* c16 = (qk_u16*)C;
+                if (DT == QCONFORM_DTYPE_FLOAT16) {
+                    if (bias != 0) v = QK_FADD(v, qk_fp16_to_float(b16[n]));
+                    c16[tok * N + n] = qk_fp16_bits(v);
+                } else {
+                    if (bias != 0) v = QK_FADD(v, qk_float((qk_u32)b16[n] << 16));
+                    c16[tok * N + n] = qk_gemm_bf16_bits(v);
+                }
+            }
         }
         __syncthreads(); /* red is reused by the next tile */
     }
 }
-
-#if defined(QK_BNBM_STREAMK)
-/* -DQK_BNBM_STREAMK (bench-only, `python -m qconform.bench.bnb_gemv --variants mma
- * --build-options=-DQK_BNBM_STREAMK`): the launch's (tile, step) pairs split evenly over its CTAs, so
- * that no CTA takes a second tile while others idle (448 tiles of 32 rows on 264 CTAs: 1.7 tiles' work
- * in 2 rounds). CTA c of G = min(gridDim.x, tiles, QK_BNBM_SK_CTAS) takes the pairs [c U / G,
- * (c + 1) U / G) of U = tiles x steps, in tile order: each share holds at least a tile's steps, so a
- * tile is split between two CTAs at most, at the boundary b between CTA b - 1 (its head, part 0) and
- * CTA b (its tail, part 1). A CTA's segment of a tile runs as qk_bnbm_run's tile (warp w its steps
- * s_lo + w, s_lo + w + 8, ...; the next segment's first loads issued during the reduction); a whole
- * tile is written as there; a split tile's warp-order sums are stored as the part's, made visible
- * (__threadfence), and the CTA that takes the boundary's second ticket resets it for the next call
- * and writes part 0 + part 1 (that order, whichever CTA comes last), the bias, rounded once. So the
- * output depends on the shape and G alone: repeat calls are bit-identical. The parts and tickets are
- * this module's (one launch of it at a time on the device). */
-#define QK_BNBM_SK_CTAS 1024 /* CTAs that take pairs at most */
-__device__ qk_u32 qk_bnbm_sk_ticket[QK_BNBM_SK_CTAS];
-__device__ float qk_bnbm_sk_parts[QK_BNBM_SK_CTAS * 2 * 2 * 256]; /* boundary, part, RT x PER (RT, NT <= 2) */
-
-__device__ __forceinline__ float qk_bnbm_load_cg(const float* p) {
-#if defined(QK_CUDA)
-    return __ldcg(p);
-#else
-    return *(const volatile float*)p;
-#endif
-}
-
-template <int DT, int NT, int RT>
-__device__ __forceinline__ void qk_bnbm_run_sk(const void* A, const qk_u8* B, const float* absmax, const void* bias,
-                                               void* C, qk_i64 M, qk_i64 N, qk_i64 K, qk_i64 blocksize, float2* tab,
-                                               float* red, qk_i64 quant_type) {
-    const int lane = (int)(threadIdx.x & 31), warp = (int)(threadIdx.x >> 5), g = lane >> 2, t = lane & 3;
-    const int bs_shift = __ffsll(blocksize) - 1;
-    const qk_u32 low = 8u * (qk_u32)(lane & (QK_BNBM_COPIES - 1));
-    const qk_i64 tiles = (N + 16 * RT - 1) / (16 * RT), steps = (K + QK_BNBM_STEP - 1) / QK_BNBM_STEP;
-    const qk_u16* a16 = (const qk_u16*)A;
-    const int depth = qk_bnbm_depth<NT, RT>();
-    constexpr int PER = 4 * NT * 32;
-    __shared__ int sk_last;
-    qk_i64 G = gridDim.x < tiles ? (qk_i64)gridDim.x : tiles;
-    G = G < QK_BNBM_SK_CTAS ? G : QK_BNBM_SK_CTAS;
-    const qk_i64 c = blockIdx.x, units = tiles * steps;
-    if (c >= G) return;
-    const qk_i64 u1 = (c + 1) * units / G;
-    qk_i64 u = c * units / G;
-    uint4 wq[4][RT][2];
-    float sc[4][RT][2];
-    qk_i64 tile = u / steps, s_lo = u % steps, s_hi = u1 - tile * steps < steps ? u1 - tile * steps : steps;
-    qk_bnbm_first<NT, RT>(B, absmax, N, K, s_lo, s_hi, tile, g, t, warp, bs_shift, wq, sc);
-    qk_bnbm_fill(tab, quant_type);
-    while (u < u1) {
-        qk_i64 r0[RT], r1[RT];
-#pragma unroll
-        for (int rt = 0; rt < RT; ++rt) qk_bnbm_rows<RT>(N, tile, rt, g, r0[rt], r1[rt]);
-        float d[RT][NT][4];
-#pragma unroll
-        for (int rt = 0; rt < RT; ++rt)
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                for (int r = 0; r < 4; ++r) d[rt][nt][r] = 0.0f;
-#pragma unroll 1
-        for (qk_i64 s0 = s_lo + warp; s0 < s_hi; s0 += depth * QK_BNBM_WARPS) {
-#pragma unroll
-            for (int p = 0; p < depth; ++p) {
-                const qk_i64 s = s0 + (qk_i64)p * QK_BNBM_WARPS;
-                if (s >= s_hi) break;
-                uint4 w[RT][2];
-                float f[RT][2];
-                const qk_i64 ahead = s + depth * QK_BNBM_WARPS;
-#pragma unroll
-                for (int rt = 0; rt < RT; ++rt) {
-                    w[rt][0] = wq[p][rt][0];
-                    w[rt][1] = wq[p][rt][1];
-                    f[rt][0] = sc[p][rt][0];
-                    f[rt][1] = sc[p][rt][1];
-                    qk_bnbm_load(B, absmax, r0[rt], r1[rt], ahead < s_hi ? K : 0, QK_BNBM_STEP * ahead + 32 * t,
-                                 bs_shift, wq[p][rt], sc[p][rt]);
-                }
-                qk_bnbm_step<DT, NT, RT>(a16, tab, M, K, QK_BNBM_STEP * s + 32 * t, g, low, w, f, d);
-            }
-        }
-        const bool whole = s_lo == 0 && s_hi == steps;
-        const qk_i64 b = s_lo > 0 ? c : c + 1, this_tile = tile; /* the boundary a split tile is split at */
-        float* part = qk_bnbm_sk_parts + (2 * b + (s_lo > 0)) * (RT * PER);
-        u = tile * steps + s_hi;
-        if (u < u1) { /* the next segment (a tile's head or all of it): its first loads in flight now */
-            tile += 1;
-            s_lo = 0;
-            s_hi = u1 - tile * steps < steps ? u1 - tile * steps : steps;
-            qk_bnbm_first<NT, RT>(B, absmax, N, K, 0, s_hi, tile, g, t, warp, bs_shift, wq, sc);
-        }
-#pragma unroll
-        for (int rt = 0; rt < RT; ++rt)
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                for (int r = 0; r < 4; ++r) red[((warp * RT + rt) * 4 * NT + 4 * nt + r) * 32 + lane] = d[rt][nt][r];
-        __syncthreads();
-        for (int e = (int)threadIdx.x; e < RT * PER; e += (int)blockDim.x) {
-            const int rt = e / PER, l = e & 31, r = (e % PER) >> 5, nt = r >> 2, rr = r & 3;
-            const qk_i64 n = 16 * (RT * this_tile + rt) + (l >> 2) + 8 * (rr >> 1), tok = 8 * nt + 2 * (l & 3) + (rr & 1);
-            float v = red[e];
-            for (int w = 1; w < QK_BNBM_WARPS; ++w) v = QK_FADD(v, red[w * RT * PER + e]);
-            if (!whole) part[e] = v;
-            else if (n < N && tok < M) qk_bnbm_out<DT>(v, n, tok, bias, C, N);
-        }
-        if (!whole) {
-            __threadfence(); /* this part before its ticket */
-            __syncthreads();
-            if (threadIdx.x == 0) {
-                sk_last = atomicAdd(qk_bnbm_sk_ticket + b, 1u) == 1u;
-                if (sk_last) qk_bnbm_sk_ticket[b] = 0u; /* both parts in: zero for the next call */
-            }
-            __syncthreads();
-            if (sk_last) {
-                __threadfence();
-                const float* p0 = qk_bnbm_sk_parts + 2 * b * (RT * PER);
-                for (int e = (int)threadIdx.x; e < RT * PER; e += (int)blockDim.x) {
-                    const int rt = e / PER, l = e & 31, r = (e % PER) >> 5, nt = r >> 2, rr = r & 3;
-                    const qk_i64 n = 16 * (RT * this_tile + rt) + (l >> 2) + 8 * (rr >> 1);
-                    const qk_i64 tok = 8 * nt + 2 * (l & 3) + (rr & 1);
-                    const float v = QK_FADD(qk_bnbm_load_cg(p0 + e), qk_bnbm_load_cg(p0 + RT * PER + e));
-                    if (n < N && tok < M) qk_bnbm_out<DT>(v, n, tok, bias, C, N);
-                }
-            }
-        }
-        __syncthreads(); /* red and sk_last are reused by the next segment */
-    }
-}
-#endif
 
 /* the CTA's table and tiles (qk_bnbm_run); fp32 A is not this kernel's (the launcher keeps
  * it on the SIMT kernel): nothing is written for it */
@@ -468,13 +333,6 @@ __device__ __forceinline__ void qk_gemm_4bit_mma(const void* A, const qk_u8* B, 
 #endif
 #if defined(QK_BNBM_FILL_FIRST)
     qk_bnbm_fill(tab, quant_type);
-#endif
-#if defined(QK_BNBM_STREAMK)
-    if (a_dtype == QCONFORM_DTYPE_FLOAT16)
-        qk_bnbm_run_sk<QCONFORM_DTYPE_FLOAT16, NT, RT>(A, B, absmax, bias, C, M, N, K, blocksize, tab, red, quant_type);
-    else if (a_dtype == QCONFORM_DTYPE_BFLOAT16)
-        qk_bnbm_run_sk<QCONFORM_DTYPE_BFLOAT16, NT, RT>(A, B, absmax, bias, C, M, N, K, blocksize, tab, red, quant_type);
-    return;
 #endif
     if (a_dtype == QCONFORM_DTYPE_FLOAT16)
         qk_bnbm_run<QCONFORM_DTYPE_FLOAT16, NT, RT>(A, B, absmax, bias, C, M, N, K, blocksize, tab, red, quant_type);
