@@ -208,8 +208,7 @@ if part patched; then
   # GEMM (-DQK_BNB_GEMM_V1), GQA's session-9 flash decode (-DQK_GQA_FLASH_V1), int8 transposed cache as
   # uint8 (-DQK_GQA_I8T_U8), the mma decode's append's reads issued first (-DQK_GQA_APPEND_LOADS_FIRST)
   # and its first tile copied in before the append (-DQK_GQA_EARLY_TILE), every round a round ahead (-DQK_GQA_PIPE),
-  # QMoE's session-3 decode (-DQK_MOE_DECODE_V1), round 1's grouped GEMM (-DQK_MOE_GEMM_V1), fc2m's rows
-  # prefetched to L2 (-DQK_MOE_FC2_PREFETCH) and its planes staged by cp.async (-DQK_MOE_F2_STAGE_ASYNC), the phase
+  # QMoE's session-3 decode (-DQK_MOE_DECODE_V1), round 1's grouped GEMM (-DQK_MOE_GEMM_V1), the phase
   # stamps of both decodes and of the keep-quant GEMV (-DQK_PHASES, the last also with the ring and its loads
   # first), MatMulNBits prefill without wgmma (-DQK_NBITS_NO_WGMMA)
   front "$KERNELS/bnb/gemm_mma.hip -DQK_MMA_EMULATE -DQK_BNBM_TAB16" -DQK_MMA_EMULATE -DQK_BNBM_TAB16 \
@@ -220,8 +219,7 @@ if part patched; then
     -DQK_GQA_PIPE -DQK_MMA_EMULATE; do
     front "$KERNELS/ort/gqa.hip $def" "$def" "$KERNELS/ort/gqa.hip"
   done
-  for def in -DQK_MOE_DECODE_V1 -DQK_MOE_GEMM_V1 -DQK_PHASES -DQK_MOE_FC2_PREFETCH -DQK_MOE_F2_STAGE_ASYNC \
-    -DQK_MMA_EMULATE; do
+  for def in -DQK_MOE_DECODE_V1 -DQK_MOE_GEMM_V1 -DQK_PHASES -DQK_MMA_EMULATE; do
     front "$KERNELS/ort/qmoe.hip $def" "$def" "$KERNELS/ort/qmoe.hip"
   done
   front "$KERNELS/ort/gqa_flash.hip -DQK_MMA_EMULATE" -DQK_MMA_EMULATE "$KERNELS/ort/gqa_flash.hip"

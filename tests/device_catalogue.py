@@ -711,12 +711,6 @@ QMOE_MUTANTS = (
           QMOE_F2_FIELD),
     _qmoe("control: QMoE fc2 of an fp16 layer on qk_moe_fc2v (-DQK_MOE_FC2_SIMT)", None, "qmoe_decode",
           "Xfp16_Wu4_Yfp16", define="-DQK_MOE_FC2_SIMT"),
-    # bench-only: fc2m's slots' rows asked of L2 before the planes are staged (a hint: the same bits)
-    _qmoe("control: QMoE fc2m with its rows prefetched to L2 (-DQK_MOE_FC2_PREFETCH)", None, "qmoe_decode",
-          "Xfp16_Wu4_Yfp16", define="-DQK_MOE_FC2_PREFETCH", coverage=2),
-    # bench-only: fc2m's planes staged by cp.async (zero fill past K and for skipped slots: the same bits)
-    _qmoe("control: QMoE fc2m staging its planes by cp.async (-DQK_MOE_F2_STAGE_ASYNC)", None, "qmoe_decode",
-          "Xfp16_Wu4_Yfp16", define="-DQK_MOE_F2_STAGE_ASYNC", coverage=2),
     _qmoe("control: QMoE legacy kernels (route, fc1, fc2), u8 ragged", None, "qmoe_ragged_mm", "Xfp16_Wu8_Yfp16",
           define="-DQK_MOE_LEGACY"),
     _qmoe_g("QMoE grouped: last partial tile dropped", "matches_oracle", "Xfp16_Wu4_Yfp16", QMOE_G_PARTIAL_TILE),

@@ -215,8 +215,6 @@ def test_every_patch_applies_once_to_the_shipped_kernel() -> None:
             "-DQK_GQA_PIPE",
             "-DQK_KF_LOADS_FIRST",
             "-DQK_KF_RING",
-            "-DQK_MOE_FC2_PREFETCH",
-            "-DQK_MOE_F2_STAGE_ASYNC",
         )
         assert all(o in build for o in m.options.split() if o.startswith("-D"))
 

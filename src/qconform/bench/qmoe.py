@@ -9,15 +9,13 @@ weighted sum), and whether the kernel's output on the first set is within the ca
 (``qconform.ops.ort.qmoe``, strict contract). Targets (issue text): >= 70% of the roofline and
 faster than the PyTorch baseline. PyTorch is imported here only; without it the column says so.
 
-``python -m qconform.bench.qmoe [--quick] [--json FILE] [--variants decode,decode_simt,...,fc2_prefetch]``
+``python -m qconform.bench.qmoe [--quick] [--json FILE] [--variants decode,decode_simt,decode_fc2v,decode_v1,legacy]``
 ``python -m qconform.bench.qmoe --prefill [--variants grouped,grouped_v1,per_token]``: qmoe_ragged_mm at
 512 and 4096 tokens under storage=fp16 (the grouped GEMMs) against a PyTorch prefill (``bench_prefill``);
 ``grouped_v1`` (round 1's tile loop, ``-DQK_MOE_GEMM_V1``) must give the same output bits as ``grouped``.
 (``--variants``: the decode path, its fc1 or fc2 on the SIMT kernels (``decode_simt``, ``decode_fc2v``),
-its session-8 kernels ``-DQK_MOE_DECODE_V1``, the legacy kernels ``-DQK_MOE_LEGACY`` and fc2m asking L2 for
-its rows before it stages the planes ``-DQK_MOE_FC2_PREFETCH`` (``fc2_prefetch``), fc2m staging them by
-cp.async ``-DQK_MOE_F2_STAGE_ASYNC`` (``fc2_stage_async``) and both (``fc2_both``), timed side by side on the
-same cold rotation, each output checked against the bound)
+its session-8 kernels ``-DQK_MOE_DECODE_V1`` and the legacy kernels ``-DQK_MOE_LEGACY``, timed side by
+side on the same cold rotation, each output checked against the bound)
 """
 
 from __future__ import annotations
@@ -137,11 +135,6 @@ VARIANTS = {  # name -> build options (qconform.device.ort.qmoe)
     "decode_fc2v": ("-DQK_MOE_FC2_SIMT",),  # fc2 of an fp16 layer on qk_moe_fc2v (session 9), not qk_moe_fc2m
     "decode_v1": ("-DQK_MOE_DECODE_V1",),
     "legacy": ("-DQK_MOE_LEGACY",),
-    # fc2m's CTAs ask L2 for their slots' weight rows and scales before staging the planes (bench-only)
-    "fc2_prefetch": ("-DQK_MOE_FC2_PREFETCH",),
-    # fc2m stages the planes by cp.async, every unit in flight at once (bench-only); and both
-    "fc2_stage_async": ("-DQK_MOE_F2_STAGE_ASYNC",),
-    "fc2_both": ("-DQK_MOE_FC2_PREFETCH", "-DQK_MOE_F2_STAGE_ASYNC"),
     STREAM_ORDER: (),  # the default build with every launch in stream order (fc2m not a dependent of fc1m)
 }
 

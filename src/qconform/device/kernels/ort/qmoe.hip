@@ -1163,24 +1163,6 @@ QK_MOE_FC1M(qk_moe_fc1m_z, true)
  * qk_moe_fc2v (no atomics: the order is fixed by the shape). The launcher's -DQK_MOE_FC2_SIMT keeps
  * qk_moe_fc2v. */
 
-#if defined(QK_MOE_FC2_PREFETCH)
-/* Bench-only -DQK_MOE_FC2_PREFETCH: a CTA of qk_moe_fc2m, once it has read the routing, asks L2 for each
- * live slot's 16 weight rows and their scales (contiguous: rows n0 .. n0 + 15 of the expert) before it
- * stages the planes, so the ~3 us of staging from L2 (docs/perf-notes.md, session 36's phases) overlap
- * the weights' DRAM reads and the dot loop's loads hit L2. A hint (PTX cp.async.bulk.prefetch.L2.global,
- * sm_90): no value and no ordering changes; [p, p + bytes) narrowed inward to whole 16-byte pieces, as
- * the instruction requires; nothing on other targets. */
-__device__ __forceinline__ void qk_moe_prefetch_l2(const void* p, qk_i64 bytes) {
-#if defined(QK_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const unsigned long long a = ((unsigned long long)p + 15u) & ~15ull, e = ((unsigned long long)p + bytes) & ~15ull;
-    if (e > a) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"((unsigned)(e - a)) : "memory");
-#else
-    (void)p;
-    (void)bytes;
-#endif
-}
-#endif
-
 template <bool ZP>
 __device__ __forceinline__ void qk_moe_fc2m_body(const uint4* planes, const int* sel, const float* wts, const qk_u8* W,
                                                  const void* S, const qk_u8* Z, const void* Bias, void* Y, int K,
@@ -1203,30 +1185,11 @@ __device__ __forceinline__ void qk_moe_fc2m_body(const uint4* planes, const int*
     }
     if (threadIdx.x < 8) s_zero[threadIdx.x] = make_uint2(0u, 0u);
     __syncthreads();
-#if defined(QK_MOE_FC2_PREFETCH)
-    if ((int)threadIdx.x < k && s_w[threadIdx.x] > QK_MOE_SKIP) { /* slot threadIdx.x's rows, 4-bit: K / 2 bytes */
-        const int rows = N - n0 < 16 ? N - n0 : 16;
-        const qk_i64 r0 = (qk_i64)s_sel[threadIdx.x] * N + n0;
-        qk_moe_prefetch_l2(W + r0 * (K / 2), (qk_i64)rows * (K / 2));
-        qk_moe_prefetch_l2((const qk_u16*)S + r0 * blocks, (qk_i64)rows * blocks * 2);
-    }
-#endif
     QK_PHASE(14);
     /* the token's 3 k planes (qk_moe_store_planes, written by qk_moe_fc1m) copied, zeros past K and for
      * skipped slots (whose planes fc1 never wrote); a thread loads QK_MOE_F2_BATCH units before it stores */
     const int n = 3 * k * words;
     const uint4* src = planes + t * n;
-#if defined(QK_MOE_F2_STAGE_ASYNC)
-    /* bench-only: every unit a thread stages copied by cp.async at once (the zeros by its zero fill,
-     * nothing read), one wait: one L2 round trip instead of one per QK_MOE_F2_BATCH units */
-    for (int i = (int)threadIdx.x; i < n; i += (int)blockDim.x) {
-        const int jp = i / words, u = i - jp * words;
-        const bool live = u < K / 8 && s_w[jp / 3] > QK_MOE_SKIP;
-        qk_cp_async16(qk_moe_xw + i, src + (live ? i : 0), live ? 16 : 0);
-    }
-    qk_cp_async_commit();
-    qk_cp_async_wait<0>();
-#else
     for (int i0 = (int)threadIdx.x; i0 < n; i0 += QK_MOE_F2_BATCH * (int)blockDim.x) {
         uint4 v[QK_MOE_F2_BATCH];
 #pragma unroll
@@ -1238,7 +1201,6 @@ __device__ __forceinline__ void qk_moe_fc2m_body(const uint4* planes, const int*
         for (int b = 0; b < QK_MOE_F2_BATCH; ++b)
             if (i0 + b * (int)blockDim.x < n) qk_moe_xw[i0 + b * (int)blockDim.x] = v[b];
     }
-#endif
     __syncthreads();
     QK_PHASE(15);
     const int lane = (int)(threadIdx.x & 31), g = lane >> 2, tq = lane & 3, warp = (int)(threadIdx.x / 32);
