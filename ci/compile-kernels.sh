@@ -182,8 +182,7 @@ if part patched; then
   # bench.nbits --variants ring); the flash prefill's
   # session-8 kernels (-DQK_GQA_PREFILL_V1; bench.gqa_prefill --variants); the keep-quant fast GEMV's round 1
   # (-DQK_KQ_FAST_V1), round 2 with one step in flight (-DQK_KF_STEPS_M1=1), its first weight loads
-  # before its wait for the quantize (-DQK_KF_LOADS_FIRST) and its row groups streamed through shared
-  # memory on the resident CTAs (-DQK_KF_RING; bench.ggml_gemv); every
+  # before its wait for the quantize (-DQK_KF_LOADS_FIRST; bench.ggml_gemv); every
   # programmatic-launch trigger dropped (-DQK_PDL_TRIGGER_AT_EXIT; bench.ggml_gemv's trigger_at_exit); the bnb
   # matrix-unit GEMM with its table filled before the ring's first loads (-DQK_BNBM_FILL_FIRST) and with
   # activation pieces loaded a step ahead (-DQK_BNBM_A_AHEAD=1, 2; bench.bnb_gemv --variants mma)
@@ -197,11 +196,11 @@ if part patched; then
   for def in -DQK_BNBM_FILL_FIRST -DQK_BNBM_A_AHEAD=1 -DQK_BNBM_A_AHEAD=2; do
     front "$KERNELS/bnb/gemm_mma.hip $def" "$def" "$KERNELS/bnb/gemm_mma.hip"
   done
-  for def in -DQK_KQ_FAST_V1 -DQK_KF_STEPS_M1=1 -DQK_KF_LOADS_FIRST -DQK_KF_RING -DQK_PHASES; do
+  for def in -DQK_KQ_FAST_V1 -DQK_KF_STEPS_M1=1 -DQK_KF_LOADS_FIRST -DQK_PHASES; do
     front "$KERNELS/ggml/keep_quant_fast.hip $def" "$def" "$KERNELS/ggml/keep_quant_fast.hip"
   done
-  front "$KERNELS/ggml/keep_quant_fast.hip -DQK_PHASES -DQK_KF_RING -DQK_KF_LOADS_FIRST" -DQK_PHASES -DQK_KF_RING \
-    -DQK_KF_LOADS_FIRST "$KERNELS/ggml/keep_quant_fast.hip"
+  front "$KERNELS/ggml/keep_quant_fast.hip -DQK_PHASES -DQK_KF_LOADS_FIRST" -DQK_PHASES -DQK_KF_LOADS_FIRST \
+    "$KERNELS/ggml/keep_quant_fast.hip"
   # the other builds the benches and the device mutants' controls load (each option a kernel reads: tests/
   # test_build_options.py): the portable mma's shuffle form on NVIDIA (-DQK_MMA_EMULATE), bnb's 16-copy
   # table (-DQK_BNBM_TAB16), its cpu reading on the SIMT kernel (-DQK_BNB_CPU_SIMT) and session 7's SIMT
@@ -209,8 +208,7 @@ if part patched; then
   # uint8 (-DQK_GQA_I8T_U8), the mma decode's append's reads issued first (-DQK_GQA_APPEND_LOADS_FIRST)
   # and its first tile copied in before the append (-DQK_GQA_EARLY_TILE), every round a round ahead (-DQK_GQA_PIPE),
   # QMoE's session-3 decode (-DQK_MOE_DECODE_V1), round 1's grouped GEMM (-DQK_MOE_GEMM_V1), the phase
-  # stamps of both decodes and of the keep-quant GEMV (-DQK_PHASES, the last also with the ring and its loads
-  # first), MatMulNBits prefill without wgmma (-DQK_NBITS_NO_WGMMA)
+  # stamps of both decodes and of the keep-quant GEMV (-DQK_PHASES, the last also with its loads first), MatMulNBits prefill without wgmma (-DQK_NBITS_NO_WGMMA)
   front "$KERNELS/bnb/gemm_mma.hip -DQK_MMA_EMULATE -DQK_BNBM_TAB16" -DQK_MMA_EMULATE -DQK_BNBM_TAB16 \
     "$KERNELS/bnb/gemm_mma.hip"
   front "$KERNELS/bnb/gemm_mma.hip -DQK_BNB_CPU_SIMT" -DQK_BNB_CPU_SIMT "$KERNELS/bnb/gemm_mma.hip"

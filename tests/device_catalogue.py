@@ -1072,18 +1072,6 @@ KF_LOADS_FIRST_NO_WAIT: Edits = (
     ("        if (first) QK_WAIT_PRIOR_GRID();  \\\n", "        (void)(first);            \\\n"),
 )
 LOADS_FIRST = "-DQK_KF_LOADS_FIRST"
-# bench-only -DQK_KF_RING: a unit's pieces read from the slot its next unit is being copied into
-KF_RING_SLOT_FILLED: Edits = (
-    (
-        "kf3_read<KIND>(kf_ring + cur * SLOT, u, rr, t, raw);",
-        "kf3_read<KIND>(kf_ring + (cur ^ 1) * SLOT, u, rr, t, raw);",
-    ),
-)
-# the same in the Q6_K / Q8_0 ring (kf4_gemv)
-KF4_RING_SLOT_FILLED: Edits = (
-    ("kf_unstage_q8_0(S, c, stg[cur][w][r][u], raw);", "kf_unstage_q8_0(S, c, stg[cur ^ 1][w][r][u], raw);"),
-)
-RING = "-DQK_KF_RING"
 
 
 def _fast_delayed(name: str, edits: Edits) -> DeviceMutant:
@@ -1114,14 +1102,6 @@ KEEP_QUANT_FAST_MUTANTS = (
           (), LOADS_FIRST),
     _fast("control: keep-quant fast loads first (-DQK_KF_LOADS_FIRST) under order=any (Q6_K)", "Wq6_K_Aq8_K_Yfp32",
           (), LOADS_FIRST),
-    _fast("keep-quant fast ring (-DQK_KF_RING): a unit read from the slot being filled", "Wq4_K_Aq8_K_Yfp32",
-          KF_RING_SLOT_FILLED, RING),
-    _fast("control: keep-quant fast ring (-DQK_KF_RING) under order=any (Q4_K)", "Wq4_K_Aq8_K_Yfp32", (), RING),
-    _fast("control: keep-quant fast ring (-DQK_KF_RING) under order=any (Q5_K)", "Wq5_K_Aq8_K_Yfp32", (), RING),
-    _fast("keep-quant fast ring (-DQK_KF_RING): a Q8_0 unit read from the slot being filled", "Wq8_0_Aq8_0_Yfp32",
-          KF4_RING_SLOT_FILLED, RING),
-    _fast("control: keep-quant fast ring (-DQK_KF_RING) under order=any (Q8_0)", "Wq8_0_Aq8_0_Yfp32", (), RING),
-    _fast("control: keep-quant fast ring (-DQK_KF_RING) under order=any (Q6_K)", "Wq6_K_Aq8_K_Yfp32", (), RING),
 )
 # ort/gqa_flash.hip (gqa_prefill under --contract storage=fp16; coverage 1: a chunk with a past of
 # 5 rows, window 3, softcap, a head sink and a full bias; a first prompt with smooth_softmax)

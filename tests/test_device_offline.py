@@ -214,7 +214,6 @@ def test_every_patch_applies_once_to_the_shipped_kernel() -> None:
             "-DQK_GQA_EARLY_TILE",
             "-DQK_GQA_PIPE",
             "-DQK_KF_LOADS_FIRST",
-            "-DQK_KF_RING",
         )
         assert all(o in build for o in m.options.split() if o.startswith("-D"))
 

@@ -7,7 +7,7 @@ with g++ against tests/kernel_host/qk_portable.h, a host stand-in for the portab
   width-8 shuffles, the groups' shared sums): M tiles of 1, 2 and 4, partial tiles, N past the last
   CTA's rows, Q8_0's partial last quad of blocks; each CTA's activations stale (another input's) until
   all its threads have waited for the quantize (QK_WAIT_PRIOR_GRID), so a read before the wait shows;
-  the bench-only builds too (the ring: fewer CTAs than row groups, cp.async done at once).
+  the bench-only builds too.
 Each against the float64 reference of the quantized operands (``matmul_terms``): a thread term is
 formed from exact integers and at most two rounded fp32 products and one fmaf per sub-block pair, so
 the sum is within gamma_{K+4} mag of the reference (the contract's order=any bound, docs/contracts.md);
@@ -23,7 +23,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from device_catalogue import (
-    KF4_RING_SLOT_FILLED,
     KF_GROUP0_DROPPED,
     KF_LOADS_FIRST_NO_WAIT,
     KF_MIN_WRONG_HALF,
@@ -31,7 +30,6 @@ from device_catalogue import (
     KF_Q5_HIGH_BIT,
     KF_Q6_HIGH_SHIFT,
     KF_Q6_STAGE_NO_D,
-    KF_RING_SLOT_FILLED,
     Edits,
 )
 from test_keep_quant_fast_model import _q8_0_words
@@ -124,16 +122,14 @@ def test_fast_kernels_whole_on_host_threads(tmp_path: Path, qtype: str) -> None:
 
 BUILT_VARIANTS = [(q, d) for d in ("QK_KQ_FAST_V1", "QK_KF_STEPS_M1 1") for q in ("Q4_K", "Q5_K")]
 BUILT_VARIANTS += [(q, "QK_KF_LOADS_FIRST") for q in KIND]
-BUILT_VARIANTS += [(q, d) for d in ("QK_KF_RING", "QK_KF_RING\n#define QK_KF_LOADS_FIRST") for q in KIND]
 
 
 @pytest.mark.parametrize("qtype,define", BUILT_VARIANTS)
 def test_built_variants_whole_on_host_threads(tmp_path: Path, qtype: str, define: str) -> None:
     """The kernels the bench's build options select (-DQK_KQ_FAST_V1: Q4_K / Q5_K round 1's;
     -DQK_KF_STEPS_M1=1: round 2 with one step in flight at M tile 1; -DQK_KF_LOADS_FIRST: every type's
-    weights loaded before the wait for the quantize; -DQK_KF_RING: every type at M tile 1 on fewer CTAs
-    than row groups, each streaming its groups through shared memory), still reachable, still right,
-    no activation read before the wait."""
+    weights loaded before the wait for the quantize), still reachable, still right, no activation read
+    before the wait."""
     exe = _build(tmp_path, driver="keep_quant_fast_cta.cpp", defines=f"#define {define}\n")
     long_shapes = ((2, 6, 2592, "valid"),) if qtype == "Q8_0" else LONG_SHAPES[:1]
     for M, N, K, w in CTA_SHAPES + long_shapes:
@@ -164,8 +160,6 @@ def test_a_kernel_that_does_not_wait_reads_stale_activations(
     [
         ("Q4_K", KF_GROUP0_DROPPED, ""),
         ("Q6_K", KF_Q6_STAGE_NO_D, ""),
-        ("Q5_K", KF_RING_SLOT_FILLED, "QK_KF_RING"),
-        ("Q8_0", KF4_RING_SLOT_FILLED, "QK_KF_RING"),
     ],
 )
 def test_fast_kernel_cta_mutants_fail_on_host_threads(tmp_path: Path, qtype: str, edits: Edits, define: str) -> None:

@@ -54,11 +54,7 @@ int main(int argc, char** argv) {
     std::barrier<> groups[4] = {std::barrier<>(32), std::barrier<>(32), std::barrier<>(32), std::barrier<>(32)};
     qk_host_group_barriers = groups;
     const unsigned row_groups = (unsigned)((N + 3) / 4);
-#if defined(QK_KF_RING) /* fewer CTAs than row groups (the launcher: as many as are resident): here half */
-    const unsigned gy = (kind == 4 || kind == 5) && mt == 1 ? (row_groups + 1) / 2 : row_groups;
-#else
     const unsigned gy = row_groups;
-#endif
     gridDim = {(unsigned)((M + mt - 1) / mt), gy, 1};
     for (unsigned by = 0; by < gy; ++by)
         for (unsigned bx = 0; bx < gridDim.x; ++bx) {

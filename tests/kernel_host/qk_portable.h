@@ -1,8 +1,8 @@
-/* Host stand-in for kernels/common/qk_portable.h (tests/test_keep_quant_fast_host.py): enough of
- * the portability layer to compile keep_quant_fast.hip with g++ and call its per-thread device
- * functions on the CPU. dp4a and byte_perm as the PTX ISA defines them (dp4a.s32.s32, prmt.b32
+/* Host stand-in for kernels/common/qk_portable.h (tests/test_keep_quant_fast_host.py,
+ * tests/test_bnb_gemm_mma_host.py): enough of the portability layer to compile keep_quant_fast.hip and
+ * bnb/gemm_mma.hip with g++ and run their device functions on the CPU. dp4a and byte_perm as the PTX ISA defines them (dp4a.s32.s32, prmt.b32
  * default mode); fp32 operations in IEEE single precision (g++ -ffp-contract=off). The kernels run
- * one CTA at a time as host threads (keep_quant_fast_cta.cpp): thread-local threadIdx / blockIdx,
+ * one CTA at a time as host threads (keep_quant_fast_cta.cpp, bnb_gemm_mma_host.cpp): thread-local threadIdx / blockIdx,
  * __shared__ as one static array, __syncthreads a barrier (qk_syncwarp one per 32 threads), width-8
  * xor shuffles through slots. */
 #include <math.h>
@@ -63,20 +63,6 @@ static inline void qk_host_wait_prior_grid() {
     while (!qk_host_prior_done && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(1)) std::this_thread::yield();
 }
 #define QK_WAIT_PRIOR_GRID() qk_host_wait_prior_grid()
-/* cp.async (qk_portable.h): the copy done at once (the first n bytes, the rest zero), the waits nothing;
- * dynamic shared memory as one static array (keep_quant_fast.hip's KF_DYNAMIC_SHARED) */
-static inline void qk_cp_async16(void* dst, const void* src, int n) {
-    memset(dst, 0, 16);
-    memcpy(dst, src, (size_t)n);
-}
-static inline void qk_cp_async4(void* dst, const void* src, int n) {
-    memset(dst, 0, 4);
-    memcpy(dst, src, (size_t)n);
-}
-static inline void qk_cp_async_commit() {}
-template <int N>
-static inline void qk_cp_async_wait() {}
-#define KF_DYNAMIC_SHARED(T, name) static T name[98304 / sizeof(T)]
 #define QK_FMUL(a, b) ((float)(a) * (float)(b))
 static inline float __int2float_rn(int i) { return (float)i; }
 static inline qk_u32 qk_bits(float v) { qk_u32 b; memcpy(&b, &v, 4); return b; }

@@ -15,9 +15,8 @@ and the stamps of the last call are read.
   dots; the output stored).
 - ``ggml``: ggml's keep-quant GEMV under order=any (``qconform.bench.ggml_gemv``'s first shape, M 1), the
   Q4_K / Q5_K kernel's boundaries 0..4: entry; its first weights requested (and the activations'
-  quantize waited for); those weights arrived; its first row group done but the sums (the default
-  build: its only row group; ``ring``: through its store); the end (the sums stored; ``ring``: every
-  row group). The CTAs' entries and ends show how the waves of the default build follow each other.
+  quantize waited for); those weights arrived; its row group done but the sums; the end (the sums
+  stored). The CTAs' entries and ends show how the waves of the default build follow each other.
 
 For each phase (boundary i to i + 1 of one kernel) the table gives the median and maximum over the CTAs
 that reached both boundaries (an mma split with no key skips 5..7), in us at the device's nominal SM
@@ -92,8 +91,8 @@ KQ = (
         (
             "first weights requested (and the quantize waited for)",
             "first weights arrived",
-            "first row group (the default: its loop; ring: through its store)",
-            "the rest (the default: sums and store; ring: the other row groups)",
+            "its row group",
+            "sums and store",
         ),
     ),
 )

@@ -25,13 +25,12 @@ from typing import Any
 import cupy
 import numpy as np
 
-from qconform.device import launchers
 from qconform.device.abi import bind_call
 from qconform.device.ggml.q8_quant import quantize
 from qconform.device.launch import check_aligned
 from qconform.device.launchers import launch_grid
-from qconform.device.registry import kernel_for, resident_ctas
-from qconform.errors import ArgumentError, Declined, DeviceError
+from qconform.device.registry import kernel_for
+from qconform.errors import ArgumentError, Declined
 from qconform.ops.ggml.keep_quant import MATMUL_BT_QUANT
 from qconform.oracles.ggml.vec_dot_generic import vec_dot_formats
 
@@ -60,11 +59,6 @@ ROWS_PER_CTA, THREADS = 4, 128  # KQ_R weight rows, a warp each; the regrouping 
 ACT_WORDS = {"Q8_K": 76, "Q8_0": 12, "Q8_1": 12}  # KQ_AK, KQ_A0: words per regrouped activation block
 ACT_TILES = (1, 2)  # activation rows per CTA, the kernel's instantiations (MT)
 MAX_GRID_Y = 65535  # CUDA's and HIP's limit on gridDim.y: the weight-row blocks
-# bench-only build of keep_quant_fast.hip: every fast type at M tile 1 on as many CTAs as are resident, each
-# streaming its row groups through two slots of shared memory; Q4_K / Q5_K's slots dynamic (16-byte pieces
-# a thread: 2 steps x 4 rows x header, qs and Q5_K's qh), Q6_K / Q8_0's static
-RING = "-DQK_KF_RING"
-RING_SLOTS = {"Q4_K": 2 * 2 * 4 * 2 * 16 * THREADS, "Q5_K": 2 * 2 * 4 * 3 * 16 * THREADS}
 
 
 def act_tile(M: int, tiles: tuple[int, ...] = ACT_TILES) -> int:
@@ -121,16 +115,8 @@ def matmul_bt_quant(
         symbol = f"qk_kq_fast_{FAST_TYPES[wfmt.name]}_m{mt}"
         act = a8 if afmt.name == "Q8_K" else aq
         args = (W_blocks, act, call.out, np.int64(M), np.int64(N), np.int64(nb))
-        smem = 0
-        if RING in launchers.OPTIONS and mt == 1:
-            kernel, smem = launchers.kernel_of(FAST_SOURCE, symbol), RING_SLOTS.get(wfmt.name, 0)
-            if smem and not launchers.allow_smem(kernel, smem):
-                raise DeviceError(f"{op}: {symbol} cannot take {smem} bytes of dynamic shared memory ({RING})")
-            cta_smem = smem + kernel.shared_size_bytes
-            resident = resident_ctas(THREADS // 32, kernel.num_regs, cta_smem, launchers.smem_limits()[1])
-            grid = (grid[0], min(grid[1], max(1, resident) * launchers.sm_count()))  # one wave, looping
         # a programmatic dependent: the GEMV waits for the quantize before it reads an activation
-        launch_grid(op, FAST_SOURCE, symbol, grid, THREADS, args, shared_mem=smem, dependent=True)
+        launch_grid(op, FAST_SOURCE, symbol, grid, THREADS, args, dependent=True)
         return call.out
     mt = act_tile(M)
     grid = (-(-M // mt), -(-N // ROWS_PER_CTA))
