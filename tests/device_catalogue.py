@@ -1316,11 +1316,6 @@ GQA_FOLD_POS_LATE: Edits = (
     ("qk_gqa_position(position_ids, pid_stride, b, 0, past, first_prompt)",
      "qk_gqa_position(position_ids, pid_stride, b, 0, past + 1, first_prompt)"),
 )  # fmt: skip
-# the early first tile (-DQK_GQA_EARLY_TILE) read in every split, the new row's too (before the append writes it)
-GQA_EARLY_IN_NEW_SPLIT: Edits = (("sp != (int)e.past / chunk;", "sp != -1;"),)
-# the pipelined loop (-DQK_GQA_PIPE) reading the slot whose copies for the next round are in flight
-GQA_PIPE_WRONG_SLOT: Edits = (("qk_gqa_stage_read(kw, vw, slot ? early.ring : early.stage, tid);",
-                               "qk_gqa_stage_read(kw, vw, slot ? early.stage : early.ring, tid);"),)
 # the folded combine's l without the sink's exp(sink - M)
 GQA_FOLD_NO_SINK: Edits = (("l = QK_FADD(l, expf(QK_FADD(sigma, -c_M[tid])));", "l = QK_FADD(l, 0.0f * sigma);"),)
 # the folded combine's 16-byte pieces read at channel q of a head row, not 4 q (overlapping pieces)
@@ -1368,20 +1363,6 @@ GQA_MUTANTS = (
                  "-DQK_GQA_APPEND_V1 -DQK_GQA_COMBINE_LAUNCH", "gqa_decode", None, leaf="Xfp16_Wi8_Yfp16"),
     DeviceMutant("control: gqa mma decode in one launch (-DQK_GQA_COMBINE_FOLD), int8", "ort/gqa.hip", "",
                  "-DQK_GQA_COMBINE_FOLD", "gqa_decode", None, leaf="Xfp16_Wi8_Yfp16"),
-    DeviceMutant("gqa mma early tile (-DQK_GQA_EARLY_TILE): read in the new row's split too, before the append",
-                 "ort/gqa.hip", "", "-DQK_GQA_EARLY_TILE", "gqa_decode", "matches_oracle", leaf="Xfp16_Wfp16_Yfp16",
-                 coverage=2, edits=GQA_EARLY_IN_NEW_SPLIT),
-    DeviceMutant("gqa mma pipelined (-DQK_GQA_PIPE): a round read from the slot being filled for the next",
-                 "ort/gqa.hip", "", "-DQK_GQA_PIPE", "gqa_decode", "matches_oracle", leaf="Xfp16_Wfp16_Yfp16",
-                 coverage=2, edits=GQA_PIPE_WRONG_SLOT),
-    DeviceMutant("control: gqa mma decode with every round copied a round ahead (-DQK_GQA_PIPE), fp16", "ort/gqa.hip",
-                 "", "-DQK_GQA_PIPE", "gqa_decode", None, leaf="Xfp16_Wfp16_Yfp16", coverage=2),
-    DeviceMutant("control: gqa mma prefill with every round copied a round ahead (-DQK_GQA_PIPE), int8", "ort/gqa.hip",
-                 "", "-DQK_GQA_PIPE", "gqa_prefill", None, leaf="Xfp16_Wi8_Yfp16", coverage=2),
-    DeviceMutant("control: gqa mma decode with its first tile read before the append (-DQK_GQA_EARLY_TILE), fp16",
-                 "ort/gqa.hip", "", "-DQK_GQA_EARLY_TILE", "gqa_decode", None, leaf="Xfp16_Wfp16_Yfp16", coverage=2),
-    DeviceMutant("control: gqa mma decode with its first tile read before the append (-DQK_GQA_EARLY_TILE), int8",
-                 "ort/gqa.hip", "", "-DQK_GQA_EARLY_TILE", "gqa_decode", None, leaf="Xfp16_Wi8_Yfp16", coverage=2),
     _gqa("control: gqa SIMT decode kernels (-DQK_GQA_DECODE_SIMT), fp16", "gqa_decode", "Xfp16_Wfp16_Yfp16", (),
          caught_by=None),
     _gqa("control: gqa mma on the portable mma (shuffles), int8", "gqa_decode", "Xfp16_Wi8_Yfp16", (),

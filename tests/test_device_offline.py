@@ -211,8 +211,6 @@ def test_every_patch_applies_once_to_the_shipped_kernel() -> None:
             "-DQK_BNBM_TAB16",
             "-DQK_MOE_FC2_SIMT",
             "-DQK_NBITS_NO_WGMMA",
-            "-DQK_GQA_EARLY_TILE",
-            "-DQK_GQA_PIPE",
             "-DQK_KF_LOADS_FIRST",
         )
         assert all(o in build for o in m.options.split() if o.startswith("-D"))

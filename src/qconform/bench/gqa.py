@@ -24,11 +24,9 @@ decode's new rows appended by the mma kernels' CTAs, the combine folded in up to
 any is used (``-DQK_GQA_APPEND_LOADS_FIRST``: the query's and new rows' before ``seqlens_k``, cos / sin
 after the position; the default build waits one latency an element). Bench-only: beside the default's
 32-bit index arithmetic it measured level or slower (docs/perf-notes.md, session 36). ``--variants
-flash,early,pipe`` times the mma decode with each group's first tile of keys copied in at the CTA's
-start, before the folded append (``-DQK_GQA_EARLY_TILE``; not in the split that holds the new row,
-which reads it after the append writes it); ``pipe`` (``-DQK_GQA_PIPE``) copies every round of the
-loop into shared memory a round ahead as well. ``python -m qconform.bench.phases gqa --variant`` shows
-where each build's time goes.
+flash,early,pipe`` (each group's first tile copied in before the folded append; every round of the
+loop copied a round ahead) were measured slower and taken out (docs/perf-notes.md, session 38).
+``python -m qconform.bench.phases gqa --variant`` shows where each build's time goes.
 ``--variants flash,simt`` times the session-9 SIMT flash kernels
 (``-DQK_GQA_DECODE_SIMT``) beside
 the default ones, which run the attention on the matrix units for this bench's fp16 queries and
@@ -161,8 +159,6 @@ VARIANTS = {  # build options of each attention kernel
     "flash_i8u8": ("-DQK_GQA_I8T_U8",),  # int8 per-tensor tiles of 8 keys a group (3 CTAs an SM); fp16 as flash
     "legacy": ("-DQK_GQA_LEGACY",),
     "loads_first": ("-DQK_GQA_APPEND_LOADS_FIRST",),  # mma decode: the append's reads issued before any use
-    "early": ("-DQK_GQA_EARLY_TILE",),  # mma decode: each group's first tile copied in before the append
-    "pipe": ("-DQK_GQA_PIPE",),  # early, and every round of the mma loop copied into shared memory a round ahead
     STREAM_ORDER: (),  # the default build with every launch in stream order (the combine not a dependent)
 }
 

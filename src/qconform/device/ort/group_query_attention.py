@@ -47,7 +47,7 @@ from qconform.device.abi import bind_call
 from qconform.device.launch import check_aligned
 from qconform.device.launchers import launch, launch_grid
 from qconform.device.loader import device_info
-from qconform.errors import Declined, DeviceError
+from qconform.errors import Declined
 from qconform.ops import OpSpec
 from qconform.ops.ort.group_query_attention import GQA_DECODE, GQA_PREFILL
 
@@ -62,13 +62,11 @@ FOLD_MAX_SPLITS = 16  # the mma kernels fold the combine up to this many splits 
 APPEND_V1 = "-DQK_GQA_APPEND_V1"  # decode's rows by qk_gqa_append (a thread a channel pair; before session 11)
 APPEND_LAUNCH = "-DQK_GQA_APPEND_LAUNCH"  # decode's rows by a qk_gqa_append8 launch, not by the mma kernels
 APPEND_THREADS = 256  # qk_gqa_append8's __launch_bounds__
-PIPE = "-DQK_GQA_PIPE"  # bench-only: the mma loop's rounds copied into shared memory one round ahead
 MMA_HEADS = (16, 32, 64, 128)  # head sizes of the qk_gqa_mma_* kernels
 MMA_TILE = 64  # keys an mma CTA takes at once: QK_GQA_MG groups x QK_GQA_MK keys
 MMA_HB = 8  # QK_GQA_MH: query heads of one KV head per mma CTA
 MMA_RESIDENT = {"f16": {128: 2}, "i8t": {}}  # CTAs per SM (__launch_bounds__) where not 3
 THREADS = 128  # QK_GQA_THREADS
-PIPE_RING = 16 * 16 * THREADS  # PIPE's second slot (dynamic shared memory): up to 16 pieces of 16 bytes a lane
 HB = 4  # QK_GQA_HB: query heads of one KV head per flash CTA
 # flash kernels: cache kind -> (32-bit words a lane loads per row, keys a lane group loads per tile,
 # CTAs resident per SM: QK_GQA_FLASH_MIN_CTAS)
@@ -290,10 +288,6 @@ def _run(op: OpSpec, args: tuple, kwargs: dict[str, Any], out: Any) -> Any:
             symbol = f"qk_gqa_flash_{kind}_{'wide' if wide else 'words'}"
         assert splits <= MAX_SPLITS
         smem = 0
-        if mma is not None and PIPE in launchers.OPTIONS:
-            smem = PIPE_RING
-            if not launchers.allow_smem(launchers.kernel_of(SOURCE, symbol), smem):
-                raise DeviceError(f"{op.name}: {symbol} cannot take {smem} bytes of dynamic shared memory ({PIPE})")
         tail = (i32(is16), alpha, softcap, i32(chunk), i32(splits))
     # decode on the mma kernels: the new rows appended by the attention's CTAs (qk_gqa_mma_append)
     fold_rows = mma is not None and S == 1 and not any(o in launchers.OPTIONS for o in (APPEND_V1, APPEND_LAUNCH))

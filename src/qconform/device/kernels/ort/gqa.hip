@@ -694,162 +694,6 @@ __device__ __forceinline__ qk_u32 qk_gqa_i8pair(qk_u32 x, qk_u32 y, qk_u32 sel) 
     return qk_hfma2(t, 0x3C003C00u, 0xE480E480u);
 }
 
-#if defined(QK_GQA_PIPE) && !defined(QK_GQA_EARLY_TILE)
-#define QK_GQA_EARLY_TILE /* the pipeline's round 0 is the early tile's copy */
-#endif
-#if defined(QK_GQA_EARLY_TILE)
-/* the pieces of a group's tile from key t0 of its split (n keys; rows past n read the last row again),
- * each as f(v, x, y, p): this lane's K pieces (v false) x = nt, y = li of rows t0 + gq (nt 0) and
- * t0 + 8 + gq (nt 1), and its V pieces (v true) x = r, y = lv of rows t0 + 2tq, + 1, + 8, + 9; p the
- * piece's address (the default build's loop reads them inline: its SASS as before) */
-template <int KW, int VW, int KL, int VL, typename F>
-__device__ __forceinline__ void qk_gqa_tile_pieces(const char* kbase, const char* vbase, qk_i64 row_bytes, int t0, int n,
-                                                   int gq, int tq, F&& f) {
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-        const int i = t0 + nt * 8 + gq < n ? t0 + nt * 8 + gq : n - 1; /* past the split: a row it reads anyway */
-#pragma unroll
-        for (int li = 0; li < KL; ++li) f(false, nt, li, kbase + (qk_i64)i * row_bytes + tq * KW + li * 4 * KW);
-    }
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-        const int kr = 2 * tq + (r & 1) + (r >> 1) * 8, i = t0 + kr < n ? t0 + kr : n - 1;
-#pragma unroll
-        for (int lv = 0; lv < VL; ++lv) f(true, r, lv, vbase + (qk_i64)i * row_bytes + gq * VW + lv * 8 * VW);
-    }
-}
-
-/* the tile's pieces read into the loop's words */
-template <int KW, int VW, int KL, int KWD, int VL, int VWD>
-__device__ __forceinline__ void qk_gqa_tile_load(qk_u32 (&kw)[2][KL][KWD], qk_u32 (&vw)[4][VL][VWD], const char* kbase,
-                                                 const char* vbase, qk_i64 row_bytes, int t0, int n, int gq, int tq) {
-    qk_gqa_tile_pieces<KW, VW, KL, VL>(kbase, vbase, row_bytes, t0, n, gq, tq,
-                                       [&](bool v, int x, int y, const char* p) {
-                                           if (v)
-                                               qk_gqa_ldw<VW>(vw[x][y], p);
-                                           else
-                                               qk_gqa_ldw<KW>(kw[x][y], p);
-                                       });
-}
-
-/* the tile's pieces (16 bytes each) copied into slot: piece j of lane tid at slot[j THREADS + tid],
- * K's 2 KL then V's 4 VL (one cp.async group: the caller commits) */
-template <int KW, int VW, int KL, int VL>
-__device__ __forceinline__ void qk_gqa_stage_copy(uint4* slot, const char* kbase, const char* vbase, qk_i64 row_bytes,
-                                                  int t0, int n, int gq, int tq, int tid) {
-    qk_gqa_tile_pieces<KW, VW, KL, VL>(kbase, vbase, row_bytes, t0, n, gq, tq,
-                                       [&](bool v, int x, int y, const char* p) {
-                                           const int j = v ? 2 * KL + x * VL + y : x * KL + y;
-                                           qk_cp_async16(slot + j * QK_GQA_THREADS + tid, p, 16);
-                                       });
-}
-
-/* the lane's own pieces back from slot (its copies waited for: no barrier) as the loop's words */
-template <int KL, int KWD, int VL, int VWD>
-__device__ __forceinline__ void qk_gqa_stage_read(qk_u32 (&kw)[2][KL][KWD], qk_u32 (&vw)[4][VL][VWD], const uint4* slot,
-                                                  int tid) {
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-        for (int li = 0; li < KL; ++li) {
-            const uint4 v = slot[(nt * KL + li) * QK_GQA_THREADS + tid];
-            const qk_u32 u[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-            for (int w = 0; w < KWD; ++w) kw[nt][li][w] = u[w % 4];
-        }
-#pragma unroll
-    for (int r = 0; r < 4; ++r)
-#pragma unroll
-        for (int lv = 0; lv < VL; ++lv) {
-            const uint4 v = slot[(2 * KL + r * VL + lv) * QK_GQA_THREADS + tid];
-            const qk_u32 u[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-            for (int w = 0; w < VWD; ++w) vw[r][lv][w] = u[w % 4];
-        }
-}
-
-/* bench-only (docs/perf-notes.md session 36): each group's first tile of keys copied into shared memory
- * (cp.async) at the CTA's start, before the folded append (a decode), so its latency passes under the
- * query's rotation and the append; the loop's first round reads it from there. Not in the split that
- * holds the new row (it reads that row after the append writes it), and only where a lane's K and V
- * pieces are 16 bytes (KW = VW = 16). Through shared memory, not registers: ptxas gives loaded
- * registers the scoreboard of the append's own reads, whose first use then waits for the tile too; a
- * copy is waited for only where the loop asks. Lane tid's piece j at stage[j THREADS + tid]; the
- * buffer is the kernel's s_acc afterwards (written after a barrier that every first round precedes). */
-template <int KIND, int HD, int KW, int VW>
-struct qk_gqa_early {
-    static constexpr int EB = KIND == 1 ? 2 : 1, KL = HD / 16 / (KW / (4 * EB)), VL = HD / (8 * (VW / EB));
-    static constexpr bool ON = KW == 16 && VW == 16;
-    static constexpr int PIECES = ON ? 2 * KL + 4 * VL : 0;                          /* 16-byte pieces a lane */
-    static constexpr int SACC = QK_GQA_MG * QK_GQA_MH * HD * 4 / 16 / QK_GQA_THREADS; /* s_acc's, a lane */
-    static constexpr int UNITS = (PIECES > SACC ? PIECES : SACC) * QK_GQA_THREADS;
-    uint4* stage;
-#if defined(QK_GQA_PIPE)
-    uint4* ring; /* the second slot (dynamic shared memory, PIECES THREADS units) */
-#endif
-    qk_i64 past, pos; /* the append's, read here once */
-    bool ok;
-};
-
-template <int KIND, int HD, int KW, int VW>
-__device__ __forceinline__ void qk_gqa_early_issue(qk_gqa_early<KIND, HD, KW, VW>& e, const void* present_key,
-                                                   const void* present_value, const int* seqlens_k,
-                                                   const qk_i64* position_ids, qk_i64 pid_stride, int rotary_dim,
-                                                   qk_i64 N, qk_i64 Nk, qk_i64 Tp, int first_prompt, int window,
-                                                   int chunk, int splits) {
-    using Early = qk_gqa_early<KIND, HD, KW, VW>;
-    const int sp = (int)(blockIdx.x % splits), b = (int)blockIdx.x / splits; /* S = 1 */
-    const int tid = (int)threadIdx.x, gq = tid % 32 / 4, tq = tid % 4, t0 = tid / 32 * QK_GQA_MK;
-    const qk_i64 g = qk_gqa_head_block<QK_GQA_MH>(N, Nk).g;
-    qk_i64 k0;
-    const int n = qk_gqa_split_keys(seqlens_k, b, 0, 1, first_prompt, window, sp, chunk, k0);
-    e.past = first_prompt ? 0 : (qk_i64)seqlens_k[b];
-    e.pos = rotary_dim > 0 ? qk_gqa_position(position_ids, pid_stride, b, 0, e.past, first_prompt) : 0;
-    e.ok = Early::ON && t0 < n && sp != (int)e.past / chunk;
-    if (!e.ok) return;
-    const qk_i64 row_bytes = (qk_i64)HD * Early::EB, row0 = (b * Nk + g) * Tp + k0;
-    qk_gqa_stage_copy<KW, VW, Early::KL, Early::VL>(e.stage, (const char*)present_key + row0 * row_bytes,
-                                                   (const char*)present_value + row0 * row_bytes, row_bytes, t0, n,
-                                                   gq, tq, tid);
-    qk_cp_async_commit();
-}
-#if defined(QK_GQA_PIPE)
-/* bench-only (with -DQK_GQA_EARLY_TILE; docs/perf-notes.md session 36): every round of the loop copied
- * into a slot of two (the early stage, then PIECES THREADS units of dynamic shared memory, which the
- * launcher passes) one round ahead: round r + 1's copies are in flight while round r is computed */
-#define QK_GQA_PIPE_RING                                                                                            \
-    extern __shared__ uint4 qk_gqa_ring[];                                                                          \
-    early.ring = qk_gqa_ring
-#else
-#define QK_GQA_PIPE_RING ((void)0)
-#endif
-/* the append inlined: a call waits for every read in flight (sm_90 SASS: a CALL waits on the loads'
- * scoreboards), so a called append would wait for reads the CTA issued before it */
-#define QK_GQA_APPEND_INLINE __forceinline__
-#define QK_GQA_APPEND_PARAM , qk_i64 past_in, qk_i64 pos_in
-#define QK_GQA_APPEND_ARG , early.past, early.pos
-#define QK_GQA_EARLY_PARAM(KIND, HD, KW, VW) , const qk_gqa_early<KIND, HD, KW, VW>&early
-#define QK_GQA_EARLY_ARG , early
-/* a decode (the append folded in: query set) issues the copies; otherwise the kernel reads its tiles
- * as the default build */
-#define QK_GQA_EARLY_ISSUE(KIND, HD, KW, VW)                                                                        \
-    __shared__ uint4 qk_gqa_stage[qk_gqa_early<KIND, HD, KW, VW>::UNITS];                                           \
-    qk_gqa_early<KIND, HD, KW, VW> early;                                                                           \
-    early.stage = qk_gqa_stage;                                                                                     \
-    QK_GQA_PIPE_RING;                                                                                               \
-    early.ok = false;                                                                                               \
-    if (query)                                                                                                      \
-    qk_gqa_early_issue(early, present_key, present_value, seqlens_k, position_ids, pid_stride, rotary_dim, N, Nk, Tp, \
-                       first_prompt, window, chunk, splits)
-#else
-#define QK_GQA_APPEND_INLINE __noinline__
-#define QK_GQA_APPEND_PARAM
-#define QK_GQA_APPEND_ARG
-#define QK_GQA_EARLY_ISSUE(KIND, HD, KW, VW) ((void)0)
-#define QK_GQA_EARLY_PARAM(KIND, HD, KW, VW)
-#define QK_GQA_EARLY_ARG
-#endif
-
 /* One CTA of QK_GQA_THREADS per (query row (b, s), split sp of the keys, KV head g, block of up to
  * QK_GQA_MH of g's query heads), fp16 queries only (their rotated values are fp16, so exact as
  * the mma's operands), fp16 cache (KIND 1) or int8 with per-tensor scales (KIND 2: codes exact in
@@ -881,7 +725,7 @@ __device__ __forceinline__ void qk_gqa_mma(const float* qrot, const float* qbloc
                                            const float* v_scale, float* part_m, float* part_l, float* part_acc,
                                            qk_i64 S, qk_i64 N, qk_i64 Nk, qk_i64 Tp, qk_i64 T, int first_prompt,
                                            int window, int bias_batch, int bias_heads, float alpha, float softcap,
-                                           int chunk, int splits QK_GQA_EARLY_PARAM(KIND, HD, KW, VW)) {
+                                           int chunk, int splits) {
     constexpr int EB = KIND == 1 ? 2 : 1;       /* bytes of a cache element */
     constexpr int KS = HD / 16;                 /* ksteps of the scores */
     constexpr int SPL = KW / (4 * EB);          /* ksteps of one K load */
@@ -893,11 +737,7 @@ __device__ __forceinline__ void qk_gqa_mma(const float* qrot, const float* qbloc
     constexpr int NT = HD / 8;                  /* n tiles of P V */
     constexpr int MH = QK_GQA_MH, MG = QK_GQA_MG, MK = QK_GQA_MK;
     static_assert(SPL >= 1 && KS % SPL == 0 && HD % (8 * E) == 0, "head size and load widths");
-#if defined(QK_GQA_EARLY_TILE)
-    float* const s_acc = (float*)early.stage; /* [MG * MH * HD], the first tiles' buffer before */
-#else
     __shared__ float s_acc[MG * MH * HD];
-#endif
     __shared__ float s_m[MG * MH], s_l[MG * MH], s_f[MG * MH], s_stat[2 * MH];
     const float neg_inf = qk_gqa_neg_inf();
     const int tid = (int)threadIdx.x, grp = tid / 32, lane = tid % 32, gq = lane / 4, tq = lane % 4;
@@ -945,38 +785,10 @@ __device__ __forceinline__ void qk_gqa_mma(const float* qrot, const float* qbloc
     float m = neg_inf, l = 0.0f; /* head gq's running max (the quad's) and the lane's sum of p */
     const bool head_ok = gq < nh;
 
-#if defined(QK_GQA_PIPE)
-    if (qk_gqa_early<KIND, HD, KW, VW>::ON && !early.ok && grp * MK < n) { /* round 0 not copied early */
-        qk_gqa_stage_copy<KW, VW, KL, VL>(early.stage, kbase, vbase, row_bytes, grp * MK, n, gq, tq, tid);
-        qk_cp_async_commit();
-    }
-    int slot = 0; /* round r in slot r % 2: 0 the early stage, 1 the ring */
-#endif
     for (int t0 = grp * MK; t0 < n; t0 += MG * MK) { /* the same trips for the group's 32 lanes */
         /* K rows t0 + gq (tile 0) and t0 + 8 + gq (tile 1), this lane's KW-byte pieces; V rows t0 + 2tq,
          * + 1, + 8, + 9: channels (lv 8 + gq) E .. + E */
         qk_u32 kw[2][KL][KWD], vw[4][VL][VWD];
-#if defined(QK_GQA_PIPE)
-        if (qk_gqa_early<KIND, HD, KW, VW>::ON) { /* round t0 + 64's copies, then round t0's waited for */
-            const int t1 = t0 + MG * MK;
-            if (t1 < n)
-                qk_gqa_stage_copy<KW, VW, KL, VL>(slot ? early.stage : early.ring, kbase, vbase, row_bytes, t1, n, gq,
-                                                  tq, tid);
-            qk_cp_async_commit(); /* an empty group past the split: one group a round */
-            qk_cp_async_wait<1>();
-            qk_gqa_stage_read(kw, vw, slot ? early.ring : early.stage, tid);
-            slot ^= 1;
-        } else {
-            qk_gqa_tile_load<KW, VW>(kw, vw, kbase, vbase, row_bytes, t0, n, gq, tq);
-        }
-#elif defined(QK_GQA_EARLY_TILE)
-        if (early.ok && t0 == grp * MK) { /* the lane's own copies: no barrier (KWD = VWD = 4 here) */
-            qk_cp_async_wait<0>();
-            qk_gqa_stage_read(kw, vw, early.stage, tid);
-        } else {
-            qk_gqa_tile_load<KW, VW>(kw, vw, kbase, vbase, row_bytes, t0, n, gq, tq);
-        }
-#else
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
             const int i = t0 + nt * 8 + gq < n ? t0 + nt * 8 + gq : n - 1; /* past the split: a row it reads anyway */
@@ -992,7 +804,6 @@ __device__ __forceinline__ void qk_gqa_mma(const float* qrot, const float* qbloc
 #pragma unroll
             for (int lv = 0; lv < VL; ++lv) qk_gqa_ldw<VW>(vw[r][lv], p + lv * 8 * VW);
         }
-#endif
         /* the scores: d[nt][0..1] = S[gq][keys nt 8 + 2tq, + 1] */
         float d[2][4];
 #pragma unroll
@@ -1080,9 +891,6 @@ __device__ __forceinline__ void qk_gqa_mma(const float* qrot, const float* qbloc
     /* the quad's sum of p (an xor butterfly), P V = (hi + lo 2^-11) 2^-15, then the groups merged in
      * group order as qk_gqa_flash */
     QK_PHASE_AFTER(7, __float_as_uint(l));
-#if defined(QK_GQA_EARLY_TILE)
-    __syncthreads(); /* every group's first round read the stage before any writes s_acc over it */
-#endif
     l = QK_FADD(l, QK_SHFL_XOR(l, 1, QK_WARP));
     l = QK_FADD(l, QK_SHFL_XOR(l, 2, QK_WARP));
     if (head_ok) {
@@ -1141,14 +949,14 @@ __device__ __forceinline__ void qk_gqa_mma(const float* qrot, const float* qbloc
  * than QK_GQA_MH query heads a KV head's head blocks write the same bytes). Returns the block's
  * rotated query rows (stride HD). fp16 inputs (the mma kernels' queries), per-tensor int8 scales. */
 template <int KIND, int HD>
-__device__ QK_GQA_APPEND_INLINE const float* qk_gqa_mma_append(const void* query, const void* key, const void* value,
+__device__ __noinline__ const float* qk_gqa_mma_append(const void* query, const void* key, const void* value,
                                                        const int* seqlens_k, const void* cos_cache,
                                                        const void* sin_cache, const qk_i64* position_ids,
                                                        const float* k_scale, const float* v_scale,
                                                        void* present_key, void* present_value, qk_i64 N,
                                                        qk_i64 Nk, qk_i64 Tp, qk_i64 pid_stride, int first_prompt,
                                                        int packed, int rotary_dim, int interleaved, int chunk,
-                                                       int splits QK_GQA_APPEND_PARAM) {
+                                                       int splits) {
     constexpr int MH = QK_GQA_MH;
     __shared__ float s_q[MH * HD];
     const int tid = (int)threadIdx.x, sp = (int)(blockIdx.x % splits);
@@ -1185,12 +993,8 @@ __device__ QK_GQA_APPEND_INLINE const float* qk_gqa_mma_append(const void* query
         qk_gqa_new_inputs(xk[j], pk[j], base, src, i % HD, rk[j], rotary_dim, interleaved);
     }
 #endif
-#if defined(QK_GQA_EARLY_TILE)
-    const qk_i64 past = past_in, pos = pos_in;
-#else
     const qk_i64 past = first_prompt ? 0 : (qk_i64)seqlens_k[b];
     const qk_i64 pos = rotate ? qk_gqa_position(position_ids, pid_stride, b, 0, past, first_prompt) : 0;
-#endif
     QK_PHASE_AFTER(1, pos);
 #if defined(QK_GQA_APPEND_LOADS_FIRST)
     if (rotate) { /* row pos of the tables: every slot reads one (its own pair's where it rotates) */
@@ -1488,17 +1292,16 @@ __device__ __noinline__ void qk_gqa_mma_combine(const float* part_m, const float
              const void* key, const void* value, const void* cos_cache, const void* sin_cache,                        \
              const qk_i64* position_ids, qk_i64 pid_stride, int packed, int rotary_dim, int interleaved) {            \
         QK_PHASE(0);                                                                                              \
-        QK_GQA_EARLY_ISSUE(KIND, HD, KW, VW);                                                                     \
         const float* qblock =                                                                                         \
             query ? qk_gqa_mma_append<KIND, HD>(query, key, value, seqlens_k, cos_cache, sin_cache, position_ids,     \
                                                 k_scale, v_scale, (void*)present_key, (void*)present_value, N, Nk,    \
                                                 Tp, pid_stride, first_prompt, packed, rotary_dim, interleaved, chunk, \
-                                                splits QK_GQA_APPEND_ARG)                                             \
+                                                splits)                                             \
                   : nullptr;                                                                                          \
         QK_PHASE(3);                                                                                              \
         qk_gqa_mma<KIND, HD, KW, VW>(qrot, qblock, present_key, present_value, seqlens_k, attention_bias, k_scale,   \
                                      v_scale, part_m, part_l, part_acc, S, N, Nk, Tp, T, first_prompt, window,        \
-                                     bias_batch, bias_heads, alpha, softcap, chunk, splits QK_GQA_EARLY_ARG);         \
+                                     bias_batch, bias_heads, alpha, softcap, chunk, splits);         \
         QK_PHASE(8);                                                                                              \
         if (ticket)                                                                                                   \
             qk_gqa_mma_combine<HD, QK_GQA_CU(C)>(part_m, part_l, part_acc, head_sink, output, ticket, N, Nk, splits,  \
