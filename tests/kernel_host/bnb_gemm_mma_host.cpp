@@ -13,18 +13,6 @@
 
 typedef void (*bnbm_kernel)(QCONFORM_GEMM_4BIT_PARAMS);
 
-static void* load(const char* path) {
-    if (path[0] == '-') return nullptr;
-    FILE* f = fopen(path, "rb");
-    fseek(f, 0, SEEK_END);
-    const long n = ftell(f);
-    rewind(f);
-    void* p = aligned_alloc(256, (size_t)(n + 255) / 256 * 256);
-    if (fread(p, 1, (size_t)n, f) != (size_t)n) exit(3);
-    fclose(f);
-    return p;
-}
-
 int main(int argc, char** argv) {
     if (argc != 14) return 2;
     const char* sym = argv[1];
@@ -33,10 +21,10 @@ int main(int argc, char** argv) {
     const long long M = atoll(argv[2]), N = atoll(argv[3]), K = atoll(argv[4]), bs = atoll(argv[5]);
     const long long qt = atoll(argv[6]), dt = atoll(argv[7]);
     const unsigned grid = (unsigned)atoi(argv[8]);
-    const void* A = load(argv[9]);
-    const qk_u8* B = (const qk_u8*)load(argv[10]);
-    const float* absmax = (const float*)load(argv[11]);
-    const void* bias = load(argv[12]);
+    const void* A = qk_host_load(argv[9]);
+    const qk_u8* B = (const qk_u8*)qk_host_load(argv[10]);
+    const float* absmax = (const float*)qk_host_load(argv[11]);
+    const void* bias = qk_host_load(argv[12]);
     std::barrier<> bar(256);
     qk_host_barrier = &bar;
     std::barrier<> groups[8] = {std::barrier<>(32), std::barrier<>(32), std::barrier<>(32), std::barrier<>(32),

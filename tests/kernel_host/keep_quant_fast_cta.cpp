@@ -22,26 +22,14 @@ static kf_kernel pick(int kind, int mt) {
     return t[kind == 0 ? 0 : kind - 3][mt == 1 ? 0 : mt == 2 ? 1 : 2];
 }
 
-static void* load(const char* path, size_t* size = nullptr) {
-    FILE* f = fopen(path, "rb");
-    fseek(f, 0, SEEK_END);
-    const long n = ftell(f);
-    if (size) *size = (size_t)n;
-    rewind(f);
-    void* p = aligned_alloc(256, (size_t)(n + 255) / 256 * 256);
-    if (fread(p, 1, (size_t)n, f) != (size_t)n) exit(3);
-    fclose(f);
-    return p;
-}
-
 int main(int argc, char** argv) {
     if (argc != 9) return 2;
     const int kind = atoi(argv[1]), M = atoi(argv[2]), N = atoi(argv[3]), nb = atoi(argv[4]);
-    const qk_u8* W = (const qk_u8*)load(argv[5]);
+    const qk_u8* W = (const qk_u8*)qk_host_load(argv[5]);
     size_t bytes = 0;
-    const qk_u8* A = (const qk_u8*)load(argv[6], &bytes);
-    const qk_u8* stale = (const qk_u8*)load(argv[8]); /* the buffer's bytes before the quantize wrote it */
-    qk_u8* Abuf = (qk_u8*)load(argv[8]);
+    const qk_u8* A = (const qk_u8*)qk_host_load(argv[6], &bytes);
+    const qk_u8* stale = (const qk_u8*)qk_host_load(argv[8]); /* the buffer's bytes before the quantize wrote it */
+    qk_u8* Abuf = (qk_u8*)qk_host_load(argv[8]);
     qk_host_prior_dst = Abuf;
     qk_host_prior_src = A;
     qk_host_prior_bytes = bytes;

@@ -6,6 +6,8 @@
  * __shared__ as one static array, __syncthreads a barrier (qk_syncwarp one per 32 threads), width-8
  * xor shuffles through slots. */
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <stdint.h>
 #include <atomic>
@@ -38,6 +40,20 @@ static inline float QK_SHFL_XOR(float v, int m, int w) {
 }
 typedef signed char qk_i8; typedef unsigned char qk_u8; typedef short qk_i16; typedef unsigned short qk_u16;
 typedef int qk_i32; typedef unsigned int qk_u32; typedef long long qk_i64;
+/* the drivers' input files: the bytes of `path` (nullptr for "-"), 256-byte aligned; its size in *size */
+static inline void* qk_host_load(const char* path, size_t* size = nullptr) {
+    if (path[0] == '-') return nullptr;
+    FILE* f = fopen(path, "rb");
+    if (!f) exit(3);
+    fseek(f, 0, SEEK_END);
+    const long n = ftell(f);
+    if (size) *size = (size_t)n;
+    rewind(f);
+    void* p = aligned_alloc(256, (size_t)(n + 255) / 256 * 256);
+    if (fread(p, 1, (size_t)n, f) != (size_t)n) exit(3);
+    fclose(f);
+    return p;
+}
 struct uint4 { qk_u32 x, y, z, w; };
 struct uint2 { qk_u32 x, y; };
 /* programmatic dependent launch (qk_portable.h). keep_quant_fast_cta.cpp stands in for the kernel
