@@ -23,9 +23,9 @@ decode's new rows appended by the mma kernels' CTAs, the combine folded in up to
 ``--variants flash,loads_first`` times the mma decode with the folded append's reads all issued before
 any is used (``-DQK_GQA_APPEND_LOADS_FIRST``: the query's and new rows' before ``seqlens_k``, cos / sin
 after the position; the default build waits one latency an element). Bench-only: beside the default's
-32-bit index arithmetic it measured level or slower (docs/perf-notes.md, session 36). ``--variants
-flash,early,pipe`` (each group's first tile copied in before the folded append; every round of the
-loop copied a round ahead) were measured slower and taken out (docs/perf-notes.md, session 38).
+32-bit index arithmetic it measured level or slower (docs/perf-notes.md, session 36). (Session 36's
+``early`` and ``pipe`` builds, each group's first tile copied in before the folded append and every
+round of the loop copied a round ahead, measured slower and were taken out: perf-notes, session 38.)
 ``python -m qconform.bench.phases gqa --variant`` shows where each build's time goes.
 ``--variants flash,simt`` times the session-9 SIMT flash kernels
 (``-DQK_GQA_DECODE_SIMT``) beside

@@ -1296,12 +1296,12 @@ __device__ __noinline__ void qk_gqa_mma_combine(const float* part_m, const float
             query ? qk_gqa_mma_append<KIND, HD>(query, key, value, seqlens_k, cos_cache, sin_cache, position_ids,     \
                                                 k_scale, v_scale, (void*)present_key, (void*)present_value, N, Nk,    \
                                                 Tp, pid_stride, first_prompt, packed, rotary_dim, interleaved, chunk, \
-                                                splits)                                             \
+                                                splits)                                                               \
                   : nullptr;                                                                                          \
         QK_PHASE(3);                                                                                              \
         qk_gqa_mma<KIND, HD, KW, VW>(qrot, qblock, present_key, present_value, seqlens_k, attention_bias, k_scale,   \
                                      v_scale, part_m, part_l, part_acc, S, N, Nk, Tp, T, first_prompt, window,        \
-                                     bias_batch, bias_heads, alpha, softcap, chunk, splits);         \
+                                     bias_batch, bias_heads, alpha, softcap, chunk, splits);                          \
         QK_PHASE(8);                                                                                              \
         if (ticket)                                                                                                   \
             qk_gqa_mma_combine<HD, QK_GQA_CU(C)>(part_m, part_l, part_acc, head_sink, output, ticket, N, Nk, splits,  \
