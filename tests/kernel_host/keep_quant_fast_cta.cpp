@@ -41,8 +41,7 @@ int main(int argc, char** argv) {
     qk_host_barrier = &bar;
     std::barrier<> groups[4] = {std::barrier<>(32), std::barrier<>(32), std::barrier<>(32), std::barrier<>(32)};
     qk_host_group_barriers = groups;
-    const unsigned row_groups = (unsigned)((N + 3) / 4);
-    const unsigned gy = row_groups;
+    const unsigned gy = (unsigned)((N + 3) / 4); /* row groups of 4 weight rows */
     gridDim = {(unsigned)((M + mt - 1) / mt), gy, 1};
     for (unsigned by = 0; by < gy; ++by)
         for (unsigned bx = 0; bx < gridDim.x; ++bx) {

@@ -1,10 +1,10 @@
 /* Host stand-in for kernels/common/qk_portable.h (tests/test_keep_quant_fast_host.py,
  * tests/test_bnb_gemm_mma_host.py): enough of the portability layer to compile keep_quant_fast.hip and
- * bnb/gemm_mma.hip with g++ and run their device functions on the CPU. dp4a and byte_perm as the PTX ISA defines them (dp4a.s32.s32, prmt.b32
- * default mode); fp32 operations in IEEE single precision (g++ -ffp-contract=off). The kernels run
- * one CTA at a time as host threads (keep_quant_fast_cta.cpp, bnb_gemm_mma_host.cpp): thread-local threadIdx / blockIdx,
- * __shared__ as one static array, __syncthreads a barrier (qk_syncwarp one per 32 threads), width-8
- * xor shuffles through slots. */
+ * bnb/gemm_mma.hip with g++ and run their device functions on the CPU. dp4a and byte_perm as the PTX
+ * ISA defines them (dp4a.s32.s32, prmt.b32 default mode); fp32 operations in IEEE single precision
+ * (g++ -ffp-contract=off). The kernels run one CTA at a time as host threads (keep_quant_fast_cta.cpp,
+ * bnb_gemm_mma_host.cpp): thread-local threadIdx / blockIdx, __shared__ as one static array,
+ * __syncthreads a barrier (qk_syncwarp one per 32 threads), width-8 xor shuffles through slots. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -129,17 +129,6 @@ __device__ __forceinline__ int kf_half(qk_u32 w, int hi) { return (int)(qk_i16)(
  *   Q8_0 {half d; i8 qs[32]}: slice c is bytes 16(c % 2) .. + 15 of the quants of block ib. */
 #define KF_WR(KIND) ((KIND) == 4 ? 8 : (KIND) == 5 ? 12 : (KIND) == 6 ? 12 : 6) /* raw words of a slice */
 
-/* a Q4_K / Q5_K slice's words from its 16-byte pieces: the header, the qs slice, Q5_K's qh half (hv);
- * instantiated for every KIND (kf_wload's branches are not constexpr), hence the indices modulo KF_WR */
-template <int KIND>
-__device__ __forceinline__ void kf_q45_words(const uint4& hd, const uint4& qv, const uint4& hv, qk_u32 (&r)[KF_WR(KIND)]) {
-    r[0] = hd.x; r[1] = hd.y; r[2] = hd.z; r[3] = hd.w;
-    r[4] = qv.x; r[5] = qv.y; r[6 % KF_WR(KIND)] = qv.z; r[7 % KF_WR(KIND)] = qv.w;
-    if (KIND == 5) {
-        r[8 % KF_WR(KIND)] = hv.x; r[9 % KF_WR(KIND)] = hv.y; r[10 % KF_WR(KIND)] = hv.z; r[11 % KF_WR(KIND)] = hv.w;
-    }
-}
-
 /* the raw words of slice c of the block at blk: Q4_K header, qs; Q5_K header, qh, qs; Q6_K ql and
  * qh as kf_raw16 words, the two scale bytes and d; Q8_0 the quants as kf_raw16 words and d */
 template <int KIND>
@@ -147,8 +136,12 @@ __device__ __forceinline__ void kf_wload(const qk_u8* blk, int c, qk_u32 (&r)[KF
     if (KIND == 4 || KIND == 5) {
         const uint4 hd = *(const uint4*)blk;
         const uint4 qv = *(const uint4*)(blk + (KIND == 5 ? 48 : 16) + 16 * c);
-        const uint4 hv = KIND == 5 ? *(const uint4*)(blk + 16 + 16 * (c & 1)) : hd;
-        kf_q45_words<KIND>(hd, qv, hv, r);
+        r[0] = hd.x; r[1] = hd.y; r[2] = hd.z; r[3] = hd.w;
+        r[4] = qv.x; r[5] = qv.y; r[6] = qv.z; r[7] = qv.w;
+        if (KIND == 5) {
+            const uint4 hv = *(const uint4*)(blk + 16 + 16 * (c & 1));
+            r[8 % KF_WR(KIND)] = hv.x; r[9 % KF_WR(KIND)] = hv.y; r[10 % KF_WR(KIND)] = hv.z; r[11 % KF_WR(KIND)] = hv.w;
+        }
     } else if (KIND == 6) {
         const int h = c >> 2, p = c & 3, i0 = 8 * h + 2 * (p >> 1) + (p & 1);
         kf_raw16(blk + 64 * h + 16 * p, r);
@@ -331,15 +324,14 @@ __device__ __forceinline__ float kf_xor_sum(float v) {
     return v;
 }
 
-/* The CTA's outputs: after a barrier, thread rr * MT + m adds the 4 groups' partial sums of row rr
- * (of row group rg), activation row m in group order and stores the rows that exist. */
+/* The CTA's outputs: after a barrier, thread rr * MT + m adds the 4 groups' partial sums of row rr,
+ * activation row m in group order and stores the rows that exist. */
 template <int MT>
-__device__ __forceinline__ void kf_store(const float (&part)[KF_GROUPS][KF_ROWS][MT], int t, qk_i64 m0, int mt, qk_i64 N, float* Y,
-                                         qk_i64 rg) {
+__device__ __forceinline__ void kf_store(const float (&part)[KF_GROUPS][KF_ROWS][MT], int t, qk_i64 m0, int mt, qk_i64 N, float* Y) {
     __syncthreads();
     if (t < KF_ROWS * MT) {
         const int rr = t / MT, m = t % MT;
-        const qk_i64 nn = rg * KF_ROWS + rr;
+        const qk_i64 nn = (qk_i64)blockIdx.y * KF_ROWS + rr;
         if (m < mt && nn < N) {
             float y = part[0][rr][m];
 #pragma unroll
@@ -425,7 +417,7 @@ __device__ __forceinline__ void kf_gemv(const qk_u8* __restrict__ W, const qk_u8
         const float v = kf_xor_sum<8>(acc[m]);
         if (c == 0) part[w][r][m] = v;
     }
-    kf_store<MT>(part, t, m0, mt, N, Y, blockIdx.y);
+    kf_store<MT>(part, t, m0, mt, N, Y);
 }
 
 #ifndef QK_KQ_FAST_V1
@@ -495,14 +487,13 @@ __device__ __forceinline__ void kf2_gemv(const qk_u8* __restrict__ W, const qk_u
             const float v = kf_xor_sum<32>(acc[rr][m]);
             if ((t & 31) == 0) part[w][rr][m] = v;
         }
-    kf_store<MT>(part, t, m0, mt, N, Y, blockIdx.y);
+    kf_store<MT>(part, t, m0, mt, N, Y);
     QK_PHASE(4);
 }
 #define KF_GEMV_Q45(NAME, KIND, TS, MT, UNROLL, UNROLL2) kf2_gemv<KIND, TS, MT, UNROLL2>
 #else
 #define KF_GEMV_Q45(NAME, KIND, TS, MT, UNROLL, UNROLL2) kf_gemv<KIND, TS, MT, UNROLL>
 #endif
-#define KF_GEMV_Q68(KIND, TS, MT, UNROLL) (kf_gemv<KIND, TS, MT, UNROLL>)
 
 /* (type, KIND, type size) x MT activation rows per CTA */
 #define KF_GEMV(NAME, KIND, TS, MT, UNROLL, FN)                                                        \
@@ -515,8 +506,8 @@ __device__ __forceinline__ void kf2_gemv(const qk_u8* __restrict__ W, const qk_u
 #define KF_GEMV_ALL(MT, UNROLL, UNROLL2)                                                        \
     KF_GEMV(q4_k, 4, 144, MT, UNROLL, KF_GEMV_Q45(q4_k, 4, 144, MT, UNROLL, UNROLL2))           \
     KF_GEMV(q5_k, 5, 176, MT, UNROLL, KF_GEMV_Q45(q5_k, 5, 176, MT, UNROLL, UNROLL2))           \
-    KF_GEMV(q6_k, 6, 210, MT, UNROLL, KF_GEMV_Q68(6, 210, MT, UNROLL))                            \
-    KF_GEMV(q8_0, 0, 34, MT, UNROLL, KF_GEMV_Q68(0, 34, MT, UNROLL))
+    KF_GEMV(q6_k, 6, 210, MT, UNROLL, (kf_gemv<6, 210, MT, UNROLL>))                            \
+    KF_GEMV(q8_0, 0, 34, MT, UNROLL, (kf_gemv<0, 34, MT, UNROLL>))
 
 #ifndef QK_KF_STEPS_M1
 #define QK_KF_STEPS_M1 2 /* round 2: steps in flight a thread at M tile 1 (1: the bench fast-u1; ptxas then sinks loads) */

@@ -786,8 +786,7 @@ __device__ __forceinline__ void qk_gqa_mma(const float* qrot, const float* qbloc
     const bool head_ok = gq < nh;
 
     for (int t0 = grp * MK; t0 < n; t0 += MG * MK) { /* the same trips for the group's 32 lanes */
-        /* K rows t0 + gq (tile 0) and t0 + 8 + gq (tile 1), this lane's KW-byte pieces; V rows t0 + 2tq,
-         * + 1, + 8, + 9: channels (lv 8 + gq) E .. + E */
+        /* K rows t0 + gq (tile 0) and t0 + 8 + gq (tile 1), this lane's KW-byte pieces */
         qk_u32 kw[2][KL][KWD], vw[4][VL][VWD];
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
@@ -796,6 +795,7 @@ __device__ __forceinline__ void qk_gqa_mma(const float* qrot, const float* qbloc
 #pragma unroll
             for (int li = 0; li < KL; ++li) qk_gqa_ldw<KW>(kw[nt][li], p + li * 4 * KW);
         }
+        /* V rows t0 + 2tq, + 1, + 8, + 9: channels (lv 8 + gq) E .. + E */
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
             const int kr = 2 * tq + (r & 1) + (r >> 1) * 8;
