@@ -24,6 +24,7 @@ from device_catalogue import (
 )
 
 from qconform.device.bnb_tiling import TOKENS
+from qconform.device.patch import apply_edits
 from qconform.device.registry import KERNEL_DIR
 from qconform.ops import get_op
 from qconform.ops.abi import DTYPE
@@ -51,11 +52,7 @@ DTYPES = ("float16", "bfloat16")
 
 
 def _build(tmp: Path, edits: Edits = ()) -> Path:
-    src = (KERNEL_DIR / "bnb" / "gemm_mma.hip").read_text()
-    for old, new in edits:
-        assert src.count(old) == 1, old
-        src = src.replace(old, new)
-    (tmp / "gemm_mma.hip").write_text(src)
+    (tmp / "gemm_mma.hip").write_text(apply_edits((KERNEL_DIR / "bnb" / "gemm_mma.hip").read_text(), edits))
     shutil.copy(KERNEL_DIR / "bnb" / "gemm_common.h", tmp)
     shutil.copy(COMMON / "qconform_abi.h", tmp)
     shutil.copy(HERE / "qk_portable.h", tmp)
