@@ -16,6 +16,10 @@ and Q8_0 through ``ggml/keep_quant_fast.hip`` instead: llama.cpp's mmvq layout i
 (each output within the contract's bound, not bit-identical to the generic order); Q8_K activations
 read as quantized (no regrouping launch), Q8_0 ones as ``qk_q8_0_quant_words`` writes them; CTAs of 4 weight rows x 1, 2
 or 4 activation rows. The other types run the generic-order kernel, which meets that bound too.
+Bench-only build option ``-DQK_KF_FUSED``: Q4_K / Q5_K at M = 1 in one launch (``qk_kq_fused_<t>``), each
+CTA quantizing the row into its shared memory and taking every gridDim-th group of 4 weight rows, as many
+CTAs as are resident at once (at most ``FUSED_CTAS_PER_SM`` an SM where the bench sets it); the same bits as
+the two launches.
 """
 
 from __future__ import annotations
@@ -25,11 +29,12 @@ from typing import Any
 import cupy
 import numpy as np
 
+from qconform.device import launchers
 from qconform.device.abi import bind_call
 from qconform.device.ggml.q8_quant import quantize
 from qconform.device.launch import check_aligned
-from qconform.device.launchers import launch_grid
-from qconform.device.registry import kernel_for
+from qconform.device.launchers import kernel_of, launch_grid, sm_count, smem_limits
+from qconform.device.registry import kernel_for, resident_ctas
 from qconform.errors import ArgumentError, Declined
 from qconform.ops.ggml.keep_quant import MATMUL_BT_QUANT
 from qconform.oracles.ggml.vec_dot_generic import vec_dot_formats
@@ -59,11 +64,30 @@ ROWS_PER_CTA, THREADS = 4, 128  # KQ_R weight rows, a warp each; the regrouping 
 ACT_WORDS = {"Q8_K": 76, "Q8_0": 12, "Q8_1": 12}  # KQ_AK, KQ_A0: words per regrouped activation block
 ACT_TILES = (1, 2)  # activation rows per CTA, the kernel's instantiations (MT)
 MAX_GRID_Y = 65535  # CUDA's and HIP's limit on gridDim.y: the weight-row blocks
+FUSED_OPTION = "-DQK_KF_FUSED"  # bench-only: Q4_K / Q5_K at M = 1 in one launch (qk_kq_fused_<t>)
+FUSED_CTAS_PER_SM: int | None = None  # the bench's cap on the one-launch kernel's CTAs an SM (None: all resident)
+FUSED_TYPES = ("Q4_K", "Q5_K")
 
 
 def act_tile(M: int, tiles: tuple[int, ...] = ACT_TILES) -> int:
     """The activation rows a CTA takes: the smallest tile holding M, else the largest."""
     return next((t for t in tiles if t >= M), tiles[-1])
+
+
+def _fused(W_blocks: Any, wtype: str, A_fp32: Any, out: Any, N: int, nb: int) -> bool:
+    """The M = 1 call through the one-launch build's kernel (``FUSED_OPTION``); False where it does not
+    apply (another build or type, or the row's Q8_K blocks over the CTA's shared memory)."""
+    if FUSED_OPTION not in launchers.OPTIONS or wtype not in FUSED_TYPES:
+        return False
+    symbol = f"qk_kq_fused_{FAST_TYPES[wtype]}"
+    kernel, smem = kernel_of(FAST_SOURCE, symbol), nb * 292  # block_q8_K
+    if smem > 48 * 1024 and not launchers.allow_smem(kernel, smem):
+        return False
+    per_sm = resident_ctas(THREADS // 32, kernel.num_regs, smem + 64, smem_limits()[1])
+    grid = min(-(-N // ROWS_PER_CTA), min(per_sm, FUSED_CTAS_PER_SM or per_sm) * sm_count())
+    args = (A_fp32, W_blocks, out, np.int64(N), np.int64(nb))
+    launch_grid(MATMUL_BT_QUANT.name, FAST_SOURCE, symbol, grid, THREADS, args, shared_mem=smem, dependent=True)
+    return True
 
 
 def matmul_bt_quant(
@@ -92,6 +116,8 @@ def matmul_bt_quant(
     nb = A_fp32.shape[1] // afmt.block_size
     op, blocks, words = MATMUL_BT_QUANT.name, M * nb, ACT_WORDS[afmt.name]
     fast = order == "any" and wfmt.name in FAST_TYPES
+    if fast and M == 1 and _fused(W_blocks, wfmt.name, A_fp32, call.out, N, nb):
+        return call.out
     aq = cupy.empty(0 if fast and afmt.name == "Q8_K" else blocks * words, cupy.uint32)
     if afmt.name == "Q8_0":  # quantized straight into the regrouped words: one launch, 2 lanes a block
         launch_grid(

@@ -324,14 +324,15 @@ __device__ __forceinline__ float kf_xor_sum(float v) {
     return v;
 }
 
-/* The CTA's outputs: after a barrier, thread rr * MT + m adds the 4 groups' partial sums of row rr,
- * activation row m in group order and stores the rows that exist. */
+/* The CTA's outputs: after a barrier, thread rr * MT + m adds the 4 groups' partial sums of row
+ * n0 + rr, activation row m0 + m in group order and stores the rows that exist. */
 template <int MT>
-__device__ __forceinline__ void kf_store(const float (&part)[KF_GROUPS][KF_ROWS][MT], int t, qk_i64 m0, int mt, qk_i64 N, float* Y) {
+__device__ __forceinline__ void kf_store(const float (&part)[KF_GROUPS][KF_ROWS][MT], int t, qk_i64 m0, qk_i64 n0, int mt, qk_i64 N,
+                                         float* Y) {
     __syncthreads();
     if (t < KF_ROWS * MT) {
         const int rr = t / MT, m = t % MT;
-        const qk_i64 nn = (qk_i64)blockIdx.y * KF_ROWS + rr;
+        const qk_i64 nn = n0 + rr;
         if (m < mt && nn < N) {
             float y = part[0][rr][m];
 #pragma unroll
@@ -417,7 +418,7 @@ __device__ __forceinline__ void kf_gemv(const qk_u8* __restrict__ W, const qk_u8
         const float v = kf_xor_sum<8>(acc[m]);
         if (c == 0) part[w][r][m] = v;
     }
-    kf_store<MT>(part, t, m0, mt, N, Y);
+    kf_store<MT>(part, t, m0, (qk_i64)blockIdx.y * KF_ROWS, mt, N, Y);
 }
 
 #ifndef QK_KQ_FAST_V1
@@ -430,12 +431,11 @@ __device__ __forceinline__ void kf_gemv(const qk_u8* __restrict__ W, const qk_u8
  * (the arithmetic of round 1), then xor shuffles of width 32 over the warp's 4 block columns x 8
  * slices, and kf_store adds the 4 warps' partial rows in warp order. */
 template <int KIND, int TS, int MT, int UNROLL>
-__device__ __forceinline__ void kf2_gemv(const qk_u8* __restrict__ W, const qk_u8* __restrict__ aq, float* __restrict__ Y,
-                                         qk_i64 M, qk_i64 N, qk_i64 nb) {
+__device__ __forceinline__ void kf2_rows(const qk_u8* __restrict__ W, const qk_u8* __restrict__ aq, float* __restrict__ Y,
+                                         qk_i64 M, qk_i64 N, qk_i64 nb, qk_i64 m0, qk_i64 n0) {
     constexpr int COLS = 4 * KF_GROUPS; /* block columns of a CTA: 8 slices each */
     __shared__ float part[KF_GROUPS][KF_ROWS][MT];
     const int t = threadIdx.x, w = t >> 5, c = t & 7, kc = t >> 3, g = c >> 1, half = c & 1;
-    const qk_i64 m0 = (qk_i64)blockIdx.x * MT, n0 = (qk_i64)blockIdx.y * KF_ROWS;
     const int mt = (int)(M - m0 < MT ? M - m0 : MT);
     const qk_u8* rows[KF_ROWS];
 #pragma unroll
@@ -487,8 +487,15 @@ __device__ __forceinline__ void kf2_gemv(const qk_u8* __restrict__ W, const qk_u
             const float v = kf_xor_sum<32>(acc[rr][m]);
             if ((t & 31) == 0) part[w][rr][m] = v;
         }
-    kf_store<MT>(part, t, m0, mt, N, Y);
+    kf_store<MT>(part, t, m0, n0, mt, N, Y);
     QK_PHASE(4);
+}
+
+/* the CTA's rows: activation rows blockIdx.x * MT .., weight rows blockIdx.y * 4 .. */
+template <int KIND, int TS, int MT, int UNROLL>
+__device__ __forceinline__ void kf2_gemv(const qk_u8* __restrict__ W, const qk_u8* __restrict__ aq, float* __restrict__ Y,
+                                         qk_i64 M, qk_i64 N, qk_i64 nb) {
+    kf2_rows<KIND, TS, MT, UNROLL>(W, aq, Y, M, N, nb, (qk_i64)blockIdx.x * MT, (qk_i64)blockIdx.y * KF_ROWS);
 }
 #define KF_GEMV_Q45(NAME, KIND, TS, MT, UNROLL, UNROLL2) kf2_gemv<KIND, TS, MT, UNROLL2>
 #else
@@ -515,3 +522,52 @@ __device__ __forceinline__ void kf2_gemv(const qk_u8* __restrict__ W, const qk_u
 KF_GEMV_ALL(1, 4, QK_KF_STEPS_M1)
 KF_GEMV_ALL(2, 2, 1)
 KF_GEMV_ALL(4, 1, 1)
+
+#ifdef QK_KF_FUSED
+/* Bench-only -DQK_KF_FUSED: the M = 1 Q4_K / Q5_K call in one launch, qk_kq_fused_<t>(X, W, Y, N, nb),
+ * without the quantize launch before it: every CTA quantizes the activation row X (fp32, K = 256 nb)
+ * into its own shared memory (the launcher's nb * 292 bytes), warp w the super-blocks w, w + 4, ...
+ * by qk_q8_k_quant_w32's arithmetic (qk_q8_k_block_lanes: the same bytes), QK_KFQ_BLOCKS of them a
+ * pass with every load of the pass issued first; then it takes the row groups blockIdx.x,
+ * blockIdx.x + gridDim.x, ... (the launcher's grid: the CTAs resident at once, at most one per group)
+ * through kf2_rows on those blocks -- the same arithmetic as the two launches, so the same bits. The
+ * row costs each CTA 1 KiB of L2 reads a super-block. */
+#include "ggml/q8_quant.hip" /* qk_q8_k_block_lanes, QK_K (its kernels come along, unused) */
+#ifndef QK_KFQ_BLOCKS
+#define QK_KFQ_BLOCKS 8 /* super-blocks a warp quantizes per pass (2 float4 a lane each) */
+#endif
+template <int KIND, int TS>
+__device__ __forceinline__ void kfq_gemv(const float* __restrict__ X, const qk_u8* __restrict__ W, float* __restrict__ Y, qk_i64 N,
+                                         qk_i64 nb) {
+    QK_EXTERN_SHARED(uint4, kfq_act4); /* nb Q8_K blocks */
+    qk_u8* act = (qk_u8*)kfq_act4;
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+    const float4* x4 = (const float4*)X;
+    for (qk_i64 b0 = w; b0 < nb; b0 += KF_GROUPS * QK_KFQ_BLOCKS) { /* the same trips for a warp's lanes */
+        float4 v[QK_KFQ_BLOCKS][2];
+#pragma unroll
+        for (int j = 0; j < QK_KFQ_BLOCKS; ++j) {
+            const qk_i64 ib = b0 + KF_GROUPS * j;
+#pragma unroll
+            for (int k = 0; k < 2; ++k) v[j][k] = ib < nb ? x4[ib * (QK_K / 4) + 32 * k + l] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int j = 0; j < QK_KFQ_BLOCKS; ++j)
+            if (b0 + KF_GROUPS * j < nb) qk_q8_k_block_lanes<32>(v[j], l, act, (int)(b0 + KF_GROUPS * j));
+    }
+    __syncthreads();
+    for (qk_i64 n0 = (qk_i64)blockIdx.x * KF_ROWS; n0 < N; n0 += (qk_i64)gridDim.x * KF_ROWS) {
+        kf2_rows<KIND, TS, 1, QK_KF_STEPS_M1>(W, act, Y, 1, N, nb, 0, n0);
+        __syncthreads(); /* kf_store's reads of the partial sums before the next group writes them */
+    }
+}
+
+#define KF_FUSED(NAME, KIND, TS)                                                                                 \
+    extern "C" __global__ void __launch_bounds__(32 * KF_GROUPS) qk_kq_fused_##NAME(                            \
+        const float* X, const qk_u8* W, float* Y, qk_i64 N, qk_i64 nb) {                                        \
+        QK_WAIT_PRIOR_GRID(); /* launched as a programmatic dependent of the kernel before: X may be its output */ \
+        kfq_gemv<KIND, TS>(X, W, Y, N, nb);                                                                      \
+    }
+KF_FUSED(q4_k, 4, 144)
+KF_FUSED(q5_k, 5, 176)
+#endif

@@ -12,10 +12,28 @@
  * with (LANES, THREADS) per kernel in qconform/device/kernels.py. */
 #include "qk_portable.h"
 
-#include "ggml/q8_k_rules.h" /* QK_K, Q8_K_*, qk_q8_k_value, qk_q8_k_block_lanes */
-
 #define QK8_0 32
 #define Q8_0_BYTES 34
+#define QK_K 256
+#define Q8_K_BYTES 292
+#define Q8_K_QS 4
+#define Q8_K_BSUMS 260
+
+/* ggml nearest_int(f) (ggml-quants.c:621) on x86-64: f + 1.5*2^23 in fp32, low 22 mantissa
+ * bits; round half to even. x86 keeps an input NaN's payload through the multiply and add
+ * (quieting sets bit 22), a NaN made by the arithmetic (0 * inf) is the default NaN and gives 0. */
+__device__ __forceinline__ int qk_nearest_int_x86(float f, float src) {
+    if (qk_isnan(f)) return qk_isnan(src) ? (int)(qk_bits(src) & 0x3FFFFFu) : 0;
+    float v = QK_FADD(f, 12582912.0f);
+    return (int)(qk_bits(v) & 0x7FFFFFu) - 0x400000;
+}
+
+/* one Q8_K value: MIN(127, nearest_int(iscale * x)) as int8 (two's-complement wrap) */
+__device__ __forceinline__ int qk_q8_k_value(float iscale, float x) {
+    float p = qk_ftz(QK_FMUL(iscale, qk_ftz(x)));
+    int q = qk_nearest_int_x86(p, x);
+    return (int)(qk_i8)(q < 127 ? q : 127);
+}
 
 /* (int8_t)roundf(v) on x86-64: ties away from zero; cvttss2si gives INT_MIN (low byte 0) for
  * NaN, inf and |v| >= 2^31. Truncating v + copysign(0.49999997f, v), rounded once in fp32, is
@@ -139,12 +157,58 @@ qk_q8_k_quant_ref(const void* in, void* out, qk_i64 n_blocks) {
 }
 
 /* -------------------------------------------------------------- Q8_K quantize, cooperative */
+/* One super-block by LANES lanes of a shuffle group (width LANES, so the same on wave32 and wave64):
+ * lane l holds float4 number LANES k + l of it in v[k] and writes those quants, its bsums (group
+ * (LANES k + l) / 4 summed over a quad of lanes) and, lane 0, d to block slot of the blocks at ys.
+ * Each lane takes the first strict max of |x| over its values in index order, then the lanes reduce
+ * (|x|, index) with shuffles: larger |x| wins, on equal |x| the lower index -- exactly the
+ * reference's first strict max. Every lane of the group takes part (the shuffles). Also the
+ * keep-quant GEMV's own quantize (keep_quant_fast.hip, -DQK_KF_FUSED). */
+template <int LANES>
+__device__ __forceinline__ void qk_q8_k_block_lanes(const float4 (&v)[64 / LANES], int l, qk_u8* ys, int slot) {
+    constexpr int NV = 64 / LANES; /* float4 a lane */
+    float amax = 0.0f, mx = 0.0f;
+    int idx = QK_K;
+    for (int k = 0; k < NV; ++k) {
+        const float c[4] = {v[k].x, v[k].y, v[k].z, v[k].w};
+        for (int b = 0; b < 4; ++b) {
+            float x = qk_ftz(c[b]);
+            float a = fabsf(x);
+            if (a > amax) { amax = a; mx = x; idx = 4 * (LANES * k + l) + b; }
+        }
+    }
+    for (int m = 1; m < LANES; m <<= 1) {
+        float oa = QK_SHFL_XOR(amax, m, LANES);
+        float om = QK_SHFL_XOR(mx, m, LANES);
+        int oi = QK_SHFL_XOR(idx, m, LANES);
+        if (oa > amax || (oa == amax && oi < idx)) { amax = oa; mx = om; idx = oi; }
+    }
+    const bool zero = amax == 0.0f;
+    const float iscale = zero ? 0.0f : qk_ftz(QK_FDIV(-127.0f, mx));
+    qk_u8* y = ys + slot * Q8_K_BYTES;
+    for (int k = 0; k < NV; ++k) {
+        const float c[4] = {v[k].x, v[k].y, v[k].z, v[k].w};
+        qk_u32 word = 0u;
+        int sum = 0;
+        for (int b = 0; b < 4; ++b) {
+            int q = zero ? 0 : qk_q8_k_value(iscale, c[b]);
+            sum += q;
+            word |= ((qk_u32)q & 0xFFu) << (8 * b);
+        }
+        sum += QK_SHFL_XOR(sum, 1, LANES);
+        sum += QK_SHFL_XOR(sum, 2, LANES);
+        ((qk_u32*)(y + Q8_K_QS))[LANES * k + l] = word;
+        if ((l & 3) == 0) ((qk_i16*)(y + Q8_K_BSUMS))[(LANES / 4) * k + (l >> 2)] = (qk_i16)sum;
+    }
+    if (l == 0) *(float*)y = zero ? 0.0f : qk_ftz(QK_FDIV(1.0f, iscale));
+}
+
 /* LANES lanes per super-block (a shuffle group of width LANES, so the same for wave32 and wave64):
  * coop 8 lanes, w32 32 (a warp a super-block, for short rows such as a GEMV's activation: K = 8192
  * is 32 super-blocks, one coop CTA whose lanes each run a chain over 32 values; w32's run over 8).
  * Lane l reads float4 number LANES k + l (k = 0 .. 64 / LANES - 1, in index order): LANES lanes read
  * 16 LANES contiguous bytes at a time; the super-block's arithmetic is qk_q8_k_block_lanes
- * (q8_k_rules.h: the reference's first strict max, so both kernels write the same bytes). Results are
+ * (the reference's first strict max, so both kernels write the same bytes). Results are
  * staged in shared memory for one coalesced store. THREADS <= 256 (a multiple of LANES).
  * Out-of-range groups still take part in every shuffle and barrier. */
 template <int LANES>
