@@ -202,6 +202,9 @@ if part patched; then
   done
   front "$KERNELS/ggml/keep_quant_fast.hip -DQK_PHASES -DQK_KF_LOADS_FIRST" -DQK_PHASES -DQK_KF_LOADS_FIRST \
     "$KERNELS/ggml/keep_quant_fast.hip"
+  for def in -DQK_KFQ_LOADS_FIRST -DQK_KFQ_LANES=8 -DQK_KFQ_LANES=32; do  # the one-launch build's variants
+    front "$KERNELS/ggml/keep_quant_fast.hip -DQK_KF_FUSED $def" -DQK_KF_FUSED "$def" "$KERNELS/ggml/keep_quant_fast.hip"
+  done
   # the other builds the benches and the device mutants' controls load (each option a kernel reads: tests/
   # test_build_options.py): the portable mma's shuffle form on NVIDIA (-DQK_MMA_EMULATE), bnb's 16-copy
   # table (-DQK_BNBM_TAB16), its cpu reading on the SIMT kernel (-DQK_BNB_CPU_SIMT) and session 7's SIMT

@@ -1084,9 +1084,11 @@ def _fast_delayed(name: str, edits: Edits) -> DeviceMutant:
 
 # bench-only -DQK_KF_FUSED (the M = 1 Q4_K / Q5_K call in one launch, each CTA quantizing the row
 # itself; tests/test_keep_quant_fast_host.py runs it on the host too): each super-block's quants read in
-# another order than qk_q8_k_quant_w32's (lane l's second float4 its neighbour's); each CTA's first row
+# another order than qk_q8_k_quant_w32's (lane l's odd float4s its neighbour's); each CTA's first row
 # group skipped (its outputs never written)
-KFQ_LANE_ORDER: Edits = (("x4[ib * (QK_K / 4) + 32 * k + l]", "x4[ib * (QK_K / 4) + 32 * k + (l ^ k)]"),)
+KFQ_LANE_ORDER: Edits = (
+    ("x4[ib * (QK_K / 4) + QK_KFQ_LANES * k + l]", "x4[ib * (QK_K / 4) + QK_KFQ_LANES * k + (l ^ (k & 1))]"),
+)
 KFQ_FIRST_GROUP_SKIPPED: Edits = (
     ("for (qk_i64 n0 = (qk_i64)blockIdx.x * KF_ROWS;", "for (qk_i64 n0 = (qk_i64)(blockIdx.x + gridDim.x) * KF_ROWS;"),
 )

@@ -186,13 +186,18 @@ def test_fast_kernel_mutants_fail_on_the_host(tmp_path: Path, qtype: str, edits:
 
 # -DQK_KF_FUSED (bench-only): the M = 1 Q4_K / Q5_K call in one launch, every CTA quantizing the fp32 row
 # into its shared memory itself. (N, K, CTAs): 3 row groups on 2 CTAs (one takes two) and 37 super-blocks
-# (two quantize passes, the second partial); 3 super-blocks (a warp with none); more CTAs than row groups
-FUSED_SHAPES = ((9, 37 * 256, 2), (4, 768, 1), (13, 2560, 5))
+# (two quantize passes, the second partial); 3 super-blocks (threads without a trip: the quantize first
+# in every build); more CTAs than row groups; 20 super-blocks (every thread one trip)
+FUSED_SHAPES = ((9, 37 * 256, 2), (4, 768, 1), (13, 2560, 5), (6, 20 * 256, 2))
+# the bench's one-launch builds: 4 lanes a super-block (the default), 32, 8; the quantize after the first
+# row group's first weight loads
+LF = "#define QK_KFQ_LOADS_FIRST\n"
+FUSED_BUILDS = ("", "#define QK_KFQ_LANES 32\n", LF, LF + "#define QK_KFQ_LANES 8\n")
 FUSED = "#define QK_KF_FUSED\n"
-# the last super-block of a quantize pass never quantized: the CTA's stale shared memory read (on the
+# the last quantize pass never run: the CTA's stale shared memory read (on the
 # host only: on a device the slot may still hold an earlier CTA's quantization of the same row)
 KFQ_LAST_SKIPPED: Edits = (
-    ("if (b0 + KF_GROUPS * j < nb) qk_q8_k_block_lanes", "if (b0 + KF_GROUPS * j + 1 < nb) qk_q8_k_block_lanes"),
+    ("for (qk_i64 b0 = 0; b0 < nb; b0 += KFQ_PASS)", "for (qk_i64 b0 = 0; b0 + KFQ_PASS < nb; b0 += KFQ_PASS)"),
 )
 # the scale -128 / max instead of the reference's -127 / max (an |x| tie broken the other way, by
 # contrast, negates d and every quant together, which no GEMV output shows)
@@ -238,11 +243,11 @@ def _fused_and_two_launch(tmp: Path, qtype: str, N: int, K: int, ctas: int, fuse
     return np.fromfile(tmp / "y1.bin", np.float32), np.fromfile(tmp / "y2.bin", np.float32), W, a8
 
 
-@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K"])
-def test_one_launch_kernel_is_the_two_launches_bit_for_bit(tmp_path: Path, qtype: str) -> None:
-    """Every output of the one-launch build stored, bit-identical to the shipped two launches on the
+@pytest.mark.parametrize("qtype,build", [(q, b) for q in ("Q4_K", "Q5_K") for b in FUSED_BUILDS])
+def test_one_launch_kernel_is_the_two_launches_bit_for_bit(tmp_path: Path, qtype: str, build: str) -> None:
+    """Every output of the one-launch builds stored, bit-identical to the shipped two launches on the
     oracle's Q8_K bytes of the row, and within the order=any bound."""
-    fused = _build(tmp_path, driver="keep_quant_fused_cta.cpp", defines=FUSED)
+    fused = _build(tmp_path, driver="keep_quant_fused_cta.cpp", defines=FUSED + build)
     two = _build(tmp_path, driver="keep_quant_fast_cta.cpp")
     for N, K, ctas in FUSED_SHAPES:
         y1, y2, W, a8 = _fused_and_two_launch(tmp_path, qtype, N, K, ctas, fused, two)

@@ -20,9 +20,9 @@ flight while the quantize runs. (Session 37's ring build, every type at M tile 1
 groups through shared memory on the resident CTAs, was measured slower and taken out: docs/perf-notes.md,
 session 38.)
 
-``--variants fused,fused_3,fused_2``: Q4_K / Q5_K at M = 1 in one launch (``-DQK_KF_FUSED``, bench-only),
-each CTA quantizing the row itself, as many CTAs as are resident (``fused``) or at most 3 / 2 an SM
-(``fused_3``, ``fused_2``).
+``--variants fused,fused_l8,fused_l32,fused_lf,fused_lf_l8,fused_lf_l32``: Q4_K / Q5_K at M = 1 in one launch
+(``-DQK_KF_FUSED``, bench-only), each CTA quantizing the row itself with 4 lanes a super-block (8, 32:
+``-DQK_KFQ_LANES``), before its first weight loads or, ``_lf``, after them (``-DQK_KFQ_LOADS_FIRST``).
 
 ``--split``: for the fast kernels also the call's launches timed apart, back to back as in the call: the
 activation quantize (and Q8_0's regrouping) alone, then the GEMV alone on the activations they wrote.
@@ -62,9 +62,7 @@ VARIANTS = {
     STREAM_ORDER: "any",
     TRIGGER_AT_EXIT: "any",
     "loads_first": "any",
-    "fused": "any",
-    "fused_3": "any",
-    "fused_2": "any",
+    **{f"fused{s}": "any" for s in ("", "_l8", "_l32", "_lf", "_lf_l8", "_lf_l32")},
 }
 V1_OPTION = "-DQK_KQ_FAST_V1"  # the build option of round 1's fast kernel (keep_quant_fast.hip)
 # the build options of each fast variant: round 1; round 2 with one step of 4 row-blocks in flight a
@@ -75,12 +73,13 @@ OPTIONS = {
     TRIGGER_AT_EXIT: ("-DQK_PDL_TRIGGER_AT_EXIT",),
     # the GEMV's first weight loads issued before its wait for the quantize (bench-only)
     "loads_first": ("-DQK_KF_LOADS_FIRST",),
-    # the M = 1 call in one launch (bench-only): as many CTAs an SM as are resident, at most 3 or 2 (FUSED_CAP)
-    "fused": ("-DQK_KF_FUSED",),
-    "fused_3": ("-DQK_KF_FUSED",),
-    "fused_2": ("-DQK_KF_FUSED",),
+    # the M = 1 call in one launch (bench-only): the quantize's lanes a super-block, its place
+    **{
+        f"fused{lf}{ln}": ("-DQK_KF_FUSED", *(("-DQK_KFQ_LOADS_FIRST",) if lf else ()), *lanes)
+        for lf in ("", "_lf")
+        for ln, lanes in (("", ()), ("_l8", ("-DQK_KFQ_LANES=8",)), ("_l32", ("-DQK_KFQ_LANES=32",)))
+    },
 }
-FUSED_CAP = {"fused_3": 3, "fused_2": 2}  # keep_quant.FUSED_CTAS_PER_SM of those variants
 V1_TYPES = ("Q4_K", "Q5_K")  # the types whose fast kernel round 2 changed (the others: fast-v1, fast-u1 are fast)
 
 
@@ -135,7 +134,6 @@ def _check(e: Any, y: Any, variant: str) -> tuple[str, float, float]:
 def bench(
     shapes=SHAPES, types=TYPES, reps: int = 50, variants=("exact", "fast"), split: bool = False
 ) -> list[BenchRecord]:
-    from qconform.device.ggml import keep_quant as kq
     from qconform.device.ggml import matmul_bt_quant
     from qconform.device.ggml.keep_quant import FAST_TYPES
     from qconform.device.launch import record, replay
@@ -167,11 +165,9 @@ def bench(
                 if variant != "exact" and qtype not in FAST_TYPES or rounds and qtype not in V1_TYPES:
                     continue
                 y = cupy.empty((1, N), cupy.float32)
-                kq.FUSED_CTAS_PER_SM = FUSED_CAP.get(variant)
                 with compile_options(*OPTIONS.get(variant, ())):
                     # each call's launches, replayable one by one (--split)
                     calls = [record(matmul_bt_quant, W, qtype, A, out=y, order=VARIANTS[variant])[0] for W in sets]
-                kq.FUSED_CTAS_PER_SM = None
                 with bl.launch_order(variant):
                     ts = bl.times(lambda i, c=calls: replay(c[i]), len(calls), reps)
                 replay(calls[0])

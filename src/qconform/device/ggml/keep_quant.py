@@ -18,8 +18,7 @@ read as quantized (no regrouping launch), Q8_0 ones as ``qk_q8_0_quant_words`` w
 or 4 activation rows. The other types run the generic-order kernel, which meets that bound too.
 Bench-only build option ``-DQK_KF_FUSED``: Q4_K / Q5_K at M = 1 in one launch (``qk_kq_fused_<t>``), each
 CTA quantizing the row into its shared memory and taking every gridDim-th group of 4 weight rows, as many
-CTAs as are resident at once (at most ``FUSED_CTAS_PER_SM`` an SM where the bench sets it); the same bits as
-the two launches.
+CTAs as are resident at once; the same bits as the two launches.
 """
 
 from __future__ import annotations
@@ -65,7 +64,6 @@ ACT_WORDS = {"Q8_K": 76, "Q8_0": 12, "Q8_1": 12}  # KQ_AK, KQ_A0: words per regr
 ACT_TILES = (1, 2)  # activation rows per CTA, the kernel's instantiations (MT)
 MAX_GRID_Y = 65535  # CUDA's and HIP's limit on gridDim.y: the weight-row blocks
 FUSED_OPTION = "-DQK_KF_FUSED"  # bench-only: Q4_K / Q5_K at M = 1 in one launch (qk_kq_fused_<t>)
-FUSED_CTAS_PER_SM: int | None = None  # the bench's cap on the one-launch kernel's CTAs an SM (None: all resident)
 FUSED_TYPES = ("Q4_K", "Q5_K")
 
 
@@ -80,11 +78,12 @@ def _fused(W_blocks: Any, wtype: str, A_fp32: Any, out: Any, N: int, nb: int) ->
     if FUSED_OPTION not in launchers.OPTIONS or wtype not in FUSED_TYPES:
         return False
     symbol = f"qk_kq_fused_{FAST_TYPES[wtype]}"
-    kernel, smem = kernel_of(FAST_SOURCE, symbol), nb * 292  # block_q8_K
+    # block_q8_K slots: nb rounded up to 32, a whole number of the kernel's quantize passes (QK_KFQ_LANES >= 4)
+    kernel, smem = kernel_of(FAST_SOURCE, symbol), -(-nb // 32) * 32 * 292
     if smem > 48 * 1024 and not launchers.allow_smem(kernel, smem):
         return False
     per_sm = resident_ctas(THREADS // 32, kernel.num_regs, smem + 64, smem_limits()[1])
-    grid = min(-(-N // ROWS_PER_CTA), min(per_sm, FUSED_CTAS_PER_SM or per_sm) * sm_count())
+    grid = min(-(-N // ROWS_PER_CTA), per_sm * sm_count())
     args = (A_fp32, W_blocks, out, np.int64(N), np.int64(nb))
     launch_grid(MATMUL_BT_QUANT.name, FAST_SOURCE, symbol, grid, THREADS, args, shared_mem=smem, dependent=True)
     return True

@@ -430,9 +430,9 @@ __device__ __forceinline__ void kf_gemv(const qk_u8* __restrict__ W, const qk_u8
  * computed. Rows past N read row N - 1 and are never stored. Each thread's terms are kf_q45_row's
  * (the arithmetic of round 1), then xor shuffles of width 32 over the warp's 4 block columns x 8
  * slices, and kf_store adds the 4 warps' partial rows in warp order. */
-template <int KIND, int TS, int MT, int UNROLL>
+template <int KIND, int TS, int MT, int UNROLL, class AfterLoads>
 __device__ __forceinline__ void kf2_rows(const qk_u8* __restrict__ W, const qk_u8* __restrict__ aq, float* __restrict__ Y,
-                                         qk_i64 M, qk_i64 N, qk_i64 nb, qk_i64 m0, qk_i64 n0) {
+                                         qk_i64 M, qk_i64 N, qk_i64 nb, qk_i64 m0, qk_i64 n0, AfterLoads& after_loads) {
     constexpr int COLS = 4 * KF_GROUPS; /* block columns of a CTA: 8 slices each */
     __shared__ float part[KF_GROUPS][KF_ROWS][MT];
     const int t = threadIdx.x, w = t >> 5, c = t & 7, kc = t >> 3, g = c >> 1, half = c & 1;
@@ -454,7 +454,7 @@ __device__ __forceinline__ void kf2_rows(const qk_u8* __restrict__ W, const qk_u
             if (ib0 + COLS * u < nb)
 #pragma unroll
                 for (int rr = 0; rr < KF_ROWS; ++rr) kf_wload<KIND>(rows[rr] + (ib0 + COLS * u) * TS, c, raw[u][rr]);
-        KF_WAIT_AFTER_LOADS(ib0 == kc);
+        after_loads(ib0 == kc);
         if (ib0 == kc) {
             QK_PHASE(1);
             QK_PHASE_AFTER(2, raw[0][0][4]);
@@ -478,7 +478,7 @@ __device__ __forceinline__ void kf2_rows(const qk_u8* __restrict__ W, const qk_u
             }
         }
     }
-    KF_WAIT_AFTER_LOADS(kc >= nb); /* a block column without a trip */
+    after_loads(kc >= nb); /* a block column without a trip */
     QK_PHASE(3);
 #pragma unroll
     for (int rr = 0; rr < KF_ROWS; ++rr)
@@ -491,11 +491,17 @@ __device__ __forceinline__ void kf2_rows(const qk_u8* __restrict__ W, const qk_u
     QK_PHASE(4);
 }
 
+/* kf2_rows' call once a thread's first loads are issued (first: true then, or where it has no trip) */
+struct kf_prior_wait {
+    __device__ __forceinline__ void operator()(bool first) const { KF_WAIT_AFTER_LOADS(first); }
+};
+
 /* the CTA's rows: activation rows blockIdx.x * MT .., weight rows blockIdx.y * 4 .. */
 template <int KIND, int TS, int MT, int UNROLL>
 __device__ __forceinline__ void kf2_gemv(const qk_u8* __restrict__ W, const qk_u8* __restrict__ aq, float* __restrict__ Y,
                                          qk_i64 M, qk_i64 N, qk_i64 nb) {
-    kf2_rows<KIND, TS, MT, UNROLL>(W, aq, Y, M, N, nb, (qk_i64)blockIdx.x * MT, (qk_i64)blockIdx.y * KF_ROWS);
+    kf_prior_wait wait;
+    kf2_rows<KIND, TS, MT, UNROLL>(W, aq, Y, M, N, nb, (qk_i64)blockIdx.x * MT, (qk_i64)blockIdx.y * KF_ROWS, wait);
 }
 #define KF_GEMV_Q45(NAME, KIND, TS, MT, UNROLL, UNROLL2) kf2_gemv<KIND, TS, MT, UNROLL2>
 #else
@@ -523,41 +529,68 @@ KF_GEMV_ALL(1, 4, QK_KF_STEPS_M1)
 KF_GEMV_ALL(2, 2, 1)
 KF_GEMV_ALL(4, 1, 1)
 
+#if defined(QK_KFQ_LOADS_FIRST) || defined(QK_KFQ_LANES)
+#define QK_KF_FUSED /* the one-launch build's variants imply it */
+#endif
 #ifdef QK_KF_FUSED
 /* Bench-only -DQK_KF_FUSED: the M = 1 Q4_K / Q5_K call in one launch, qk_kq_fused_<t>(X, W, Y, N, nb),
  * without the quantize launch before it: every CTA quantizes the activation row X (fp32, K = 256 nb)
- * into its own shared memory (the launcher's nb * 292 bytes), warp w the super-blocks w, w + 4, ...
- * by qk_q8_k_quant_w32's arithmetic (qk_q8_k_block_lanes: the same bytes), QK_KFQ_BLOCKS of them a
- * pass with every load of the pass issued first; then it takes the row groups blockIdx.x,
- * blockIdx.x + gridDim.x, ... (the launcher's grid: the CTAs resident at once, at most one per group)
- * through kf2_rows on those blocks -- the same arithmetic as the two launches, so the same bits. The
- * row costs each CTA 1 KiB of L2 reads a super-block. */
+ * into its own shared memory (the launcher's slots: nb rounded up to 32 blocks of 292 bytes),
+ * QK_KFQ_LANES lanes a super-block by qk_q8_k_quant_lanes_body's arithmetic (qk_q8_k_block_lanes: the
+ * bytes of every LANES, so those of qk_q8_k_quant_w32), 128 / LANES super-blocks a pass, the lanes past
+ * nb quantizing zeros into the spare slots; then it takes the row groups blockIdx.x, blockIdx.x +
+ * gridDim.x, ... (the launcher's grid: the CTAs resident at once, at most one per group) through
+ * kf2_rows on those blocks -- the same arithmetic as the two launches, so the same bits. The row costs
+ * each CTA 1 KiB of L2 reads a super-block. With -DQK_KFQ_LOADS_FIRST the quantize comes after the
+ * first row group's first weight loads are issued (where every thread has a first trip, nb >= 16), so
+ * the DRAM works while the CTAs quantize. */
 #include "ggml/q8_quant.hip" /* qk_q8_k_block_lanes, QK_K (its kernels come along, unused) */
-#ifndef QK_KFQ_BLOCKS
-#define QK_KFQ_BLOCKS 8 /* super-blocks a warp quantizes per pass (2 float4 a lane each) */
+#ifndef QK_KFQ_LANES
+#define QK_KFQ_LANES 4 /* lanes a super-block in the CTA's quantize: 32 super-blocks a pass */
 #endif
+#define KFQ_PASS (32 * KF_GROUPS / QK_KFQ_LANES) /* super-blocks a pass of the CTA's threads */
+
+__device__ __forceinline__ void kfq_quantize(const float* __restrict__ X, qk_u8* act, qk_i64 nb) {
+    constexpr int NV = 64 / QK_KFQ_LANES; /* float4 a lane */
+    const int l = threadIdx.x % QK_KFQ_LANES;
+    const float4* x4 = (const float4*)X;
+    for (qk_i64 b0 = 0; b0 < nb; b0 += KFQ_PASS) { /* the same trips for every thread */
+        const qk_i64 ib = b0 + threadIdx.x / QK_KFQ_LANES;
+        float4 v[NV];
+#pragma unroll
+        for (int k = 0; k < NV; ++k) v[k] = ib < nb ? x4[ib * (QK_K / 4) + QK_KFQ_LANES * k + l] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        qk_q8_k_block_lanes<QK_KFQ_LANES>(v, l, act, (int)ib);
+    }
+    __syncthreads();
+}
+
+/* kf2_rows' call after a thread's first loads: the quantize, in the first row group, where todo */
+struct kfq_quantize_once {
+    const float* X;
+    qk_u8* act;
+    qk_i64 nb;
+    bool todo;
+    __device__ __forceinline__ void operator()(bool first) {
+        if (first && todo) {
+            todo = false;
+            kfq_quantize(X, act, nb);
+        }
+    }
+};
+
 template <int KIND, int TS>
 __device__ __forceinline__ void kfq_gemv(const float* __restrict__ X, const qk_u8* __restrict__ W, float* __restrict__ Y, qk_i64 N,
                                          qk_i64 nb) {
-    QK_EXTERN_SHARED(uint4, kfq_act4); /* nb Q8_K blocks */
+    QK_EXTERN_SHARED(uint4, kfq_act4); /* nb Q8_K blocks (and the spare slots) */
     qk_u8* act = (qk_u8*)kfq_act4;
-    const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
-    const float4* x4 = (const float4*)X;
-    for (qk_i64 b0 = w; b0 < nb; b0 += KF_GROUPS * QK_KFQ_BLOCKS) { /* the same trips for a warp's lanes */
-        float4 v[QK_KFQ_BLOCKS][2];
-#pragma unroll
-        for (int j = 0; j < QK_KFQ_BLOCKS; ++j) {
-            const qk_i64 ib = b0 + KF_GROUPS * j;
-#pragma unroll
-            for (int k = 0; k < 2; ++k) v[j][k] = ib < nb ? x4[ib * (QK_K / 4) + 32 * k + l] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
-#pragma unroll
-        for (int j = 0; j < QK_KFQ_BLOCKS; ++j)
-            if (b0 + KF_GROUPS * j < nb) qk_q8_k_block_lanes<32>(v[j], l, act, (int)(b0 + KF_GROUPS * j));
-    }
-    __syncthreads();
+#ifdef QK_KFQ_LOADS_FIRST
+    kfq_quantize_once after{X, act, nb, nb >= 4 * KF_GROUPS}; /* every thread a first trip: the same call */
+#else
+    kfq_quantize_once after{X, act, nb, false};
+#endif
+    if (!after.todo) kfq_quantize(X, act, nb);
     for (qk_i64 n0 = (qk_i64)blockIdx.x * KF_ROWS; n0 < N; n0 += (qk_i64)gridDim.x * KF_ROWS) {
-        kf2_rows<KIND, TS, 1, QK_KF_STEPS_M1>(W, act, Y, 1, N, nb, 0, n0);
+        kf2_rows<KIND, TS, 1, QK_KF_STEPS_M1>(W, act, Y, 1, N, nb, 0, n0, after);
         __syncthreads(); /* kf_store's reads of the partial sums before the next group writes them */
     }
 }
