@@ -202,7 +202,7 @@ if part patched; then
   done
   front "$KERNELS/ggml/keep_quant_fast.hip -DQK_PHASES -DQK_KF_LOADS_FIRST" -DQK_PHASES -DQK_KF_LOADS_FIRST \
     "$KERNELS/ggml/keep_quant_fast.hip"
-  for def in -DQK_KFQ_LOADS_FIRST -DQK_KFQ_LANES=8 -DQK_KFQ_LANES=32; do  # the one-launch build's variants
+  for def in -DQK_KFQ_LOADS_FIRST -DQK_KFQ_LANES=8 -DQK_KFQ_LANES=32 -DQK_KFQ_PUBLISH; do  # the one-launch variants
     front "$KERNELS/ggml/keep_quant_fast.hip -DQK_KF_FUSED $def" -DQK_KF_FUSED "$def" "$KERNELS/ggml/keep_quant_fast.hip"
   done
   # the other builds the benches and the device mutants' controls load (each option a kernel reads: tests/

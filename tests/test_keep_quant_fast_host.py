@@ -190,9 +190,9 @@ def test_fast_kernel_mutants_fail_on_the_host(tmp_path: Path, qtype: str, edits:
 # in every build); more CTAs than row groups; 20 super-blocks (every thread one trip)
 FUSED_SHAPES = ((9, 37 * 256, 2), (4, 768, 1), (13, 2560, 5), (6, 20 * 256, 2))
 # the bench's one-launch builds: 4 lanes a super-block (the default), 32, 8; the quantize after the first
-# row group's first weight loads
-LF = "#define QK_KFQ_LOADS_FIRST\n"
-FUSED_BUILDS = ("", "#define QK_KFQ_LANES 32\n", LF, LF + "#define QK_KFQ_LANES 8\n")
+# row group's first weight loads; the row quantized once by ceil(nb / 32) CTAs before the others
+LF, PUBLISH = "#define QK_KFQ_LOADS_FIRST\n", "#define QK_KFQ_PUBLISH\n"
+FUSED_BUILDS = ("", "#define QK_KFQ_LANES 32\n", LF, LF + "#define QK_KFQ_LANES 8\n", PUBLISH)
 FUSED = "#define QK_KF_FUSED\n"
 # the last quantize pass never run: the CTA's stale shared memory read (on the
 # host only: on a device the slot may still hold an earlier CTA's quantization of the same row)
@@ -250,7 +250,8 @@ def test_one_launch_kernel_is_the_two_launches_bit_for_bit(tmp_path: Path, qtype
     fused = _build(tmp_path, driver="keep_quant_fused_cta.cpp", defines=FUSED + build)
     two = _build(tmp_path, driver="keep_quant_fast_cta.cpp")
     for N, K, ctas in FUSED_SHAPES:
-        y1, y2, W, a8 = _fused_and_two_launch(tmp_path, qtype, N, K, ctas, fused, two)
+        producers = -(-K // 256 // 32) if build == PUBLISH else 0  # the CTAs before those of the row groups
+        y1, y2, W, a8 = _fused_and_two_launch(tmp_path, qtype, N, K, ctas + producers, fused, two)
         assert not np.any(y1 == -12345.0), (N, K, ctas)
         assert np.array_equal(y1.view(np.uint32), y2.view(np.uint32)), (N, K, ctas)
         assert _bound_ratio(y1[None], W, qtype, a8, K) <= 1.0, (N, K, ctas)

@@ -119,6 +119,10 @@ static inline float2 make_float2(float x, float y) { return {x, y}; }
 static inline uint4 make_uint4(qk_u32 x, qk_u32 y, qk_u32 z, qk_u32 w) { return {x, y, z, w}; }
 static inline int __ffsll(long long v) { return __builtin_ffsll(v); }
 #define QK_FADD(a, b) ((float)(a) + (float)(b))
+/* device-wide counts (the CTAs run one after another on the host: plain read-modify-writes would do) */
+static inline unsigned atomicAdd(unsigned* p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+static inline unsigned atomicExch(unsigned* p, unsigned v) { return __atomic_exchange_n(p, v, __ATOMIC_SEQ_CST); }
+static inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 static inline bool qk_isnan(float v) { return (qk_bits(v) & 0x7FFFFFFFu) > 0x7F800000u; }
 static inline float qk_ftz(float v) { return (qk_bits(v) & 0x7F800000u) == 0u ? qk_float(qk_bits(v) & 0x80000000u) : v; }
 static inline qk_u16 qk_fp16_bits(float v) {

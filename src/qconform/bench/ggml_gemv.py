@@ -22,7 +22,8 @@ session 38.)
 
 ``--variants fused,fused_l8,fused_l32,fused_lf,fused_lf_l8,fused_lf_l32``: Q4_K / Q5_K at M = 1 in one launch
 (``-DQK_KF_FUSED``, bench-only), each CTA quantizing the row itself with 4 lanes a super-block (8, 32:
-``-DQK_KFQ_LANES``), before its first weight loads or, ``_lf``, after them (``-DQK_KFQ_LOADS_FIRST``).
+``-DQK_KFQ_LANES``), before its first weight loads or, ``_lf``, after them (``-DQK_KFQ_LOADS_FIRST``);
+``fused_pub``: the row quantized once by the first CTAs, which the others wait for (``-DQK_KFQ_PUBLISH``).
 
 ``--split``: for the fast kernels also the call's launches timed apart, back to back as in the call: the
 activation quantize (and Q8_0's regrouping) alone, then the GEMV alone on the activations they wrote.
@@ -62,7 +63,7 @@ VARIANTS = {
     STREAM_ORDER: "any",
     TRIGGER_AT_EXIT: "any",
     "loads_first": "any",
-    **{f"fused{s}": "any" for s in ("", "_l8", "_l32", "_lf", "_lf_l8", "_lf_l32")},
+    **{f"fused{s}": "any" for s in ("", "_l8", "_l32", "_lf", "_lf_l8", "_lf_l32", "_pub")},
 }
 V1_OPTION = "-DQK_KQ_FAST_V1"  # the build option of round 1's fast kernel (keep_quant_fast.hip)
 # the build options of each fast variant: round 1; round 2 with one step of 4 row-blocks in flight a
@@ -79,6 +80,8 @@ OPTIONS = {
         for lf in ("", "_lf")
         for ln, lanes in (("", ()), ("_l8", ("-DQK_KFQ_LANES=8",)), ("_l32", ("-DQK_KFQ_LANES=32",)))
     },
+    # the row quantized once by the first CTAs, the others waiting for it after their first weight loads
+    "fused_pub": ("-DQK_KF_FUSED", "-DQK_KFQ_PUBLISH"),
 }
 V1_TYPES = ("Q4_K", "Q5_K")  # the types whose fast kernel round 2 changed (the others: fast-v1, fast-u1 are fast)
 

@@ -65,6 +65,7 @@ ACT_TILES = (1, 2)  # activation rows per CTA, the kernel's instantiations (MT)
 MAX_GRID_Y = 65535  # CUDA's and HIP's limit on gridDim.y: the weight-row blocks
 FUSED_OPTION = "-DQK_KF_FUSED"  # bench-only: Q4_K / Q5_K at M = 1 in one launch (qk_kq_fused_<t>)
 FUSED_TYPES = ("Q4_K", "Q5_K")
+PUBLISH_OPTION = "-DQK_KFQ_PUBLISH"  # bench-only, with FUSED_OPTION: the row quantized once, by the first CTAs
 
 
 def act_tile(M: int, tiles: tuple[int, ...] = ACT_TILES) -> int:
@@ -79,11 +80,23 @@ def _fused(W_blocks: Any, wtype: str, A_fp32: Any, out: Any, N: int, nb: int) ->
         return False
     symbol = f"qk_kq_fused_{FAST_TYPES[wtype]}"
     # block_q8_K slots: nb rounded up to 32, a whole number of the kernel's quantize passes (QK_KFQ_LANES >= 4)
-    kernel, smem = kernel_of(FAST_SOURCE, symbol), -(-nb // 32) * 32 * 292
+    slots = -(-nb // 32) * 32 * 292
+    groups = -(-N // ROWS_PER_CTA)
+    if PUBLISH_OPTION in launchers.OPTIONS:  # ceil(nb / 32) producer CTAs (4 lanes a super-block), then the rest
+        pub = symbol.replace("fused", "fused_pub")
+        kernel = kernel_of(FAST_SOURCE, pub)
+        producers = -(-nb // 32)
+        per_sm = resident_ctas(THREADS // 32, kernel.num_regs, 64, smem_limits()[1])
+        grid = producers + max(1, min(groups, per_sm * sm_count() - producers))
+        act = cupy.empty(slots, cupy.uint8)
+        args = (A_fp32, W_blocks, out, np.int64(N), np.int64(nb), act, launchers.tickets(2, kernel))
+        launch_grid(MATMUL_BT_QUANT.name, FAST_SOURCE, pub, grid, THREADS, args, dependent=True)
+        return True
+    kernel, smem = kernel_of(FAST_SOURCE, symbol), slots
     if smem > 48 * 1024 and not launchers.allow_smem(kernel, smem):
         return False
     per_sm = resident_ctas(THREADS // 32, kernel.num_regs, smem + 64, smem_limits()[1])
-    grid = min(-(-N // ROWS_PER_CTA), per_sm * sm_count())
+    grid = min(groups, per_sm * sm_count())
     args = (A_fp32, W_blocks, out, np.int64(N), np.int64(nb))
     launch_grid(MATMUL_BT_QUANT.name, FAST_SOURCE, symbol, grid, THREADS, args, shared_mem=smem, dependent=True)
     return True

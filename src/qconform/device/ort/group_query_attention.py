@@ -198,23 +198,6 @@ def append(op: OpSpec, call: Any, sc: dict[str, Any], pairs: bool, rows: bool = 
     return qrot
 
 
-_TICKETS: dict[tuple[int, int, int], Any] = {}  # (device, stream, id of the kernel) -> tickets (kernels live on)
-
-
-def tickets(n: int, kernel: Any) -> Any:
-    """``n`` zeroed uint32 tickets of ``kernel``'s folded combine for the current device and stream
-    (a CTA that completes a block returns its ticket to zero, so they are zero between calls; one
-    buffer per stream, so calls on two streams never share one, and per kernel build, so a build
-    that leaves them set, such as a device mutant, spoils no other build's calls), grown as needed."""
-    stream = cupy.cuda.get_current_stream()
-    key = (cupy.cuda.Device().id, stream.ptr, id(kernel))
-    buf = _TICKETS.get(key)
-    if buf is None or buf.size < n:
-        buf = cupy.zeros(max(n, 1024), cupy.uint32)
-        _TICKETS[key] = buf
-    return buf
-
-
 def fold_combine(splits: int) -> bool:
     """Whether the mma kernels combine the splits themselves (the CTA completing a block of splits,
     ``qk_gqa_mma_combine``) rather than a qk_gqa_combine launch after them: up to FOLD_MAX_SPLITS
@@ -300,7 +283,7 @@ def _run(op: OpSpec, args: tuple, kwargs: dict[str, Any], out: Any) -> Any:
     args = (qrot, pres_k, pres_v, seqlens, bias, k_scale, v_scale, part_m, part_l, part_acc, *dims, *opts, *tail)
     if mma is not None:
         folded = fold_combine(splits)
-        ticket = tickets(B * S * grid[1], launchers.kernel_of(SOURCE, symbol)) if folded else null
+        ticket = launchers.tickets(B * S * grid[1], launchers.kernel_of(SOURCE, symbol)) if folded else null
         rows = new_rows(call, sc) if fold_rows else (null,) * 6 + (np.int64(0),) + (i32(0),) * 3
         fold = (sink, output, ticket, i32(sink_mode), *rows)
         launch_grid(op.name, SOURCE, symbol, grid, THREADS, (*args, *fold), smem)

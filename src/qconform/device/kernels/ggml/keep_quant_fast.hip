@@ -529,8 +529,10 @@ KF_GEMV_ALL(1, 4, QK_KF_STEPS_M1)
 KF_GEMV_ALL(2, 2, 1)
 KF_GEMV_ALL(4, 1, 1)
 
-#if defined(QK_KFQ_LOADS_FIRST) || defined(QK_KFQ_LANES)
+#if defined(QK_KFQ_LOADS_FIRST) || defined(QK_KFQ_LANES) || defined(QK_KFQ_PUBLISH)
+#ifndef QK_KF_FUSED
 #define QK_KF_FUSED /* the one-launch build's variants imply it */
+#endif
 #endif
 #ifdef QK_KF_FUSED
 /* Bench-only -DQK_KF_FUSED: the M = 1 Q4_K / Q5_K call in one launch, qk_kq_fused_<t>(X, W, Y, N, nb),
@@ -594,6 +596,77 @@ __device__ __forceinline__ void kfq_gemv(const float* __restrict__ X, const qk_u
         __syncthreads(); /* kf_store's reads of the partial sums before the next group writes them */
     }
 }
+
+#ifdef QK_KFQ_PUBLISH
+/* -DQK_KFQ_PUBLISH: the row quantized once, qk_kq_fused_pub_<t>(X, W, Y, N, nb, act, count): CTAs
+ * 0 .. P - 1 (P = ceil(nb / KFQ_PASS)) each quantize one pass of super-blocks into the launcher's global
+ * act (nb rounded up to a pass, 292 bytes a block), make them visible (__threadfence) and count
+ * themselves in count[0]; they wait on nothing, so the others' wait ends once they have run (lower
+ * blockIdx first). The other CTAs take the row groups as qk_kq_fused_<t>'s do, each waiting for count[0]
+ * = P after its first row group's first weight loads (where every thread has a first trip, nb >= 16;
+ * else before them); the last of them to finish (count[1], a ticket) zeroes both counts for the next call
+ * (the launcher's per-stream buffer, as GQA's folded combine's tickets). */
+__device__ __forceinline__ void kfq_wait_published(const unsigned* count, unsigned producers) {
+    if (threadIdx.x == 0) {
+        while (*(const volatile unsigned*)count < producers) {
+        }
+        __threadfence();
+    }
+    __syncthreads();
+}
+
+struct kfq_wait_once {
+    const unsigned* count;
+    unsigned producers;
+    bool todo;
+    __device__ __forceinline__ void operator()(bool first) {
+        if (first && todo) {
+            todo = false;
+            kfq_wait_published(count, producers);
+        }
+    }
+};
+
+template <int KIND, int TS>
+__device__ __forceinline__ void kfq_pub_gemv(const float* __restrict__ X, const qk_u8* __restrict__ W, float* __restrict__ Y,
+                                             qk_i64 N, qk_i64 nb, qk_u8* act, unsigned* count) {
+    const unsigned producers = (unsigned)((nb + KFQ_PASS - 1) / KFQ_PASS);
+    if (blockIdx.x < producers) {
+        constexpr int NV = 64 / QK_KFQ_LANES;
+        const int l = threadIdx.x % QK_KFQ_LANES;
+        const qk_i64 ib = (qk_i64)blockIdx.x * KFQ_PASS + threadIdx.x / QK_KFQ_LANES;
+        float4 v[NV];
+#pragma unroll
+        for (int k = 0; k < NV; ++k)
+            v[k] = ib < nb ? ((const float4*)X)[ib * (QK_K / 4) + QK_KFQ_LANES * k + l] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        qk_q8_k_block_lanes<QK_KFQ_LANES>(v, l, act, (int)ib);
+        __threadfence(); /* this thread's blocks before the count */
+        __syncthreads();
+        if (threadIdx.x == 0) atomicAdd(count, 1u);
+        return;
+    }
+    const qk_i64 c = blockIdx.x - producers, consumers = gridDim.x - producers;
+    kfq_wait_once after{count, producers, nb >= 4 * KF_GROUPS};
+    if (!after.todo) kfq_wait_published(count, producers);
+    for (qk_i64 n0 = c * KF_ROWS; n0 < N; n0 += consumers * KF_ROWS) {
+        kf2_rows<KIND, TS, 1, QK_KF_STEPS_M1>(W, act, Y, 1, N, nb, 0, n0, after);
+        __syncthreads();
+    }
+    if (threadIdx.x == 0 && atomicAdd(count + 1, 1u) == (unsigned)consumers - 1u) { /* every consumer is past its wait */
+        atomicExch(count, 0u);
+        atomicExch(count + 1, 0u);
+    }
+}
+
+#define KF_FUSED_PUB(NAME, KIND, TS)                                                                              \
+    extern "C" __global__ void __launch_bounds__(32 * KF_GROUPS) qk_kq_fused_pub_##NAME(                         \
+        const float* X, const qk_u8* W, float* Y, qk_i64 N, qk_i64 nb, qk_u8* act, unsigned* count) {            \
+        QK_WAIT_PRIOR_GRID();                                                                                      \
+        kfq_pub_gemv<KIND, TS>(X, W, Y, N, nb, act, count);                                                       \
+    }
+KF_FUSED_PUB(q4_k, 4, 144)
+KF_FUSED_PUB(q5_k, 5, 176)
+#endif
 
 #define KF_FUSED(NAME, KIND, TS)                                                                                 \
     extern "C" __global__ void __launch_bounds__(32 * KF_GROUPS) qk_kq_fused_##NAME(                            \
