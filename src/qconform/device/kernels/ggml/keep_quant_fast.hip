@@ -552,17 +552,20 @@ KF_GEMV_ALL(4, 1, 1)
 #endif
 #define KFQ_PASS (32 * KF_GROUPS / QK_KFQ_LANES) /* super-blocks a pass of the CTA's threads */
 
-__device__ __forceinline__ void kfq_quantize(const float* __restrict__ X, qk_u8* act, qk_i64 nb) {
+/* one pass of the CTA's threads: super-blocks b0 .. b0 + KFQ_PASS - 1 of X into act's slots */
+__device__ __forceinline__ void kfq_quantize_pass(const float* __restrict__ X, qk_u8* act, qk_i64 nb, qk_i64 b0) {
     constexpr int NV = 64 / QK_KFQ_LANES; /* float4 a lane */
     const int l = threadIdx.x % QK_KFQ_LANES;
+    const qk_i64 ib = b0 + threadIdx.x / QK_KFQ_LANES;
     const float4* x4 = (const float4*)X;
-    for (qk_i64 b0 = 0; b0 < nb; b0 += KFQ_PASS) { /* the same trips for every thread */
-        const qk_i64 ib = b0 + threadIdx.x / QK_KFQ_LANES;
-        float4 v[NV];
+    float4 v[NV];
 #pragma unroll
-        for (int k = 0; k < NV; ++k) v[k] = ib < nb ? x4[ib * (QK_K / 4) + QK_KFQ_LANES * k + l] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        qk_q8_k_block_lanes<QK_KFQ_LANES>(v, l, act, (int)ib);
-    }
+    for (int k = 0; k < NV; ++k) v[k] = ib < nb ? x4[ib * (QK_K / 4) + QK_KFQ_LANES * k + l] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    qk_q8_k_block_lanes<QK_KFQ_LANES>(v, l, act, (int)ib);
+}
+
+__device__ __forceinline__ void kfq_quantize(const float* __restrict__ X, qk_u8* act, qk_i64 nb) {
+    for (qk_i64 b0 = 0; b0 < nb; b0 += KFQ_PASS) kfq_quantize_pass(X, act, nb, b0); /* the same trips for every thread */
     __syncthreads();
 }
 
@@ -632,14 +635,7 @@ __device__ __forceinline__ void kfq_pub_gemv(const float* __restrict__ X, const 
                                              qk_i64 N, qk_i64 nb, qk_u8* act, unsigned* count) {
     const unsigned producers = (unsigned)((nb + KFQ_PASS - 1) / KFQ_PASS);
     if (blockIdx.x < producers) {
-        constexpr int NV = 64 / QK_KFQ_LANES;
-        const int l = threadIdx.x % QK_KFQ_LANES;
-        const qk_i64 ib = (qk_i64)blockIdx.x * KFQ_PASS + threadIdx.x / QK_KFQ_LANES;
-        float4 v[NV];
-#pragma unroll
-        for (int k = 0; k < NV; ++k)
-            v[k] = ib < nb ? ((const float4*)X)[ib * (QK_K / 4) + QK_KFQ_LANES * k + l] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        qk_q8_k_block_lanes<QK_KFQ_LANES>(v, l, act, (int)ib);
+        kfq_quantize_pass(X, act, nb, (qk_i64)blockIdx.x * KFQ_PASS);
         __threadfence(); /* this thread's blocks before the count */
         __syncthreads();
         if (threadIdx.x == 0) atomicAdd(count, 1u);
