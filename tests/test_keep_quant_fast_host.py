@@ -7,7 +7,9 @@ with g++ against tests/kernel_host/qk_portable.h, a host stand-in for the portab
   width-8 shuffles, the groups' shared sums): M tiles of 1, 2 and 4, partial tiles, N past the last
   CTA's rows, Q8_0's partial last quad of blocks; each CTA's activations stale (another input's) until
   all its threads have waited for the quantize (QK_WAIT_PRIOR_GRID), so a read before the wait shows;
-  the bench-only builds too.
+  the bench-only builds too;
+- the bench-only one-launch M = 1 builds (-DQK_KF_FUSED and its variants; keep_quant_fused_cta.cpp: each
+  CTA quantizing the row itself, or the first CTAs publishing it), bit-identical to the two launches.
 Each against the float64 reference of the quantized operands (``matmul_terms``): a thread term is
 formed from exact integers and at most two rounded fp32 products and one fmaf per sub-block pair, so
 the sum is within gamma_{K+4} mag of the reference (the contract's order=any bound, docs/contracts.md);
