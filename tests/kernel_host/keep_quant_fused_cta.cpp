@@ -19,8 +19,9 @@ int main(int argc, char** argv) {
     std::vector<float> Y((size_t)N, -12345.0f);
 #ifdef QK_KFQ_PUBLISH /* the row quantized once into act by the first CTAs, counted in count[0] */
     static unsigned count[2] = {0u, 0u};
-    qk_u8* act = (qk_u8*)qk_host_load(argv[6]); /* stale bytes: as many as X has, over the slots' 292 a block */
-    act = (qk_u8*)realloc(act, (size_t)(nb + 31) / 32 * 32 * 292);
+    const size_t slots = (size_t)(nb + 31) / 32 * 32 * 292; /* the launcher's: 32-block passes */
+    qk_u8* act = (qk_u8*)aligned_alloc(256, slots);
+    memset(act, 0x7F, slots); /* stale, as the shared memory */
     auto k = [&](const float* x, const qk_u8* w, float* y, qk_i64 n, qk_i64 b) {
         (kind == 4 ? qk_kq_fused_pub_q4_k : qk_kq_fused_pub_q5_k)(x, w, y, n, b, act, count);
     };

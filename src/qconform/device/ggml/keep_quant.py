@@ -79,13 +79,15 @@ def _fused(W_blocks: Any, wtype: str, A_fp32: Any, out: Any, N: int, nb: int) ->
     if FUSED_OPTION not in launchers.OPTIONS or wtype not in FUSED_TYPES:
         return False
     symbol = f"qk_kq_fused_{FAST_TYPES[wtype]}"
-    # block_q8_K slots: nb rounded up to 32, a whole number of the kernel's quantize passes (QK_KFQ_LANES >= 4)
-    slots = -(-nb // 32) * 32 * 292
+    # 32-block passes (the kernel's at 4 lanes a super-block; a whole number of its passes at 8 or 32) and
+    # their block_q8_K slots
+    passes = -(-nb // 32)
+    slots = passes * 32 * 292
     groups = -(-N // ROWS_PER_CTA)
-    if PUBLISH_OPTION in launchers.OPTIONS:  # ceil(nb / 32) producer CTAs (4 lanes a super-block), then the rest
+    if PUBLISH_OPTION in launchers.OPTIONS:  # a producer CTA a pass, then the rest
         pub = symbol.replace("fused", "fused_pub")
         kernel = kernel_of(FAST_SOURCE, pub)
-        producers = -(-nb // 32)
+        producers = passes
         per_sm = resident_ctas(THREADS // 32, kernel.num_regs, 64, smem_limits()[1])
         grid = producers + max(1, min(groups, per_sm * sm_count() - producers))
         act = cupy.empty(slots, cupy.uint8)

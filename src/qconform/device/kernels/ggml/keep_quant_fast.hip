@@ -551,6 +551,12 @@ KF_GEMV_ALL(4, 1, 1)
 #define QK_KFQ_LANES 4 /* lanes a super-block in the CTA's quantize: 32 super-blocks a pass */
 #endif
 #define KFQ_PASS (32 * KF_GROUPS / QK_KFQ_LANES) /* super-blocks a pass of the CTA's threads */
+#if QK_KFQ_LANES != 4 && QK_KFQ_LANES != 8 && QK_KFQ_LANES != 32
+#error "QK_KFQ_LANES: 4, 8 or 32 (the launcher's slots are a whole number of 32-block passes)"
+#endif
+#if defined(QK_KFQ_PUBLISH) && QK_KFQ_LANES != 4
+#error "QK_KFQ_PUBLISH takes QK_KFQ_LANES 4 (the launcher starts a producer CTA for each 32 super-blocks)"
+#endif
 
 /* one pass of the CTA's threads: super-blocks b0 .. b0 + KFQ_PASS - 1 of X into act's slots */
 __device__ __forceinline__ void kfq_quantize_pass(const float* __restrict__ X, qk_u8* act, qk_i64 nb, qk_i64 b0) {
