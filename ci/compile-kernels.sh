@@ -182,8 +182,7 @@ if part patched; then
   # bench.nbits --variants ring); the flash prefill's
   # session-8 kernels (-DQK_GQA_PREFILL_V1; bench.gqa_prefill --variants); the keep-quant fast GEMV's round 1
   # (-DQK_KQ_FAST_V1), round 2 with one step in flight (-DQK_KF_STEPS_M1=1), its first weight loads
-  # before its wait for the quantize (-DQK_KF_LOADS_FIRST) and its M = 1 call in one launch (-DQK_KF_FUSED;
-  # bench.ggml_gemv); every
+  # before its wait for the quantize (-DQK_KF_LOADS_FIRST; bench.ggml_gemv); every
   # programmatic-launch trigger dropped (-DQK_PDL_TRIGGER_AT_EXIT; bench.ggml_gemv's trigger_at_exit); the bnb
   # matrix-unit GEMM with its table filled before the ring's first loads (-DQK_BNBM_FILL_FIRST) and with
   # activation pieces loaded a step ahead (-DQK_BNBM_A_AHEAD=1, 2; bench.bnb_gemv --variants mma)
@@ -197,14 +196,11 @@ if part patched; then
   for def in -DQK_BNBM_FILL_FIRST -DQK_BNBM_A_AHEAD=1 -DQK_BNBM_A_AHEAD=2; do
     front "$KERNELS/bnb/gemm_mma.hip $def" "$def" "$KERNELS/bnb/gemm_mma.hip"
   done
-  for def in -DQK_KQ_FAST_V1 -DQK_KF_STEPS_M1=1 -DQK_KF_LOADS_FIRST -DQK_KF_FUSED -DQK_PHASES; do
+  for def in -DQK_KQ_FAST_V1 -DQK_KF_STEPS_M1=1 -DQK_KF_LOADS_FIRST -DQK_PHASES; do
     front "$KERNELS/ggml/keep_quant_fast.hip $def" "$def" "$KERNELS/ggml/keep_quant_fast.hip"
   done
   front "$KERNELS/ggml/keep_quant_fast.hip -DQK_PHASES -DQK_KF_LOADS_FIRST" -DQK_PHASES -DQK_KF_LOADS_FIRST \
     "$KERNELS/ggml/keep_quant_fast.hip"
-  for def in -DQK_KFQ_LOADS_FIRST -DQK_KFQ_LANES=8 -DQK_KFQ_LANES=32 -DQK_KFQ_PUBLISH; do  # the one-launch variants
-    front "$KERNELS/ggml/keep_quant_fast.hip -DQK_KF_FUSED $def" -DQK_KF_FUSED "$def" "$KERNELS/ggml/keep_quant_fast.hip"
-  done
   # the other builds the benches and the device mutants' controls load (each option a kernel reads: tests/
   # test_build_options.py): the portable mma's shuffle form on NVIDIA (-DQK_MMA_EMULATE), bnb's 16-copy
   # table (-DQK_BNBM_TAB16), its cpu reading on the SIMT kernel (-DQK_BNB_CPU_SIMT) and session 7's SIMT

@@ -1082,18 +1082,6 @@ def _fast_delayed(name: str, edits: Edits) -> DeviceMutant:
                         leaf="Wq4_K_Aq8_K_Yfp32", edits=KQ_QUANT_DELAYED, contract="order=any", beside=beside)
 
 
-# bench-only -DQK_KF_FUSED (the M = 1 Q4_K / Q5_K call in one launch, each CTA quantizing the row
-# itself; tests/test_keep_quant_fast_host.py runs it on the host too): each super-block's quants read in
-# another order than qk_q8_k_quant_w32's (lane l's odd float4s its neighbour's); each CTA's first row
-# group skipped (its outputs never written)
-KFQ_LANE_ORDER: Edits = (
-    ("x4[ib * (QK_K / 4) + QK_KFQ_LANES * k + l]", "x4[ib * (QK_K / 4) + QK_KFQ_LANES * k + (l ^ (k & 1))]"),
-)
-KFQ_FIRST_GROUP_SKIPPED: Edits = (
-    ("for (qk_i64 n0 = (qk_i64)blockIdx.x * KF_ROWS;", "for (qk_i64 n0 = (qk_i64)(blockIdx.x + gridDim.x) * KF_ROWS;"),
-)
-FUSED = "-DQK_KF_FUSED"
-
 KEEP_QUANT_FAST_MUTANTS = (
     _fast("keep-quant fast: Q4_K sub-block min applied to the wrong half", "Wq4_K_Aq8_K_Yfp32", KF_MIN_WRONG_HALF),
     _fast("keep-quant fast: Q6_K high bits shifted by 2 too few", "Wq6_K_Aq8_K_Yfp32", KF_Q6_HIGH_SHIFT),
@@ -1114,12 +1102,6 @@ KEEP_QUANT_FAST_MUTANTS = (
           (), LOADS_FIRST),
     _fast("control: keep-quant fast loads first (-DQK_KF_LOADS_FIRST) under order=any (Q6_K)", "Wq6_K_Aq8_K_Yfp32",
           (), LOADS_FIRST),
-    _fast("keep-quant one launch (-DQK_KF_FUSED): the row's quants read in another order", "Wq4_K_Aq8_K_Yfp32",
-          KFQ_LANE_ORDER, FUSED),
-    _fast("keep-quant one launch (-DQK_KF_FUSED): each CTA's first row group skipped", "Wq5_K_Aq8_K_Yfp32",
-          KFQ_FIRST_GROUP_SKIPPED, FUSED),
-    _fast("control: keep-quant one launch (-DQK_KF_FUSED) under order=any (Q4_K)", "Wq4_K_Aq8_K_Yfp32", (), FUSED),
-    _fast("control: keep-quant one launch (-DQK_KF_FUSED) under order=any (Q5_K)", "Wq5_K_Aq8_K_Yfp32", (), FUSED),
 )
 # ort/gqa_flash.hip (gqa_prefill under --contract storage=fp16; coverage 1: a chunk with a past of
 # 5 rows, window 3, softcap, a head sink and a full bias; a first prompt with smooth_softmax)

@@ -7,9 +7,7 @@ with g++ against tests/kernel_host/qk_portable.h, a host stand-in for the portab
   width-8 shuffles, the groups' shared sums): M tiles of 1, 2 and 4, partial tiles, N past the last
   CTA's rows, Q8_0's partial last quad of blocks; each CTA's activations stale (another input's) until
   all its threads have waited for the quantize (QK_WAIT_PRIOR_GRID), so a read before the wait shows;
-  the bench-only builds too;
-- the bench-only one-launch M = 1 builds (-DQK_KF_FUSED and its variants; keep_quant_fused_cta.cpp: each
-  CTA quantizing the row itself, or the first CTAs publishing it), bit-identical to the two launches.
+  the bench-only builds too.
 Each against the float64 reference of the quantized operands (``matmul_terms``): a thread term is
 formed from exact integers and at most two rounded fp32 products and one fmaf per sub-block pair, so
 the sum is within gamma_{K+4} mag of the reference (the contract's order=any bound, docs/contracts.md);
@@ -32,13 +30,10 @@ from device_catalogue import (
     KF_Q5_HIGH_BIT,
     KF_Q6_HIGH_SHIFT,
     KF_Q6_STAGE_NO_D,
-    KFQ_FIRST_GROUP_SKIPPED,
-    KFQ_LANE_ORDER,
     Edits,
 )
 from test_keep_quant_fast_model import _q8_0_words
 
-from qconform.device.patch import apply_edits
 from qconform.device.registry import KERNEL_DIR
 from qconform.formats.ggml import FORMATS
 from qconform.ops.ggml.keep_quant import matmul_terms
@@ -53,16 +48,12 @@ U = 2.0**-24
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="no g++")
 
 
-def _build(
-    tmp: Path, edits: Edits = (), driver: str = "keep_quant_fast_host.cpp", defines: str = "", q8_edits: Edits = ()
-) -> Path:
-    """``driver`` built against keep_quant_fast.hip with ``edits`` (and ggml/q8_quant.hip, which the
-    one-launch build includes, with ``q8_edits``) after ``defines``."""
-    src = defines + apply_edits((KERNEL_DIR / "ggml" / "keep_quant_fast.hip").read_text(), edits)
+def _build(tmp: Path, edits: Edits = (), driver: str = "keep_quant_fast_host.cpp", defines: str = "") -> Path:
+    src = defines + (KERNEL_DIR / "ggml" / "keep_quant_fast.hip").read_text()
+    for old, new in edits:
+        assert src.count(old) == 1, old
+        src = src.replace(old, new)
     (tmp / "keep_quant_fast.hip").write_text(src)
-    (tmp / "ggml").mkdir(exist_ok=True)  # found before kernels/ggml
-    q8 = apply_edits((KERNEL_DIR / "ggml" / "q8_quant.hip").read_text(), q8_edits)
-    (tmp / "ggml" / "q8_quant.hip").write_text(q8)
     shutil.copy(HERE / "qk_portable.h", tmp / "qk_portable.h")
     exe = tmp / Path(driver).stem
     common = KERNEL_DIR / "common"  # qk_phases.h (qk_portable.h is the stand-in beside the source)
@@ -94,16 +85,10 @@ def _worst(exe: Path, tmp: Path, qtype: str, M: int, N: int, K: int, w: str, cta
         np.ascontiguousarray(words(stale)).tofile(tmp / "stale.bin")
         args.append("stale.bin")
     subprocess.run([str(exe), *args], check=True, cwd=tmp)
-    y = np.fromfile(tmp / "y.bin", np.float32 if cta else np.float64).reshape(M, N)
-    return _bound_ratio(y, W, qtype, a8, K)
-
-
-def _bound_ratio(y: np.ndarray, W: np.ndarray, qtype: str, a8: np.ndarray, K: int) -> float:
-    """max over outputs of |y - ref| / (gamma_{K+4} mag), against the float64 reference of the quantized
-    operands (``matmul_terms``)"""
+    y = np.fromfile(tmp / "y.bin", np.float32 if cta else np.float64).reshape(M, N).astype(np.float64)
     t = matmul_terms(W, qtype, a8)
     n = K + 4
-    return float(np.max(np.abs(y.astype(np.float64) - t["ref"]) / (n * U / (1 - n * U) * t["mag"])))
+    return float(np.max(np.abs(y - t["ref"]) / (n * U / (1 - n * U) * t["mag"])))
 
 
 @pytest.fixture(scope="module")
@@ -184,89 +169,3 @@ def test_fast_kernel_mutants_fail_on_the_host(tmp_path: Path, qtype: str, edits:
     exe = _build(tmp_path, edits)
     M, N, K, w = SHAPES[0]
     assert _worst(exe, tmp_path, qtype, M, N, K, w) > 1.0
-
-
-# -DQK_KF_FUSED (bench-only): the M = 1 Q4_K / Q5_K call in one launch, every CTA quantizing the fp32 row
-# into its shared memory itself. (N, K, CTAs): 3 row groups on 2 CTAs (one takes two) and 37 super-blocks
-# (two quantize passes, the second partial); 3 super-blocks (threads without a trip: the quantize first
-# in every build); more CTAs than row groups; 20 super-blocks (every thread one trip)
-FUSED_SHAPES = ((9, 37 * 256, 2), (4, 768, 1), (13, 2560, 5), (6, 20 * 256, 2))
-# the bench's one-launch builds: 4 lanes a super-block (the default), 32, 8; the quantize after the first
-# row group's first weight loads; the row quantized once by ceil(nb / 32) CTAs before the others
-LF, PUBLISH = "#define QK_KFQ_LOADS_FIRST\n", "#define QK_KFQ_PUBLISH\n"
-FUSED_BUILDS = ("", "#define QK_KFQ_LANES 32\n", LF, LF + "#define QK_KFQ_LANES 8\n", PUBLISH)
-FUSED = "#define QK_KF_FUSED\n"
-# the last quantize pass never run: the CTA's stale shared memory read (on the
-# host only: on a device the slot may still hold an earlier CTA's quantization of the same row)
-KFQ_LAST_SKIPPED: Edits = (
-    ("for (qk_i64 b0 = 0; b0 < nb; b0 += KFQ_PASS)", "for (qk_i64 b0 = 0; b0 + KFQ_PASS < nb; b0 += KFQ_PASS)"),
-)
-# the scale -128 / max instead of the reference's -127 / max (an |x| tie broken the other way, by
-# contrast, negates d and every quant together, which no GEMV output shows)
-SCALE_128: Edits = (
-    (
-        "const float iscale = zero ? 0.0f : qk_ftz(QK_FDIV(-127.0f, mx));",
-        "const float iscale = zero ? 0.0f : qk_ftz(QK_FDIV(-128.0f, mx));",
-    ),
-)
-
-
-def _fused_row(K: int, rng: np.random.Generator) -> np.ndarray:
-    """an activation row with a tie for the largest |x| in each super-block (signs alternating, so the
-    first one's sign is d's), a subnormal in each (flushed) and, past the second super-block, a zero one"""
-    x = rng.standard_normal(K).astype(np.float32)
-    for b in range(K // 256):
-        sign = 1.0 if b % 2 else -1.0
-        x[256 * b + 5], x[256 * b + 200] = sign * 9.5, -sign * 9.5
-        x[256 * b + 7] = 1e-40
-    if K >= 768:
-        x[512:768] = 0.0
-    return x
-
-
-def _fused_and_two_launch(tmp: Path, qtype: str, N: int, K: int, ctas: int, fused: Path, two: Path):
-    """(the one-launch kernel's Y, the two-launch kernel's Y on the oracle's Q8_K bytes, W, those bytes)"""
-    rng = np.random.default_rng(K + N)
-    fmt = FORMATS[qtype]
-    W = finite_scales(fmt, rng.integers(0, 256, (N, fmt.n_bytes(K)), dtype=np.uint8), rng)
-    x = _fused_row(K, rng)
-    a8 = quantize(x[None], "Q8_K", ftz=True)  # the bytes of the device's quantize (flushing subnormals)
-    W.tofile(tmp / "w.bin")
-    x.tofile(tmp / "x.bin")
-    a8.tofile(tmp / "a.bin")
-    a8.tofile(tmp / "stale.bin")
-    nb = str(K // 256)
-    subprocess.run(
-        [str(fused), str(KIND[qtype]), str(N), nb, str(ctas), "w.bin", "x.bin", "y1.bin"], check=True, cwd=tmp
-    )
-    subprocess.run(
-        [str(two), str(KIND[qtype]), "1", str(N), nb, "w.bin", "a.bin", "y2.bin", "stale.bin"], check=True, cwd=tmp
-    )
-    return np.fromfile(tmp / "y1.bin", np.float32), np.fromfile(tmp / "y2.bin", np.float32), W, a8
-
-
-@pytest.mark.parametrize("qtype,build", [(q, b) for q in ("Q4_K", "Q5_K") for b in FUSED_BUILDS])
-def test_one_launch_kernel_is_the_two_launches_bit_for_bit(tmp_path: Path, qtype: str, build: str) -> None:
-    """Every output of the one-launch builds stored, bit-identical to the shipped two launches on the
-    oracle's Q8_K bytes of the row, and within the order=any bound."""
-    fused = _build(tmp_path, driver="keep_quant_fused_cta.cpp", defines=FUSED + build)
-    two = _build(tmp_path, driver="keep_quant_fast_cta.cpp")
-    for N, K, ctas in FUSED_SHAPES:
-        producers = -(-K // 256 // 32) if build == PUBLISH else 0  # the CTAs before those of the row groups
-        y1, y2, W, a8 = _fused_and_two_launch(tmp_path, qtype, N, K, ctas + producers, fused, two)
-        assert not np.any(y1 == -12345.0), (N, K, ctas)
-        assert np.array_equal(y1.view(np.uint32), y2.view(np.uint32)), (N, K, ctas)
-        assert _bound_ratio(y1[None], W, qtype, a8, K) <= 1.0, (N, K, ctas)
-
-
-@pytest.mark.parametrize(
-    "edits,q8_edits",
-    [(KFQ_LANE_ORDER, ()), (KFQ_LAST_SKIPPED, ()), (KFQ_FIRST_GROUP_SKIPPED, ()), ((), SCALE_128)],
-    ids=["lane_order", "last_skipped", "first_group_skipped", "scale_128"],
-)
-def test_one_launch_kernel_mutants_differ_from_the_two_launches(tmp_path: Path, edits: Edits, q8_edits: Edits) -> None:
-    fused = _build(tmp_path, edits, driver="keep_quant_fused_cta.cpp", defines=FUSED, q8_edits=q8_edits)
-    two = _build(tmp_path, driver="keep_quant_fast_cta.cpp")
-    N, K, ctas = FUSED_SHAPES[0]
-    y1, y2, _, _ = _fused_and_two_launch(tmp_path, "Q4_K", N, K, ctas, fused, two)
-    assert not np.array_equal(y1.view(np.uint32), y2.view(np.uint32))

@@ -20,11 +20,6 @@ flight while the quantize runs. (Session 37's ring build, every type at M tile 1
 groups through shared memory on the resident CTAs, was measured slower and taken out: docs/perf-notes.md,
 session 38.)
 
-``--variants fused,fused_l8,fused_l32,fused_lf,fused_lf_l8,fused_lf_l32``: Q4_K / Q5_K at M = 1 in one launch
-(``-DQK_KF_FUSED``, bench-only), each CTA quantizing the row itself with 4 lanes a super-block (8, 32:
-``-DQK_KFQ_LANES``), before its first weight loads or, ``_lf``, after them (``-DQK_KFQ_LOADS_FIRST``);
-``fused_pub``: the row quantized once by the first CTAs, which the others wait for (``-DQK_KFQ_PUBLISH``).
-
 ``--split``: for the fast kernels also the call's launches timed apart, back to back as in the call: the
 activation quantize (and Q8_0's regrouping) alone, then the GEMV alone on the activations they wrote.
 
@@ -63,7 +58,6 @@ VARIANTS = {
     STREAM_ORDER: "any",
     TRIGGER_AT_EXIT: "any",
     "loads_first": "any",
-    **{f"fused{s}": "any" for s in ("", "_l8", "_l32", "_lf", "_lf_l8", "_lf_l32", "_pub")},
 }
 V1_OPTION = "-DQK_KQ_FAST_V1"  # the build option of round 1's fast kernel (keep_quant_fast.hip)
 # the build options of each fast variant: round 1; round 2 with one step of 4 row-blocks in flight a
@@ -74,14 +68,6 @@ OPTIONS = {
     TRIGGER_AT_EXIT: ("-DQK_PDL_TRIGGER_AT_EXIT",),
     # the GEMV's first weight loads issued before its wait for the quantize (bench-only)
     "loads_first": ("-DQK_KF_LOADS_FIRST",),
-    # the M = 1 call in one launch (bench-only): the quantize's lanes a super-block, its place
-    **{
-        f"fused{lf}{ln}": ("-DQK_KF_FUSED", *(("-DQK_KFQ_LOADS_FIRST",) if lf else ()), *lanes)
-        for lf in ("", "_lf")
-        for ln, lanes in (("", ()), ("_l8", ("-DQK_KFQ_LANES=8",)), ("_l32", ("-DQK_KFQ_LANES=32",)))
-    },
-    # the row quantized once by the first CTAs, the others waiting for it after their first weight loads
-    "fused_pub": ("-DQK_KF_FUSED", "-DQK_KFQ_PUBLISH"),
 }
 V1_TYPES = ("Q4_K", "Q5_K")  # the types whose fast kernel round 2 changed (the others: fast-v1, fast-u1 are fast)
 
@@ -164,7 +150,7 @@ def bench(
             nbytes = sets[0].nbytes + A.nbytes
             e = _numerics(sets[0], qtype, A)
             for variant in variants:
-                rounds = variant in ("fast-v1", "fast-u1") or variant.startswith("fused")  # Q4_K / Q5_K only
+                rounds = variant in ("fast-v1", "fast-u1")  # kernels of the Q4_K / Q5_K rounds only
                 if variant != "exact" and qtype not in FAST_TYPES or rounds and qtype not in V1_TYPES:
                     continue
                 y = cupy.empty((1, N), cupy.float32)
@@ -196,7 +182,7 @@ def bench(
                     f"| {check} | {l2o:.2e} | {l2r:.2e} | {'PASS' if ok else 'below target'} |",
                     flush=True,
                 )
-                if split and variant != "exact" and len(calls[0]) > 1:
+                if split and variant != "exact":
                     for part, pick in (("activation launches alone", slice(None, -1)), ("GEMV alone", slice(-1, None))):
                         pt = bl.times(lambda i, c=calls, k=pick: replay(c[i][k]), len(calls), reps)
                         pm = bl.median(pt)

@@ -16,9 +16,6 @@ and Q8_0 through ``ggml/keep_quant_fast.hip`` instead: llama.cpp's mmvq layout i
 (each output within the contract's bound, not bit-identical to the generic order); Q8_K activations
 read as quantized (no regrouping launch), Q8_0 ones as ``qk_q8_0_quant_words`` writes them; CTAs of 4 weight rows x 1, 2
 or 4 activation rows. The other types run the generic-order kernel, which meets that bound too.
-Bench-only build option ``-DQK_KF_FUSED``: Q4_K / Q5_K at M = 1 in one launch (``qk_kq_fused_<t>``), each
-CTA quantizing the row into its shared memory and taking every gridDim-th group of 4 weight rows, as many
-CTAs as are resident at once; the same bits as the two launches.
 """
 
 from __future__ import annotations
@@ -28,12 +25,11 @@ from typing import Any
 import cupy
 import numpy as np
 
-from qconform.device import launchers
 from qconform.device.abi import bind_call
 from qconform.device.ggml.q8_quant import quantize
 from qconform.device.launch import check_aligned
-from qconform.device.launchers import kernel_of, launch_grid, sm_count, smem_limits
-from qconform.device.registry import kernel_for, resident_ctas
+from qconform.device.launchers import launch_grid
+from qconform.device.registry import kernel_for
 from qconform.errors import ArgumentError, Declined
 from qconform.ops.ggml.keep_quant import MATMUL_BT_QUANT
 from qconform.oracles.ggml.vec_dot_generic import vec_dot_formats
@@ -63,45 +59,11 @@ ROWS_PER_CTA, THREADS = 4, 128  # KQ_R weight rows, a warp each; the regrouping 
 ACT_WORDS = {"Q8_K": 76, "Q8_0": 12, "Q8_1": 12}  # KQ_AK, KQ_A0: words per regrouped activation block
 ACT_TILES = (1, 2)  # activation rows per CTA, the kernel's instantiations (MT)
 MAX_GRID_Y = 65535  # CUDA's and HIP's limit on gridDim.y: the weight-row blocks
-FUSED_OPTION = "-DQK_KF_FUSED"  # bench-only: Q4_K / Q5_K at M = 1 in one launch (qk_kq_fused_<t>)
-FUSED_TYPES = ("Q4_K", "Q5_K")
-PUBLISH_OPTION = "-DQK_KFQ_PUBLISH"  # bench-only, with FUSED_OPTION: the row quantized once, by the first CTAs
 
 
 def act_tile(M: int, tiles: tuple[int, ...] = ACT_TILES) -> int:
     """The activation rows a CTA takes: the smallest tile holding M, else the largest."""
     return next((t for t in tiles if t >= M), tiles[-1])
-
-
-def _fused(W_blocks: Any, wtype: str, A_fp32: Any, out: Any, N: int, nb: int) -> bool:
-    """The M = 1 call through the one-launch build's kernel (``FUSED_OPTION``); False where it does not
-    apply (another build or type, or the row's Q8_K blocks over the CTA's shared memory)."""
-    if FUSED_OPTION not in launchers.OPTIONS or wtype not in FUSED_TYPES:
-        return False
-    symbol = f"qk_kq_fused_{FAST_TYPES[wtype]}"
-    # 32-block passes (the kernel's at 4 lanes a super-block; a whole number of its passes at 8 or 32) and
-    # their block_q8_K slots
-    passes = -(-nb // 32)
-    slots = passes * 32 * 292
-    groups = -(-N // ROWS_PER_CTA)
-    if PUBLISH_OPTION in launchers.OPTIONS:  # a producer CTA a pass, then the rest
-        pub = symbol.replace("fused", "fused_pub")
-        kernel = kernel_of(FAST_SOURCE, pub)
-        producers = passes
-        per_sm = resident_ctas(THREADS // 32, kernel.num_regs, 64, smem_limits()[1])
-        grid = producers + max(1, min(groups, per_sm * sm_count() - producers))
-        act = cupy.empty(slots, cupy.uint8)
-        args = (A_fp32, W_blocks, out, np.int64(N), np.int64(nb), act, launchers.tickets(2, kernel))
-        launch_grid(MATMUL_BT_QUANT.name, FAST_SOURCE, pub, grid, THREADS, args, dependent=True)
-        return True
-    kernel, smem = kernel_of(FAST_SOURCE, symbol), slots
-    if smem > 48 * 1024 and not launchers.allow_smem(kernel, smem):
-        return False
-    per_sm = resident_ctas(THREADS // 32, kernel.num_regs, smem + 64, smem_limits()[1])
-    grid = min(groups, per_sm * sm_count())
-    args = (A_fp32, W_blocks, out, np.int64(N), np.int64(nb))
-    launch_grid(MATMUL_BT_QUANT.name, FAST_SOURCE, symbol, grid, THREADS, args, shared_mem=smem, dependent=True)
-    return True
 
 
 def matmul_bt_quant(
@@ -130,8 +92,6 @@ def matmul_bt_quant(
     nb = A_fp32.shape[1] // afmt.block_size
     op, blocks, words = MATMUL_BT_QUANT.name, M * nb, ACT_WORDS[afmt.name]
     fast = order == "any" and wfmt.name in FAST_TYPES
-    if fast and M == 1 and _fused(W_blocks, wfmt.name, A_fp32, call.out, N, nb):
-        return call.out
     aq = cupy.empty(0 if fast and afmt.name == "Q8_K" else blocks * words, cupy.uint32)
     if afmt.name == "Q8_0":  # quantized straight into the regrouped words: one launch, 2 lanes a block
         launch_grid(

@@ -77,10 +77,6 @@ __device__ __forceinline__ bool qk_isnan(float v) { return (qk_bits(v) & 0x7FFFF
 #define QK_WAIT_PRIOR_GRID()
 #endif
 
-/* the launch's dynamic shared memory (the launcher's bytes) as an array of T, 16-byte aligned for
- * T = uint4 (a macro so that the host stand-in, tests/kernel_host/qk_portable.h, can give it storage) */
-#define QK_EXTERN_SHARED(T, name) extern __shared__ T name[]
-
 /* fp32 -> fp16 bits, round to nearest even (CUDA __float2half_rn and HIP's _Float16 cast both
  * matched numpy bit for bit: specs B4); NaN -> sign | 0x7E00 as ggml's GGML_FP32_TO_FP16 */
 __device__ __forceinline__ qk_u16 qk_fp16_bits(float v) {

@@ -324,15 +324,14 @@ __device__ __forceinline__ float kf_xor_sum(float v) {
     return v;
 }
 
-/* The CTA's outputs: after a barrier, thread rr * MT + m adds the 4 groups' partial sums of row
- * n0 + rr, activation row m0 + m in group order and stores the rows that exist. */
+/* The CTA's outputs: after a barrier, thread rr * MT + m adds the 4 groups' partial sums of row rr,
+ * activation row m in group order and stores the rows that exist. */
 template <int MT>
-__device__ __forceinline__ void kf_store(const float (&part)[KF_GROUPS][KF_ROWS][MT], int t, qk_i64 m0, qk_i64 n0, int mt, qk_i64 N,
-                                         float* Y) {
+__device__ __forceinline__ void kf_store(const float (&part)[KF_GROUPS][KF_ROWS][MT], int t, qk_i64 m0, int mt, qk_i64 N, float* Y) {
     __syncthreads();
     if (t < KF_ROWS * MT) {
         const int rr = t / MT, m = t % MT;
-        const qk_i64 nn = n0 + rr;
+        const qk_i64 nn = (qk_i64)blockIdx.y * KF_ROWS + rr;
         if (m < mt && nn < N) {
             float y = part[0][rr][m];
 #pragma unroll
@@ -418,7 +417,7 @@ __device__ __forceinline__ void kf_gemv(const qk_u8* __restrict__ W, const qk_u8
         const float v = kf_xor_sum<8>(acc[m]);
         if (c == 0) part[w][r][m] = v;
     }
-    kf_store<MT>(part, t, m0, (qk_i64)blockIdx.y * KF_ROWS, mt, N, Y);
+    kf_store<MT>(part, t, m0, mt, N, Y);
 }
 
 #ifndef QK_KQ_FAST_V1
@@ -430,12 +429,13 @@ __device__ __forceinline__ void kf_gemv(const qk_u8* __restrict__ W, const qk_u8
  * computed. Rows past N read row N - 1 and are never stored. Each thread's terms are kf_q45_row's
  * (the arithmetic of round 1), then xor shuffles of width 32 over the warp's 4 block columns x 8
  * slices, and kf_store adds the 4 warps' partial rows in warp order. */
-template <int KIND, int TS, int MT, int UNROLL, class AfterLoads>
-__device__ __forceinline__ void kf2_rows(const qk_u8* __restrict__ W, const qk_u8* __restrict__ aq, float* __restrict__ Y,
-                                         qk_i64 M, qk_i64 N, qk_i64 nb, qk_i64 m0, qk_i64 n0, AfterLoads& after_loads) {
+template <int KIND, int TS, int MT, int UNROLL>
+__device__ __forceinline__ void kf2_gemv(const qk_u8* __restrict__ W, const qk_u8* __restrict__ aq, float* __restrict__ Y,
+                                         qk_i64 M, qk_i64 N, qk_i64 nb) {
     constexpr int COLS = 4 * KF_GROUPS; /* block columns of a CTA: 8 slices each */
     __shared__ float part[KF_GROUPS][KF_ROWS][MT];
     const int t = threadIdx.x, w = t >> 5, c = t & 7, kc = t >> 3, g = c >> 1, half = c & 1;
+    const qk_i64 m0 = (qk_i64)blockIdx.x * MT, n0 = (qk_i64)blockIdx.y * KF_ROWS;
     const int mt = (int)(M - m0 < MT ? M - m0 : MT);
     const qk_u8* rows[KF_ROWS];
 #pragma unroll
@@ -454,7 +454,7 @@ __device__ __forceinline__ void kf2_rows(const qk_u8* __restrict__ W, const qk_u
             if (ib0 + COLS * u < nb)
 #pragma unroll
                 for (int rr = 0; rr < KF_ROWS; ++rr) kf_wload<KIND>(rows[rr] + (ib0 + COLS * u) * TS, c, raw[u][rr]);
-        after_loads(ib0 == kc);
+        KF_WAIT_AFTER_LOADS(ib0 == kc);
         if (ib0 == kc) {
             QK_PHASE(1);
             QK_PHASE_AFTER(2, raw[0][0][4]);
@@ -478,7 +478,7 @@ __device__ __forceinline__ void kf2_rows(const qk_u8* __restrict__ W, const qk_u
             }
         }
     }
-    after_loads(kc >= nb); /* a block column without a trip */
+    KF_WAIT_AFTER_LOADS(kc >= nb); /* a block column without a trip */
     QK_PHASE(3);
 #pragma unroll
     for (int rr = 0; rr < KF_ROWS; ++rr)
@@ -487,21 +487,8 @@ __device__ __forceinline__ void kf2_rows(const qk_u8* __restrict__ W, const qk_u
             const float v = kf_xor_sum<32>(acc[rr][m]);
             if ((t & 31) == 0) part[w][rr][m] = v;
         }
-    kf_store<MT>(part, t, m0, n0, mt, N, Y);
+    kf_store<MT>(part, t, m0, mt, N, Y);
     QK_PHASE(4);
-}
-
-/* kf2_rows' call once a thread's first loads are issued (first: true then, or where it has no trip) */
-struct kf_prior_wait {
-    __device__ __forceinline__ void operator()(bool first) const { KF_WAIT_AFTER_LOADS(first); }
-};
-
-/* the CTA's rows: activation rows blockIdx.x * MT .., weight rows blockIdx.y * 4 .. */
-template <int KIND, int TS, int MT, int UNROLL>
-__device__ __forceinline__ void kf2_gemv(const qk_u8* __restrict__ W, const qk_u8* __restrict__ aq, float* __restrict__ Y,
-                                         qk_i64 M, qk_i64 N, qk_i64 nb) {
-    kf_prior_wait wait;
-    kf2_rows<KIND, TS, MT, UNROLL>(W, aq, Y, M, N, nb, (qk_i64)blockIdx.x * MT, (qk_i64)blockIdx.y * KF_ROWS, wait);
 }
 #define KF_GEMV_Q45(NAME, KIND, TS, MT, UNROLL, UNROLL2) kf2_gemv<KIND, TS, MT, UNROLL2>
 #else
@@ -528,154 +515,3 @@ __device__ __forceinline__ void kf2_gemv(const qk_u8* __restrict__ W, const qk_u
 KF_GEMV_ALL(1, 4, QK_KF_STEPS_M1)
 KF_GEMV_ALL(2, 2, 1)
 KF_GEMV_ALL(4, 1, 1)
-
-#if defined(QK_KFQ_LOADS_FIRST) || defined(QK_KFQ_LANES) || defined(QK_KFQ_PUBLISH)
-#ifndef QK_KF_FUSED
-#define QK_KF_FUSED /* the one-launch build's variants imply it */
-#endif
-#endif
-#ifdef QK_KF_FUSED
-/* Bench-only -DQK_KF_FUSED: the M = 1 Q4_K / Q5_K call in one launch, qk_kq_fused_<t>(X, W, Y, N, nb),
- * without the quantize launch before it: every CTA quantizes the activation row X (fp32, K = 256 nb)
- * into its own shared memory (the launcher's slots: nb rounded up to 32 blocks of 292 bytes),
- * QK_KFQ_LANES lanes a super-block by qk_q8_k_quant_lanes_body's arithmetic (qk_q8_k_block_lanes: the
- * bytes of every LANES, so those of qk_q8_k_quant_w32), 128 / LANES super-blocks a pass, the lanes past
- * nb quantizing zeros into the spare slots; then it takes the row groups blockIdx.x, blockIdx.x +
- * gridDim.x, ... (the launcher's grid: the CTAs resident at once, at most one per group) through
- * kf2_rows on those blocks -- the same arithmetic as the two launches, so the same bits. The row costs
- * each CTA 1 KiB of L2 reads a super-block. With -DQK_KFQ_LOADS_FIRST the quantize comes after the
- * first row group's first weight loads are issued (where every thread has a first trip, nb >= 16), so
- * the DRAM works while the CTAs quantize. */
-#include "ggml/q8_quant.hip" /* qk_q8_k_block_lanes, QK_K (its kernels come along, unused) */
-#ifndef QK_KFQ_LANES
-#define QK_KFQ_LANES 4 /* lanes a super-block in the CTA's quantize: 32 super-blocks a pass */
-#endif
-#define KFQ_PASS (32 * KF_GROUPS / QK_KFQ_LANES) /* super-blocks a pass of the CTA's threads */
-#if QK_KFQ_LANES != 4 && QK_KFQ_LANES != 8 && QK_KFQ_LANES != 32
-#error "QK_KFQ_LANES: 4, 8 or 32 (the launcher's slots are a whole number of 32-block passes)"
-#endif
-#if defined(QK_KFQ_PUBLISH) && QK_KFQ_LANES != 4
-#error "QK_KFQ_PUBLISH takes QK_KFQ_LANES 4 (the launcher starts a producer CTA for each 32 super-blocks)"
-#endif
-
-/* one pass of the CTA's threads: super-blocks b0 .. b0 + KFQ_PASS - 1 of X into act's slots */
-__device__ __forceinline__ void kfq_quantize_pass(const float* __restrict__ X, qk_u8* act, qk_i64 nb, qk_i64 b0) {
-    constexpr int NV = 64 / QK_KFQ_LANES; /* float4 a lane */
-    const int l = threadIdx.x % QK_KFQ_LANES;
-    const qk_i64 ib = b0 + threadIdx.x / QK_KFQ_LANES;
-    const float4* x4 = (const float4*)X;
-    float4 v[NV];
-#pragma unroll
-    for (int k = 0; k < NV; ++k) v[k] = ib < nb ? x4[ib * (QK_K / 4) + QK_KFQ_LANES * k + l] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    qk_q8_k_block_lanes<QK_KFQ_LANES>(v, l, act, (int)ib);
-}
-
-__device__ __forceinline__ void kfq_quantize(const float* __restrict__ X, qk_u8* act, qk_i64 nb) {
-    for (qk_i64 b0 = 0; b0 < nb; b0 += KFQ_PASS) kfq_quantize_pass(X, act, nb, b0); /* the same trips for every thread */
-    __syncthreads();
-}
-
-/* kf2_rows' call after a thread's first loads: the quantize, in the first row group, where todo */
-struct kfq_quantize_once {
-    const float* X;
-    qk_u8* act;
-    qk_i64 nb;
-    bool todo;
-    __device__ __forceinline__ void operator()(bool first) {
-        if (first && todo) {
-            todo = false;
-            kfq_quantize(X, act, nb);
-        }
-    }
-};
-
-template <int KIND, int TS>
-__device__ __forceinline__ void kfq_gemv(const float* __restrict__ X, const qk_u8* __restrict__ W, float* __restrict__ Y, qk_i64 N,
-                                         qk_i64 nb) {
-    QK_EXTERN_SHARED(uint4, kfq_act4); /* nb Q8_K blocks (and the spare slots) */
-    qk_u8* act = (qk_u8*)kfq_act4;
-#ifdef QK_KFQ_LOADS_FIRST
-    kfq_quantize_once after{X, act, nb, nb >= 4 * KF_GROUPS}; /* every thread a first trip: the same call */
-#else
-    kfq_quantize_once after{X, act, nb, false};
-#endif
-    if (!after.todo) kfq_quantize(X, act, nb);
-    for (qk_i64 n0 = (qk_i64)blockIdx.x * KF_ROWS; n0 < N; n0 += (qk_i64)gridDim.x * KF_ROWS) {
-        kf2_rows<KIND, TS, 1, QK_KF_STEPS_M1>(W, act, Y, 1, N, nb, 0, n0, after);
-        __syncthreads(); /* kf_store's reads of the partial sums before the next group writes them */
-    }
-}
-
-#ifdef QK_KFQ_PUBLISH
-/* -DQK_KFQ_PUBLISH: the row quantized once, qk_kq_fused_pub_<t>(X, W, Y, N, nb, act, count): CTAs
- * 0 .. P - 1 (P = ceil(nb / KFQ_PASS)) each quantize one pass of super-blocks into the launcher's global
- * act (nb rounded up to a pass, 292 bytes a block), make them visible (__threadfence) and count
- * themselves in count[0]; they wait on nothing, so the others' wait ends once they have run (lower
- * blockIdx first). The other CTAs take the row groups as qk_kq_fused_<t>'s do, each waiting for count[0]
- * = P after its first row group's first weight loads (where every thread has a first trip, nb >= 16;
- * else before them); the last of them to finish (count[1], a ticket) zeroes both counts for the next call
- * (the launcher's per-stream buffer, as GQA's folded combine's tickets). */
-__device__ __forceinline__ void kfq_wait_published(const unsigned* count, unsigned producers) {
-    if (threadIdx.x == 0) {
-        while (*(const volatile unsigned*)count < producers) {
-        }
-        __threadfence();
-    }
-    __syncthreads();
-}
-
-struct kfq_wait_once {
-    const unsigned* count;
-    unsigned producers;
-    bool todo;
-    __device__ __forceinline__ void operator()(bool first) {
-        if (first && todo) {
-            todo = false;
-            kfq_wait_published(count, producers);
-        }
-    }
-};
-
-template <int KIND, int TS>
-__device__ __forceinline__ void kfq_pub_gemv(const float* __restrict__ X, const qk_u8* __restrict__ W, float* __restrict__ Y,
-                                             qk_i64 N, qk_i64 nb, qk_u8* act, unsigned* count) {
-    const unsigned producers = (unsigned)((nb + KFQ_PASS - 1) / KFQ_PASS);
-    if (blockIdx.x < producers) {
-        kfq_quantize_pass(X, act, nb, (qk_i64)blockIdx.x * KFQ_PASS);
-        __threadfence(); /* this thread's blocks before the count */
-        __syncthreads();
-        if (threadIdx.x == 0) atomicAdd(count, 1u);
-        return;
-    }
-    const qk_i64 c = blockIdx.x - producers, consumers = gridDim.x - producers;
-    kfq_wait_once after{count, producers, nb >= 4 * KF_GROUPS};
-    if (!after.todo) kfq_wait_published(count, producers);
-    for (qk_i64 n0 = c * KF_ROWS; n0 < N; n0 += consumers * KF_ROWS) {
-        kf2_rows<KIND, TS, 1, QK_KF_STEPS_M1>(W, act, Y, 1, N, nb, 0, n0, after);
-        __syncthreads();
-    }
-    if (threadIdx.x == 0 && atomicAdd(count + 1, 1u) == (unsigned)consumers - 1u) { /* every consumer is past its wait */
-        atomicExch(count, 0u);
-        atomicExch(count + 1, 0u);
-    }
-}
-
-#define KF_FUSED_PUB(NAME, KIND, TS)                                                                              \
-    extern "C" __global__ void __launch_bounds__(32 * KF_GROUPS) qk_kq_fused_pub_##NAME(                         \
-        const float* X, const qk_u8* W, float* Y, qk_i64 N, qk_i64 nb, qk_u8* act, unsigned* count) {            \
-        QK_WAIT_PRIOR_GRID();                                                                                      \
-        kfq_pub_gemv<KIND, TS>(X, W, Y, N, nb, act, count);                                                       \
-    }
-KF_FUSED_PUB(q4_k, 4, 144)
-KF_FUSED_PUB(q5_k, 5, 176)
-#endif
-
-#define KF_FUSED(NAME, KIND, TS)                                                                                 \
-    extern "C" __global__ void __launch_bounds__(32 * KF_GROUPS) qk_kq_fused_##NAME(                            \
-        const float* X, const qk_u8* W, float* Y, qk_i64 N, qk_i64 nb) {                                        \
-        QK_WAIT_PRIOR_GRID(); /* launched as a programmatic dependent of the kernel before: X may be its output */ \
-        kfq_gemv<KIND, TS>(X, W, Y, N, nb);                                                                      \
-    }
-KF_FUSED(q4_k, 4, 144)
-KF_FUSED(q5_k, 5, 176)
-#endif
