@@ -1072,16 +1072,37 @@ KF_LOADS_FIRST_NO_WAIT: Edits = (
     ("        if (first) QK_WAIT_PRIOR_GRID();  \\\n", "        (void)(first);            \\\n"),
 )
 LOADS_FIRST = "-DQK_KF_LOADS_FIRST"
+TWO_LAUNCH = "-DQK_KF_TWO_LAUNCH"  # bench-only: Q4_K / Q5_K at M = 1 as the quantize and the GEMV
 
 
 def _fast_delayed(name: str, edits: Edits) -> DeviceMutant:
-    """A row of the -DQK_KF_LOADS_FIRST build with the activations' quantize delayed (KQ_QUANT_DELAYED)."""
+    """A row of the -DQK_KF_LOADS_FIRST build's two launches (-DQK_KF_TWO_LAUNCH: at M = 1 Q4_K is one launch
+    otherwise) with the activations' quantize delayed (KQ_QUANT_DELAYED)."""
     caught = "writes_every_output" if edits else None
     beside = (("ggml/keep_quant_fast.hip", edits),) if edits else ()
-    return DeviceMutant(name, "ggml/q8_quant.hip", "", LOADS_FIRST, "matmul_bt_quant", caught,
+    return DeviceMutant(name, "ggml/q8_quant.hip", "", f"{LOADS_FIRST} {TWO_LAUNCH}", "matmul_bt_quant", caught,
                         leaf="Wq4_K_Aq8_K_Yfp32", edits=KQ_QUANT_DELAYED, contract="order=any", beside=beside)
 
 
+# the M = 1 Q4_K / Q5_K call in one launch (qk_kq_one_<t>, its first CTAs quantizing the row for the
+# others; tests/test_keep_quant_fast_host.py runs it on the host too): each super-block's quants read in
+# another order than qk_q8_k_quant_w32's (lane l's second float4 its neighbour's); each row-group CTA's
+# first group skipped (its outputs never written); the quantizing CTAs delayed ~1 ms before they start,
+# with the others' wait for them dropped (mutant) or kept (control)
+ONE_LANE_ORDER: Edits = (("x4[ib * (QK_K / 4) + 32 * k + l]", "x4[ib * (QK_K / 4) + 32 * k + (l ^ (k & 1))]"),)
+ONE_FIRST_GROUP_SKIPPED: Edits = (
+    ("for (qk_i64 n0 = c * KF_ROWS;", "for (qk_i64 n0 = (c + consumers) * KF_ROWS;"),
+)
+ONE_PRODUCERS_DELAYED: Edits = (
+    (
+        "        kf_quantize_pass(X, act, nb, blockIdx.x);\n",
+        "        for (const long long t0 = clock64(); clock64() - t0 < 2000000;) {\n        }\n"
+        "        kf_quantize_pass(X, act, nb, blockIdx.x);\n",
+    ),
+)
+ONE_NO_WAIT: Edits = (
+    ("    if (threadIdx.x == 0) {\n        unsigned polls = 0u;", "    if (false) {\n        unsigned polls = 0u;"),
+)
 KEEP_QUANT_FAST_MUTANTS = (
     _fast("keep-quant fast: Q4_K sub-block min applied to the wrong half", "Wq4_K_Aq8_K_Yfp32", KF_MIN_WRONG_HALF),
     _fast("keep-quant fast: Q6_K high bits shifted by 2 too few", "Wq6_K_Aq8_K_Yfp32", KF_Q6_HIGH_SHIFT),
@@ -1102,6 +1123,15 @@ KEEP_QUANT_FAST_MUTANTS = (
           (), LOADS_FIRST),
     _fast("control: keep-quant fast loads first (-DQK_KF_LOADS_FIRST) under order=any (Q6_K)", "Wq6_K_Aq8_K_Yfp32",
           (), LOADS_FIRST),
+    _fast("keep-quant one launch: the row's quants read in another order", "Wq4_K_Aq8_K_Yfp32", ONE_LANE_ORDER),
+    _fast("keep-quant one launch: each row-group CTA's first group skipped", "Wq5_K_Aq8_K_Yfp32",
+          ONE_FIRST_GROUP_SKIPPED),
+    _fast("keep-quant one launch: delayed quantizing CTAs not waited for", "Wq4_K_Aq8_K_Yfp32",
+          ONE_PRODUCERS_DELAYED + ONE_NO_WAIT),
+    DeviceMutant("control: keep-quant one launch waits for delayed quantizing CTAs", "ggml/keep_quant_fast.hip", "", "",
+                 "matmul_bt_quant", None, leaf="Wq5_K_Aq8_K_Yfp32", edits=ONE_PRODUCERS_DELAYED, contract="order=any"),
+    _fast("control: keep-quant two launches (-DQK_KF_TWO_LAUNCH) under order=any (Q4_K)", "Wq4_K_Aq8_K_Yfp32", (),
+          TWO_LAUNCH),
 )
 # ort/gqa_flash.hip (gqa_prefill under --contract storage=fp16; coverage 1: a chunk with a past of
 # 5 rows, window 3, softcap, a head sink and a full bias; a first prompt with smooth_softmax)

@@ -212,6 +212,7 @@ def test_every_patch_applies_once_to_the_shipped_kernel() -> None:
             "-DQK_MOE_FC2_SIMT",
             "-DQK_NBITS_NO_WGMMA",
             "-DQK_KF_LOADS_FIRST",
+            "-DQK_KF_TWO_LAUNCH",
         )
         assert all(o in build for o in m.options.split() if o.startswith("-D"))
 

@@ -7,7 +7,9 @@ with g++ against tests/kernel_host/qk_portable.h, a host stand-in for the portab
   width-8 shuffles, the groups' shared sums): M tiles of 1, 2 and 4, partial tiles, N past the last
   CTA's rows, Q8_0's partial last quad of blocks; each CTA's activations stale (another input's) until
   all its threads have waited for the quantize (QK_WAIT_PRIOR_GRID), so a read before the wait shows;
-  the bench-only builds too.
+  the bench-only builds too;
+- the one-launch M = 1 kernels of Q4_K / Q5_K (qk_kq_one_<t>; keep_quant_one_cta.cpp: the first CTAs
+  quantizing the row for the others), bit-identical to the two launches.
 Each against the float64 reference of the quantized operands (``matmul_terms``): a thread term is
 formed from exact integers and at most two rounded fp32 products and one fmaf per sub-block pair, so
 the sum is within gamma_{K+4} mag of the reference (the contract's order=any bound, docs/contracts.md);
@@ -30,10 +32,13 @@ from device_catalogue import (
     KF_Q5_HIGH_BIT,
     KF_Q6_HIGH_SHIFT,
     KF_Q6_STAGE_NO_D,
+    ONE_FIRST_GROUP_SKIPPED,
+    ONE_LANE_ORDER,
     Edits,
 )
 from test_keep_quant_fast_model import _q8_0_words
 
+from qconform.device.patch import apply_edits
 from qconform.device.registry import KERNEL_DIR
 from qconform.formats.ggml import FORMATS
 from qconform.ops.ggml.keep_quant import matmul_terms
@@ -48,12 +53,16 @@ U = 2.0**-24
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="no g++")
 
 
-def _build(tmp: Path, edits: Edits = (), driver: str = "keep_quant_fast_host.cpp", defines: str = "") -> Path:
-    src = defines + (KERNEL_DIR / "ggml" / "keep_quant_fast.hip").read_text()
-    for old, new in edits:
-        assert src.count(old) == 1, old
-        src = src.replace(old, new)
+def _build(
+    tmp: Path, edits: Edits = (), driver: str = "keep_quant_fast_host.cpp", defines: str = "", q8_edits: Edits = ()
+) -> Path:
+    """``driver`` built against keep_quant_fast.hip with ``edits`` (and ggml/q8_quant.hip, which the
+    one-launch build includes, with ``q8_edits``) after ``defines``."""
+    src = defines + apply_edits((KERNEL_DIR / "ggml" / "keep_quant_fast.hip").read_text(), edits)
     (tmp / "keep_quant_fast.hip").write_text(src)
+    (tmp / "ggml").mkdir(exist_ok=True)  # found before kernels/ggml
+    q8 = apply_edits((KERNEL_DIR / "ggml" / "q8_quant.hip").read_text(), q8_edits)
+    (tmp / "ggml" / "q8_quant.hip").write_text(q8)
     shutil.copy(HERE / "qk_portable.h", tmp / "qk_portable.h")
     exe = tmp / Path(driver).stem
     common = KERNEL_DIR / "common"  # qk_phases.h (qk_portable.h is the stand-in beside the source)
@@ -85,10 +94,16 @@ def _worst(exe: Path, tmp: Path, qtype: str, M: int, N: int, K: int, w: str, cta
         np.ascontiguousarray(words(stale)).tofile(tmp / "stale.bin")
         args.append("stale.bin")
     subprocess.run([str(exe), *args], check=True, cwd=tmp)
-    y = np.fromfile(tmp / "y.bin", np.float32 if cta else np.float64).reshape(M, N).astype(np.float64)
+    y = np.fromfile(tmp / "y.bin", np.float32 if cta else np.float64).reshape(M, N)
+    return _bound_ratio(y, W, qtype, a8, K)
+
+
+def _bound_ratio(y: np.ndarray, W: np.ndarray, qtype: str, a8: np.ndarray, K: int) -> float:
+    """max over outputs of |y - ref| / (gamma_{K+4} mag), against the float64 reference of the quantized
+    operands (``matmul_terms``)"""
     t = matmul_terms(W, qtype, a8)
     n = K + 4
-    return float(np.max(np.abs(y - t["ref"]) / (n * U / (1 - n * U) * t["mag"])))
+    return float(np.max(np.abs(y.astype(np.float64) - t["ref"]) / (n * U / (1 - n * U) * t["mag"])))
 
 
 @pytest.fixture(scope="module")
@@ -169,3 +184,96 @@ def test_fast_kernel_mutants_fail_on_the_host(tmp_path: Path, qtype: str, edits:
     exe = _build(tmp_path, edits)
     M, N, K, w = SHAPES[0]
     assert _worst(exe, tmp_path, qtype, M, N, K, w) > 1.0
+
+
+# qk_kq_one_<t>: the M = 1 Q4_K / Q5_K call in one launch, its first ceil(nb / 4) CTAs quantizing the fp32
+# row for the others. (N, K, CTAs that take row groups): 3 row groups on 2 CTAs (one takes two) and 37
+# super-blocks (10 quantizing CTAs, the last with 3 spare warps); 3 super-blocks (threads without a trip:
+# the wait before the loads); more CTAs than row groups; 20 super-blocks (every thread one trip)
+ONE_SHAPES = ((9, 37 * 256, 2), (4, 768, 1), (13, 2560, 5), (6, 20 * 256, 2))
+# each super-block's quants read in another order than qk_q8_k_quant_w32's; the last quantizing CTA never
+# started (its blocks stale); each row-group CTA's first group skipped (never stored); the counts left set
+# for the next call
+ONE_LAST_PASS_SKIPPED: Edits = (
+    (
+        "const unsigned producers = (unsigned)((nb + KF_PASS - 1) / KF_PASS);",
+        "const unsigned producers = (unsigned)(nb / KF_PASS);",
+    ),
+)
+ONE_COUNTS_KEPT: Edits = (("        atomicExch(count, 0u);\n", ""),)
+# the scale -128 / max instead of the reference's -127 / max (an |x| tie broken the other way, by
+# contrast, negates d and every quant together, which no GEMV output shows)
+SCALE_128: Edits = (
+    (
+        "const float iscale = zero ? 0.0f : qk_ftz(QK_FDIV(-127.0f, mx));",
+        "const float iscale = zero ? 0.0f : qk_ftz(QK_FDIV(-128.0f, mx));",
+    ),
+)
+
+
+def _one_row(K: int, rng: np.random.Generator) -> np.ndarray:
+    """an activation row with a tie for the largest |x| in each super-block (signs alternating, so the
+    first one's sign is d's), a subnormal in each (flushed) and, past the second super-block, a zero one"""
+    x = rng.standard_normal(K).astype(np.float32)
+    for b in range(K // 256):
+        sign = 1.0 if b % 2 else -1.0
+        x[256 * b + 5], x[256 * b + 200] = sign * 9.5, -sign * 9.5
+        x[256 * b + 7] = 1e-40
+    if K >= 768:
+        x[512:768] = 0.0
+    return x
+
+
+def _one_and_two_launch(tmp: Path, qtype: str, N: int, K: int, ctas: int, one: Path, two: Path):
+    """(the one-launch kernel's Y (None where its run failed), the two-launch kernel's Y on the oracle's
+    Q8_K bytes, W, those bytes); ``ctas``: the one-launch grid's CTAs that take row groups"""
+    rng = np.random.default_rng(K + N)
+    fmt = FORMATS[qtype]
+    W = finite_scales(fmt, rng.integers(0, 256, (N, fmt.n_bytes(K)), dtype=np.uint8), rng)
+    x = _one_row(K, rng)
+    a8 = quantize(x[None], "Q8_K", ftz=True)  # the bytes of the device's quantize (flushing subnormals)
+    W.tofile(tmp / "w.bin")
+    x.tofile(tmp / "x.bin")
+    a8.tofile(tmp / "a.bin")
+    a8.tofile(tmp / "stale.bin")
+    nb = K // 256
+    grid = -(-nb // 4) + ctas  # the launcher's: the quantizing CTAs first
+    run = subprocess.run([str(one), str(KIND[qtype]), str(N), str(nb), str(grid), "w.bin", "x.bin", "y1.bin"], cwd=tmp)
+    subprocess.run(
+        [str(two), str(KIND[qtype]), "1", str(N), str(nb), "w.bin", "a.bin", "y2.bin", "stale.bin"], check=True, cwd=tmp
+    )
+    y1 = np.fromfile(tmp / "y1.bin", np.float32) if run.returncode == 0 else None
+    return y1, np.fromfile(tmp / "y2.bin", np.float32), W, a8
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K"])
+def test_one_launch_kernel_is_the_two_launches_bit_for_bit(tmp_path: Path, qtype: str) -> None:
+    """Every output of the one-launch kernel stored, bit-identical to the two launches' kernel on the
+    oracle's Q8_K bytes of the row, within the order=any bound, and the counts zero after the launch."""
+    one = _build(tmp_path, driver="keep_quant_one_cta.cpp")
+    two = _build(tmp_path, driver="keep_quant_fast_cta.cpp")
+    for N, K, ctas in ONE_SHAPES:
+        y1, y2, W, a8 = _one_and_two_launch(tmp_path, qtype, N, K, ctas, one, two)
+        assert y1 is not None, (N, K, ctas)
+        assert not np.any(y1 == -12345.0), (N, K, ctas)
+        assert np.array_equal(y1.view(np.uint32), y2.view(np.uint32)), (N, K, ctas)
+        assert _bound_ratio(y1[None], W, qtype, a8, K) <= 1.0, (N, K, ctas)
+
+
+@pytest.mark.parametrize(
+    "edits,q8_edits",
+    [
+        (ONE_LANE_ORDER, ()),
+        (ONE_LAST_PASS_SKIPPED, ()),
+        (ONE_FIRST_GROUP_SKIPPED, ()),
+        (ONE_COUNTS_KEPT, ()),
+        ((), SCALE_128),
+    ],
+    ids=["lane_order", "last_pass_skipped", "first_group_skipped", "counts_kept", "scale_128"],
+)
+def test_one_launch_kernel_mutants_are_caught(tmp_path: Path, edits: Edits, q8_edits: Edits) -> None:
+    one = _build(tmp_path, edits, driver="keep_quant_one_cta.cpp", q8_edits=q8_edits)
+    two = _build(tmp_path, driver="keep_quant_fast_cta.cpp")
+    N, K, ctas = ONE_SHAPES[0]
+    y1, y2, _, _ = _one_and_two_launch(tmp_path, "Q4_K", N, K, ctas, one, two)
+    assert y1 is None or not np.array_equal(y1.view(np.uint32), y2.view(np.uint32))

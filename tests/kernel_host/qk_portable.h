@@ -4,7 +4,9 @@
  * ISA defines them (dp4a.s32.s32, prmt.b32 default mode); fp32 operations in IEEE single precision
  * (g++ -ffp-contract=off). The kernels run one CTA at a time as host threads (keep_quant_fast_cta.cpp,
  * bnb_gemm_mma_host.cpp): thread-local threadIdx / blockIdx, __shared__ as one static array,
- * __syncthreads a barrier (qk_syncwarp one per 32 threads), width-8 xor shuffles through slots. */
+ * __syncthreads a barrier (qk_syncwarp one per 32 threads), xor shuffles within a warp through slots. */
+#ifndef QK_PORTABLE_H /* the real header's guard: a source including another includes it twice */
+#define QK_PORTABLE_H
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,18 +28,23 @@ static thread_local dim3s threadIdx, blockIdx;
 static dim3s gridDim, blockDim;
 static std::barrier<>* qk_host_barrier = nullptr;
 static std::barrier<>* qk_host_group_barriers = nullptr; /* one per 32 threads: qk_syncwarp */
-static float qk_host_slots[1024];
+static unsigned qk_host_slots[1024];
 static inline void __syncthreads() { qk_host_barrier->arrive_and_wait(); }
 static inline void qk_syncwarp() { qk_host_group_barriers[threadIdx.x >> 5].arrive_and_wait(); }
-/* __shfl_xor_sync within the 8-lane segment (m < 8): through a slot per thread, between two barriers */
-static inline float QK_SHFL_XOR(float v, int m, int w) {
+/* __shfl_xor_sync within a warp's segment of width w (m < w <= 32) of a 4-byte value: through a slot
+ * per thread, between two of the warp's barriers (every lane of the warp takes part) */
+template <typename T>
+static inline T QK_SHFL_XOR(T v, int m, int w) {
+    static_assert(sizeof(T) == 4, "4-byte shuffles");
     (void)w;
-    qk_host_slots[threadIdx.x] = v;
-    __syncthreads();
-    const float r = qk_host_slots[threadIdx.x ^ (unsigned)m];
-    __syncthreads();
+    memcpy(&qk_host_slots[threadIdx.x], &v, 4);
+    qk_syncwarp();
+    T r;
+    memcpy(&r, &qk_host_slots[threadIdx.x ^ (unsigned)m], 4);
+    qk_syncwarp();
     return r;
 }
+#define QK_TRAP() abort()
 typedef signed char qk_i8; typedef unsigned char qk_u8; typedef short qk_i16; typedef unsigned short qk_u16;
 typedef int qk_i32; typedef unsigned int qk_u32; typedef long long qk_i64;
 /* the drivers' input files: the bytes of `path` (nullptr for "-"), 256-byte aligned; its size in *size */
@@ -55,6 +62,8 @@ static inline void* qk_host_load(const char* path, size_t* size = nullptr) {
     return p;
 }
 struct uint4 { qk_u32 x, y, z, w; };
+struct float4 { float x, y, z, w; };
+static inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 struct uint2 { qk_u32 x, y; };
 /* programmatic dependent launch (qk_portable.h). keep_quant_fast_cta.cpp stands in for the kernel
  * before (the activations' quantize), CTA by CTA: the activation buffer holds stale bytes until every
@@ -80,7 +89,10 @@ static inline void qk_host_wait_prior_grid() {
 }
 #define QK_WAIT_PRIOR_GRID() qk_host_wait_prior_grid()
 #define QK_FMUL(a, b) ((float)(a) * (float)(b))
+#define QK_FDIV(a, b) ((float)(a) / (float)(b))
 static inline float __int2float_rn(int i) { return (float)i; }
+static inline int __float2int_rz(float v) { return (int)v; } /* in range: ggml/q8_quant.hip's callers */
+static inline qk_i64 qk_global_thread() { return (qk_i64)blockIdx.x * blockDim.x + threadIdx.x; }
 static inline qk_u32 qk_bits(float v) { qk_u32 b; memcpy(&b, &v, 4); return b; }
 static inline float qk_float(qk_u32 b) { float v; memcpy(&v, &b, 4); return v; }
 static inline float qk_fp16_to_float(qk_u16 h) { _Float16 x; memcpy(&x, &h, 2); return (float)x; }
@@ -104,7 +116,12 @@ static inline float2 make_float2(float x, float y) { return {x, y}; }
 static inline uint4 make_uint4(qk_u32 x, qk_u32 y, qk_u32 z, qk_u32 w) { return {x, y, z, w}; }
 static inline int __ffsll(long long v) { return __builtin_ffsll(v); }
 #define QK_FADD(a, b) ((float)(a) + (float)(b))
+/* device-wide counts (the CTAs run one after another on the host: plain read-modify-writes would do) */
+static inline unsigned atomicAdd(unsigned* p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+static inline unsigned atomicExch(unsigned* p, unsigned v) { return __atomic_exchange_n(p, v, __ATOMIC_SEQ_CST); }
+static inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 static inline bool qk_isnan(float v) { return (qk_bits(v) & 0x7FFFFFFFu) > 0x7F800000u; }
+static inline float qk_ftz(float v) { return (qk_bits(v) & 0x7F800000u) == 0u ? qk_float(qk_bits(v) & 0x80000000u) : v; }
 static inline qk_u16 qk_fp16_bits(float v) {
     if (qk_isnan(v)) return (qk_u16)(((qk_bits(v) >> 16) & 0x8000u) | 0x7E00u);
     const _Float16 h = (_Float16)v;
@@ -143,3 +160,4 @@ static inline void qk_host_mma(float d[4], const qk_u32 a[4], const qk_u32 b[2])
 }
 static inline void qk_mma_16816(float d[4], const qk_u32 a[4], const qk_u32 b[2]) { qk_host_mma<false>(d, a, b); }
 static inline void qk_mma_16816_bf16(float d[4], const qk_u32 a[4], const qk_u32 b[2]) { qk_host_mma<true>(d, a, b); }
+#endif

@@ -20,11 +20,16 @@ flight while the quantize runs. (Session 37's ring build, every type at M tile 1
 groups through shared memory on the resident CTAs, was measured slower and taken out: docs/perf-notes.md,
 session 38.)
 
+``--variants two_launch``: Q4_K / Q5_K at M = 1 as the activations' quantize and the GEMV, two launches
+(``-DQK_KF_TWO_LAUNCH``, bench-only), the call before session 40, whose default is one launch: its first
+CTAs quantize the row for the others (``qk_kq_one_<t>``). (Session 39's one-launch builds in which every
+CTA quantized the row itself were measured slower and taken out: docs/perf-notes.md, session 40.)
+
 ``--split``: for the fast kernels also the call's launches timed apart, back to back as in the call: the
 activation quantize (and Q8_0's regrouping) alone, then the GEMV alone on the activations they wrote.
 
-``python -m qconform.bench.ggml_gemv [--quick] [--variants exact,fast-v1,fast] [--split] [--types Q4_0,Q2_K,...]
-[--json FILE]``
+``python -m qconform.bench.ggml_gemv [--quick] [--variants exact,fast-v1,two_launch,fast] [--split]
+[--types Q4_0,Q2_K,...] [--json FILE]``
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ VARIANTS = {
     STREAM_ORDER: "any",
     TRIGGER_AT_EXIT: "any",
     "loads_first": "any",
+    "two_launch": "any",
 }
 V1_OPTION = "-DQK_KQ_FAST_V1"  # the build option of round 1's fast kernel (keep_quant_fast.hip)
 # the build options of each fast variant: round 1; round 2 with one step of 4 row-blocks in flight a
@@ -68,6 +74,8 @@ OPTIONS = {
     TRIGGER_AT_EXIT: ("-DQK_PDL_TRIGGER_AT_EXIT",),
     # the GEMV's first weight loads issued before its wait for the quantize (bench-only)
     "loads_first": ("-DQK_KF_LOADS_FIRST",),
+    # Q4_K / Q5_K at M = 1 as two launches, the quantize and the GEMV (bench-only)
+    "two_launch": ("-DQK_KF_TWO_LAUNCH",),
 }
 V1_TYPES = ("Q4_K", "Q5_K")  # the types whose fast kernel round 2 changed (the others: fast-v1, fast-u1 are fast)
 
@@ -150,7 +158,7 @@ def bench(
             nbytes = sets[0].nbytes + A.nbytes
             e = _numerics(sets[0], qtype, A)
             for variant in variants:
-                rounds = variant in ("fast-v1", "fast-u1")  # kernels of the Q4_K / Q5_K rounds only
+                rounds = variant in ("fast-v1", "fast-u1", "two_launch")  # Q4_K / Q5_K only
                 if variant != "exact" and qtype not in FAST_TYPES or rounds and qtype not in V1_TYPES:
                     continue
                 y = cupy.empty((1, N), cupy.float32)
@@ -182,7 +190,7 @@ def bench(
                     f"| {check} | {l2o:.2e} | {l2r:.2e} | {'PASS' if ok else 'below target'} |",
                     flush=True,
                 )
-                if split and variant != "exact":
+                if split and variant != "exact" and len(calls[0]) > 1:
                     for part, pick in (("activation launches alone", slice(None, -1)), ("GEMV alone", slice(-1, None))):
                         pt = bl.times(lambda i, c=calls, k=pick: replay(c[i][k]), len(calls), reps)
                         pm = bl.median(pt)
@@ -199,8 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--types", help=f"comma-separated weight types (default {','.join(TYPES)}; any of the GEMV's)")
     p.add_argument(
         "--variants",
-        default="exact,fast-v1,fast-u1,fast",
-        help="comma-separated kernels: exact (generic order), fast-v1 (round 1), fast-u1 (Q4_K, Q5_K), fast, "
+        default="exact,fast-v1,fast-u1,two_launch,fast",
+        help="comma-separated kernels: exact (generic order), fast-v1 (round 1), fast-u1 (Q4_K, Q5_K), two_launch "
+        "(Q4_K, Q5_K: M = 1 as two launches), fast, "
         f"{STREAM_ORDER} (fast, its launches in stream order), {TRIGGER_AT_EXIT} (fast, the quantize not triggering)",
     )
     p.add_argument("--split", action="store_true", help="fast kernels: the activation launches, the GEMV apart")

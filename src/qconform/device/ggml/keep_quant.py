@@ -16,6 +16,9 @@ and Q8_0 through ``ggml/keep_quant_fast.hip`` instead: llama.cpp's mmvq layout i
 (each output within the contract's bound, not bit-identical to the generic order); Q8_K activations
 read as quantized (no regrouping launch), Q8_0 ones as ``qk_q8_0_quant_words`` writes them; CTAs of 4 weight rows x 1, 2
 or 4 activation rows. The other types run the generic-order kernel, which meets that bound too.
+Q4_K and Q5_K at M = 1 in one launch (``qk_kq_one_<t>``, session 40): its first CTAs quantize the row,
+the others wait for them after their first weight loads; the same bits as the two launches, which
+the bench-only builds ``TWO_LAUNCH_OPTIONS`` keep.
 """
 
 from __future__ import annotations
@@ -25,11 +28,12 @@ from typing import Any
 import cupy
 import numpy as np
 
+from qconform.device import launchers
 from qconform.device.abi import bind_call
 from qconform.device.ggml.q8_quant import quantize
 from qconform.device.launch import check_aligned
-from qconform.device.launchers import launch_grid
-from qconform.device.registry import kernel_for
+from qconform.device.launchers import kernel_of, launch_grid, sm_count, smem_limits
+from qconform.device.registry import kernel_for, resident_ctas
 from qconform.errors import ArgumentError, Declined
 from qconform.ops.ggml.keep_quant import MATMUL_BT_QUANT
 from qconform.oracles.ggml.vec_dot_generic import vec_dot_formats
@@ -59,11 +63,32 @@ ROWS_PER_CTA, THREADS = 4, 128  # KQ_R weight rows, a warp each; the regrouping 
 ACT_WORDS = {"Q8_K": 76, "Q8_0": 12, "Q8_1": 12}  # KQ_AK, KQ_A0: words per regrouped activation block
 ACT_TILES = (1, 2)  # activation rows per CTA, the kernel's instantiations (MT)
 MAX_GRID_Y = 65535  # CUDA's and HIP's limit on gridDim.y: the weight-row blocks
+ONE_LAUNCH_TYPES = ("Q4_K", "Q5_K")  # at M = 1 in one launch (qk_kq_one_<t>) ...
+TWO_LAUNCH_OPTIONS = ("-DQK_KF_TWO_LAUNCH", "-DQK_KQ_FAST_V1")  # ... but in these builds (bench-only)
+QUANT_PASS = 4  # super-blocks a quantizing CTA of qk_kq_one_<t> (a warp each)
 
 
 def act_tile(M: int, tiles: tuple[int, ...] = ACT_TILES) -> int:
     """The activation rows a CTA takes: the smallest tile holding M, else the largest."""
     return next((t for t in tiles if t >= M), tiles[-1])
+
+
+def _one_launch(W_blocks: Any, wtype: str, A_fp32: Any, out: Any, N: int, nb: int) -> bool:
+    """The M = 1 call of a ``ONE_LAUNCH_TYPES`` type in one launch (qk_kq_one_<t>: its first CTAs quantize
+    the row into ``act`` and count themselves in a ticket buffer, the others wait for them after their
+    first weight loads); False where the build has no such kernel (``TWO_LAUNCH_OPTIONS``) or another type."""
+    if wtype not in ONE_LAUNCH_TYPES or any(o in launchers.OPTIONS for o in TWO_LAUNCH_OPTIONS):
+        return False
+    symbol = f"qk_kq_one_{FAST_TYPES[wtype]}"
+    kernel = kernel_of(FAST_SOURCE, symbol)
+    producers = -(-nb // QUANT_PASS)
+    # no more CTAs than are resident at once, so every waiting CTA's producers run
+    per_sm = resident_ctas(THREADS // 32, kernel.num_regs, 64, smem_limits()[1])
+    grid = producers + max(1, min(-(-N // ROWS_PER_CTA), per_sm * sm_count() - producers))
+    act = cupy.empty(producers * QUANT_PASS * 292, cupy.uint8)  # block_q8_K slots, the spare ones zeros
+    args = (A_fp32, W_blocks, out, np.int64(N), np.int64(nb), act, launchers.tickets(2, kernel))
+    launch_grid(MATMUL_BT_QUANT.name, FAST_SOURCE, symbol, grid, THREADS, args, dependent=True)
+    return True
 
 
 def matmul_bt_quant(
@@ -92,6 +117,8 @@ def matmul_bt_quant(
     nb = A_fp32.shape[1] // afmt.block_size
     op, blocks, words = MATMUL_BT_QUANT.name, M * nb, ACT_WORDS[afmt.name]
     fast = order == "any" and wfmt.name in FAST_TYPES
+    if fast and M == 1 and _one_launch(W_blocks, wfmt.name, A_fp32, call.out, N, nb):
+        return call.out
     aq = cupy.empty(0 if fast and afmt.name == "Q8_K" else blocks * words, cupy.uint32)
     if afmt.name == "Q8_0":  # quantized straight into the regrouped words: one launch, 2 lanes a block
         launch_grid(

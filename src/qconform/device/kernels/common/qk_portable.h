@@ -77,6 +77,13 @@ __device__ __forceinline__ bool qk_isnan(float v) { return (qk_bits(v) & 0x7FFFF
 #define QK_WAIT_PRIOR_GRID()
 #endif
 
+/* end the kernel with a device error (a wait that can no longer end: better an error than a hang) */
+#if defined(QK_CUDA)
+#define QK_TRAP() __trap()
+#else
+#define QK_TRAP() __builtin_trap()
+#endif
+
 /* fp32 -> fp16 bits, round to nearest even (CUDA __float2half_rn and HIP's _Float16 cast both
  * matched numpy bit for bit: specs B4); NaN -> sign | 0x7E00 as ggml's GGML_FP32_TO_FP16 */
 __device__ __forceinline__ qk_u16 qk_fp16_bits(float v) {

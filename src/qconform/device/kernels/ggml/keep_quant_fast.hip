@@ -324,14 +324,15 @@ __device__ __forceinline__ float kf_xor_sum(float v) {
     return v;
 }
 
-/* The CTA's outputs: after a barrier, thread rr * MT + m adds the 4 groups' partial sums of row rr,
- * activation row m in group order and stores the rows that exist. */
+/* The CTA's outputs: after a barrier, thread rr * MT + m adds the 4 groups' partial sums of row
+ * n0 + rr, activation row m0 + m in group order and stores the rows that exist. */
 template <int MT>
-__device__ __forceinline__ void kf_store(const float (&part)[KF_GROUPS][KF_ROWS][MT], int t, qk_i64 m0, int mt, qk_i64 N, float* Y) {
+__device__ __forceinline__ void kf_store(const float (&part)[KF_GROUPS][KF_ROWS][MT], int t, qk_i64 m0, qk_i64 n0, int mt, qk_i64 N,
+                                         float* Y) {
     __syncthreads();
     if (t < KF_ROWS * MT) {
         const int rr = t / MT, m = t % MT;
-        const qk_i64 nn = (qk_i64)blockIdx.y * KF_ROWS + rr;
+        const qk_i64 nn = n0 + rr;
         if (m < mt && nn < N) {
             float y = part[0][rr][m];
 #pragma unroll
@@ -417,7 +418,7 @@ __device__ __forceinline__ void kf_gemv(const qk_u8* __restrict__ W, const qk_u8
         const float v = kf_xor_sum<8>(acc[m]);
         if (c == 0) part[w][r][m] = v;
     }
-    kf_store<MT>(part, t, m0, mt, N, Y);
+    kf_store<MT>(part, t, m0, (qk_i64)blockIdx.y * KF_ROWS, mt, N, Y);
 }
 
 #ifndef QK_KQ_FAST_V1
@@ -429,13 +430,12 @@ __device__ __forceinline__ void kf_gemv(const qk_u8* __restrict__ W, const qk_u8
  * computed. Rows past N read row N - 1 and are never stored. Each thread's terms are kf_q45_row's
  * (the arithmetic of round 1), then xor shuffles of width 32 over the warp's 4 block columns x 8
  * slices, and kf_store adds the 4 warps' partial rows in warp order. */
-template <int KIND, int TS, int MT, int UNROLL>
-__device__ __forceinline__ void kf2_gemv(const qk_u8* __restrict__ W, const qk_u8* __restrict__ aq, float* __restrict__ Y,
-                                         qk_i64 M, qk_i64 N, qk_i64 nb) {
+template <int KIND, int TS, int MT, int UNROLL, class AfterLoads>
+__device__ __forceinline__ void kf2_rows(const qk_u8* __restrict__ W, const qk_u8* __restrict__ aq, float* __restrict__ Y,
+                                         qk_i64 M, qk_i64 N, qk_i64 nb, qk_i64 m0, qk_i64 n0, AfterLoads& after_loads) {
     constexpr int COLS = 4 * KF_GROUPS; /* block columns of a CTA: 8 slices each */
     __shared__ float part[KF_GROUPS][KF_ROWS][MT];
     const int t = threadIdx.x, w = t >> 5, c = t & 7, kc = t >> 3, g = c >> 1, half = c & 1;
-    const qk_i64 m0 = (qk_i64)blockIdx.x * MT, n0 = (qk_i64)blockIdx.y * KF_ROWS;
     const int mt = (int)(M - m0 < MT ? M - m0 : MT);
     const qk_u8* rows[KF_ROWS];
 #pragma unroll
@@ -454,7 +454,7 @@ __device__ __forceinline__ void kf2_gemv(const qk_u8* __restrict__ W, const qk_u
             if (ib0 + COLS * u < nb)
 #pragma unroll
                 for (int rr = 0; rr < KF_ROWS; ++rr) kf_wload<KIND>(rows[rr] + (ib0 + COLS * u) * TS, c, raw[u][rr]);
-        KF_WAIT_AFTER_LOADS(ib0 == kc);
+        after_loads(ib0 == kc);
         if (ib0 == kc) {
             QK_PHASE(1);
             QK_PHASE_AFTER(2, raw[0][0][4]);
@@ -478,7 +478,7 @@ __device__ __forceinline__ void kf2_gemv(const qk_u8* __restrict__ W, const qk_u
             }
         }
     }
-    KF_WAIT_AFTER_LOADS(kc >= nb); /* a block column without a trip */
+    after_loads(kc >= nb); /* a block column without a trip */
     QK_PHASE(3);
 #pragma unroll
     for (int rr = 0; rr < KF_ROWS; ++rr)
@@ -487,8 +487,21 @@ __device__ __forceinline__ void kf2_gemv(const qk_u8* __restrict__ W, const qk_u
             const float v = kf_xor_sum<32>(acc[rr][m]);
             if ((t & 31) == 0) part[w][rr][m] = v;
         }
-    kf_store<MT>(part, t, m0, mt, N, Y);
+    kf_store<MT>(part, t, m0, n0, mt, N, Y);
     QK_PHASE(4);
+}
+
+/* kf2_rows' call once a thread's first loads are issued (first: true then, or where it has no trip) */
+struct kf_prior_wait {
+    __device__ __forceinline__ void operator()(bool first) const { KF_WAIT_AFTER_LOADS(first); }
+};
+
+/* the CTA's rows: activation rows blockIdx.x * MT .., weight rows blockIdx.y * 4 .. */
+template <int KIND, int TS, int MT, int UNROLL>
+__device__ __forceinline__ void kf2_gemv(const qk_u8* __restrict__ W, const qk_u8* __restrict__ aq, float* __restrict__ Y,
+                                         qk_i64 M, qk_i64 N, qk_i64 nb) {
+    kf_prior_wait wait;
+    kf2_rows<KIND, TS, MT, UNROLL>(W, aq, Y, M, N, nb, (qk_i64)blockIdx.x * MT, (qk_i64)blockIdx.y * KF_ROWS, wait);
 }
 #define KF_GEMV_Q45(NAME, KIND, TS, MT, UNROLL, UNROLL2) kf2_gemv<KIND, TS, MT, UNROLL2>
 #else
@@ -515,3 +528,90 @@ __device__ __forceinline__ void kf2_gemv(const qk_u8* __restrict__ W, const qk_u
 KF_GEMV_ALL(1, 4, QK_KF_STEPS_M1)
 KF_GEMV_ALL(2, 2, 1)
 KF_GEMV_ALL(4, 1, 1)
+
+#if !defined(QK_KF_TWO_LAUNCH) && !defined(QK_KQ_FAST_V1) /* round 1 (-DQK_KQ_FAST_V1) has no kf2_rows */
+/* Q4_K / Q5_K at M = 1 in one launch (session 40; bench-only -DQK_KF_TWO_LAUNCH leaves it out, and the
+ * launcher then makes the call as the quantize and qk_kq_fast_<t>_m1): qk_kq_one_<t>(X, W, Y, N, nb,
+ * act, count). CTAs 0 .. P - 1 (P = ceil(nb / 4)) quantize the fp32 activation row X to Q8_K, a warp a
+ * super-block by qk_q8_k_quant_w32's arithmetic (q8_quant.hip qk_q8_k_block_lanes<32>: the same
+ * bytes), into the launcher's global act (nb rounded up to 4 blocks of 292 bytes; the warps past nb
+ * quantize zeros into the spare slots), make them visible (__threadfence) and count themselves in
+ * count[0]. They wait on nothing, and the launcher's grid is no more than the CTAs resident at once,
+ * lower blockIdx dispatched first, so the others' wait ends. The other CTAs take the row groups c, c +
+ * C, ... (c = blockIdx.x - P, C = gridDim.x - P) through kf2_rows, each waiting for count[0] = P after
+ * its first row group's first weight loads (where every thread has a first trip, nb >= 16; else before
+ * them) -- kf2_gemv's arithmetic on the same bytes, so the two launches' bits. The last of them to
+ * finish (count[1], a ticket) zeroes both counts for the next call (the launcher's per-stream buffer,
+ * as GQA's folded combine's tickets). A wait that outlasts KF_POLLS polls (seconds: producers that
+ * never ran) traps instead of hanging. Measured against the two launches: docs/perf-notes.md, session 40. */
+#include "ggml/q8_quant.hip" /* qk_q8_k_block_lanes, QK_K (its kernels come along, unused) */
+#define KF_PASS KF_GROUPS  /* super-blocks a producer CTA: a warp each */
+#define KF_POLLS (1u << 26) /* polls of count[0] before a waiting CTA traps */
+
+/* producer p: super-blocks p * KF_PASS .. of X into act's slots, lane l of a warp its float4s 32 k + l */
+__device__ __forceinline__ void kf_quantize_pass(const float* __restrict__ X, qk_u8* act, qk_i64 nb, qk_i64 p) {
+    const int l = threadIdx.x & 31;
+    const qk_i64 ib = p * KF_PASS + threadIdx.x / 32;
+    const float4* x4 = (const float4*)X;
+    float4 v[2];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) v[k] = ib < nb ? x4[ib * (QK_K / 4) + 32 * k + l] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    qk_q8_k_block_lanes<32>(v, l, act, (int)ib);
+}
+
+__device__ __forceinline__ void kf_wait_published(const unsigned* count, unsigned producers) {
+    if (threadIdx.x == 0) {
+        unsigned polls = 0u;
+        while (*(const volatile unsigned*)count < producers)
+            if (++polls == KF_POLLS) QK_TRAP();
+        __threadfence();
+    }
+    __syncthreads();
+}
+
+/* kf2_rows' call after a thread's first loads: the wait, in the first row group, where todo */
+struct kf_wait_once {
+    const unsigned* count;
+    unsigned producers;
+    bool todo;
+    __device__ __forceinline__ void operator()(bool first) {
+        if (first && todo) {
+            todo = false;
+            kf_wait_published(count, producers);
+        }
+    }
+};
+
+template <int KIND, int TS>
+__device__ __forceinline__ void kf_one_gemv(const float* __restrict__ X, const qk_u8* __restrict__ W, float* __restrict__ Y,
+                                            qk_i64 N, qk_i64 nb, qk_u8* act, unsigned* count) {
+    const unsigned producers = (unsigned)((nb + KF_PASS - 1) / KF_PASS);
+    if (blockIdx.x < producers) {
+        kf_quantize_pass(X, act, nb, blockIdx.x);
+        __threadfence(); /* this thread's bytes before the count */
+        __syncthreads();
+        if (threadIdx.x == 0) atomicAdd(count, 1u);
+        return;
+    }
+    const qk_i64 c = blockIdx.x - producers, consumers = gridDim.x - producers;
+    kf_wait_once after{count, producers, nb >= 4 * KF_GROUPS}; /* every thread a first trip: the same call */
+    if (!after.todo) kf_wait_published(count, producers);
+    for (qk_i64 n0 = c * KF_ROWS; n0 < N; n0 += consumers * KF_ROWS) {
+        kf2_rows<KIND, TS, 1, QK_KF_STEPS_M1>(W, act, Y, 1, N, nb, 0, n0, after);
+        __syncthreads(); /* kf_store's reads of the partial sums before the next group writes them */
+    }
+    if (threadIdx.x == 0 && atomicAdd(count + 1, 1u) == (unsigned)consumers - 1u) { /* every consumer is past its wait */
+        atomicExch(count, 0u);
+        atomicExch(count + 1, 0u);
+    }
+}
+
+#define KF_ONE(NAME, KIND, TS)                                                                                     \
+    extern "C" __global__ void __launch_bounds__(32 * KF_GROUPS) qk_kq_one_##NAME(                                \
+        const float* X, const qk_u8* W, float* Y, qk_i64 N, qk_i64 nb, qk_u8* act, unsigned* count) {             \
+        QK_WAIT_PRIOR_GRID(); /* launched as a programmatic dependent of the kernel before: X may be its output */ \
+        kf_one_gemv<KIND, TS>(X, W, Y, N, nb, act, count);                                                         \
+    }
+KF_ONE(q4_k, 4, 144)
+KF_ONE(q5_k, 5, 176)
+#endif

@@ -157,31 +157,16 @@ qk_q8_k_quant_ref(const void* in, void* out, qk_i64 n_blocks) {
 }
 
 /* -------------------------------------------------------------- Q8_K quantize, cooperative */
-/* LANES lanes per super-block (a shuffle group of width LANES, so the same for wave32 and wave64):
- * coop 8 lanes, w32 32 (a warp a super-block, for short rows such as a GEMV's activation: K = 8192
- * is 32 super-blocks, one coop CTA whose lanes each run a chain over 32 values; w32's run over 8).
- * Lane l reads float4 number LANES k + l (k = 0 .. 64 / LANES - 1, in index order): LANES lanes read
- * 16 LANES contiguous bytes at a time. Each lane takes the first strict max of |x| over its values
- * in index order, then the lanes reduce (|x|, index) with shuffles: larger |x| wins, on equal |x|
- * the lower index -- exactly the reference's first strict max, so both kernels write the same bytes.
- * bsums: group (LANES k + l) / 4 is float4 k of a quad of lanes, summed over the quad. Results are
- * staged in shared memory for one coalesced store. THREADS <= 256 (a multiple of LANES).
- * Out-of-range groups still take part in every shuffle and barrier. */
+/* One super-block by LANES lanes of a shuffle group (width LANES, so the same on wave32 and wave64):
+ * lane l holds float4 number LANES k + l of it in v[k] and writes those quants, its bsums (group
+ * (LANES k + l) / 4 summed over a quad of lanes) and, lane 0, d to block slot of the blocks at ys.
+ * Each lane takes the first strict max of |x| over its values in index order, then the lanes reduce
+ * (|x|, index) with shuffles: larger |x| wins, on equal |x| the lower index -- exactly the
+ * reference's first strict max. Every lane of the group takes part (the shuffles). Also the
+ * quantize of the keep-quant call at M = 1 in one launch (keep_quant_fast.hip qk_kq_one_<t>). */
 template <int LANES>
-__device__ __forceinline__ void qk_q8_k_quant_lanes_body(const void* in, void* out, qk_i64 n_blocks) {
+__device__ __forceinline__ void qk_q8_k_block_lanes(const float4 (&v)[64 / LANES], int l, qk_u8* ys, int slot) {
     constexpr int NV = 64 / LANES; /* float4 a lane */
-    __shared__ uint4 ys4[(256 / LANES) * Q8_K_BYTES / 16]; /* the CTA's results */
-    qk_u8* ys = (qk_u8*)ys4;
-    const qk_i64 gt = qk_global_thread();
-    const qk_i64 sb = (qk_i64)((unsigned long long)gt / LANES);
-    const int l = (int)((unsigned long long)gt % LANES);
-    const bool active = sb < n_blocks;
-    float4 v[NV];
-    const float4* src = (const float4*)in + sb * (QK_K / 4);
-    for (int k = 0; k < NV; ++k) {
-        if (active) v[k] = src[LANES * k + l];
-        else v[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
     float amax = 0.0f, mx = 0.0f;
     int idx = QK_K;
     for (int k = 0; k < NV; ++k) {
@@ -200,7 +185,7 @@ __device__ __forceinline__ void qk_q8_k_quant_lanes_body(const void* in, void* o
     }
     const bool zero = amax == 0.0f;
     const float iscale = zero ? 0.0f : qk_ftz(QK_FDIV(-127.0f, mx));
-    qk_u8* y = ys + (threadIdx.x / LANES) * Q8_K_BYTES;
+    qk_u8* y = ys + slot * Q8_K_BYTES;
     for (int k = 0; k < NV; ++k) {
         const float c[4] = {v[k].x, v[k].y, v[k].z, v[k].w};
         qk_u32 word = 0u;
@@ -216,6 +201,32 @@ __device__ __forceinline__ void qk_q8_k_quant_lanes_body(const void* in, void* o
         if ((l & 3) == 0) ((qk_i16*)(y + Q8_K_BSUMS))[(LANES / 4) * k + (l >> 2)] = (qk_i16)sum;
     }
     if (l == 0) *(float*)y = zero ? 0.0f : qk_ftz(QK_FDIV(1.0f, iscale));
+}
+
+/* LANES lanes per super-block (a shuffle group of width LANES, so the same for wave32 and wave64):
+ * coop 8 lanes, w32 32 (a warp a super-block, for short rows such as a GEMV's activation: K = 8192
+ * is 32 super-blocks, one coop CTA whose lanes each run a chain over 32 values; w32's run over 8).
+ * Lane l reads float4 number LANES k + l (k = 0 .. 64 / LANES - 1, in index order): LANES lanes read
+ * 16 LANES contiguous bytes at a time; the super-block's arithmetic is qk_q8_k_block_lanes
+ * (the reference's first strict max, so both kernels write the same bytes). Results are
+ * staged in shared memory for one coalesced store. THREADS <= 256 (a multiple of LANES).
+ * Out-of-range groups still take part in every shuffle and barrier. */
+template <int LANES>
+__device__ __forceinline__ void qk_q8_k_quant_lanes_body(const void* in, void* out, qk_i64 n_blocks) {
+    constexpr int NV = 64 / LANES; /* float4 a lane */
+    __shared__ uint4 ys4[(256 / LANES) * Q8_K_BYTES / 16]; /* the CTA's results */
+    qk_u8* ys = (qk_u8*)ys4;
+    const qk_i64 gt = qk_global_thread();
+    const qk_i64 sb = (qk_i64)((unsigned long long)gt / LANES);
+    const int l = (int)((unsigned long long)gt % LANES);
+    const bool active = sb < n_blocks;
+    float4 v[NV];
+    const float4* src = (const float4*)in + sb * (QK_K / 4);
+    for (int k = 0; k < NV; ++k) {
+        if (active) v[k] = src[LANES * k + l];
+        else v[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    qk_q8_k_block_lanes<LANES>(v, l, ys, threadIdx.x / LANES);
     const int per_cta = blockDim.x / LANES;
     const qk_i64 first = (qk_i64)blockIdx.x * per_cta;
     qk_stage_out(ys, (qk_u8*)out + first * Q8_K_BYTES, qk_cta_blocks(first, n_blocks, per_cta) * Q8_K_BYTES);
