@@ -246,11 +246,13 @@ def _one_and_two_launch(tmp: Path, qtype: str, N: int, K: int, ctas: int, one: P
     return y1, np.fromfile(tmp / "y2.bin", np.float32), W, a8
 
 
+@pytest.mark.parametrize("build", ["", "#define QK_KF_ONE_PREFETCH 3\n"], ids=["shipped", "prefetch3"])
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K"])
-def test_one_launch_kernel_is_the_two_launches_bit_for_bit(tmp_path: Path, qtype: str) -> None:
-    """Every output of the one-launch kernel stored, bit-identical to the two launches' kernel on the
-    oracle's Q8_K bytes of the row, within the order=any bound, and the counts zero after the launch."""
-    one = _build(tmp_path, driver="keep_quant_one_cta.cpp")
+def test_one_launch_kernel_is_the_two_launches_bit_for_bit(tmp_path: Path, qtype: str, build: str) -> None:
+    """Every output of the one-launch kernel (and its bench-only prefetching build) stored, bit-identical
+    to the two launches' kernel on the oracle's Q8_K bytes of the row, within the order=any bound, and
+    the counts zero after the launch."""
+    one = _build(tmp_path, driver="keep_quant_one_cta.cpp", defines=build)
     two = _build(tmp_path, driver="keep_quant_fast_cta.cpp")
     for N, K, ctas in ONE_SHAPES:
         y1, y2, W, a8 = _one_and_two_launch(tmp_path, qtype, N, K, ctas, one, two)

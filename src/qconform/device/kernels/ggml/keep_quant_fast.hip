@@ -569,14 +569,38 @@ __device__ __forceinline__ void kf_wait_published(const unsigned* count, unsigne
     __syncthreads();
 }
 
+#ifdef QK_KF_ONE_PREFETCH
+/* bench-only -DQK_KF_ONE_PREFETCH=G: before its wait, a CTA asks L2 for the weights of its next G row
+ * groups (bytes [from, end) of W: the rows n0 + C * 4 .., C the row-group CTAs), 128-byte lines, so the
+ * DRAM keeps working while it waits (CUDA; no-op elsewhere) */
+__device__ __forceinline__ void kf_prefetch_l2(const qk_u8* p) {
+#if defined(QK_CUDA)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#else
+    (void)p;
+#endif
+}
+#endif
+
 /* kf2_rows' call after a thread's first loads: the wait, in the first row group, where todo */
 struct kf_wait_once {
     const unsigned* count;
     unsigned producers;
     bool todo;
+#ifdef QK_KF_ONE_PREFETCH
+    const qk_u8* W;
+    qk_i64 group_bytes, stride_bytes, end; /* a row group's bytes, the CTA's step between its groups, W's */
+    qk_i64 from;                           /* the CTA's first group's first byte */
+#endif
     __device__ __forceinline__ void operator()(bool first) {
         if (first && todo) {
             todo = false;
+#ifdef QK_KF_ONE_PREFETCH
+            for (int g = 1; g <= QK_KF_ONE_PREFETCH; ++g)
+                for (qk_i64 o = from + g * stride_bytes + 128 * (qk_i64)threadIdx.x; o < from + g * stride_bytes + group_bytes && o < end;
+                     o += 128 * 32 * KF_GROUPS)
+                    kf_prefetch_l2(W + o);
+#endif
             kf_wait_published(count, producers);
         }
     }
@@ -594,7 +618,12 @@ __device__ __forceinline__ void kf_one_gemv(const float* __restrict__ X, const q
         return;
     }
     const qk_i64 c = blockIdx.x - producers, consumers = gridDim.x - producers;
+#ifdef QK_KF_ONE_PREFETCH
+    const qk_i64 group_bytes = KF_ROWS * nb * TS;
+    kf_wait_once after{count, producers, nb >= 4 * KF_GROUPS, W, group_bytes, consumers * group_bytes, N * nb * TS, c * group_bytes};
+#else
     kf_wait_once after{count, producers, nb >= 4 * KF_GROUPS}; /* every thread a first trip: the same call */
+#endif
     if (!after.todo) kf_wait_published(count, producers);
     for (qk_i64 n0 = c * KF_ROWS; n0 < N; n0 += consumers * KF_ROWS) {
         kf2_rows<KIND, TS, 1, QK_KF_STEPS_M1>(W, act, Y, 1, N, nb, 0, n0, after);
