@@ -66,7 +66,6 @@ MAX_GRID_Y = 65535  # CUDA's and HIP's limit on gridDim.y: the weight-row blocks
 ONE_LAUNCH_TYPES = ("Q4_K", "Q5_K")  # at M = 1 in one launch (qk_kq_one_<t>) ...
 TWO_LAUNCH_OPTIONS = ("-DQK_KF_TWO_LAUNCH", "-DQK_KQ_FAST_V1")  # ... but in these builds (bench-only)
 QUANT_PASS = 4  # super-blocks a quantizing CTA of qk_kq_one_<t> (a warp each)
-FULL_GRID_OPTION = "-DQK_KF_ONE_FULL_GRID"  # bench-only: qk_kq_one_<t> with a CTA for every row group
 
 
 def act_tile(M: int, tiles: tuple[int, ...] = ACT_TILES) -> int:
@@ -83,12 +82,9 @@ def _one_launch(W_blocks: Any, wtype: str, A_fp32: Any, out: Any, N: int, nb: in
     symbol = f"qk_kq_one_{FAST_TYPES[wtype]}"
     kernel = kernel_of(FAST_SOURCE, symbol)
     producers = -(-nb // QUANT_PASS)
-    # no more CTAs than are resident at once, so every waiting CTA's producers run (under FULL_GRID_OPTION
-    # a CTA a row group: the producers, dispatched first, run before the CTAs past the resident ones)
-    groups = -(-N // ROWS_PER_CTA)
+    # no more CTAs than are resident at once, so every waiting CTA's producers run
     per_sm = resident_ctas(THREADS // 32, kernel.num_regs, 64, smem_limits()[1])
-    full = FULL_GRID_OPTION in launchers.OPTIONS
-    grid = producers + (groups if full else max(1, min(groups, per_sm * sm_count() - producers)))
+    grid = producers + max(1, min(-(-N // ROWS_PER_CTA), per_sm * sm_count() - producers))
     act = cupy.empty(producers * QUANT_PASS * 292, cupy.uint8)  # block_q8_K slots, the spare ones zeros
     args = (A_fp32, W_blocks, out, np.int64(N), np.int64(nb), act, launchers.tickets(2, kernel))
     launch_grid(MATMUL_BT_QUANT.name, FAST_SOURCE, symbol, grid, THREADS, args, dependent=True)
