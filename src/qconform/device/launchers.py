@@ -132,10 +132,11 @@ _TICKETS: dict[tuple[int, int, int], Any] = {}  # (device, stream, id of the ker
 
 
 def tickets(n: int, kernel: Any) -> Any:
-    """``n`` zeroed uint32 tickets of ``kernel``'s cross-CTA counts (GQA's folded combine) for the current
-    device and stream (the CTA that takes the last ticket returns it to zero, so they are zero between
-    calls; one buffer per stream, so calls on two streams never share one, and per kernel build, so a
-    build that leaves them set, such as a device mutant, spoils no other build's calls), grown as needed."""
+    """``n`` zeroed uint32 tickets of ``kernel``'s cross-CTA counts (GQA's folded combine, the keep-quant
+    call in one launch) for the current device and stream (the CTA that takes the last ticket returns it
+    to zero, so they are zero between calls; one buffer per stream, so calls on two streams never share
+    one, and per kernel build, so a build that leaves them set, such as a device mutant, spoils no other
+    build's calls), grown as needed."""
     stream = cupy.cuda.get_current_stream()
     key = (cupy.cuda.Device().id, stream.ptr, id(kernel))
     buf = _TICKETS.get(key)

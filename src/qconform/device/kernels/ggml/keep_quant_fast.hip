@@ -31,6 +31,8 @@
  * kernel writes them (q8_quant.hip; no regrouping launch): a slice's 16 quants from the two aligned
  * 16-byte words around them, shifted by whole words (kf_act16); Q8_0 activations come regrouped by
  * the bit-exact kernel's qk_q8_0_quant_words (12 words a block, d as fp32 at word 8), 16-byte loads.
+ * Q4_K / Q5_K at M = 1 are one launch (qk_kq_one_<t>, at the end of the file): its first CTAs quantize
+ * the activation row for the others, which then run kf2_gemv's arithmetic on resident CTAs.
  * Launcher: qconform/device/ggml/keep_quant.py (order="any"). */
 #include "qk_portable.h"
 #include "qk_phases.h" /* bench-only -DQK_PHASES: the Q4_K / Q5_K GEMV's boundaries 0..4 (kf2_gemv) */
@@ -39,11 +41,12 @@
 #define KF_A0 48   /* bytes per regrouped Q8_0 block (q8_quant.hip qk_q8_0_quant_words: KQ_A0 words) */
 #define KF_ROWS 4  /* weight rows per CTA: 8 threads each in every group */
 #define KF_GROUPS 4 /* groups of 32 threads per CTA, splitting a row's blocks */
-/* The GEMV is launched as a programmatic dependent of the activations' quantize (qconform.device.pdl)
- * and waits for it (QK_WAIT_PRIOR_GRID) before it reads an activation. By default at entry; bench-only
- * -DQK_KF_LOADS_FIRST: after a thread's first trip of weight loads is issued (the weights need nothing
- * of the quantize), so the first wave's weights are in flight while the quantize runs (sm_90: the wait
- * is ACQBULK, which waits on no load's scoreboard); a thread without a trip waits before its sums. */
+/* The GEMV (not qk_kq_one_<t>) is launched as a programmatic dependent of the activations' quantize
+ * (qconform.device.pdl) and waits for it (QK_WAIT_PRIOR_GRID) before it reads an activation. By
+ * default at entry; bench-only -DQK_KF_LOADS_FIRST: after a thread's first trip of weight loads is
+ * issued (the weights need nothing of the quantize), so the first wave's weights are in flight while
+ * the quantize runs (sm_90: the wait is ACQBULK, which waits on no load's scoreboard); a thread without
+ * a trip waits before its sums. */
 #ifdef QK_KF_LOADS_FIRST
 #define KF_WAIT_AT_ENTRY()
 #define KF_WAIT_AFTER_LOADS(first)        \
