@@ -200,6 +200,8 @@ if part patched; then
   for def in -DQK_KQ_FAST_V1 -DQK_KF_STEPS_M1=1 -DQK_KF_LOADS_FIRST -DQK_KF_TWO_LAUNCH -DQK_KF_ONE_PREFETCH=1 -DQK_PHASES; do
     front "$KERNELS/ggml/keep_quant_fast.hip $def" "$def" "$KERNELS/ggml/keep_quant_fast.hip"
   done
+  front "$KERNELS/ggml/keep_quant_fast.hip -DQK_KF_ONE_PREFETCH=1 -DQK_KF_ONE_PREFETCH_BELOW=32" \
+    -DQK_KF_ONE_PREFETCH=1 -DQK_KF_ONE_PREFETCH_BELOW=32 "$KERNELS/ggml/keep_quant_fast.hip"
   front "$KERNELS/ggml/keep_quant_fast.hip -DQK_PHASES -DQK_KF_LOADS_FIRST" -DQK_PHASES -DQK_KF_LOADS_FIRST \
     "$KERNELS/ggml/keep_quant_fast.hip"
   # the other builds the benches and the device mutants' controls load (each option a kernel reads: tests/

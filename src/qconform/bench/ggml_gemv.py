@@ -25,7 +25,8 @@ session 38.)
 CTAs quantize the row for the others (``qk_kq_one_<t>``). (Session 39's one-launch builds in which every
 CTA quantized the row itself were measured slower and taken out: docs/perf-notes.md, session 40.)
 ``--variants prefetch1,prefetch3``: the one-launch call with each waiting CTA asking L2 for the weights of
-its next 1 or 3 row groups before it waits (``-DQK_KF_ONE_PREFETCH``, bench-only).
+its next 1 or 3 row groups before it waits (``-DQK_KF_ONE_PREFETCH``, bench-only); ``prefetch1_short``: only
+where nb < 32 (``-DQK_KF_ONE_PREFETCH_BELOW=32``).
 
 ``--split``: for the fast kernels also the call's launches timed apart, back to back as in the call: the
 activation quantize (and Q8_0's regrouping) alone, then the GEMV alone on the activations they wrote.
@@ -68,6 +69,7 @@ VARIANTS = {
     "two_launch": "any",
     "prefetch1": "any",
     "prefetch3": "any",
+    "prefetch1_short": "any",
 }
 V1_OPTION = "-DQK_KQ_FAST_V1"  # the build option of round 1's fast kernel (keep_quant_fast.hip)
 # the build options of each fast variant: round 1; round 2 with one step of 4 row-blocks in flight a
@@ -83,7 +85,11 @@ OPTIONS = {
     # the one-launch call's waiting CTAs asking L2 for their next 1 or 3 row groups first (bench-only)
     "prefetch1": ("-DQK_KF_ONE_PREFETCH=1",),
     "prefetch3": ("-DQK_KF_ONE_PREFETCH=3",),
+    # ... the next row group only where the row is short (nb < 32: many row groups a CTA)
+    "prefetch1_short": ("-DQK_KF_ONE_PREFETCH=1", "-DQK_KF_ONE_PREFETCH_BELOW=32"),
 }
+# the variants of Q4_K / Q5_K's kernels alone
+V1_VARIANTS = ("fast-v1", "fast-u1", "two_launch", "prefetch1", "prefetch3", "prefetch1_short")
 V1_TYPES = ("Q4_K", "Q5_K")  # the types whose fast kernel round 2 changed (the others: fast-v1, fast-u1 are fast)
 
 
@@ -165,7 +171,7 @@ def bench(
             nbytes = sets[0].nbytes + A.nbytes
             e = _numerics(sets[0], qtype, A)
             for variant in variants:
-                rounds = variant in ("fast-v1", "fast-u1", "two_launch", "prefetch1", "prefetch3")  # Q4_K / Q5_K only
+                rounds = variant in V1_VARIANTS  # Q4_K / Q5_K only
                 if variant != "exact" and qtype not in FAST_TYPES or rounds and qtype not in V1_TYPES:
                     continue
                 y = cupy.empty((1, N), cupy.float32)

@@ -575,7 +575,11 @@ __device__ __forceinline__ void kf_wait_published(const unsigned* count, unsigne
 #ifdef QK_KF_ONE_PREFETCH
 /* bench-only -DQK_KF_ONE_PREFETCH=G: before its wait, a CTA asks L2 for the weights of its next G row
  * groups (bytes [from, end) of W: the rows n0 + C * 4 .., C the row-group CTAs), 128-byte lines, so the
- * DRAM keeps working while it waits (CUDA; no-op elsewhere) */
+ * DRAM keeps working while it waits (CUDA; no-op elsewhere); with -DQK_KF_ONE_PREFETCH_BELOW=B only
+ * where nb < B (short rows: many row groups a CTA) */
+#ifndef QK_KF_ONE_PREFETCH_BELOW
+#define QK_KF_ONE_PREFETCH_BELOW 0x7FFFFFFF
+#endif
 __device__ __forceinline__ void kf_prefetch_l2(const qk_u8* p) {
 #if defined(QK_CUDA)
     asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
@@ -594,12 +598,13 @@ struct kf_wait_once {
     const qk_u8* W;
     qk_i64 group_bytes, stride_bytes, end; /* a row group's bytes, the CTA's step between its groups, W's */
     qk_i64 from;                           /* the CTA's first group's first byte */
+    qk_i64 row_block;                      /* a weight block's bytes */
 #endif
     __device__ __forceinline__ void operator()(bool first) {
         if (first && todo) {
             todo = false;
 #ifdef QK_KF_ONE_PREFETCH
-            for (int g = 1; g <= QK_KF_ONE_PREFETCH; ++g)
+            for (int g = 1; g <= QK_KF_ONE_PREFETCH && group_bytes < (qk_i64)KF_ROWS * QK_KF_ONE_PREFETCH_BELOW * row_block; ++g)
                 for (qk_i64 o = from + g * stride_bytes + 128 * (qk_i64)threadIdx.x; o < from + g * stride_bytes + group_bytes && o < end;
                      o += 128 * 32 * KF_GROUPS)
                     kf_prefetch_l2(W + o);
@@ -623,7 +628,7 @@ __device__ __forceinline__ void kf_one_gemv(const float* __restrict__ X, const q
     const qk_i64 c = blockIdx.x - producers, consumers = gridDim.x - producers;
 #ifdef QK_KF_ONE_PREFETCH
     const qk_i64 group_bytes = KF_ROWS * nb * TS;
-    kf_wait_once after{count, producers, nb >= 4 * KF_GROUPS, W, group_bytes, consumers * group_bytes, N * nb * TS, c * group_bytes};
+    kf_wait_once after{count, producers, nb >= 4 * KF_GROUPS, W, group_bytes, consumers * group_bytes, N * nb * TS, c * group_bytes, TS};
 #else
     kf_wait_once after{count, producers, nb >= 4 * KF_GROUPS}; /* every thread a first trip: the same call */
 #endif
