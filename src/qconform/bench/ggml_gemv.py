@@ -24,9 +24,8 @@ session 38.)
 (``-DQK_KF_TWO_LAUNCH``, bench-only), the call before session 40, whose default is one launch: its first
 CTAs quantize the row for the others (``qk_kq_one_<t>``). (Session 39's one-launch builds in which every
 CTA quantized the row itself were measured slower and taken out: docs/perf-notes.md, session 40.)
-``--variants prefetch1,prefetch3``: the one-launch call with each waiting CTA asking L2 for the weights of
-its next 1 or 3 row groups before it waits (``-DQK_KF_ONE_PREFETCH``, bench-only); ``prefetch1_short``: only
-where nb < 32 (``-DQK_KF_ONE_PREFETCH_BELOW=32``).
+``--variants no_prefetch``: the one-launch call without its waiting CTAs asking L2 for their next row
+group where nb < 32 (``-DQK_KF_ONE_PREFETCH=0``, bench-only; session 40's first one-launch build).
 
 ``--split``: for the fast kernels also the call's launches timed apart, back to back as in the call: the
 activation quantize (and Q8_0's regrouping) alone, then the GEMV alone on the activations they wrote.
@@ -67,9 +66,7 @@ VARIANTS = {
     TRIGGER_AT_EXIT: "any",
     "loads_first": "any",
     "two_launch": "any",
-    "prefetch1": "any",
-    "prefetch3": "any",
-    "prefetch1_short": "any",
+    "no_prefetch": "any",
 }
 V1_OPTION = "-DQK_KQ_FAST_V1"  # the build option of round 1's fast kernel (keep_quant_fast.hip)
 # the build options of each fast variant: round 1; round 2 with one step of 4 row-blocks in flight a
@@ -82,14 +79,11 @@ OPTIONS = {
     "loads_first": ("-DQK_KF_LOADS_FIRST",),
     # Q4_K / Q5_K at M = 1 as two launches, the quantize and the GEMV (bench-only)
     "two_launch": ("-DQK_KF_TWO_LAUNCH",),
-    # the one-launch call's waiting CTAs asking L2 for their next 1 or 3 row groups first (bench-only)
-    "prefetch1": ("-DQK_KF_ONE_PREFETCH=1",),
-    "prefetch3": ("-DQK_KF_ONE_PREFETCH=3",),
-    # ... the next row group only where the row is short (nb < 32: many row groups a CTA)
-    "prefetch1_short": ("-DQK_KF_ONE_PREFETCH=1", "-DQK_KF_ONE_PREFETCH_BELOW=32"),
+    # the one-launch call without its waiting CTAs' prefetch of their next row group (bench-only)
+    "no_prefetch": ("-DQK_KF_ONE_PREFETCH=0",),
 }
 # the variants of Q4_K / Q5_K's kernels alone
-V1_VARIANTS = ("fast-v1", "fast-u1", "two_launch", "prefetch1", "prefetch3", "prefetch1_short")
+V1_VARIANTS = ("fast-v1", "fast-u1", "two_launch", "no_prefetch")
 V1_TYPES = ("Q4_K", "Q5_K")  # the types whose fast kernel round 2 changed (the others: fast-v1, fast-u1 are fast)
 
 

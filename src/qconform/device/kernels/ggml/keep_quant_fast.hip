@@ -572,14 +572,17 @@ __device__ __forceinline__ void kf_wait_published(const unsigned* count, unsigne
     __syncthreads();
 }
 
-#ifdef QK_KF_ONE_PREFETCH
-/* bench-only -DQK_KF_ONE_PREFETCH=G: before its wait, a CTA asks L2 for the weights of its next G row
- * groups (bytes [from, end) of W: the rows n0 + C * 4 .., C the row-group CTAs), 128-byte lines, so the
- * DRAM keeps working while it waits (CUDA; no-op elsewhere); with -DQK_KF_ONE_PREFETCH_BELOW=B only
- * where nb < B (short rows: many row groups a CTA) */
-#ifndef QK_KF_ONE_PREFETCH_BELOW
-#define QK_KF_ONE_PREFETCH_BELOW 0x7FFFFFFF
+/* Before its wait, a CTA asks L2 for the weights of its next KF_PREFETCH row groups (bytes [from, end) of
+ * W: the rows n0 + C * 4 .., C the row-group CTAs), 128-byte lines, so the DRAM keeps working while it
+ * waits (CUDA; no-op elsewhere) -- only where nb < KF_PREFETCH_BELOW (short rows: a CTA takes many row
+ * groups one after another; on long rows it cost, docs/perf-notes.md session 40). Bench-only
+ * -DQK_KF_ONE_PREFETCH=0: no prefetch (the session's first one-launch build). */
+#ifndef QK_KF_ONE_PREFETCH
+#define QK_KF_ONE_PREFETCH 1
 #endif
+#define KF_PREFETCH QK_KF_ONE_PREFETCH
+#define KF_PREFETCH_BELOW 32
+#if KF_PREFETCH > 0
 __device__ __forceinline__ void kf_prefetch_l2(const qk_u8* p) {
 #if defined(QK_CUDA)
     asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
@@ -594,7 +597,7 @@ struct kf_wait_once {
     const unsigned* count;
     unsigned producers;
     bool todo;
-#ifdef QK_KF_ONE_PREFETCH
+#if KF_PREFETCH > 0
     const qk_u8* W;
     qk_i64 group_bytes, stride_bytes, end; /* a row group's bytes, the CTA's step between its groups, W's */
     qk_i64 from;                           /* the CTA's first group's first byte */
@@ -603,8 +606,8 @@ struct kf_wait_once {
     __device__ __forceinline__ void operator()(bool first) {
         if (first && todo) {
             todo = false;
-#ifdef QK_KF_ONE_PREFETCH
-            for (int g = 1; g <= QK_KF_ONE_PREFETCH && group_bytes < (qk_i64)KF_ROWS * QK_KF_ONE_PREFETCH_BELOW * row_block; ++g)
+#if KF_PREFETCH > 0
+            for (int g = 1; g <= KF_PREFETCH && group_bytes < (qk_i64)KF_ROWS * KF_PREFETCH_BELOW * row_block; ++g)
                 for (qk_i64 o = from + g * stride_bytes + 128 * (qk_i64)threadIdx.x; o < from + g * stride_bytes + group_bytes && o < end;
                      o += 128 * 32 * KF_GROUPS)
                     kf_prefetch_l2(W + o);
@@ -626,7 +629,7 @@ __device__ __forceinline__ void kf_one_gemv(const float* __restrict__ X, const q
         return;
     }
     const qk_i64 c = blockIdx.x - producers, consumers = gridDim.x - producers;
-#ifdef QK_KF_ONE_PREFETCH
+#if KF_PREFETCH > 0
     const qk_i64 group_bytes = KF_ROWS * nb * TS;
     kf_wait_once after{count, producers, nb >= 4 * KF_GROUPS, W, group_bytes, consumers * group_bytes, N * nb * TS, c * group_bytes, TS};
 #else
