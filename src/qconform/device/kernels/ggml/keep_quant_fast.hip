@@ -574,8 +574,9 @@ __device__ __forceinline__ void kf_wait_published(const unsigned* count, unsigne
 
 /* Before its wait, a CTA asks L2 for the weights of its next KF_PREFETCH row groups (bytes [from, end) of
  * W: the rows n0 + C * 4 .., C the row-group CTAs), 128-byte lines, so the DRAM keeps working while it
- * waits (CUDA; no-op elsewhere) -- only where nb < KF_PREFETCH_BELOW (short rows: a CTA takes many row
- * groups one after another; on long rows it cost, docs/perf-notes.md session 40). Bench-only
+ * waits (CUDA; no-op elsewhere) -- only where 16 <= nb < KF_PREFETCH_BELOW (short rows: a CTA takes
+ * many row groups one after another; on long rows it cost, docs/perf-notes.md session 40; below 16 the
+ * CTA waits before its first loads, with nothing in flight to overlap). Bench-only
  * -DQK_KF_ONE_PREFETCH=0: no prefetch (the session's first one-launch build). */
 #ifndef QK_KF_ONE_PREFETCH
 #define QK_KF_ONE_PREFETCH 1
