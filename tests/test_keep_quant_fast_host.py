@@ -246,10 +246,13 @@ def _one_and_two_launch(tmp: Path, qtype: str, N: int, K: int, ctas: int, one: P
     return y1, np.fromfile(tmp / "y2.bin", np.float32), W, a8
 
 
-@pytest.mark.parametrize("build", ["", "#define QK_KF_ONE_PREFETCH 0\n"], ids=["shipped", "no_prefetch"])
+ONE_BUILDS = {"shipped": "", "no_prefetch": "#define QK_KF_ONE_PREFETCH 0\n", "split": "#define QK_KF_ONE_SPLIT\n"}
+
+
+@pytest.mark.parametrize("build", list(ONE_BUILDS.values()), ids=list(ONE_BUILDS))
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K"])
 def test_one_launch_kernel_is_the_two_launches_bit_for_bit(tmp_path: Path, qtype: str, build: str) -> None:
-    """Every output of the one-launch kernel (and its bench-only build without the prefetch) stored, bit-identical
+    """Every output of the one-launch kernel (and its bench-only builds' qk_kq_one_<t>) stored, bit-identical
     to the two launches' kernel on the oracle's Q8_K bytes of the row, within the order=any bound, and
     the counts zero after the launch."""
     one = _build(tmp_path, driver="keep_quant_one_cta.cpp", defines=build)

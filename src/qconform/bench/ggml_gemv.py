@@ -26,6 +26,8 @@ CTAs quantize the row for the others (``qk_kq_one_<t>``). (Session 39's one-laun
 CTA quantized the row itself were measured slower and taken out: docs/perf-notes.md, session 40.)
 ``--variants no_prefetch``: the one-launch call without its waiting CTAs asking L2 for their next row
 group where nb < 32 (``-DQK_KF_ONE_PREFETCH=0``, bench-only; session 40's first one-launch build).
+``--variants split``: the prefetch in its own kernels (``qk_kq_one_pf_<t>``), which the launcher picks
+where nb < 32, so that the kernel of longer rows has no prefetch code (``-DQK_KF_ONE_SPLIT``, bench-only).
 
 ``--split``: for the fast kernels also the call's launches timed apart, back to back as in the call: the
 activation quantize (and Q8_0's regrouping) alone, then the GEMV alone on the activations they wrote.
@@ -67,6 +69,7 @@ VARIANTS = {
     "loads_first": "any",
     "two_launch": "any",
     "no_prefetch": "any",
+    "split": "any",
 }
 V1_OPTION = "-DQK_KQ_FAST_V1"  # the build option of round 1's fast kernel (keep_quant_fast.hip)
 # the build options of each fast variant: round 1; round 2 with one step of 4 row-blocks in flight a
@@ -81,9 +84,11 @@ OPTIONS = {
     "two_launch": ("-DQK_KF_TWO_LAUNCH",),
     # the one-launch call without its waiting CTAs' prefetch of their next row group (bench-only)
     "no_prefetch": ("-DQK_KF_ONE_PREFETCH=0",),
+    # the prefetch in its own kernels, picked by the launcher for short rows (bench-only)
+    "split": ("-DQK_KF_ONE_SPLIT",),
 }
 # the variants of Q4_K / Q5_K's kernels alone
-V1_VARIANTS = ("fast-v1", "fast-u1", "two_launch", "no_prefetch")
+V1_VARIANTS = ("fast-v1", "fast-u1", "two_launch", "no_prefetch", "split")
 V1_TYPES = ("Q4_K", "Q5_K")  # the types whose fast kernel round 2 changed (the others: fast-v1, fast-u1 are fast)
 
 

@@ -593,22 +593,22 @@ __device__ __forceinline__ void kf_prefetch_l2(const qk_u8* p) {
 }
 #endif
 
-/* kf2_rows' call after a thread's first loads: the wait, in the first row group, where todo */
+/* kf2_rows' call after a thread's first loads: the wait, in the first row group, where todo; before it
+ * the prefetch of PF row groups (where nb < KF_PREFETCH_BELOW) */
+template <int PF>
 struct kf_wait_once {
     const unsigned* count;
     unsigned producers;
     bool todo;
-#if KF_PREFETCH > 0
     const qk_u8* W;
     qk_i64 group_bytes, stride_bytes, end; /* a row group's bytes, the CTA's step between its groups, W's */
     qk_i64 from;                           /* the CTA's first group's first byte */
     qk_i64 row_block;                      /* a weight block's bytes */
-#endif
     __device__ __forceinline__ void operator()(bool first) {
         if (first && todo) {
             todo = false;
 #if KF_PREFETCH > 0
-            for (int g = 1; g <= KF_PREFETCH && group_bytes < (qk_i64)KF_ROWS * KF_PREFETCH_BELOW * row_block; ++g)
+            for (int g = 1; g <= PF && group_bytes < (qk_i64)KF_ROWS * KF_PREFETCH_BELOW * row_block; ++g)
                 for (qk_i64 o = from + g * stride_bytes + 128 * (qk_i64)threadIdx.x; o < from + g * stride_bytes + group_bytes && o < end;
                      o += 128 * 32 * KF_GROUPS)
                     kf_prefetch_l2(W + o);
@@ -618,7 +618,7 @@ struct kf_wait_once {
     }
 };
 
-template <int KIND, int TS>
+template <int KIND, int TS, int PF>
 __device__ __forceinline__ void kf_one_gemv(const float* __restrict__ X, const qk_u8* __restrict__ W, float* __restrict__ Y,
                                             qk_i64 N, qk_i64 nb, qk_u8* act, unsigned* count) {
     const unsigned producers = (unsigned)((nb + KF_PASS - 1) / KF_PASS);
@@ -630,12 +630,9 @@ __device__ __forceinline__ void kf_one_gemv(const float* __restrict__ X, const q
         return;
     }
     const qk_i64 c = blockIdx.x - producers, consumers = gridDim.x - producers;
-#if KF_PREFETCH > 0
     const qk_i64 group_bytes = KF_ROWS * nb * TS;
-    kf_wait_once after{count, producers, nb >= 4 * KF_GROUPS, W, group_bytes, consumers * group_bytes, N * nb * TS, c * group_bytes, TS};
-#else
-    kf_wait_once after{count, producers, nb >= 4 * KF_GROUPS}; /* every thread a first trip: the same call */
-#endif
+    /* every thread a first trip where nb >= 16: the same call */
+    kf_wait_once<PF> after{count, producers, nb >= 4 * KF_GROUPS, W, group_bytes, consumers * group_bytes, N * nb * TS, c * group_bytes, TS};
     if (!after.todo) kf_wait_published(count, producers);
     for (qk_i64 n0 = c * KF_ROWS; n0 < N; n0 += consumers * KF_ROWS) {
         kf2_rows<KIND, TS, 1, QK_KF_STEPS_M1>(W, act, Y, 1, N, nb, 0, n0, after);
@@ -647,12 +644,21 @@ __device__ __forceinline__ void kf_one_gemv(const float* __restrict__ X, const q
     }
 }
 
-#define KF_ONE(NAME, KIND, TS)                                                                                     \
+#define KF_ONE(NAME, KIND, TS, PF)                                                                                 \
     extern "C" __global__ void __launch_bounds__(32 * KF_GROUPS) qk_kq_one_##NAME(                                \
         const float* X, const qk_u8* W, float* Y, qk_i64 N, qk_i64 nb, qk_u8* act, unsigned* count) {             \
         QK_WAIT_PRIOR_GRID(); /* launched as a programmatic dependent of the kernel before: X may be its output */ \
-        kf_one_gemv<KIND, TS>(X, W, Y, N, nb, act, count);                                                         \
+        kf_one_gemv<KIND, TS, PF>(X, W, Y, N, nb, act, count);                                                     \
     }
-KF_ONE(q4_k, 4, 144)
-KF_ONE(q5_k, 5, 176)
+#ifdef QK_KF_ONE_SPLIT
+/* bench-only -DQK_KF_ONE_SPLIT: the prefetch in its own kernels, qk_kq_one_pf_<t>, which the launcher
+ * picks where nb < KF_PREFETCH_BELOW; qk_kq_one_<t> without it, so long rows keep its registers */
+KF_ONE(q4_k, 4, 144, 0)
+KF_ONE(q5_k, 5, 176, 0)
+KF_ONE(pf_q4_k, 4, 144, KF_PREFETCH)
+KF_ONE(pf_q5_k, 5, 176, KF_PREFETCH)
+#else
+KF_ONE(q4_k, 4, 144, KF_PREFETCH)
+KF_ONE(q5_k, 5, 176, KF_PREFETCH)
+#endif
 #endif
