@@ -583,7 +583,6 @@ __device__ __forceinline__ void kf_wait_published(const unsigned* count, unsigne
 #endif
 #define KF_PREFETCH QK_KF_ONE_PREFETCH
 #define KF_PREFETCH_BELOW 32
-#if KF_PREFETCH > 0
 __device__ __forceinline__ void kf_prefetch_l2(const qk_u8* p) {
 #if defined(QK_CUDA)
     asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
@@ -591,7 +590,6 @@ __device__ __forceinline__ void kf_prefetch_l2(const qk_u8* p) {
     (void)p;
 #endif
 }
-#endif
 
 /* kf2_rows' call after a thread's first loads: the wait, in the first row group, where todo; before it
  * the prefetch of PF row groups (where nb < KF_PREFETCH_BELOW) */
@@ -607,12 +605,10 @@ struct kf_wait_once {
     __device__ __forceinline__ void operator()(bool first) {
         if (first && todo) {
             todo = false;
-#if KF_PREFETCH > 0
             for (int g = 1; g <= PF && group_bytes < (qk_i64)KF_ROWS * KF_PREFETCH_BELOW * row_block; ++g)
                 for (qk_i64 o = from + g * stride_bytes + 128 * (qk_i64)threadIdx.x; o < from + g * stride_bytes + group_bytes && o < end;
                      o += 128 * 32 * KF_GROUPS)
                     kf_prefetch_l2(W + o);
-#endif
             kf_wait_published(count, producers);
         }
     }
