@@ -112,6 +112,12 @@ def shipped(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return _build(tmp), tmp
 
 
+@pytest.fixture(scope="module")
+def shipped_cta(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """the shipped kernels' CTA driver (keep_quant_fast_cta.cpp), built once"""
+    return _build(tmp_path_factory.mktemp("kf_cta"), driver="keep_quant_fast_cta.cpp")
+
+
 @pytest.mark.parametrize("qtype", list(KIND))
 def test_fast_kernel_terms_within_the_order_any_bound(shipped: tuple[Path, Path], qtype: str) -> None:
     exe, tmp = shipped
@@ -128,8 +134,8 @@ LONG_SHAPES = ((1, 5, 37 * 256, "valid"), (2, 3, 37 * 256, "quantized"))
 
 
 @pytest.mark.parametrize("qtype", list(KIND))
-def test_fast_kernels_whole_on_host_threads(tmp_path: Path, qtype: str) -> None:
-    exe = _build(tmp_path, driver="keep_quant_fast_cta.cpp")
+def test_fast_kernels_whole_on_host_threads(tmp_path: Path, shipped_cta: Path, qtype: str) -> None:
+    exe = shipped_cta
     shapes = CTA_SHAPES + (((2, 6, 2592, "valid"), (1, 3, 96, "valid")) if qtype == "Q8_0" else LONG_SHAPES)
     for M, N, K, w in shapes:
         assert _worst(exe, tmp_path, qtype, M, N, K, w, cta=True) <= 1.0, (M, N, K, w)
@@ -251,14 +257,15 @@ ONE_BUILDS = {"shipped": "", "no_prefetch": "#define QK_KF_ONE_PREFETCH 0\n", "s
 
 @pytest.mark.parametrize("build", list(ONE_BUILDS.values()), ids=list(ONE_BUILDS))
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K"])
-def test_one_launch_kernel_is_the_two_launches_bit_for_bit(tmp_path: Path, qtype: str, build: str) -> None:
+def test_one_launch_kernel_is_the_two_launches_bit_for_bit(
+    tmp_path: Path, shipped_cta: Path, qtype: str, build: str
+) -> None:
     """Every output of the one-launch kernel (and its bench-only builds' qk_kq_one_<t>) stored, bit-identical
     to the two launches' kernel on the oracle's Q8_K bytes of the row, within the order=any bound, and
     the counts zero after the launch."""
     one = _build(tmp_path, driver="keep_quant_one_cta.cpp", defines=build)
-    two = _build(tmp_path, driver="keep_quant_fast_cta.cpp")
     for N, K, ctas in ONE_SHAPES:
-        y1, y2, W, a8 = _one_and_two_launch(tmp_path, qtype, N, K, ctas, one, two)
+        y1, y2, W, a8 = _one_and_two_launch(tmp_path, qtype, N, K, ctas, one, shipped_cta)
         assert y1 is not None, (N, K, ctas)
         assert not np.any(y1 == -12345.0), (N, K, ctas)
         assert np.array_equal(y1.view(np.uint32), y2.view(np.uint32)), (N, K, ctas)
@@ -276,9 +283,8 @@ def test_one_launch_kernel_is_the_two_launches_bit_for_bit(tmp_path: Path, qtype
     ],
     ids=["lane_order", "last_pass_skipped", "first_group_skipped", "counts_kept", "scale_128"],
 )
-def test_one_launch_kernel_mutants_are_caught(tmp_path: Path, edits: Edits, q8_edits: Edits) -> None:
+def test_one_launch_kernel_mutants_are_caught(tmp_path: Path, shipped_cta: Path, edits: Edits, q8_edits: Edits) -> None:
     one = _build(tmp_path, edits, driver="keep_quant_one_cta.cpp", q8_edits=q8_edits)
-    two = _build(tmp_path, driver="keep_quant_fast_cta.cpp")
     N, K, ctas = ONE_SHAPES[0]
-    y1, y2, _, _ = _one_and_two_launch(tmp_path, "Q4_K", N, K, ctas, one, two)
+    y1, y2, _, _ = _one_and_two_launch(tmp_path, "Q4_K", N, K, ctas, one, shipped_cta)
     assert y1 is None or not np.array_equal(y1.view(np.uint32), y2.view(np.uint32))
