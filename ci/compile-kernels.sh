@@ -181,10 +181,10 @@ if part patched; then
   # -DQK_NBITS_RING_CONTIGUOUS, -DQK_NBITS_RING_LDS, -DQK_NBITS_RING_TAIL_SPLIT, -DQK_NBITS_RING_LOADS_ONLY;
   # bench.nbits --variants ring); the flash prefill's
   # session-8 kernels (-DQK_GQA_PREFILL_V1; bench.gqa_prefill --variants); the keep-quant fast GEMV's round 1
-  # (-DQK_KQ_FAST_V1), round 2 with one step in flight (-DQK_KF_STEPS_M1=1), its first weight loads
+  # (-DQK_KQ_FAST_V1), its first weight loads
   # before its wait for the quantize (-DQK_KF_LOADS_FIRST), its M = 1 Q4_K / Q5_K call as two launches
   # (-DQK_KF_TWO_LAUNCH) and its one launch without the waiting CTAs' prefetch (-DQK_KF_ONE_PREFETCH=0;
-  # or with it in kernels of its own, -DQK_KF_ONE_SPLIT; bench.ggml_gemv); every
+  # bench.ggml_gemv); every
   # programmatic-launch trigger dropped (-DQK_PDL_TRIGGER_AT_EXIT; bench.ggml_gemv's trigger_at_exit); the bnb
   # matrix-unit GEMM with its table filled before the ring's first loads (-DQK_BNBM_FILL_FIRST) and with
   # activation pieces loaded a step ahead (-DQK_BNBM_A_AHEAD=1, 2; bench.bnb_gemv --variants mma)
@@ -198,8 +198,7 @@ if part patched; then
   for def in -DQK_BNBM_FILL_FIRST -DQK_BNBM_A_AHEAD=1 -DQK_BNBM_A_AHEAD=2; do
     front "$KERNELS/bnb/gemm_mma.hip $def" "$def" "$KERNELS/bnb/gemm_mma.hip"
   done
-  for def in -DQK_KQ_FAST_V1 -DQK_KF_STEPS_M1=1 -DQK_KF_LOADS_FIRST -DQK_KF_TWO_LAUNCH -DQK_KF_ONE_PREFETCH=0 \
-    -DQK_KF_ONE_SPLIT -DQK_PHASES; do
+  for def in -DQK_KQ_FAST_V1 -DQK_KF_LOADS_FIRST -DQK_KF_TWO_LAUNCH -DQK_KF_ONE_PREFETCH=0 -DQK_PHASES; do
     front "$KERNELS/ggml/keep_quant_fast.hip $def" "$def" "$KERNELS/ggml/keep_quant_fast.hip"
   done
   front "$KERNELS/ggml/keep_quant_fast.hip -DQK_PHASES -DQK_KF_LOADS_FIRST" -DQK_PHASES -DQK_KF_LOADS_FIRST \

@@ -1132,8 +1132,6 @@ KEEP_QUANT_FAST_MUTANTS = (
                  "matmul_bt_quant", None, leaf="Wq5_K_Aq8_K_Yfp32", edits=ONE_PRODUCERS_DELAYED, contract="order=any"),
     _fast("control: keep-quant two launches (-DQK_KF_TWO_LAUNCH) under order=any (Q4_K)", "Wq4_K_Aq8_K_Yfp32", (),
           TWO_LAUNCH),
-    _fast("control: keep-quant one launch, prefetching kernels apart (-DQK_KF_ONE_SPLIT) under order=any (Q5_K)",
-          "Wq5_K_Aq8_K_Yfp32", (), "-DQK_KF_ONE_SPLIT"),
 )
 # ort/gqa_flash.hip (gqa_prefill under --contract storage=fp16; coverage 1: a chunk with a past of
 # 5 rows, window 3, softcap, a head sink and a full bias; a first prompt with smooth_softmax)

@@ -141,14 +141,14 @@ def test_fast_kernels_whole_on_host_threads(tmp_path: Path, shipped_cta: Path, q
         assert _worst(exe, tmp_path, qtype, M, N, K, w, cta=True) <= 1.0, (M, N, K, w)
 
 
-BUILT_VARIANTS = [(q, d) for d in ("QK_KQ_FAST_V1", "QK_KF_STEPS_M1 1") for q in ("Q4_K", "Q5_K")]
+BUILT_VARIANTS = [(q, "QK_KQ_FAST_V1") for q in ("Q4_K", "Q5_K")]
 BUILT_VARIANTS += [(q, "QK_KF_LOADS_FIRST") for q in KIND]
 
 
 @pytest.mark.parametrize("qtype,define", BUILT_VARIANTS)
 def test_built_variants_whole_on_host_threads(tmp_path: Path, qtype: str, define: str) -> None:
     """The kernels the bench's build options select (-DQK_KQ_FAST_V1: Q4_K / Q5_K round 1's;
-    -DQK_KF_STEPS_M1=1: round 2 with one step in flight at M tile 1; -DQK_KF_LOADS_FIRST: every type's
+    -DQK_KF_LOADS_FIRST: every type's
     weights loaded before the wait for the quantize), still reachable, still right, no activation read
     before the wait."""
     exe = _build(tmp_path, driver="keep_quant_fast_cta.cpp", defines=f"#define {define}\n")
@@ -252,7 +252,7 @@ def _one_and_two_launch(tmp: Path, qtype: str, N: int, K: int, ctas: int, one: P
     return y1, np.fromfile(tmp / "y2.bin", np.float32), W, a8
 
 
-ONE_BUILDS = {"shipped": "", "no_prefetch": "#define QK_KF_ONE_PREFETCH 0\n", "split": "#define QK_KF_ONE_SPLIT\n"}
+ONE_BUILDS = {"shipped": "", "no_prefetch": "#define QK_KF_ONE_PREFETCH 0\n"}
 
 
 @pytest.mark.parametrize("build", list(ONE_BUILDS.values()), ids=list(ONE_BUILDS))

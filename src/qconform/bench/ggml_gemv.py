@@ -2,8 +2,7 @@
 one run: for each weight type and layer shape at M = 1, both kernels (``exact``: the generic vec_dot
 order, ``keep_quant.hip``; ``fast``: the contract order=any, ``keep_quant_fast.hip``, Q4_K / Q5_K /
 Q6_K / Q8_0; for the types whose kernel round 2 changed, Q4_K and Q5_K: ``fast-v1``, round 1 of it,
-the build option ``-DQK_KQ_FAST_V1``, and ``fast-u1``, round 2 with one step in flight a thread at M
-tile 1 (the default: two), ``-DQK_KF_STEPS_M1=1``), each one's time spread (min / median / max over
+the build option ``-DQK_KQ_FAST_V1``), each one's time spread (min / median / max over
 batches; the activation quantization and regrouping included) beside the read-only roofline of its
 bytes (weights and activations read once), fp16 cuBLAS on unquantized weights of the same shape and
 the read-only roofline of those fp16 weights (``qconform.bench.baselines``). Correctness on the same
@@ -26,8 +25,8 @@ CTAs quantize the row for the others (``qk_kq_one_<t>``). (Session 39's one-laun
 CTA quantized the row itself were measured slower and taken out: docs/perf-notes.md, session 40.)
 ``--variants no_prefetch``: the one-launch call without its waiting CTAs asking L2 for their next row
 group where nb < 32 (``-DQK_KF_ONE_PREFETCH=0``, bench-only; session 40's first one-launch build).
-``--variants split``: the prefetch in its own kernels (``qk_kq_one_pf_<t>``), which the launcher picks
-where nb < 32, so that the kernel of longer rows has no prefetch code (``-DQK_KF_ONE_SPLIT``, bench-only).
+(Session 40's prefetch in kernels of its own and round 2's two steps in flight a thread at M tile 1,
+the default before session 41, were measured slower and taken out: docs/perf-notes.md, session 41.)
 
 ``--split``: for the fast kernels also the call's launches timed apart, back to back as in the call: the
 activation quantize (and Q8_0's regrouping) alone, then the GEMV alone on the activations they wrote.
@@ -62,21 +61,17 @@ TRIGGER_AT_EXIT = "trigger_at_exit"
 VARIANTS = {
     "exact": "reference",
     "fast-v1": "any",
-    "fast-u1": "any",
     "fast": "any",
     STREAM_ORDER: "any",
     TRIGGER_AT_EXIT: "any",
     "loads_first": "any",
     "two_launch": "any",
     "no_prefetch": "any",
-    "split": "any",
 }
 V1_OPTION = "-DQK_KQ_FAST_V1"  # the build option of round 1's fast kernel (keep_quant_fast.hip)
-# the build options of each fast variant: round 1; round 2 with one step of 4 row-blocks in flight a
-# thread at M tile 1 (the default: two)
+# the build options of each fast variant
 OPTIONS = {
     "fast-v1": (V1_OPTION,),
-    "fast-u1": ("-DQK_KF_STEPS_M1=1",),
     TRIGGER_AT_EXIT: ("-DQK_PDL_TRIGGER_AT_EXIT",),
     # the GEMV's first weight loads issued before its wait for the quantize (bench-only)
     "loads_first": ("-DQK_KF_LOADS_FIRST",),
@@ -84,12 +79,10 @@ OPTIONS = {
     "two_launch": ("-DQK_KF_TWO_LAUNCH",),
     # the one-launch call without its waiting CTAs' prefetch of their next row group (bench-only)
     "no_prefetch": ("-DQK_KF_ONE_PREFETCH=0",),
-    # the prefetch in its own kernels, picked by the launcher for short rows (bench-only)
-    "split": ("-DQK_KF_ONE_SPLIT",),
 }
 # the variants of Q4_K / Q5_K's kernels alone
-V1_VARIANTS = ("fast-v1", "fast-u1", "two_launch", "no_prefetch", "split")
-V1_TYPES = ("Q4_K", "Q5_K")  # the types whose fast kernel round 2 changed (the others: fast-v1, fast-u1 are fast)
+V1_VARIANTS = ("fast-v1", "two_launch", "no_prefetch")
+V1_TYPES = ("Q4_K", "Q5_K")  # the types whose fast kernel round 2 changed (the others: fast-v1 is fast)
 
 
 def _weights(qtype: str, K: int, N: int, n_sets: int) -> list[Any]:
@@ -219,8 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--types", help=f"comma-separated weight types (default {','.join(TYPES)}; any of the GEMV's)")
     p.add_argument(
         "--variants",
-        default="exact,fast-v1,fast-u1,two_launch,fast",
-        help="comma-separated kernels: exact (generic order), fast-v1 (round 1), fast-u1 (Q4_K, Q5_K), two_launch "
+        default="exact,fast-v1,two_launch,fast",
+        help="comma-separated kernels: exact (generic order), fast-v1 (round 1), two_launch "
         "(Q4_K, Q5_K: M = 1 as two launches), fast, "
         f"{STREAM_ORDER} (fast, its launches in stream order), {TRIGGER_AT_EXIT} (fast, the quantize not triggering)",
     )

@@ -66,8 +66,6 @@ MAX_GRID_Y = 65535  # CUDA's and HIP's limit on gridDim.y: the weight-row blocks
 ONE_LAUNCH_TYPES = ("Q4_K", "Q5_K")  # at M = 1 in one launch (qk_kq_one_<t>) ...
 TWO_LAUNCH_OPTIONS = ("-DQK_KF_TWO_LAUNCH", "-DQK_KQ_FAST_V1")  # ... but in these builds (bench-only)
 QUANT_PASS = 4  # super-blocks a quantizing CTA of qk_kq_one_<t> (a warp each)
-SPLIT_OPTION = "-DQK_KF_ONE_SPLIT"  # bench-only: the prefetching kernels qk_kq_one_pf_<t> apart ...
-PREFETCH_BELOW = 32  # ... for rows of fewer blocks (the kernel's KF_PREFETCH_BELOW)
 
 
 def act_tile(M: int, tiles: tuple[int, ...] = ACT_TILES) -> int:
@@ -81,8 +79,7 @@ def _one_launch(W_blocks: Any, wtype: str, A_fp32: Any, out: Any, N: int, nb: in
     first weight loads); False where the build has no such kernel (``TWO_LAUNCH_OPTIONS``) or another type."""
     if wtype not in ONE_LAUNCH_TYPES or any(o in launchers.OPTIONS for o in TWO_LAUNCH_OPTIONS):
         return False
-    split = SPLIT_OPTION in launchers.OPTIONS and nb < PREFETCH_BELOW
-    symbol = f"qk_kq_one_{'pf_' if split else ''}{FAST_TYPES[wtype]}"
+    symbol = f"qk_kq_one_{FAST_TYPES[wtype]}"
     kernel = kernel_of(FAST_SOURCE, symbol)
     producers = -(-nb // QUANT_PASS)
     # no more CTAs than are resident at once, so every waiting CTA's producers run

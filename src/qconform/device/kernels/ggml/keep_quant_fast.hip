@@ -526,7 +526,8 @@ __device__ __forceinline__ void kf2_gemv(const qk_u8* __restrict__ W, const qk_u
     KF_GEMV(q8_0, 0, 34, MT, UNROLL, (kf_gemv<0, 34, MT, UNROLL>))
 
 #ifndef QK_KF_STEPS_M1
-#define QK_KF_STEPS_M1 2 /* round 2: steps in flight a thread at M tile 1 (1: the bench fast-u1; ptxas then sinks loads) */
+#define QK_KF_STEPS_M1 1 /* round 2: steps in flight a thread at M tile 1 (one since session 41: faster than two on every
+                          * layer timed, docs/perf-notes.md; ptxas then sinks loads) */
 #endif
 KF_GEMV_ALL(1, 4, QK_KF_STEPS_M1)
 KF_GEMV_ALL(2, 2, 1)
@@ -646,15 +647,6 @@ __device__ __forceinline__ void kf_one_gemv(const float* __restrict__ X, const q
         QK_WAIT_PRIOR_GRID(); /* launched as a programmatic dependent of the kernel before: X may be its output */ \
         kf_one_gemv<KIND, TS, PF>(X, W, Y, N, nb, act, count);                                                     \
     }
-#ifdef QK_KF_ONE_SPLIT
-/* bench-only -DQK_KF_ONE_SPLIT: the prefetch in its own kernels, qk_kq_one_pf_<t>, which the launcher
- * picks where nb < KF_PREFETCH_BELOW; qk_kq_one_<t> without it, so long rows keep its registers */
-KF_ONE(q4_k, 4, 144, 0)
-KF_ONE(q5_k, 5, 176, 0)
-KF_ONE(pf_q4_k, 4, 144, KF_PREFETCH)
-KF_ONE(pf_q5_k, 5, 176, KF_PREFETCH)
-#else
 KF_ONE(q4_k, 4, 144, KF_PREFETCH)
 KF_ONE(q5_k, 5, 176, KF_PREFETCH)
-#endif
 #endif
