@@ -25,6 +25,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from device_catalogue import (
+    KB_NO_RESET,
+    KB_ROW_STRIDE,
     KF_GROUP0_DROPPED,
     KF_LOADS_FIRST_NO_WAIT,
     KF_MIN_WRONG_HALF,
@@ -71,10 +73,13 @@ def _build(
     return exe
 
 
-def _worst(exe: Path, tmp: Path, qtype: str, M: int, N: int, K: int, w: str, cta: bool = False) -> float:
+def _worst(
+    exe: Path, tmp: Path, qtype: str, M: int, N: int, K: int, w: str, cta: bool = False, ctas: int = 0
+) -> float:
     """max over outputs of |host result - ref| / (gamma_{K+4} mag); ``cta``: ``exe`` runs the kernels
     whole (keep_quant_fast_cta.cpp: float32 out; the activations stale, another A's, until every
-    thread of a CTA has waited for the quantize), else the thread terms (float64 out)"""
+    thread of a CTA has waited for the quantize), else the thread terms (float64 out); ``ctas``: the
+    bulk Q6_K kernel on that many CTAs"""
     rng = np.random.default_rng(K + M)
     fmt = FORMATS[qtype]
     if w == "valid":
@@ -93,6 +98,8 @@ def _worst(exe: Path, tmp: Path, qtype: str, M: int, N: int, K: int, w: str, cta
         stale = quantize(rng.standard_normal((M, K)).astype(np.float32), afmt)
         np.ascontiguousarray(words(stale)).tofile(tmp / "stale.bin")
         args.append("stale.bin")
+    if ctas:
+        args.append(str(ctas))
     subprocess.run([str(exe), *args], check=True, cwd=tmp)
     y = np.fromfile(tmp / "y.bin", np.float32 if cta else np.float64).reshape(M, N)
     return _bound_ratio(y, W, qtype, a8, K)
@@ -155,6 +162,31 @@ def test_built_variants_whole_on_host_threads(tmp_path: Path, qtype: str, define
     long_shapes = ((2, 6, 2592, "valid"),) if qtype == "Q8_0" else LONG_SHAPES[:1]
     for M, N, K, w in CTA_SHAPES + long_shapes:
         assert _worst(exe, tmp_path, qtype, M, N, K, w, cta=True) <= 1.0, (M, N, K, w)
+
+
+# the bulk Q6_K kernel (-DQK_KF_BULK, M = 1, nb a multiple of 8): stages of 16 blocks of each row, the
+# last one shorter (nb 8, 40), N past the last group's rows, fewer CTAs than row groups (each takes
+# several, so the ring's slots and the sums' reset are reused), more CTAs than groups
+BULK_SHAPES = ((5, 2048, 2), (9, 4096, 1), (13, 10240, 3), (3, 10240, 4), (16, 4096, 2))  # (N, K, CTAs)
+
+
+@pytest.fixture(scope="module")
+def bulk_cta(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _build(tmp_path_factory.mktemp("kf_bulk"), driver="keep_quant_fast_cta.cpp", defines="#define QK_KF_BULK\n")
+
+
+@pytest.mark.parametrize("w", ["valid", "quantized"])
+def test_bulk_q6_k_kernel_within_the_order_any_bound(tmp_path: Path, bulk_cta: Path, w: str) -> None:
+    for N, K, ctas in BULK_SHAPES:
+        assert _worst(bulk_cta, tmp_path, "Q6_K", 1, N, K, w, cta=True, ctas=ctas) <= 1.0, (N, K, ctas)
+
+
+# the device rows' mutants (tests/device_catalogue.py): a stage's rows at the full stage's stride, the
+# sums not reset between row groups
+@pytest.mark.parametrize("edits", [KB_ROW_STRIDE, KB_NO_RESET], ids=["row_stride", "no_reset"])
+def test_bulk_q6_k_mutants_caught_on_host(tmp_path: Path, edits: Edits) -> None:
+    exe = _build(tmp_path, edits, driver="keep_quant_fast_cta.cpp", defines="#define QK_KF_BULK\n")
+    assert max(_worst(exe, tmp_path, "Q6_K", 1, N, K, "valid", cta=True, ctas=c) for N, K, c in BULK_SHAPES) > 1.0
 
 
 # the wait dropped (the default build: at entry; -DQK_KF_LOADS_FIRST: after the first loads): the stale

@@ -1,9 +1,10 @@
 /* Host run of keep_quant_fast.hip's kernels, whole (tests/test_keep_quant_fast_host.py): every CTA of
  * the launcher's grid (qconform/device/ggml/keep_quant.py: MT 1, 2 or 4 activation rows, 4 weight
  * rows, 128 threads), one CTA at a time as 128 host threads (tests/kernel_host/qk_portable.h).
- * Arguments: KIND M N nb W-file A-file Y-file (float32 M x N out) stale-file; A as the kernel reads it,
+ * Arguments: KIND M N nb W-file A-file Y-file (float32 M x N out) stale-file [C]; A as the kernel reads it,
  * the stale file as many bytes: what each CTA's activation buffer holds until all its threads have
- * waited for the kernel before (QK_WAIT_PRIOR_GRID, tests/kernel_host/qk_portable.h). */
+ * waited for the kernel before (QK_WAIT_PRIOR_GRID, tests/kernel_host/qk_portable.h). With C (built with
+ * -DQK_KF_BULK, Q6_K, M = 1): qk_kq_bulk_q6_k on a grid of C CTAs taking the row groups in turn. */
 #include "keep_quant_fast.hip"
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,7 +24,7 @@ static kf_kernel pick(int kind, int mt) {
 }
 
 int main(int argc, char** argv) {
-    if (argc != 9) return 2;
+    if (argc != 9 && argc != 10) return 2;
     const int kind = atoi(argv[1]), M = atoi(argv[2]), N = atoi(argv[3]), nb = atoi(argv[4]);
     const qk_u8* W = (const qk_u8*)qk_host_load(argv[5]);
     size_t bytes = 0;
@@ -36,13 +37,22 @@ int main(int argc, char** argv) {
     qk_host_cta_threads = 128;
     const int mt = M <= 1 ? 1 : M <= 2 ? 2 : 4; /* keep_quant.py act_tile(M, FAST_TILES) */
     std::vector<float> Y((size_t)M * N, -12345.0f);
-    const kf_kernel k = pick(kind, mt);
+    kf_kernel k = pick(kind, mt);
     std::barrier<> bar(128);
     qk_host_barrier = &bar;
     std::barrier<> groups[4] = {std::barrier<>(32), std::barrier<>(32), std::barrier<>(32), std::barrier<>(32)};
     qk_host_group_barriers = groups;
-    const unsigned gy = (unsigned)((N + 3) / 4); /* row groups of 4 weight rows */
+    unsigned gy = (unsigned)((N + 3) / 4); /* row groups of 4 weight rows */
     gridDim = {(unsigned)((M + mt - 1) / mt), gy, 1};
+    if (argc == 10) {
+#ifdef QK_KF_BULK
+        k = qk_kq_bulk_q6_k;
+        gy = 1;
+        gridDim = {(unsigned)atoi(argv[9]), 1, 1};
+#else
+        return 2;
+#endif
+    }
     for (unsigned by = 0; by < gy; ++by)
         for (unsigned bx = 0; bx < gridDim.x; ++bx) {
             memcpy(Abuf, stale, bytes); /* each CTA: the quantize not yet done until its threads wait */

@@ -21,6 +21,7 @@
 #define __global__
 #define __launch_bounds__(...)
 #define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
 #define __restrict__
 struct dim3s { unsigned x, y, z; };
 /* a CTA runs as host threads (keep_quant_fast_cta.cpp): each its own threadIdx, one barrier */

@@ -28,6 +28,9 @@ group where nb < 32 (``-DQK_KF_ONE_PREFETCH=0``, bench-only; session 40's first 
 (Session 40's prefetch in kernels of its own and round 2's two steps in flight a thread at M tile 1,
 the default before session 41, were measured slower and taken out: docs/perf-notes.md, session 41.)
 
+``--variants bulk`` (``bulk_s2``): Q6_K at M = 1 with its weights brought into shared memory by the bulk
+copy engine, a ring of 3 (2) stages of 16 blocks of 4 rows (``-DQK_KF_BULK``, bench-only; sm_90).
+
 ``--split``: for the fast kernels also the call's launches timed apart, back to back as in the call: the
 activation quantize (and Q8_0's regrouping) alone, then the GEMV alone on the activations they wrote.
 
@@ -67,6 +70,8 @@ VARIANTS = {
     "loads_first": "any",
     "two_launch": "any",
     "no_prefetch": "any",
+    "bulk": "any",
+    "bulk_s2": "any",
 }
 V1_OPTION = "-DQK_KQ_FAST_V1"  # the build option of round 1's fast kernel (keep_quant_fast.hip)
 # the build options of each fast variant
@@ -79,10 +84,14 @@ OPTIONS = {
     "two_launch": ("-DQK_KF_TWO_LAUNCH",),
     # the one-launch call without its waiting CTAs' prefetch of their next row group (bench-only)
     "no_prefetch": ("-DQK_KF_ONE_PREFETCH=0",),
+    # Q6_K at M = 1 through shared memory by the bulk copy engine, 3 or 2 ring slots (bench-only)
+    "bulk": ("-DQK_KF_BULK",),
+    "bulk_s2": ("-DQK_KF_BULK_STAGES=2",),
 }
 # the variants of Q4_K / Q5_K's kernels alone
 V1_VARIANTS = ("fast-v1", "two_launch", "no_prefetch")
 V1_TYPES = ("Q4_K", "Q5_K")  # the types whose fast kernel round 2 changed (the others: fast-v1 is fast)
+BULK_VARIANTS, BULK_TYPES = ("bulk", "bulk_s2"), ("Q6_K",)  # the variants of Q6_K's kernel alone
 
 
 def _weights(qtype: str, K: int, N: int, n_sets: int) -> list[Any]:
@@ -164,7 +173,8 @@ def bench(
             e = _numerics(sets[0], qtype, A)
             for variant in variants:
                 rounds = variant in V1_VARIANTS  # Q4_K / Q5_K only
-                if variant != "exact" and qtype not in FAST_TYPES or rounds and qtype not in V1_TYPES:
+                bulk = variant in BULK_VARIANTS and qtype not in BULK_TYPES
+                if variant != "exact" and qtype not in FAST_TYPES or rounds and qtype not in V1_TYPES or bulk:
                     continue
                 y = cupy.empty((1, N), cupy.float32)
                 with compile_options(*OPTIONS.get(variant, ())):

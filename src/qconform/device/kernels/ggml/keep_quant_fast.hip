@@ -186,6 +186,58 @@ __device__ __forceinline__ void kf_q45_row(const qk_u32 (&r)[KF_WR(KIND)], int c
     acc = fmaf(-QK_FMUL(dmx, yd), __int2float_rn(imin), acc);
 }
 
+/* Q6_K slice c = 4h + p of a block (the layout above): its 32 weights as unsigned 6-bit values (lo: the
+ * low nibbles' 16, scale group 8h + j; hi: the high nibbles', 8h + j + 4; j = 2(p / 2) + p % 2), their
+ * two scales and d, from kf_wload<6>'s words r (blk: the block's byte 0, for the halves' alignment) */
+struct kf_q6_w {
+    qk_u32 lo[4], hi[4];
+    int s0, s1;
+    float dx;
+};
+template <int WR> /* KF_WR(6); any other WR only in branches of other types never taken */
+__device__ __forceinline__ kf_q6_w kf_q6_unpack(const qk_u32 (&r)[WR], const qk_u8* blk, int c) {
+    const int h = c >> 2, p = c & 3, k = p >> 1;
+    kf_q6_w q;
+    qk_u32 ql[4], qh[4];
+    kf_align16(r, blk + 64 * h + 16 * p, ql);
+    kf_align16(r + 5 % WR, blk + 128 + 32 * h + 16 * (p & 1), qh);
+#pragma unroll
+    for (int v = 0; v < 4; ++v) {
+        q.lo[v] = (ql[v] & KF_LO4) | (((qh[v] >> (2 * k)) & 0x03030303u) << 4);
+        q.hi[v] = ((ql[v] >> 4) & KF_LO4) | (((qh[v] >> (2 * k + 4)) & 0x03030303u) << 4);
+    }
+    const qk_u32 scw = r[10 % WR];
+    q.s0 = (int)(qk_i8)(scw & 0xFFu);
+    q.s1 = (int)(qk_i8)(scw >> 8);
+    q.dx = qk_fp16_to_float((qk_u16)r[11 % WR]);
+    return q;
+}
+
+/* the Q8_K activation block a's part of slice c: the 16 quants under lo, the 16 under hi, the bsums of
+ * their scale groups (8h + j, 8h + j + 4); and where d is */
+struct kf_q6_a {
+    qk_u32 lo[4], hi[4];
+    int b0, b1;
+    const float* d;
+};
+__device__ __forceinline__ kf_q6_a kf_q6_act(const qk_u8* a, int c) {
+    const int h = c >> 2, p = c & 3, k = p >> 1, j = 2 * k + (p & 1);
+    kf_q6_a v;
+    kf_act16(a + 4 + 128 * h + 32 * k + 16 * (p & 1), v.lo);
+    kf_act16(a + 4 + 128 * h + 32 * k + 64 + 16 * (p & 1), v.hi);
+    const qk_i16* bs = (const qk_i16*)(a + 260) + 8 * h + j;
+    v.b0 = (int)bs[0];
+    v.b1 = (int)bs[4];
+    v.d = (const float*)a;
+    return v;
+}
+
+/* acc + f32(dx * yd) * sum of the slice's (u - 32) q8 products by scale (the exact int32 in the header) */
+__device__ __forceinline__ float kf_q6_term(const kf_q6_w& q, const kf_q6_a& a, float acc) {
+    const int isum = q.s0 * (kf_dot4(q.lo, a.lo) - 32 * a.b0) + q.s1 * (kf_dot4(q.hi, a.hi) - 32 * a.b1);
+    return fmaf(QK_FMUL(q.dx, *a.d), __int2float_rn(isum), acc);
+}
+
 /* Slice c of block ib of a weight row (blk: the block's byte 0, r: kf_wload's words) against MT
  * activation rows (act: block ib of activation row 0, rows astride bytes apart: Q8_K blocks as
  * quantized, Q8_0 blocks regrouped), added to acc.
@@ -214,30 +266,11 @@ __device__ __forceinline__ void kf_block(const qk_u32 (&r)[KF_WR(KIND)], const q
             kf_q45_row<KIND>(r, c, alo, ahi, bs[0], bs[1], *(const float*)a, acc[m]);
         }
     } else if (KIND == 6) {
-        const int h = c >> 2, p = c & 3, k = p >> 1;
-        qk_u32 ql[4], qh[4];
-        kf_align16(r, blk + 64 * h + 16 * p, ql);
-        kf_align16(r + 5, blk + 128 + 32 * h + 16 * (p & 1), qh);
-        qk_u32 lo[4], hi[4];
-#pragma unroll
-        for (int v = 0; v < 4; ++v) {
-            lo[v] = (ql[v] & KF_LO4) | (((qh[v] >> (2 * k)) & 0x03030303u) << 4);
-            hi[v] = ((ql[v] >> 4) & KF_LO4) | (((qh[v] >> (2 * k + 4)) & 0x03030303u) << 4);
-        }
-        const qk_u32 scw = r[10 % KF_WR(KIND)];
-        const int s0 = (int)(qk_i8)(scw & 0xFFu), s1 = (int)(qk_i8)(scw >> 8);
-        const float dx = qk_fp16_to_float((qk_u16)r[11 % KF_WR(KIND)]);
-        const int j = 2 * k + (p & 1); /* the low nibbles' scale group is 8h + j, the high ones' 8h + j + 4 */
+        const kf_q6_w q = kf_q6_unpack(r, blk, c);
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
-            const qk_u8* a = act + (m < mt ? m : mt - 1) * astride;
-            qk_u32 alo[4], ahi[4];
-            kf_act16(a + 4 + 128 * h + 32 * k + 16 * (p & 1), alo);
-            kf_act16(a + 4 + 128 * h + 32 * k + 64 + 16 * (p & 1), ahi);
-            const qk_i16* bs = (const qk_i16*)(a + 260) + 8 * h + j; /* bsums 8h + j and 8h + j + 4 */
-            const int b0 = (int)bs[0], b1 = (int)bs[4];
-            const int isum = s0 * (kf_dot4(lo, alo) - 32 * b0) + s1 * (kf_dot4(hi, ahi) - 32 * b1);
-            acc[m] = fmaf(QK_FMUL(dx, *(const float*)a), __int2float_rn(isum), acc[m]);
+            const kf_q6_a a = kf_q6_act(act + (m < mt ? m : mt - 1) * astride, c);
+            acc[m] = kf_q6_term(q, a, acc[m]);
         }
     } else {
         qk_u32 q[4];
@@ -532,6 +565,139 @@ __device__ __forceinline__ void kf2_gemv(const qk_u8* __restrict__ W, const qk_u
 KF_GEMV_ALL(1, 4, QK_KF_STEPS_M1)
 KF_GEMV_ALL(2, 2, 1)
 KF_GEMV_ALL(4, 1, 1)
+
+#if defined(QK_KF_BULK) || defined(QK_KF_BULK_STAGES)
+/* Q6_K at M tile 1 with the weights in shared memory (session 41; bench-only -DQK_KF_BULK, or
+ * -DQK_KF_BULK_STAGES=S for S ring slots):
+ * qk_kq_bulk_q6_k(W, aq, Y, M, N, nb), M = 1, for W 16-byte aligned and nb a multiple of 8 (each row
+ * then 16-byte aligned, 210 nb bytes; the launcher's condition). The resident CTAs take the row groups
+ * c, c + C, ... (C = gridDim.x); a row group's blocks come in stages of KB_CB blocks of each of its 4
+ * rows (the last stage of a row nb % KB_CB blocks, a multiple of 8, so every copy is a multiple of 16
+ * bytes), row rr's part at rr * 210 * cnt of the stage. On sm_90 thread 0 has the bulk copy engine
+ * bring the stages KB_S - 1 ahead into a ring (qk_bulk.h: one mbarrier a slot; the CTA barrier after a
+ * stage's sums frees its slot), the first ones before the wait for the activations' quantize (the
+ * weights need nothing of it), so the registers hold no weights in flight; elsewhere (AMD, the host
+ * stand-ins) all threads copy each stage with 16-byte loads into one slot, then a barrier. A thread
+ * takes slice c = t % 8 of the stage's block column kc = t / 8 for all 4 rows: one activation part
+ * (kf_q6_act) for the 4 rows, each row's slice read back from the stage as kf_unstage_q6_k reads the
+ * staged block, kf_q6_term's arithmetic (kf_block's: the same terms). A thread adds its columns'
+ * terms stage by stage, then xor shuffles over the warp and kf_store's warp order. Rows past N copy
+ * row N - 1 and are never stored. */
+#include "qk_bulk.h"
+#ifndef QK_KF_BULK_STAGES
+#define QK_KF_BULK_STAGES 3 /* ring slots (sm_90); 13440 bytes each */
+#endif
+#define KB_S (QK_BULK ? QK_KF_BULK_STAGES : 1)
+#define KB_CB 16 /* blocks of each row a stage: a block column a group of 8 threads */
+#define KB_TS 210
+#define KB_STAGE (KF_ROWS * KB_CB * KB_TS)
+
+/* a stage of the CTA's sequence: its row group's first row, its first block and blocks of each row */
+struct kb_stage_at {
+    qk_i64 n0;
+    int k0, cnt;
+    __device__ __forceinline__ void set_cnt(int nb) { cnt = nb - k0 < KB_CB ? nb - k0 : KB_CB; }
+    __device__ __forceinline__ void next(int nb) { /* the stage after it */
+        k0 += KB_CB;
+        if (k0 >= nb) {
+            k0 = 0;
+            n0 += (qk_i64)gridDim.x * KF_ROWS;
+        }
+        set_cnt(nb);
+    }
+};
+
+/* the stage's 4 row parts into dst (each cnt * 210 bytes, rows past N row N - 1's) */
+__device__ __forceinline__ void kb_fetch(qk_u8* dst, const qk_u8* W, const kb_stage_at& a, qk_i64 N, int nb, unsigned long long* bar) {
+    const qk_u32 bytes = (qk_u32)a.cnt * KB_TS;
+#if QK_BULK
+    qk_mbar_expect(qk_smem_addr(bar), KF_ROWS * bytes);
+#pragma unroll
+    for (int rr = 0; rr < KF_ROWS; ++rr) {
+        const qk_i64 n = a.n0 + rr < N ? a.n0 + rr : N - 1;
+        qk_bulk_copy(qk_smem_addr(dst + rr * bytes), W + (n * nb + a.k0) * KB_TS, bytes, qk_smem_addr(bar));
+    }
+#else
+    (void)bar;
+    for (int rr = 0; rr < KF_ROWS; ++rr) {
+        const qk_i64 n = a.n0 + rr < N ? a.n0 + rr : N - 1;
+        const uint4* src = (const uint4*)(W + (n * nb + a.k0) * KB_TS);
+        uint4* d = (uint4*)(dst + rr * bytes);
+        for (int i = threadIdx.x; i < (int)(bytes / 16); i += 32 * KF_GROUPS) d[i] = src[i];
+    }
+#endif
+}
+
+__device__ __forceinline__ void kf_bulk_gemv_q6(const qk_u8* __restrict__ W, const qk_u8* __restrict__ aq, float* __restrict__ Y,
+                                                qk_i64 N, int nb) {
+    __shared__ __align__(16) qk_u8 ring[KB_S][KB_STAGE];
+    __shared__ unsigned long long bar[KB_S]; /* mbarriers (sm_90) */
+    __shared__ float part[KF_GROUPS][KF_ROWS][1];
+    const int t = threadIdx.x, w = t >> 5, c = t & 7, kc = t >> 3;
+    kb_stage_at a{(qk_i64)blockIdx.x * KF_ROWS, 0, 0}; /* the stage being summed */
+    a.set_cnt(nb);
+#if QK_BULK
+    kb_stage_at f = a; /* the next stage to fetch */
+    int fslot = 0;
+    if (t == 0) {
+        for (int u = 0; u < KB_S; ++u) qk_mbar_init(qk_smem_addr(&bar[u]));
+        qk_mbar_init_fence();
+    }
+    for (int u = 0; u < KB_S - 1; ++u, f.next(nb), fslot = fslot + 1 == KB_S ? 0 : fslot + 1)
+        if (t == 0 && f.n0 < N) kb_fetch(ring[fslot], W, f, N, nb, &bar[fslot]);
+#endif
+    QK_WAIT_PRIOR_GRID(); /* launched as a dependent of the activations' quantize */
+    __syncthreads();      /* the barriers' inits (sm_90) */
+    float acc[KF_ROWS] = {0.0f, 0.0f, 0.0f, 0.0f};
+    int slot = 0, parity = 0;
+    for (; a.n0 < N; a.next(nb)) {
+        qk_u8* st = ring[slot];
+#if QK_BULK
+        if (t == 0 && f.n0 < N) kb_fetch(ring[fslot], W, f, N, nb, &bar[fslot]); /* the slot stage - 1 freed */
+        f.next(nb);
+        fslot = fslot + 1 == KB_S ? 0 : fslot + 1;
+        qk_mbar_wait(qk_smem_addr(&bar[slot]), parity);
+#else
+        kb_fetch(st, W, a, N, nb, bar);
+        __syncthreads();
+#endif
+        if (kc < a.cnt) {
+            const kf_q6_a av = kf_q6_act(aq + (a.k0 + kc) * KF_Q8K, c);
+#pragma unroll
+            for (int rr = 0; rr < KF_ROWS; ++rr) {
+                const qk_u8* blk = st + (rr * a.cnt + kc) * KB_TS;
+                const int mis = (int)((unsigned long long)blk & 2u);
+                qk_u32 raw[KF_WR(6)];
+                kf_unstage_q6_k(blk, c, (const qk_u32*)(blk - mis), raw);
+                acc[rr] = kf_q6_term(kf_q6_unpack(raw, blk, c), av, acc[rr]);
+            }
+        }
+        if (a.k0 + KB_CB >= nb) { /* the row group's last stage: its sums */
+#pragma unroll
+            for (int rr = 0; rr < KF_ROWS; ++rr) {
+                const float v = kf_xor_sum<32>(acc[rr]);
+                if ((t & 31) == 0) part[w][rr][0] = v;
+                acc[rr] = 0.0f;
+            }
+            kf_store<1>(part, t, 0, a.n0, 1, N, Y);
+        }
+        __syncthreads(); /* the stage's slot and the partial sums free */
+        if (++slot == KB_S) {
+            slot = 0;
+            parity ^= 1;
+        }
+    }
+}
+
+/* reached through the launcher only (as qk_kq_one_<t>), with the GEMV's arguments (M = 1) */
+#define KF_BULK(NAME, FN)                                                                                 \
+    extern "C" __global__ void __launch_bounds__(32 * KF_GROUPS)                                          \
+        qk_kq_bulk_##NAME(const qk_u8* W, const qk_u8* aq, float* Y, qk_i64 M, qk_i64 N, qk_i64 nb) {     \
+        (void)M;                                                                                          \
+        FN(W, aq, Y, N, (int)nb);                                                                         \
+    }
+KF_BULK(q6_k, kf_bulk_gemv_q6)
+#endif
 
 #if !defined(QK_KF_TWO_LAUNCH) && !defined(QK_KQ_FAST_V1) /* round 1 (-DQK_KQ_FAST_V1) has no kf2_rows */
 /* Q4_K / Q5_K at M = 1 in one launch (session 40; bench-only -DQK_KF_TWO_LAUNCH leaves it out, and the

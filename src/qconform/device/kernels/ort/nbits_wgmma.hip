@@ -22,6 +22,7 @@
  * swizzled fp16 stage, and its scale into fp32; one barrier a chunk. Chunk c's wgmma runs while
  * chunk c - 1's sums are scaled into acc (two sets of sums, alternating). */
 #include "ort_common.h"
+#include "qk_bulk.h"
 
 #if defined(QK_CUDA) && defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define QK_WGMMA 1
@@ -112,25 +113,9 @@ __device__ __forceinline__ void qk_cp_async4s(qk_u32 dst, const void* src, int s
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
 
-/* mbarriers and the tensor copy (PTX ISA: "Parallel Synchronization and Communication Instructions:
- * mbarrier", "cp.async.bulk.tensor"): one arrival (the issuing thread's arrive.expect_tx) and the
- * copies' bytes complete a phase; a thread waits on a phase's parity. The tensor map is a kernel
- * parameter (__grid_constant__), addressed generically. */
-__device__ __forceinline__ void qk_mbar_init(qk_u32 bar) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void qk_mbar_expect(qk_u32 bar, qk_u32 bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void qk_mbar_wait(qk_u32 bar, int parity) {
-    qk_u32 done = 0;
-    while (!done)
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}"
-                     : "=r"(done)
-                     : "r"(bar), "r"(parity)
-                     : "memory");
-}
-/* the box at (x, y) (x the inner dimension, in elements) of the 2-D tensor map at tmap into dst */
+/* the box at (x, y) (x the inner dimension, in elements) of the 2-D tensor map at tmap into dst, completing
+ * on the mbarrier bar (PTX ISA "cp.async.bulk.tensor"; the mbarriers: qk_bulk.h); the tensor map is a
+ * kernel parameter (__grid_constant__), addressed generically */
 __device__ __forceinline__ void qk_tma_2d(qk_u32 dst, qk_u64 tmap, int x, int y, qk_u32 bar) {
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
                  ::"r"(dst), "l"(tmap), "r"(x), "r"(y), "r"(bar)
@@ -532,7 +517,7 @@ __device__ __forceinline__ void qk_nbits_wgmma_rs(qk_u64 amap, qk_u64 bmap, cons
     if (tid == 0) {
 #pragma unroll
         for (int st = 0; st < S; ++st) qk_mbar_init(bar0 + 8 * st);
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        qk_mbar_init_fence();
     }
     __syncthreads();
 #pragma unroll
