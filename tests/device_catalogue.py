@@ -1084,21 +1084,21 @@ def _fast_delayed(name: str, edits: Edits) -> DeviceMutant:
                         leaf="Wq4_K_Aq8_K_Yfp32", edits=KQ_QUANT_DELAYED, contract="order=any", beside=beside)
 
 
-# bench-only -DQK_KF_BULK (Q6_K at M = 1 through shared memory, qk_kq_bulk_q6_k; run on the host too,
-# tests/test_keep_quant_fast_host.py): a stage's rows read at the full stage's stride (wrong only on a
-# row's last, shorter stage: nb % 16 = 8, K = 14336 at coverage 2), the sums not reset after a row group
-# (a CTA's second group carries its first's: N = 8192 has more groups than resident CTAs)
+# Q6_K / Q8_0 at M = 1 through shared memory (qk_kq_bulk_<t>, for nb a multiple of 8: coverage 2's M = 1
+# cases; run on the host too, tests/test_keep_quant_fast_host.py): a stage's rows read at the full stage's
+# stride (wrong only on a row's last, shorter stage: Q6_K at K = 14336, nb % 16 = 8), the sums not reset
+# after a row group (a CTA's second group carries its first's: N = 8192 has more groups than resident CTAs)
 KB_ROW_STRIDE: Edits = (
-    ("const qk_u8* blk = st + (rr * a.cnt + kc) * KB_TS;", "const qk_u8* blk = st + (rr * KB_CB + kc) * KB_TS;"),
+    ("            const qk_u8* blk = st + (rr * cnt + kc) * TS;\n            const int mis",
+     "            const qk_u8* blk = st + (rr * KB_CB(6) + kc) * TS;\n            const int mis"),
 )
 KB_NO_RESET: Edits = (("                acc[rr] = 0.0f;\n            }\n", "            }\n"),)
-BULK = "-DQK_KF_BULK"
 
 
-def _bulk(name: str, edits: Edits) -> DeviceMutant:
+def _bulk(name: str, edits: Edits, leaf: str = "Wq6_K_Aq8_K_Yfp32") -> DeviceMutant:
     caught = "matches_oracle" if edits else None
-    return DeviceMutant(name, "ggml/keep_quant_fast.hip", "", BULK, "matmul_bt_quant", caught, leaf="Wq6_K_Aq8_K_Yfp32",
-                        coverage=2, edits=edits, contract="order=any")
+    return DeviceMutant(name, "ggml/keep_quant_fast.hip", "", "", "matmul_bt_quant", caught, leaf=leaf, coverage=2,
+                        edits=edits, contract="order=any")
 
 
 # the M = 1 Q4_K / Q5_K call in one launch (qk_kq_one_<t>, its first CTAs quantizing the row for the
@@ -1149,9 +1149,10 @@ KEEP_QUANT_FAST_MUTANTS = (
                  "matmul_bt_quant", None, leaf="Wq5_K_Aq8_K_Yfp32", edits=ONE_PRODUCERS_DELAYED, contract="order=any"),
     _fast("control: keep-quant two launches (-DQK_KF_TWO_LAUNCH) under order=any (Q4_K)", "Wq4_K_Aq8_K_Yfp32", (),
           TWO_LAUNCH),
-    _bulk("keep-quant bulk Q6_K (-DQK_KF_BULK): a stage's rows at the full stage's stride", KB_ROW_STRIDE),
-    _bulk("keep-quant bulk Q6_K (-DQK_KF_BULK): the sums not reset between row groups", KB_NO_RESET),
-    _bulk("control: keep-quant bulk Q6_K (-DQK_KF_BULK) under order=any", ()),
+    _bulk("keep-quant bulk Q6_K: a stage's rows at the full stage's stride", KB_ROW_STRIDE),
+    _bulk("keep-quant bulk Q8_0: the sums not reset between row groups", KB_NO_RESET, "Wq8_0_Aq8_0_Yfp32"),
+    _fast("control: keep-quant Q6_K staged as before the bulk copy (-DQK_KF_STAGED) under order=any",
+          "Wq6_K_Aq8_K_Yfp32", (), "-DQK_KF_STAGED"),
 )
 # ort/gqa_flash.hip (gqa_prefill under --contract storage=fp16; coverage 1: a chunk with a past of
 # 5 rows, window 3, softcap, a head sink and a full bias; a first prompt with smooth_softmax)

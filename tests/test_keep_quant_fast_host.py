@@ -73,9 +73,7 @@ def _build(
     return exe
 
 
-def _worst(
-    exe: Path, tmp: Path, qtype: str, M: int, N: int, K: int, w: str, cta: bool = False, ctas: int = 0
-) -> float:
+def _worst(exe: Path, tmp: Path, qtype: str, M: int, N: int, K: int, w: str, cta: bool = False, ctas: int = 0) -> float:
     """max over outputs of |host result - ref| / (gamma_{K+4} mag); ``cta``: ``exe`` runs the kernels
     whole (keep_quant_fast_cta.cpp: float32 out; the activations stale, another A's, until every
     thread of a CTA has waited for the quantize), else the thread terms (float64 out); ``ctas``: the
@@ -164,29 +162,33 @@ def test_built_variants_whole_on_host_threads(tmp_path: Path, qtype: str, define
         assert _worst(exe, tmp_path, qtype, M, N, K, w, cta=True) <= 1.0, (M, N, K, w)
 
 
-# the bulk Q6_K kernel (-DQK_KF_BULK, M = 1, nb a multiple of 8): stages of 16 blocks of each row, the
-# last one shorter (nb 8, 40), N past the last group's rows, fewer CTAs than row groups (each takes
-# several, so the ring's slots and the sums' reset are reused), more CTAs than groups
-BULK_SHAPES = ((5, 2048, 2), (9, 4096, 1), (13, 10240, 3), (3, 10240, 4), (16, 4096, 2))  # (N, K, CTAs)
-
-
-@pytest.fixture(scope="module")
-def bulk_cta(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _build(tmp_path_factory.mktemp("kf_bulk"), driver="keep_quant_fast_cta.cpp", defines="#define QK_KF_BULK\n")
+# the bulk kernels (qk_kq_bulk_<t>, M = 1, nb a multiple of 8): stages of 16 Q6_K / 64 Q8_0 blocks of each
+# row, the last one shorter (Q6_K nb 8, 40; Q8_0 nb 24, 72), N past the last group's rows, fewer CTAs than
+# row groups (each takes several, so the ring's slots and the sums' reset are reused), more CTAs than groups
+BULK_SHAPES = {  # (N, K, CTAs)
+    "Q6_K": ((5, 2048, 2), (9, 4096, 1), (13, 10240, 3), (3, 10240, 4), (16, 4096, 2)),
+    "Q8_0": ((5, 768, 2), (9, 2048, 1), (13, 2304, 3), (3, 4096, 4), (16, 2304, 2)),
+}
 
 
 @pytest.mark.parametrize("w", ["valid", "quantized"])
-def test_bulk_q6_k_kernel_within_the_order_any_bound(tmp_path: Path, bulk_cta: Path, w: str) -> None:
-    for N, K, ctas in BULK_SHAPES:
-        assert _worst(bulk_cta, tmp_path, "Q6_K", 1, N, K, w, cta=True, ctas=ctas) <= 1.0, (N, K, ctas)
+@pytest.mark.parametrize("qtype", list(BULK_SHAPES))
+def test_bulk_kernels_within_the_order_any_bound(tmp_path: Path, shipped_cta: Path, qtype: str, w: str) -> None:
+    for N, K, ctas in BULK_SHAPES[qtype]:
+        assert _worst(shipped_cta, tmp_path, qtype, 1, N, K, w, cta=True, ctas=ctas) <= 1.0, (N, K, ctas)
 
 
-# the device rows' mutants (tests/device_catalogue.py): a stage's rows at the full stage's stride, the
-# sums not reset between row groups
-@pytest.mark.parametrize("edits", [KB_ROW_STRIDE, KB_NO_RESET], ids=["row_stride", "no_reset"])
-def test_bulk_q6_k_mutants_caught_on_host(tmp_path: Path, edits: Edits) -> None:
-    exe = _build(tmp_path, edits, driver="keep_quant_fast_cta.cpp", defines="#define QK_KF_BULK\n")
-    assert max(_worst(exe, tmp_path, "Q6_K", 1, N, K, "valid", cta=True, ctas=c) for N, K, c in BULK_SHAPES) > 1.0
+# the device rows' mutants (tests/device_catalogue.py): a Q6_K stage's rows at the full stage's stride,
+# the sums not reset between row groups
+@pytest.mark.parametrize(
+    "qtype,edits",
+    [("Q6_K", KB_ROW_STRIDE), ("Q6_K", KB_NO_RESET), ("Q8_0", KB_NO_RESET)],
+    ids=["q6_k-row_stride", "q6_k-no_reset", "q8_0-no_reset"],
+)
+def test_bulk_mutants_caught_on_host(tmp_path: Path, qtype: str, edits: Edits) -> None:
+    exe = _build(tmp_path, edits, driver="keep_quant_fast_cta.cpp")
+    shapes = BULK_SHAPES[qtype]
+    assert max(_worst(exe, tmp_path, qtype, 1, N, K, "valid", cta=True, ctas=c) for N, K, c in shapes) > 1.0
 
 
 # the wait dropped (the default build: at entry; -DQK_KF_LOADS_FIRST: after the first loads): the stale

@@ -3,8 +3,8 @@
  * rows, 128 threads), one CTA at a time as 128 host threads (tests/kernel_host/qk_portable.h).
  * Arguments: KIND M N nb W-file A-file Y-file (float32 M x N out) stale-file [C]; A as the kernel reads it,
  * the stale file as many bytes: what each CTA's activation buffer holds until all its threads have
- * waited for the kernel before (QK_WAIT_PRIOR_GRID, tests/kernel_host/qk_portable.h). With C (built with
- * -DQK_KF_BULK, Q6_K, M = 1): qk_kq_bulk_q6_k on a grid of C CTAs taking the row groups in turn. */
+ * waited for the kernel before (QK_WAIT_PRIOR_GRID, tests/kernel_host/qk_portable.h). With C (Q6_K or
+ * Q8_0, M = 1): qk_kq_bulk_<t> on a grid of C CTAs taking the row groups in turn. */
 #include "keep_quant_fast.hip"
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,13 +45,10 @@ int main(int argc, char** argv) {
     unsigned gy = (unsigned)((N + 3) / 4); /* row groups of 4 weight rows */
     gridDim = {(unsigned)((M + mt - 1) / mt), gy, 1};
     if (argc == 10) {
-#ifdef QK_KF_BULK
-        k = qk_kq_bulk_q6_k;
+        if (M != 1 || (kind != 6 && kind != 0)) return 2;
+        k = kind == 6 ? qk_kq_bulk_q6_k : qk_kq_bulk_q8_0;
         gy = 1;
         gridDim = {(unsigned)atoi(argv[9]), 1, 1};
-#else
-        return 2;
-#endif
     }
     for (unsigned by = 0; by < gy; ++by)
         for (unsigned bx = 0; bx < gridDim.x; ++bx) {

@@ -28,8 +28,10 @@ group where nb < 32 (``-DQK_KF_ONE_PREFETCH=0``, bench-only; session 40's first 
 (Session 40's prefetch in kernels of its own and round 2's two steps in flight a thread at M tile 1,
 the default before session 41, were measured slower and taken out: docs/perf-notes.md, session 41.)
 
-``--variants bulk`` (``bulk_s2``): Q6_K at M = 1 with its weights brought into shared memory by the bulk
-copy engine, a ring of 3 (2) stages of 16 blocks of 4 rows (``-DQK_KF_BULK``, bench-only; sm_90).
+``--variants staged``: Q6_K and Q8_0 at M = 1 as before session 41 (``-DQK_KF_STAGED``, bench-only: each
+thread's words staged through shared memory, ``qk_kq_fast_<t>_m1``), where the default brings the weights
+into a shared-memory ring by the bulk copy engine (``qk_kq_bulk_<t>``); ``bulk_s2`` that ring with 2 slots
+instead of 3 (``-DQK_KF_BULK_STAGES=2``).
 
 ``--split``: for the fast kernels also the call's launches timed apart, back to back as in the call: the
 activation quantize (and Q8_0's regrouping) alone, then the GEMV alone on the activations they wrote.
@@ -70,7 +72,7 @@ VARIANTS = {
     "loads_first": "any",
     "two_launch": "any",
     "no_prefetch": "any",
-    "bulk": "any",
+    "staged": "any",
     "bulk_s2": "any",
 }
 V1_OPTION = "-DQK_KQ_FAST_V1"  # the build option of round 1's fast kernel (keep_quant_fast.hip)
@@ -84,14 +86,14 @@ OPTIONS = {
     "two_launch": ("-DQK_KF_TWO_LAUNCH",),
     # the one-launch call without its waiting CTAs' prefetch of their next row group (bench-only)
     "no_prefetch": ("-DQK_KF_ONE_PREFETCH=0",),
-    # Q6_K at M = 1 through shared memory by the bulk copy engine, 3 or 2 ring slots (bench-only)
-    "bulk": ("-DQK_KF_BULK",),
+    # Q6_K / Q8_0 at M = 1 as before session 41, or the bulk copy's ring with 2 slots (bench-only)
+    "staged": ("-DQK_KF_STAGED",),
     "bulk_s2": ("-DQK_KF_BULK_STAGES=2",),
 }
 # the variants of Q4_K / Q5_K's kernels alone
 V1_VARIANTS = ("fast-v1", "two_launch", "no_prefetch")
 V1_TYPES = ("Q4_K", "Q5_K")  # the types whose fast kernel round 2 changed (the others: fast-v1 is fast)
-BULK_VARIANTS, BULK_TYPES = ("bulk", "bulk_s2"), ("Q6_K",)  # the variants of Q6_K's kernel alone
+BULK_VARIANTS, BULK_TYPES = ("staged", "bulk_s2"), ("Q6_K", "Q8_0")  # the variants of these types' kernels alone
 
 
 def _weights(qtype: str, K: int, N: int, n_sets: int) -> list[Any]:

@@ -66,8 +66,9 @@ MAX_GRID_Y = 65535  # CUDA's and HIP's limit on gridDim.y: the weight-row blocks
 ONE_LAUNCH_TYPES = ("Q4_K", "Q5_K")  # at M = 1 in one launch (qk_kq_one_<t>) ...
 TWO_LAUNCH_OPTIONS = ("-DQK_KF_TWO_LAUNCH", "-DQK_KQ_FAST_V1")  # ... but in these builds (bench-only)
 QUANT_PASS = 4  # super-blocks a quantizing CTA of qk_kq_one_<t> (a warp each)
-BULK_OPTIONS = ("-DQK_KF_BULK", "-DQK_KF_BULK_STAGES")  # bench-only: Q6_K at M = 1 through shared memory ...
-BULK_BLOCKS = 8  # ... where nb is a multiple of this (every row 16-byte aligned) and W is 16-byte aligned
+BULK_TYPES = ("Q6_K", "Q8_0")  # at M = 1 through shared memory (qk_kq_bulk_<t>) ...
+BULK_BLOCKS = 8  # ... where nb is a multiple of this (every row 16-byte aligned) and W is 16-byte aligned ...
+STAGED_OPTION = "-DQK_KF_STAGED"  # ... but in this build (bench-only: qk_kq_fast_<t>_m1 as before)
 
 
 def act_tile(M: int, tiles: tuple[int, ...] = ACT_TILES) -> int:
@@ -94,13 +95,14 @@ def _one_launch(W_blocks: Any, wtype: str, A_fp32: Any, out: Any, N: int, nb: in
 
 
 def _bulk_grid(W_blocks: Any, wtype: str, M: int, N: int, nb: int) -> int:
-    """The CTAs of ``qk_kq_bulk_q6_k`` for this call (the resident ones, no more than the row groups), or 0
+    """The CTAs of ``qk_kq_bulk_<t>`` for this call (the resident ones, no more than the row groups), or 0
     where the build has no such kernel or the call does not fit it (another type, M > 1, rows or W not
     16-byte aligned)."""
-    bulk = any(o.startswith(BULK_OPTIONS) for o in launchers.OPTIONS)  # qk_kq_bulk_q6_k's builds
-    if not bulk or wtype != "Q6_K" or M != 1 or nb % BULK_BLOCKS or W_blocks.data.ptr % 16:
+    if STAGED_OPTION in launchers.OPTIONS or wtype not in BULK_TYPES or M != 1 or nb % BULK_BLOCKS:
         return 0
-    kernel = kernel_of(FAST_SOURCE, "qk_kq_bulk_q6_k")
+    if W_blocks.data.ptr % 16:
+        return 0
+    kernel = kernel_of(FAST_SOURCE, f"qk_kq_bulk_{FAST_TYPES[wtype]}")
     per_sm = resident_ctas(THREADS // 32, kernel.num_regs, kernel.shared_size_bytes, smem_limits()[1])
     return min(-(-N // ROWS_PER_CTA), max(1, per_sm) * sm_count())
 
@@ -155,7 +157,7 @@ def matmul_bt_quant(
         grid = (-(-M // mt), -(-N // ROWS_PER_CTA))
         symbol = f"qk_kq_fast_{FAST_TYPES[wfmt.name]}_m{mt}"
         if bulk := _bulk_grid(W_blocks, wfmt.name, M, N, nb):
-            grid, symbol = (bulk,), "qk_kq_bulk_q6_k"
+            grid, symbol = (bulk,), f"qk_kq_bulk_{FAST_TYPES[wfmt.name]}"
         act = a8 if afmt.name == "Q8_K" else aq
         args = (W_blocks, act, call.out, np.int64(M), np.int64(N), np.int64(nb))
         # a programmatic dependent: the GEMV waits for the quantize before it reads an activation

@@ -566,39 +566,39 @@ KF_GEMV_ALL(1, 4, QK_KF_STEPS_M1)
 KF_GEMV_ALL(2, 2, 1)
 KF_GEMV_ALL(4, 1, 1)
 
-#if defined(QK_KF_BULK) || defined(QK_KF_BULK_STAGES)
-/* Q6_K at M tile 1 with the weights in shared memory (session 41; bench-only -DQK_KF_BULK, or
- * -DQK_KF_BULK_STAGES=S for S ring slots):
- * qk_kq_bulk_q6_k(W, aq, Y, M, N, nb), M = 1, for W 16-byte aligned and nb a multiple of 8 (each row
- * then 16-byte aligned, 210 nb bytes; the launcher's condition). The resident CTAs take the row groups
+/* Q6_K and Q8_0 at M tile 1 with the weights in shared memory (session 41): qk_kq_bulk_<t>(W, aq, Y, M,
+ * N, nb), M = 1, for W 16-byte aligned and nb a multiple of 8 (each row then 16-byte aligned: 210 nb or
+ * 34 nb bytes; the launcher's condition, else qk_kq_fast_<t>_m1). The resident CTAs take the row groups
  * c, c + C, ... (C = gridDim.x); a row group's blocks come in stages of KB_CB blocks of each of its 4
- * rows (the last stage of a row nb % KB_CB blocks, a multiple of 8, so every copy is a multiple of 16
- * bytes), row rr's part at rr * 210 * cnt of the stage. On sm_90 thread 0 has the bulk copy engine
- * bring the stages KB_S - 1 ahead into a ring (qk_bulk.h: one mbarrier a slot; the CTA barrier after a
- * stage's sums frees its slot), the first ones before the wait for the activations' quantize (the
- * weights need nothing of it), so the registers hold no weights in flight; elsewhere (AMD, the host
- * stand-ins) all threads copy each stage with 16-byte loads into one slot, then a barrier. A thread
- * takes slice c = t % 8 of the stage's block column kc = t / 8 for all 4 rows: one activation part
- * (kf_q6_act) for the 4 rows, each row's slice read back from the stage as kf_unstage_q6_k reads the
- * staged block, kf_q6_term's arithmetic (kf_block's: the same terms). A thread adds its columns'
- * terms stage by stage, then xor shuffles over the warp and kf_store's warp order. Rows past N copy
- * row N - 1 and are never stored. */
+ * rows (16 Q6_K blocks, 64 Q8_0 ones; the last stage of a row nb % KB_CB blocks, a multiple of 8, so
+ * every copy is a multiple of 16 bytes), row rr's part at rr * cnt * type size in the stage. On sm_90
+ * thread 0 has the bulk copy engine bring the stages KB_S - 1 ahead into a ring (qk_bulk.h: one mbarrier
+ * a slot; the CTA barrier after a stage's sums frees its slot), the first ones before the wait for the
+ * activations' quantize (the weights need nothing of it), so no register holds a weight in flight;
+ * elsewhere (AMD, the host stand-ins) all threads copy each stage with 16-byte loads into one slot, then
+ * a barrier. A thread takes slice c = t % SL of the stage's block column kc = t / SL (SL the slices of a
+ * block: Q6_K 8, Q8_0 2) for all 4 rows: one activation part for the 4 rows, each row's slice read back
+ * from the stage as the staged kernel reads it (kf_unstage_q6_k; kf_raw16), the terms kf_block's. A
+ * thread adds its columns' terms stage by stage, then xor shuffles over the warp and kf_store's warp
+ * order. Rows past N copy row N - 1 and are never stored. Bench-only -DQK_KF_BULK_STAGES=S: S slots
+ * (default 3); -DQK_KF_STAGED: no such kernels (M = 1 as before, qk_kq_fast_<t>_m1). Measured against
+ * qk_kq_fast_<t>_m1: docs/perf-notes.md, session 41. */
 #include "qk_bulk.h"
 #ifndef QK_KF_BULK_STAGES
-#define QK_KF_BULK_STAGES 3 /* ring slots (sm_90); 13440 bytes each */
+#define QK_KF_BULK_STAGES 3 /* ring slots (sm_90) */
 #endif
 #define KB_S (QK_BULK ? QK_KF_BULK_STAGES : 1)
-#define KB_CB 16 /* blocks of each row a stage: a block column a group of 8 threads */
-#define KB_TS 210
-#define KB_STAGE (KF_ROWS * KB_CB * KB_TS)
+#define KB_SL(KIND) ((KIND) == 6 ? 8 : 2) /* slices a block */
+#define KB_CB(KIND) (32 * KF_GROUPS / KB_SL(KIND)) /* blocks of each row a stage: a column a thread group */
 
 /* a stage of the CTA's sequence: its row group's first row, its first block and blocks of each row */
+template <int CB>
 struct kb_stage_at {
     qk_i64 n0;
     int k0, cnt;
-    __device__ __forceinline__ void set_cnt(int nb) { cnt = nb - k0 < KB_CB ? nb - k0 : KB_CB; }
+    __device__ __forceinline__ void set_cnt(int nb) { cnt = nb - k0 < CB ? nb - k0 : CB; }
     __device__ __forceinline__ void next(int nb) { /* the stage after it */
-        k0 += KB_CB;
+        k0 += CB;
         if (k0 >= nb) {
             k0 = 0;
             n0 += (qk_i64)gridDim.x * KF_ROWS;
@@ -607,44 +607,78 @@ struct kb_stage_at {
     }
 };
 
-/* the stage's 4 row parts into dst (each cnt * 210 bytes, rows past N row N - 1's) */
-__device__ __forceinline__ void kb_fetch(qk_u8* dst, const qk_u8* W, const kb_stage_at& a, qk_i64 N, int nb, unsigned long long* bar) {
-    const qk_u32 bytes = (qk_u32)a.cnt * KB_TS;
+/* the stage's 4 row parts into dst (each cnt * TS bytes, rows past N row N - 1's) */
+template <int TS, int CB>
+__device__ __forceinline__ void kb_fetch(qk_u8* dst, const qk_u8* W, const kb_stage_at<CB>& a, qk_i64 N, int nb,
+                                         unsigned long long* bar) {
+    const qk_u32 bytes = (qk_u32)a.cnt * TS;
 #if QK_BULK
     qk_mbar_expect(qk_smem_addr(bar), KF_ROWS * bytes);
 #pragma unroll
     for (int rr = 0; rr < KF_ROWS; ++rr) {
         const qk_i64 n = a.n0 + rr < N ? a.n0 + rr : N - 1;
-        qk_bulk_copy(qk_smem_addr(dst + rr * bytes), W + (n * nb + a.k0) * KB_TS, bytes, qk_smem_addr(bar));
+        qk_bulk_copy(qk_smem_addr(dst + rr * bytes), W + (n * nb + a.k0) * TS, bytes, qk_smem_addr(bar));
     }
 #else
     (void)bar;
     for (int rr = 0; rr < KF_ROWS; ++rr) {
         const qk_i64 n = a.n0 + rr < N ? a.n0 + rr : N - 1;
-        const uint4* src = (const uint4*)(W + (n * nb + a.k0) * KB_TS);
+        const uint4* src = (const uint4*)(W + (n * nb + a.k0) * TS);
         uint4* d = (uint4*)(dst + rr * bytes);
         for (int i = threadIdx.x; i < (int)(bytes / 16); i += 32 * KF_GROUPS) d[i] = src[i];
     }
 #endif
 }
 
-__device__ __forceinline__ void kf_bulk_gemv_q6(const qk_u8* __restrict__ W, const qk_u8* __restrict__ aq, float* __restrict__ Y,
-                                                qk_i64 N, int nb) {
-    __shared__ __align__(16) qk_u8 ring[KB_S][KB_STAGE];
+/* slice c of block column kc of the stage st (cnt blocks a row) for the 4 rows against the activation
+ * block a (Q8_K as quantized; Q8_0 as qk_q8_0_quant_words writes it), added to acc */
+template <int KIND, int TS>
+__device__ __forceinline__ void kb_terms(const qk_u8* st, int cnt, int kc, int c, const qk_u8* a, float (&acc)[KF_ROWS]) {
+    if (KIND == 6) {
+        const kf_q6_a av = kf_q6_act(a, c);
+#pragma unroll
+        for (int rr = 0; rr < KF_ROWS; ++rr) {
+            const qk_u8* blk = st + (rr * cnt + kc) * TS;
+            const int mis = (int)((unsigned long long)blk & 2u);
+            qk_u32 raw[KF_WR(6)];
+            kf_unstage_q6_k(blk, c, (const qk_u32*)(blk - mis), raw);
+            acc[rr] = kf_q6_term(kf_q6_unpack(raw, blk, c), av, acc[rr]);
+        }
+    } else {
+        const uint4 av = *(const uint4*)(a + 16 * c);
+        const qk_u32 aw[4] = {av.x, av.y, av.z, av.w};
+        const float yd = qk_float(((const qk_u32*)a)[8]);
+#pragma unroll
+        for (int rr = 0; rr < KF_ROWS; ++rr) {
+            const qk_u8* blk = st + (rr * cnt + kc) * TS;
+            qk_u32 raw[5], q[4];
+            kf_raw16(blk + 2 + 16 * c, raw);
+            kf_align16(raw, blk + 2 + 16 * c, q);
+            const float dx = qk_fp16_to_float(*(const qk_u16*)blk);
+            acc[rr] = fmaf(QK_FMUL(dx, yd), __int2float_rn(kf_dot4(q, aw)), acc[rr]);
+        }
+    }
+}
+
+template <int KIND, int TS>
+__device__ __forceinline__ void kf_bulk_gemv(const qk_u8* __restrict__ W, const qk_u8* __restrict__ aq, float* __restrict__ Y,
+                                             qk_i64 N, int nb) {
+    constexpr int SL = KB_SL(KIND), CB = KB_CB(KIND), AW = KIND == 0 ? KF_A0 : KF_Q8K;
+    __shared__ __align__(16) qk_u8 ring[KB_S][KF_ROWS * CB * TS];
     __shared__ unsigned long long bar[KB_S]; /* mbarriers (sm_90) */
     __shared__ float part[KF_GROUPS][KF_ROWS][1];
-    const int t = threadIdx.x, w = t >> 5, c = t & 7, kc = t >> 3;
-    kb_stage_at a{(qk_i64)blockIdx.x * KF_ROWS, 0, 0}; /* the stage being summed */
+    const int t = threadIdx.x, w = t >> 5, c = t % SL, kc = t / SL;
+    kb_stage_at<CB> a{(qk_i64)blockIdx.x * KF_ROWS, 0, 0}; /* the stage being summed */
     a.set_cnt(nb);
 #if QK_BULK
-    kb_stage_at f = a; /* the next stage to fetch */
+    kb_stage_at<CB> f = a; /* the next stage to fetch */
     int fslot = 0;
     if (t == 0) {
         for (int u = 0; u < KB_S; ++u) qk_mbar_init(qk_smem_addr(&bar[u]));
         qk_mbar_init_fence();
     }
     for (int u = 0; u < KB_S - 1; ++u, f.next(nb), fslot = fslot + 1 == KB_S ? 0 : fslot + 1)
-        if (t == 0 && f.n0 < N) kb_fetch(ring[fslot], W, f, N, nb, &bar[fslot]);
+        if (t == 0 && f.n0 < N) kb_fetch<TS>(ring[fslot], W, f, N, nb, &bar[fslot]);
 #endif
     QK_WAIT_PRIOR_GRID(); /* launched as a dependent of the activations' quantize */
     __syncthreads();      /* the barriers' inits (sm_90) */
@@ -653,26 +687,17 @@ __device__ __forceinline__ void kf_bulk_gemv_q6(const qk_u8* __restrict__ W, con
     for (; a.n0 < N; a.next(nb)) {
         qk_u8* st = ring[slot];
 #if QK_BULK
-        if (t == 0 && f.n0 < N) kb_fetch(ring[fslot], W, f, N, nb, &bar[fslot]); /* the slot stage - 1 freed */
+        if (t == 0 && f.n0 < N) kb_fetch<TS>(ring[fslot], W, f, N, nb, &bar[fslot]); /* the slot stage - 1 freed */
         f.next(nb);
         fslot = fslot + 1 == KB_S ? 0 : fslot + 1;
         qk_mbar_wait(qk_smem_addr(&bar[slot]), parity);
 #else
-        kb_fetch(st, W, a, N, nb, bar);
+        (void)parity;
+        kb_fetch<TS>(st, W, a, N, nb, bar);
         __syncthreads();
 #endif
-        if (kc < a.cnt) {
-            const kf_q6_a av = kf_q6_act(aq + (a.k0 + kc) * KF_Q8K, c);
-#pragma unroll
-            for (int rr = 0; rr < KF_ROWS; ++rr) {
-                const qk_u8* blk = st + (rr * a.cnt + kc) * KB_TS;
-                const int mis = (int)((unsigned long long)blk & 2u);
-                qk_u32 raw[KF_WR(6)];
-                kf_unstage_q6_k(blk, c, (const qk_u32*)(blk - mis), raw);
-                acc[rr] = kf_q6_term(kf_q6_unpack(raw, blk, c), av, acc[rr]);
-            }
-        }
-        if (a.k0 + KB_CB >= nb) { /* the row group's last stage: its sums */
+        if (kc < a.cnt) kb_terms<KIND, TS>(st, a.cnt, kc, c, aq + (a.k0 + kc) * AW, acc);
+        if (a.k0 + CB >= nb) { /* the row group's last stage: its sums */
 #pragma unroll
             for (int rr = 0; rr < KF_ROWS; ++rr) {
                 const float v = kf_xor_sum<32>(acc[rr]);
@@ -690,13 +715,15 @@ __device__ __forceinline__ void kf_bulk_gemv_q6(const qk_u8* __restrict__ W, con
 }
 
 /* reached through the launcher only (as qk_kq_one_<t>), with the GEMV's arguments (M = 1) */
-#define KF_BULK(NAME, FN)                                                                                 \
+#define KF_BULK(NAME, KIND, TS)                                                                           \
     extern "C" __global__ void __launch_bounds__(32 * KF_GROUPS)                                          \
         qk_kq_bulk_##NAME(const qk_u8* W, const qk_u8* aq, float* Y, qk_i64 M, qk_i64 N, qk_i64 nb) {     \
         (void)M;                                                                                          \
-        FN(W, aq, Y, N, (int)nb);                                                                         \
+        kf_bulk_gemv<KIND, TS>(W, aq, Y, N, (int)nb);                                                     \
     }
-KF_BULK(q6_k, kf_bulk_gemv_q6)
+#ifndef QK_KF_STAGED /* bench-only: without them, so the launcher takes qk_kq_fast_<t>_m1 at M = 1 */
+KF_BULK(q6_k, 6, 210)
+KF_BULK(q8_0, 0, 34)
 #endif
 
 #if !defined(QK_KF_TWO_LAUNCH) && !defined(QK_KQ_FAST_V1) /* round 1 (-DQK_KQ_FAST_V1) has no kf2_rows */
