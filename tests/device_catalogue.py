@@ -1112,9 +1112,9 @@ ONE_FIRST_GROUP_SKIPPED: Edits = (
 )
 ONE_PRODUCERS_DELAYED: Edits = (
     (
-        "        kf_quantize_pass(X, act, nb, blockIdx.x);\n",
-        "        for (const long long t0 = clock64(); clock64() - t0 < 2000000;) {\n        }\n"
-        "        kf_quantize_pass(X, act, nb, blockIdx.x);\n",
+        "    kf_quantize_pass(X, act, nb, blockIdx.x);\n",
+        "    for (const long long t0 = clock64(); clock64() - t0 < 2000000;) {\n    }\n"
+        "    kf_quantize_pass(X, act, nb, blockIdx.x);\n",
     ),
 )
 ONE_NO_WAIT: Edits = (

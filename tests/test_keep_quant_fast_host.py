@@ -236,8 +236,8 @@ ONE_SHAPES = ((9, 37 * 256, 2), (4, 768, 1), (13, 2560, 5), (6, 20 * 256, 2))
 # for the next call
 ONE_LAST_PASS_SKIPPED: Edits = (
     (
-        "const unsigned producers = (unsigned)((nb + KF_PASS - 1) / KF_PASS);",
-        "const unsigned producers = (unsigned)(nb / KF_PASS);",
+        "return (unsigned)((nb + KF_PASS - 1) / KF_PASS);",
+        "return (unsigned)(nb / KF_PASS);",
     ),
 )
 ONE_COUNTS_KEPT: Edits = (("        atomicExch(count, 0u);\n", ""),)
@@ -279,8 +279,11 @@ def _one_and_two_launch(tmp: Path, qtype: str, N: int, K: int, ctas: int, one: P
     nb = K // 256
     grid = -(-nb // 4) + ctas  # the launcher's: the quantizing CTAs first
     run = subprocess.run([str(one), str(KIND[qtype]), str(N), str(nb), str(grid), "w.bin", "x.bin", "y1.bin"], cwd=tmp)
+    bulk = [str(ctas)] if qtype == "Q6_K" else []  # Q6_K's two launches: the bulk kernel on as many CTAs
     subprocess.run(
-        [str(two), str(KIND[qtype]), "1", str(N), str(nb), "w.bin", "a.bin", "y2.bin", "stale.bin"], check=True, cwd=tmp
+        [str(two), str(KIND[qtype]), "1", str(N), str(nb), "w.bin", "a.bin", "y2.bin", "stale.bin", *bulk],
+        check=True,
+        cwd=tmp,
     )
     y1 = np.fromfile(tmp / "y1.bin", np.float32) if run.returncode == 0 else None
     return y1, np.fromfile(tmp / "y2.bin", np.float32), W, a8
@@ -304,6 +307,18 @@ def test_one_launch_kernel_is_the_two_launches_bit_for_bit(
         assert not np.any(y1 == -12345.0), (N, K, ctas)
         assert np.array_equal(y1.view(np.uint32), y2.view(np.uint32)), (N, K, ctas)
         assert _bound_ratio(y1[None], W, qtype, a8, K) <= 1.0, (N, K, ctas)
+
+
+def test_bulk_one_launch_kernel_is_the_two_launches_bit_for_bit(tmp_path: Path, shipped_cta: Path) -> None:
+    """bench-only -DQK_KF_BULK_ONE: Q6_K's one launch on the bulk kernel's ring, every output stored,
+    bit-identical to the bulk kernel after the quantize, the counts zero after the launch"""
+    one = _build(tmp_path, driver="keep_quant_one_cta.cpp", defines="#define QK_KF_BULK_ONE\n")
+    for N, K, ctas in BULK_SHAPES["Q6_K"]:
+        y1, y2, W, a8 = _one_and_two_launch(tmp_path, "Q6_K", N, K, ctas, one, shipped_cta)
+        assert y1 is not None, (N, K, ctas)
+        assert not np.any(y1 == -12345.0), (N, K, ctas)
+        assert np.array_equal(y1.view(np.uint32), y2.view(np.uint32)), (N, K, ctas)
+        assert _bound_ratio(y1[None], W, "Q6_K", a8, K) <= 1.0, (N, K, ctas)
 
 
 @pytest.mark.parametrize(

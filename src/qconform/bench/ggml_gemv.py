@@ -31,7 +31,8 @@ the default before session 41, were measured slower and taken out: docs/perf-not
 ``--variants staged``: Q6_K and Q8_0 at M = 1 as before session 41 (``-DQK_KF_STAGED``, bench-only: each
 thread's words staged through shared memory, ``qk_kq_fast_<t>_m1``), where the default brings the weights
 into a shared-memory ring by the bulk copy engine (``qk_kq_bulk_<t>``); ``bulk_s2`` that ring with 2 slots
-instead of 3 (``-DQK_KF_BULK_STAGES=2``).
+instead of 3 (``-DQK_KF_BULK_STAGES=2``); ``bulk_one`` Q6_K's in one launch, its first CTAs quantizing the
+row as Q4_K's one launch does (``-DQK_KF_BULK_ONE``).
 
 ``--split``: for the fast kernels also the call's launches timed apart, back to back as in the call: the
 activation quantize (and Q8_0's regrouping) alone, then the GEMV alone on the activations they wrote.
@@ -74,6 +75,7 @@ VARIANTS = {
     "no_prefetch": "any",
     "staged": "any",
     "bulk_s2": "any",
+    "bulk_one": "any",
 }
 V1_OPTION = "-DQK_KQ_FAST_V1"  # the build option of round 1's fast kernel (keep_quant_fast.hip)
 # the build options of each fast variant
@@ -89,11 +91,13 @@ OPTIONS = {
     # Q6_K / Q8_0 at M = 1 as before session 41, or the bulk copy's ring with 2 slots (bench-only)
     "staged": ("-DQK_KF_STAGED",),
     "bulk_s2": ("-DQK_KF_BULK_STAGES=2",),
+    "bulk_one": ("-DQK_KF_BULK_ONE",),
 }
 # the variants of Q4_K / Q5_K's kernels alone
 V1_VARIANTS = ("fast-v1", "two_launch", "no_prefetch")
 V1_TYPES = ("Q4_K", "Q5_K")  # the types whose fast kernel round 2 changed (the others: fast-v1 is fast)
-BULK_VARIANTS, BULK_TYPES = ("staged", "bulk_s2"), ("Q6_K", "Q8_0")  # the variants of these types' kernels alone
+# the variants of the bulk kernels' types alone: their types
+BULK_VARIANTS = {"staged": ("Q6_K", "Q8_0"), "bulk_s2": ("Q6_K", "Q8_0"), "bulk_one": ("Q6_K",)}
 
 
 def _weights(qtype: str, K: int, N: int, n_sets: int) -> list[Any]:
@@ -175,7 +179,7 @@ def bench(
             e = _numerics(sets[0], qtype, A)
             for variant in variants:
                 rounds = variant in V1_VARIANTS  # Q4_K / Q5_K only
-                bulk = variant in BULK_VARIANTS and qtype not in BULK_TYPES
+                bulk = qtype not in BULK_VARIANTS.get(variant, (qtype,))
                 if variant != "exact" and qtype not in FAST_TYPES or rounds and qtype not in V1_TYPES or bulk:
                     continue
                 y = cupy.empty((1, N), cupy.float32)

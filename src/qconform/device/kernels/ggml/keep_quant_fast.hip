@@ -591,17 +591,18 @@ KF_GEMV_ALL(4, 1, 1)
 #define KB_SL(KIND) ((KIND) == 6 ? 8 : 2) /* slices a block */
 #define KB_CB(KIND) (32 * KF_GROUPS / KB_SL(KIND)) /* blocks of each row a stage: a column a thread group */
 
-/* a stage of the CTA's sequence: its row group's first row, its first block and blocks of each row */
+/* a stage of the CTA's sequence: its row group's first row, its first block and blocks of each row; the
+ * rows between its row groups */
 template <int CB>
 struct kb_stage_at {
-    qk_i64 n0;
+    qk_i64 n0, step;
     int k0, cnt;
     __device__ __forceinline__ void set_cnt(int nb) { cnt = nb - k0 < CB ? nb - k0 : CB; }
     __device__ __forceinline__ void next(int nb) { /* the stage after it */
         k0 += CB;
         if (k0 >= nb) {
             k0 = 0;
-            n0 += (qk_i64)gridDim.x * KF_ROWS;
+            n0 += step;
         }
         set_cnt(nb);
     }
@@ -660,15 +661,16 @@ __device__ __forceinline__ void kb_terms(const qk_u8* st, int cnt, int kc, int c
     }
 }
 
-template <int KIND, int TS>
+/* the row groups c, c + C, ... (c = cta, C = ctas); wait(): before the first activation read */
+template <int KIND, int TS, class Wait>
 __device__ __forceinline__ void kf_bulk_gemv(const qk_u8* __restrict__ W, const qk_u8* __restrict__ aq, float* __restrict__ Y,
-                                             qk_i64 N, int nb) {
+                                             qk_i64 N, int nb, qk_i64 cta, qk_i64 ctas, const Wait& wait) {
     constexpr int SL = KB_SL(KIND), CB = KB_CB(KIND), AW = KIND == 0 ? KF_A0 : KF_Q8K;
     __shared__ __align__(16) qk_u8 ring[KB_S][KF_ROWS * CB * TS];
     __shared__ unsigned long long bar[KB_S]; /* mbarriers (sm_90) */
     __shared__ float part[KF_GROUPS][KF_ROWS][1];
     const int t = threadIdx.x, w = t >> 5, c = t % SL, kc = t / SL;
-    kb_stage_at<CB> a{(qk_i64)blockIdx.x * KF_ROWS, 0, 0}; /* the stage being summed */
+    kb_stage_at<CB> a{cta * KF_ROWS, ctas * KF_ROWS, 0, 0}; /* the stage being summed */
     a.set_cnt(nb);
 #if QK_BULK
     kb_stage_at<CB> f = a; /* the next stage to fetch */
@@ -680,8 +682,8 @@ __device__ __forceinline__ void kf_bulk_gemv(const qk_u8* __restrict__ W, const 
     for (int u = 0; u < KB_S - 1; ++u, f.next(nb), fslot = fslot + 1 == KB_S ? 0 : fslot + 1)
         if (t == 0 && f.n0 < N) kb_fetch<TS>(ring[fslot], W, f, N, nb, &bar[fslot]);
 #endif
-    QK_WAIT_PRIOR_GRID(); /* launched as a dependent of the activations' quantize */
-    __syncthreads();      /* the barriers' inits (sm_90) */
+    wait();
+    __syncthreads(); /* the barriers' inits (sm_90) */
     float acc[KF_ROWS] = {0.0f, 0.0f, 0.0f, 0.0f};
     int slot = 0, parity = 0;
     for (; a.n0 < N; a.next(nb)) {
@@ -714,12 +716,16 @@ __device__ __forceinline__ void kf_bulk_gemv(const qk_u8* __restrict__ W, const 
     }
 }
 
+struct kb_prior_wait { /* launched as a dependent of the activations' quantize */
+    __device__ __forceinline__ void operator()() const { QK_WAIT_PRIOR_GRID(); }
+};
+
 /* reached through the launcher only (as qk_kq_one_<t>), with the GEMV's arguments (M = 1) */
-#define KF_BULK(NAME, KIND, TS)                                                                           \
-    extern "C" __global__ void __launch_bounds__(32 * KF_GROUPS)                                          \
-        qk_kq_bulk_##NAME(const qk_u8* W, const qk_u8* aq, float* Y, qk_i64 M, qk_i64 N, qk_i64 nb) {     \
-        (void)M;                                                                                          \
-        kf_bulk_gemv<KIND, TS>(W, aq, Y, N, (int)nb);                                                     \
+#define KF_BULK(NAME, KIND, TS)                                                                             \
+    extern "C" __global__ void __launch_bounds__(32 * KF_GROUPS)                                            \
+        qk_kq_bulk_##NAME(const qk_u8* W, const qk_u8* aq, float* Y, qk_i64 M, qk_i64 N, qk_i64 nb) {       \
+        (void)M;                                                                                            \
+        kf_bulk_gemv<KIND, TS>(W, aq, Y, N, (int)nb, blockIdx.x, gridDim.x, kb_prior_wait());              \
     }
 #ifndef QK_KF_STAGED /* bench-only: without them, so the launcher takes qk_kq_fast_<t>_m1 at M = 1 */
 KF_BULK(q6_k, 6, 210)
@@ -808,17 +814,32 @@ struct kf_wait_once {
     }
 };
 
+/* a one-launch kernel's quantizing CTAs (the first ceil(nb / KF_PASS)): the row into act, then counted in
+ * count[0]; true where this CTA is one of them */
+__device__ __forceinline__ bool kf_produce(const float* __restrict__ X, qk_u8* act, qk_i64 nb, unsigned* count, unsigned producers) {
+    if (blockIdx.x >= producers) return false;
+    kf_quantize_pass(X, act, nb, blockIdx.x);
+    __threadfence(); /* this thread's bytes before the count */
+    __syncthreads();
+    if (threadIdx.x == 0) atomicAdd(count, 1u);
+    return true;
+}
+
+/* a one-launch kernel's row-group CTA done: the last of the consumers zeroes both counts for the next call */
+__device__ __forceinline__ void kf_consumed(unsigned* count, qk_i64 consumers) {
+    if (threadIdx.x == 0 && atomicAdd(count + 1, 1u) == (unsigned)consumers - 1u) { /* every consumer is past its wait */
+        atomicExch(count, 0u);
+        atomicExch(count + 1, 0u);
+    }
+}
+
+__device__ __forceinline__ unsigned kf_producers(qk_i64 nb) { return (unsigned)((nb + KF_PASS - 1) / KF_PASS); }
+
 template <int KIND, int TS, int PF>
 __device__ __forceinline__ void kf_one_gemv(const float* __restrict__ X, const qk_u8* __restrict__ W, float* __restrict__ Y,
                                             qk_i64 N, qk_i64 nb, qk_u8* act, unsigned* count) {
-    const unsigned producers = (unsigned)((nb + KF_PASS - 1) / KF_PASS);
-    if (blockIdx.x < producers) {
-        kf_quantize_pass(X, act, nb, blockIdx.x);
-        __threadfence(); /* this thread's bytes before the count */
-        __syncthreads();
-        if (threadIdx.x == 0) atomicAdd(count, 1u);
-        return;
-    }
+    const unsigned producers = kf_producers(nb);
+    if (kf_produce(X, act, nb, count, producers)) return;
     const qk_i64 c = blockIdx.x - producers, consumers = gridDim.x - producers;
     const qk_i64 group_bytes = KF_ROWS * nb * TS;
     /* every thread a first trip where nb >= 16: the same call */
@@ -828,10 +849,7 @@ __device__ __forceinline__ void kf_one_gemv(const float* __restrict__ X, const q
         kf2_rows<KIND, TS, 1, QK_KF_STEPS_M1>(W, act, Y, 1, N, nb, 0, n0, after);
         __syncthreads(); /* kf_store's reads of the partial sums before the next group writes them */
     }
-    if (threadIdx.x == 0 && atomicAdd(count + 1, 1u) == (unsigned)consumers - 1u) { /* every consumer is past its wait */
-        atomicExch(count, 0u);
-        atomicExch(count + 1, 0u);
-    }
+    kf_consumed(count, consumers);
 }
 
 #define KF_ONE(NAME, KIND, TS, PF)                                                                                 \
@@ -842,4 +860,29 @@ __device__ __forceinline__ void kf_one_gemv(const float* __restrict__ X, const q
     }
 KF_ONE(q4_k, 4, 144, KF_PREFETCH)
 KF_ONE(q5_k, 5, 176, KF_PREFETCH)
+
+#if defined(QK_KF_BULK_ONE) && !defined(QK_KF_STAGED)
+/* bench-only -DQK_KF_BULK_ONE: Q6_K at M = 1 in one launch on the bulk kernel's ring, qk_kq_one_bulk_q6_k(X,
+ * W, Y, N, nb, act, count): the first ceil(nb / 4) CTAs quantize the row as qk_kq_one_<t>'s do, the others
+ * take the row groups as qk_kq_bulk_q6_k's CTAs, waiting for the count after their first stages' copies
+ * are issued; the last of them zeroes the counts. The same bits as the two launches. */
+struct kb_published_wait {
+    const unsigned* count;
+    unsigned producers;
+    __device__ __forceinline__ void operator()() const { kf_wait_published(count, producers); }
+};
+
+#define KF_ONE_BULK(NAME, KIND, TS)                                                                                    \
+    extern "C" __global__ void __launch_bounds__(32 * KF_GROUPS) qk_kq_one_bulk_##NAME(                                \
+        const float* X, const qk_u8* W, float* Y, qk_i64 N, qk_i64 nb, qk_u8* act, unsigned* count) {                  \
+        QK_WAIT_PRIOR_GRID(); /* launched as a programmatic dependent of the kernel before: X may be its output */     \
+        const unsigned producers = kf_producers(nb);                                                                   \
+        if (kf_produce(X, act, nb, count, producers)) return;                                                          \
+        const qk_i64 consumers = gridDim.x - producers;                                                                \
+        kf_bulk_gemv<KIND, TS>(W, act, Y, N, (int)nb, blockIdx.x - producers, consumers,                               \
+                               kb_published_wait{count, producers});                                                   \
+        kf_consumed(count, consumers);                                                                                 \
+    }
+KF_ONE_BULK(q6_k, 6, 210)
+#endif
 #endif
