@@ -309,16 +309,17 @@ def test_one_launch_kernel_is_the_two_launches_bit_for_bit(
         assert _bound_ratio(y1[None], W, qtype, a8, K) <= 1.0, (N, K, ctas)
 
 
-def test_bulk_one_launch_kernel_is_the_two_launches_bit_for_bit(tmp_path: Path, shipped_cta: Path) -> None:
-    """bench-only -DQK_KF_BULK_ONE: Q6_K's one launch on the bulk kernel's ring, every output stored,
-    bit-identical to the bulk kernel after the quantize, the counts zero after the launch"""
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K"])
+def test_bulk_one_launch_kernel_is_the_two_launches_bit_for_bit(tmp_path: Path, shipped_cta: Path, qtype: str) -> None:
+    """bench-only -DQK_KF_BULK_ONE: the one launch on the bulk kernel's ring, every output stored,
+    bit-identical to the two launches (Q6_K: the bulk kernel after the quantize), the counts zero after"""
     one = _build(tmp_path, driver="keep_quant_one_cta.cpp", defines="#define QK_KF_BULK_ONE\n")
-    for N, K, ctas in BULK_SHAPES["Q6_K"]:
-        y1, y2, W, a8 = _one_and_two_launch(tmp_path, "Q6_K", N, K, ctas, one, shipped_cta)
+    for N, K, ctas in BULK_SHAPES["Q6_K"] if qtype == "Q6_K" else ONE_SHAPES:
+        y1, y2, W, a8 = _one_and_two_launch(tmp_path, qtype, N, K, ctas, one, shipped_cta)
         assert y1 is not None, (N, K, ctas)
         assert not np.any(y1 == -12345.0), (N, K, ctas)
         assert np.array_equal(y1.view(np.uint32), y2.view(np.uint32)), (N, K, ctas)
-        assert _bound_ratio(y1[None], W, "Q6_K", a8, K) <= 1.0, (N, K, ctas)
+        assert _bound_ratio(y1[None], W, qtype, a8, K) <= 1.0, (N, K, ctas)
 
 
 @pytest.mark.parametrize(

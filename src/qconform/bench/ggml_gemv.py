@@ -31,8 +31,8 @@ the default before session 41, were measured slower and taken out: docs/perf-not
 ``--variants staged``: Q6_K and Q8_0 at M = 1 as before session 41 (``-DQK_KF_STAGED``, bench-only: each
 thread's words staged through shared memory, ``qk_kq_fast_<t>_m1``), where the default brings the weights
 into a shared-memory ring by the bulk copy engine (``qk_kq_bulk_<t>``); ``bulk_s2`` that ring with 2 slots
-instead of 3 (``-DQK_KF_BULK_STAGES=2``); ``bulk_one`` Q6_K's in one launch, its first CTAs quantizing the
-row as Q4_K's one launch does (``-DQK_KF_BULK_ONE``).
+instead of 3 (``-DQK_KF_BULK_STAGES=2``); ``bulk_one`` Q4_K, Q5_K and Q6_K on that ring in one launch, its
+first CTAs quantizing the row as Q4_K's one launch does (``-DQK_KF_BULK_ONE``).
 
 ``--split``: for the fast kernels also the call's launches timed apart, back to back as in the call: the
 activation quantize (and Q8_0's regrouping) alone, then the GEMV alone on the activations they wrote.
@@ -97,7 +97,7 @@ OPTIONS = {
 V1_VARIANTS = ("fast-v1", "two_launch", "no_prefetch")
 V1_TYPES = ("Q4_K", "Q5_K")  # the types whose fast kernel round 2 changed (the others: fast-v1 is fast)
 # the variants of the bulk kernels' types alone: their types
-BULK_VARIANTS = {"staged": ("Q6_K", "Q8_0"), "bulk_s2": ("Q6_K", "Q8_0"), "bulk_one": ("Q6_K",)}
+BULK_VARIANTS = {"staged": ("Q6_K", "Q8_0"), "bulk_s2": ("Q6_K", "Q8_0"), "bulk_one": ("Q4_K", "Q5_K", "Q6_K")}
 
 
 def _weights(qtype: str, K: int, N: int, n_sets: int) -> list[Any]:

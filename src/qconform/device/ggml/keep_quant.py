@@ -69,7 +69,7 @@ QUANT_PASS = 4  # super-blocks a quantizing CTA of qk_kq_one_<t> (a warp each)
 BULK_TYPES = ("Q6_K", "Q8_0")  # at M = 1 through shared memory (qk_kq_bulk_<t>) ...
 BULK_BLOCKS = 8  # ... where nb is a multiple of this (every row 16-byte aligned) and W is 16-byte aligned ...
 STAGED_OPTION = "-DQK_KF_STAGED"  # ... but in this build (bench-only: qk_kq_fast_<t>_m1 as before)
-BULK_ONE_OPTION = "-DQK_KF_BULK_ONE"  # bench-only: Q6_K's bulk kernel in one launch (qk_kq_one_bulk_q6_k)
+BULK_ONE_OPTION = "-DQK_KF_BULK_ONE"  # bench-only: Q4_K..Q6_K on the bulk kernel's ring in one launch
 
 
 def act_tile(M: int, tiles: tuple[int, ...] = ACT_TILES) -> int:
@@ -80,12 +80,13 @@ def act_tile(M: int, tiles: tuple[int, ...] = ACT_TILES) -> int:
 def _one_launch(W_blocks: Any, wtype: str, A_fp32: Any, out: Any, N: int, nb: int) -> bool:
     """The M = 1 call of a ``ONE_LAUNCH_TYPES`` type in one launch (qk_kq_one_<t>: its first CTAs quantize
     the row into ``act`` and count themselves in a ticket buffer, the others wait for them after their
-    first weight loads; Q6_K too in the bench-only build ``BULK_ONE_OPTION``, on the bulk kernel's ring);
+    first weight loads; in the bench-only build ``BULK_ONE_OPTION`` on the bulk kernel's ring, Q6_K too);
     False where the build has no such kernel (``TWO_LAUNCH_OPTIONS``) or another type."""
     if any(o in launchers.OPTIONS for o in TWO_LAUNCH_OPTIONS):
         return False
-    if wtype == "Q6_K" and BULK_ONE_OPTION in launchers.OPTIONS and _bulk_grid(W_blocks, wtype, 1, N, nb):
-        symbol = "qk_kq_one_bulk_q6_k"
+    bulk_one = BULK_ONE_OPTION in launchers.OPTIONS and (wtype != "Q6_K" or _bulk_grid(W_blocks, wtype, 1, N, nb))
+    if bulk_one and wtype in (*ONE_LAUNCH_TYPES, "Q6_K"):
+        symbol = f"qk_kq_one_bulk_{FAST_TYPES[wtype]}"
     elif wtype in ONE_LAUNCH_TYPES:
         symbol = f"qk_kq_one_{FAST_TYPES[wtype]}"
     else:
@@ -93,7 +94,7 @@ def _one_launch(W_blocks: Any, wtype: str, A_fp32: Any, out: Any, N: int, nb: in
     kernel = kernel_of(FAST_SOURCE, symbol)
     producers = -(-nb // QUANT_PASS)
     # no more CTAs than are resident at once, so every waiting CTA's producers run
-    smem = kernel.shared_size_bytes if wtype == "Q6_K" else 64  # the bulk kernel's ring
+    smem = kernel.shared_size_bytes if bulk_one else 64  # the bulk kernel's ring
     per_sm = resident_ctas(THREADS // 32, kernel.num_regs, smem, smem_limits()[1])
     grid = producers + max(1, min(-(-N // ROWS_PER_CTA), per_sm * sm_count() - producers))
     act = cupy.empty(producers * QUANT_PASS * 292, cupy.uint8)  # block_q8_K slots, the spare ones zeros
