@@ -1085,9 +1085,11 @@ def _fast_delayed(name: str, edits: Edits) -> DeviceMutant:
 
 
 # Q6_K / Q8_0 at M = 1 through shared memory (qk_kq_bulk_<t>, for nb a multiple of 8: coverage 2's M = 1
-# cases; run on the host too, tests/test_keep_quant_fast_host.py): a stage's rows read at the full stage's
-# stride (wrong only on a row's last, shorter stage: Q6_K at K = 14336, nb % 16 = 8), the sums not reset
-# after a row group (a CTA's second group carries its first's: N = 8192 has more groups than resident CTAs)
+# cases; Q6_K in one launch, qk_kq_one_bulk_q6_k; run on the host too, tests/test_keep_quant_fast_host.py):
+# a stage's rows read at the full stage's stride (wrong only on a row's last, shorter stage: Q6_K at K =
+# 14336, nb % 16 = 8), the sums not reset after a row group (a CTA's second group carries its first's:
+# N = 8192 has more groups than resident CTAs); Q6_K's quantizing CTAs delayed ~1 ms with the others' wait
+# for them dropped (mutant) or kept (control)
 KB_ROW_STRIDE: Edits = (
     ("            const qk_u8* blk = st + (rr * cnt + kc) * TS;\n            const int mis",
      "            const qk_u8* blk = st + (rr * KB_CB(6) + kc) * TS;\n            const int mis"),
@@ -1095,8 +1097,8 @@ KB_ROW_STRIDE: Edits = (
 KB_NO_RESET: Edits = (("                acc[rr] = 0.0f;\n            }\n", "            }\n"),)
 
 
-def _bulk(name: str, edits: Edits, leaf: str = "Wq6_K_Aq8_K_Yfp32") -> DeviceMutant:
-    caught = "matches_oracle" if edits else None
+def _bulk(name: str, edits: Edits, leaf: str = "Wq6_K_Aq8_K_Yfp32", control: bool = False) -> DeviceMutant:
+    caught = None if control else "matches_oracle"
     return DeviceMutant(name, "ggml/keep_quant_fast.hip", "", "", "matmul_bt_quant", caught, leaf=leaf, coverage=2,
                         edits=edits, contract="order=any")
 
@@ -1151,6 +1153,10 @@ KEEP_QUANT_FAST_MUTANTS = (
           TWO_LAUNCH),
     _bulk("keep-quant bulk Q6_K: a stage's rows at the full stage's stride", KB_ROW_STRIDE),
     _bulk("keep-quant bulk Q8_0: the sums not reset between row groups", KB_NO_RESET, "Wq8_0_Aq8_0_Yfp32"),
+    _bulk("keep-quant bulk Q6_K one launch: delayed quantizing CTAs not waited for",
+          ONE_PRODUCERS_DELAYED + ONE_NO_WAIT),
+    _bulk("control: keep-quant bulk Q6_K one launch waits for delayed quantizing CTAs", ONE_PRODUCERS_DELAYED,
+          control=True),
     _fast("control: keep-quant Q6_K staged as before the bulk copy (-DQK_KF_STAGED) under order=any",
           "Wq6_K_Aq8_K_Yfp32", (), "-DQK_KF_STAGED"),
 )

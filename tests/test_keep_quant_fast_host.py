@@ -309,12 +309,12 @@ def test_one_launch_kernel_is_the_two_launches_bit_for_bit(
         assert _bound_ratio(y1[None], W, qtype, a8, K) <= 1.0, (N, K, ctas)
 
 
-@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K"])
-def test_bulk_one_launch_kernel_is_the_two_launches_bit_for_bit(tmp_path: Path, shipped_cta: Path, qtype: str) -> None:
-    """bench-only -DQK_KF_BULK_ONE: the one launch on the bulk kernel's ring, every output stored,
-    bit-identical to the two launches (Q6_K: the bulk kernel after the quantize), the counts zero after"""
-    one = _build(tmp_path, driver="keep_quant_one_cta.cpp", defines="#define QK_KF_BULK_ONE\n")
-    for N, K, ctas in BULK_SHAPES["Q6_K"] if qtype == "Q6_K" else ONE_SHAPES:
+def test_bulk_one_launch_kernel_is_the_two_launches_bit_for_bit(tmp_path: Path, shipped_cta: Path) -> None:
+    """Q6_K's one launch on the bulk kernel's ring (qk_kq_one_bulk_q6_k): every output stored, bit-identical
+    to the two launches (the bulk kernel after the quantize), the counts zero after the launch"""
+    one = _build(tmp_path, driver="keep_quant_one_cta.cpp")
+    qtype = "Q6_K"
+    for N, K, ctas in BULK_SHAPES[qtype]:
         y1, y2, W, a8 = _one_and_two_launch(tmp_path, qtype, N, K, ctas, one, shipped_cta)
         assert y1 is not None, (N, K, ctas)
         assert not np.any(y1 == -12345.0), (N, K, ctas)

@@ -18,7 +18,9 @@ read as quantized (no regrouping launch), Q8_0 ones as ``qk_q8_0_quant_words`` w
 or 4 activation rows. The other types run the generic-order kernel, which meets that bound too.
 Q4_K and Q5_K at M = 1 in one launch (``qk_kq_one_<t>``, session 40): its first CTAs quantize the row,
 the others wait for them after their first weight loads; the same bits as the two launches, which
-the bench-only builds ``TWO_LAUNCH_OPTIONS`` keep.
+the bench-only builds ``TWO_LAUNCH_OPTIONS`` keep. Q6_K and Q8_0 at M = 1 (session 41), where nb is a
+multiple of 8 and ``W_blocks`` 16-byte aligned: the weights brought into a shared-memory ring by the bulk
+copy engine (``qk_kq_bulk_<t>``), Q6_K in one launch as Q4_K (``qk_kq_one_bulk_q6_k``).
 """
 
 from __future__ import annotations
@@ -69,7 +71,6 @@ QUANT_PASS = 4  # super-blocks a quantizing CTA of qk_kq_one_<t> (a warp each)
 BULK_TYPES = ("Q6_K", "Q8_0")  # at M = 1 through shared memory (qk_kq_bulk_<t>) ...
 BULK_BLOCKS = 8  # ... where nb is a multiple of this (every row 16-byte aligned) and W is 16-byte aligned ...
 STAGED_OPTION = "-DQK_KF_STAGED"  # ... but in this build (bench-only: qk_kq_fast_<t>_m1 as before)
-BULK_ONE_OPTION = "-DQK_KF_BULK_ONE"  # bench-only: Q4_K..Q6_K on the bulk kernel's ring in one launch
 
 
 def act_tile(M: int, tiles: tuple[int, ...] = ACT_TILES) -> int:
@@ -80,13 +81,13 @@ def act_tile(M: int, tiles: tuple[int, ...] = ACT_TILES) -> int:
 def _one_launch(W_blocks: Any, wtype: str, A_fp32: Any, out: Any, N: int, nb: int) -> bool:
     """The M = 1 call of a ``ONE_LAUNCH_TYPES`` type in one launch (qk_kq_one_<t>: its first CTAs quantize
     the row into ``act`` and count themselves in a ticket buffer, the others wait for them after their
-    first weight loads; in the bench-only build ``BULK_ONE_OPTION`` on the bulk kernel's ring, Q6_K too);
+    first weight loads; Q6_K likewise on the bulk kernel's ring, qk_kq_one_bulk_q6_k, where that kernel fits);
     False where the build has no such kernel (``TWO_LAUNCH_OPTIONS``) or another type."""
     if any(o in launchers.OPTIONS for o in TWO_LAUNCH_OPTIONS):
         return False
-    bulk_one = BULK_ONE_OPTION in launchers.OPTIONS and (wtype != "Q6_K" or _bulk_grid(W_blocks, wtype, 1, N, nb))
-    if bulk_one and wtype in (*ONE_LAUNCH_TYPES, "Q6_K"):
-        symbol = f"qk_kq_one_bulk_{FAST_TYPES[wtype]}"
+    bulk_one = wtype == "Q6_K" and _bulk_grid(W_blocks, wtype, 1, N, nb) > 0
+    if bulk_one:
+        symbol = "qk_kq_one_bulk_q6_k"
     elif wtype in ONE_LAUNCH_TYPES:
         symbol = f"qk_kq_one_{FAST_TYPES[wtype]}"
     else:

@@ -580,8 +580,8 @@ KF_GEMV_ALL(4, 1, 1)
  * block: Q6_K 8, Q8_0 2) for all 4 rows: one activation part for the 4 rows, each row's slice read back
  * from the stage as the staged kernel reads it (kf_unstage_q6_k; kf_raw16), the terms kf_block's. A
  * thread adds its columns' terms stage by stage, then xor shuffles over the warp and kf_store's warp
- * order. Rows past N copy row N - 1 and are never stored. (Q4_K / Q5_K take it only in the bench-only
- * one launch below, where their rows are 16-byte aligned for any nb.) Bench-only -DQK_KF_BULK_STAGES=S: S slots
+ * order. Rows past N copy row N - 1 and are never stored. Q6_K's call is one launch (qk_kq_one_bulk_q6_k,
+ * below) unless bench-only -DQK_KF_TWO_LAUNCH. Bench-only -DQK_KF_BULK_STAGES=S: S slots
  * (default 3); -DQK_KF_STAGED: no such kernels (M = 1 as before, qk_kq_fast_<t>_m1). Measured against
  * qk_kq_fast_<t>_m1: docs/perf-notes.md, session 41. */
 #include "qk_bulk.h"
@@ -589,7 +589,7 @@ KF_GEMV_ALL(4, 1, 1)
 #define QK_KF_BULK_STAGES 3 /* ring slots (sm_90) */
 #endif
 #define KB_S (QK_BULK ? QK_KF_BULK_STAGES : 1)
-#define KB_SL(KIND) ((KIND) == 0 ? 2 : 8) /* slices a block */
+#define KB_SL(KIND) ((KIND) == 6 ? 8 : 2) /* slices a block */
 #define KB_CB(KIND) (32 * KF_GROUPS / KB_SL(KIND)) /* blocks of each row a stage: a column a thread group */
 
 /* a stage of the CTA's sequence: its row group's first row, its first block and blocks of each row; the
@@ -636,21 +636,7 @@ __device__ __forceinline__ void kb_fetch(qk_u8* dst, const qk_u8* W, const kb_st
  * block a (Q8_K as quantized; Q8_0 as qk_q8_0_quant_words writes it), added to acc */
 template <int KIND, int TS>
 __device__ __forceinline__ void kb_terms(const qk_u8* st, int cnt, int kc, int c, const qk_u8* a, float (&acc)[KF_ROWS]) {
-    if (KIND == 4 || KIND == 5) { /* kf2_rows' activation part and terms (bench-only -DQK_KF_BULK_ONE) */
-        const int g = c >> 1, half = c & 1;
-        qk_u32 alo[4], ahi[4];
-        kf_act16(a + 4 + 64 * g + 16 * half, alo);
-        kf_act16(a + 4 + 64 * g + 32 + 16 * half, ahi);
-        const qk_u32* bs = (const qk_u32*)(a + 260 + 8 * g); /* bsums 4g .. 4g + 3 */
-        const qk_u32 bs0 = bs[0], bs1 = bs[1];
-        const float yd = *(const float*)a;
-#pragma unroll
-        for (int rr = 0; rr < KF_ROWS; ++rr) {
-            qk_u32 raw[KF_WR(KIND)];
-            kf_wload<KIND>(st + (rr * cnt + kc) * TS, c, raw);
-            kf_q45_row<KIND>(raw, c, alo, ahi, bs0, bs1, yd, acc[rr]);
-        }
-    } else if (KIND == 6) {
+    if (KIND == 6) {
         const kf_q6_a av = kf_q6_act(a, c);
 #pragma unroll
         for (int rr = 0; rr < KF_ROWS; ++rr) {
@@ -876,12 +862,13 @@ __device__ __forceinline__ void kf_one_gemv(const float* __restrict__ X, const q
 KF_ONE(q4_k, 4, 144, KF_PREFETCH)
 KF_ONE(q5_k, 5, 176, KF_PREFETCH)
 
-#if defined(QK_KF_BULK_ONE) && !defined(QK_KF_STAGED)
-/* bench-only -DQK_KF_BULK_ONE: Q4_K, Q5_K and Q6_K at M = 1 in one launch on the bulk kernel's ring,
- * qk_kq_one_bulk_<t>(X, W, Y, N, nb, act, count): the first ceil(nb / 4) CTAs quantize the row as
- * qk_kq_one_<t>'s do, the others take the row groups as qk_kq_bulk_<t>'s CTAs (Q4_K / Q5_K: a thread's
- * blocks and terms kf2_rows', in the same order), waiting for the count after their first stages' copies
- * are issued; the last of them zeroes the counts. The same bits as the two launches. */
+#ifndef QK_KF_STAGED
+/* Q6_K at M = 1 in one launch on the bulk kernel's ring (session 41), qk_kq_one_bulk_q6_k(X, W, Y, N, nb,
+ * act, count), where qk_kq_bulk_q6_k would take the call: the first ceil(nb / 4) CTAs quantize the row as
+ * qk_kq_one_<t>'s do, the others take the row groups as qk_kq_bulk_q6_k's CTAs, waiting for the count
+ * after their first stages' copies are issued; the last of them zeroes the counts. The same bits as the
+ * two launches (bench-only -DQK_KF_TWO_LAUNCH). (Q4_K and Q5_K on this ring in one launch were measured
+ * slower than qk_kq_one_<t>: docs/perf-notes.md, session 41.) */
 struct kb_published_wait {
     const unsigned* count;
     unsigned producers;
@@ -899,8 +886,6 @@ struct kb_published_wait {
                                kb_published_wait{count, producers});                                                   \
         kf_consumed(count, consumers);                                                                                 \
     }
-KF_ONE_BULK(q4_k, 4, 144)
-KF_ONE_BULK(q5_k, 5, 176)
 KF_ONE_BULK(q6_k, 6, 210)
 #endif
 #endif
