@@ -23,8 +23,9 @@ session 38.)
 (``-DQK_KF_TWO_LAUNCH``, bench-only), the call before session 40, whose default is one launch: its first
 CTAs quantize the row for the others (``qk_kq_one_<t>``). (Session 39's one-launch builds in which every
 CTA quantized the row itself were measured slower and taken out: docs/perf-notes.md, session 40.)
-``--variants no_prefetch``: the one-launch call without its waiting CTAs asking L2 for their next row
-group where nb < 32 (``-DQK_KF_ONE_PREFETCH=0``, bench-only; session 40's first one-launch build).
+``--variants no_prefetch``: the one-launch call without the code of its waiting CTAs asking L2 for their
+next row group (``-DQK_KF_ONE_PREFETCH=0``, bench-only; session 40's first one-launch build; the default
+keeps that code but runs it on no row length since session 41).
 (Session 40's prefetch in kernels of its own and round 2's two steps in flight a thread at M tile 1,
 the default before session 41, were measured slower and taken out: docs/perf-notes.md, session 41.)
 

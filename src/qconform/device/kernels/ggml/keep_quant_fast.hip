@@ -774,16 +774,16 @@ __device__ __forceinline__ void kf_wait_published(const unsigned* count, unsigne
 }
 
 /* Before its wait, a CTA asks L2 for the weights of its next KF_PREFETCH row groups (bytes [from, end) of
- * W: the rows n0 + C * 4 .., C the row-group CTAs), 128-byte lines, so the DRAM keeps working while it
- * waits (CUDA; no-op elsewhere) -- only where 16 <= nb < KF_PREFETCH_BELOW (short rows: a CTA takes
- * many row groups one after another; on long rows it cost, docs/perf-notes.md session 40; below 16 the
- * CTA waits before its first loads, with nothing in flight to overlap). Bench-only
- * -DQK_KF_ONE_PREFETCH=0: no prefetch (the session's first one-launch build). */
+ * W: the rows n0 + C * 4 .., C the row-group CTAs), 128-byte lines (CUDA; no-op elsewhere) -- where
+ * 16 <= nb < KF_PREFETCH_BELOW, which since session 41 is no row length: with one step in flight a
+ * thread, running it (below 32, session 40's threshold) cost 1.5-1.9 us on 4096 x 14336, while the build
+ * without its code (bench-only -DQK_KF_ONE_PREFETCH=0) is 0.6-0.9 us slower on 8192 x 8192 (ptxas
+ * schedules the row-group loop otherwise; docs/perf-notes.md session 41): the code stays, unrun. */
 #ifndef QK_KF_ONE_PREFETCH
 #define QK_KF_ONE_PREFETCH 1
 #endif
 #define KF_PREFETCH QK_KF_ONE_PREFETCH
-#define KF_PREFETCH_BELOW 32
+#define KF_PREFETCH_BELOW 16
 __device__ __forceinline__ void kf_prefetch_l2(const qk_u8* p) {
 #if defined(QK_CUDA)
     asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
