@@ -33,6 +33,9 @@
  * the bit-exact kernel's qk_q8_0_quant_words (12 words a block, d as fp32 at word 8), 16-byte loads.
  * Q4_K / Q5_K at M = 1 are one launch (qk_kq_one_<t>, at the end of the file): its first CTAs quantize
  * the activation row for the others, which then run kf2_gemv's arithmetic on resident CTAs.
+ * Q6_K / Q8_0 at M = 1 where nb is a multiple of 8 (rows 16-byte aligned): the rows' stages brought into
+ * shared memory by the bulk copy engine (qk_kq_bulk_<t>, kf_bulk_gemv), Q6_K in one launch as Q4_K
+ * (qk_kq_one_bulk_q6_k).
  * Launcher: qconform/device/ggml/keep_quant.py (order="any"). */
 #include "qk_portable.h"
 #include "qk_phases.h" /* bench-only -DQK_PHASES: the Q4_K / Q5_K GEMV's boundaries 0..4 (kf2_gemv) */
