@@ -1097,9 +1097,11 @@ KB_ROW_STRIDE: Edits = (
 KB_NO_RESET: Edits = (("                acc[rr] = 0.0f;\n            }\n", "            }\n"),)
 
 
-def _bulk(name: str, edits: Edits, leaf: str = "Wq6_K_Aq8_K_Yfp32", control: bool = False) -> DeviceMutant:
+def _bulk(
+    name: str, edits: Edits, leaf: str = "Wq6_K_Aq8_K_Yfp32", control: bool = False, define: str = ""
+) -> DeviceMutant:
     caught = None if control else "matches_oracle"
-    return DeviceMutant(name, "ggml/keep_quant_fast.hip", "", "", "matmul_bt_quant", caught, leaf=leaf, coverage=2,
+    return DeviceMutant(name, "ggml/keep_quant_fast.hip", "", define, "matmul_bt_quant", caught, leaf=leaf, coverage=2,
                         edits=edits, contract="order=any")
 
 
@@ -1114,9 +1116,9 @@ ONE_FIRST_GROUP_SKIPPED: Edits = (
 )
 ONE_PRODUCERS_DELAYED: Edits = (
     (
-        "    kf_quantize_pass(X, act, nb, blockIdx.x);\n",
-        "    for (const long long t0 = clock64(); clock64() - t0 < 2000000;) {\n    }\n"
-        "    kf_quantize_pass(X, act, nb, blockIdx.x);\n",
+        "        kf_quantize_pass(X, act, nb, blockIdx.x);\n",
+        "        for (const long long t0 = clock64(); clock64() - t0 < 2000000;) {\n        }\n"
+        "        kf_quantize_pass(X, act, nb, blockIdx.x);\n",
     ),
 )
 ONE_NO_WAIT: Edits = (
@@ -1157,6 +1159,8 @@ KEEP_QUANT_FAST_MUTANTS = (
           ONE_PRODUCERS_DELAYED + ONE_NO_WAIT),
     _bulk("control: keep-quant bulk Q6_K one launch waits for delayed quantizing CTAs", ONE_PRODUCERS_DELAYED,
           control=True),
+    _bulk("control: keep-quant bulk Q8_0 in one launch (-DQK_KF_Q8_0_ONE) under order=any", (), "Wq8_0_Aq8_0_Yfp32",
+          control=True, define="-DQK_KF_Q8_0_ONE"),
     _fast("control: keep-quant Q6_K staged as before the bulk copy (-DQK_KF_STAGED) under order=any",
           "Wq6_K_Aq8_K_Yfp32", (), "-DQK_KF_STAGED"),
 )

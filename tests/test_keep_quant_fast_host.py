@@ -236,8 +236,8 @@ ONE_SHAPES = ((9, 37 * 256, 2), (4, 768, 1), (13, 2560, 5), (6, 20 * 256, 2))
 # for the next call
 ONE_LAST_PASS_SKIPPED: Edits = (
     (
-        "return (unsigned)((nb + KF_PASS - 1) / KF_PASS);",
-        "return (unsigned)(nb / KF_PASS);",
+        "return (unsigned)((nb + pass - 1) / pass);",
+        "return (unsigned)(nb / pass);",
     ),
 )
 ONE_COUNTS_KEPT: Edits = (("        atomicExch(count, 0u);\n", ""),)
@@ -266,20 +266,21 @@ def _one_row(K: int, rng: np.random.Generator) -> np.ndarray:
 
 def _one_and_two_launch(tmp: Path, qtype: str, N: int, K: int, ctas: int, one: Path, two: Path):
     """(the one-launch kernel's Y (None where its run failed), the two-launch kernel's Y on the oracle's
-    Q8_K bytes, W, those bytes); ``ctas``: the one-launch grid's CTAs that take row groups"""
+    activation bytes, W, those bytes); ``ctas``: the one-launch grid's CTAs that take row groups"""
     rng = np.random.default_rng(K + N)
     fmt = FORMATS[qtype]
     W = finite_scales(fmt, rng.integers(0, 256, (N, fmt.n_bytes(K)), dtype=np.uint8), rng)
     x = _one_row(K, rng)
-    a8 = quantize(x[None], "Q8_K", ftz=True)  # the bytes of the device's quantize (flushing subnormals)
+    afmt, per_cta = ("Q8_0", 64) if qtype == "Q8_0" else ("Q8_K", 4)  # the launcher's blocks a quantizing CTA
+    a8 = quantize(x[None], afmt, ftz=True)  # the bytes of the device's quantize (flushing subnormals)
+    nb = K // FORMATS[afmt].block_size
     W.tofile(tmp / "w.bin")
     x.tofile(tmp / "x.bin")
-    a8.tofile(tmp / "a.bin")
-    a8.tofile(tmp / "stale.bin")
-    nb = K // 256
-    grid = -(-nb // 4) + ctas  # the launcher's: the quantizing CTAs first
+    (_q8_0_words(a8, nb) if qtype == "Q8_0" else a8).tofile(tmp / "a.bin")
+    shutil.copy(tmp / "a.bin", tmp / "stale.bin")
+    grid = -(-nb // per_cta) + ctas  # the quantizing CTAs first
     run = subprocess.run([str(one), str(KIND[qtype]), str(N), str(nb), str(grid), "w.bin", "x.bin", "y1.bin"], cwd=tmp)
-    bulk = [str(ctas)] if qtype == "Q6_K" else []  # Q6_K's two launches: the bulk kernel on as many CTAs
+    bulk = [str(ctas)] if qtype in ("Q6_K", "Q8_0") else []  # their two launches: the bulk kernel on as many CTAs
     subprocess.run(
         [str(two), str(KIND[qtype]), "1", str(N), str(nb), "w.bin", "a.bin", "y2.bin", "stale.bin", *bulk],
         check=True,
@@ -309,11 +310,14 @@ def test_one_launch_kernel_is_the_two_launches_bit_for_bit(
         assert _bound_ratio(y1[None], W, qtype, a8, K) <= 1.0, (N, K, ctas)
 
 
-def test_bulk_one_launch_kernel_is_the_two_launches_bit_for_bit(tmp_path: Path, shipped_cta: Path) -> None:
-    """Q6_K's one launch on the bulk kernel's ring (qk_kq_one_bulk_q6_k): every output stored, bit-identical
-    to the two launches (the bulk kernel after the quantize), the counts zero after the launch"""
-    one = _build(tmp_path, driver="keep_quant_one_cta.cpp")
-    qtype = "Q6_K"
+@pytest.mark.parametrize("qtype,define", [("Q6_K", ""), ("Q8_0", "#define QK_KF_Q8_0_ONE\n")])
+def test_bulk_one_launch_kernel_is_the_two_launches_bit_for_bit(
+    tmp_path: Path, shipped_cta: Path, qtype: str, define: str
+) -> None:
+    """Q6_K's one launch on the bulk kernel's ring (qk_kq_one_bulk_q6_k; Q8_0's in the bench-only build
+    -DQK_KF_Q8_0_ONE): every output stored, bit-identical to the two launches (the bulk kernel after the
+    quantize), the counts zero after the launch"""
+    one = _build(tmp_path, driver="keep_quant_one_cta.cpp", defines=define)
     for N, K, ctas in BULK_SHAPES[qtype]:
         y1, y2, W, a8 = _one_and_two_launch(tmp_path, qtype, N, K, ctas, one, shipped_cta)
         assert y1 is not None, (N, K, ctas)
@@ -338,3 +342,24 @@ def test_one_launch_kernel_mutants_are_caught(tmp_path: Path, shipped_cta: Path,
     N, K, ctas = ONE_SHAPES[0]
     y1, y2, _, _ = _one_and_two_launch(tmp_path, "Q4_K", N, K, ctas, one, shipped_cta)
     assert y1 is None or not np.array_equal(y1.view(np.uint32), y2.view(np.uint32))
+
+
+# Q8_0's one launch (bench-only -DQK_KF_Q8_0_ONE): its last quantizing CTA never started (K = 2304: 72
+# blocks, a second, partial pass of 64), and a quantizing CTA's blocks one pass less one apart (the passes
+# overlap by a block, the row's last block never written where the passes are whole: K = 4096)
+Q8_0_PASS_STRIDE: Edits = (
+    (
+        "(qk_i64)blockIdx.x * KF_PASS_Q8_0 + threadIdx.x / 2",
+        "(qk_i64)blockIdx.x * (KF_PASS_Q8_0 - 1) + threadIdx.x / 2",
+    ),
+)
+
+
+@pytest.mark.parametrize("edits", [ONE_LAST_PASS_SKIPPED, Q8_0_PASS_STRIDE], ids=["last_pass_skipped", "pass_stride"])
+def test_q8_0_one_launch_mutants_are_caught(tmp_path: Path, shipped_cta: Path, edits: Edits) -> None:
+    one = _build(tmp_path, edits, driver="keep_quant_one_cta.cpp", defines="#define QK_KF_Q8_0_ONE\n")
+    differ = []
+    for K in (2304, 4096):  # 72 blocks (a partial second pass), 128 (two whole passes)
+        y1, y2, _, _ = _one_and_two_launch(tmp_path, "Q8_0", 13, K, 3, one, shipped_cta)
+        differ.append(y1 is None or not np.array_equal(y1.view(np.uint32), y2.view(np.uint32)))
+    assert any(differ)

@@ -1,5 +1,5 @@
 /* Host run of keep_quant_fast.hip's one-launch M = 1 kernels (qk_kq_one_q4_k / _q5_k, and built with
- * qk_kq_one_bulk_q6_k;
+ * qk_kq_one_bulk_q6_k, and built with -DQK_KF_Q8_0_ONE qk_kq_one_bulk_q8_0;
  * tests/test_keep_quant_fast_host.py): every CTA of a grid of G, one CTA at a time as 128 host threads
  * (tests/kernel_host/qk_portable.h), in blockIdx order as the device dispatches them: the first
  * ceil(nb / 4) quantize the fp32 row into the global act buffer (stale bytes 0x7F before the launch)
@@ -19,11 +19,15 @@ int main(int argc, char** argv) {
     const float* X = (const float*)qk_host_load(argv[6]);
     std::vector<float> Y((size_t)N, -12345.0f);
     static unsigned count[2] = {0u, 0u};
-    const size_t slots = (size_t)(nb + 3) / 4 * 4 * 292; /* the launcher's: whole producer passes */
+    /* the launcher's: whole producer passes (Q8_0, kind 0: 64 blocks of 48 bytes a pass) */
+    const size_t slots = kind == 0 ? (size_t)(nb + 63) / 64 * 64 * 48 : (size_t)(nb + 3) / 4 * 4 * 292;
     qk_u8* act = (qk_u8*)aligned_alloc(256, slots);
     memset(act, 0x7F, slots); /* stale: d 3.4e38, every quant 127 */
     auto k = kind == 4 ? qk_kq_one_q4_k : qk_kq_one_q5_k;
     if (kind == 6) k = qk_kq_one_bulk_q6_k;
+#ifdef QK_KF_Q8_0_ONE
+    if (kind == 0) k = qk_kq_one_bulk_q8_0;
+#endif
     std::barrier<> bar(128);
     qk_host_barrier = &bar;
     std::barrier<> groups[4] = {std::barrier<>(32), std::barrier<>(32), std::barrier<>(32), std::barrier<>(32)};

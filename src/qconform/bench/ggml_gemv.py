@@ -33,6 +33,7 @@ the default before session 41, were measured slower and taken out: docs/perf-not
 thread's words staged through shared memory, ``qk_kq_fast_<t>_m1``), where the default brings the weights
 into a shared-memory ring by the bulk copy engine (``qk_kq_bulk_<t>``); ``bulk_s2`` that ring with 2 slots
 instead of 3 (``-DQK_KF_BULK_STAGES=2``). ``two_launch`` takes Q6_K too: the quantize, then the bulk kernel.
+``q8_0_one``: Q8_0 in one launch as Q6_K, its first CTAs writing the row's Q8_0 words (``-DQK_KF_Q8_0_ONE``).
 (Q4_K and Q5_K on that ring in one launch were measured slower and taken out: docs/perf-notes.md, session 41.)
 
 ``--split``: for the fast kernels also the call's launches timed apart, back to back as in the call: the
@@ -76,6 +77,7 @@ VARIANTS = {
     "no_prefetch": "any",
     "staged": "any",
     "bulk_s2": "any",
+    "q8_0_one": "any",
 }
 V1_OPTION = "-DQK_KQ_FAST_V1"  # the build option of round 1's fast kernel (keep_quant_fast.hip)
 # the build options of each fast variant
@@ -91,12 +93,19 @@ OPTIONS = {
     # Q6_K / Q8_0 at M = 1 as before session 41, or the bulk copy's ring with 2 slots (bench-only)
     "staged": ("-DQK_KF_STAGED",),
     "bulk_s2": ("-DQK_KF_BULK_STAGES=2",),
+    # Q8_0's bulk kernel in one launch, its first CTAs quantizing the row (bench-only)
+    "q8_0_one": ("-DQK_KF_Q8_0_ONE",),
 }
 # the variants of Q4_K / Q5_K's kernels alone
 V1_VARIANTS = ("fast-v1", "no_prefetch")
 V1_TYPES = ("Q4_K", "Q5_K")  # the types whose fast kernel round 2 changed (the others: fast-v1 is fast)
 # the variants of the bulk kernels' types alone: their types
-BULK_VARIANTS = {"staged": ("Q6_K", "Q8_0"), "bulk_s2": ("Q6_K", "Q8_0"), "two_launch": ("Q4_K", "Q5_K", "Q6_K")}
+BULK_VARIANTS = {
+    "staged": ("Q6_K", "Q8_0"),
+    "bulk_s2": ("Q6_K", "Q8_0"),
+    "two_launch": ("Q4_K", "Q5_K", "Q6_K"),
+    "q8_0_one": ("Q8_0",),
+}
 
 
 def _weights(qtype: str, K: int, N: int, n_sets: int) -> list[Any]:

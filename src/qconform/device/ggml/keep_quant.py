@@ -71,6 +71,8 @@ QUANT_PASS = 4  # super-blocks a quantizing CTA of qk_kq_one_<t> (a warp each)
 BULK_TYPES = ("Q6_K", "Q8_0")  # at M = 1 through shared memory (qk_kq_bulk_<t>) ...
 BULK_BLOCKS = 8  # ... where nb is a multiple of this (every row 16-byte aligned) and W is 16-byte aligned ...
 STAGED_OPTION = "-DQK_KF_STAGED"  # ... but in this build (bench-only: qk_kq_fast_<t>_m1 as before)
+Q8_0_ONE_OPTION = "-DQK_KF_Q8_0_ONE"  # bench-only: Q8_0's bulk kernel in one launch too (qk_kq_one_bulk_q8_0)
+QUANT_PASS_Q8_0 = 64  # Q8_0 blocks a quantizing CTA of qk_kq_one_bulk_q8_0 (2 lanes each)
 
 
 def act_tile(M: int, tiles: tuple[int, ...] = ACT_TILES) -> int:
@@ -81,24 +83,28 @@ def act_tile(M: int, tiles: tuple[int, ...] = ACT_TILES) -> int:
 def _one_launch(W_blocks: Any, wtype: str, A_fp32: Any, out: Any, N: int, nb: int) -> bool:
     """The M = 1 call of a ``ONE_LAUNCH_TYPES`` type in one launch (qk_kq_one_<t>: its first CTAs quantize
     the row into ``act`` and count themselves in a ticket buffer, the others wait for them after their
-    first weight loads; Q6_K likewise on the bulk kernel's ring, qk_kq_one_bulk_q6_k, where that kernel fits);
+    first weight loads; Q6_K likewise on the bulk kernel's ring, qk_kq_one_bulk_q6_k, where that kernel fits,
+    and Q8_0 in the bench-only build ``Q8_0_ONE_OPTION``);
     False where the build has no such kernel (``TWO_LAUNCH_OPTIONS``) or another type."""
     if any(o in launchers.OPTIONS for o in TWO_LAUNCH_OPTIONS):
         return False
-    bulk_one = wtype == "Q6_K" and _bulk_grid(W_blocks, wtype, 1, N, nb) > 0
+    one_types = ("Q6_K", "Q8_0") if Q8_0_ONE_OPTION in launchers.OPTIONS else ("Q6_K",)
+    bulk_one = wtype in one_types and _bulk_grid(W_blocks, wtype, 1, N, nb) > 0
     if bulk_one:
-        symbol = "qk_kq_one_bulk_q6_k"
+        symbol = f"qk_kq_one_bulk_{FAST_TYPES[wtype]}"
     elif wtype in ONE_LAUNCH_TYPES:
         symbol = f"qk_kq_one_{FAST_TYPES[wtype]}"
     else:
         return False
     kernel = kernel_of(FAST_SOURCE, symbol)
-    producers = -(-nb // QUANT_PASS)
+    q8_0 = wtype == "Q8_0"
+    producers = -(-nb // (QUANT_PASS_Q8_0 if q8_0 else QUANT_PASS))
     # no more CTAs than are resident at once, so every waiting CTA's producers run
     smem = kernel.shared_size_bytes if bulk_one else 64  # the bulk kernel's ring
     per_sm = resident_ctas(THREADS // 32, kernel.num_regs, smem, smem_limits()[1])
     grid = producers + max(1, min(-(-N // ROWS_PER_CTA), per_sm * sm_count() - producers))
-    act = cupy.empty(producers * QUANT_PASS * 292, cupy.uint8)  # block_q8_K slots, the spare ones zeros
+    # block_q8_K slots, the spare ones zeros; Q8_0: qk_q8_0_quant_words' 48 bytes a block
+    act = cupy.empty(producers * QUANT_PASS_Q8_0 * 48 if q8_0 else producers * QUANT_PASS * 292, cupy.uint8)
     args = (A_fp32, W_blocks, out, np.int64(N), np.int64(nb), act, launchers.tickets(2, kernel))
     launch_grid(MATMUL_BT_QUANT.name, FAST_SOURCE, symbol, grid, THREADS, args, dependent=True)
     return True

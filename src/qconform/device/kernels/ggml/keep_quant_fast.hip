@@ -818,11 +818,18 @@ struct kf_wait_once {
     }
 };
 
-/* a one-launch kernel's quantizing CTAs (the first ceil(nb / KF_PASS)): the row into act, then counted in
- * count[0]; true where this CTA is one of them */
+/* a one-launch kernel's quantizing CTAs (the first kf_producers<KIND>(nb)): the row into act (Q8_K
+ * blocks, KF_PASS a CTA; KIND 0: Q8_0 as qk_q8_0_quant_words writes them, 64 blocks a CTA, 2 lanes a
+ * block), then counted in count[0]; true where this CTA is one of them */
+#define KF_PASS_Q8_0 (32 * KF_GROUPS / 2)
+template <int KIND>
 __device__ __forceinline__ bool kf_produce(const float* __restrict__ X, qk_u8* act, qk_i64 nb, unsigned* count, unsigned producers) {
     if (blockIdx.x >= producers) return false;
-    kf_quantize_pass(X, act, nb, blockIdx.x);
+    if (KIND == 0) {
+        qk_q8_0_words_lane(X, (qk_u32*)act, (qk_i64)blockIdx.x * KF_PASS_Q8_0 + threadIdx.x / 2, (int)(threadIdx.x & 1), nb);
+    } else {
+        kf_quantize_pass(X, act, nb, blockIdx.x);
+    }
     __threadfence(); /* this thread's bytes before the count */
     __syncthreads();
     if (threadIdx.x == 0) atomicAdd(count, 1u);
@@ -837,13 +844,17 @@ __device__ __forceinline__ void kf_consumed(unsigned* count, qk_i64 consumers) {
     }
 }
 
-__device__ __forceinline__ unsigned kf_producers(qk_i64 nb) { return (unsigned)((nb + KF_PASS - 1) / KF_PASS); }
+template <int KIND>
+__device__ __forceinline__ unsigned kf_producers(qk_i64 nb) {
+    const int pass = KIND == 0 ? KF_PASS_Q8_0 : KF_PASS;
+    return (unsigned)((nb + pass - 1) / pass);
+}
 
 template <int KIND, int TS, int PF>
 __device__ __forceinline__ void kf_one_gemv(const float* __restrict__ X, const qk_u8* __restrict__ W, float* __restrict__ Y,
                                             qk_i64 N, qk_i64 nb, qk_u8* act, unsigned* count) {
-    const unsigned producers = kf_producers(nb);
-    if (kf_produce(X, act, nb, count, producers)) return;
+    const unsigned producers = kf_producers<KIND>(nb);
+    if (kf_produce<KIND>(X, act, nb, count, producers)) return;
     const qk_i64 c = blockIdx.x - producers, consumers = gridDim.x - producers;
     const qk_i64 group_bytes = KF_ROWS * nb * TS;
     /* every thread a first trip where nb >= 16: the same call */
@@ -882,13 +893,16 @@ struct kb_published_wait {
     extern "C" __global__ void __launch_bounds__(32 * KF_GROUPS) qk_kq_one_bulk_##NAME(                                \
         const float* X, const qk_u8* W, float* Y, qk_i64 N, qk_i64 nb, qk_u8* act, unsigned* count) {                  \
         QK_WAIT_PRIOR_GRID(); /* launched as a programmatic dependent of the kernel before: X may be its output */     \
-        const unsigned producers = kf_producers(nb);                                                                   \
-        if (kf_produce(X, act, nb, count, producers)) return;                                                          \
+        const unsigned producers = kf_producers<KIND>(nb);                                                             \
+        if (kf_produce<KIND>(X, act, nb, count, producers)) return;                                                    \
         const qk_i64 consumers = gridDim.x - producers;                                                                \
         kf_bulk_gemv<KIND, TS>(W, act, Y, N, (int)nb, blockIdx.x - producers, consumers,                               \
                                kb_published_wait{count, producers});                                                   \
         kf_consumed(count, consumers);                                                                                 \
     }
 KF_ONE_BULK(q6_k, 6, 210)
+#ifdef QK_KF_Q8_0_ONE /* bench-only: Q8_0 likewise, its first CTAs writing qk_q8_0_quant_words' words */
+KF_ONE_BULK(q8_0, 0, 34)
+#endif
 #endif
 #endif

@@ -318,12 +318,9 @@ qk_q8_0_quant(const void* in, void* out, qk_i64 n_blocks) {
  * lane 0 also words 8 .. 11 (16-byte stores: aq 16-byte aligned, 48 bytes a block). LANES = 2,
  * THREADS <= 256 (even). */
 #define Q8_0_WORDS 12
-extern "C" __global__ void __launch_bounds__(256)
-qk_q8_0_quant_words(const void* in, qk_u32* aq, qk_i64 n_blocks) {
-    QK_LAUNCH_DEPENDENTS(); /* the keep-quant GEMV after it may start: it waits for these words */
-    const qk_i64 gt = qk_global_thread();
-    const qk_i64 blk = gt >> 1;
-    const int l = (int)(gt & 1);
+/* lane l of block blk into its words (nothing past n_blocks); also the keep-quant one launch's
+ * (keep_quant_fast.hip, bench-only -DQK_KF_Q8_0_ONE) */
+__device__ __forceinline__ void qk_q8_0_words_lane(const void* in, qk_u32* aq, qk_i64 blk, int l, qk_i64 n_blocks) {
     const bool active = blk < n_blocks;
     qk_u32 w[4];
     qk_u16 h;
@@ -332,6 +329,13 @@ qk_q8_0_quant_words(const void* in, qk_u32* aq, qk_i64 n_blocks) {
     uint4* o = (uint4*)(aq + blk * Q8_0_WORDS);
     o[l] = make_uint4(w[0], w[1], w[2], w[3]);
     if (l == 0) o[2] = make_uint4(qk_bits(qk_fp16_to_float(h)), 0u, 0u, 0u);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+qk_q8_0_quant_words(const void* in, qk_u32* aq, qk_i64 n_blocks) {
+    QK_LAUNCH_DEPENDENTS(); /* the keep-quant GEMV after it may start: it waits for these words */
+    const qk_i64 gt = qk_global_thread();
+    qk_q8_0_words_lane(in, aq, gt >> 1, (int)(gt & 1), n_blocks);
 }
 
 /* -------------------------------------------------------------------------------- dequant */
