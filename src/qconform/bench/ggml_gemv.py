@@ -96,14 +96,14 @@ OPTIONS = {
     # Q8_0's bulk kernel in one launch, its first CTAs quantizing the row (bench-only)
     "q8_0_one": ("-DQK_KF_Q8_0_ONE",),
 }
-# the variants of Q4_K / Q5_K's kernels alone
-V1_VARIANTS = ("fast-v1", "no_prefetch")
-V1_TYPES = ("Q4_K", "Q5_K")  # the types whose fast kernel round 2 changed (the others: fast-v1 is fast)
-# the variants of the bulk kernels' types alone: their types
-BULK_VARIANTS = {
-    "staged": ("Q6_K", "Q8_0"),
-    "bulk_s2": ("Q6_K", "Q8_0"),
-    "two_launch": ("Q4_K", "Q5_K", "Q6_K"),
+# the variants that change only some types' kernels: those types (every other fast variant: FAST_TYPES)
+ROUND2, BULK = ("Q4_K", "Q5_K"), ("Q6_K", "Q8_0")  # round 2's types (fast-v1 is round 1), the bulk kernel's
+VARIANT_TYPES = {
+    "fast-v1": ROUND2,
+    "no_prefetch": ROUND2,
+    "two_launch": (*ROUND2, "Q6_K"),
+    "staged": BULK,
+    "bulk_s2": BULK,
     "q8_0_one": ("Q8_0",),
 }
 
@@ -186,9 +186,7 @@ def bench(
             nbytes = sets[0].nbytes + A.nbytes
             e = _numerics(sets[0], qtype, A)
             for variant in variants:
-                rounds = variant in V1_VARIANTS  # Q4_K / Q5_K only
-                bulk = qtype not in BULK_VARIANTS.get(variant, (qtype,))
-                if variant != "exact" and qtype not in FAST_TYPES or rounds and qtype not in V1_TYPES or bulk:
+                if variant != "exact" and qtype not in VARIANT_TYPES.get(variant, FAST_TYPES):
                     continue
                 y = cupy.empty((1, N), cupy.float32)
                 with compile_options(*OPTIONS.get(variant, ())):

@@ -89,7 +89,7 @@ def _one_launch(W_blocks: Any, wtype: str, A_fp32: Any, out: Any, N: int, nb: in
     if any(o in launchers.OPTIONS for o in TWO_LAUNCH_OPTIONS):
         return False
     one_types = ("Q6_K", "Q8_0") if Q8_0_ONE_OPTION in launchers.OPTIONS else ("Q6_K",)
-    bulk_one = wtype in one_types and _bulk_grid(W_blocks, wtype, 1, N, nb) > 0
+    bulk_one = wtype in one_types and _bulk_fits(W_blocks, wtype, 1, nb)
     if bulk_one:
         symbol = f"qk_kq_one_bulk_{FAST_TYPES[wtype]}"
     elif wtype in ONE_LAUNCH_TYPES:
@@ -101,8 +101,7 @@ def _one_launch(W_blocks: Any, wtype: str, A_fp32: Any, out: Any, N: int, nb: in
     producers = -(-nb // (QUANT_PASS_Q8_0 if q8_0 else QUANT_PASS))
     # no more CTAs than are resident at once, so every waiting CTA's producers run
     smem = kernel.shared_size_bytes if bulk_one else 64  # the bulk kernel's ring
-    per_sm = resident_ctas(THREADS // 32, kernel.num_regs, smem, smem_limits()[1])
-    grid = producers + max(1, min(-(-N // ROWS_PER_CTA), per_sm * sm_count() - producers))
+    grid = producers + max(1, min(-(-N // ROWS_PER_CTA), _resident(kernel, smem) - producers))
     # block_q8_K slots, the spare ones zeros; Q8_0: qk_q8_0_quant_words' 48 bytes a block
     act = cupy.empty(producers * QUANT_PASS_Q8_0 * 48 if q8_0 else producers * QUANT_PASS * 292, cupy.uint8)
     args = (A_fp32, W_blocks, out, np.int64(N), np.int64(nb), act, launchers.tickets(2, kernel))
@@ -110,17 +109,18 @@ def _one_launch(W_blocks: Any, wtype: str, A_fp32: Any, out: Any, N: int, nb: in
     return True
 
 
-def _bulk_grid(W_blocks: Any, wtype: str, M: int, N: int, nb: int) -> int:
-    """The CTAs of ``qk_kq_bulk_<t>`` for this call (the resident ones, no more than the row groups), or 0
-    where the build has no such kernel or the call does not fit it (another type, M > 1, rows or W not
+def _resident(kernel: Any, smem: int) -> int:
+    """The CTAs of ``kernel`` (THREADS threads, ``smem`` bytes of shared memory each) resident at once on
+    the device, at least one an SM."""
+    return max(1, resident_ctas(THREADS // 32, kernel.num_regs, smem, smem_limits()[1])) * sm_count()
+
+
+def _bulk_fits(W_blocks: Any, wtype: str, M: int, nb: int) -> bool:
+    """Whether the build has ``qk_kq_bulk_<t>`` and the call fits it (its type, M = 1, every row and W
     16-byte aligned)."""
     if STAGED_OPTION in launchers.OPTIONS or wtype not in BULK_TYPES or M != 1 or nb % BULK_BLOCKS:
-        return 0
-    if W_blocks.data.ptr % 16:
-        return 0
-    kernel = kernel_of(FAST_SOURCE, f"qk_kq_bulk_{FAST_TYPES[wtype]}")
-    per_sm = resident_ctas(THREADS // 32, kernel.num_regs, kernel.shared_size_bytes, smem_limits()[1])
-    return min(-(-N // ROWS_PER_CTA), max(1, per_sm) * sm_count())
+        return False
+    return W_blocks.data.ptr % 16 == 0
 
 
 def matmul_bt_quant(
@@ -172,8 +172,10 @@ def matmul_bt_quant(
         mt = act_tile(M, FAST_TILES)
         grid = (-(-M // mt), -(-N // ROWS_PER_CTA))
         symbol = f"qk_kq_fast_{FAST_TYPES[wfmt.name]}_m{mt}"
-        if bulk := _bulk_grid(W_blocks, wfmt.name, M, N, nb):
-            grid, symbol = (bulk,), f"qk_kq_bulk_{FAST_TYPES[wfmt.name]}"
+        if _bulk_fits(W_blocks, wfmt.name, M, nb):  # the resident CTAs, no more than the row groups
+            symbol = f"qk_kq_bulk_{FAST_TYPES[wfmt.name]}"
+            kernel = kernel_of(FAST_SOURCE, symbol)
+            grid = (min(-(-N // ROWS_PER_CTA), _resident(kernel, kernel.shared_size_bytes)),)
         act = a8 if afmt.name == "Q8_K" else aq
         args = (W_blocks, act, call.out, np.int64(M), np.int64(N), np.int64(nb))
         # a programmatic dependent: the GEMV waits for the quantize before it reads an activation
