@@ -15,7 +15,9 @@ matrix-unit kernel (decode_zp shape) in the session-3 arithmetic (build option
 folded into the weights) side by side; then the fp16 ring decode kernel as shipped beside its
 bench-only builds ``-DQK_NBITS_RING_CONTIGUOUS``, ``-DQK_NBITS_RING_STRIDED``, ``-DQK_NBITS_RING_LDS``,
 ``-DQK_NBITS_RING_TAIL_SPLIT`` and ``-DQK_NBITS_RING_LOADS_ONLY`` (``ring_variants``).
-``--variants f32`` / ``zp`` / ``ring``: one table only.
+``--variants f32`` / ``zp`` / ``ring``: one table only. ``--variants bulk``: the shipped ring decode
+against the bench-only ``-DQK_NBITS_BULK`` builds (``qk_nbits_bulk``: the copies by the tensor copy
+engine, sm_90) of several warps a CTA and ring slots (``BULK_BUILDS``), each output checked.
 """
 
 from __future__ import annotations
@@ -348,7 +350,28 @@ RING_TAIL_SPLIT = "-DQK_NBITS_RING_TAIL_SPLIT"  # build option: unchecked scale 
 RING_LOADS_ONLY = "-DQK_NBITS_RING_LOADS_ONLY"  # build option: the ring's copies and waits only (diagnostic)
 
 
-def ring_variants(shapes=SHAPES, bits_list=(2, 4), ms=(1, 8), reps: int = 50, verdicts: bool = True) -> bool:
+RING_BUILDS = (
+    ("shipped", ()),
+    ("contiguous", (RING_CONTIGUOUS,)),
+    ("strided", (RING_STRIDED,)),
+    ("four reads", (RING_LDS,)),
+    ("no tail test", (RING_TAIL_SPLIT,)),
+    ("loads only", (RING_LOADS_ONLY,)),
+)
+BULK = "-DQK_NBITS_BULK"  # build option: M <= 8 through the tensor copy engine (qk_nbits_bulk), on sm_90
+ONLY = "-DQK_MMA_DEFAULT_ONLY"  # the launcher's shapes only: a faster build, the same decode kernels
+BULK_BUILDS = (  # --variants bulk: the shipped ring kernel against qk_nbits_bulk's warps a CTA and ring slots
+    ("shipped", ()),
+    ("bulk w8 s6", (BULK, ONLY)),
+    ("bulk w8 s4", (BULK, ONLY, "-DQK_NBITS_BULK_S=4")),
+    ("bulk w4 s8", (BULK, ONLY, "-DQK_NBITS_BULK_W=4", "-DQK_NBITS_BULK_S=8")),
+    ("bulk w16 s3", (BULK, ONLY, "-DQK_NBITS_BULK_W=16", "-DQK_NBITS_BULK_S=3")),
+)
+
+
+def ring_variants(
+    shapes=SHAPES, bits_list=(2, 4), ms=(1, 8), reps: int = 50, verdicts: bool = True, builds=RING_BUILDS
+) -> bool:
     """The fp16 ring decode kernel as shipped (u2: each warp a contiguous range of superchunks; u4:
     the warps' superchunks strided), with the other order (``RING_CONTIGUOUS`` for u4,
     ``RING_STRIDED`` for u2; each is the shipped build at the other width, not timed twice), with the
@@ -361,14 +384,6 @@ def ring_variants(shapes=SHAPES, bits_list=(2, 4), ms=(1, 8), reps: int = 50, ve
     from qconform.device import ort as ort_launch
 
     launcher = importlib.import_module("qconform.device.ort.matmul_nbits")  # the module, not its function
-    builds = (
-        ("shipped", ()),
-        ("contiguous", (RING_CONTIGUOUS,)),
-        ("strided", (RING_STRIDED,)),
-        ("four reads", (RING_LDS,)),
-        ("no tail test", (RING_TAIL_SPLIT,)),
-        ("loads only", (RING_LOADS_ONLY,)),
-    )
     _builds_head(f"fp16 A and scales, block {BLOCK}, default zero point", ROOF_COLUMNS, builds)
     ok = True
     for K, N in shapes:
@@ -568,9 +583,9 @@ def main(argv: list[str] | None = None) -> int:
         "--variants",
         nargs="?",
         const="all",
-        choices=("all", "f32", "zp", "ring"),
+        choices=("all", "f32", "zp", "ring", "bulk"),
         help="old and new kernels side by side, only: fp32 A (f32), fp16 A with zero points (zp), the ring"
-        " decode's build options (ring), or all three",
+        " decode's build options (ring), or all three; or the bench-only tensor-copy decode builds (bulk)",
     )
     p.add_argument("--prefill", action="store_true", help="the prefill GEMM's table only (M = 512 .. 4096)")
     p.add_argument("--candidates", action="store_true", help="with --prefill: every GEMM tile shape too")
@@ -593,6 +608,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.variants in ("all", "ring"):
             shapes = SHAPES[:1] if args.quick else SHAPES
             ok = ring_variants(shapes, ms=(1,) if args.quick else (1, 8), verdicts=not args.no_verdict) and ok
+        if args.variants == "bulk":
+            shapes = SHAPES[:1] if args.quick else SHAPES
+            ms = (1,) if args.quick else (1, 8)
+            ok = ring_variants(shapes, ms=ms, verdicts=not args.no_verdict, builds=BULK_BUILDS) and ok
         return 0 if ok else 1
     if args.tune:
         tune(*SHAPES[0], reps=50)

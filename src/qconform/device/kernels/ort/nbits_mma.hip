@@ -994,6 +994,153 @@ __device__ __noinline__ void qk_nbits_f32_tile(const float* A, const qk_u8* B, c
 QK_NBITS_MMA_BITS(2)
 QK_NBITS_MMA_BITS(4)
 
+/* ------------------------------- decode through the tensor copy engine (bench-only -DQK_NBITS_BULK) */
+/* qk_nbits_bulk_u{BITS}(bmap, smap, A, bias, Y, M, K, N, cpb_shift, has_bias, a_vec, act_bytes): M <= 8,
+ * fp16 A / scales / Y, the default zero point, sm_90 only (elsewhere it traps; the launcher takes it on
+ * sm_90 alone). A superchunk's arithmetic on a 16-row tile is the ring kernel's (qk_ring_chunks, R = 1:
+ * the same transposed words and scales); the copies are not. The CTAs (resident at once, C = gridDim.x)
+ * take the 16-row tiles c, c + C, ...; a tile's superchunks come in stages of NB_W, one a warp (warp w
+ * sums superchunks w, w + NB_W, ... of the tile's rows; the warps' sums are added in warp order at the
+ * tile's end, so the order is fixed by the shape and the build). Thread 0 has the tensor copy engine bring
+ * the stages NB_S - 1 ahead into a ring of NB_S slots (one mbarrier a slot, qk_bulk.h; the CTA barrier
+ * after a stage frees its slot): per superchunk one box of 16 rows x 64 bytes of the weight map (bmap:
+ * row_bytes x N bytes, 64-byte swizzle, which lays a box out as the ring kernel's stage of one 16-row
+ * tile: qk_ring_slot is that swizzle), per stage one box of 16 rows x NB_SB fp16 scales from the stage's
+ * first block (smap: k_blocks x N); the copy engine writes zeros past a row and past N. Shared memory
+ * (QkNbBulk, from a 1024-aligned start): the weight slots, the scale slots, the mbarriers, the staged
+ * activations (act_bytes; 0: read from A), two sets of partial sums (alternate tiles). Build options:
+ * -DQK_NBITS_BULK_W=W warps a CTA (default 8), -DQK_NBITS_BULK_S=S slots (default 6), each also building
+ * the kernel (the bench passes them with -DQK_NBITS_BULK, which the launcher looks for). */
+#if defined(QK_NBITS_BULK) || defined(QK_NBITS_BULK_W) || defined(QK_NBITS_BULK_S)
+#include "qk_bulk.h"
+#ifndef QK_NBITS_BULK_W
+#define QK_NBITS_BULK_W 8
+#endif
+#ifndef QK_NBITS_BULK_S
+#define QK_NBITS_BULK_S 6
+#endif
+template <int BITS>
+struct QkNbBulk { /* the layout, in bytes from the aligned start (qconform.device.ort.matmul_nbits mirrors it) */
+    static constexpr int W = QK_NBITS_BULK_W, S = QK_NBITS_BULK_S, SC = 8 / BITS;
+    static constexpr int SB = W * SC;            /* scales a row a stage: its blocks of 64 */
+    static constexpr int PIECE = 1024;           /* one superchunk of 16 rows: 16 x 64 bytes */
+    static constexpr int SCALES = S * W * PIECE; /* the scale slots */
+    static constexpr int SSLOT = 16 * SB * 2;
+    static constexpr int BARS = SCALES + S * SSLOT;
+    static constexpr int ACT = BARS + (8 * S + 15) / 16 * 16;
+    static_assert(SB >= 8 && SSLOT % 128 == 0, "a scale box of at least 16 bytes a row, slots 128-byte aligned");
+};
+
+template <int BITS>
+__device__ __forceinline__ void qk_nbits_bulk(const QkTensorMap& bmap, const QkTensorMap& smap, const qk_u16* A,
+                                              const qk_u16* bias, qk_u16* Y, int M, int K, int N, int cpb_shift,
+                                              int has_bias, int a_vec, int act_bytes) {
+#if QK_BULK
+    using L = QkNbBulk<BITS>;
+    constexpr int W = L::W, S = L::S, SC = L::SC, SB = L::SB;
+    extern __shared__ __align__(16) qk_u8 qk_nb_raw[];
+    qk_u8* sm = qk_nb_raw + ((1024u - (qk_smem_addr(qk_nb_raw) & 1023u)) & 1023u);
+    const qk_u32 base = qk_smem_addr(sm);
+    unsigned long long* bar = (unsigned long long*)(sm + L::BARS);
+    qk_u16* sA = (qk_u16*)(sm + L::ACT);
+    float* part = (float*)(sm + L::ACT + act_bytes);
+    const int lane = (int)(threadIdx.x & 31), g = lane >> 2, t = lane & 3, w = (int)(threadIdx.x >> 5);
+    const int n_chunks = (K + 63) / 64, n_super = (n_chunks + SC - 1) / SC, n_st = (n_super + W - 1) / W;
+    const int n_full = n_super - 1, Kp = n_super * SC * 64, n_tok = min(8, M), tok_row = min(g, n_tok - 1);
+    const int tiles = (N + 15) / 16, C = (int)gridDim.x, c0 = (int)blockIdx.x;
+    const int total = c0 < tiles ? ((tiles - 1 - c0) / C + 1) * n_st : 0; /* the CTA's stages */
+    const unsigned long long bm = (unsigned long long)&bmap, smp = (unsigned long long)&smap;
+    /* stage q of the CTA into slot q % S (thread 0) */
+    const auto fetch = [&](int q) {
+        const int slot = q % S, s0 = (q % n_st) * W, row0 = 16 * (c0 + (q / n_st) * C);
+        const int n = min(W, n_super - s0);
+        const qk_u32 b = qk_smem_addr(&bar[slot]);
+        qk_mbar_expect(b, (qk_u32)(n * L::PIECE + L::SSLOT));
+        for (int i = 0; i < n; ++i) qk_tma_2d(base + (slot * W + i) * L::PIECE, bm, 64 * (s0 + i), row0, b);
+        qk_tma_2d(base + L::SCALES + slot * L::SSLOT, smp, (s0 * SC) >> cpb_shift, row0, b);
+    };
+    if (threadIdx.x == 0) {
+        for (int u = 0; u < S; ++u) qk_mbar_init(qk_smem_addr(&bar[u]));
+        qk_mbar_init_fence();
+        for (int q = 0; q < S - 1 && q < total; ++q) fetch(q);
+    }
+    if (act_bytes) qk_stage_act_paired<BITS>(sA, A, n_tok, K, Kp, a_vec);
+    __syncthreads(); /* the barriers' inits, the staged activations */
+    const int ka = qk_ring_ka<BITS>(t), kb = qk_ring_kb<BITS>(t);
+    qk_u32 zoff[4]; /* q - z, the default zero point folded in */
+    qk_fold_offsets<BITS>(1 << (BITS - 1), zoff);
+    const QkRing<1> ring(nullptr, lane);
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    int slot = 0, parity = 0, st = 0, row0 = 16 * c0, set = 0;
+    for (int q = 0; q < total; ++q) {
+        if (threadIdx.x == 0 && q + S - 1 < total) fetch(q + S - 1); /* into the slot the last barrier freed */
+        const int s = st * W + w;
+        if (s < n_super) {
+            qk_mbar_wait(qk_smem_addr(&bar[slot]), parity);
+            qk_u32 ws[1][2][4], sc16[1][2];
+            const qk_u32* piece = (const qk_u32*)(sm + (slot * W + w) * L::PIECE);
+            const qk_u16* ss = (const qk_u16*)(sm + L::SCALES + slot * L::SSLOT);
+            const int blk = ((s * SC + t % SC) >> cpb_shift) - ((st * W * SC) >> cpb_shift);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                ring.transposed4(piece, 0, h, ws[0][h]);
+                sc16[0][h] = ss[(g + 8 * h) * SB + blk];
+            }
+            if (s < n_full && act_bytes)
+                qk_ring_chunks<BITS, 1, false, true, true>(acc, ws, sc16, zoff, sA, A, s, n_chunks, g, tok_row, n_tok,
+                                                           Kp, K, ka, kb, act_bytes, a_vec);
+            else if (s < n_full && a_vec)
+                qk_ring_chunks<BITS, 1, false, true, false>(acc, ws, sc16, zoff, sA, A, s, n_chunks, g, tok_row,
+                                                            n_tok, Kp, K, ka, kb, act_bytes, a_vec);
+            else
+                qk_ring_chunks<BITS, 1, false, false, false>(acc, ws, sc16, zoff, sA, A, s, n_chunks, g, tok_row,
+                                                             n_tok, Kp, K, ka, kb, act_bytes, a_vec);
+        }
+        const bool last = st == n_st - 1;
+        float* ps = part + set * W * 128;
+        if (last)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                ps[(w * 4 + i) * 32 + lane] = acc[i];
+                acc[i] = 0.0f;
+            }
+        __syncthreads(); /* the stage's slot free; the tile's partial sums stored */
+        if (last) {
+            if (w == 0)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    float v = ps[i * 32 + lane];
+                    for (int k = 1; k < W; ++k) v += ps[(k * 4 + i) * 32 + lane];
+                    const int n = row0 + 8 * (i >> 1) + g, tok = 2 * t + (i & 1);
+                    if (n >= N || tok >= M) continue;
+                    if (has_bias) v += qk_fp16_to_float(bias[n]);
+                    Y[(qk_i64)tok * N + n] = __half_as_ushort(qk_half_rn(v));
+                }
+            st = 0;
+            row0 += 16 * C;
+            set ^= 1;
+        } else {
+            ++st;
+        }
+        if (++slot == S) {
+            slot = 0;
+            parity ^= 1;
+        }
+    }
+#else
+    __builtin_trap();
+#endif
+}
+#define QK_NBITS_BULK_DEF(BITS)                                                                                        \
+    extern "C" __global__ void __launch_bounds__(32 * QK_NBITS_BULK_W) qk_nbits_bulk_u##BITS(                           \
+        const QK_GRID_CONSTANT QkTensorMap bmap, const QK_GRID_CONSTANT QkTensorMap smap, const qk_u16* A,             \
+        const qk_u16* bias, qk_u16* Y, int M, int K, int N, int cpb_shift, int has_bias, int a_vec, int act_bytes) {   \
+        qk_nbits_bulk<BITS>(bmap, smap, A, bias, Y, M, K, N, cpb_shift, has_bias, a_vec, act_bytes);                   \
+    }
+QK_NBITS_BULK_DEF(2)
+QK_NBITS_BULK_DEF(4)
+#endif
+
 /* ------------------------------------------------ prefill: a tiled GEMM on the matrix units */
 /* qk_nbits_gemm_u{BITS}_r{R}_n{WN}_m{WM}_s{S}[_z]: any M (the launcher's: M >= 16), the default zero
  * point (or packed ones: ZP, symbols ending _z), K % 8 == 0, 16-byte aligned A and B, 4-byte aligned
