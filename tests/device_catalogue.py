@@ -252,7 +252,8 @@ SO_MUTANTS = (
 
 
 BULK = "-DQK_NBITS_BULK"
-BULK_SCALE_ROWS = (("sc16[0][h] = ss[(g + 8 * h) * SB + blk];", "sc16[0][h] = ss[g * SB + blk];"),)
+BULK_CARRY = (("if (s + W >= n_super) {", "if (s + W > n_super) {"),)
+BULK_SCALE_ROWS = (("min(row0 + g + 8 * h, N - 1) * k_blocks", "min(row0 + g, N - 1) * k_blocks"),)
 
 
 def _mma(
@@ -510,10 +511,13 @@ ORT_MUTANTS = (
     _mma("control: portable mma (shuffles), u2", None, define="-DQK_MMA_EMULATE"),
     _mma("control: portable mma (shuffles), GEMV fp32 A u4", None, define="-DQK_MMA_EMULATE", leaf="Xfp32_Wu4_Yfp32"),
     _mma("control: portable mma (shuffles), u4", None, define="-DQK_MMA_EMULATE", leaf="Xfp16_Wu4_Yfp16"),
-    # the bench-only tensor-copy decode (qk_nbits_bulk; the launcher takes it on sm_90 for M <= 8)
-    _mma("tensor-copy decode: rows 8-15 read rows 0-7's scales", "matches_oracle", edits=BULK_SCALE_ROWS, define=BULK),
-    _mma("control: tensor-copy decode (-DQK_NBITS_BULK), u2", None, define=BULK),
-    _mma("control: tensor-copy decode (-DQK_NBITS_BULK), u4", None, define=BULK, leaf="Xfp16_Wu4_Yfp16"),
+    # the bench-only bulk-copy decode (qk_nbits_bulk; the launcher takes it on sm_90 for M <= 8)
+    # (its u4 leaf: the coverage-2 u2 cases have fewer superchunks a row than its warps, so take the ring)
+    _mma("bulk-copy decode: rows 8-15 read rows 0-7's scales", "matches_oracle", edits=BULK_SCALE_ROWS, define=BULK,
+         leaf="Xfp16_Wu4_Yfp16"),
+    _mma("bulk-copy decode: a warp's sums carried into the next tile", "matches_oracle", edits=BULK_CARRY,
+         define=BULK, leaf="Xfp16_Wu4_Yfp16"),
+    _mma("control: bulk-copy decode (-DQK_NBITS_BULK), u4", None, define=BULK, leaf="Xfp16_Wu4_Yfp16"),
 )
 
 # ort/qmoe.hip (qmoe_decode, qmoe_ragged_mm; --impl cupy). Coverage 1 has a ties case (an unselected

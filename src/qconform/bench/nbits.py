@@ -16,8 +16,8 @@ folded into the weights) side by side; then the fp16 ring decode kernel as shipp
 bench-only builds ``-DQK_NBITS_RING_CONTIGUOUS``, ``-DQK_NBITS_RING_STRIDED``, ``-DQK_NBITS_RING_LDS``,
 ``-DQK_NBITS_RING_TAIL_SPLIT`` and ``-DQK_NBITS_RING_LOADS_ONLY`` (``ring_variants``).
 ``--variants f32`` / ``zp`` / ``ring``: one table only. ``--variants bulk``: the shipped ring decode
-against the bench-only ``-DQK_NBITS_BULK`` builds (``qk_nbits_bulk``: the copies by the tensor copy
-engine, sm_90) of several warps a CTA and ring slots (``BULK_BUILDS``), each output checked.
+against the bench-only ``-DQK_NBITS_BULK`` builds (``qk_nbits_bulk``: the copies by the bulk copy
+engine, sm_90) and their copies alone (``BULK_BUILDS``), each output checked.
 """
 
 from __future__ import annotations
@@ -358,14 +358,14 @@ RING_BUILDS = (
     ("no tail test", (RING_TAIL_SPLIT,)),
     ("loads only", (RING_LOADS_ONLY,)),
 )
-BULK = "-DQK_NBITS_BULK"  # build option: M <= 8 through the tensor copy engine (qk_nbits_bulk), on sm_90
+BULK = "-DQK_NBITS_BULK"  # build option: M <= 8 through the bulk copy engine (qk_nbits_bulk), on sm_90
+BULK_LOADS_ONLY = "-DQK_NBITS_BULK_LOADS_ONLY"  # build option: qk_nbits_bulk's copies and waits only (diagnostic)
 ONLY = "-DQK_MMA_DEFAULT_ONLY"  # the launcher's shapes only: a faster build, the same decode kernels
-BULK_BUILDS = (  # --variants bulk: the shipped ring kernel against qk_nbits_bulk's warps a CTA and ring slots
+BULK_BUILDS = (  # --variants bulk: the shipped ring kernel against qk_nbits_bulk and its copies alone
     ("shipped", ()),
-    ("bulk w8 s6", (BULK, ONLY)),
-    ("bulk w8 s4", (BULK, ONLY, "-DQK_NBITS_BULK_S=4")),
-    ("bulk w4 s8", (BULK, ONLY, "-DQK_NBITS_BULK_W=4", "-DQK_NBITS_BULK_S=8")),
-    ("bulk w16 s3", (BULK, ONLY, "-DQK_NBITS_BULK_W=16", "-DQK_NBITS_BULK_S=3")),
+    ("bulk w16 s3", (BULK, ONLY)),
+    ("bulk w16 s4", (BULK, ONLY, "-DQK_NBITS_BULK_S=4")),
+    ("bulk loads only", (BULK, ONLY, BULK_LOADS_ONLY)),
 )
 
 
@@ -410,7 +410,7 @@ def ring_variants(
                     ts = bl.times(lambda i, c=calls: c[i](), len(calls), reps)
                     calls[0]()
                     verdict = "not checked"
-                    if verdicts and options != (RING_LOADS_ONLY,):
+                    if verdicts and not {RING_LOADS_ONLY, BULK_LOADS_ONLY} & set(options):
                         verdict = _check_text(a, *weights[0], y, K, N, bits)
                         ok = ok and verdict.startswith("within")
                     cells += [_us(ts), f"{bl.median(roof) / bl.median(ts):.0%} {verdict[:80]}"]
@@ -585,7 +585,7 @@ def main(argv: list[str] | None = None) -> int:
         const="all",
         choices=("all", "f32", "zp", "ring", "bulk"),
         help="old and new kernels side by side, only: fp32 A (f32), fp16 A with zero points (zp), the ring"
-        " decode's build options (ring), or all three; or the bench-only tensor-copy decode builds (bulk)",
+        " decode's build options (ring), or all three; or the bench-only bulk-copy decode builds (bulk)",
     )
     p.add_argument("--prefill", action="store_true", help="the prefill GEMM's table only (M = 512 .. 4096)")
     p.add_argument("--candidates", action="store_true", help="with --prefill: every GEMM tile shape too")

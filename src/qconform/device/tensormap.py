@@ -15,7 +15,7 @@ from qconform.device import driver
 
 TENSOR_MAP = np.dtype({"names": ["opaque"], "formats": [(np.uint64, 16)], "itemsize": 128})
 UINT8, FLOAT16 = 0, 6  # CUtensorMapDataType
-SWIZZLE_NONE, SWIZZLE_64B, SWIZZLE_128B = 0, 2, 3  # CUtensorMapSwizzle
+SWIZZLE_NONE, SWIZZLE_128B = 0, 3  # CUtensorMapSwizzle
 _INTERLEAVE_NONE, _L2_PROMOTION_256B, _OOB_FILL_ZEROS = 0, 3, 0
 
 

@@ -242,15 +242,15 @@ def _launch_ring(bits: int, M: int, lay: Any, ptrs: tuple, has_bias: bool, a_vec
     return True
 
 
-BULK_OPTION = "-DQK_NBITS_BULK"  # bench-only build: M <= 8 through the tensor copy engine (qk_nbits_bulk_u{bits})
+BULK_OPTION = "-DQK_NBITS_BULK"  # bench-only build: M <= 8 through the bulk copy engine (qk_nbits_bulk_u{bits})
 
 
 def _bulk_build() -> tuple[int, int] | None:
-    """(warps a CTA, ring slots) of the build's ``qk_nbits_bulk`` (its build options QK_NBITS_BULK_W and _S, else 8 and
-    6), or None where the build has no such kernel or the device no tensor copies (before sm_90)."""
+    """(warps a CTA, ring slots) of the build's ``qk_nbits_bulk`` (its build options QK_NBITS_BULK_W and _S, else 16
+    and 3), or None where the build has no such kernel or the device no bulk copies (before sm_90)."""
     if BULK_OPTION not in launchers.OPTIONS or int(cupy.cuda.Device().compute_capability) < 90:
         return None
-    values = {"W": 8, "S": 6}
+    values = {"W": 16, "S": 3}
     for option in launchers.OPTIONS:
         for key in values:
             if option.startswith(f"-DQK_NBITS_BULK_{key}="):
@@ -258,36 +258,31 @@ def _bulk_build() -> tuple[int, int] | None:
     return values["W"], values["S"]
 
 
-def bulk_smem(bits: int, warps: int, slots: int, act: int) -> int:
-    """Dynamic shared memory of ``qk_nbits_bulk_u{bits}`` (its QkNbBulk layout): 1024 bytes of alignment
-    slack, per slot ``warps`` superchunks of 16 rows (1024 bytes each) and 16 rows of 8 ``warps`` / ``bits``
-    fp16 scales, the mbarriers, ``act`` bytes of staged activations, two sets of partial sums."""
-    scales = 16 * warps * (8 // bits) * 2
-    return 1024 + slots * (warps * 1024 + scales) + -(-8 * slots // 16) * 16 + act + 2 * warps * 512
+def bulk_smem(warps: int, slots: int, act: int) -> int:
+    """Dynamic shared memory of ``qk_nbits_bulk`` (its QkNbBulk layout): per slot 16 rows of ``warps``
+    superchunks (64 bytes each) and 16 bytes, the mbarriers, ``act`` bytes of staged activations, three
+    sets of partial sums."""
+    return slots * 16 * (warps * 64 + 16) + -(-8 * slots // 16) * 16 + act + 3 * warps * 512
 
 
 def _launch_bulk(bits: int, M: int, lay: Any, ptrs: tuple, has_bias: bool, a_vec: bool) -> bool:
-    """M <= 8, default zero point, on ``qk_nbits_bulk_u{bits}`` (bench-only ``BULK_OPTION`` on sm_90): the
-    weights (rows of a multiple of 16 bytes) and fp16 scales (k_blocks a multiple of 8) 16-byte aligned,
-    read by tensor copies; as many CTAs as are resident at once, at most one a 16-row tile. False where
-    the build, the device or the call does not fit it."""
+    """M <= 8, default zero point, on ``qk_nbits_bulk_u{bits}`` (bench-only ``BULK_OPTION`` on sm_90): B
+    16-byte aligned with rows of a multiple of 16 bytes, copied by the bulk copy engine, at least as many
+    superchunks a row as warps a CTA; as many CTAs as are resident at once, at most one a 16-row tile.
+    False where the build, the device or the call does not fit it."""
     build = _bulk_build()
     A, B, scales, _, bias, y = ptrs
     row_bytes = lay.k_blocks * lay.block_size * bits // 8
-    if build is None or row_bytes % 16 or lay.k_blocks % 8 or B.data.ptr % 16 or scales.data.ptr % 16:
+    if build is None or row_bytes % 16 or B.data.ptr % 16:
         return False
     warps, slots = build
-    bmap = tensormap.tiled_2d(B.data.ptr, tensormap.UINT8, (row_bytes, lay.N), row_bytes, (64, 16),
-                              tensormap.SWIZZLE_64B)
-    smap = tensormap.tiled_2d(scales.data.ptr, tensormap.FLOAT16, (lay.k_blocks, lay.N), 2 * lay.k_blocks,
-                              (warps * 8 // bits, 16), tensormap.SWIZZLE_NONE)
-    if bmap is None or smap is None:
-        return False
     sc, n_chunks = 8 // bits, -(-lay.K // 64)
+    if -(-n_chunks // sc) < warps:
+        return False
     kp = -(-n_chunks // sc) * sc * 64
     act = min(M, 8) * kp * 2
     act = act if act <= RING_ACT_LIMIT else 0
-    smem = bulk_smem(bits, warps, slots, act)
+    smem = bulk_smem(warps, slots, act)
     symbol = f"qk_nbits_bulk_u{bits}"
     kernel = kernel_of(MMA, symbol)
     if smem > smem_limits()[0] or (smem > 48 * 1024 and not allow_smem(kernel, smem_limits()[0])):
@@ -296,8 +291,8 @@ def _launch_bulk(bits: int, M: int, lay: Any, ptrs: tuple, has_bias: bool, a_vec
     if resident == 0:
         return False
     block_shift = (lay.block_size // 64).bit_length() - 1
-    sizes = (M, lay.K, lay.N, block_shift, has_bias, a_vec, act)
-    args = (bmap, smap, A, bias, y, *(np.int32(v) for v in sizes))
+    sizes = (M, lay.K, lay.N, block_shift, lay.k_blocks, has_bias, a_vec, act)
+    args = (B, scales, A, bias, y, *(np.int32(v) for v in sizes))
     launch_grid("matmul_nbits", MMA, symbol, min(-(-lay.N // 16), resident), 32 * warps, args, smem)
     return True
 

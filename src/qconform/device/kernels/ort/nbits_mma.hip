@@ -994,133 +994,166 @@ __device__ __noinline__ void qk_nbits_f32_tile(const float* A, const qk_u8* B, c
 QK_NBITS_MMA_BITS(2)
 QK_NBITS_MMA_BITS(4)
 
-/* ------------------------------- decode through the tensor copy engine (bench-only -DQK_NBITS_BULK) */
-/* qk_nbits_bulk_u{BITS}(bmap, smap, A, bias, Y, M, K, N, cpb_shift, has_bias, a_vec, act_bytes): M <= 8,
- * fp16 A / scales / Y, the default zero point, sm_90 only (elsewhere it traps; the launcher takes it on
- * sm_90 alone). A superchunk's arithmetic on a 16-row tile is the ring kernel's (qk_ring_chunks, R = 1:
- * the same transposed words and scales); the copies are not. The CTAs (resident at once, C = gridDim.x)
- * take the 16-row tiles c, c + C, ...; a tile's superchunks come in stages of NB_W, one a warp (warp w
- * sums superchunks w, w + NB_W, ... of the tile's rows; the warps' sums are added in warp order at the
- * tile's end, so the order is fixed by the shape and the build). Thread 0 has the tensor copy engine bring
- * the stages NB_S - 1 ahead into a ring of NB_S slots (one mbarrier a slot, qk_bulk.h; the CTA barrier
- * after a stage frees its slot): per superchunk one box of 16 rows x 64 bytes of the weight map (bmap:
- * row_bytes x N bytes, 64-byte swizzle, which lays a box out as the ring kernel's stage of one 16-row
- * tile: qk_ring_slot is that swizzle), per stage one box of 16 rows x NB_SB fp16 scales from the stage's
- * first block (smap: k_blocks x N); the copy engine writes zeros past a row and past N. Shared memory
- * (QkNbBulk, from a 1024-aligned start): the weight slots, the scale slots, the mbarriers, the staged
- * activations (act_bytes; 0: read from A), two sets of partial sums (alternate tiles). Build options:
- * -DQK_NBITS_BULK_W=W warps a CTA (default 8), -DQK_NBITS_BULK_S=S slots (default 6), each also building
- * the kernel (the bench passes them with -DQK_NBITS_BULK, which the launcher looks for). */
-#if defined(QK_NBITS_BULK) || defined(QK_NBITS_BULK_W) || defined(QK_NBITS_BULK_S)
+/* --------------------------------- decode through the bulk copy engine (bench-only -DQK_NBITS_BULK) */
+/* qk_nbits_bulk_u{BITS}(B, scales, A, bias, Y, M, K, N, cpb_shift, k_blocks, has_bias, a_vec, act_bytes):
+ * M <= 8, fp16 A / scales / Y, the default zero point, rows of a multiple of 16 bytes, B 16-byte aligned,
+ * at least NB_W superchunks a row, sm_90 only (elsewhere it traps; the launcher takes it on sm_90 alone).
+ * A superchunk's arithmetic on a 16-row tile is the ring kernel's (qk_ring_chunks, R = 1: the same
+ * transposed words, read by ldmatrix from row-major stages); the copies are not. The CTAs (resident at
+ * once, C = gridDim.x) take the 16-row tiles c, c + C, ...: the CTA's pairs (its tile j, superchunk s),
+ * p = j n_super + s, come in stages of NB_W, pair q NB_W + w of stage q to warp w. So warp w sums
+ * superchunks s = w, w + NB_W, ... of a tile's rows (the pairs run on into the next tile: no warp idles
+ * at a tile's end) and stores its sums when its next pair is in another tile; the tile's sums are added
+ * in warp order after the CTA barrier of the stage holding its last pair, by warp j % NB_W (the order
+ * fixed by the shape and the build; three sets of partial sums, so a tile's are read before tile j + 3's
+ * are stored: a tile spans at least NB_W pairs). Warp 0 has the bulk copy engine bring the stages
+ * NB_S - 1 ahead into a ring of NB_S slots (one mbarrier a slot, qk_bulk.h; the CTA barrier after a stage
+ * frees its slot): a stage's pairs are one or two runs of a tile's superchunks, each copied by one
+ * cp.async.bulk per row (a lane of warp 0 a row, the copies issued at once: the run's bytes of the row, up
+ * to the row's end; rows past N copy row N - 1, never stored) into a slot of 16 rows x NB_W superchunks,
+ * rows NB_W 64 + 16 bytes apart (the 8 rows an ldmatrix matrix reads then sit in 8 different 16-byte bank
+ * groups). Each warp loads its next pair's
+ * two scales (rows g, g + 8) a stage ahead, into registers. Shared memory (QkNbBulk): the slots, the
+ * mbarriers, the staged activations (act_bytes; 0: read from A), the partial sums. Build options
+ * -DQK_NBITS_BULK_W=W warps a CTA (default 16) and -DQK_NBITS_BULK_S=S slots (default 3) each also build
+ * the kernel (the bench passes them with -DQK_NBITS_BULK, which the launcher looks for);
+ * -DQK_NBITS_BULK_LOADS_ONLY: the copies and waits without the arithmetic (a diagnostic: zeros out). */
+#if defined(QK_NBITS_BULK) || defined(QK_NBITS_BULK_W) || defined(QK_NBITS_BULK_S) || defined(QK_NBITS_BULK_LOADS_ONLY)
 #include "qk_bulk.h"
 #ifndef QK_NBITS_BULK_W
-#define QK_NBITS_BULK_W 8
+#define QK_NBITS_BULK_W 16
 #endif
 #ifndef QK_NBITS_BULK_S
-#define QK_NBITS_BULK_S 6
+#define QK_NBITS_BULK_S 3
 #endif
-template <int BITS>
-struct QkNbBulk { /* the layout, in bytes from the aligned start (qconform.device.ort.matmul_nbits mirrors it) */
-    static constexpr int W = QK_NBITS_BULK_W, S = QK_NBITS_BULK_S, SC = 8 / BITS;
-    static constexpr int SB = W * SC;            /* scales a row a stage: its blocks of 64 */
-    static constexpr int PIECE = 1024;           /* one superchunk of 16 rows: 16 x 64 bytes */
-    static constexpr int SCALES = S * W * PIECE; /* the scale slots */
-    static constexpr int SSLOT = 16 * SB * 2;
-    static constexpr int BARS = SCALES + S * SSLOT;
+#if defined(QK_NBITS_BULK_LOADS_ONLY)
+#define NB_LOADS_ONLY 1
+#else
+#define NB_LOADS_ONLY 0
+#endif
+struct QkNbBulk { /* the layout, in bytes (qconform.device.ort.matmul_nbits mirrors it) */
+    static constexpr int W = QK_NBITS_BULK_W, S = QK_NBITS_BULK_S;
+    static constexpr int STRIDE = W * 64 + 16; /* a slot's rows */
+    static constexpr int SLOT = 16 * STRIDE;
+    static constexpr int BARS = S * SLOT;
     static constexpr int ACT = BARS + (8 * S + 15) / 16 * 16;
-    static_assert(SB >= 8 && SSLOT % 128 == 0, "a scale box of at least 16 bytes a row, slots 128-byte aligned");
+    static constexpr int SETS = 3; /* sets of partial sums: W x 4 x 32 floats each */
 };
 
+/* the scales of pair p's rows g and g + 8 (lane 4 g + t: chunk s SC + t % SC's block) */
 template <int BITS>
-__device__ __forceinline__ void qk_nbits_bulk(const QkTensorMap& bmap, const QkTensorMap& smap, const qk_u16* A,
+__device__ __forceinline__ void qk_nb_scales(qk_u32 sc[2], const qk_u16* scales, int p, int n_super, int c0, int C,
+                                             int N, int k_blocks, int cpb_shift, int g, int t) {
+    constexpr int SC = 8 / BITS;
+    const int j = p / n_super, s = p - j * n_super, row0 = 16 * (c0 + j * C), blk = (s * SC + t % SC) >> cpb_shift;
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+        sc[h] = scales[(qk_i64)min(row0 + g + 8 * h, N - 1) * k_blocks + min(blk, k_blocks - 1)];
+}
+
+template <int BITS>
+__device__ __forceinline__ void qk_nbits_bulk(const qk_u8* B, const qk_u16* scales, const qk_u16* A,
                                               const qk_u16* bias, qk_u16* Y, int M, int K, int N, int cpb_shift,
-                                              int has_bias, int a_vec, int act_bytes) {
+                                              int k_blocks, int has_bias, int a_vec, int act_bytes) {
 #if QK_BULK
-    using L = QkNbBulk<BITS>;
-    constexpr int W = L::W, S = L::S, SC = L::SC, SB = L::SB;
-    extern __shared__ __align__(16) qk_u8 qk_nb_raw[];
-    qk_u8* sm = qk_nb_raw + ((1024u - (qk_smem_addr(qk_nb_raw) & 1023u)) & 1023u);
-    const qk_u32 base = qk_smem_addr(sm);
+    using L = QkNbBulk;
+    constexpr int W = L::W, S = L::S, SC = 8 / BITS;
+    extern __shared__ __align__(16) qk_u8 qk_nb_sm[];
+    qk_u8* sm = qk_nb_sm;
     unsigned long long* bar = (unsigned long long*)(sm + L::BARS);
     qk_u16* sA = (qk_u16*)(sm + L::ACT);
     float* part = (float*)(sm + L::ACT + act_bytes);
     const int lane = (int)(threadIdx.x & 31), g = lane >> 2, t = lane & 3, w = (int)(threadIdx.x >> 5);
-    const int n_chunks = (K + 63) / 64, n_super = (n_chunks + SC - 1) / SC, n_st = (n_super + W - 1) / W;
+    const int n_chunks = (K + 63) / 64, n_super = (n_chunks + SC - 1) / SC;
     const int n_full = n_super - 1, Kp = n_super * SC * 64, n_tok = min(8, M), tok_row = min(g, n_tok - 1);
     const int tiles = (N + 15) / 16, C = (int)gridDim.x, c0 = (int)blockIdx.x;
-    const int total = c0 < tiles ? ((tiles - 1 - c0) / C + 1) * n_st : 0; /* the CTA's stages */
-    const unsigned long long bm = (unsigned long long)&bmap, smp = (unsigned long long)&smap;
-    /* stage q of the CTA into slot q % S (thread 0) */
+    const int pairs = c0 < tiles ? ((tiles - 1 - c0) / C + 1) * n_super : 0; /* the CTA's (tile, superchunk) */
+    const int stages = (pairs + W - 1) / W;
+    const qk_i64 row_bytes = (qk_i64)k_blocks * ((64 << cpb_shift) * BITS / 8);
+    /* the run of n superchunks from pair p (one tile's): bytes a row (up to the row's end) */
+    const auto run_bytes = [&](int p, int n) {
+        return (qk_u32)min((qk_i64)n * 64, row_bytes - (qk_i64)(p % n_super) * 64);
+    };
+    /* stage q of the CTA into slot q % S (warp 0): its pairs' first run to the end of its tile (lane r < 16
+     * copies row r of it), the rest from the next tile's first superchunk (lane 16 + r, row r), each row
+     * by one bulk copy into the run's columns */
     const auto fetch = [&](int q) {
-        const int slot = q % S, s0 = (q % n_st) * W, row0 = 16 * (c0 + (q / n_st) * C);
-        const int n = min(W, n_super - s0);
-        const qk_u32 b = qk_smem_addr(&bar[slot]);
-        qk_mbar_expect(b, (qk_u32)(n * L::PIECE + L::SSLOT));
-        for (int i = 0; i < n; ++i) qk_tma_2d(base + (slot * W + i) * L::PIECE, bm, 64 * (s0 + i), row0, b);
-        qk_tma_2d(base + L::SCALES + slot * L::SSLOT, smp, (s0 * SC) >> cpb_shift, row0, b);
+        const int u = q % S, p0 = q * W, n = min(W, pairs - p0);
+        const int n1 = min(n, n_super - p0 % n_super), n2 = n - n1;
+        const qk_u32 b1 = run_bytes(p0, n1), b2 = n2 ? run_bytes(p0 + n1, n2) : 0u;
+        if (lane == 0) qk_mbar_expect(qk_smem_addr(&bar[u]), 16 * (b1 + b2));
+        qk_syncwarp();
+        const bool second = lane >= 16;
+        if (second && n2 == 0) return;
+        const int p = second ? p0 + n1 : p0, j = p / n_super, r = lane & 15;
+        const int row = min(16 * (c0 + j * C) + r, N - 1);
+        qk_bulk_copy(qk_smem_addr(sm + u * L::SLOT + r * L::STRIDE + (second ? n1 : 0) * 64),
+                     B + (qk_i64)row * row_bytes + (qk_i64)(p % n_super) * 64, second ? b2 : b1,
+                     qk_smem_addr(&bar[u]));
     };
     if (threadIdx.x == 0) {
         for (int u = 0; u < S; ++u) qk_mbar_init(qk_smem_addr(&bar[u]));
         qk_mbar_init_fence();
-        for (int q = 0; q < S - 1 && q < total; ++q) fetch(q);
     }
+    if (w == 0) {
+        qk_syncwarp(); /* the inits before any lane's copy */
+        for (int q = 0; q < S - 1 && q < stages; ++q) fetch(q);
+    }
+    qk_u32 sc_next[2] = {0u, 0u};
+    if (w < pairs) qk_nb_scales<BITS>(sc_next, scales, w, n_super, c0, C, N, k_blocks, cpb_shift, g, t);
     if (act_bytes) qk_stage_act_paired<BITS>(sA, A, n_tok, K, Kp, a_vec);
     __syncthreads(); /* the barriers' inits, the staged activations */
     const int ka = qk_ring_ka<BITS>(t), kb = qk_ring_kb<BITS>(t);
     qk_u32 zoff[4]; /* q - z, the default zero point folded in */
     qk_fold_offsets<BITS>(1 << (BITS - 1), zoff);
-    const QkRing<1> ring(nullptr, lane);
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    int slot = 0, parity = 0, st = 0, row0 = 16 * c0, set = 0;
-    for (int q = 0; q < total; ++q) {
-        if (threadIdx.x == 0 && q + S - 1 < total) fetch(q + S - 1); /* into the slot the last barrier freed */
-        const int s = st * W + w;
-        if (s < n_super) {
+    int slot = 0, parity = 0;
+    for (int q = 0; q < stages; ++q) {
+        if (w == 0 && q + S - 1 < stages) fetch(q + S - 1); /* into the slot the last barrier freed */
+        const int p = q * W + w;
+        if (p < pairs) {
+            const int j = p / n_super, s = p - j * n_super;
+            qk_u32 sc16[1][2] = {{sc_next[0], sc_next[1]}};
+            if (p + W < pairs) qk_nb_scales<BITS>(sc_next, scales, p + W, n_super, c0, C, N, k_blocks, cpb_shift, g, t);
             qk_mbar_wait(qk_smem_addr(&bar[slot]), parity);
-            qk_u32 ws[1][2][4], sc16[1][2];
-            const qk_u32* piece = (const qk_u32*)(sm + (slot * W + w) * L::PIECE);
-            const qk_u16* ss = (const qk_u16*)(sm + L::SCALES + slot * L::SSLOT);
-            const int blk = ((s * SC + t % SC) >> cpb_shift) - ((st * W * SC) >> cpb_shift);
+            if (!NB_LOADS_ONLY) {
+                qk_u32 ws[1][2][4];
+                const qk_u8* col = sm + slot * L::SLOT + w * 64 + 16 * (lane >> 3);
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                ring.transposed4(piece, 0, h, ws[0][h]);
-                sc16[0][h] = ss[(g + 8 * h) * SB + blk];
+                for (int h = 0; h < 2; ++h) qk_ldmatrix_x4(ws[0][h], col + (8 * h + (lane & 7)) * L::STRIDE);
+                if (s < n_full && act_bytes)
+                    qk_ring_chunks<BITS, 1, false, true, true>(acc, ws, sc16, zoff, sA, A, s, n_chunks, g, tok_row,
+                                                               n_tok, Kp, K, ka, kb, act_bytes, a_vec);
+                else if (s < n_full && a_vec)
+                    qk_ring_chunks<BITS, 1, false, true, false>(acc, ws, sc16, zoff, sA, A, s, n_chunks, g, tok_row,
+                                                                n_tok, Kp, K, ka, kb, act_bytes, a_vec);
+                else
+                    qk_ring_chunks<BITS, 1, false, false, false>(acc, ws, sc16, zoff, sA, A, s, n_chunks, g,
+                                                                 tok_row, n_tok, Kp, K, ka, kb, act_bytes, a_vec);
             }
-            if (s < n_full && act_bytes)
-                qk_ring_chunks<BITS, 1, false, true, true>(acc, ws, sc16, zoff, sA, A, s, n_chunks, g, tok_row, n_tok,
-                                                           Kp, K, ka, kb, act_bytes, a_vec);
-            else if (s < n_full && a_vec)
-                qk_ring_chunks<BITS, 1, false, true, false>(acc, ws, sc16, zoff, sA, A, s, n_chunks, g, tok_row,
-                                                            n_tok, Kp, K, ka, kb, act_bytes, a_vec);
-            else
-                qk_ring_chunks<BITS, 1, false, false, false>(acc, ws, sc16, zoff, sA, A, s, n_chunks, g, tok_row,
-                                                             n_tok, Kp, K, ka, kb, act_bytes, a_vec);
-        }
-        const bool last = st == n_st - 1;
-        float* ps = part + set * W * 128;
-        if (last)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                ps[(w * 4 + i) * 32 + lane] = acc[i];
-                acc[i] = 0.0f;
-            }
-        __syncthreads(); /* the stage's slot free; the tile's partial sums stored */
-        if (last) {
-            if (w == 0)
+            if (s + W >= n_super) { /* the warp's last pair of tile j: its sums into set j % 3 */
+                float* ps = part + (j % L::SETS) * W * 128;
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
-                    float v = ps[i * 32 + lane];
-                    for (int k = 1; k < W; ++k) v += ps[(k * 4 + i) * 32 + lane];
-                    const int n = row0 + 8 * (i >> 1) + g, tok = 2 * t + (i & 1);
-                    if (n >= N || tok >= M) continue;
-                    if (has_bias) v += qk_fp16_to_float(bias[n]);
-                    Y[(qk_i64)tok * N + n] = __half_as_ushort(qk_half_rn(v));
+                    ps[(w * 4 + i) * 32 + lane] = acc[i];
+                    acc[i] = 0.0f;
                 }
-            st = 0;
-            row0 += 16 * C;
-            set ^= 1;
-        } else {
-            ++st;
+            }
+        }
+        __syncthreads(); /* the stage's slot free; the sums of a tile ending in it stored */
+        const int jd = min(pairs, (q + 1) * W) / n_super; /* tiles ended by this stage's end */
+        if (jd > min(pairs, q * W) / n_super && w == (jd - 1) % W) {
+            const int j = jd - 1, row0 = 16 * (c0 + j * C);
+            const float* ps = part + (j % L::SETS) * W * 128;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                float v = ps[i * 32 + lane];
+                for (int k = 1; k < W; ++k) v += ps[(k * 4 + i) * 32 + lane];
+                const int n = row0 + 8 * (i >> 1) + g, tok = 2 * t + (i & 1);
+                if (n >= N || tok >= M) continue;
+                if (has_bias) v += qk_fp16_to_float(bias[n]);
+                Y[(qk_i64)tok * N + n] = __half_as_ushort(qk_half_rn(v));
+            }
         }
         if (++slot == S) {
             slot = 0;
@@ -1133,9 +1166,9 @@ __device__ __forceinline__ void qk_nbits_bulk(const QkTensorMap& bmap, const QkT
 }
 #define QK_NBITS_BULK_DEF(BITS)                                                                                        \
     extern "C" __global__ void __launch_bounds__(32 * QK_NBITS_BULK_W) qk_nbits_bulk_u##BITS(                           \
-        const QK_GRID_CONSTANT QkTensorMap bmap, const QK_GRID_CONSTANT QkTensorMap smap, const qk_u16* A,             \
-        const qk_u16* bias, qk_u16* Y, int M, int K, int N, int cpb_shift, int has_bias, int a_vec, int act_bytes) {   \
-        qk_nbits_bulk<BITS>(bmap, smap, A, bias, Y, M, K, N, cpb_shift, has_bias, a_vec, act_bytes);                   \
+        const qk_u8* B, const qk_u16* scales, const qk_u16* A, const qk_u16* bias, qk_u16* Y, int M, int K, int N,     \
+        int cpb_shift, int k_blocks, int has_bias, int a_vec, int act_bytes) {                                         \
+        qk_nbits_bulk<BITS>(B, scales, A, bias, Y, M, K, N, cpb_shift, k_blocks, has_bias, a_vec, act_bytes);          \
     }
 QK_NBITS_BULK_DEF(2)
 QK_NBITS_BULK_DEF(4)
