@@ -180,8 +180,8 @@ if part patched; then
   # widths), four-shared-reads, no-tail-test and loads-only builds (-DQK_NBITS_RING_STRIDED,
   # -DQK_NBITS_RING_CONTIGUOUS, -DQK_NBITS_RING_LDS, -DQK_NBITS_RING_TAIL_SPLIT, -DQK_NBITS_RING_LOADS_ONLY;
   # bench.nbits --variants ring) and its bulk-copy decode (-DQK_NBITS_BULK, its warps and slots
-  # -DQK_NBITS_BULK_W=16 -DQK_NBITS_BULK_S=3 and more, its loads alone -DQK_NBITS_BULK_LOADS_ONLY; bench.nbits
-  # --variants bulk); the flash prefill's
+  # -DQK_NBITS_BULK_W=16 -DQK_NBITS_BULK_S=3 and more, its loads alone -DQK_NBITS_BULK_LOADS_ONLY, with a
+  # producer warp -DQK_NBITS_BULK_DECOUPLED; bench.nbits --variants bulk); the flash prefill's
   # session-8 kernels (-DQK_GQA_PREFILL_V1; bench.gqa_prefill --variants); the keep-quant fast GEMV's round 1
   # (-DQK_KQ_FAST_V1), its first weight loads
   # before its wait for the quantize (-DQK_KF_LOADS_FIRST), its M = 1 Q4_K / Q5_K call as two launches
@@ -200,6 +200,7 @@ if part patched; then
   front "$KERNELS/ort/nbits_mma.hip -DQK_NBITS_BULK_W=16 -DQK_NBITS_BULK_S=3" -DQK_NBITS_BULK_W=16 -DQK_NBITS_BULK_S=3 \
     "$KERNELS/ort/nbits_mma.hip"
   front "$KERNELS/ort/nbits_mma.hip -DQK_NBITS_BULK_LOADS_ONLY" -DQK_NBITS_BULK_LOADS_ONLY "$KERNELS/ort/nbits_mma.hip"
+  front "$KERNELS/ort/nbits_mma.hip -DQK_NBITS_BULK_DECOUPLED" -DQK_NBITS_BULK_DECOUPLED "$KERNELS/ort/nbits_mma.hip"
   front "$KERNELS/ort/gqa_flash.hip -DQK_GQA_PREFILL_V1" -DQK_GQA_PREFILL_V1 "$KERNELS/ort/gqa_flash.hip"
   front "$KERNELS/ggml/q8_quant.hip -DQK_PDL_TRIGGER_AT_EXIT" -DQK_PDL_TRIGGER_AT_EXIT "$KERNELS/ggml/q8_quant.hip"
   for def in -DQK_BNBM_FILL_FIRST -DQK_BNBM_A_AHEAD=1 -DQK_BNBM_A_AHEAD=2; do

@@ -252,7 +252,9 @@ SO_MUTANTS = (
 
 
 BULK = "-DQK_NBITS_BULK"
-BULK_CARRY = (("if (s + W >= n_super) {", "if (s + W > n_super) {"),)
+BULK_DEC = "-DQK_NBITS_BULK -DQK_NBITS_BULK_DECOUPLED"
+BULK_DEC_ROWS = (("qk_nb_store<W>(ps, 16 * (c0 + j * C),", "qk_nb_store<W>(ps, 16 * (c0 + (j + 1) * C),"),)
+BULK_SET = (("float* ps = part + (j % L::SETS) * W * 128;", "float* ps = part + ((j + 1) % L::SETS) * W * 128;"),)
 BULK_SCALE_ROWS = (("min(row0 + g + 8 * h, N - 1) * k_blocks", "min(row0 + g, N - 1) * k_blocks"),)
 
 
@@ -515,9 +517,13 @@ ORT_MUTANTS = (
     # (its u4 leaf: the coverage-2 u2 cases have fewer superchunks a row than its warps, so take the ring)
     _mma("bulk-copy decode: rows 8-15 read rows 0-7's scales", "matches_oracle", edits=BULK_SCALE_ROWS, define=BULK,
          leaf="Xfp16_Wu4_Yfp16"),
-    _mma("bulk-copy decode: a warp's sums carried into the next tile", "matches_oracle", edits=BULK_CARRY,
+    _mma("bulk-copy decode: a warp's sums stored in the next tile's set", "matches_oracle", edits=BULK_SET,
          define=BULK, leaf="Xfp16_Wu4_Yfp16"),
     _mma("control: bulk-copy decode (-DQK_NBITS_BULK), u4", None, define=BULK, leaf="Xfp16_Wu4_Yfp16"),
+    _mma("bulk-copy decode, decoupled: a tile's sums stored one tile on", "writes_every_output", edits=BULK_DEC_ROWS,
+         define=BULK_DEC, leaf="Xfp16_Wu4_Yfp16"),
+    _mma("control: bulk-copy decode, decoupled (-DQK_NBITS_BULK_DECOUPLED), u4", None, define=BULK_DEC,
+         leaf="Xfp16_Wu4_Yfp16"),
 )
 
 # ort/qmoe.hip (qmoe_decode, qmoe_ragged_mm; --impl cupy). Coverage 1 has a ties case (an unselected

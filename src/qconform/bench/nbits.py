@@ -360,12 +360,15 @@ RING_BUILDS = (
 )
 BULK = "-DQK_NBITS_BULK"  # build option: M <= 8 through the bulk copy engine (qk_nbits_bulk), on sm_90
 BULK_LOADS_ONLY = "-DQK_NBITS_BULK_LOADS_ONLY"  # build option: qk_nbits_bulk's copies and waits only (diagnostic)
+BULK_DECOUPLED = "-DQK_NBITS_BULK_DECOUPLED"  # build option: qk_nbits_bulk with a producer warp, no CTA barriers
 ONLY = "-DQK_MMA_DEFAULT_ONLY"  # the launcher's shapes only: a faster build, the same decode kernels
 BULK_BUILDS = (  # --variants bulk: the shipped ring kernel against qk_nbits_bulk and its copies alone
     ("shipped", ()),
     ("bulk w16 s3", (BULK, ONLY)),
     ("bulk w16 s4", (BULK, ONLY, "-DQK_NBITS_BULK_S=4")),
     ("bulk loads only", (BULK, ONLY, BULK_LOADS_ONLY)),
+    ("bulk decoupled w16 s4", (BULK, ONLY, BULK_DECOUPLED, "-DQK_NBITS_BULK_S=4")),
+    ("bulk decoupled w16 s5", (BULK, ONLY, BULK_DECOUPLED, "-DQK_NBITS_BULK_S=5")),
 )
 
 

@@ -243,11 +243,13 @@ def _launch_ring(bits: int, M: int, lay: Any, ptrs: tuple, has_bias: bool, a_vec
 
 
 BULK_OPTION = "-DQK_NBITS_BULK"  # bench-only build: M <= 8 through the bulk copy engine (qk_nbits_bulk_u{bits})
+BULK_DECOUPLED = "-DQK_NBITS_BULK_DECOUPLED"  # ... with a producer warp and per-slot release (no CTA barriers)
 
 
-def _bulk_build() -> tuple[int, int] | None:
-    """(warps a CTA, ring slots) of the build's ``qk_nbits_bulk`` (its build options QK_NBITS_BULK_W and _S, else 16
-    and 3), or None where the build has no such kernel or the device no bulk copies (before sm_90)."""
+def _bulk_build() -> tuple[int, int, bool] | None:
+    """(warps a CTA, ring slots, decoupled) of the build's ``qk_nbits_bulk`` (its build options QK_NBITS_BULK_W
+    and _S, else 16 and 3; QK_NBITS_BULK_DECOUPLED: its last warp the producer), or None where the build has
+    no such kernel or the device no bulk copies (before sm_90)."""
     if BULK_OPTION not in launchers.OPTIONS or int(cupy.cuda.Device().compute_capability) < 90:
         return None
     values = {"W": 16, "S": 3}
@@ -255,34 +257,36 @@ def _bulk_build() -> tuple[int, int] | None:
         for key in values:
             if option.startswith(f"-DQK_NBITS_BULK_{key}="):
                 values[key] = int(option.split("=", 1)[1])
-    return values["W"], values["S"]
+    return values["W"], values["S"], BULK_DECOUPLED in launchers.OPTIONS
 
 
-def bulk_smem(warps: int, slots: int, act: int) -> int:
-    """Dynamic shared memory of ``qk_nbits_bulk`` (its QkNbBulk layout): per slot 16 rows of ``warps``
-    superchunks (64 bytes each) and 16 bytes, the mbarriers, ``act`` bytes of staged activations, three
-    sets of partial sums."""
-    return slots * 16 * (warps * 64 + 16) + -(-8 * slots // 16) * 16 + act + 3 * warps * 512
+def bulk_smem(sum_warps: int, slots: int, act: int, decoupled: bool = False) -> int:
+    """Dynamic shared memory of ``qk_nbits_bulk`` (its QkNbBulk layout) with ``sum_warps`` warps summing
+    pairs: per slot 16 rows of ``sum_warps`` superchunks (64 bytes each) and 16 bytes, the mbarriers (a
+    slot's; decoupled also its empty one and two for each of the three sets), ``act`` bytes of staged
+    activations, three sets of partial sums."""
+    bars = 2 * slots + 6 if decoupled else slots
+    return slots * 16 * (sum_warps * 64 + 16) + -(-8 * bars // 16) * 16 + act + 3 * sum_warps * 512
 
 
 def _launch_bulk(bits: int, M: int, lay: Any, ptrs: tuple, has_bias: bool, a_vec: bool) -> bool:
     """M <= 8, default zero point, on ``qk_nbits_bulk_u{bits}`` (bench-only ``BULK_OPTION`` on sm_90): B
     16-byte aligned with rows of a multiple of 16 bytes, copied by the bulk copy engine, at least as many
-    superchunks a row as warps a CTA; as many CTAs as are resident at once, at most one a 16-row tile.
+    superchunks a row as warps summing them; as many CTAs as are resident at once, at most one a 16-row tile.
     False where the build, the device or the call does not fit it."""
     build = _bulk_build()
     A, B, scales, _, bias, y = ptrs
     row_bytes = lay.k_blocks * lay.block_size * bits // 8
     if build is None or row_bytes % 16 or B.data.ptr % 16:
         return False
-    warps, slots = build
-    sc, n_chunks = 8 // bits, -(-lay.K // 64)
-    if -(-n_chunks // sc) < warps:
+    warps, slots, decoupled = build
+    sc, n_chunks, sum_warps = 8 // bits, -(-lay.K // 64), warps - decoupled
+    if -(-n_chunks // sc) < sum_warps:
         return False
     kp = -(-n_chunks // sc) * sc * 64
     act = min(M, 8) * kp * 2
     act = act if act <= RING_ACT_LIMIT else 0
-    smem = bulk_smem(warps, slots, act)
+    smem = bulk_smem(sum_warps, slots, act, decoupled)
     symbol = f"qk_nbits_bulk_u{bits}"
     kernel = kernel_of(MMA, symbol)
     if smem > smem_limits()[0] or (smem > 48 * 1024 and not allow_smem(kernel, smem_limits()[0])):

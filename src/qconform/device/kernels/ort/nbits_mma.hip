@@ -1017,8 +1017,16 @@ QK_NBITS_MMA_BITS(4)
  * mbarriers, the staged activations (act_bytes; 0: read from A), the partial sums. Build options
  * -DQK_NBITS_BULK_W=W warps a CTA (default 16) and -DQK_NBITS_BULK_S=S slots (default 3) each also build
  * the kernel (the bench passes them with -DQK_NBITS_BULK, which the launcher looks for);
- * -DQK_NBITS_BULK_LOADS_ONLY: the copies and waits without the arithmetic (a diagnostic: zeros out). */
-#if defined(QK_NBITS_BULK) || defined(QK_NBITS_BULK_W) || defined(QK_NBITS_BULK_S) || defined(QK_NBITS_BULK_LOADS_ONLY)
+ * -DQK_NBITS_BULK_LOADS_ONLY: the copies and waits without the arithmetic (a diagnostic: zeros out).
+ * -DQK_NBITS_BULK_DECOUPLED (session 42; prepared, not measured): no CTA barrier after the first. The last
+ * warp is the producer: it refills a slot once each of the other W - 1 warps (a stage's pairs) has arrived
+ * on the slot's "empty" mbarrier after its reads, so a warp runs on as its data lands, up to S stages
+ * ahead of the slowest. A tile's sums go through set j % 3 by mbarriers: each warp stores its part (after
+ * the set's "free" barrier from tile j - 3's reduction) and arrives on the set's "done" barrier; warp
+ * j % (W - 1) waits for it, adds the parts in warp order, stores the tile and frees the set. The order of
+ * every sum is the one above with W - 1 warps. */
+#if defined(QK_NBITS_BULK) || defined(QK_NBITS_BULK_W) || defined(QK_NBITS_BULK_S) || defined(QK_NBITS_BULK_LOADS_ONLY) || \
+    defined(QK_NBITS_BULK_DECOUPLED)
 #include "qk_bulk.h"
 #ifndef QK_NBITS_BULK_W
 #define QK_NBITS_BULK_W 16
@@ -1031,13 +1039,20 @@ QK_NBITS_MMA_BITS(4)
 #else
 #define NB_LOADS_ONLY 0
 #endif
+#if defined(QK_NBITS_BULK_DECOUPLED)
+#define NB_DEC 1
+#else
+#define NB_DEC 0
+#endif
 struct QkNbBulk { /* the layout, in bytes (qconform.device.ort.matmul_nbits mirrors it) */
     static constexpr int W = QK_NBITS_BULK_W, S = QK_NBITS_BULK_S;
-    static constexpr int STRIDE = W * 64 + 16; /* a slot's rows */
+    static constexpr int CW = W - NB_DEC;       /* the warps summing pairs: a stage's pairs */
+    static constexpr int STRIDE = CW * 64 + 16; /* a slot's rows (an odd multiple of 16 bytes: CW 64 + 16) */
     static constexpr int SLOT = 16 * STRIDE;
     static constexpr int BARS = S * SLOT;
-    static constexpr int ACT = BARS + (8 * S + 15) / 16 * 16;
-    static constexpr int SETS = 3; /* sets of partial sums: W x 4 x 32 floats each */
+    static constexpr int NBAR = NB_DEC ? 2 * S + 6 : S; /* the slots' (and, decoupled, their empties, the sets') */
+    static constexpr int ACT = BARS + (8 * NBAR + 15) / 16 * 16;
+    static constexpr int SETS = 3; /* sets of partial sums: CW x 4 x 32 floats each */
 };
 
 /* the scales of pair p's rows g and g + 8 (lane 4 g + t: chunk s SC + t % SC's block) */
@@ -1051,16 +1066,32 @@ __device__ __forceinline__ void qk_nb_scales(qk_u32 sc[2], const qk_u16* scales,
         sc[h] = scales[(qk_i64)min(row0 + g + 8 * h, N - 1) * k_blocks + min(blk, k_blocks - 1)];
 }
 
+/* tile j's sums (ps: its set, CW warps' partial sums) added in warp order into Y (with the bias) */
+template <int CW>
+__device__ __forceinline__ void qk_nb_store(const float* ps, int row0, int lane, int g, int t, int M, int N,
+                                            int has_bias, const qk_u16* bias, qk_u16* Y) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        float v = ps[i * 32 + lane];
+        for (int k = 1; k < CW; ++k) v += ps[(k * 4 + i) * 32 + lane];
+        const int n = row0 + 8 * (i >> 1) + g, tok = 2 * t + (i & 1);
+        if (n >= N || tok >= M) continue;
+        if (has_bias) v += qk_fp16_to_float(bias[n]);
+        Y[(qk_i64)tok * N + n] = __half_as_ushort(qk_half_rn(v));
+    }
+}
+
 template <int BITS>
 __device__ __forceinline__ void qk_nbits_bulk(const qk_u8* B, const qk_u16* scales, const qk_u16* A,
                                               const qk_u16* bias, qk_u16* Y, int M, int K, int N, int cpb_shift,
                                               int k_blocks, int has_bias, int a_vec, int act_bytes) {
 #if QK_BULK
     using L = QkNbBulk;
-    constexpr int W = L::W, S = L::S, SC = 8 / BITS;
+    constexpr int W = L::CW, S = L::S, SC = 8 / BITS;
     extern __shared__ __align__(16) qk_u8 qk_nb_sm[];
     qk_u8* sm = qk_nb_sm;
     unsigned long long* bar = (unsigned long long*)(sm + L::BARS);
+    unsigned long long *empty = bar + S, *tdone = bar + 2 * S, *tfree = bar + 2 * S + 3; /* decoupled only */
     qk_u16* sA = (qk_u16*)(sm + L::ACT);
     float* part = (float*)(sm + L::ACT + act_bytes);
     const int lane = (int)(threadIdx.x & 31), g = lane >> 2, t = lane & 3, w = (int)(threadIdx.x >> 5);
@@ -1074,7 +1105,7 @@ __device__ __forceinline__ void qk_nbits_bulk(const qk_u8* B, const qk_u16* scal
     const auto run_bytes = [&](int p, int n) {
         return (qk_u32)min((qk_i64)n * 64, row_bytes - (qk_i64)(p % n_super) * 64);
     };
-    /* stage q of the CTA into slot q % S (warp 0): its pairs' first run to the end of its tile (lane r < 16
+    /* stage q of the CTA into slot q % S (one warp): its pairs' first run to the end of its tile (lane r < 16
      * copies row r of it), the rest from the next tile's first superchunk (lane 16 + r, row r), each row
      * by one bulk copy into the run's columns */
     const auto fetch = [&](int q) {
@@ -1092,24 +1123,38 @@ __device__ __forceinline__ void qk_nbits_bulk(const qk_u8* B, const qk_u16* scal
                      qk_smem_addr(&bar[u]));
     };
     if (threadIdx.x == 0) {
-        for (int u = 0; u < S; ++u) qk_mbar_init(qk_smem_addr(&bar[u]));
+        for (int u = 0; u < S; ++u) qk_mbar_init(qk_smem_addr(&bar[u]), 1);
+        if (NB_DEC) {
+            for (int u = 0; u < S; ++u) qk_mbar_init(qk_smem_addr(&empty[u]), 32 * W);
+            for (int k = 0; k < L::SETS; ++k) {
+                qk_mbar_init(qk_smem_addr(&tdone[k]), 32 * W);
+                qk_mbar_init(qk_smem_addr(&tfree[k]), 32);
+            }
+        }
         qk_mbar_init_fence();
     }
-    if (w == 0) {
+    if (!NB_DEC && w == 0) {
         qk_syncwarp(); /* the inits before any lane's copy */
         for (int q = 0; q < S - 1 && q < stages; ++q) fetch(q);
     }
     qk_u32 sc_next[2] = {0u, 0u};
-    if (w < pairs) qk_nb_scales<BITS>(sc_next, scales, w, n_super, c0, C, N, k_blocks, cpb_shift, g, t);
+    if ((!NB_DEC || w < W) && w < pairs) qk_nb_scales<BITS>(sc_next, scales, w, n_super, c0, C, N, k_blocks, cpb_shift, g, t);
     if (act_bytes) qk_stage_act_paired<BITS>(sA, A, n_tok, K, Kp, a_vec);
     __syncthreads(); /* the barriers' inits, the staged activations */
+    if (NB_DEC && w == W) { /* the producer: each slot refilled once every warp summing has released it */
+        for (int q = 0; q < stages; ++q) {
+            if (q >= S) qk_mbar_wait(qk_smem_addr(&empty[q % S]), (q / S - 1) & 1);
+            fetch(q);
+        }
+        return;
+    }
     const int ka = qk_ring_ka<BITS>(t), kb = qk_ring_kb<BITS>(t);
     qk_u32 zoff[4]; /* q - z, the default zero point folded in */
     qk_fold_offsets<BITS>(1 << (BITS - 1), zoff);
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     int slot = 0, parity = 0;
     for (int q = 0; q < stages; ++q) {
-        if (w == 0 && q + S - 1 < stages) fetch(q + S - 1); /* into the slot the last barrier freed */
+        if (!NB_DEC && w == 0 && q + S - 1 < stages) fetch(q + S - 1); /* into the slot the last barrier freed */
         const int p = q * W + w;
         if (p < pairs) {
             const int j = p / n_super, s = p - j * n_super;
@@ -1131,7 +1176,29 @@ __device__ __forceinline__ void qk_nbits_bulk(const qk_u8* B, const qk_u16* scal
                     qk_ring_chunks<BITS, 1, false, false, false>(acc, ws, sc16, zoff, sA, A, s, n_chunks, g,
                                                                  tok_row, n_tok, Kp, K, ka, kb, act_bytes, a_vec);
             }
-            if (s + W >= n_super) { /* the warp's last pair of tile j: its sums into set j % 3 */
+        }
+        if (NB_DEC) { /* the slot's reads are done: released to the producer */
+            qk_mbar_arrive(qk_smem_addr(&empty[slot]));
+            const int j = p / n_super, s = p - j * n_super;
+            if (p < pairs && s + W >= n_super) { /* the warp's last pair of tile j: its sums into set j % 3 */
+                const int set = j % L::SETS;
+                if (j >= L::SETS) qk_mbar_wait(qk_smem_addr(&tfree[set]), (j / L::SETS - 1) & 1);
+                float* ps = part + set * W * 128;
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    ps[(w * 4 + i) * 32 + lane] = acc[i];
+                    acc[i] = 0.0f;
+                }
+                qk_mbar_arrive(qk_smem_addr(&tdone[set]));
+                if (w == j % W) { /* tile j's sums, once every warp's are stored; then the set is free */
+                    qk_mbar_wait(qk_smem_addr(&tdone[set]), (j / L::SETS) & 1);
+                    qk_nb_store<W>(ps, 16 * (c0 + j * C), lane, g, t, M, N, has_bias, bias, Y);
+                    qk_mbar_arrive(qk_smem_addr(&tfree[set]));
+                }
+            }
+        } else {
+            const int j = p / n_super, s = p - j * n_super;
+            if (p < pairs && s + W >= n_super) { /* the warp's last pair of tile j: its sums into set j % 3 */
                 float* ps = part + (j % L::SETS) * W * 128;
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
@@ -1139,21 +1206,11 @@ __device__ __forceinline__ void qk_nbits_bulk(const qk_u8* B, const qk_u16* scal
                     acc[i] = 0.0f;
                 }
             }
-        }
-        __syncthreads(); /* the stage's slot free; the sums of a tile ending in it stored */
-        const int jd = min(pairs, (q + 1) * W) / n_super; /* tiles ended by this stage's end */
-        if (jd > min(pairs, q * W) / n_super && w == (jd - 1) % W) {
-            const int j = jd - 1, row0 = 16 * (c0 + j * C);
-            const float* ps = part + (j % L::SETS) * W * 128;
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                float v = ps[i * 32 + lane];
-                for (int k = 1; k < W; ++k) v += ps[(k * 4 + i) * 32 + lane];
-                const int n = row0 + 8 * (i >> 1) + g, tok = 2 * t + (i & 1);
-                if (n >= N || tok >= M) continue;
-                if (has_bias) v += qk_fp16_to_float(bias[n]);
-                Y[(qk_i64)tok * N + n] = __half_as_ushort(qk_half_rn(v));
-            }
+            __syncthreads(); /* the stage's slot free; the sums of a tile ending in it stored */
+            const int jd = min(pairs, (q + 1) * W) / n_super; /* tiles ended by this stage's end */
+            if (jd > min(pairs, q * W) / n_super && w == (jd - 1) % W)
+                qk_nb_store<W>(part + ((jd - 1) % L::SETS) * W * 128, 16 * (c0 + (jd - 1) * C), lane, g, t, M, N,
+                               has_bias, bias, Y);
         }
         if (++slot == S) {
             slot = 0;
