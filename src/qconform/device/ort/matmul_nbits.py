@@ -275,9 +275,10 @@ def _launch_bulk(bits: int, M: int, lay: Any, ptrs: tuple, has_bias: bool, a_vec
     superchunks a row as warps summing them; as many CTAs as are resident at once, at most one a 16-row tile.
     False where the build, the device or the call does not fit it."""
     build = _bulk_build()
+    if build is None:
+        return False
     A, B, scales, _, bias, y = ptrs
-    row_bytes = lay.k_blocks * lay.block_size * bits // 8
-    if build is None or row_bytes % 16 or B.data.ptr % 16:
+    if lay.k_blocks * lay.block_size * bits // 8 % 16 or B.data.ptr % 16:
         return False
     warps, slots, decoupled = build
     sc, n_chunks, sum_warps = 8 // bits, -(-lay.K // 64), warps - decoupled

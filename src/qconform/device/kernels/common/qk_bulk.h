@@ -3,8 +3,7 @@
  * a barrier's phase completes when its one arrival (the issuing thread's arrive.expect_tx) and the
  * copies' announced bytes have landed; a thread waits on a phase's parity. Barrier and destination
  * addresses are shared-window addresses (qk_smem_addr). QK_BULK is 1 where these exist; callers keep
- * a path of plain loads for the other targets (AMD, older NVIDIA, the host stand-ins). Tensor copies
- * (qk_tma_2d) read a tensor map (QkTensorMap) made on the host. */
+ * a path of plain loads for the other targets (AMD, older NVIDIA, the host stand-ins). */
 #pragma once
 #if defined(QK_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define QK_BULK 1
@@ -36,25 +35,6 @@ __device__ __forceinline__ void qk_bulk_copy(qk_u32 dst, const void* src, qk_u32
                  ::"r"(dst), "l"(src), "r"(bytes), "r"(bar)
                  : "memory");
 }
-/* the box at (x, y) (x the inner dimension, in elements) of the 2-D tensor map at tmap into dst, completing
- * on the mbarrier bar (PTX ISA "cp.async.bulk.tensor"; dst 128-byte aligned); the tensor map is a kernel
- * parameter (__grid_constant__), addressed generically */
-__device__ __forceinline__ void qk_tma_2d(qk_u32 dst, unsigned long long tmap, int x, int y, qk_u32 bar) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
-                 ::"r"(dst), "l"(tmap), "r"(x), "r"(y), "r"(bar)
-                 : "memory");
-}
 #else
 #define QK_BULK 0
 #endif
-
-#ifdef QK_CUDA
-#define QK_GRID_CONSTANT __grid_constant__
-#else
-#define QK_GRID_CONSTANT
-#endif
-/* a CUtensorMap (CUDA's driver API, cuda.h: 16 opaque 64-bit words, 128-byte aligned), made on the host
- * by cuTensorMapEncodeTiled (qconform.device.tensormap); the tensor copies read it (qk_tma_2d) */
-struct __align__(128) QkTensorMap {
-    unsigned long long opaque[16];
-};

@@ -113,6 +113,15 @@ __device__ __forceinline__ void qk_cp_async4s(qk_u32 dst, const void* src, int s
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
 
+/* the box at (x, y) (x the inner dimension, in elements) of the 2-D tensor map at tmap into dst, completing
+ * on the mbarrier bar (PTX ISA "cp.async.bulk.tensor"; the mbarriers: qk_bulk.h); the tensor map is a
+ * kernel parameter (__grid_constant__), addressed generically */
+__device__ __forceinline__ void qk_tma_2d(qk_u32 dst, qk_u64 tmap, int x, int y, qk_u32 bar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+                 ::"r"(dst), "l"(tmap), "r"(x), "r"(y), "r"(bar)
+                 : "memory");
+}
+
 __device__ __forceinline__ qk_u32 qk_sub_f16x2(qk_u32 a, qk_u32 b) {
     qk_u32 r;
     asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
@@ -575,6 +584,16 @@ __device__ __forceinline__ void qk_nbits_wgmma_rs(qk_u64 amap, qk_u64 bmap, cons
 #define QK_NBITS_WGMMA_BODY(FN, BITS, S, ZP) __builtin_trap();
 #define QK_NBITS_WGMMA_FOLD_BODY(BITS, S, ZP) __builtin_trap();
 #endif
+#ifdef QK_CUDA
+#define QK_GRID_CONSTANT __grid_constant__
+#else
+#define QK_GRID_CONSTANT
+#endif
+/* a CUtensorMap (CUDA's driver API, cuda.h: 16 opaque 64-bit words, 128-byte aligned), made on the host
+ * by cuTensorMapEncodeTiled (qconform.device.tensormap) */
+struct __align__(128) QkTensorMap {
+    unsigned long long opaque[16];
+};
 #define QK_NBITS_WGMMA_DEF(NAME, FN, BITS, S, ZP)                                                                      \
     extern "C" __global__ void __launch_bounds__(256, 1)                                                               \
         NAME(const qk_u16* A, const qk_u8* B, const qk_u16* scales, const qk_u8* zp, const qk_u16* bias, qk_u16* Y,    \
