@@ -997,26 +997,25 @@ QK_NBITS_MMA_BITS(4)
 /* --------------------------------- decode through the bulk copy engine (bench-only -DQK_NBITS_BULK) */
 /* qk_nbits_bulk_u{BITS}(B, scales, A, bias, Y, M, K, N, cpb_shift, k_blocks, has_bias, a_vec, act_bytes):
  * M <= 8, fp16 A / scales / Y, the default zero point, rows of a multiple of 16 bytes, B 16-byte aligned,
- * at least NB_W superchunks a row, sm_90 only (elsewhere it traps; the launcher takes it on sm_90 alone).
- * A superchunk's arithmetic on a 16-row tile is the ring kernel's (qk_ring_chunks, R = 1: the same
+ * at least W superchunks a row (W warps a CTA, S ring slots: the build options -DQK_NBITS_BULK_W=W, default
+ * 16, and -DQK_NBITS_BULK_S=S, default 3), sm_90 only (elsewhere it traps; the launcher takes it on sm_90
+ * alone). A superchunk's arithmetic on a 16-row tile is the ring kernel's (qk_ring_chunks, R = 1: the same
  * transposed words, read by ldmatrix from row-major stages); the copies are not. The CTAs (resident at
  * once, C = gridDim.x) take the 16-row tiles c, c + C, ...: the CTA's pairs (its tile j, superchunk s),
- * p = j n_super + s, come in stages of NB_W, pair q NB_W + w of stage q to warp w. So warp w sums
- * superchunks s = w, w + NB_W, ... of a tile's rows (the pairs run on into the next tile: no warp idles
- * at a tile's end) and stores its sums when its next pair is in another tile; the tile's sums are added
- * in warp order after the CTA barrier of the stage holding its last pair, by warp j % NB_W (the order
- * fixed by the shape and the build; three sets of partial sums, so a tile's are read before tile j + 3's
- * are stored: a tile spans at least NB_W pairs). Warp 0 has the bulk copy engine bring the stages
- * NB_S - 1 ahead into a ring of NB_S slots (one mbarrier a slot, qk_bulk.h; the CTA barrier after a stage
- * frees its slot): a stage's pairs are one or two runs of a tile's superchunks, each copied by one
- * cp.async.bulk per row (a lane of warp 0 a row, the copies issued at once: the run's bytes of the row, up
- * to the row's end; rows past N copy row N - 1, never stored) into a slot of 16 rows x NB_W superchunks,
- * rows NB_W 64 + 16 bytes apart (the 8 rows an ldmatrix matrix reads then sit in 8 different 16-byte bank
- * groups). Each warp loads its next pair's
- * two scales (rows g, g + 8) a stage ahead, into registers. Shared memory (QkNbBulk): the slots, the
- * mbarriers, the staged activations (act_bytes; 0: read from A), the partial sums. Build options
- * -DQK_NBITS_BULK_W=W warps a CTA (default 16) and -DQK_NBITS_BULK_S=S slots (default 3) each also build
- * the kernel (the bench passes them with -DQK_NBITS_BULK, which the launcher looks for);
+ * p = j n_super + s, come in stages of W, pair q W + w of stage q to warp w. So warp w sums superchunks
+ * s = w, w + W, ... of a tile's rows (the pairs run on into the next tile: no warp idles at a tile's end)
+ * and stores its sums when its next pair is in another tile; the tile's sums are added in warp order after
+ * the CTA barrier of the stage holding its last pair, by warp j % W (the order fixed by the shape and the
+ * build; three sets of partial sums, so a tile's are read before tile j + 3's are stored: a tile spans at
+ * least W pairs). Warp 0 has the bulk copy engine bring the stages S - 1 ahead into a ring of S slots (one
+ * mbarrier a slot, qk_bulk.h; the CTA barrier after a stage frees its slot): a stage's pairs are one or two
+ * runs of a tile's superchunks, each copied by one cp.async.bulk per row (a lane of warp 0 a row, the
+ * copies issued at once: the run's bytes of the row, up to the row's end; rows past N copy row N - 1,
+ * never stored) into a slot of 16 rows x W superchunks, rows 64 W + 16 bytes apart (the 8 rows an
+ * ldmatrix matrix reads then sit in 8 different 16-byte bank groups). Each warp loads its next pair's two
+ * scales (rows g, g + 8) a stage ahead, into registers. Shared memory (QkNbBulk): the slots, the
+ * mbarriers, the staged activations (act_bytes; 0: read from A), the partial sums. The W and S options each
+ * also build the kernel (the bench passes them with -DQK_NBITS_BULK, which the launcher looks for);
  * -DQK_NBITS_BULK_LOADS_ONLY: the copies and waits without the arithmetic (a diagnostic: zeros out).
  * -DQK_NBITS_BULK_DECOUPLED (session 42; prepared, not measured): no CTA barrier after the first. The last
  * warp is the producer: it refills a slot once each of the other W - 1 warps (a stage's pairs) has arrived
