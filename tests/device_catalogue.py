@@ -667,6 +667,12 @@ QMOE_G_GLU_SWAPPED: Edits = (
 )
 
 
+QMOE_BULK_ROWS: Edits = (
+    ("R.w[r] = (const uint4*)(st + (R.row[r] - r0) * (K / 2));",
+     "R.w[r] = (const uint4*)(st + ((R.row[r] - r0) & 7) * (K / 2));"),
+)
+
+
 def _qmoe(
     name: str,
     caught_by: str | None,
@@ -713,6 +719,11 @@ QMOE_MUTANTS = (
           QMOE_STAGED_UNSWIZZLED, coverage=2),
     _qmoe("control: QMoE legacy kernels (route, fc1, fc2), u4", None, "qmoe_decode", "Xfp16_Wu4_Yfp16",
           define="-DQK_MOE_LEGACY"),
+    # the bench-only bulk-copy fc1m (session 42): rows 8-15 of a task read from its stage's rows 0-7
+    _qmoe("QMoE fc1 bulk copy: rows 8-15 read rows 0-7 of the stage", "matches_oracle", "qmoe_decode",
+          "Xfp16_Wu4_Yfp16", QMOE_BULK_ROWS, define="-DQK_MOE_FC1_BULK", coverage=2),
+    _qmoe("control: QMoE fc1 through the bulk copy engine (-DQK_MOE_FC1_BULK)", None, "qmoe_decode", "Xfp16_Wu4_Yfp16",
+          define="-DQK_MOE_FC1_BULK", coverage=2),
     _qmoe("QMoE fc1 mma: a step's second segments in the first's columns", "matches_oracle", "qmoe_decode",
           "Xfp16_Wu4_Yfp16", QMOE_M_COLUMN, coverage=2),
     _qmoe("QMoE fc1 mma: staged input in value order", "matches_oracle", "qmoe_decode", "Xfp16_Wu4_Yfp16",

@@ -217,6 +217,7 @@ def test_every_patch_applies_once_to_the_shipped_kernel() -> None:
             "-DQK_KF_Q8_0_ONE",
             "-DQK_NBITS_BULK",
             "-DQK_NBITS_BULK_DECOUPLED",
+            "-DQK_MOE_FC1_BULK",
         )
         assert all(o in build for o in m.options.split() if o.startswith("-D"))
 
