@@ -70,7 +70,7 @@ def mma_parts(tasks: int, K: int) -> int:
 def fc1m_ring_bytes(slots: int, K: int, blocks: int) -> int:
     """Shared memory the bench-only bulk-copy build of qk_moe_fc1m (-DQK_MOE_FC1_BULK) adds after its staged
     input: two rounds of ``slots`` tasks, each 16 rows of K / 2 bytes and their scales (16 rows of
-    ``blocks`` fp16); qmoe.hip's qk_moe_ring_bytes."""
+    ``blocks`` fp16; qmoe.hip's qk_moe_task_bytes a task)."""
     return 2 * slots * (8 * K + 32 * blocks)
 
 

@@ -81,6 +81,7 @@ from qconform.device.qmoe_tiling import (
     mma_staged_bytes,
     staged_bytes,
 )
+from qconform.device.registry import resident_ctas
 from qconform.errors import Declined
 from qconform.ops import OpSpec
 from qconform.ops.ort.qmoe import ACTIVATION, QMOE_DECODE, QMOE_RAGGED_MM
@@ -156,9 +157,8 @@ def _fc1m_ring(name: str, slots: int, K: int, bs: int) -> int:
     kernel = kernel_of(SOURCE, name)
     smem = mma_staged_bytes(K) + ring
     per_sm = launchers.smem_limits()[1]
-    if 2 * (smem + kernel.shared_size_bytes + 1024) > per_sm or not launchers.allow_smem(kernel, smem):
-        return 0
-    return ring
+    twice = resident_ctas(THREADS // 32, kernel.num_regs, smem + kernel.shared_size_bytes, per_sm) >= 2
+    return ring if twice and launchers.allow_smem(kernel, smem) else 0
 
 
 def _fc2_on_mma(fc1m: bool, K: int, k: int, int8: bool, zp: bool) -> bool:

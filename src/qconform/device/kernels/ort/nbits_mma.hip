@@ -1065,6 +1065,15 @@ __device__ __forceinline__ void qk_nb_scales(qk_u32 sc[2], const qk_u16* scales,
         sc[h] = scales[(qk_i64)min(row0 + g + 8 * h, N - 1) * k_blocks + min(blk, k_blocks - 1)];
 }
 
+/* warp w's sums of a tile into its set ps (then zeroed for the next tile) */
+__device__ __forceinline__ void qk_nb_part(float* ps, int w, int lane, float acc[4]) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        ps[(w * 4 + i) * 32 + lane] = acc[i];
+        acc[i] = 0.0f;
+    }
+}
+
 /* tile j's sums (ps: its set, CW warps' partial sums) added in warp order into Y (with the bias) */
 template <int CW>
 __device__ __forceinline__ void qk_nb_store(const float* ps, int row0, int lane, int g, int t, int M, int N,
@@ -1183,11 +1192,7 @@ __device__ __forceinline__ void qk_nbits_bulk(const qk_u8* B, const qk_u16* scal
                 const int set = j % L::SETS;
                 if (j >= L::SETS) qk_mbar_wait(qk_smem_addr(&tfree[set]), (j / L::SETS - 1) & 1);
                 float* ps = part + set * W * 128;
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    ps[(w * 4 + i) * 32 + lane] = acc[i];
-                    acc[i] = 0.0f;
-                }
+                qk_nb_part(ps, w, lane, acc);
                 qk_mbar_arrive(qk_smem_addr(&tdone[set]));
                 if (w == j % W) { /* tile j's sums, once every warp's are stored; then the set is free */
                     qk_mbar_wait(qk_smem_addr(&tdone[set]), (j / L::SETS) & 1);
@@ -1199,11 +1204,7 @@ __device__ __forceinline__ void qk_nbits_bulk(const qk_u8* B, const qk_u16* scal
             const int j = p / n_super, s = p - j * n_super;
             if (p < pairs && s + W >= n_super) { /* the warp's last pair of tile j: its sums into set j % 3 */
                 float* ps = part + (j % L::SETS) * W * 128;
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    ps[(w * 4 + i) * 32 + lane] = acc[i];
-                    acc[i] = 0.0f;
-                }
+                qk_nb_part(ps, w, lane, acc);
             }
             __syncthreads(); /* the stage's slot free; the sums of a tile ending in it stored */
             const int jd = min(pairs, (q + 1) * W) / n_super; /* tiles ended by this stage's end */

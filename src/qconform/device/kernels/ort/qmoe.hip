@@ -1059,8 +1059,9 @@ __device__ __forceinline__ int qk_moe_seg_shift(int bs) { return bs ? 26 - __clz
  * bytes, so thread 0 copies each live task with two cp.async.bulk into its part of a ring of two rounds
  * (round b in half b % 2, completing on mbarrier b % 2; every thread waits for every round, so the
  * parities stay in step), the next round's as the current one starts; a CTA barrier after a round's sums
- * (the parts' barriers, or one more where a task has one part) frees its half. The warps then read the same words from the task's stage (qk_moe_rows2's pointers
- * moved there: qk_moe_m_run unchanged), so the output is bit-identical to qk_moe_fc1m's. Taken where N is
+ * (the parts' barriers, or one more where a task has one part) frees its half. The warps then read the
+ * same words from the task's stage (qk_moe_rows2's pointers moved there: qk_moe_m_run unchanged), so the
+ * output is bit-identical to qk_moe_fc1m's. Taken where N is
  * a multiple of 16 (whole tiles), W and S are 16-byte aligned and the launcher gave the ring's shared
  * memory (read from %dynamic_smem_size); otherwise, and off sm_90, the loads from global memory as
  * before. */
@@ -1070,9 +1071,10 @@ __device__ __forceinline__ int qk_moe_seg_shift(int bs) { return bs ? 26 - __clz
 #else
 #define QK_MOE_BULK 0
 #endif
-/* the bytes of qk_moe_fc1m's ring (two rounds of `slots` tasks: 16 rows of K / 2 bytes, then their
- * scales, 32 blocks bytes) after the staged input (qconform.device.qmoe_tiling.fc1m_ring_bytes) */
-__device__ __forceinline__ int qk_moe_ring_bytes(int slots, int K, int blocks) { return 2 * slots * (8 * K + 32 * blocks); }
+/* a task's bytes in qk_moe_fc1m's ring: 16 rows of K / 2 bytes, then their scales (32 blocks bytes); the
+ * ring, after the staged input, holds two rounds of `slots` tasks (qconform.device.qmoe_tiling's
+ * fc1m_ring_bytes) */
+__device__ __forceinline__ int qk_moe_task_bytes(int K, int blocks) { return 8 * K + 32 * blocks; }
 
 /* routing + fc1 + the activation on the matrix units (above); grid (CTAs per token, T tokens), dynamic
  * shared memory 512 bytes per step of K. `parts` warps (1, 2, 4 or 8; qmoe_tiling.mma_parts, a function
@@ -1120,21 +1122,24 @@ __device__ __forceinline__ void qk_moe_fc1m_body(const void* x, const void* logi
     qk_u32 dyn;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
     qk_u8* ring = (qk_u8*)(qk_moe_xw + steps * 32); /* after the staged input */
-    const int tb = 8 * K + 32 * blocks, G = (int)gridDim.x; /* a task's bytes in the ring */
-    const bool bulk = N % 16 == 0 && !(((size_t)W | (size_t)S) & 15) && (int)dyn >= steps * 512 + qk_moe_ring_bytes(slots, K, blocks);
+    const int tb = qk_moe_task_bytes(K, blocks), G = (int)gridDim.x;
+    const bool bulk = N % 16 == 0 && !(((size_t)W | (size_t)S) & 15) && (int)dyn >= steps * 512 + 2 * slots * tb;
+    /* the task of slot qq in round b where it is live, else -1 */
+    const auto live_task = [&](int b, int qq) {
+        const int task = b * G * slots + qq * G + (int)blockIdx.x;
+        return task < total && s_w[task / tiles] > QK_MOE_SKIP ? task : -1;
+    };
     /* round b's live tasks into half b % 2 (thread 0) */
     const auto fetch = [&](int b) {
         qk_u8* half = ring + (b & 1) * slots * tb;
         const qk_u32 bar = qk_smem_addr(&s_bar[b & 1]);
         qk_u32 bytes = 0;
-        for (int qq = 0; qq < slots; ++qq) {
-            const int task = b * G * slots + qq * G + (int)blockIdx.x, j = task / tiles;
-            if (task < total && s_w[j] > QK_MOE_SKIP) bytes += tb;
-        }
+        for (int qq = 0; qq < slots; ++qq) bytes += live_task(b, qq) >= 0 ? tb : 0;
         qk_mbar_expect(bar, bytes);
         for (int qq = 0; qq < slots; ++qq) {
-            const int task = b * G * slots + qq * G + (int)blockIdx.x, j = task / tiles;
-            if (!(task < total && s_w[j] > QK_MOE_SKIP)) continue;
+            const int task = live_task(b, qq);
+            if (task < 0) continue;
+            const int j = task / tiles;
             const qk_i64 rr = (qk_i64)s_sel[j] * N + (task - j * tiles) * 16; /* the task's first row */
             qk_bulk_copy(qk_smem_addr(half + qq * tb), W + rr * (K / 2), 8 * K, bar);
             qk_bulk_copy(qk_smem_addr(half + qq * tb + 8 * K), (const qk_u16*)S + rr * blocks, 32 * blocks, bar);
