@@ -187,7 +187,7 @@ if part patched; then
   # before its wait for the quantize (-DQK_KF_LOADS_FIRST), its M = 1 Q4_K / Q5_K call as two launches
   # (-DQK_KF_TWO_LAUNCH), its one launch without the waiting CTAs' prefetch (-DQK_KF_ONE_PREFETCH=0) and
   # Q6_K / Q8_0 staged as before the bulk copy (-DQK_KF_STAGED), or its ring with 2 slots
-  # (-DQK_KF_BULK_STAGES=2), Q8_0's in one launch (-DQK_KF_Q8_0_ONE; bench.ggml_gemv); every
+  # (-DQK_KF_BULK_STAGES=2; bench.ggml_gemv); every
   # programmatic-launch trigger dropped (-DQK_PDL_TRIGGER_AT_EXIT; bench.ggml_gemv's trigger_at_exit); the bnb
   # matrix-unit GEMM with its table filled before the ring's first loads (-DQK_BNBM_FILL_FIRST) and with
   # activation pieces loaded a step ahead (-DQK_BNBM_A_AHEAD=1, 2; bench.bnb_gemv --variants mma)
@@ -212,7 +212,6 @@ if part patched; then
   front "$KERNELS/ggml/keep_quant_fast.hip -DQK_PHASES -DQK_KF_LOADS_FIRST" -DQK_PHASES -DQK_KF_LOADS_FIRST \
     "$KERNELS/ggml/keep_quant_fast.hip"
   front "$KERNELS/ggml/keep_quant_fast.hip -DQK_KF_BULK_STAGES=2" -DQK_KF_BULK_STAGES=2 "$KERNELS/ggml/keep_quant_fast.hip"
-  front "$KERNELS/ggml/keep_quant_fast.hip -DQK_KF_Q8_0_ONE" -DQK_KF_Q8_0_ONE "$KERNELS/ggml/keep_quant_fast.hip"
   # the other builds the benches and the device mutants' controls load (each option a kernel reads: tests/
   # test_build_options.py): the portable mma's shuffle form on NVIDIA (-DQK_MMA_EMULATE), bnb's 16-copy
   # table (-DQK_BNBM_TAB16), its cpu reading on the SIMT kernel (-DQK_BNB_CPU_SIMT) and session 7's SIMT

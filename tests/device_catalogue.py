@@ -1188,8 +1188,10 @@ KEEP_QUANT_FAST_MUTANTS = (
           ONE_PRODUCERS_DELAYED + ONE_NO_WAIT),
     _bulk("control: keep-quant bulk Q6_K one launch waits for delayed quantizing CTAs", ONE_PRODUCERS_DELAYED,
           control=True),
-    _bulk("control: keep-quant bulk Q8_0 in one launch (-DQK_KF_Q8_0_ONE) under order=any", (), "Wq8_0_Aq8_0_Yfp32",
-          control=True, define="-DQK_KF_Q8_0_ONE"),
+    _bulk("keep-quant bulk Q8_0 one launch: delayed quantizing CTAs not waited for",
+          ONE_PRODUCERS_DELAYED + ONE_NO_WAIT, "Wq8_0_Aq8_0_Yfp32"),
+    _bulk("control: keep-quant bulk Q8_0 as two launches (-DQK_KF_TWO_LAUNCH) under order=any", (),
+          "Wq8_0_Aq8_0_Yfp32", control=True, define=TWO_LAUNCH),
     _fast("control: keep-quant Q6_K staged as before the bulk copy (-DQK_KF_STAGED) under order=any",
           "Wq6_K_Aq8_K_Yfp32", (), "-DQK_KF_STAGED"),
 )

@@ -310,14 +310,11 @@ def test_one_launch_kernel_is_the_two_launches_bit_for_bit(
         assert _bound_ratio(y1[None], W, qtype, a8, K) <= 1.0, (N, K, ctas)
 
 
-@pytest.mark.parametrize("qtype,define", [("Q6_K", ""), ("Q8_0", "#define QK_KF_Q8_0_ONE\n")])
-def test_bulk_one_launch_kernel_is_the_two_launches_bit_for_bit(
-    tmp_path: Path, shipped_cta: Path, qtype: str, define: str
-) -> None:
-    """Q6_K's one launch on the bulk kernel's ring (qk_kq_one_bulk_q6_k; Q8_0's in the bench-only build
-    -DQK_KF_Q8_0_ONE): every output stored, bit-identical to the two launches (the bulk kernel after the
-    quantize), the counts zero after the launch"""
-    one = _build(tmp_path, driver="keep_quant_one_cta.cpp", defines=define)
+@pytest.mark.parametrize("qtype", ["Q6_K", "Q8_0"])
+def test_bulk_one_launch_kernel_is_the_two_launches_bit_for_bit(tmp_path: Path, shipped_cta: Path, qtype: str) -> None:
+    """Q6_K's and Q8_0's one launch on the bulk kernel's ring (qk_kq_one_bulk_<t>): every output stored,
+    bit-identical to the two launches (the bulk kernel after the quantize), the counts zero after the launch"""
+    one = _build(tmp_path, driver="keep_quant_one_cta.cpp")
     for N, K, ctas in BULK_SHAPES[qtype]:
         y1, y2, W, a8 = _one_and_two_launch(tmp_path, qtype, N, K, ctas, one, shipped_cta)
         assert y1 is not None, (N, K, ctas)
@@ -344,7 +341,7 @@ def test_one_launch_kernel_mutants_are_caught(tmp_path: Path, shipped_cta: Path,
     assert y1 is None or not np.array_equal(y1.view(np.uint32), y2.view(np.uint32))
 
 
-# Q8_0's one launch (bench-only -DQK_KF_Q8_0_ONE): its last quantizing CTA never started (K = 2304: 72
+# Q8_0's one launch (qk_kq_one_bulk_q8_0): its last quantizing CTA never started (K = 2304: 72
 # blocks, a second, partial pass of 64), and a quantizing CTA's blocks one pass less one apart (the passes
 # overlap by a block, the row's last block never written where the passes are whole: K = 4096)
 Q8_0_PASS_STRIDE: Edits = (
@@ -357,7 +354,7 @@ Q8_0_PASS_STRIDE: Edits = (
 
 @pytest.mark.parametrize("edits", [ONE_LAST_PASS_SKIPPED, Q8_0_PASS_STRIDE], ids=["last_pass_skipped", "pass_stride"])
 def test_q8_0_one_launch_mutants_are_caught(tmp_path: Path, shipped_cta: Path, edits: Edits) -> None:
-    one = _build(tmp_path, edits, driver="keep_quant_one_cta.cpp", defines="#define QK_KF_Q8_0_ONE\n")
+    one = _build(tmp_path, edits, driver="keep_quant_one_cta.cpp")
     differ = []
     for K in (2304, 4096):  # 72 blocks (a partial second pass), 128 (two whole passes)
         y1, y2, _, _ = _one_and_two_launch(tmp_path, "Q8_0", 13, K, 3, one, shipped_cta)

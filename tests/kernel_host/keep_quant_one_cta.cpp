@@ -1,5 +1,5 @@
-/* Host run of keep_quant_fast.hip's one-launch M = 1 kernels (qk_kq_one_q4_k / _q5_k, and built with
- * qk_kq_one_bulk_q6_k, and built with -DQK_KF_Q8_0_ONE qk_kq_one_bulk_q8_0;
+/* Host run of keep_quant_fast.hip's one-launch M = 1 kernels (qk_kq_one_q4_k / _q5_k, qk_kq_one_bulk_q6_k
+ * and qk_kq_one_bulk_q8_0;
  * tests/test_keep_quant_fast_host.py): every CTA of a grid of G, one CTA at a time as 128 host threads
  * (tests/kernel_host/qk_portable.h), in blockIdx order as the device dispatches them: the first
  * ceil(nb / 4) quantize the fp32 row into the global act buffer (stale bytes 0x7F before the launch)
@@ -25,9 +25,7 @@ int main(int argc, char** argv) {
     memset(act, 0x7F, slots); /* stale: d 3.4e38, every quant 127 */
     auto k = kind == 4 ? qk_kq_one_q4_k : qk_kq_one_q5_k;
     if (kind == 6) k = qk_kq_one_bulk_q6_k;
-#ifdef QK_KF_Q8_0_ONE
     if (kind == 0) k = qk_kq_one_bulk_q8_0;
-#endif
     std::barrier<> bar(128);
     qk_host_barrier = &bar;
     std::barrier<> groups[4] = {std::barrier<>(32), std::barrier<>(32), std::barrier<>(32), std::barrier<>(32)};

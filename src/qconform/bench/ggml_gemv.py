@@ -32,8 +32,8 @@ the default before session 41, were measured slower and taken out: docs/perf-not
 ``--variants staged``: Q6_K and Q8_0 at M = 1 as before session 41 (``-DQK_KF_STAGED``, bench-only: each
 thread's words staged through shared memory, ``qk_kq_fast_<t>_m1``), where the default brings the weights
 into a shared-memory ring by the bulk copy engine (``qk_kq_bulk_<t>``); ``bulk_s2`` that ring with 2 slots
-instead of 3 (``-DQK_KF_BULK_STAGES=2``). ``two_launch`` takes Q6_K too: the quantize, then the bulk kernel.
-``q8_0_one``: Q8_0 in one launch as Q6_K, its first CTAs writing the row's Q8_0 words (``-DQK_KF_Q8_0_ONE``).
+instead of 3 (``-DQK_KF_BULK_STAGES=2``). ``two_launch`` takes Q6_K and Q8_0 too: the quantize, then the bulk
+kernel (their one launch on that ring: Q6_K since session 41, Q8_0 since session 42).
 (Q4_K and Q5_K on that ring in one launch were measured slower and taken out: docs/perf-notes.md, session 41.)
 
 ``--split``: for the fast kernels also the call's launches timed apart, back to back as in the call: the
@@ -77,7 +77,6 @@ VARIANTS = {
     "no_prefetch": "any",
     "staged": "any",
     "bulk_s2": "any",
-    "q8_0_one": "any",
 }
 V1_OPTION = "-DQK_KQ_FAST_V1"  # the build option of round 1's fast kernel (keep_quant_fast.hip)
 # the build options of each fast variant
@@ -93,18 +92,15 @@ OPTIONS = {
     # Q6_K / Q8_0 at M = 1 as before session 41, or the bulk copy's ring with 2 slots (bench-only)
     "staged": ("-DQK_KF_STAGED",),
     "bulk_s2": ("-DQK_KF_BULK_STAGES=2",),
-    # Q8_0's bulk kernel in one launch, its first CTAs quantizing the row (bench-only)
-    "q8_0_one": ("-DQK_KF_Q8_0_ONE",),
 }
 # the variants that change only some types' kernels: those types (every other fast variant: FAST_TYPES)
 ROUND2, BULK = ("Q4_K", "Q5_K"), ("Q6_K", "Q8_0")  # round 2's types (fast-v1 is round 1), the bulk kernel's
 VARIANT_TYPES = {
     "fast-v1": ROUND2,
     "no_prefetch": ROUND2,
-    "two_launch": (*ROUND2, "Q6_K"),
+    "two_launch": (*ROUND2, *BULK),
     "staged": BULK,
     "bulk_s2": BULK,
-    "q8_0_one": ("Q8_0",),
 }
 
 

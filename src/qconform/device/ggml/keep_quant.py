@@ -71,7 +71,6 @@ QUANT_PASS = 4  # super-blocks a quantizing CTA of qk_kq_one_<t> (a warp each)
 BULK_TYPES = ("Q6_K", "Q8_0")  # at M = 1 through shared memory (qk_kq_bulk_<t>) ...
 BULK_BLOCKS = 8  # ... where nb is a multiple of this (every row 16-byte aligned) and W is 16-byte aligned ...
 STAGED_OPTION = "-DQK_KF_STAGED"  # ... but in this build (bench-only: qk_kq_fast_<t>_m1 as before)
-Q8_0_ONE_OPTION = "-DQK_KF_Q8_0_ONE"  # bench-only: Q8_0's bulk kernel in one launch too (qk_kq_one_bulk_q8_0)
 QUANT_PASS_Q8_0 = 64  # Q8_0 blocks a quantizing CTA of qk_kq_one_bulk_q8_0 (2 lanes each)
 
 
@@ -83,13 +82,12 @@ def act_tile(M: int, tiles: tuple[int, ...] = ACT_TILES) -> int:
 def _one_launch(W_blocks: Any, wtype: str, A_fp32: Any, out: Any, N: int, nb: int) -> bool:
     """The M = 1 call of a ``ONE_LAUNCH_TYPES`` type in one launch (qk_kq_one_<t>: its first CTAs quantize
     the row into ``act`` and count themselves in a ticket buffer, the others wait for them after their
-    first weight loads; Q6_K likewise on the bulk kernel's ring, qk_kq_one_bulk_q6_k, where that kernel fits,
-    and Q8_0 in the bench-only build ``Q8_0_ONE_OPTION``);
+    first weight loads; Q6_K and Q8_0 likewise on the bulk kernel's ring, qk_kq_one_bulk_<t>, where that
+    kernel fits);
     False where the build has no such kernel (``TWO_LAUNCH_OPTIONS``) or another type."""
     if any(o in launchers.OPTIONS for o in TWO_LAUNCH_OPTIONS):
         return False
-    one_types = ("Q6_K", "Q8_0") if Q8_0_ONE_OPTION in launchers.OPTIONS else ("Q6_K",)
-    bulk_one = wtype in one_types and _bulk_fits(W_blocks, wtype, 1, nb)
+    bulk_one = wtype in BULK_TYPES and _bulk_fits(W_blocks, wtype, 1, nb)
     if bulk_one:
         symbol = f"qk_kq_one_bulk_{FAST_TYPES[wtype]}"
     elif wtype in ONE_LAUNCH_TYPES:

@@ -319,7 +319,7 @@ qk_q8_0_quant(const void* in, void* out, qk_i64 n_blocks) {
  * THREADS <= 256 (even). */
 #define Q8_0_WORDS 12
 /* lane l of block blk into its words (nothing past n_blocks); also the keep-quant one launch's
- * (keep_quant_fast.hip, bench-only -DQK_KF_Q8_0_ONE) */
+ * (keep_quant_fast.hip, qk_kq_one_bulk_q8_0) */
 __device__ __forceinline__ void qk_q8_0_words_lane(const void* in, qk_u32* aq, qk_i64 blk, int l, qk_i64 n_blocks) {
     const bool active = blk < n_blocks;
     qk_u32 w[4];
