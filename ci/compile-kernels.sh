@@ -179,9 +179,7 @@ if part patched; then
   # GEMV fp16 A: zero point through sum(a)") and the ring decode's strided (both widths), contiguous (both
   # widths), four-shared-reads, no-tail-test and loads-only builds (-DQK_NBITS_RING_STRIDED,
   # -DQK_NBITS_RING_CONTIGUOUS, -DQK_NBITS_RING_LDS, -DQK_NBITS_RING_TAIL_SPLIT, -DQK_NBITS_RING_LOADS_ONLY;
-  # bench.nbits --variants ring) and its bulk-copy decode (-DQK_NBITS_BULK, its warps and slots
-  # -DQK_NBITS_BULK_W=16 -DQK_NBITS_BULK_S=3 and more, its loads alone -DQK_NBITS_BULK_LOADS_ONLY, with a
-  # producer warp -DQK_NBITS_BULK_DECOUPLED; bench.nbits --variants bulk); the flash prefill's
+  # bench.nbits --variants ring); the flash prefill's
   # session-8 kernels (-DQK_GQA_PREFILL_V1; bench.gqa_prefill --variants); the keep-quant fast GEMV's round 1
   # (-DQK_KQ_FAST_V1), its first weight loads
   # before its wait for the quantize (-DQK_KF_LOADS_FIRST), its M = 1 Q4_K / Q5_K call as two launches
@@ -196,11 +194,6 @@ if part patched; then
     -DQK_NBITS_RING_TAIL_SPLIT -DQK_NBITS_RING_LOADS_ONLY; do
     front "$KERNELS/ort/nbits_mma.hip $def" "$def" "$KERNELS/ort/nbits_mma.hip"
   done
-  front "$KERNELS/ort/nbits_mma.hip -DQK_NBITS_BULK" -DQK_NBITS_BULK "$KERNELS/ort/nbits_mma.hip"
-  front "$KERNELS/ort/nbits_mma.hip -DQK_NBITS_BULK_W=16 -DQK_NBITS_BULK_S=3" -DQK_NBITS_BULK_W=16 -DQK_NBITS_BULK_S=3 \
-    "$KERNELS/ort/nbits_mma.hip"
-  front "$KERNELS/ort/nbits_mma.hip -DQK_NBITS_BULK_LOADS_ONLY" -DQK_NBITS_BULK_LOADS_ONLY "$KERNELS/ort/nbits_mma.hip"
-  front "$KERNELS/ort/nbits_mma.hip -DQK_NBITS_BULK_DECOUPLED" -DQK_NBITS_BULK_DECOUPLED "$KERNELS/ort/nbits_mma.hip"
   front "$KERNELS/ort/gqa_flash.hip -DQK_GQA_PREFILL_V1" -DQK_GQA_PREFILL_V1 "$KERNELS/ort/gqa_flash.hip"
   front "$KERNELS/ggml/q8_quant.hip -DQK_PDL_TRIGGER_AT_EXIT" -DQK_PDL_TRIGGER_AT_EXIT "$KERNELS/ggml/q8_quant.hip"
   for def in -DQK_BNBM_FILL_FIRST -DQK_BNBM_A_AHEAD=1 -DQK_BNBM_A_AHEAD=2; do
@@ -217,8 +210,7 @@ if part patched; then
   # table (-DQK_BNBM_TAB16), its cpu reading on the SIMT kernel (-DQK_BNB_CPU_SIMT) and session 7's SIMT
   # GEMM (-DQK_BNB_GEMM_V1), GQA's session-9 flash decode (-DQK_GQA_FLASH_V1), int8 transposed cache as
   # uint8 (-DQK_GQA_I8T_U8), the mma decode's append's reads issued first (-DQK_GQA_APPEND_LOADS_FIRST),
-  # QMoE's session-3 decode (-DQK_MOE_DECODE_V1), round 1's grouped GEMM (-DQK_MOE_GEMM_V1), fc1m's
-  # weights by the bulk copy engine (-DQK_MOE_FC1_BULK; bench.qmoe --variants fc1_bulk), the phase
+  # QMoE's session-3 decode (-DQK_MOE_DECODE_V1), round 1's grouped GEMM (-DQK_MOE_GEMM_V1), the phase
   # stamps of both decodes and of the keep-quant GEMV (-DQK_PHASES, the last also with its loads first),
   # MatMulNBits prefill without wgmma (-DQK_NBITS_NO_WGMMA)
   front "$KERNELS/bnb/gemm_mma.hip -DQK_MMA_EMULATE -DQK_BNBM_TAB16" -DQK_MMA_EMULATE -DQK_BNBM_TAB16 \
@@ -228,7 +220,7 @@ if part patched; then
   for def in -DQK_GQA_FLASH_V1 -DQK_GQA_I8T_U8 -DQK_PHASES -DQK_GQA_APPEND_LOADS_FIRST -DQK_MMA_EMULATE; do
     front "$KERNELS/ort/gqa.hip $def" "$def" "$KERNELS/ort/gqa.hip"
   done
-  for def in -DQK_MOE_DECODE_V1 -DQK_MOE_GEMM_V1 -DQK_PHASES -DQK_MMA_EMULATE -DQK_MOE_FC1_BULK; do
+  for def in -DQK_MOE_DECODE_V1 -DQK_MOE_GEMM_V1 -DQK_PHASES -DQK_MMA_EMULATE; do
     front "$KERNELS/ort/qmoe.hip $def" "$def" "$KERNELS/ort/qmoe.hip"
   done
   front "$KERNELS/ort/gqa_flash.hip -DQK_MMA_EMULATE" -DQK_MMA_EMULATE "$KERNELS/ort/gqa_flash.hip"

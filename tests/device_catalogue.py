@@ -251,13 +251,6 @@ SO_MUTANTS = (
 )
 
 
-BULK = "-DQK_NBITS_BULK"
-BULK_DEC = "-DQK_NBITS_BULK -DQK_NBITS_BULK_DECOUPLED"
-BULK_DEC_ROWS = (("qk_nb_store<W>(ps, 16 * (c0 + j * C),", "qk_nb_store<W>(ps, 16 * (c0 + (j + 1) * C),"),)
-BULK_SET = (("float* ps = part + (j % L::SETS) * W * 128;", "float* ps = part + ((j + 1) % L::SETS) * W * 128;"),)
-BULK_SCALE_ROWS = (("min(row0 + g + 8 * h, N - 1) * k_blocks", "min(row0 + g, N - 1) * k_blocks"),)
-
-
 def _mma(
     name: str, caught_by: str | None, edits: Edits = (), define: str = "", leaf: str = "Xfp16_Wu2_Yfp16"
 ) -> DeviceMutant:
@@ -513,17 +506,6 @@ ORT_MUTANTS = (
     _mma("control: portable mma (shuffles), u2", None, define="-DQK_MMA_EMULATE"),
     _mma("control: portable mma (shuffles), GEMV fp32 A u4", None, define="-DQK_MMA_EMULATE", leaf="Xfp32_Wu4_Yfp32"),
     _mma("control: portable mma (shuffles), u4", None, define="-DQK_MMA_EMULATE", leaf="Xfp16_Wu4_Yfp16"),
-    # the bench-only bulk-copy decode (qk_nbits_bulk; the launcher takes it on sm_90 for M <= 8)
-    # (its u4 leaf: the coverage-2 u2 cases have fewer superchunks a row than its warps, so take the ring)
-    _mma("bulk-copy decode: rows 8-15 read rows 0-7's scales", "matches_oracle", edits=BULK_SCALE_ROWS, define=BULK,
-         leaf="Xfp16_Wu4_Yfp16"),
-    _mma("bulk-copy decode: a warp's sums stored in the next tile's set", "matches_oracle", edits=BULK_SET,
-         define=BULK, leaf="Xfp16_Wu4_Yfp16"),
-    _mma("control: bulk-copy decode (-DQK_NBITS_BULK), u4", None, define=BULK, leaf="Xfp16_Wu4_Yfp16"),
-    _mma("bulk-copy decode, decoupled: a tile's sums stored one tile on", "writes_every_output", edits=BULK_DEC_ROWS,
-         define=BULK_DEC, leaf="Xfp16_Wu4_Yfp16"),
-    _mma("control: bulk-copy decode, decoupled (-DQK_NBITS_BULK_DECOUPLED), u4", None, define=BULK_DEC,
-         leaf="Xfp16_Wu4_Yfp16"),
 )
 
 # ort/qmoe.hip (qmoe_decode, qmoe_ragged_mm; --impl cupy). Coverage 1 has a ties case (an unselected
@@ -667,12 +649,6 @@ QMOE_G_GLU_SWAPPED: Edits = (
 )
 
 
-QMOE_BULK_ROWS: Edits = (
-    ("R.w[r] = (const uint4*)(st + (R.row[r] - r0) * (K / 2));",
-     "R.w[r] = (const uint4*)(st + ((R.row[r] - r0) & 7) * (K / 2));"),
-)
-
-
 def _qmoe(
     name: str,
     caught_by: str | None,
@@ -719,11 +695,6 @@ QMOE_MUTANTS = (
           QMOE_STAGED_UNSWIZZLED, coverage=2),
     _qmoe("control: QMoE legacy kernels (route, fc1, fc2), u4", None, "qmoe_decode", "Xfp16_Wu4_Yfp16",
           define="-DQK_MOE_LEGACY"),
-    # the bench-only bulk-copy fc1m (session 42): rows 8-15 of a task read from its stage's rows 0-7
-    _qmoe("QMoE fc1 bulk copy: rows 8-15 read rows 0-7 of the stage", "matches_oracle", "qmoe_decode",
-          "Xfp16_Wu4_Yfp16", QMOE_BULK_ROWS, define="-DQK_MOE_FC1_BULK", coverage=2),
-    _qmoe("control: QMoE fc1 through the bulk copy engine (-DQK_MOE_FC1_BULK)", None, "qmoe_decode", "Xfp16_Wu4_Yfp16",
-          define="-DQK_MOE_FC1_BULK", coverage=2),
     _qmoe("QMoE fc1 mma: a step's second segments in the first's columns", "matches_oracle", "qmoe_decode",
           "Xfp16_Wu4_Yfp16", QMOE_M_COLUMN, coverage=2),
     _qmoe("QMoE fc1 mma: staged input in value order", "matches_oracle", "qmoe_decode", "Xfp16_Wu4_Yfp16",

@@ -15,9 +15,7 @@ matrix-unit kernel (decode_zp shape) in the session-3 arithmetic (build option
 folded into the weights) side by side; then the fp16 ring decode kernel as shipped beside its
 bench-only builds ``-DQK_NBITS_RING_CONTIGUOUS``, ``-DQK_NBITS_RING_STRIDED``, ``-DQK_NBITS_RING_LDS``,
 ``-DQK_NBITS_RING_TAIL_SPLIT`` and ``-DQK_NBITS_RING_LOADS_ONLY`` (``ring_variants``).
-``--variants f32`` / ``zp`` / ``ring``: one table only. ``--variants bulk``: the shipped ring decode
-against the bench-only ``-DQK_NBITS_BULK`` builds (``qk_nbits_bulk``: the copies by the bulk copy
-engine, sm_90) and their copies alone (``BULK_BUILDS``), each output checked.
+``--variants f32`` / ``zp`` / ``ring``: one table only.
 """
 
 from __future__ import annotations
@@ -350,31 +348,7 @@ RING_TAIL_SPLIT = "-DQK_NBITS_RING_TAIL_SPLIT"  # build option: unchecked scale 
 RING_LOADS_ONLY = "-DQK_NBITS_RING_LOADS_ONLY"  # build option: the ring's copies and waits only (diagnostic)
 
 
-RING_BUILDS = (
-    ("shipped", ()),
-    ("contiguous", (RING_CONTIGUOUS,)),
-    ("strided", (RING_STRIDED,)),
-    ("four reads", (RING_LDS,)),
-    ("no tail test", (RING_TAIL_SPLIT,)),
-    ("loads only", (RING_LOADS_ONLY,)),
-)
-BULK = "-DQK_NBITS_BULK"  # build option: M <= 8 through the bulk copy engine (qk_nbits_bulk), on sm_90
-BULK_LOADS_ONLY = "-DQK_NBITS_BULK_LOADS_ONLY"  # build option: qk_nbits_bulk's copies and waits only (diagnostic)
-BULK_DECOUPLED = "-DQK_NBITS_BULK_DECOUPLED"  # build option: qk_nbits_bulk with a producer warp, no CTA barriers
-ONLY = "-DQK_MMA_DEFAULT_ONLY"  # the launcher's shapes only: a faster build, the same decode kernels
-BULK_BUILDS = (  # --variants bulk: the shipped ring kernel against qk_nbits_bulk and its copies alone
-    ("shipped", ()),
-    ("bulk w16 s3", (BULK, ONLY)),
-    ("bulk w16 s4", (BULK, ONLY, "-DQK_NBITS_BULK_S=4")),
-    ("bulk loads only", (BULK, ONLY, BULK_LOADS_ONLY)),
-    ("bulk decoupled w16 s4", (BULK, ONLY, BULK_DECOUPLED, "-DQK_NBITS_BULK_S=4")),
-    ("bulk decoupled w16 s5", (BULK, ONLY, BULK_DECOUPLED, "-DQK_NBITS_BULK_S=5")),
-)
-
-
-def ring_variants(
-    shapes=SHAPES, bits_list=(2, 4), ms=(1, 8), reps: int = 50, verdicts: bool = True, builds=RING_BUILDS
-) -> bool:
+def ring_variants(shapes=SHAPES, bits_list=(2, 4), ms=(1, 8), reps: int = 50, verdicts: bool = True) -> bool:
     """The fp16 ring decode kernel as shipped (u2: each warp a contiguous range of superchunks; u4:
     the warps' superchunks strided), with the other order (``RING_CONTIGUOUS`` for u4,
     ``RING_STRIDED`` for u2; each is the shipped build at the other width, not timed twice), with the
@@ -387,6 +361,14 @@ def ring_variants(
     from qconform.device import ort as ort_launch
 
     launcher = importlib.import_module("qconform.device.ort.matmul_nbits")  # the module, not its function
+    builds = (
+        ("shipped", ()),
+        ("contiguous", (RING_CONTIGUOUS,)),
+        ("strided", (RING_STRIDED,)),
+        ("four reads", (RING_LDS,)),
+        ("no tail test", (RING_TAIL_SPLIT,)),
+        ("loads only", (RING_LOADS_ONLY,)),
+    )
     _builds_head(f"fp16 A and scales, block {BLOCK}, default zero point", ROOF_COLUMNS, builds)
     ok = True
     for K, N in shapes:
@@ -413,7 +395,7 @@ def ring_variants(
                     ts = bl.times(lambda i, c=calls: c[i](), len(calls), reps)
                     calls[0]()
                     verdict = "not checked"
-                    if verdicts and not {RING_LOADS_ONLY, BULK_LOADS_ONLY} & set(options):
+                    if verdicts and options != (RING_LOADS_ONLY,):
                         verdict = _check_text(a, *weights[0], y, K, N, bits)
                         ok = ok and verdict.startswith("within")
                     cells += [_us(ts), f"{bl.median(roof) / bl.median(ts):.0%} {verdict[:80]}"]
@@ -586,9 +568,9 @@ def main(argv: list[str] | None = None) -> int:
         "--variants",
         nargs="?",
         const="all",
-        choices=("all", "f32", "zp", "ring", "bulk"),
+        choices=("all", "f32", "zp", "ring"),
         help="old and new kernels side by side, only: fp32 A (f32), fp16 A with zero points (zp), the ring"
-        " decode's build options (ring), or all three; or the bench-only bulk-copy decode builds (bulk)",
+        " decode's build options (ring), or all three",
     )
     p.add_argument("--prefill", action="store_true", help="the prefill GEMM's table only (M = 512 .. 4096)")
     p.add_argument("--candidates", action="store_true", help="with --prefill: every GEMM tile shape too")
@@ -611,10 +593,6 @@ def main(argv: list[str] | None = None) -> int:
         if args.variants in ("all", "ring"):
             shapes = SHAPES[:1] if args.quick else SHAPES
             ok = ring_variants(shapes, ms=(1,) if args.quick else (1, 8), verdicts=not args.no_verdict) and ok
-        if args.variants == "bulk":
-            shapes = SHAPES[:1] if args.quick else SHAPES
-            ms = (1,) if args.quick else (1, 8)
-            ok = ring_variants(shapes, ms=ms, verdicts=not args.no_verdict, builds=BULK_BUILDS) and ok
         return 0 if ok else 1
     if args.tune:
         tune(*SHAPES[0], reps=50)

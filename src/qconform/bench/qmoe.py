@@ -9,14 +9,13 @@ weighted sum), and whether the kernel's output on the first set is within the ca
 (``qconform.ops.ort.qmoe``, strict contract). Targets (issue text): >= 70% of the roofline and
 faster than the PyTorch baseline. PyTorch is imported here only; without it the column says so.
 
-``python -m qconform.bench.qmoe [--quick] [--json FILE] [--variants decode,decode_simt,decode_fc2v,fc1_bulk,...]``
+``python -m qconform.bench.qmoe [--quick] [--json FILE] [--variants decode,decode_simt,decode_fc2v,decode_v1,legacy]``
 ``python -m qconform.bench.qmoe --prefill [--variants grouped,grouped_v1,per_token]``: qmoe_ragged_mm at
 512 and 4096 tokens under storage=fp16 (the grouped GEMMs) against a PyTorch prefill (``bench_prefill``);
 ``grouped_v1`` (round 1's tile loop, ``-DQK_MOE_GEMM_V1``) must give the same output bits as ``grouped``.
 (``--variants``: the decode path, its fc1 or fc2 on the SIMT kernels (``decode_simt``, ``decode_fc2v``),
-its session-8 kernels ``-DQK_MOE_DECODE_V1``, the legacy kernels ``-DQK_MOE_LEGACY`` and fc1m's weights
-by the bulk copy engine ``-DQK_MOE_FC1_BULK`` (``fc1_bulk``, bench-only: its output bits must be
-``decode``'s), timed side by side on the same cold rotation, each output checked against the bound)
+its session-8 kernels ``-DQK_MOE_DECODE_V1`` and the legacy kernels ``-DQK_MOE_LEGACY``, timed side by
+side on the same cold rotation, each output checked against the bound)
 """
 
 from __future__ import annotations
@@ -134,7 +133,6 @@ VARIANTS = {  # name -> build options (qconform.device.ort.qmoe)
     "decode": (),
     "decode_simt": ("-DQK_MOE_FC1_SIMT",),  # fc1 of the fp16 input on qk_moe_fc1v (session 9), not qk_moe_fc1m
     "decode_fc2v": ("-DQK_MOE_FC2_SIMT",),  # fc2 of an fp16 layer on qk_moe_fc2v (session 9), not qk_moe_fc2m
-    "fc1_bulk": ("-DQK_MOE_FC1_BULK",),  # qk_moe_fc1m's weights by the bulk copy engine (session 42, bench-only)
     "decode_v1": ("-DQK_MOE_DECODE_V1",),
     "legacy": ("-DQK_MOE_LEGACY",),
     STREAM_ORDER: (),  # the default build with every launch in stream order (fc2m not a dependent of fc1m)

@@ -67,13 +67,6 @@ def mma_parts(tasks: int, K: int) -> int:
     return min((1, 2, 4, 8), key=lambda p: (_serial_steps(-(-tasks * p // REF_WARPS), steps, p), p))
 
 
-def fc1m_ring_bytes(slots: int, K: int, blocks: int) -> int:
-    """Shared memory the bench-only bulk-copy build of qk_moe_fc1m (-DQK_MOE_FC1_BULK) adds after its staged
-    input: two rounds of ``slots`` tasks, each 16 rows of K / 2 bytes and their scales (16 rows of
-    ``blocks`` fp16; qmoe.hip's qk_moe_task_bytes a task)."""
-    return 2 * slots * (8 * K + 32 * blocks)
-
-
 def fc2m_parts(k: int, K: int) -> int:
     """Warps sharing a (slot, 16 columns) task of qk_moe_fc2m (1, 2 or 4): a CTA's 8 warps take its k x
     parts pairs in rounds; the fewest serial steps (ties: fewer parts). A function of the shape alone."""

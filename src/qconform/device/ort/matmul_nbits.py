@@ -68,7 +68,7 @@ def _launch_mma(
     A, B, scales, zp, bias, y = ptrs
     aligned = B.data.ptr % 16 == 0 and scales.data.ptr % 4 == 0  # the ring's and the GEMM's 16- / 4-byte copies
     if M <= 8 and MMA_SHAPES["decode"].ring and kind == ZP_DEFAULT and aligned:
-        if _launch_bulk(bits, M, lay, ptrs, has_bias, a_vec) or _launch_ring(bits, M, lay, ptrs, has_bias, a_vec):
+        if _launch_ring(bits, M, lay, ptrs, has_bias, a_vec):
             return
     packed = kind == ZP_PACKED and zp.data.ptr % 4 == 0
     if M >= GEMM_MIN_M and (kind == ZP_DEFAULT or packed) and aligned and a_vec:
@@ -239,66 +239,6 @@ def _launch_ring(bits: int, M: int, lay: Any, ptrs: tuple, has_bias: bool, a_vec
     sizes = (M, lay.K, lay.N, (lay.block_size // 64).bit_length() - 1, lay.k_blocks, has_bias, a_vec, plan.act, plan.wk)
     args = (A, B, scales, bias, y, *(np.int32(v) for v in sizes))
     launch_grid("matmul_nbits", MMA, plan.symbol, plan.items, 32 * plan.wk, args, plan.smem)
-    return True
-
-
-BULK_OPTION = "-DQK_NBITS_BULK"  # bench-only build: M <= 8 through the bulk copy engine (qk_nbits_bulk_u{bits})
-BULK_DECOUPLED = "-DQK_NBITS_BULK_DECOUPLED"  # ... with a producer warp and per-slot release (no CTA barriers)
-
-
-def _bulk_build() -> tuple[int, int, bool] | None:
-    """(warps a CTA, ring slots, decoupled) of the build's ``qk_nbits_bulk`` (its build options QK_NBITS_BULK_W
-    and _S, else 16 and 3; QK_NBITS_BULK_DECOUPLED: its last warp the producer), or None where the build has
-    no such kernel or the device no bulk copies (before sm_90)."""
-    if BULK_OPTION not in launchers.OPTIONS or int(cupy.cuda.Device().compute_capability) < 90:
-        return None
-    values = {"W": 16, "S": 3}
-    for option in launchers.OPTIONS:
-        for key in values:
-            if option.startswith(f"-DQK_NBITS_BULK_{key}="):
-                values[key] = int(option.split("=", 1)[1])
-    return values["W"], values["S"], BULK_DECOUPLED in launchers.OPTIONS
-
-
-def bulk_smem(sum_warps: int, slots: int, act: int, decoupled: bool = False) -> int:
-    """Dynamic shared memory of ``qk_nbits_bulk`` (its QkNbBulk layout) with ``sum_warps`` warps summing
-    pairs: per slot 16 rows of ``sum_warps`` superchunks (64 bytes each) and 16 bytes, the mbarriers (a
-    slot's; decoupled also its empty one and two for each of the three sets), ``act`` bytes of staged
-    activations, three sets of partial sums."""
-    bars = 2 * slots + 6 if decoupled else slots
-    return slots * 16 * (sum_warps * 64 + 16) + -(-8 * bars // 16) * 16 + act + 3 * sum_warps * 512
-
-
-def _launch_bulk(bits: int, M: int, lay: Any, ptrs: tuple, has_bias: bool, a_vec: bool) -> bool:
-    """M <= 8, default zero point, on ``qk_nbits_bulk_u{bits}`` (bench-only ``BULK_OPTION`` on sm_90): B
-    16-byte aligned with rows of a multiple of 16 bytes, copied by the bulk copy engine, at least as many
-    superchunks a row as warps summing them; as many CTAs as are resident at once, at most one a 16-row tile.
-    False where the build, the device or the call does not fit it."""
-    build = _bulk_build()
-    if build is None:
-        return False
-    A, B, scales, _, bias, y = ptrs
-    if lay.k_blocks * lay.block_size * bits // 8 % 16 or B.data.ptr % 16:
-        return False
-    warps, slots, decoupled = build
-    sc, n_chunks, sum_warps = 8 // bits, -(-lay.K // 64), warps - decoupled
-    if -(-n_chunks // sc) < sum_warps:
-        return False
-    kp = -(-n_chunks // sc) * sc * 64
-    act = min(M, 8) * kp * 2
-    act = act if act <= RING_ACT_LIMIT else 0
-    smem = bulk_smem(sum_warps, slots, act, decoupled)
-    symbol = f"qk_nbits_bulk_u{bits}"
-    kernel = kernel_of(MMA, symbol)
-    if smem > smem_limits()[0] or (smem > 48 * 1024 and not allow_smem(kernel, smem_limits()[0])):
-        return False
-    resident = resident_ctas(warps, kernel.num_regs, smem, smem_limits()[1]) * sm_count()
-    if resident == 0:
-        return False
-    block_shift = (lay.block_size // 64).bit_length() - 1
-    sizes = (M, lay.K, lay.N, block_shift, lay.k_blocks, has_bias, a_vec, act)
-    args = (B, scales, A, bias, y, *(np.int32(v) for v in sizes))
-    launch_grid("matmul_nbits", MMA, symbol, min(-(-lay.N // 16), resident), 32 * warps, args, smem)
     return True
 
 

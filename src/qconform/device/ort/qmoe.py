@@ -71,7 +71,6 @@ from qconform.device.qmoe_tiling import (
     XMAX,
     chunk_words,
     fc1_ctas,
-    fc1m_ring_bytes,
     fc2_tile,
     fc2m_parts,
     fc2m_staged_bytes,
@@ -81,7 +80,6 @@ from qconform.device.qmoe_tiling import (
     mma_staged_bytes,
     staged_bytes,
 )
-from qconform.device.registry import resident_ctas
 from qconform.errors import Declined
 from qconform.ops import OpSpec
 from qconform.ops.ort.qmoe import ACTIVATION, QMOE_DECODE, QMOE_RAGGED_MM
@@ -94,7 +92,6 @@ LEGACY = "-DQK_MOE_LEGACY"  # build option: the routing / fc1 / fc2 kernels befo
 DECODE_V1 = "-DQK_MOE_DECODE_V1"  # build option: the session-8 decode kernels (input and A read from global)
 FC1_SIMT = "-DQK_MOE_FC1_SIMT"  # build option: fc1 of an fp16 input on qk_moe_fc1v, not the matrix units
 FC2_SIMT = "-DQK_MOE_FC2_SIMT"  # build option: fc2 of an fp16 input's layer on qk_moe_fc2v, not the matrix units
-FC1_BULK = "-DQK_MOE_FC1_BULK"  # bench-only build: qk_moe_fc1m's weights by the bulk copy engine (sm_90)
 FC2M_SMEM = 96 * 1024  # the most dynamic shared memory qk_moe_fc2m takes (2 CTAs per SM on an H200)
 RAGGED_V1 = "-DQK_MOE_RAGGED_V1"  # build option: qmoe_ragged_mm per token under storage=fp16 too (session 9)
 GROUP_M, GROUP_N, GROUP_K, GROUP_THREADS = 64, 64, 64, 128  # QK_MOE_GM, QK_MOE_GN, QK_MOE_GK, QK_MOE_GT
@@ -145,20 +142,6 @@ def _fc1_on_mma(x16: Any, bits: int, K: int, int8: bool, v1: bool) -> bool:
         and not v1
         and (FC1_SIMT not in launchers.OPTIONS)
     )
-
-
-def _fc1m_ring(name: str, slots: int, K: int, bs: int) -> int:
-    """The shared memory of qk_moe_fc1m's bulk-copy ring (bench-only ``FC1_BULK`` build; the kernel takes
-    the ring where it is given): its ``fc1m_ring_bytes`` where the CTA with its staged input still fits
-    twice on an SM (its launch bounds), else 0 (the kernel then loads from global memory as before)."""
-    if FC1_BULK not in launchers.OPTIONS:
-        return 0
-    ring = fc1m_ring_bytes(slots, K, K // bs if bs else 1)
-    kernel = kernel_of(SOURCE, name)
-    smem = mma_staged_bytes(K) + ring
-    per_sm = launchers.smem_limits()[1]
-    twice = resident_ctas(THREADS // 32, kernel.num_regs, smem + kernel.shared_size_bytes, per_sm) >= 2
-    return ring if twice and launchers.allow_smem(kernel, smem) else 0
 
 
 def _fc2_on_mma(fc1m: bool, K: int, k: int, int8: bool, zp: bool) -> bool:
@@ -255,8 +238,7 @@ def _qmoe(op: OpSpec, args: tuple, kwargs: dict[str, Any], out: Any) -> Any:
             fc1m = (*head, i32(bs), *flags1, i32(act), *attrs, *routing, i32(at), i32(parts))
             grid = (mma_ctas(tasks, THREADS // 32 // parts, T, launchers.sm_count()), T)
             name = "qk_moe_fc1m_z" if flags1[1] else "qk_moe_fc1m"
-            smem = mma_staged_bytes(H) + _fc1m_ring(name, THREADS // 32 // parts, H, bs)
-            launch_grid(op.name, SOURCE, name, grid, THREADS, fc1m, shared_mem=smem)
+            launch_grid(op.name, SOURCE, name, grid, THREADS, fc1m, shared_mem=mma_staged_bytes(H))
         else:
             lanes, vw, vec = _chunking(H, bits, bs, int8[0], ptrs["fc1_experts_weights"])
             fc1 = (*head, i32(bits), i32(bs), *flags1, x16, i32(act), *attrs, *routing)

@@ -8,12 +8,8 @@
 #if defined(QK_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define QK_BULK 1
 __device__ __forceinline__ qk_u32 qk_smem_addr(const void* p) { return (qk_u32)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void qk_mbar_init(qk_u32 bar, qk_u32 count = 1) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-/* one arrival (release: this thread's prior shared-memory accesses are seen by the phase's waiters) */
-__device__ __forceinline__ void qk_mbar_arrive(qk_u32 bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+__device__ __forceinline__ void qk_mbar_init(qk_u32 bar) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
 }
 /* the inits visible to the copy engine before the first copy completes on them (then a CTA barrier) */
 __device__ __forceinline__ void qk_mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }

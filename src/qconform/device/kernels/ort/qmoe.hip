@@ -1053,29 +1053,6 @@ __device__ __forceinline__ int qk_moe_seg_shift(int bs) { return bs ? 26 - __clz
 #define QK_MOE_M_WARPS 8 /* warps per CTA of qk_moe_fc1m / qk_moe_fc2m (256 threads) */
 #define QK_MOE_F2_BATCH 4 /* qk_moe_fc2m's staging: words a thread loads before converting */
 
-/* Bench-only -DQK_MOE_FC1_BULK (session 42; prepared, not measured): qk_moe_fc1m's weights and scales
- * brought into shared memory by Hopper's bulk copy engine (common/qk_bulk.h), a round's tasks ahead. A
- * task's 16 rows of one expert are 16 K / 2 contiguous bytes, and their scales 32 blocks contiguous
- * bytes, so thread 0 copies each live task with two cp.async.bulk into its part of a ring of two rounds
- * (round b in half b % 2, completing on mbarrier b % 2; every thread waits for every round, so the
- * parities stay in step), the next round's as the current one starts; a CTA barrier after a round's sums
- * (the parts' barriers, or one more where a task has one part) frees its half. The warps then read the
- * same words from the task's stage (qk_moe_rows2's pointers moved there: qk_moe_m_run unchanged), so the
- * output is bit-identical to qk_moe_fc1m's. Taken where N is
- * a multiple of 16 (whole tiles), W and S are 16-byte aligned and the launcher gave the ring's shared
- * memory (read from %dynamic_smem_size); otherwise, and off sm_90, the loads from global memory as
- * before. */
-#include "qk_bulk.h"
-#if defined(QK_MOE_FC1_BULK) && QK_BULK
-#define QK_MOE_BULK 1
-#else
-#define QK_MOE_BULK 0
-#endif
-/* a task's bytes in qk_moe_fc1m's ring: 16 rows of K / 2 bytes, then their scales (32 blocks bytes); the
- * ring, after the staged input, holds two rounds of `slots` tasks (qconform.device.qmoe_tiling's
- * fc1m_ring_bytes) */
-__device__ __forceinline__ int qk_moe_task_bytes(int K, int blocks) { return 8 * K + 32 * blocks; }
-
 /* routing + fc1 + the activation on the matrix units (above); grid (CTAs per token, T tokens), dynamic
  * shared memory 512 bytes per step of K. `parts` warps (1, 2, 4 or 8; qmoe_tiling.mma_parts, a function
  * of the shape) share a task: part p takes steps [p steps / parts, (p + 1) steps / parts) and part 0
@@ -1117,64 +1094,11 @@ __device__ __forceinline__ void qk_moe_fc1m_body(const void* x, const void* logi
     const int tiles = (N + 15) / 16, total = k * tiles, slots = QK_MOE_M_WARPS / parts;
     const int q = warp / parts, part = warp - q * parts;
     const int s_lo = part * steps / parts, s_hi = (part + 1) * steps / parts;
-#if QK_MOE_BULK
-    __shared__ unsigned long long s_bar[2];
-    qk_u32 dyn;
-    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
-    qk_u8* ring = (qk_u8*)(qk_moe_xw + steps * 32); /* after the staged input */
-    const int tb = qk_moe_task_bytes(K, blocks), G = (int)gridDim.x;
-    const bool bulk = N % 16 == 0 && !(((size_t)W | (size_t)S) & 15) && (int)dyn >= steps * 512 + 2 * slots * tb;
-    /* the task of slot qq in round b where it is live, else -1 */
-    const auto live_task = [&](int b, int qq) {
-        const int task = b * G * slots + qq * G + (int)blockIdx.x;
-        return task < total && s_w[task / tiles] > QK_MOE_SKIP ? task : -1;
-    };
-    /* round b's live tasks into half b % 2 (thread 0) */
-    const auto fetch = [&](int b) {
-        qk_u8* half = ring + (b & 1) * slots * tb;
-        const qk_u32 bar = qk_smem_addr(&s_bar[b & 1]);
-        qk_u32 bytes = 0;
-        for (int qq = 0; qq < slots; ++qq) bytes += live_task(b, qq) >= 0 ? tb : 0;
-        qk_mbar_expect(bar, bytes);
-        for (int qq = 0; qq < slots; ++qq) {
-            const int task = live_task(b, qq);
-            if (task < 0) continue;
-            const int j = task / tiles;
-            const qk_i64 rr = (qk_i64)s_sel[j] * N + (task - j * tiles) * 16; /* the task's first row */
-            qk_bulk_copy(qk_smem_addr(half + qq * tb), W + rr * (K / 2), 8 * K, bar);
-            qk_bulk_copy(qk_smem_addr(half + qq * tb + 8 * K), (const qk_u16*)S + rr * blocks, 32 * blocks, bar);
-        }
-    };
-    if (bulk) {
-        if (threadIdx.x == 0) {
-            qk_mbar_init(qk_smem_addr(&s_bar[0]));
-            qk_mbar_init(qk_smem_addr(&s_bar[1]));
-            qk_mbar_init_fence();
-            fetch(0);
-        }
-        __syncthreads(); /* the barriers' inits */
-    }
-#endif
     for (int base = 0; base < total; base += (int)gridDim.x * slots) { /* the same trip count in every warp */
         const int task = base + q * (int)gridDim.x + (int)blockIdx.x;
         const int j = task < total ? task / tiles : 0, r0 = (task - j * tiles) * 16;
         const bool live = task < total && s_w[j] > QK_MOE_SKIP; /* the same in a task's parts */
-#if QK_MOE_BULK
-        qk_moe_rows2 R = qk_moe_rows_of(f, s_sel[j], r0, g, blocks);
-        if (bulk) { /* the next round's copies, then this round's landed; the rows read from the stage */
-            const int b = base / (G * slots);
-            if (threadIdx.x == 0 && base + G * slots < total) fetch(b + 1);
-            qk_mbar_wait(qk_smem_addr(&s_bar[b & 1]), (b >> 1) & 1);
-            const qk_u8* st = ring + ((b & 1) * slots + q) * tb;
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                R.w[r] = (const uint4*)(st + (R.row[r] - r0) * (K / 2));
-                R.s[r] = (const qk_u16*)(st + 8 * K) + (R.row[r] - r0) * blocks;
-            }
-        }
-#else
         const qk_moe_rows2 R = qk_moe_rows_of(f, s_sel[j], r0, g, blocks);
-#endif
         float acc[2] = {0.0f, 0.0f};
         if (live)
             qk_moe_m_run<ZP, false>(f, s_sel[j], R, (const uint2*)qk_moe_xw, 0, s_zero, s_lo, s_hi, g, tq, nseg, bsh,
@@ -1190,9 +1114,6 @@ __device__ __forceinline__ void qk_moe_fc1m_body(const void* x, const void* logi
                     for (int p = 1; p < parts; ++p) acc[r] = QK_FADD(acc[r], s_part[warp + p][r][lane]);
             __syncthreads(); /* read before the next round's parts are stored */
         }
-#if QK_MOE_BULK
-        if (bulk && parts == 1) __syncthreads(); /* the round's half read (parts > 1: the barriers above) */
-#endif
         if (!live || part != 0) continue;
         float h[2];
 #pragma unroll
