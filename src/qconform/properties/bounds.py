@@ -43,7 +43,10 @@ class Budget:
     tiny: float
 
     def bound(self, m: ErrorModel) -> np.ndarray:
-        rounded = self.e_acc * m.mag + self.e_store * m.store_mag + (0.0 if m.slack is None else m.slack)
+        """NaN where a magnitude is infinite (0 * inf): only where the reference is non-finite too,
+        and those elements are checked for the oracle's non-finite value, not against a bound."""
+        with np.errstate(invalid="ignore"):
+            rounded = self.e_acc * m.mag + self.e_store * m.store_mag + (0.0 if m.slack is None else m.slack)
         return self.u_out * np.abs(m.ref) + (1 + self.u_out) * rounded + self.tiny
 
     def describe(self, m: ErrorModel, contract: Contract) -> str:
