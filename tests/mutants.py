@@ -432,8 +432,8 @@ def nf4_decode_one_rounding(packed, absmax, *, out=None, **kw):
     if kw.get("dtype") == "float16":
         n = kw["rows"] * kw["cols"]
         q = np.stack([packed.reshape(-1) >> 4, packed.reshape(-1) & 15], axis=1).reshape(-1)[:n]
-        exact = NF4[q].astype(np.float64) * np.repeat(absmax.astype(np.float64), kw["blocksize"])[:n]
-        with np.errstate(over="ignore", invalid="ignore"):
+        with np.errstate(over="ignore", invalid="ignore"):  # inf / NaN absmax: the products as they fall
+            exact = NF4[q].astype(np.float64) * np.repeat(absmax.astype(np.float64), kw["blocksize"])[:n]
             y[...] = exact.astype(np.float16).reshape(y.shape)
     return y
 

@@ -466,7 +466,8 @@ def q8_1_divides_by_d(x, qtype, out=None):
         qs = roundf_to_int8((xb / d[:, None]).astype(np.float32))
     hit = (d != 0) & np.isfinite(xb).all(axis=1) & np.isfinite(d)
     b["qs"][hit] = qs[hit]
-    s = (b["qs"].astype(np.int32).sum(axis=1).astype(np.float32) * d).astype(np.float32)
+    with np.errstate(all="ignore"):  # s as it falls (inf past fp32); a non-finite block's is not stored
+        s = (b["qs"].astype(np.int32).sum(axis=1).astype(np.float32) * d).astype(np.float32)
     b["s"][hit] = fp32_to_fp16_bits(s[hit])
     return y
 
