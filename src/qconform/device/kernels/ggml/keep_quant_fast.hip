@@ -878,8 +878,9 @@ KF_ONE(q5_k, 5, 176, KF_PREFETCH)
 
 #ifndef QK_KF_STAGED
 /* Q6_K (session 41) and Q8_0 (session 42) at M = 1 in one launch on the bulk kernel's ring,
- * qk_kq_one_bulk_<t>(X, W, Y, N, nb, act, count), where qk_kq_bulk_<t> would take the call: the first ceil(nb / 4) CTAs quantize the row as
- * qk_kq_one_<t>'s do, the others take the row groups as qk_kq_bulk_q6_k's CTAs, waiting for the count
+ * qk_kq_one_bulk_<t>(X, W, Y, N, nb, act, count), where qk_kq_bulk_<t> would take the call: the first
+ * kf_producers<KIND>(nb) CTAs quantize the row (kf_produce: Q6_K's Q8_K as qk_kq_one_<t>'s do, Q8_0's
+ * words), the others take the row groups as qk_kq_bulk_<t>'s CTAs, waiting for the count
  * after their first stages' copies are issued; the last of them zeroes the counts. The same bits as the
  * two launches (bench-only -DQK_KF_TWO_LAUNCH). (Q4_K and Q5_K on this ring in one launch were measured
  * slower than qk_kq_one_<t>: docs/perf-notes.md, session 41.) */
@@ -901,6 +902,6 @@ struct kb_published_wait {
         kf_consumed(count, consumers);                                                                                 \
     }
 KF_ONE_BULK(q6_k, 6, 210)
-KF_ONE_BULK(q8_0, 0, 34) /* Q8_0 likewise (session 42), its first CTAs writing qk_q8_0_quant_words' words */
+KF_ONE_BULK(q8_0, 0, 34)
 #endif
 #endif
