@@ -850,6 +850,54 @@ __device__ __forceinline__ unsigned kf_producers(qk_i64 nb) {
     return (unsigned)((nb + pass - 1) / pass);
 }
 
+#ifdef QK_KF_ROLL
+/* bench-only: a one-launch CTA's row groups n0, n0 + step, ... as one stream of trips a thread (its
+ * block columns kc, kc + 16, ... of each group in turn): row rr's words of the next trip are loaded
+ * into its registers as soon as this trip's term of row rr is formed, so a thread has the next trip's
+ * loads in flight while it finishes this trip, sums and stores a group, without a second register set.
+ * The terms, their order and the sums are kf2_rows' at M tile 1: the same bits. */
+template <int KIND, int TS, class AfterLoads>
+__device__ __forceinline__ void kf_roll_rows(const qk_u8* __restrict__ W, const qk_u8* __restrict__ aq, float* __restrict__ Y,
+                                             qk_i64 N, qk_i64 nb, qk_i64 n0, qk_i64 step, AfterLoads& after_loads) {
+    constexpr int COLS = 4 * KF_GROUPS;
+    __shared__ float part[KF_GROUPS][KF_ROWS][1];
+    const int t = threadIdx.x, w = t >> 5, c = t & 7, kc = t >> 3, g = c >> 1, half = c & 1;
+    qk_u32 raw[KF_ROWS][KF_WR(KIND)];
+    if (kc < nb && n0 < N)
+#pragma unroll
+        for (int rr = 0; rr < KF_ROWS; ++rr) kf_wload<KIND>(W + ((n0 + rr < N ? n0 + rr : N - 1) * nb + kc) * TS, c, raw[rr]);
+    after_loads(true);
+    for (; n0 < N; n0 += step) {
+        float acc[KF_ROWS];
+#pragma unroll
+        for (int rr = 0; rr < KF_ROWS; ++rr) acc[rr] = 0.0f;
+        for (qk_i64 ib = kc; ib < nb; ib += COLS) {
+            const bool same = ib + COLS < nb; /* the next trip: this group's next column, else the next group's first */
+            const qk_i64 nn = same ? n0 : n0 + step, nib = same ? ib + COLS : kc;
+            const qk_u8* a = aq + ib * KF_Q8K;
+            qk_u32 alo[4], ahi[4];
+            kf_act16(a + 4 + 64 * g + 16 * half, alo);
+            kf_act16(a + 4 + 64 * g + 32 + 16 * half, ahi);
+            const qk_u32* bs = (const qk_u32*)(a + 260 + 8 * g);
+            const qk_u32 bs0 = bs[0], bs1 = bs[1];
+            const float yd = *(const float*)a;
+#pragma unroll
+            for (int rr = 0; rr < KF_ROWS; ++rr) {
+                kf_q45_row<KIND>(raw[rr], c, alo, ahi, bs0, bs1, yd, acc[rr]);
+                if (nn < N) kf_wload<KIND>(W + ((nn + rr < N ? nn + rr : N - 1) * nb + nib) * TS, c, raw[rr]);
+            }
+        }
+#pragma unroll
+        for (int rr = 0; rr < KF_ROWS; ++rr) {
+            const float v = kf_xor_sum<32>(acc[rr]);
+            if ((t & 31) == 0) part[w][rr][0] = v;
+        }
+        kf_store<1>(part, t, 0, n0, 1, N, Y);
+        __syncthreads(); /* kf_store's reads of the partial sums before the next group writes them */
+    }
+}
+#endif
+
 template <int KIND, int TS, int PF>
 __device__ __forceinline__ void kf_one_gemv(const float* __restrict__ X, const qk_u8* __restrict__ W, float* __restrict__ Y,
                                             qk_i64 N, qk_i64 nb, qk_u8* act, unsigned* count) {
@@ -860,15 +908,24 @@ __device__ __forceinline__ void kf_one_gemv(const float* __restrict__ X, const q
     /* every thread a first trip where nb >= 16: the same call */
     kf_wait_once<PF> after{count, producers, nb >= 4 * KF_GROUPS, W, group_bytes, consumers * group_bytes, N * nb * TS, c * group_bytes, TS};
     if (!after.todo) kf_wait_published(count, producers);
+#ifdef QK_KF_ROLL
+    kf_roll_rows<KIND, TS>(W, act, Y, N, nb, c * KF_ROWS, consumers * KF_ROWS, after);
+#else
     for (qk_i64 n0 = c * KF_ROWS; n0 < N; n0 += consumers * KF_ROWS) {
         kf2_rows<KIND, TS, 1, QK_KF_STEPS_M1>(W, act, Y, 1, N, nb, 0, n0, after);
         __syncthreads(); /* kf_store's reads of the partial sums before the next group writes them */
     }
+#endif
     kf_consumed(count, consumers);
 }
 
+#ifdef QK_KF_ROLL_MIN_CTAS /* bench-only, with QK_KF_ROLL: CTAs an SM the registers must allow */
+#define KF_ONE_BOUNDS __launch_bounds__(32 * KF_GROUPS, QK_KF_ROLL_MIN_CTAS)
+#else
+#define KF_ONE_BOUNDS __launch_bounds__(32 * KF_GROUPS)
+#endif
 #define KF_ONE(NAME, KIND, TS, PF)                                                                                 \
-    extern "C" __global__ void __launch_bounds__(32 * KF_GROUPS) qk_kq_one_##NAME(                                \
+    extern "C" __global__ void KF_ONE_BOUNDS qk_kq_one_##NAME(                                                    \
         const float* X, const qk_u8* W, float* Y, qk_i64 N, qk_i64 nb, qk_u8* act, unsigned* count) {             \
         QK_WAIT_PRIOR_GRID(); /* launched as a programmatic dependent of the kernel before: X may be its output */ \
         kf_one_gemv<KIND, TS, PF>(X, W, Y, N, nb, act, count);                                                     \
