@@ -341,6 +341,25 @@ def test_one_launch_kernel_mutants_are_caught(tmp_path: Path, shipped_cta: Path,
     assert y1 is None or not np.array_equal(y1.view(np.uint32), y2.view(np.uint32))
 
 
+# the bench-only -DQK_KF_ROLL build (the next trip's words loaded row by row during this trip): the next
+# trip past a group's last column taken at ib + 16 instead of the next group's first column kc; a row's
+# next words loaded before its term of this trip is formed
+ROLL_NO_WRAP: Edits = (("nib = same ? ib + COLS : kc;", "nib = ib + COLS;"),)
+_ROLL_TERM = "                kf_q45_row<KIND>(raw[rr], c, alo, ahi, bs0, bs1, yd, acc[rr]);\n"
+_ROLL_LOAD = (
+    "                if (nn < N) kf_wload<KIND>(W + ((nn + rr < N ? nn + rr : N - 1) * nb + nib) * TS, c, raw[rr]);\n"
+)
+ROLL_LOAD_FIRST: Edits = ((_ROLL_TERM + _ROLL_LOAD, _ROLL_LOAD + _ROLL_TERM),)
+
+
+@pytest.mark.parametrize("edits", [ROLL_NO_WRAP, ROLL_LOAD_FIRST], ids=["no_wrap", "load_first"])
+def test_roll_build_mutants_are_caught(tmp_path: Path, shipped_cta: Path, edits: Edits) -> None:
+    one = _build(tmp_path, edits, driver="keep_quant_one_cta.cpp", defines=ONE_BUILDS["roll"])
+    N, K, ctas = ONE_SHAPES[0]
+    y1, y2, _, _ = _one_and_two_launch(tmp_path, "Q4_K", N, K, ctas, one, shipped_cta)
+    assert y1 is None or not np.array_equal(y1.view(np.uint32), y2.view(np.uint32))
+
+
 # Q8_0's one launch (qk_kq_one_bulk_q8_0): its last quantizing CTA never started (K = 2304: 72
 # blocks, a second, partial pass of 64), and a quantizing CTA's blocks one pass less one apart (the passes
 # overlap by a block, the row's last block never written where the passes are whole: K = 4096)
