@@ -36,6 +36,7 @@ from device_catalogue import (
     KF_Q6_STAGE_NO_D,
     ONE_FIRST_GROUP_SKIPPED,
     ONE_LANE_ORDER,
+    ROLL_NO_WRAP,
     Edits,
 )
 from test_keep_quant_fast_model import _q8_0_words
@@ -341,10 +342,8 @@ def test_one_launch_kernel_mutants_are_caught(tmp_path: Path, shipped_cta: Path,
     assert y1 is None or not np.array_equal(y1.view(np.uint32), y2.view(np.uint32))
 
 
-# the bench-only -DQK_KF_ROLL build (the next trip's words loaded row by row during this trip): the next
-# trip past a group's last column taken at ib + 16 instead of the next group's first column kc; a row's
-# next words loaded before its term of this trip is formed
-ROLL_NO_WRAP: Edits = (("nib = same ? ib + COLS : kc;", "nib = ib + COLS;"),)
+# the bench-only -DQK_KF_ROLL build (the next trip's words loaded row by row during this trip): ROLL_NO_WRAP
+# (device_catalogue); a row's next words loaded before its term of this trip is formed
 _ROLL_TERM = "                kf_q45_row<KIND>(raw[rr], c, alo, ahi, bs0, bs1, yd, acc[rr]);\n"
 _ROLL_LOAD = (
     "                if (nn < N) kf_wload<KIND>(W + ((nn + rr < N ? nn + rr : N - 1) * nb + nib) * TS, c, raw[rr]);\n"

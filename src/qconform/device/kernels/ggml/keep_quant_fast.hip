@@ -919,13 +919,8 @@ __device__ __forceinline__ void kf_one_gemv(const float* __restrict__ X, const q
     kf_consumed(count, consumers);
 }
 
-#ifdef QK_KF_ROLL_MIN_CTAS /* bench-only, with QK_KF_ROLL: CTAs an SM the registers must allow */
-#define KF_ONE_BOUNDS __launch_bounds__(32 * KF_GROUPS, QK_KF_ROLL_MIN_CTAS)
-#else
-#define KF_ONE_BOUNDS __launch_bounds__(32 * KF_GROUPS)
-#endif
 #define KF_ONE(NAME, KIND, TS, PF)                                                                                 \
-    extern "C" __global__ void KF_ONE_BOUNDS qk_kq_one_##NAME(                                                    \
+    extern "C" __global__ void __launch_bounds__(32 * KF_GROUPS) qk_kq_one_##NAME(                                \
         const float* X, const qk_u8* W, float* Y, qk_i64 N, qk_i64 nb, qk_u8* act, unsigned* count) {             \
         QK_WAIT_PRIOR_GRID(); /* launched as a programmatic dependent of the kernel before: X may be its output */ \
         kf_one_gemv<KIND, TS, PF>(X, W, Y, N, nb, act, count);                                                     \
