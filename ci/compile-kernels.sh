@@ -185,8 +185,7 @@ if part patched; then
   # before its wait for the quantize (-DQK_KF_LOADS_FIRST), its M = 1 Q4_K / Q5_K call as two launches
   # (-DQK_KF_TWO_LAUNCH), its one launch without the waiting CTAs' prefetch (-DQK_KF_ONE_PREFETCH=0) and
   # Q6_K / Q8_0 staged as before the bulk copy (-DQK_KF_STAGED), or its ring with 2 slots
-  # (-DQK_KF_BULK_STAGES=2), its one launch's row groups as one stream of trips (-DQK_KF_ROLL;
-  # bench.ggml_gemv); every
+  # (-DQK_KF_BULK_STAGES=2; bench.ggml_gemv); every
   # programmatic-launch trigger dropped (-DQK_PDL_TRIGGER_AT_EXIT; bench.ggml_gemv's trigger_at_exit); the bnb
   # matrix-unit GEMM with its table filled before the ring's first loads (-DQK_BNBM_FILL_FIRST) and with
   # activation pieces loaded a step ahead (-DQK_BNBM_A_AHEAD=1, 2; bench.bnb_gemv --variants mma)
@@ -200,8 +199,7 @@ if part patched; then
   for def in -DQK_BNBM_FILL_FIRST -DQK_BNBM_A_AHEAD=1 -DQK_BNBM_A_AHEAD=2; do
     front "$KERNELS/bnb/gemm_mma.hip $def" "$def" "$KERNELS/bnb/gemm_mma.hip"
   done
-  for def in -DQK_KQ_FAST_V1 -DQK_KF_LOADS_FIRST -DQK_KF_TWO_LAUNCH -DQK_KF_ONE_PREFETCH=0 -DQK_KF_STAGED -DQK_KF_ROLL \
-    -DQK_PHASES; do
+  for def in -DQK_KQ_FAST_V1 -DQK_KF_LOADS_FIRST -DQK_KF_TWO_LAUNCH -DQK_KF_ONE_PREFETCH=0 -DQK_KF_STAGED -DQK_PHASES; do
     front "$KERNELS/ggml/keep_quant_fast.hip $def" "$def" "$KERNELS/ggml/keep_quant_fast.hip"
   done
   front "$KERNELS/ggml/keep_quant_fast.hip -DQK_PHASES -DQK_KF_LOADS_FIRST" -DQK_PHASES -DQK_KF_LOADS_FIRST \

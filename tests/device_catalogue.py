@@ -1112,7 +1112,7 @@ def _bulk(
 # with the others' wait for them dropped (mutant) or kept (control)
 ONE_LANE_ORDER: Edits = (("x4[ib * (QK_K / 4) + 32 * k + l]", "x4[ib * (QK_K / 4) + 32 * k + (l ^ (k & 1))]"),)
 ONE_FIRST_GROUP_SKIPPED: Edits = (
-    ("for (qk_i64 n0 = c * KF_ROWS;", "for (qk_i64 n0 = (c + consumers) * KF_ROWS;"),
+    ("(W, act, Y, N, nb, c * KF_ROWS, consumers", "(W, act, Y, N, nb, (c + consumers) * KF_ROWS, consumers"),
 )
 ONE_PRODUCERS_DELAYED: Edits = (
     (
@@ -1124,10 +1124,9 @@ ONE_PRODUCERS_DELAYED: Edits = (
 ONE_NO_WAIT: Edits = (
     ("    if (threadIdx.x == 0) {\n        unsigned polls = 0u;", "    if (false) {\n        unsigned polls = 0u;"),
 )
-# bench-only -DQK_KF_ROLL (the one launch's row groups as one stream of trips a thread, the next trip's words
-# loaded row by row during this one): the next trip past a group's last block column taken at ib + 16
-# instead of the next group's first column
-ROLL = "-DQK_KF_ROLL"
+# the one launch's row groups as one stream of trips a thread (kf_roll_rows, the next trip's words loaded
+# row by row during this one): the next trip past a group's last block column taken at ib + 16 instead of
+# the next group's first column (coverage 2: M 1 x N 8192 x K 2048 gives each CTA 2-3 row groups)
 ROLL_NO_WRAP: Edits = (("nib = same ? ib + COLS : kc;", "nib = ib + COLS;"),)
 KEEP_QUANT_FAST_MUTANTS = (
     _fast("keep-quant fast: Q4_K sub-block min applied to the wrong half", "Wq4_K_Aq8_K_Yfp32", KF_MIN_WRONG_HALF),
@@ -1158,9 +1157,9 @@ KEEP_QUANT_FAST_MUTANTS = (
                  "matmul_bt_quant", None, leaf="Wq5_K_Aq8_K_Yfp32", edits=ONE_PRODUCERS_DELAYED, contract="order=any"),
     _fast("control: keep-quant two launches (-DQK_KF_TWO_LAUNCH) under order=any (Q4_K)", "Wq4_K_Aq8_K_Yfp32", (),
           TWO_LAUNCH),
-    _fast("keep-quant one launch roll (-DQK_KF_ROLL): the next trip not wrapped to the next group", "Wq4_K_Aq8_K_Yfp32",
-          ROLL_NO_WRAP, ROLL),
-    _fast("control: keep-quant one launch roll (-DQK_KF_ROLL) under order=any (Q5_K)", "Wq5_K_Aq8_K_Yfp32", (), ROLL),
+    DeviceMutant("keep-quant one launch: the next trip not wrapped to the next row group", "ggml/keep_quant_fast.hip",
+                 "", "", "matmul_bt_quant", "matches_oracle", leaf="Wq4_K_Aq8_K_Yfp32", coverage=2,
+                 edits=ROLL_NO_WRAP, contract="order=any"),
     _bulk("keep-quant bulk Q6_K: a stage's rows at the full stage's stride", KB_ROW_STRIDE),
     _bulk("keep-quant bulk Q8_0: the sums not reset between row groups", KB_NO_RESET, "Wq8_0_Aq8_0_Yfp32"),
     _bulk("keep-quant bulk Q6_K one launch: delayed quantizing CTAs not waited for",

@@ -291,7 +291,7 @@ def _one_and_two_launch(tmp: Path, qtype: str, N: int, K: int, ctas: int, one: P
     return y1, np.fromfile(tmp / "y2.bin", np.float32), W, a8
 
 
-ONE_BUILDS = {"shipped": "", "no_prefetch": "#define QK_KF_ONE_PREFETCH 0\n", "roll": "#define QK_KF_ROLL\n"}
+ONE_BUILDS = {"shipped": "", "no_prefetch": "#define QK_KF_ONE_PREFETCH 0\n"}
 
 
 @pytest.mark.parametrize("build", list(ONE_BUILDS.values()), ids=list(ONE_BUILDS))
@@ -342,8 +342,8 @@ def test_one_launch_kernel_mutants_are_caught(tmp_path: Path, shipped_cta: Path,
     assert y1 is None or not np.array_equal(y1.view(np.uint32), y2.view(np.uint32))
 
 
-# the bench-only -DQK_KF_ROLL build (the next trip's words loaded row by row during this trip): ROLL_NO_WRAP
-# (device_catalogue); a row's next words loaded before its term of this trip is formed
+# the one launch's stream of trips (kf_roll_rows: the next trip's words loaded row by row during this trip):
+# ROLL_NO_WRAP (device_catalogue); a row's next words loaded before its term of this trip is formed
 _ROLL_TERM = "                kf_q45_row<KIND>(raw[rr], c, alo, ahi, bs0, bs1, yd, acc[rr]);\n"
 _ROLL_LOAD = (
     "                if (nn < N) kf_wload<KIND>(W + ((nn + rr < N ? nn + rr : N - 1) * nb + nib) * TS, c, raw[rr]);\n"
@@ -352,8 +352,8 @@ ROLL_LOAD_FIRST: Edits = ((_ROLL_TERM + _ROLL_LOAD, _ROLL_LOAD + _ROLL_TERM),)
 
 
 @pytest.mark.parametrize("edits", [ROLL_NO_WRAP, ROLL_LOAD_FIRST], ids=["no_wrap", "load_first"])
-def test_roll_build_mutants_are_caught(tmp_path: Path, shipped_cta: Path, edits: Edits) -> None:
-    one = _build(tmp_path, edits, driver="keep_quant_one_cta.cpp", defines=ONE_BUILDS["roll"])
+def test_one_launch_stream_mutants_are_caught(tmp_path: Path, shipped_cta: Path, edits: Edits) -> None:
+    one = _build(tmp_path, edits, driver="keep_quant_one_cta.cpp")
     N, K, ctas = ONE_SHAPES[0]
     y1, y2, _, _ = _one_and_two_launch(tmp_path, "Q4_K", N, K, ctas, one, shipped_cta)
     assert y1 is None or not np.array_equal(y1.view(np.uint32), y2.view(np.uint32))

@@ -26,10 +26,9 @@ CTA quantized the row itself were measured slower and taken out: docs/perf-notes
 ``--variants no_prefetch``: the one-launch call without the code of its waiting CTAs asking L2 for their
 next row group (``-DQK_KF_ONE_PREFETCH=0``, bench-only; session 40's first one-launch build; the default
 keeps that code but runs it on no row length since session 41).
-``--variants roll``: Q4_K / Q5_K's one launch with each CTA's row groups as one stream of trips a thread,
-row rr's words of the next trip (this group's next block column, else the next group's first) loaded as soon
-as this trip's term of row rr is formed (``-DQK_KF_ROLL``, bench-only: the same bits, 80 / 95 registers
-against 64 / 80 on sm_90), so loads are in flight while a thread computes, sums and stores.
+Since session 44 the one launch's CTAs take their row groups as one stream of trips a thread, each row's
+next words loaded during this trip (``kf_roll_rows``); the group-at-a-time loop before it was measured
+slower and taken out (docs/perf-notes.md, session 44).
 (Session 40's prefetch in kernels of its own and round 2's two steps in flight a thread at M tile 1,
 the default before session 41, were measured slower and taken out: docs/perf-notes.md, session 41.)
 
@@ -81,7 +80,6 @@ VARIANTS = {
     "no_prefetch": "any",
     "staged": "any",
     "bulk_s2": "any",
-    "roll": "any",
 }
 V1_OPTION = "-DQK_KQ_FAST_V1"  # the build option of round 1's fast kernel (keep_quant_fast.hip)
 # the build options of each fast variant
@@ -97,15 +95,12 @@ OPTIONS = {
     # Q6_K / Q8_0 at M = 1 as before session 41, or the bulk copy's ring with 2 slots (bench-only)
     "staged": ("-DQK_KF_STAGED",),
     "bulk_s2": ("-DQK_KF_BULK_STAGES=2",),
-    # the one launch's row groups as one stream of trips a thread, the next trip loaded during this one (bench-only)
-    "roll": ("-DQK_KF_ROLL",),
 }
 # the variants that change only some types' kernels: those types (every other fast variant: FAST_TYPES)
 ROUND2, BULK = ("Q4_K", "Q5_K"), ("Q6_K", "Q8_0")  # round 2's types (fast-v1 is round 1), the bulk kernel's
 VARIANT_TYPES = {
     "fast-v1": ROUND2,
     "no_prefetch": ROUND2,
-    "roll": ROUND2,
     "two_launch": (*ROUND2, *BULK),
     "staged": BULK,
     "bulk_s2": BULK,

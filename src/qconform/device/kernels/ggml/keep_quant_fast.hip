@@ -38,7 +38,7 @@
  * (qk_kq_one_bulk_q6_k).
  * Launcher: qconform/device/ggml/keep_quant.py (order="any"). */
 #include "qk_portable.h"
-#include "qk_phases.h" /* bench-only -DQK_PHASES: the Q4_K / Q5_K GEMV's boundaries 0..4 (kf2_gemv) */
+#include "qk_phases.h" /* bench-only -DQK_PHASES: the Q4_K / Q5_K GEMV's boundaries 0..4 (kf2_rows, kf_roll_rows) */
 
 #define KF_Q8K 292 /* bytes per block_q8_K {float d; i8 qs[256]; i16 bsums[16]} */
 #define KF_A0 48   /* bytes per regrouped Q8_0 block (q8_quant.hip qk_q8_0_quant_words: KQ_A0 words) */
@@ -745,9 +745,10 @@ KF_BULK(q8_0, 0, 34)
  * quantize zeros into the spare slots), make them visible (__threadfence) and count themselves in
  * count[0]. They wait on nothing, and the launcher's grid is no more than the CTAs resident at once,
  * lower blockIdx dispatched first, so the others' wait ends. The other CTAs take the row groups c, c +
- * C, ... (c = blockIdx.x - P, C = gridDim.x - P) through kf2_rows, each waiting for count[0] = P after
- * its first row group's first weight loads (where every thread has a first trip, nb >= 16; else before
- * them) -- kf2_gemv's arithmetic on the same bytes, so the two launches' bits. The last of them to
+ * C, ... (c = blockIdx.x - P, C = gridDim.x - P) as one stream of trips (kf_roll_rows, since session
+ * 44), each waiting for count[0] = P after its first row group's first weight loads (where every thread
+ * has a first trip, nb >= 16; else before them) -- kf2_gemv's arithmetic on the same bytes, so the two
+ * launches' bits. The last of them to
  * finish (count[1], a ticket) zeroes both counts for the next call (the launcher's per-stream buffer,
  * as GQA's folded combine's tickets). A wait that outlasts KF_POLLS polls (seconds: producers that
  * never ran) traps instead of hanging. Measured against the two launches: docs/perf-notes.md, session 40. */
@@ -795,7 +796,7 @@ __device__ __forceinline__ void kf_prefetch_l2(const qk_u8* p) {
 #endif
 }
 
-/* kf2_rows' call after a thread's first loads: the wait, in the first row group, where todo; before it
+/* kf_roll_rows' call after a thread's first loads: the wait, where todo; before it
  * the prefetch of PF row groups (where nb < KF_PREFETCH_BELOW) */
 template <int PF>
 struct kf_wait_once {
@@ -850,12 +851,13 @@ __device__ __forceinline__ unsigned kf_producers(qk_i64 nb) {
     return (unsigned)((nb + pass - 1) / pass);
 }
 
-#ifdef QK_KF_ROLL
-/* bench-only: a one-launch CTA's row groups n0, n0 + step, ... as one stream of trips a thread (its
+/* A one-launch CTA's (session 44) row groups n0, n0 + step, ... as one stream of trips a thread (its
  * block columns kc, kc + 16, ... of each group in turn): row rr's words of the next trip are loaded
  * into its registers as soon as this trip's term of row rr is formed, so a thread has the next trip's
  * loads in flight while it finishes this trip, sums and stores a group, without a second register set.
- * The terms, their order and the sums are kf2_rows' at M tile 1: the same bits. */
+ * The terms, their order and the sums are kf2_rows' at M tile 1: the same bits. (ptxas issues the next
+ * trip's loads after this trip's dots, so they fly over the sums, the store, the barriers and the next
+ * trip's activation reads. Measured against kf2_rows a group at a time: docs/perf-notes.md, session 44.) */
 template <int KIND, int TS, class AfterLoads>
 __device__ __forceinline__ void kf_roll_rows(const qk_u8* __restrict__ W, const qk_u8* __restrict__ aq, float* __restrict__ Y,
                                              qk_i64 N, qk_i64 nb, qk_i64 n0, qk_i64 step, AfterLoads& after_loads) {
@@ -863,10 +865,13 @@ __device__ __forceinline__ void kf_roll_rows(const qk_u8* __restrict__ W, const 
     __shared__ float part[KF_GROUPS][KF_ROWS][1];
     const int t = threadIdx.x, w = t >> 5, c = t & 7, kc = t >> 3, g = c >> 1, half = c & 1;
     qk_u32 raw[KF_ROWS][KF_WR(KIND)];
+    QK_PHASE(0);
     if (kc < nb && n0 < N)
 #pragma unroll
         for (int rr = 0; rr < KF_ROWS; ++rr) kf_wload<KIND>(W + ((n0 + rr < N ? n0 + rr : N - 1) * nb + kc) * TS, c, raw[rr]);
     after_loads(true);
+    QK_PHASE(1);
+    QK_PHASE_AFTER(2, raw[0][4]);
     for (; n0 < N; n0 += step) {
         float acc[KF_ROWS];
 #pragma unroll
@@ -887,16 +892,17 @@ __device__ __forceinline__ void kf_roll_rows(const qk_u8* __restrict__ W, const 
                 if (nn < N) kf_wload<KIND>(W + ((nn + rr < N ? nn + rr : N - 1) * nb + nib) * TS, c, raw[rr]);
             }
         }
+        QK_PHASE(3);
 #pragma unroll
         for (int rr = 0; rr < KF_ROWS; ++rr) {
             const float v = kf_xor_sum<32>(acc[rr]);
             if ((t & 31) == 0) part[w][rr][0] = v;
         }
         kf_store<1>(part, t, 0, n0, 1, N, Y);
+        QK_PHASE(4);
         __syncthreads(); /* kf_store's reads of the partial sums before the next group writes them */
     }
 }
-#endif
 
 template <int KIND, int TS, int PF>
 __device__ __forceinline__ void kf_one_gemv(const float* __restrict__ X, const qk_u8* __restrict__ W, float* __restrict__ Y,
@@ -908,14 +914,7 @@ __device__ __forceinline__ void kf_one_gemv(const float* __restrict__ X, const q
     /* every thread a first trip where nb >= 16: the same call */
     kf_wait_once<PF> after{count, producers, nb >= 4 * KF_GROUPS, W, group_bytes, consumers * group_bytes, N * nb * TS, c * group_bytes, TS};
     if (!after.todo) kf_wait_published(count, producers);
-#ifdef QK_KF_ROLL
     kf_roll_rows<KIND, TS>(W, act, Y, N, nb, c * KF_ROWS, consumers * KF_ROWS, after);
-#else
-    for (qk_i64 n0 = c * KF_ROWS; n0 < N; n0 += consumers * KF_ROWS) {
-        kf2_rows<KIND, TS, 1, QK_KF_STEPS_M1>(W, act, Y, 1, N, nb, 0, n0, after);
-        __syncthreads(); /* kf_store's reads of the partial sums before the next group writes them */
-    }
-#endif
     kf_consumed(count, consumers);
 }
 
