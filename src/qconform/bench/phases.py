@@ -15,7 +15,7 @@ and the stamps of the last call are read.
   dots; the output stored).
 - ``ggml``: ggml's keep-quant GEMV under order=any (``qconform.bench.ggml_gemv``'s first shape, M 1), the
   Q4_K / Q5_K kernel's boundaries 0..4: entry; its first weights requested (and the activations'
-  quantize waited for); those weights arrived; its row group done but the sums; the end (the sums
+  quantize waited for); those weights arrived; its (last) row group done but the sums; the end (the sums
   stored). The CTAs' entries and ends show how the waves of the default build follow each other.
 
 For each phase (boundary i to i + 1 of one kernel) the table gives the median and maximum over the CTAs

@@ -32,7 +32,8 @@
  * 16-byte words around them, shifted by whole words (kf_act16); Q8_0 activations come regrouped by
  * the bit-exact kernel's qk_q8_0_quant_words (12 words a block, d as fp32 at word 8), 16-byte loads.
  * Q4_K / Q5_K at M = 1 are one launch (qk_kq_one_<t>, at the end of the file): its first CTAs quantize
- * the activation row for the others, which then run kf2_gemv's arithmetic on resident CTAs.
+ * the activation row for the others, which then run kf2_gemv's arithmetic on resident CTAs, each CTA's
+ * row groups as one stream of trips (kf_roll_rows).
  * Q6_K / Q8_0 at M = 1 where nb is a multiple of 8 (rows 16-byte aligned): the rows' stages brought into
  * shared memory by the bulk copy engine (qk_kq_bulk_<t>, kf_bulk_gemv), Q6_K in one launch as Q4_K
  * (qk_kq_one_bulk_q6_k).
@@ -563,7 +564,8 @@ __device__ __forceinline__ void kf2_gemv(const qk_u8* __restrict__ W, const qk_u
 
 #ifndef QK_KF_STEPS_M1
 #define QK_KF_STEPS_M1 1 /* round 2: steps in flight a thread at M tile 1 (one since session 41: faster than two on every
-                          * layer timed, docs/perf-notes.md; ptxas then sinks loads) */
+                          * layer timed, docs/perf-notes.md; ptxas then sinks loads); the two launches' kernel
+                          * since session 44 (the one launch: kf_roll_rows) */
 #endif
 KF_GEMV_ALL(1, 4, QK_KF_STEPS_M1)
 KF_GEMV_ALL(2, 2, 1)
@@ -748,9 +750,8 @@ KF_BULK(q8_0, 0, 34)
  * C, ... (c = blockIdx.x - P, C = gridDim.x - P) as one stream of trips (kf_roll_rows, since session
  * 44), each waiting for count[0] = P after its first row group's first weight loads (where every thread
  * has a first trip, nb >= 16; else before them) -- kf2_gemv's arithmetic on the same bytes, so the two
- * launches' bits. The last of them to
- * finish (count[1], a ticket) zeroes both counts for the next call (the launcher's per-stream buffer,
- * as GQA's folded combine's tickets). A wait that outlasts KF_POLLS polls (seconds: producers that
+ * launches' bits. The last of them to finish (count[1], a ticket) zeroes both counts for the next call
+ * (the launcher's per-stream buffer, as GQA's folded combine's tickets). A wait that outlasts KF_POLLS polls (seconds: producers that
  * never ran) traps instead of hanging. Measured against the two launches: docs/perf-notes.md, session 40. */
 #include "ggml/q8_quant.hip" /* qk_q8_k_block_lanes, QK_K (its kernels come along, unused) */
 #define KF_PASS KF_GROUPS  /* super-blocks a producer CTA: a warp each */
