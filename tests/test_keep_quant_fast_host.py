@@ -324,24 +324,6 @@ def test_bulk_one_launch_kernel_is_the_two_launches_bit_for_bit(tmp_path: Path, 
         assert _bound_ratio(y1[None], W, qtype, a8, K) <= 1.0, (N, K, ctas)
 
 
-@pytest.mark.parametrize(
-    "edits,q8_edits",
-    [
-        (ONE_LANE_ORDER, ()),
-        (ONE_LAST_PASS_SKIPPED, ()),
-        (ONE_FIRST_GROUP_SKIPPED, ()),
-        (ONE_COUNTS_KEPT, ()),
-        ((), SCALE_128),
-    ],
-    ids=["lane_order", "last_pass_skipped", "first_group_skipped", "counts_kept", "scale_128"],
-)
-def test_one_launch_kernel_mutants_are_caught(tmp_path: Path, shipped_cta: Path, edits: Edits, q8_edits: Edits) -> None:
-    one = _build(tmp_path, edits, driver="keep_quant_one_cta.cpp", q8_edits=q8_edits)
-    N, K, ctas = ONE_SHAPES[0]
-    y1, y2, _, _ = _one_and_two_launch(tmp_path, "Q4_K", N, K, ctas, one, shipped_cta)
-    assert y1 is None or not np.array_equal(y1.view(np.uint32), y2.view(np.uint32))
-
-
 # the one launch's stream of trips (kf_roll_rows: the next trip's words loaded row by row during this trip):
 # ROLL_NO_WRAP (device_catalogue); a row's next words loaded before its term of this trip is formed
 _ROLL_TERM = "                kf_q45_row<KIND>(raw[rr], c, alo, ahi, bs0, bs1, yd, acc[rr]);\n"
@@ -351,9 +333,21 @@ _ROLL_LOAD = (
 ROLL_LOAD_FIRST: Edits = ((_ROLL_TERM + _ROLL_LOAD, _ROLL_LOAD + _ROLL_TERM),)
 
 
-@pytest.mark.parametrize("edits", [ROLL_NO_WRAP, ROLL_LOAD_FIRST], ids=["no_wrap", "load_first"])
-def test_one_launch_stream_mutants_are_caught(tmp_path: Path, shipped_cta: Path, edits: Edits) -> None:
-    one = _build(tmp_path, edits, driver="keep_quant_one_cta.cpp")
+@pytest.mark.parametrize(
+    "edits,q8_edits",
+    [
+        (ONE_LANE_ORDER, ()),
+        (ONE_LAST_PASS_SKIPPED, ()),
+        (ONE_FIRST_GROUP_SKIPPED, ()),
+        (ONE_COUNTS_KEPT, ()),
+        ((), SCALE_128),
+        (ROLL_NO_WRAP, ()),
+        (ROLL_LOAD_FIRST, ()),
+    ],
+    ids=["lane_order", "last_pass_skipped", "first_group_skipped", "counts_kept", "scale_128", "no_wrap", "load_first"],
+)
+def test_one_launch_kernel_mutants_are_caught(tmp_path: Path, shipped_cta: Path, edits: Edits, q8_edits: Edits) -> None:
+    one = _build(tmp_path, edits, driver="keep_quant_one_cta.cpp", q8_edits=q8_edits)
     N, K, ctas = ONE_SHAPES[0]
     y1, y2, _, _ = _one_and_two_launch(tmp_path, "Q4_K", N, K, ctas, one, shipped_cta)
     assert y1 is None or not np.array_equal(y1.view(np.uint32), y2.view(np.uint32))
