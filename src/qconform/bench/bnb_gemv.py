@@ -24,7 +24,9 @@ allowed ratio (M = 1), each one's time over its own M = 1 (the M target), and th
 bench-only options of ``--build-options`` (new; default ``-DQK_BNBM_A_SMEM``: at M <= 8, where A takes at
 most 32 KiB, A staged in shared memory at each CTA's start and the steps' activations read from there;
 ``-DQK_BNBM_A_AHEAD=2``: the first two of a step's four activation pieces loaded a step ahead;
-``-DQK_BNBM_FILL_FIRST``: session 19's order, the pair table filled before the ring's first weight loads).
+``-DQK_BNBM_FILL_FIRST``: session 19's order, the pair table filled before the ring's first weight loads;
+``-DQK_BNBM_NO_TABLE_READS``: a diagnostic without the pair table's shared-memory reads, whose outputs
+are wrong: its check fails, its time is what the table's traffic costs).
 ``--variants cuda``: session 7's SIMT kernel (``-DQK_BNB_GEMM_V1``) and the current one in the
 "simt" reading, each bit-identical to the oracle's "simt" order at M = 1 and the two outputs
 byte-identical at every M. ``--quick``: the first shape, fp16, M = 1 and 16.

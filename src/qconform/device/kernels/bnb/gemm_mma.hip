@@ -35,6 +35,9 @@
  * also holds A (the launcher's mma_smem: M K <= A_SMEM_VALUES), the CTA copies A there at its start
  * (cp.async, under the ring's first loads and the table fill) and each step reads its activations from
  * there instead of L2 (qk_bnbm_stage_a): the same values, so the same output bits.
+ * -DQK_BNBM_NO_TABLE_READS (bench-only diagnostic, wrong outputs): each pair's table read replaced by
+ * its offset's bits as two floats, the rest of the arithmetic kept: the time without the table's
+ * shared-memory traffic.
  * -DQK_BNB_CPU_SIMT: the session-8 build, this file empty: the launcher (CPU_SIMT_OPTION) runs the
  * cpu reading on bnb/gemm_simt.hip's qk_gemm_4bit_m<MT> instead (the bench's old variant, the
  * device suite's control), and a launch of the mma symbols would fail to load. */
@@ -87,7 +90,11 @@ __device__ __forceinline__ qk_u32 qk_bnbm_decode(const float2* tab, qk_u32 w, in
 #if defined(QK_BNBM_PRMT)
     /* byte j of w to byte 1, low (the copy's 8 c < 256) in byte 0: the entry at 256 byte + 8 c */
     const qk_u32 at = __byte_perm(w, low, 0x5504u | ((qk_u32)j << 4));
+#if defined(QK_BNBM_NO_TABLE_READS)
+    const float2 c = make_float2(qk_float(at), qk_float(at << 8));
+#else
     const float2 c = *(const float2*)((const qk_u8*)tab + at);
+#endif
 #else
     const float2 c = *(const float2*)((const qk_u8*)tab + qk_bnb_pair_at(w, j, low));
 #endif
