@@ -835,11 +835,6 @@ BNB_MMA_SECOND_HALF_DROPPED: Edits = (
 BNB_MMA_PRMT_BYTE: Edits = (
     ("__byte_perm(w, low, 0x5504u | ((qk_u32)j << 4))", "__byte_perm(w, low, 0x5504u | ((qk_u32)(j ^ 1) << 4))"),
 )
-# the bench-only build with A staged in shared memory (-DQK_BNBM_A_SMEM): only the first token's row of A
-# copied (the rest of the region unwritten: M > 1 reads stale bytes); tests/test_bnb_gemm_mma_host.py
-# catches it on the host too
-BNB_MMA_A_FIRST_ROW_ONLY: Edits = (("i < M * K / 8; i += blockDim.x", "i < K / 8; i += blockDim.x"),)
-A_SMEM = "-DQK_BNBM_A_SMEM"  # qconform.device.bnb.gemm.A_SMEM_OPTION
 TAB16 = "-DQK_BNBM_TAB16"  # qconform.device.bnb.gemm.TAB16_OPTION: the 16-copy table, as HIP builds it
 CPU_SIMT = "-DQK_BNB_CPU_SIMT"  # qconform.device.bnb.gemm.CPU_SIMT_OPTION
 
@@ -920,25 +915,6 @@ BNB_MUTANTS = (
         coverage=2,
         options=CPU_SIMT,
         caught_by=None,
-    ),
-    _bnb_kernel(
-        "control: bnb mma with A staged in shared memory (-DQK_BNBM_A_SMEM)",
-        "bnb/gemm_mma.hip",
-        "gemm_4bit",
-        "Xfp16_W4_Yfp16",
-        (),
-        coverage=2,
-        options=A_SMEM,
-        caught_by=None,
-    ),
-    _bnb_kernel(
-        "bnb mma, A staged: only the first token's row copied",
-        "bnb/gemm_mma.hip",
-        "gemm_4bit",
-        "Xbf16_W4_Ybf16",
-        BNB_MMA_A_FIRST_ROW_ONLY,
-        coverage=2,
-        options=A_SMEM,
     ),
     _bnb_kernel(
         "4-bit GEMV (simt): bias added after rounding to bf16",

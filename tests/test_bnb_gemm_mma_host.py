@@ -17,8 +17,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from device_catalogue import (
-    A_SMEM,
-    BNB_MMA_A_FIRST_ROW_ONLY,
     BNB_MMA_NIBBLES_SWAPPED,
     BNB_MMA_PREVIOUS_BLOCK,
     BNB_MMA_SECOND_HALF_DROPPED,
@@ -53,22 +51,13 @@ CASES = (
 DTYPES = ("float16", "bfloat16")
 
 
-def _build(tmp: Path, edits: Edits = (), defines: tuple[str, ...] = ()) -> Path:
+def _build(tmp: Path, edits: Edits = ()) -> Path:
     (tmp / "gemm_mma.hip").write_text(apply_edits((KERNEL_DIR / "bnb" / "gemm_mma.hip").read_text(), edits))
     shutil.copy(KERNEL_DIR / "bnb" / "gemm_common.h", tmp)
     shutil.copy(COMMON / "qconform_abi.h", tmp)
     shutil.copy(HERE / "qk_portable.h", tmp)
     exe = tmp / "bnb_gemm_mma_host"
-    cmd = [
-        "g++",
-        "-std=c++20",
-        "-O1",
-        "-ffp-contract=off",
-        "-w",
-        *defines,
-        f"-I{tmp}",
-        str(HERE / "bnb_gemm_mma_host.cpp"),
-    ]
+    cmd = ["g++", "-std=c++20", "-O1", "-ffp-contract=off", "-w", f"-I{tmp}", str(HERE / "bnb_gemm_mma_host.cpp")]
     subprocess.run([*cmd, "-o", str(exe)], check=True)
     return exe
 
@@ -81,7 +70,7 @@ def _prepared(case: tuple, dtype: str, seed: int) -> Prepared:
     return Prepared.from_case(op, Case("gemm_4bit", leaf, seed, (M, K, N), "normal", params))
 
 
-def _run(exe: Path, tmp: Path, case: tuple, dtype: str, p: Prepared, dynamic: int = 0) -> tuple[int, np.ndarray]:
+def _run(exe: Path, tmp: Path, case: tuple, dtype: str, p: Prepared) -> tuple[int, np.ndarray]:
     M, K, N, bs, qt, bias, grid, symbol = case
     files = []
     for name in ("A", "B", "absmax", "bias"):
@@ -92,7 +81,7 @@ def _run(exe: Path, tmp: Path, case: tuple, dtype: str, p: Prepared, dynamic: in
         np.ascontiguousarray(p.inputs[name]).tofile(path)
         files.append(str(path))
     codes = (str(QUANT_TYPE[qt]), str(DTYPE[dtype]))
-    args = [symbol, str(M), str(N), str(K), str(bs), *codes, str(grid), *files, str(tmp / "C.bin"), str(dynamic)]
+    args = [symbol, str(M), str(N), str(K), str(bs), *codes, str(grid), *files, str(tmp / "C.bin")]
     rc = subprocess.run([str(exe), *args], timeout=300).returncode
     assert rc in (0, 4), rc
     return rc, np.fromfile(tmp / "C.bin", np.uint16).reshape(M, N)
@@ -138,40 +127,3 @@ def test_device_mutants_fail_on_the_host(tmp_path: Path, edits: Edits) -> None:
     exe = _build(tmp_path, edits)
     # M 12 and 16: the second n-tile's tokens
     assert any(_failures(exe, tmp_path, case, "float16") for case in (CASES[4], CASES[5]))
-
-
-# -DQK_BNBM_A_SMEM (bench-only): A staged in the launch's dynamic shared memory at one n-tile (the
-# 16-copy build keeps nothing else there, so 2 M K bytes stage it); the same values read, so the same
-# bits as the default build. The device mutant that stages only the first token's row (the rest of the
-# region is the harness's 0xFF fill) must differ where M > 1, which also shows the staged path ran.
-STAGED_CASES = tuple(c for c in CASES if c[0] <= TOKENS)
-
-
-def _staged_words(exe: Path, tmp: Path, case: tuple, dtype: str) -> tuple[np.ndarray, np.ndarray]:
-    """(default build's words, the A_SMEM build's) of two calls each on ``case``; both calls agree."""
-    p = _prepared(case, dtype, seed=sum(case[:3]))
-    M, K = case[0], case[1]
-    (rc0, base), (rc1, staged) = _run(exe[0], tmp, case, dtype, p), _run(exe[1], tmp, case, dtype, p, 2 * M * K)
-    assert (rc0, rc1) == (0, 0)
-    return base, staged
-
-
-@pytest.fixture(scope="module")
-def exes_a_smem(tmp_path_factory: pytest.TempPathFactory, exe: Path) -> tuple[Path, Path]:
-    return exe, _build(tmp_path_factory.mktemp("bnbm_a_smem"), defines=(A_SMEM,))
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", STAGED_CASES, ids=lambda c: f"M{c[0]}_K{c[1]}_N{c[2]}_{c[7]}")
-def test_a_staged_repeats_the_default_bits(
-    exes_a_smem: tuple[Path, Path], tmp_path: Path, case: tuple, dtype: str
-) -> None:
-    base, staged = _staged_words(exes_a_smem, tmp_path, case, dtype)
-    assert (base != UNWRITTEN).all()
-    np.testing.assert_array_equal(staged, base)
-
-
-def test_a_staged_mutant_fails_on_the_host(exe: Path, tmp_path: Path) -> None:
-    mutant = _build(tmp_path, BNB_MMA_A_FIRST_ROW_ONLY, (A_SMEM,))
-    differs = [not np.array_equal(*_staged_words((exe, mutant), tmp_path, c, "float16")) for c in STAGED_CASES]
-    assert differs == [c[0] > 1 for c in STAGED_CASES]

@@ -209,7 +209,6 @@ def test_every_patch_applies_once_to_the_shipped_kernel() -> None:
             "-DQK_GQA_APPEND_LAUNCH",
             "-DQK_MOE_FC1_SIMT",
             "-DQK_BNBM_TAB16",
-            "-DQK_BNBM_A_SMEM",
             "-DQK_MOE_FC2_SIMT",
             "-DQK_NBITS_NO_WGMMA",
             "-DQK_KF_LOADS_FIRST",

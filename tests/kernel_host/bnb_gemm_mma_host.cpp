@@ -2,12 +2,10 @@
  * launcher's grid (qconform/device/bnb/gemm.py mma_geometry: 256 threads, the tiles striding over the
  * grid), one CTA at a time as 256 host threads (tests/kernel_host/qk_portable.h), the pair table in its
  * 16 static copies (the HIP build's). Arguments: SYMBOL (n1, n1_r1, n2) M N K blocksize quant_type
- * a_dtype grid A-file B-file absmax-file bias-file ("-": none) C-file [dynamic shared bytes, default 0:
- * each CTA's filled with 0xFF first, so what a CTA reads of it unwritten is a NaN]. The launch runs twice (as two
+ * a_dtype grid A-file B-file absmax-file bias-file ("-": none) C-file. The launch runs twice (as two
  * calls on a stream); C comes back as the 16-bit words the second left, each 0xFFFF until written, and
  * the exit status is 4 where the two calls' words differ. */
 #include "gemm_mma.hip"
-#include <algorithm>
 #include <stdio.h>
 #include <stdlib.h>
 #include <thread>
@@ -16,7 +14,7 @@
 typedef void (*bnbm_kernel)(QCONFORM_GEMM_4BIT_PARAMS);
 
 int main(int argc, char** argv) {
-    if (argc != 14 && argc != 15) return 2;
+    if (argc != 14) return 2;
     const char* sym = argv[1];
     const bnbm_kernel k = !strcmp(sym, "n1") ? qk_gemm_4bit_mma_n1 : !strcmp(sym, "n2") ? qk_gemm_4bit_mma_n2
                                                                                          : qk_gemm_4bit_mma_n1_r1;
@@ -27,9 +25,6 @@ int main(int argc, char** argv) {
     const qk_u8* B = (const qk_u8*)qk_host_load(argv[10]);
     const float* absmax = (const float*)qk_host_load(argv[11]);
     const void* bias = qk_host_load(argv[12]);
-    qk_host_dynamic_bytes = argc == 15 ? (qk_u32)atol(argv[14]) : 0u;
-    std::vector<qk_u8> dynamic(qk_host_dynamic_bytes + 16);
-    qk_host_dynamic_smem = dynamic.data();
     std::barrier<> bar(256);
     qk_host_barrier = &bar;
     std::barrier<> groups[8] = {std::barrier<>(32), std::barrier<>(32), std::barrier<>(32), std::barrier<>(32),
@@ -42,7 +37,6 @@ int main(int argc, char** argv) {
         first.swap(C);
         C.assign((size_t)(M * N), 0xFFFFu);
         for (unsigned bx = 0; bx < grid; ++bx) {
-            std::fill(dynamic.begin(), dynamic.end(), (qk_u8)0xFF);
             std::vector<std::thread> th;
             for (unsigned t = 0; t < 256; ++t)
                 th.emplace_back([=, &C] {

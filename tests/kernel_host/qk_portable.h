@@ -111,19 +111,6 @@ static inline int qk_dp4a(int a, int b, int c) {
  * posts its fragments in a slot, the warp meets (qk_syncwarp), and each lane forms its four outputs
  * from the PTX ISA's fragment layout (qk_portable.h's qk_mma_16816 comment): products exact in fp32,
  * the sums in k order, every fp32 operation rounded on its own */
-/* the launch's dynamic shared memory (bnb_gemm_mma_host.cpp sets it per CTA), and cp.async as a copy
- * done at once (as qk_portable.h's non-sm_80 form) */
-static qk_u8* qk_host_dynamic_smem = nullptr;
-static qk_u32 qk_host_dynamic_bytes = 0;
-#define QK_DYNAMIC_SHARED(type, name) type* const name = (type*)qk_host_dynamic_smem
-static inline qk_u32 qk_dynamic_smem_bytes() { return qk_host_dynamic_bytes; }
-static inline void qk_cp_async16(void* dst, const void* src, int src_bytes) {
-    memset(dst, 0, 16);
-    memcpy(dst, src, (size_t)src_bytes);
-}
-static inline void qk_cp_async_commit() {}
-template <int N>
-static inline void qk_cp_async_wait() {}
 #define __constant__ static const
 struct float2 { float x, y; };
 static inline float2 make_float2(float x, float y) { return {x, y}; }

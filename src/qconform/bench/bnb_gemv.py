@@ -21,12 +21,11 @@ each one's spread, new x old, the roofline share, new x cuBLAS on the dequantize
 allowed ratio (M = 1), each one's time over its own M = 1 (the M target), and the suite's check
 (each output within the op's bound of the oracle, default contract) at M = 1 and 16.
 ``--variants mma``: the same table for the shipped matrix-unit kernel (old) and its build with the
-bench-only options of ``--build-options`` (new; default ``-DQK_BNBM_A_SMEM``: at M <= 8, where A takes at
-most 32 KiB, A staged in shared memory at each CTA's start and the steps' activations read from there;
-``-DQK_BNBM_A_AHEAD=2``: the first two of a step's four activation pieces loaded a step ahead;
-``-DQK_BNBM_FILL_FIRST``: session 19's order, the pair table filled before the ring's first weight loads;
-``-DQK_BNBM_NO_TABLE_READS``: a diagnostic without the pair table's shared-memory reads, whose outputs
-are wrong: its check fails, its time is what the table's traffic costs).
+bench-only options of ``--build-options`` (new; default ``-DQK_BNBM_A_AHEAD=2``: the first two of a
+step's four activation pieces loaded a step ahead; ``-DQK_BNBM_FILL_FIRST``: session 19's order, the
+pair table filled before the ring's first weight loads; ``-DQK_BNBM_NO_TABLE_READS``: a diagnostic without
+the pair table's shared-memory reads, whose outputs are wrong: its check fails, its time is what the
+table's traffic costs).
 ``--variants cuda``: session 7's SIMT kernel (``-DQK_BNB_GEMM_V1``) and the current one in the
 "simt" reading, each bit-identical to the oracle's "simt" order at M = 1 and the two outputs
 byte-identical at every M. ``--quick``: the first shape, fp16, M = 1 and 16.
@@ -56,7 +55,7 @@ TARGET_ROOFLINE = 0.8
 TARGET_CUBLAS = 0.8  # of the ratio of the T and the 4-bit rooflines
 TARGET_M = 1.5  # M = 2..16 within this factor of M = 1
 CARRIER = {"float16": cupy.float16, "bfloat16": cupy.uint16}
-MMA_OPTIONS = "-DQK_BNBM_A_SMEM"  # --variants mma: the new build's default --build-options
+MMA_OPTIONS = "-DQK_BNBM_A_AHEAD=2"  # --variants mma: the new build's default --build-options
 
 
 def _record(

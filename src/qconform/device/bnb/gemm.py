@@ -42,11 +42,6 @@ MMA_CTAS_PER_SM = 2  # 256 threads x 128 registers (ptxas, sm_90; __launch_bound
 TAB16_OPTION = "-DQK_BNBM_TAB16"  # CUDA builds: the pair table in 16 static copies, as on HIP
 TABLE32_BYTES = 256 * 32 * 8  # the CUDA build's pair table: 256 float2 entries in 32 copies
 CPU_SIMT_OPTION = "-DQK_BNB_CPU_SIMT"  # the cpu reading on the SIMT kernel (session 8)
-# bench-only (``qconform.bench.bnb_gemv --variants mma --build-options=-DQK_BNBM_A_SMEM``): at one n-tile of
-# tokens A is staged in the dynamic shared memory after the table where it takes at most A_SMEM_BYTES
-# (64 KiB of table, 8 of partials and 32 of A: two CTAs an SM still fit Hopper's 227 KiB)
-A_SMEM_OPTION = "-DQK_BNBM_A_SMEM"
-A_SMEM_BYTES = 32 * 1024
 TILES = (1, 2, 4, 8, 16)  # rows of A per group: the kernel's instantiations (MT)
 COLS = 2  # output columns per group: the kernel's QK_BNB_COLS
 THREADS = 256  # 8 groups per CTA
@@ -93,17 +88,14 @@ def mma_geometry(M: int, N: int) -> tuple[str, int, int]:
     return symbol, min(tiles, MMA_CTAS_PER_SM * launchers.sm_count()), rt
 
 
-def mma_smem(M: int, K: int, rt: int) -> int:
+def mma_smem(M: int, rt: int) -> int:
     """Dynamic shared memory of a matrix-unit launch: the 32-copy pair table and the warps' partials
-    (CUDA builds), then A where A_SMEM_OPTION stages it; 0 where the kernel keeps 16 static copies (HIP,
-    TAB16_OPTION)."""
+    (CUDA builds); 0 where the kernel keeps 16 static copies (HIP, TAB16_OPTION)."""
     if device_info().is_hip or TAB16_OPTION in launchers.OPTIONS:
         return 0
     n_tiles = 1 if M <= MMA_TOKENS else 2
     red = THREADS * 4 * n_tiles * rt * 4  # each lane's 4 fp32 partials per n-tile and row tile
-    a_bytes = 2 * M * K  # the kernel stages A where the launch's dynamic bytes hold it
-    staged = A_SMEM_OPTION in launchers.OPTIONS and n_tiles == 1 and a_bytes <= A_SMEM_BYTES
-    return TABLE32_BYTES + red + (a_bytes if staged else 0)
+    return TABLE32_BYTES + red
 
 
 def symbol(variant: str, M: int) -> str:
@@ -139,7 +131,7 @@ def gemm_4bit(
     if uses_mma(variant, dtype, M):
         if M > 0 and N > 0:
             mma_name, grid, rt = mma_geometry(M, N)
-            smem, options = mma_smem(M, int(K), rt), ()
+            smem, options = mma_smem(M, rt), ()
             if smem and not launchers.allow_smem(launchers.kernel_of(MMA_SOURCE, mma_name), smem):
                 smem, options = 0, (TAB16_OPTION,)  # a device without that much per CTA: the static table
             with launchers.compile_options(*options):

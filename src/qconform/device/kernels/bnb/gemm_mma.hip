@@ -30,14 +30,9 @@
  * order, then the bias: a fixed order, so repeated calls are bit-identical (no atomics).
  * K must be a multiple of 32 (the 16-byte loads) and of blocksize (the launcher declines others);
  * A and B 16-byte aligned; blockDim.x == 256.
- * -DQK_BNBM_A_SMEM (bench-only, `python -m qconform.bench.bnb_gemv --variants mma
- * --build-options=-DQK_BNBM_A_SMEM`): at one n-tile of tokens, where the launch's dynamic shared memory
- * also holds A (the launcher's mma_smem: M K <= A_SMEM_VALUES), the CTA copies A there at its start
- * (cp.async, under the ring's first loads and the table fill) and each step reads its activations from
- * there instead of L2 (qk_bnbm_stage_a): the same values, so the same output bits.
  * -DQK_BNBM_NO_TABLE_READS (bench-only diagnostic, wrong outputs): each pair's table read replaced by
  * its offset's bits as two floats, the rest of the arithmetic kept: the time without the table's
- * shared-memory traffic.
+ * shared-memory traffic (measured in docs/perf-notes.md, session 45).
  * -DQK_BNB_CPU_SIMT: the session-8 build, this file empty: the launcher (CPU_SIMT_OPTION) runs the
  * cpu reading on bnb/gemm_simt.hip's qk_gemm_4bit_m<MT> instead (the bench's old variant, the
  * device suite's control), and a launch of the mma symbols would fail to load. */
@@ -58,9 +53,6 @@
 #define QK_BNBM_COPIES 32
 #else
 #define QK_BNBM_COPIES 16
-#endif
-#if defined(QK_BNBM_A_SMEM) && (defined(QK_BNBM_FILL_FIRST) || defined(QK_BNBM_A_AHEAD))
-#error "QK_BNBM_A_SMEM: its copies of A are waited for in the fill after them, so neither a fill first nor reads ahead of it"
 #endif
 
 /* (lo, hi) rounded to T (nearest even) and packed, lo in the low half */
@@ -228,27 +220,16 @@ __device__ __forceinline__ void qk_bnbm_fill(float2* tab, qk_i64 quant_type) {
         const int e = i / QK_BNBM_COPIES; /* byte e: the high nibble is the lower element */
         tab[i] = make_float2(qk_float(bits[e >> 4]), qk_float(bits[e & 15]));
     }
-#if defined(QK_BNBM_A_SMEM)
-    qk_cp_async_wait<0>(); /* this thread's copies of A (qk_bnbm_stage_a): everyone's after the barrier */
-#endif
     __syncthreads();
 }
-
-#if defined(QK_BNBM_A_SMEM)
-/* A (M x K values of T, dense) into a_s, 16 bytes a copy, every thread's share; K % 32 == 0, so whole copies */
-__device__ __forceinline__ void qk_bnbm_stage_a(qk_u16* a_s, const qk_u16* A, qk_i64 M, qk_i64 K) {
-    for (qk_i64 i = threadIdx.x; i < M * K / 8; i += blockDim.x) qk_cp_async16(a_s + 8 * i, A + 8 * i, 16);
-    qk_cp_async_commit();
-}
-#endif
 
 /* the tiles: the table is filled here, after the ring's first steps are issued, their loads in flight
  * during the fill; -DQK_BNBM_FILL_FIRST (bench-only, `python -m qconform.bench.bnb_gemv --variants mma`):
  * the caller fills it before any load, session 19's order (the same arithmetic, so the same output bits) */
-template <int DT, int NT, int RT, bool AS = false> /* AS: A staged in a_s (-DQK_BNBM_A_SMEM) */
+template <int DT, int NT, int RT>
 __device__ __forceinline__ void qk_bnbm_run(const void* A, const qk_u8* B, const float* absmax, const void* bias,
                                             void* C, qk_i64 M, qk_i64 N, qk_i64 K, qk_i64 blocksize,
-                                            float2* tab, float* red, qk_i64 quant_type, qk_u16* a_s) {
+                                            float2* tab, float* red, qk_i64 quant_type) {
     const int lane = (int)(threadIdx.x & 31), warp = (int)(threadIdx.x >> 5), g = lane >> 2, t = lane & 3;
     const int bs_shift = __ffsll(blocksize) - 1; /* blocksize: a power of two */
     const qk_u32 low = 8u * (qk_u32)(lane & (QK_BNBM_COPIES - 1));
@@ -259,16 +240,9 @@ __device__ __forceinline__ void qk_bnbm_run(const void* A, const qk_u8* B, const
     uint4 wq[4][RT][2];
     float sc[4][RT][2];
     if ((qk_i64)blockIdx.x < tiles) qk_bnbm_first<NT, RT>(B, absmax, N, K, steps, blockIdx.x, g, t, warp, bs_shift, wq, sc);
-#if defined(QK_BNBM_A_SMEM)
-    if (AS) qk_bnbm_stage_a(a_s, a16, M, K);
-    const qk_u16* act = AS ? a_s : a16; /* where the steps read their activations */
-#else
-    const qk_u16* act = a16;
-    (void)a_s;
-#endif
 #if defined(QK_BNBM_A_AHEAD)
     uint4 ahead_act[NT][4]; /* pieces [0, qk_bnbm_ahead<NT>()) of the warp's next step */
-    qk_bnbm_act<NT, 0, qk_bnbm_ahead<NT>()>(act, M, K, QK_BNBM_STEP * warp + 32 * t, g, ahead_act);
+    qk_bnbm_act<NT, 0, qk_bnbm_ahead<NT>()>(a16, M, K, QK_BNBM_STEP * warp + 32 * t, g, ahead_act);
 #endif
 #if !defined(QK_BNBM_FILL_FIRST)
     qk_bnbm_fill(tab, quant_type);
@@ -310,10 +284,10 @@ __device__ __forceinline__ void qk_bnbm_run(const void* A, const qk_u8* B, const
 #pragma unroll
                     for (int q = 0; q < qk_bnbm_ahead<NT>(); ++q) now[nt][q] = ahead_act[nt][q];
                 const qk_i64 next = s + QK_BNBM_WARPS < steps ? s + QK_BNBM_WARPS : (qk_i64)warp;
-                qk_bnbm_act<NT, 0, qk_bnbm_ahead<NT>()>(act, M, K, QK_BNBM_STEP * next + 32 * t, g, ahead_act);
-                qk_bnbm_step<DT, NT, RT>(act, tab, M, K, QK_BNBM_STEP * s + 32 * t, g, low, w, f, d, now);
+                qk_bnbm_act<NT, 0, qk_bnbm_ahead<NT>()>(a16, M, K, QK_BNBM_STEP * next + 32 * t, g, ahead_act);
+                qk_bnbm_step<DT, NT, RT>(a16, tab, M, K, QK_BNBM_STEP * s + 32 * t, g, low, w, f, d, now);
 #else
-                qk_bnbm_step<DT, NT, RT>(act, tab, M, K, QK_BNBM_STEP * s + 32 * t, g, low, w, f, d);
+                qk_bnbm_step<DT, NT, RT>(a16, tab, M, K, QK_BNBM_STEP * s + 32 * t, g, low, w, f, d);
 #endif
             }
         }
@@ -367,28 +341,10 @@ __device__ __forceinline__ void qk_gemm_4bit_mma(const void* A, const qk_u8* B, 
 #if defined(QK_BNBM_FILL_FIRST)
     qk_bnbm_fill(tab, quant_type);
 #endif
-#if defined(QK_BNBM_A_SMEM)
-    /* A's place: the dynamic shared memory after the table and red where they are there (CUDA), else its
-     * start; a launch without room for it reads A from L2, as the default build */
-    QK_DYNAMIC_SHARED(uint4, qk_bnbm_dyn);
-#if defined(QK_BNBM_PRMT)
-    constexpr qk_u32 a_off = 256 * QK_BNBM_COPIES * 8 + QK_BNBM_WARPS * RT * 4 * NT * 32 * 4;
-#else
-    constexpr qk_u32 a_off = 0;
-#endif
-    if (NT == 1 && (qk_i64)qk_dynamic_smem_bytes() >= a_off + 2 * M * K) {
-        qk_u16* a_s = (qk_u16*)((qk_u8*)qk_bnbm_dyn + a_off);
-        if (a_dtype == QCONFORM_DTYPE_FLOAT16)
-            qk_bnbm_run<QCONFORM_DTYPE_FLOAT16, NT, RT, true>(A, B, absmax, bias, C, M, N, K, blocksize, tab, red, quant_type, a_s);
-        else if (a_dtype == QCONFORM_DTYPE_BFLOAT16)
-            qk_bnbm_run<QCONFORM_DTYPE_BFLOAT16, NT, RT, true>(A, B, absmax, bias, C, M, N, K, blocksize, tab, red, quant_type, a_s);
-        return;
-    }
-#endif
     if (a_dtype == QCONFORM_DTYPE_FLOAT16)
-        qk_bnbm_run<QCONFORM_DTYPE_FLOAT16, NT, RT>(A, B, absmax, bias, C, M, N, K, blocksize, tab, red, quant_type, 0);
+        qk_bnbm_run<QCONFORM_DTYPE_FLOAT16, NT, RT>(A, B, absmax, bias, C, M, N, K, blocksize, tab, red, quant_type);
     else if (a_dtype == QCONFORM_DTYPE_BFLOAT16)
-        qk_bnbm_run<QCONFORM_DTYPE_BFLOAT16, NT, RT>(A, B, absmax, bias, C, M, N, K, blocksize, tab, red, quant_type, 0);
+        qk_bnbm_run<QCONFORM_DTYPE_BFLOAT16, NT, RT>(A, B, absmax, bias, C, M, N, K, blocksize, tab, red, quant_type);
 }
 
 /* n1: M <= 8 (one n-tile of tokens), n2: M <= 16; RT 2, n1_r1 RT 1 */

@@ -255,22 +255,6 @@ __device__ __forceinline__ void qk_ldmatrix_x4(qk_u32 r[4], const void* row) {
 }
 #endif
 
-/* ---------------------------------------------------------------- dynamic shared memory */
-/* The launch's dynamic shared memory as `type name[]` (every such array of a kernel starts at the same
- * address), and how many bytes the launch gave it: CUDA's special register %dynamic_smem_size (PTX ISA
- * "Special Registers: %dynamic_smem_size", sm_20+); 0 on AMD, where no kernel here sizes its work by
- * it (the launchers give those kernels none). */
-#define QK_DYNAMIC_SHARED(type, name) extern __shared__ type name[]
-__device__ __forceinline__ qk_u32 qk_dynamic_smem_bytes() {
-#if defined(QK_CUDA) && defined(__CUDA_ARCH__)
-    qk_u32 n;
-    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(n));
-    return n;
-#else
-    return 0u;
-#endif
-}
-
 /* ---------------------------------------------------------------- asynchronous copies */
 /* Global -> shared copies that the thread waits for later (PTX cp.async, sm_80+: "Data Movement
  * and Conversion Instructions: cp.async"): `bytes` of 16 (qk_cp_async16) or 4 (qk_cp_async4)
