@@ -40,6 +40,9 @@ MMA_SOURCE = "bnb/gemm_mma.hip"
 MMA_TOKENS = TOKENS  # tokens per n-tile; two n-tiles at most
 MMA_CTAS_PER_SM = 2  # 256 threads x 128 registers (ptxas, sm_90; __launch_bounds__(256, 2))
 TAB16_OPTION = "-DQK_BNBM_TAB16"  # CUDA builds: the pair table in 16 static copies, as on HIP
+# bench-only (``qconform.bench.bnb_gemv --variants mma --build-options=-DQK_BNBM_RT1``): every launch at one
+# n-tile of tokens on 16-row tiles (``qk_gemm_4bit_mma_n1_r1``), whatever N; read here, not by the kernel
+RT1_OPTION = "-DQK_BNBM_RT1"
 TABLE32_BYTES = 256 * 32 * 8  # the CUDA build's pair table: 256 float2 entries in 32 copies
 CPU_SIMT_OPTION = "-DQK_BNB_CPU_SIMT"  # the cpu reading on the SIMT kernel (session 8)
 TILES = (1, 2, 4, 8, 16)  # rows of A per group: the kernel's instantiations (MT)
@@ -76,7 +79,10 @@ def uses_mma(variant: str, dtype: str, M: int) -> bool:
 
 
 def mma_row_tiles(M: int, N: int) -> int:
-    """RT of a matrix-unit launch: ``qconform.device.bnb_tiling.row_tiles`` on this GPU's CTA slots."""
+    """RT of a matrix-unit launch: ``qconform.device.bnb_tiling.row_tiles`` on this GPU's CTA slots (1 at
+    one n-tile under RT1_OPTION)."""
+    if M <= MMA_TOKENS and RT1_OPTION in launchers.OPTIONS:
+        return 1
     return row_tiles(M, N, MMA_CTAS_PER_SM * launchers.sm_count())
 
 
