@@ -30,9 +30,9 @@
  * order, then the bias: a fixed order, so repeated calls are bit-identical (no atomics).
  * K must be a multiple of 32 (the 16-byte loads) and of blocksize (the launcher declines others);
  * A and B 16-byte aligned; blockDim.x == 256.
- * -DQK_BNBM_NO_TABLE_READS (bench-only diagnostic, wrong outputs): each pair's table read replaced by
- * its offset's bits as two floats, the rest of the arithmetic kept: the time without the table's
- * shared-memory traffic (measured in docs/perf-notes.md, session 45).
+ * -DQK_BNBM_NO_TABLE_READS (bench-only diagnostic, CUDA's 32-copy table only, wrong outputs): each
+ * pair's table read replaced by its offset's bits as two floats, the rest of the arithmetic kept: the
+ * time without the table's shared-memory traffic (measured in docs/perf-notes.md, session 45).
  * -DQK_BNB_CPU_SIMT: the session-8 build, this file empty: the launcher (CPU_SIMT_OPTION) runs the
  * cpu reading on bnb/gemm_simt.hip's qk_gemm_4bit_m<MT> instead (the bench's old variant, the
  * device suite's control), and a launch of the mma symbols would fail to load. */
