@@ -51,13 +51,13 @@ CASES = (
 DTYPES = ("float16", "bfloat16")
 
 
-def _build(tmp: Path, edits: Edits = ()) -> Path:
+def _build(tmp: Path, edits: Edits = (), defines: tuple[str, ...] = ()) -> Path:
     (tmp / "gemm_mma.hip").write_text(apply_edits((KERNEL_DIR / "bnb" / "gemm_mma.hip").read_text(), edits))
     shutil.copy(KERNEL_DIR / "bnb" / "gemm_common.h", tmp)
     shutil.copy(COMMON / "qconform_abi.h", tmp)
     shutil.copy(HERE / "qk_portable.h", tmp)
     exe = tmp / "bnb_gemm_mma_host"
-    cmd = ["g++", "-std=c++20", "-O1", "-ffp-contract=off", "-w", f"-I{tmp}", str(HERE / "bnb_gemm_mma_host.cpp")]
+    cmd = ["g++", "-std=c++20", "-O1", "-ffp-contract=off", "-w", f"-I{tmp}", *defines, str(HERE / "bnb_gemm_mma_host.cpp")]
     subprocess.run([*cmd, "-o", str(exe)], check=True)
     return exe
 
@@ -98,9 +98,13 @@ def _failures(exe: Path, tmp: Path, case: tuple, dtype: str) -> list[str]:
     return wrong if c.ok else [*wrong, c.detail]
 
 
-@pytest.fixture(scope="module")
-def exe(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _build(tmp_path_factory.mktemp("bnbm"))
+# the shipped build and the bench-only ones that change which weights a step reads
+BUILDS = ((), ("-DQK_BNBM_STREAM",))
+
+
+@pytest.fixture(scope="module", params=BUILDS, ids=lambda b: " ".join(b) or "shipped")
+def exe(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _build(tmp_path_factory.mktemp("bnbm"), defines=request.param)
 
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="no g++")
