@@ -57,7 +57,8 @@ def _build(tmp: Path, edits: Edits = (), defines: tuple[str, ...] = ()) -> Path:
     shutil.copy(COMMON / "qconform_abi.h", tmp)
     shutil.copy(HERE / "qk_portable.h", tmp)
     exe = tmp / "bnb_gemm_mma_host"
-    cmd = ["g++", "-std=c++20", "-O1", "-ffp-contract=off", "-w", f"-I{tmp}", *defines, str(HERE / "bnb_gemm_mma_host.cpp")]
+    cmd = ["g++", "-std=c++20", "-O1", "-ffp-contract=off", "-w", f"-I{tmp}", *defines]
+    cmd.append(str(HERE / "bnb_gemm_mma_host.cpp"))
     subprocess.run([*cmd, "-o", str(exe)], check=True)
     return exe
 
