@@ -223,7 +223,8 @@ if part patched; then
   for def in -DQK_GQA_FLASH_V1 -DQK_GQA_I8T_U8 -DQK_PHASES -DQK_GQA_APPEND_LOADS_FIRST -DQK_MMA_EMULATE; do
     front "$KERNELS/ort/gqa.hip $def" "$def" "$KERNELS/ort/gqa.hip"
   done
-  for def in -DQK_MOE_DECODE_V1 -DQK_MOE_GEMM_V1 -DQK_PHASES -DQK_MMA_EMULATE -DQK_MOE_STREAM; do
+  for def in -DQK_MOE_DECODE_V1 -DQK_MOE_GEMM_V1 -DQK_PHASES -DQK_MMA_EMULATE -DQK_MOE_STREAM \
+    -DQK_MOE_FC2_EARLY; do
     front "$KERNELS/ort/qmoe.hip $def" "$def" "$KERNELS/ort/qmoe.hip"
   done
   front "$KERNELS/ort/gqa_flash.hip -DQK_MMA_EMULATE" -DQK_MMA_EMULATE "$KERNELS/ort/gqa_flash.hip"

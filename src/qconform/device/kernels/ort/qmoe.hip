@@ -1028,13 +1028,17 @@ __device__ __forceinline__ void qk_moe_fc2m_mma(const qk_moe_fc1m_step& st, cons
  * the lane's row sums (before the quad's are added). BF16: qk_moe_fc2m_mma over the three planes of
  * ps uint2 units, else qk_moe_fc1m_mma. */
 template <bool ZP, bool BF16>
-__device__ __forceinline__ void qk_moe_m_run(const qk_moe_fc& f, int e, const qk_moe_rows2& R, const uint2* xp,
-                                             int ps, const uint2* zero, int s_lo, int s_hi, int g, int t, int nseg,
-                                             int bsh, float* acc) {
-    if (s_lo >= s_hi) return;
-    qk_moe_fc1m_step b0, b1;
+__device__ __forceinline__ void qk_moe_m_first(const qk_moe_fc& f, int e, const qk_moe_rows2& R, int s_lo, int s_hi,
+                                               int t, int nseg, int bsh, qk_moe_fc1m_step& b0, qk_moe_fc1m_step& b1) {
     qk_moe_fc1m_load<ZP, BF16>(f, e, R, s_lo, t, nseg, bsh, b0);
     if (s_lo + 1 < s_hi) qk_moe_fc1m_load<ZP, BF16>(f, e, R, s_lo + 1, t, nseg, bsh, b1);
+}
+
+/* the run with its first two steps already in b0, b1 (qk_moe_m_first) */
+template <bool ZP, bool BF16>
+__device__ __forceinline__ void qk_moe_m_loaded(const qk_moe_fc& f, int e, const qk_moe_rows2& R, const uint2* xp,
+                                                int ps, const uint2* zero, int s_lo, int s_hi, int g, int t, int nseg,
+                                                int bsh, float* acc, qk_moe_fc1m_step& b0, qk_moe_fc1m_step& b1) {
     for (int s = s_lo; s < s_hi; s += 2) {
         if (BF16) qk_moe_fc2m_mma(b0, xp, ps, zero, s, g, t, acc);
         else qk_moe_fc1m_mma(b0, xp, zero, s, g, t, acc);
@@ -1045,6 +1049,16 @@ __device__ __forceinline__ void qk_moe_m_run(const qk_moe_fc& f, int e, const qk
             if (s + 3 < s_hi) qk_moe_fc1m_load<ZP, BF16>(f, e, R, s + 3, t, nseg, bsh, b1);
         }
     }
+}
+
+template <bool ZP, bool BF16>
+__device__ __forceinline__ void qk_moe_m_run(const qk_moe_fc& f, int e, const qk_moe_rows2& R, const uint2* xp,
+                                             int ps, const uint2* zero, int s_lo, int s_hi, int g, int t, int nseg,
+                                             int bsh, float* acc) {
+    if (s_lo >= s_hi) return;
+    qk_moe_fc1m_step b0, b1;
+    qk_moe_m_first<ZP, BF16>(f, e, R, s_lo, s_hi, t, nseg, bsh, b0, b1);
+    qk_moe_m_loaded<ZP, BF16>(f, e, R, xp, ps, zero, s_lo, s_hi, g, t, nseg, bsh, acc, b0, b1);
 }
 
 #if defined(QK_MOE_STREAM)
@@ -1254,6 +1268,19 @@ __device__ __forceinline__ void qk_moe_fc2m_body(const uint4* planes, const int*
     if (threadIdx.x < 8) s_zero[threadIdx.x] = make_uint2(0u, 0u);
     __syncthreads();
     QK_PHASE(14);
+#if defined(QK_MOE_FC2_EARLY)
+    /* -DQK_MOE_FC2_EARLY (bench-only, `python -m qconform.bench.qmoe --variants decode,fc2_early`): the
+     * first two steps of the warp's first (slot, part) pair loaded before the planes are staged, so
+     * they fly during the staging (the run then starts from them: the same steps, the same bits) */
+    qk_moe_fc1m_step e0, e1;
+    {
+        const int warp = (int)(threadIdx.x / 32), g = (int)(threadIdx.x & 31) >> 2, tq = (int)threadIdx.x & 3;
+        const int j = warp / parts, part = warp - j * parts;
+        if (warp < k * parts && s_w[j] > QK_MOE_SKIP && part * steps / parts < (part + 1) * steps / parts)
+            qk_moe_m_first<ZP, true>(f, s_sel[j], qk_moe_rows_of(f, s_sel[j], n0, g, blocks), part * steps / parts,
+                                     (part + 1) * steps / parts, tq, nseg, bsh, e0, e1);
+    }
+#endif
     /* the token's 3 k planes (qk_moe_store_planes, written by qk_moe_fc1m) copied, zeros past K and for
      * skipped slots (whose planes fc1 never wrote); a thread loads QK_MOE_F2_BATCH units before it stores */
     const int n = 3 * k * words;
@@ -1277,8 +1304,15 @@ __device__ __forceinline__ void qk_moe_fc2m_body(const uint4* planes, const int*
         if (!(s_w[j] > QK_MOE_SKIP)) continue; /* the whole warp */
         const qk_moe_rows2 R = qk_moe_rows_of(f, s_sel[j], n0, g, blocks);
         float acc[2] = {0.0f, 0.0f};
+#if defined(QK_MOE_FC2_EARLY)
+        if (pi != warp) qk_moe_m_first<ZP, true>(f, s_sel[j], R, part * steps / parts, (part + 1) * steps / parts, tq,
+                                                 nseg, bsh, e0, e1);
+        qk_moe_m_loaded<ZP, true>(f, s_sel[j], R, (const uint2*)(qk_moe_xw + 3 * j * words), 2 * words, s_zero,
+                                  part * steps / parts, (part + 1) * steps / parts, g, tq, nseg, bsh, acc, e0, e1);
+#else
         qk_moe_m_run<ZP, true>(f, s_sel[j], R, (const uint2*)(qk_moe_xw + 3 * j * words), 2 * words, s_zero,
                                part * steps / parts, (part + 1) * steps / parts, g, tq, nseg, bsh, acc);
+#endif
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             acc[r] = QK_FADD(acc[r], QK_SHFL_XOR(acc[r], 1, 32));
