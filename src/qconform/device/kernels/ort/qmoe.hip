@@ -1303,15 +1303,16 @@ __device__ __forceinline__ void qk_moe_fc2m_body(const uint4* planes, const int*
         const int j = pi / parts, part = pi - j * parts;
         if (!(s_w[j] > QK_MOE_SKIP)) continue; /* the whole warp */
         const qk_moe_rows2 R = qk_moe_rows_of(f, s_sel[j], n0, g, blocks);
+        const uint2* xp = (const uint2*)(qk_moe_xw + 3 * j * words); /* slot j's staged planes */
         float acc[2] = {0.0f, 0.0f};
 #if defined(QK_MOE_FC2_EARLY)
         if (pi != warp) qk_moe_m_first<ZP, true>(f, s_sel[j], R, part * steps / parts, (part + 1) * steps / parts, tq,
                                                  nseg, bsh, e0, e1);
-        qk_moe_m_loaded<ZP, true>(f, s_sel[j], R, (const uint2*)(qk_moe_xw + 3 * j * words), 2 * words, s_zero,
-                                  part * steps / parts, (part + 1) * steps / parts, g, tq, nseg, bsh, acc, e0, e1);
+        qk_moe_m_loaded<ZP, true>(f, s_sel[j], R, xp, 2 * words, s_zero, part * steps / parts, (part + 1) * steps / parts,
+                                  g, tq, nseg, bsh, acc, e0, e1);
 #else
-        qk_moe_m_run<ZP, true>(f, s_sel[j], R, (const uint2*)(qk_moe_xw + 3 * j * words), 2 * words, s_zero,
-                               part * steps / parts, (part + 1) * steps / parts, g, tq, nseg, bsh, acc);
+        qk_moe_m_run<ZP, true>(f, s_sel[j], R, xp, 2 * words, s_zero, part * steps / parts, (part + 1) * steps / parts,
+                               g, tq, nseg, bsh, acc);
 #endif
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
