@@ -3,8 +3,7 @@ compiled with g++ against tests/kernel_host/qk_portable.h; tests/kernel_host/bnb
 every CTA of a launch as 256 host threads, the m16n8k16 op formed per warp from the PTX fragment
 layout, the 16-copy pair table that HIP builds): n1, n1_r1 and n2, fp16 and bf16, NF4 and FP4, a bias,
 partial row tiles and K steps, fewer CTAs than tiles (the tiles striding over the grid, the next tile's
-first loads issued during the reduction; under the bench-only -DQK_BNBM_STREAM, during the tile's last
-round). Each output against the op's own check (the cpu reading,
+first loads issued during the reduction). Each output against the op's own check (the cpu reading,
 ``Prepared.verify``: within the per-element bound), every output written. The device mutants of the
 kernel (tests/device_catalogue.py, those the 16-copy table builds) must fail the same check, as
 tests/bnb_mma_model.py's model of them does. Skipped without g++ (C++20)."""
@@ -52,14 +51,13 @@ CASES = (
 DTYPES = ("float16", "bfloat16")
 
 
-def _build(tmp: Path, edits: Edits = (), defines: tuple[str, ...] = ()) -> Path:
+def _build(tmp: Path, edits: Edits = ()) -> Path:
     (tmp / "gemm_mma.hip").write_text(apply_edits((KERNEL_DIR / "bnb" / "gemm_mma.hip").read_text(), edits))
     shutil.copy(KERNEL_DIR / "bnb" / "gemm_common.h", tmp)
     shutil.copy(COMMON / "qconform_abi.h", tmp)
     shutil.copy(HERE / "qk_portable.h", tmp)
     exe = tmp / "bnb_gemm_mma_host"
-    cmd = ["g++", "-std=c++20", "-O1", "-ffp-contract=off", "-w", f"-I{tmp}", *defines]
-    cmd.append(str(HERE / "bnb_gemm_mma_host.cpp"))
+    cmd = ["g++", "-std=c++20", "-O1", "-ffp-contract=off", "-w", f"-I{tmp}", str(HERE / "bnb_gemm_mma_host.cpp")]
     subprocess.run([*cmd, "-o", str(exe)], check=True)
     return exe
 
@@ -100,13 +98,9 @@ def _failures(exe: Path, tmp: Path, case: tuple, dtype: str) -> list[str]:
     return wrong if c.ok else [*wrong, c.detail]
 
 
-# the shipped build and the bench-only ones that change which weights a step reads
-BUILDS = ((), ("-DQK_BNBM_STREAM",))
-
-
-@pytest.fixture(scope="module", params=BUILDS, ids=lambda b: " ".join(b) or "shipped")
-def exe(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _build(tmp_path_factory.mktemp("bnbm"), defines=request.param)
+@pytest.fixture(scope="module")
+def exe(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _build(tmp_path_factory.mktemp("bnbm"))
 
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="no g++")
@@ -133,18 +127,3 @@ def test_device_mutants_fail_on_the_host(tmp_path: Path, edits: Edits) -> None:
     exe = _build(tmp_path, edits)
     # M 12 and 16: the second n-tile's tokens
     assert any(_failures(exe, tmp_path, case, "float16") for case in (CASES[4], CASES[5]))
-
-
-# -DQK_BNBM_STREAM's next-tile loads broken: the next tile's steps one 128-value step off, or the rows of
-# the tile being finished loaded again in place of the next tile's
-STREAM_BREAKS = (
-    (("QK_BNBM_STEP * (last ? sn : ahead)", "QK_BNBM_STEP * (last ? sn + 1 : ahead)"),),
-    (("qk_bnbm_rows<RT>(N, last ? next : tile, rt, g, l0, l1);", "qk_bnbm_rows<RT>(N, tile, rt, g, l0, l1);"),),
-)
-
-
-@pytest.mark.parametrize("edits", STREAM_BREAKS, ids=("next_step_off", "next_rows_not_taken"))
-def test_stream_breaks_fail_on_the_host(tmp_path: Path, edits: Edits) -> None:
-    exe = _build(tmp_path, edits, defines=("-DQK_BNBM_STREAM",))
-    # the cases whose tiles stride over a smaller grid
-    assert any(_failures(exe, tmp_path, case, "float16") for case in (CASES[6], CASES[7]))

@@ -14,10 +14,7 @@ faster than the PyTorch baseline. PyTorch is imported here only; without it the 
 512 and 4096 tokens under storage=fp16 (the grouped GEMMs) against a PyTorch prefill (``bench_prefill``);
 ``grouped_v1`` (round 1's tile loop, ``-DQK_MOE_GEMM_V1``) must give the same output bits as ``grouped``.
 (``--variants``: the decode path, its fc1 or fc2 on the SIMT kernels (``decode_simt``, ``decode_fc2v``),
-its session-8 kernels ``-DQK_MOE_DECODE_V1``, the legacy kernels ``-DQK_MOE_LEGACY`` and ``stream``
-(``-DQK_MOE_STREAM``: fc1m's ring carried across a warp's tasks), ``fc2_early`` (``-DQK_MOE_FC2_EARLY``:
-fc2m's first two steps of weights loaded before the planes are staged) and ``stream_early`` (both; each
-the same output bits as decode), timed side by
+its session-8 kernels ``-DQK_MOE_DECODE_V1`` and the legacy kernels ``-DQK_MOE_LEGACY``, timed side by
 side on the same cold rotation, each output checked against the bound)
 """
 
@@ -138,9 +135,6 @@ VARIANTS = {  # name -> build options (qconform.device.ort.qmoe)
     "decode_fc2v": ("-DQK_MOE_FC2_SIMT",),  # fc2 of an fp16 layer on qk_moe_fc2v (session 9), not qk_moe_fc2m
     "decode_v1": ("-DQK_MOE_DECODE_V1",),
     "legacy": ("-DQK_MOE_LEGACY",),
-    "stream": ("-DQK_MOE_STREAM",),  # fc1m's two-step ring carried from task to task (bench-only)
-    "fc2_early": ("-DQK_MOE_FC2_EARLY",),  # fc2m's first two steps loaded before its planes are staged
-    "stream_early": ("-DQK_MOE_STREAM", "-DQK_MOE_FC2_EARLY"),
     STREAM_ORDER: (),  # the default build with every launch in stream order (fc2m not a dependent of fc1m)
 }
 

@@ -33,9 +33,6 @@
  * -DQK_BNBM_NO_TABLE_READS (bench-only diagnostic, CUDA's 32-copy table only, wrong outputs): each
  * pair's table read replaced by its offset's bits as two floats, the rest of the arithmetic kept: the
  * time without the table's shared-memory traffic (measured in docs/perf-notes.md, session 45).
- * -DQK_BNBM_STREAM (bench-only, `python -m qconform.bench.bnb_gemv --variants mma`): a warp's ring takes
- * the next tile's first steps in the tile's last round, each slot as it frees (rows of tile + gridDim.x,
- * steps warp + 8 p), so they fly during that round's arithmetic instead of being issued after it.
  * -DQK_BNB_CPU_SIMT: the session-8 build, this file empty: the launcher (CPU_SIMT_OPTION) runs the
  * cpu reading on bnb/gemm_simt.hip's qk_gemm_4bit_m<MT> instead (the bench's old variant, the
  * device suite's control), and a launch of the mma symbols would fail to load. */
@@ -266,34 +263,18 @@ __device__ __forceinline__ void qk_bnbm_run(const void* A, const qk_u8* B, const
 #pragma unroll
             for (int p = 0; p < depth; ++p) {
                 const qk_i64 s = s0 + (qk_i64)p * QK_BNBM_WARPS; /* the same for the whole warp */
-#if !defined(QK_BNBM_STREAM)
                 if (s >= steps) break;
-#endif
                 uint4 w[RT][2];
                 float f[RT][2];
                 const qk_i64 ahead = s + depth * QK_BNBM_WARPS;
-#if defined(QK_BNBM_STREAM)
-                /* the tile's last round of the ring: slot p takes the next tile's step warp + 8 p (what
-                 * qk_bnbm_first would load after the loop), so those loads fly during this round */
-                const bool last = s0 + depth * QK_BNBM_WARPS >= steps;
-                const qk_i64 next = tile + gridDim.x, sn = warp + (qk_i64)p * QK_BNBM_WARPS;
-#endif
 #pragma unroll
                 for (int rt = 0; rt < RT; ++rt) {
                     w[rt][0] = wq[p][rt][0];
                     w[rt][1] = wq[p][rt][1];
                     f[rt][0] = sc[p][rt][0];
                     f[rt][1] = sc[p][rt][1];
-#if defined(QK_BNBM_STREAM)
-                    qk_i64 l0, l1;
-                    qk_bnbm_rows<RT>(N, last ? next : tile, rt, g, l0, l1);
-                    const bool on = last ? next < tiles && sn < steps : ahead < steps;
-                    qk_bnbm_load(B, absmax, l0, l1, on ? K : 0, QK_BNBM_STEP * (last ? sn : ahead) + 32 * t, bs_shift,
-                                 wq[p][rt], sc[p][rt]);
-#else
                     qk_bnbm_load(B, absmax, r0[rt], r1[rt], ahead < steps ? K : 0, QK_BNBM_STEP * ahead + 32 * t,
                                  bs_shift, wq[p][rt], sc[p][rt]);
-#endif
                 }
 #if defined(QK_BNBM_A_AHEAD)
                 /* this step's first pieces; the warp's next step's (the next tile's first after the last) */
@@ -305,19 +286,15 @@ __device__ __forceinline__ void qk_bnbm_run(const void* A, const qk_u8* B, const
                 const qk_i64 next = s + QK_BNBM_WARPS < steps ? s + QK_BNBM_WARPS : (qk_i64)warp;
                 qk_bnbm_act<NT, 0, qk_bnbm_ahead<NT>()>(a16, M, K, QK_BNBM_STEP * next + 32 * t, g, ahead_act);
                 qk_bnbm_step<DT, NT, RT>(a16, tab, M, K, QK_BNBM_STEP * s + 32 * t, g, low, w, f, d, now);
-#elif defined(QK_BNBM_STREAM)
-                if (s < steps) qk_bnbm_step<DT, NT, RT>(a16, tab, M, K, QK_BNBM_STEP * s + 32 * t, g, low, w, f, d);
 #else
                 qk_bnbm_step<DT, NT, RT>(a16, tab, M, K, QK_BNBM_STEP * s + 32 * t, g, low, w, f, d);
 #endif
             }
         }
-#if !defined(QK_BNBM_STREAM)
         /* the next tile's first steps in flight during the reduction (the ring is free: its last
          * loads above were past the steps) */
         if (tile + gridDim.x < tiles)
             qk_bnbm_first<NT, RT>(B, absmax, N, K, steps, tile + gridDim.x, g, t, warp, bs_shift, wq, sc);
-#endif
         /* the warps' partials: red[warp][rt][4 nt + r][lane], then one thread per output in warp order */
 #pragma unroll
         for (int rt = 0; rt < RT; ++rt)

@@ -1028,17 +1028,13 @@ __device__ __forceinline__ void qk_moe_fc2m_mma(const qk_moe_fc1m_step& st, cons
  * the lane's row sums (before the quad's are added). BF16: qk_moe_fc2m_mma over the three planes of
  * ps uint2 units, else qk_moe_fc1m_mma. */
 template <bool ZP, bool BF16>
-__device__ __forceinline__ void qk_moe_m_first(const qk_moe_fc& f, int e, const qk_moe_rows2& R, int s_lo, int s_hi,
-                                               int t, int nseg, int bsh, qk_moe_fc1m_step& b0, qk_moe_fc1m_step& b1) {
+__device__ __forceinline__ void qk_moe_m_run(const qk_moe_fc& f, int e, const qk_moe_rows2& R, const uint2* xp,
+                                             int ps, const uint2* zero, int s_lo, int s_hi, int g, int t, int nseg,
+                                             int bsh, float* acc) {
+    if (s_lo >= s_hi) return;
+    qk_moe_fc1m_step b0, b1;
     qk_moe_fc1m_load<ZP, BF16>(f, e, R, s_lo, t, nseg, bsh, b0);
     if (s_lo + 1 < s_hi) qk_moe_fc1m_load<ZP, BF16>(f, e, R, s_lo + 1, t, nseg, bsh, b1);
-}
-
-/* the run with its first two steps already in b0, b1 (qk_moe_m_first) */
-template <bool ZP, bool BF16>
-__device__ __forceinline__ void qk_moe_m_loaded(const qk_moe_fc& f, int e, const qk_moe_rows2& R, const uint2* xp,
-                                                int ps, const uint2* zero, int s_lo, int s_hi, int g, int t, int nseg,
-                                                int bsh, float* acc, qk_moe_fc1m_step& b0, qk_moe_fc1m_step& b1) {
     for (int s = s_lo; s < s_hi; s += 2) {
         if (BF16) qk_moe_fc2m_mma(b0, xp, ps, zero, s, g, t, acc);
         else qk_moe_fc1m_mma(b0, xp, zero, s, g, t, acc);
@@ -1050,68 +1046,6 @@ __device__ __forceinline__ void qk_moe_m_loaded(const qk_moe_fc& f, int e, const
         }
     }
 }
-
-template <bool ZP, bool BF16>
-__device__ __forceinline__ void qk_moe_m_run(const qk_moe_fc& f, int e, const qk_moe_rows2& R, const uint2* xp,
-                                             int ps, const uint2* zero, int s_lo, int s_hi, int g, int t, int nseg,
-                                             int bsh, float* acc) {
-    if (s_lo >= s_hi) return;
-    qk_moe_fc1m_step b0, b1;
-    qk_moe_m_first<ZP, BF16>(f, e, R, s_lo, s_hi, t, nseg, bsh, b0, b1);
-    qk_moe_m_loaded<ZP, BF16>(f, e, R, xp, ps, zero, s_lo, s_hi, g, t, nseg, bsh, acc, b0, b1);
-}
-
-#if defined(QK_MOE_STREAM)
-/* -DQK_MOE_STREAM (bench-only, `python -m qconform.bench.qmoe --variants decode,stream`): qk_moe_m_run for
- * qk_moe_fc1m with the warp's two-step ring carried from task to task: its run is items 0 .. n - 1 (steps
- * s_lo + i), and a slot freed by item i takes item i + 2, past n the next task's item i + 2 - n (expert en,
- * rows Rn; zeros where that task is skipped or has fewer steps), so the next task's first loads fly during
- * this task's last steps and the parts' barriers. `primed`: the slots hold this task's items 0 and 1 (in
- * swapped slots where the run before had an odd length); on return, whether they hold the next task's.
- * The same steps in the same order into acc: the output bits of qk_moe_m_run. */
-template <bool ZP>
-__device__ __forceinline__ void qk_moe_m_stream(const qk_moe_fc& f, int e, const qk_moe_rows2& R, int en,
-                                                const qk_moe_rows2& Rn, bool live_n, const uint2* xp,
-                                                const uint2* zero, int s_lo, int s_hi, int steps, int g, int t,
-                                                int nseg, int bsh, float* acc, qk_moe_fc1m_step& b0,
-                                                qk_moe_fc1m_step& b1, bool& primed) {
-    const int n = s_hi - s_lo;
-    if (n <= 0) {
-        primed = false;
-        return;
-    }
-    auto item = [&](int i, qk_moe_fc1m_step& st) {
-        const bool own = i < n;
-        const int S = own ? s_lo + i : live_n && i - n < n ? s_lo + i - n : steps; /* steps: past K, zeros */
-        qk_moe_rows2 Ri; /* field by field: a select of the whole struct goes through local memory */
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            Ri.rr[r] = own ? R.rr[r] : Rn.rr[r];
-            Ri.row[r] = own ? R.row[r] : Rn.row[r];
-            Ri.w[r] = own ? R.w[r] : Rn.w[r];
-            Ri.s[r] = own ? R.s[r] : Rn.s[r];
-        }
-        qk_moe_fc1m_load<ZP, false>(f, own ? e : en, Ri, S, t, nseg, bsh, st);
-    };
-    if (!primed) {
-        item(0, b0);
-        item(1, b1);
-    } else if (n & 1) {
-        const qk_moe_fc1m_step tmp = b0;
-        b0 = b1;
-        b1 = tmp;
-    }
-    for (int i = 0; i < n; i += 2) {
-        qk_moe_fc1m_mma(b0, xp, zero, s_lo + i, g, t, acc);
-        item(i + 2, b0);
-        if (i + 1 < n) {
-            qk_moe_fc1m_mma(b1, xp, zero, s_lo + i + 1, g, t, acc);
-            item(i + 3, b1);
-        }
-    }
-    primed = live_n;
-}
-#endif
 
 /* log2(block_size / 32) (block_size a power of two >= 32), 31 for per-row scales */
 __device__ __forceinline__ int qk_moe_seg_shift(int bs) { return bs ? 26 - __clz(bs) : 31; }
@@ -1160,31 +1094,15 @@ __device__ __forceinline__ void qk_moe_fc1m_body(const void* x, const void* logi
     const int tiles = (N + 15) / 16, total = k * tiles, slots = QK_MOE_M_WARPS / parts;
     const int q = warp / parts, part = warp - q * parts;
     const int s_lo = part * steps / parts, s_hi = (part + 1) * steps / parts;
-#if defined(QK_MOE_STREAM)
-    qk_moe_fc1m_step b0, b1; /* the warp's ring, carried from task to task (qk_moe_m_stream) */
-    bool primed = false;
-#endif
     for (int base = 0; base < total; base += (int)gridDim.x * slots) { /* the same trip count in every warp */
         const int task = base + q * (int)gridDim.x + (int)blockIdx.x;
         const int j = task < total ? task / tiles : 0, r0 = (task - j * tiles) * 16;
         const bool live = task < total && s_w[j] > QK_MOE_SKIP; /* the same in a task's parts */
         const qk_moe_rows2 R = qk_moe_rows_of(f, s_sel[j], r0, g, blocks);
         float acc[2] = {0.0f, 0.0f};
-#if defined(QK_MOE_STREAM)
-        const int tn = task + (int)gridDim.x * slots; /* this slot's next task */
-        const int jn = tn < total ? tn / tiles : 0;
-        const bool live_n = tn < total && s_w[jn] > QK_MOE_SKIP;
-        if (live)
-            qk_moe_m_stream<ZP>(f, s_sel[j], R, s_sel[jn], qk_moe_rows_of(f, s_sel[jn], (tn - jn * tiles) * 16, g, blocks),
-                                live_n, (const uint2*)qk_moe_xw, s_zero, s_lo, s_hi, steps, g, tq, nseg, bsh, acc, b0,
-                                b1, primed);
-        else
-            primed = false;
-#else
         if (live)
             qk_moe_m_run<ZP, false>(f, s_sel[j], R, (const uint2*)qk_moe_xw, 0, s_zero, s_lo, s_hi, g, tq, nseg, bsh,
                                     acc);
-#endif
         if (base == 0) QK_PHASE_AFTER(2, __float_as_uint(acc[0]));
         if (parts > 1) { /* part 0 adds the parts in order */
             s_part[warp][0][lane] = acc[0];
@@ -1268,19 +1186,6 @@ __device__ __forceinline__ void qk_moe_fc2m_body(const uint4* planes, const int*
     if (threadIdx.x < 8) s_zero[threadIdx.x] = make_uint2(0u, 0u);
     __syncthreads();
     QK_PHASE(14);
-#if defined(QK_MOE_FC2_EARLY)
-    /* -DQK_MOE_FC2_EARLY (bench-only, `python -m qconform.bench.qmoe --variants decode,fc2_early`): the
-     * first two steps of the warp's first (slot, part) pair loaded before the planes are staged, so
-     * they fly during the staging (the run then starts from them: the same steps, the same bits) */
-    qk_moe_fc1m_step e0, e1;
-    {
-        const int warp = (int)(threadIdx.x / 32), g = (int)(threadIdx.x & 31) >> 2, tq = (int)threadIdx.x & 3;
-        const int j = warp / parts, part = warp - j * parts;
-        if (warp < k * parts && s_w[j] > QK_MOE_SKIP && part * steps / parts < (part + 1) * steps / parts)
-            qk_moe_m_first<ZP, true>(f, s_sel[j], qk_moe_rows_of(f, s_sel[j], n0, g, blocks), part * steps / parts,
-                                     (part + 1) * steps / parts, tq, nseg, bsh, e0, e1);
-    }
-#endif
     /* the token's 3 k planes (qk_moe_store_planes, written by qk_moe_fc1m) copied, zeros past K and for
      * skipped slots (whose planes fc1 never wrote); a thread loads QK_MOE_F2_BATCH units before it stores */
     const int n = 3 * k * words;
@@ -1303,17 +1208,9 @@ __device__ __forceinline__ void qk_moe_fc2m_body(const uint4* planes, const int*
         const int j = pi / parts, part = pi - j * parts;
         if (!(s_w[j] > QK_MOE_SKIP)) continue; /* the whole warp */
         const qk_moe_rows2 R = qk_moe_rows_of(f, s_sel[j], n0, g, blocks);
-        const uint2* xp = (const uint2*)(qk_moe_xw + 3 * j * words); /* slot j's staged planes */
         float acc[2] = {0.0f, 0.0f};
-#if defined(QK_MOE_FC2_EARLY)
-        if (pi != warp) qk_moe_m_first<ZP, true>(f, s_sel[j], R, part * steps / parts, (part + 1) * steps / parts, tq,
-                                                 nseg, bsh, e0, e1);
-        qk_moe_m_loaded<ZP, true>(f, s_sel[j], R, xp, 2 * words, s_zero, part * steps / parts, (part + 1) * steps / parts,
-                                  g, tq, nseg, bsh, acc, e0, e1);
-#else
-        qk_moe_m_run<ZP, true>(f, s_sel[j], R, xp, 2 * words, s_zero, part * steps / parts, (part + 1) * steps / parts,
-                               g, tq, nseg, bsh, acc);
-#endif
+        qk_moe_m_run<ZP, true>(f, s_sel[j], R, (const uint2*)(qk_moe_xw + 3 * j * words), 2 * words, s_zero,
+                               part * steps / parts, (part + 1) * steps / parts, g, tq, nseg, bsh, acc);
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             acc[r] = QK_FADD(acc[r], QK_SHFL_XOR(acc[r], 1, 32));
