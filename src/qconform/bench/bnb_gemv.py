@@ -26,7 +26,8 @@ step's four activation pieces loaded a step ahead; ``-DQK_BNBM_FILL_FIRST``: ses
 pair table filled before the ring's first weight loads; ``-DQK_BNBM_RT1``: M <= 8 on 16-row tiles at every N
 (the launcher's choice, the kernels unchanged); ``-DQK_BNBM_NO_TABLE_READS``: a diagnostic without
 the pair table's shared-memory reads, whose outputs are wrong: its check fails, its time is what the
-table's traffic costs).
+table's traffic costs; ``-DQK_BNBM_LOADS_ONLY``: a diagnostic with every load and no decode or mma, also
+wrong: its time is the loads' own, against the roofline).
 ``--variants cuda``: session 7's SIMT kernel (``-DQK_BNB_GEMM_V1``) and the current one in the
 "simt" reading, each bit-identical to the oracle's "simt" order at M = 1 and the two outputs
 byte-identical at every M. ``--quick``: the first shape, fp16, M = 1 and 16.

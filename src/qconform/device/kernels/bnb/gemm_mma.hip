@@ -33,6 +33,9 @@
  * -DQK_BNBM_NO_TABLE_READS (bench-only diagnostic, CUDA's 32-copy table only, wrong outputs): each
  * pair's table read replaced by its offset's bits as two floats, the rest of the arithmetic kept: the
  * time without the table's shared-memory traffic (measured in docs/perf-notes.md, session 45).
+ * -DQK_BNBM_LOADS_ONLY (bench-only diagnostic, wrong outputs): each step's weight, scale and activation
+ * loads kept and folded by XOR into one partial, with no decode and no mma: the time of the kernel's
+ * loads, ring, reductions and stores alone, against the read-only roofline.
  * -DQK_BNB_CPU_SIMT: the session-8 build, this file empty: the launcher (CPU_SIMT_OPTION) runs the
  * cpu reading on bnb/gemm_simt.hip's qk_gemm_4bit_m<MT> instead (the bench's old variant, the
  * device suite's control), and a launch of the mma symbols would fail to load. */
@@ -192,6 +195,20 @@ __device__ __forceinline__ void qk_bnbm_step(const qk_u16* A, const float2* tab,
 #else
     qk_bnbm_act<NT>(A, M, K, k, g, act);
 #endif
+#if defined(QK_BNBM_LOADS_ONLY)
+    /* diagnostic: every load of the step kept, folded by XOR into one partial (no table, no scaling, no mma) */
+    qk_u32 x = 0u;
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+            x ^= w[rt][h].x ^ w[rt][h].y ^ w[rt][h].z ^ w[rt][h].w ^ __float_as_uint(sc[rt][h]);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) x ^= act[nt][q].x ^ act[nt][q].y ^ act[nt][q].z ^ act[nt][q].w;
+    d[0][0][0] = QK_FADD(d[0][0][0], qk_float(x & 0x3FFFFFFFu));
+#else
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
         const int word = i >> 1, j0 = 2 * (i & 1);
@@ -211,6 +228,7 @@ __device__ __forceinline__ void qk_bnbm_step(const qk_u16* A, const float2* tab,
             }
         }
     }
+#endif
 }
 
 /* the pair table of quant_type: every thread's share of the CTA's copies */
