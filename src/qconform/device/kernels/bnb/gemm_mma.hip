@@ -202,7 +202,7 @@ __device__ __forceinline__ void qk_bnbm_step(const qk_u16* A, const float2* tab,
     for (int rt = 0; rt < RT; ++rt)
 #pragma unroll
         for (int h = 0; h < 2; ++h)
-            x ^= w[rt][h].x ^ w[rt][h].y ^ w[rt][h].z ^ w[rt][h].w ^ __float_as_uint(sc[rt][h]);
+            x ^= w[rt][h].x ^ w[rt][h].y ^ w[rt][h].z ^ w[rt][h].w ^ qk_bits(sc[rt][h]);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
