@@ -86,13 +86,13 @@ QMOE = (
 
 KQ = (
     Marked(
-        "qk_kq_fast_q4_k_m1 / q5_k_m1",
+        "qk_kq_one_q4_k / q5_k (row-group CTAs)",
         0,
         (
             "first weights requested (and the quantize waited for)",
             "first weights arrived",
-            "its row group",
-            "sums and store",
+            "its row groups' trips, to the last group's sums",
+            "the last group's sums and store",
         ),
     ),
 )
