@@ -95,6 +95,11 @@ KQ = (
             "the last group's sums and store",
         ),
     ),
+    Marked(
+        "qk_kq_one_q4_k / q5_k (quantizing CTAs)",
+        5,
+        ("its X arrived", "quantized, act stored", "fence, barrier, count added"),
+    ),
 )
 
 

@@ -765,6 +765,7 @@ __device__ __forceinline__ void kf_quantize_pass(const float* __restrict__ X, qk
     float4 v[2];
 #pragma unroll
     for (int k = 0; k < 2; ++k) v[k] = ib < nb ? x4[ib * (QK_K / 4) + 32 * k + l] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    QK_PHASE_AFTER(6, qk_bits(v[0].x));
     qk_q8_k_block_lanes<32>(v, l, act, (int)ib);
 }
 
@@ -783,12 +784,23 @@ __device__ __forceinline__ void kf_wait_published(const unsigned* count, unsigne
  * 16 <= nb < KF_PREFETCH_BELOW, which since session 41 is no row length: with one step in flight a
  * thread, running it (below 32, session 40's threshold) cost 1.5-1.9 us on 4096 x 14336, while the build
  * without its code (bench-only -DQK_KF_ONE_PREFETCH=0) is 0.6-0.9 us slower on 8192 x 8192 (ptxas
- * schedules the row-group loop otherwise; docs/perf-notes.md session 41): the code stays, unrun. */
+ * schedules the row-group loop otherwise; docs/perf-notes.md session 41): the code stays, unrun.
+ * Bench-only (`python -m qconform.bench.ggml_gemv --variants`): -DQK_KF_PREFETCH_BELOW=B runs it where
+ * nb < B; -DQK_KF_PREFETCH_FROM=0 asks for the CTA's first group's lines too (its trips after the first). */
 #ifndef QK_KF_ONE_PREFETCH
 #define QK_KF_ONE_PREFETCH 1
 #endif
 #define KF_PREFETCH QK_KF_ONE_PREFETCH
+#if defined(QK_KF_PREFETCH_BELOW)
+#define KF_PREFETCH_BELOW QK_KF_PREFETCH_BELOW
+#else
 #define KF_PREFETCH_BELOW 16
+#endif
+#if defined(QK_KF_PREFETCH_FROM)
+#define KF_PREFETCH_FROM QK_KF_PREFETCH_FROM
+#else
+#define KF_PREFETCH_FROM 1
+#endif
 __device__ __forceinline__ void kf_prefetch_l2(const qk_u8* p) {
 #if defined(QK_CUDA)
     asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
@@ -811,7 +823,7 @@ struct kf_wait_once {
     __device__ __forceinline__ void operator()(bool first) {
         if (first && todo) {
             todo = false;
-            for (int g = 1; g <= PF && group_bytes < (qk_i64)KF_ROWS * KF_PREFETCH_BELOW * row_block; ++g)
+            for (int g = KF_PREFETCH_FROM; g <= PF && group_bytes < (qk_i64)KF_ROWS * KF_PREFETCH_BELOW * row_block; ++g)
                 for (qk_i64 o = from + g * stride_bytes + 128 * (qk_i64)threadIdx.x; o < from + g * stride_bytes + group_bytes && o < end;
                      o += 128 * 32 * KF_GROUPS)
                     kf_prefetch_l2(W + o);
@@ -827,14 +839,17 @@ struct kf_wait_once {
 template <int KIND>
 __device__ __forceinline__ bool kf_produce(const float* __restrict__ X, qk_u8* act, qk_i64 nb, unsigned* count, unsigned producers) {
     if (blockIdx.x >= producers) return false;
+    QK_PHASE(5);
     if (KIND == 0) {
         qk_q8_0_words_lane(X, (qk_u32*)act, (qk_i64)blockIdx.x * KF_PASS_Q8_0 + threadIdx.x / 2, (int)(threadIdx.x & 1), nb);
     } else {
         kf_quantize_pass(X, act, nb, blockIdx.x);
     }
+    QK_PHASE(7);
     __threadfence(); /* this thread's bytes before the count */
     __syncthreads();
     if (threadIdx.x == 0) atomicAdd(count, 1u);
+    QK_PHASE(8);
     return true;
 }
 
