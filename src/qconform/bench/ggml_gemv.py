@@ -25,10 +25,7 @@ CTAs quantize the row for the others (``qk_kq_one_<t>``). (Session 39's one-laun
 CTA quantized the row itself were measured slower and taken out: docs/perf-notes.md, session 40.)
 ``--variants no_prefetch``: the one-launch call without the code of its waiting CTAs asking L2 for their
 next row group (``-DQK_KF_ONE_PREFETCH=0``, bench-only; session 40's first one-launch build; the default
-keeps that code but runs it on no row length since session 41). ``pf_next``, ``pf_first_next``,
-``pf_first_2`` (bench-only, session 47): that prefetch run at both shapes' row lengths
-(``-DQK_KF_PREFETCH_BELOW=64``): the next group; with ``-DQK_KF_PREFETCH_FROM=0`` the CTA's first
-group's lines too; with ``-DQK_KF_ONE_PREFETCH=2`` also the group after the next.
+keeps that code but runs it on no row length since session 41).
 Since session 44 the one launch's CTAs take their row groups as one stream of trips a thread, each row's
 next words loaded during this trip (``kf_roll_rows``); the group-at-a-time loop before it was measured
 slower and taken out (docs/perf-notes.md, session 44).
@@ -81,9 +78,6 @@ VARIANTS = {
     "loads_first": "any",
     "two_launch": "any",
     "no_prefetch": "any",
-    "pf_next": "any",
-    "pf_first_next": "any",
-    "pf_first_2": "any",
     "staged": "any",
     "bulk_s2": "any",
 }
@@ -98,11 +92,6 @@ OPTIONS = {
     "two_launch": ("-DQK_KF_TWO_LAUNCH",),
     # the one-launch call without its waiting CTAs' prefetch of their next row group (bench-only)
     "no_prefetch": ("-DQK_KF_ONE_PREFETCH=0",),
-    # that prefetch run at every row length of the benches (bench-only): the next group; the first
-    # group's lines too (the trips after each thread's first); those and the group after the next
-    "pf_next": ("-DQK_KF_PREFETCH_BELOW=64",),
-    "pf_first_next": ("-DQK_KF_PREFETCH_BELOW=64", "-DQK_KF_PREFETCH_FROM=0"),
-    "pf_first_2": ("-DQK_KF_PREFETCH_BELOW=64", "-DQK_KF_PREFETCH_FROM=0", "-DQK_KF_ONE_PREFETCH=2"),
     # Q6_K / Q8_0 at M = 1 as before session 41, or the bulk copy's ring with 2 slots (bench-only)
     "staged": ("-DQK_KF_STAGED",),
     "bulk_s2": ("-DQK_KF_BULK_STAGES=2",),
@@ -112,9 +101,6 @@ ROUND2, BULK = ("Q4_K", "Q5_K"), ("Q6_K", "Q8_0")  # round 2's types (fast-v1 is
 VARIANT_TYPES = {
     "fast-v1": ROUND2,
     "no_prefetch": ROUND2,
-    "pf_next": ROUND2,
-    "pf_first_next": ROUND2,
-    "pf_first_2": ROUND2,
     "two_launch": (*ROUND2, *BULK),
     "staged": BULK,
     "bulk_s2": BULK,

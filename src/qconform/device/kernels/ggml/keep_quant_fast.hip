@@ -39,7 +39,7 @@
  * (qk_kq_one_bulk_q6_k).
  * Launcher: qconform/device/ggml/keep_quant.py (order="any"). */
 #include "qk_portable.h"
-#include "qk_phases.h" /* bench-only -DQK_PHASES: the Q4_K / Q5_K GEMV's boundaries 0..4 (kf2_rows, kf_roll_rows) */
+#include "qk_phases.h" /* bench-only -DQK_PHASES: the Q4_K / Q5_K GEMV's boundaries 0..4 (kf2_rows, kf_roll_rows), its producers' 5..8 (kf_produce) */
 
 #define KF_Q8K 292 /* bytes per block_q8_K {float d; i8 qs[256]; i16 bsums[16]} */
 #define KF_A0 48   /* bytes per regrouped Q8_0 block (q8_quant.hip qk_q8_0_quant_words: KQ_A0 words) */
@@ -784,23 +784,12 @@ __device__ __forceinline__ void kf_wait_published(const unsigned* count, unsigne
  * 16 <= nb < KF_PREFETCH_BELOW, which since session 41 is no row length: with one step in flight a
  * thread, running it (below 32, session 40's threshold) cost 1.5-1.9 us on 4096 x 14336, while the build
  * without its code (bench-only -DQK_KF_ONE_PREFETCH=0) is 0.6-0.9 us slower on 8192 x 8192 (ptxas
- * schedules the row-group loop otherwise; docs/perf-notes.md session 41): the code stays, unrun.
- * Bench-only (`python -m qconform.bench.ggml_gemv --variants`): -DQK_KF_PREFETCH_BELOW=B runs it where
- * nb < B; -DQK_KF_PREFETCH_FROM=0 asks for the CTA's first group's lines too (its trips after the first). */
+ * schedules the row-group loop otherwise; docs/perf-notes.md session 41): the code stays, unrun. */
 #ifndef QK_KF_ONE_PREFETCH
 #define QK_KF_ONE_PREFETCH 1
 #endif
 #define KF_PREFETCH QK_KF_ONE_PREFETCH
-#if defined(QK_KF_PREFETCH_BELOW)
-#define KF_PREFETCH_BELOW QK_KF_PREFETCH_BELOW
-#else
 #define KF_PREFETCH_BELOW 16
-#endif
-#if defined(QK_KF_PREFETCH_FROM)
-#define KF_PREFETCH_FROM QK_KF_PREFETCH_FROM
-#else
-#define KF_PREFETCH_FROM 1
-#endif
 __device__ __forceinline__ void kf_prefetch_l2(const qk_u8* p) {
 #if defined(QK_CUDA)
     asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
@@ -823,7 +812,7 @@ struct kf_wait_once {
     __device__ __forceinline__ void operator()(bool first) {
         if (first && todo) {
             todo = false;
-            for (int g = KF_PREFETCH_FROM; g <= PF && group_bytes < (qk_i64)KF_ROWS * KF_PREFETCH_BELOW * row_block; ++g)
+            for (int g = 1; g <= PF && group_bytes < (qk_i64)KF_ROWS * KF_PREFETCH_BELOW * row_block; ++g)
                 for (qk_i64 o = from + g * stride_bytes + 128 * (qk_i64)threadIdx.x; o < from + g * stride_bytes + group_bytes && o < end;
                      o += 128 * 32 * KF_GROUPS)
                     kf_prefetch_l2(W + o);
