@@ -291,7 +291,11 @@ def _one_and_two_launch(tmp: Path, qtype: str, N: int, K: int, ctas: int, one: P
     return y1, np.fromfile(tmp / "y2.bin", np.float32), W, a8
 
 
-ONE_BUILDS = {"shipped": "", "no_prefetch": "#define QK_KF_ONE_PREFETCH 0\n"}
+ONE_BUILDS = {
+    "shipped": "",
+    "no_prefetch": "#define QK_KF_ONE_PREFETCH 0\n",
+    "first_prefetch": "#define QK_KF_FIRST_PREFETCH\n",
+}
 
 
 @pytest.mark.parametrize("build", list(ONE_BUILDS.values()), ids=list(ONE_BUILDS))

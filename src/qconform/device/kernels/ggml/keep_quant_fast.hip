@@ -39,7 +39,9 @@
  * (qk_kq_one_bulk_q6_k).
  * Launcher: qconform/device/ggml/keep_quant.py (order="any"). */
 #include "qk_portable.h"
-#include "qk_phases.h" /* bench-only -DQK_PHASES: the Q4_K / Q5_K GEMV's boundaries 0..4 (kf2_rows, kf_roll_rows), its producers' 5..8 (kf_produce) */
+/* bench-only -DQK_PHASES: the Q4_K / Q5_K GEMV's boundaries 0..4 (kf2_rows, kf_roll_rows), its producers'
+ * 5..8 (kf_produce) */
+#include "qk_phases.h"
 
 #define KF_Q8K 292 /* bytes per block_q8_K {float d; i8 qs[256]; i16 bsums[16]} */
 #define KF_A0 48   /* bytes per regrouped Q8_0 block (q8_quant.hip qk_q8_0_quant_words: KQ_A0 words) */
@@ -871,10 +873,24 @@ __device__ __forceinline__ void kf_roll_rows(const qk_u8* __restrict__ W, const 
     const int t = threadIdx.x, w = t >> 5, c = t & 7, kc = t >> 3, g = c >> 1, half = c & 1;
     qk_u32 raw[KF_ROWS][KF_WR(KIND)];
     QK_PHASE(0);
+#if defined(QK_KF_FIRST_PREFETCH)
+    /* bench-only: the first trip's lines asked of L2 (the 8 threads of a block column touch each of its
+     * lines), so no load of it waits in the SM's queues ahead of the producers' shuffles; its words are
+     * loaded after the wait */
+    if (kc < nb && n0 < N)
+#pragma unroll
+        for (int rr = 0; rr < KF_ROWS; ++rr)
+            kf_prefetch_l2(W + ((n0 + rr < N ? n0 + rr : N - 1) * nb + kc) * TS + (c * (TS - 1)) / 7);
+    after_loads(true);
+    if (kc < nb && n0 < N)
+#pragma unroll
+        for (int rr = 0; rr < KF_ROWS; ++rr) kf_wload<KIND>(W + ((n0 + rr < N ? n0 + rr : N - 1) * nb + kc) * TS, c, raw[rr]);
+#else
     if (kc < nb && n0 < N)
 #pragma unroll
         for (int rr = 0; rr < KF_ROWS; ++rr) kf_wload<KIND>(W + ((n0 + rr < N ? n0 + rr : N - 1) * nb + kc) * TS, c, raw[rr]);
     after_loads(true);
+#endif
     QK_PHASE(1);
     QK_PHASE_AFTER(2, raw[0][4]);
     for (; n0 < N; n0 += step) {
