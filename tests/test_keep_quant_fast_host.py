@@ -294,7 +294,8 @@ def _one_and_two_launch(tmp: Path, qtype: str, N: int, K: int, ctas: int, one: P
 ONE_BUILDS = {
     "shipped": "",
     "no_prefetch": "#define QK_KF_ONE_PREFETCH 0\n",
-    "first_prefetch": "#define QK_KF_FIRST_PREFETCH\n",
+    "wait_first": "#define QK_KF_FIRST_AFTER_WAIT 1\n",
+    "wait_first_near": "#define QK_KF_FIRST_AFTER_WAIT 2\n",
 }
 
 

@@ -25,10 +25,11 @@ CTAs quantize the row for the others (``qk_kq_one_<t>``). (Session 39's one-laun
 CTA quantized the row itself were measured slower and taken out: docs/perf-notes.md, session 40.)
 ``--variants no_prefetch``: the one-launch call without the code of its waiting CTAs asking L2 for their
 next row group (``-DQK_KF_ONE_PREFETCH=0``, bench-only; session 40's first one-launch build; the default
-keeps that code but runs it on no row length since session 41). ``first_prefetch`` (bench-only,
-session 47): each thread's first trip asked of L2 before the wait (``-DQK_KF_FIRST_PREFETCH``) and
-loaded into registers after it, so that no weight load waits in the SM's queues ahead of the
-quantizing CTAs' shuffles.
+keeps that code but runs it on no row length since session 41). ``wait_first``, ``wait_first_near``
+(bench-only diagnostics, session 47): the one launch's first trip loaded after the wait for the quantize,
+by every CTA (``-DQK_KF_FIRST_AFTER_WAIT=1``) or by the CTAs whose index modulo the SM count is below the
+quantizing CTAs' count (``=2``: a guess at those sharing an SM with one), so that no weight load waits
+in those SMs' queues ahead of the quantize.
 Since session 44 the one launch's CTAs take their row groups as one stream of trips a thread, each row's
 next words loaded during this trip (``kf_roll_rows``); the group-at-a-time loop before it was measured
 slower and taken out (docs/perf-notes.md, session 44).
@@ -81,7 +82,8 @@ VARIANTS = {
     "loads_first": "any",
     "two_launch": "any",
     "no_prefetch": "any",
-    "first_prefetch": "any",
+    "wait_first": "any",
+    "wait_first_near": "any",
     "staged": "any",
     "bulk_s2": "any",
 }
@@ -96,8 +98,10 @@ OPTIONS = {
     "two_launch": ("-DQK_KF_TWO_LAUNCH",),
     # the one-launch call without its waiting CTAs' prefetch of their next row group (bench-only)
     "no_prefetch": ("-DQK_KF_ONE_PREFETCH=0",),
-    # the one launch's first trip asked of L2 before the wait, loaded after it (bench-only)
-    "first_prefetch": ("-DQK_KF_FIRST_PREFETCH",),
+    # the one launch's first trip loaded after the wait: by every CTA, or by those guessed to share an SM
+    # with a quantizing CTA (bench-only diagnostics)
+    "wait_first": ("-DQK_KF_FIRST_AFTER_WAIT=1",),
+    "wait_first_near": ("-DQK_KF_FIRST_AFTER_WAIT=2",),
     # Q6_K / Q8_0 at M = 1 as before session 41, or the bulk copy's ring with 2 slots (bench-only)
     "staged": ("-DQK_KF_STAGED",),
     "bulk_s2": ("-DQK_KF_BULK_STAGES=2",),
@@ -107,7 +111,8 @@ ROUND2, BULK = ("Q4_K", "Q5_K"), ("Q6_K", "Q8_0")  # round 2's types (fast-v1 is
 VARIANT_TYPES = {
     "fast-v1": ROUND2,
     "no_prefetch": ROUND2,
-    "first_prefetch": ROUND2,
+    "wait_first": ROUND2,
+    "wait_first_near": ROUND2,
     "two_launch": (*ROUND2, *BULK),
     "staged": BULK,
     "bulk_s2": BULK,

@@ -873,24 +873,21 @@ __device__ __forceinline__ void kf_roll_rows(const qk_u8* __restrict__ W, const 
     const int t = threadIdx.x, w = t >> 5, c = t & 7, kc = t >> 3, g = c >> 1, half = c & 1;
     qk_u32 raw[KF_ROWS][KF_WR(KIND)];
     QK_PHASE(0);
-#if defined(QK_KF_FIRST_PREFETCH)
-    /* bench-only: the first trip's lines asked of L2 (the 8 threads of a block column touch each of its
-     * lines), so no load of it waits in the SM's queues ahead of the producers' shuffles; its words are
-     * loaded after the wait */
-    if (kc < nb && n0 < N)
-#pragma unroll
-        for (int rr = 0; rr < KF_ROWS; ++rr)
-            kf_prefetch_l2(W + ((n0 + rr < N ? n0 + rr : N - 1) * nb + kc) * TS + (c * (TS - 1)) / 7);
-    after_loads(true);
-    if (kc < nb && n0 < N)
-#pragma unroll
-        for (int rr = 0; rr < KF_ROWS; ++rr) kf_wload<KIND>(W + ((n0 + rr < N ? n0 + rr : N - 1) * nb + kc) * TS, c, raw[rr]);
-#else
-    if (kc < nb && n0 < N)
-#pragma unroll
-        for (int rr = 0; rr < KF_ROWS; ++rr) kf_wload<KIND>(W + ((n0 + rr < N ? n0 + rr : N - 1) * nb + kc) * TS, c, raw[rr]);
-    after_loads(true);
+#if defined(QK_KF_FIRST_AFTER_WAIT)
+    /* bench-only diagnostic: the first trip's words loaded after the wait, by every CTA (1) or by those
+     * whose index modulo the SM count is below the producers' (2: a guess at the CTAs sharing an SM
+     * with a quantizing CTA, the first wave being dealt one CTA an SM), so that no weight load waits in
+     * those SMs' queues ahead of the quantize */
+    unsigned sms = 1u; /* HIP: every CTA late */
+#if defined(QK_CUDA)
+    asm("mov.u32 %0, %%nsmid;" : "=r"(sms));
 #endif
+    if (QK_KF_FIRST_AFTER_WAIT == 1 || blockIdx.x % sms < kf_producers<KIND>(nb)) after_loads(true);
+#endif
+    if (kc < nb && n0 < N)
+#pragma unroll
+        for (int rr = 0; rr < KF_ROWS; ++rr) kf_wload<KIND>(W + ((n0 + rr < N ? n0 + rr : N - 1) * nb + kc) * TS, c, raw[rr]);
+    after_loads(true); /* once: a no-op where the wait came first */
     QK_PHASE(1);
     QK_PHASE_AFTER(2, raw[0][4]);
     for (; n0 < N; n0 += step) {
