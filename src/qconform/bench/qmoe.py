@@ -28,6 +28,7 @@ import cupy
 import numpy as np
 
 from qconform.bench import baselines as bl
+from qconform.bench.agreement import check_agreement
 from qconform.bench.baselines import STREAM_ORDER
 from qconform.bench.records import BenchRecord, bench_parser, finish
 from qconform.device.loader import device_info
@@ -130,15 +131,12 @@ def _torch_baselines(layer, sets, E, k, bs, attrs, reps) -> dict[str, list[float
         with torch.cuda.graph(g, pool=graphs[0].pool() if graphs else None):
             outs.append(call(i))
         graphs.append(g)
-    same, worst = 0, 0.0  # the replays against the eager calls (cuBLAS may pick another kernel in a capture)
+    got, want = [], []  # the replays against the eager calls (cuBLAS may pick another kernel in a capture)
     for i in range(len(sets)):
         graphs[i].replay()
-        want = call(i)
-        same += bool(torch.equal(outs[i], want))
-        worst = max(worst, float((outs[i].float() - want.float()).abs().max() / want.float().abs().max()))
-    print(f"PyTorch CUDA graphs: {same} of {len(sets)} replays bit-identical to eager, max |diff| {worst:.1e} of |y|")
-    if worst > 1e-2:
-        raise RuntimeError(f"PyTorch baseline: a CUDA graph replay is {worst:.1e} of max |y| off its eager call")
+        got.append(outs[i].cpu().numpy())
+        want.append(call(i).cpu().numpy())
+    print(check_agreement(got, want, "PyTorch's CUDA-graph replays against its eager calls"))
     timed["PyTorch fp16 CUDA graph"] = bl.times(lambda i: graphs[i].replay(), len(sets), reps)
     return timed
 
