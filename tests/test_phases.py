@@ -88,3 +88,44 @@ def test_the_tables_boundaries_are_the_kernels_marks():
         text = (kernels / source).read_text()
         marks = {int(n) for n in re.findall(r"\bQK_PHASE(?:_AFTER)?\((\d+)", text)}
         assert marks == {b for m in marked for b in range(m.first, m.last + 1)}, source
+
+
+def _sm_stamps(sm_of_cta: list[int], unstamped: tuple[int, ...] = ()) -> np.ndarray:
+    """Slot values of QK_PHASE_SM: each CTA's SM plus one, 0 where a CTA did not stamp."""
+    sm = np.array(sm_of_cta, np.int64) + 1
+    sm[list(unstamped)] = 0
+    return sm
+
+
+def test_sm_sharing_counts_the_row_group_ctas_on_the_quantizing_ctas_sms():
+    from qconform.bench.phases import sm_sharing
+
+    # 10 SMs, 2 quantizing CTAs, 30 CTAs dealt one an SM in index order: CTAs 10, 11, 20, 21 share
+    # SMs 0 and 1, and the guess (index mod 10 < 2) names exactly those
+    line = sm_sharing(_sm_stamps([i % 10 for i in range(30)]), 2, 10)
+    assert line == (
+        "quantizing CTAs on 2 SMs; 4 of 28 row-group CTAs share those SMs; "
+        "the wait_first_near guess names 4, 4 of them sharing"
+    )
+    # dealt otherwise (CTA i on SM 3i mod 10): SMs 0 and 3 hold the quantizing CTAs; CTAs 10, 20 (SM 0)
+    # and 11, 21 (SM 3) share them; the guess still names 10, 11, 20, 21, and CTA 21 is left unstamped
+    line = sm_sharing(_sm_stamps([3 * i % 10 for i in range(30)], unstamped=(21,)), 2, 10)
+    assert line == (
+        "quantizing CTAs on 2 SMs; 3 of 27 row-group CTAs share those SMs; "
+        "the wait_first_near guess names 3, 3 of them sharing"
+    )
+    # dealt so that no row-group CTA the guess names shares an SM with a quantizing CTA
+    line = sm_sharing(_sm_stamps([0, 1] + [2 + i % 8 for i in range(28)]), 2, 10)
+    assert line.startswith("quantizing CTAs on 2 SMs; 0 of 28 row-group CTAs share those SMs;")
+    assert line.endswith("names 4, 0 of them sharing")  # CTAs 10, 11, 20, 21
+
+
+def test_the_sm_slot_is_the_kernels_and_apart_from_its_boundaries():
+    import re
+    from pathlib import Path
+
+    from qconform.bench.phases import KQ_SM_SLOT
+
+    text = (Path(__file__).resolve().parents[1] / "src/qconform/device/kernels/ggml/keep_quant_fast.hip").read_text()
+    assert re.search(rf"#define KF_SM_SLOT {KQ_SM_SLOT}\b", text)
+    assert KQ_SM_SLOT < SLOTS and KQ_SM_SLOT not in {b for m in KQ for b in range(m.first, m.last + 1)}

@@ -40,8 +40,9 @@
  * Launcher: qconform/device/ggml/keep_quant.py (order="any"). */
 #include "qk_portable.h"
 /* bench-only -DQK_PHASES: the Q4_K / Q5_K GEMV's boundaries 0..4 (kf2_rows, kf_roll_rows), its producers'
- * 5..8 (kf_produce) */
+ * 5..8 (kf_produce); the one launch's CTAs' SMs in slot KF_SM_SLOT (qconform.bench.phases.KQ_SM_SLOT) */
 #include "qk_phases.h"
+#define KF_SM_SLOT 9
 
 #define KF_Q8K 292 /* bytes per block_q8_K {float d; i8 qs[256]; i16 bsums[16]} */
 #define KF_A0 48   /* bytes per regrouped Q8_0 block (q8_quant.hip qk_q8_0_quant_words: KQ_A0 words) */
@@ -831,6 +832,7 @@ template <int KIND>
 __device__ __forceinline__ bool kf_produce(const float* __restrict__ X, qk_u8* act, qk_i64 nb, unsigned* count, unsigned producers) {
     if (blockIdx.x >= producers) return false;
     QK_PHASE(5);
+    QK_PHASE_SM(KF_SM_SLOT);
     if (KIND == 0) {
         qk_q8_0_words_lane(X, (qk_u32*)act, (qk_i64)blockIdx.x * KF_PASS_Q8_0 + threadIdx.x / 2, (int)(threadIdx.x & 1), nb);
     } else {
@@ -873,6 +875,7 @@ __device__ __forceinline__ void kf_roll_rows(const qk_u8* __restrict__ W, const 
     const int t = threadIdx.x, w = t >> 5, c = t & 7, kc = t >> 3, g = c >> 1, half = c & 1;
     qk_u32 raw[KF_ROWS][KF_WR(KIND)];
     QK_PHASE(0);
+    QK_PHASE_SM(KF_SM_SLOT);
 #if defined(QK_KF_FIRST_AFTER_WAIT)
     /* bench-only diagnostic: the first trip's words loaded after the wait, by every CTA (1) or by those
      * whose index modulo the SM count is below the producers' (2: a guess at the CTAs sharing an SM
