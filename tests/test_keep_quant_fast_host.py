@@ -296,6 +296,7 @@ ONE_BUILDS = {
     "no_prefetch": "#define QK_KF_ONE_PREFETCH 0\n",
     "wait_first": "#define QK_KF_FIRST_AFTER_WAIT 1\n",
     "wait_first_near": "#define QK_KF_FIRST_AFTER_WAIT 2\n",
+    "wait_first_sm": "#define QK_KF_FIRST_AFTER_WAIT 3\n",
 }
 
 

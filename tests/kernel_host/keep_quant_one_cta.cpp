@@ -3,8 +3,8 @@
  * tests/test_keep_quant_fast_host.py): every CTA of a grid of G, one CTA at a time as 128 host threads
  * (tests/kernel_host/qk_portable.h), in blockIdx order as the device dispatches them: the first
  * ceil(nb / 4) quantize the fp32 row into the global act buffer (stale bytes 0x7F before the launch)
- * and count themselves, the others take the row groups; the counts must be back to zero after the
- * launch (exit status 5 otherwise).
+ * and count themselves, the others take the row groups; the counts (and any SM tickets of the quantizing
+ * CTAs after them) must be back to zero after the launch (exit status 5 otherwise).
  * Arguments: KIND N nb G W-file X-file Y-file (float32 1 x N out, every element -12345 until stored). */
 #include "keep_quant_fast.hip"
 #include <stdio.h>
@@ -18,7 +18,7 @@ int main(int argc, char** argv) {
     const qk_u8* W = (const qk_u8*)qk_host_load(argv[5]);
     const float* X = (const float*)qk_host_load(argv[6]);
     std::vector<float> Y((size_t)N, -12345.0f);
-    static unsigned count[2] = {0u, 0u};
+    static unsigned count[2 + 64] = {}; /* the two counts, then the quantizing CTAs' SM tickets (-DQK_KF_FIRST_AFTER_WAIT=3) */
     /* the launcher's: whole producer passes (Q8_0, kind 0: 64 blocks of 48 bytes a pass) */
     const size_t slots = kind == 0 ? (size_t)(nb + 63) / 64 * 64 * 48 : (size_t)(nb + 3) / 4 * 4 * 292;
     qk_u8* act = (qk_u8*)aligned_alloc(256, slots);
@@ -41,7 +41,8 @@ int main(int argc, char** argv) {
             });
         for (auto& x : th) x.join();
     }
-    if (count[0] != 0u || count[1] != 0u) return 5; /* the counts not zeroed for the next call */
+    for (unsigned c : count)
+        if (c != 0u) return 5; /* the counts not zeroed for the next call */
     FILE* f = fopen(argv[7], "wb");
     fwrite(Y.data(), sizeof(float), Y.size(), f);
     fclose(f);

@@ -29,7 +29,8 @@ keeps that code but runs it on no row length since session 41). ``wait_first``, 
 (bench-only diagnostics, session 47): the one launch's first trip loaded after the wait for the quantize,
 by every CTA (``-DQK_KF_FIRST_AFTER_WAIT=1``) or by the CTAs whose index modulo the SM count is below the
 quantizing CTAs' count (``=2``: a guess at those sharing an SM with one), so that no weight load waits
-in those SMs' queues ahead of the quantize.
+in those SMs' queues ahead of the quantize; ``wait_first_sm`` (session 48, ``=3``): by the CTAs on an SM
+that a quantizing CTA published at its entry (%smid; each CTA polls those tickets before its first load).
 Since session 44 the one launch's CTAs take their row groups as one stream of trips a thread, each row's
 next words loaded during this trip (``kf_roll_rows``); the group-at-a-time loop before it was measured
 slower and taken out (docs/perf-notes.md, session 44).
@@ -84,6 +85,7 @@ VARIANTS = {
     "no_prefetch": "any",
     "wait_first": "any",
     "wait_first_near": "any",
+    "wait_first_sm": "any",
     "staged": "any",
     "bulk_s2": "any",
 }
@@ -102,6 +104,8 @@ OPTIONS = {
     # with a quantizing CTA (bench-only diagnostics)
     "wait_first": ("-DQK_KF_FIRST_AFTER_WAIT=1",),
     "wait_first_near": ("-DQK_KF_FIRST_AFTER_WAIT=2",),
+    # ... or by those on an SM that a quantizing CTA published (bench-only diagnostic)
+    "wait_first_sm": ("-DQK_KF_FIRST_AFTER_WAIT=3",),
     # Q6_K / Q8_0 at M = 1 as before session 41, or the bulk copy's ring with 2 slots (bench-only)
     "staged": ("-DQK_KF_STAGED",),
     "bulk_s2": ("-DQK_KF_BULK_STAGES=2",),
@@ -113,6 +117,7 @@ VARIANT_TYPES = {
     "no_prefetch": ROUND2,
     "wait_first": ROUND2,
     "wait_first_near": ROUND2,
+    "wait_first_sm": ROUND2,
     "two_launch": (*ROUND2, *BULK),
     "staged": BULK,
     "bulk_s2": BULK,

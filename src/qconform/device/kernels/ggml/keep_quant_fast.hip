@@ -758,6 +758,16 @@ KF_BULK(q8_0, 0, 34)
  * never ran) traps instead of hanging. Measured against the two launches: docs/perf-notes.md, session 40. */
 #include "ggml/q8_quant.hip" /* qk_q8_k_block_lanes, QK_K (its kernels come along, unused) */
 #define KF_PASS KF_GROUPS  /* super-blocks a producer CTA: a warp each */
+#define KF_SM_TICKETS 2     /* -DQK_KF_FIRST_AFTER_WAIT=3: quantizing CTA p's SM + 1 in count[2 + p] */
+
+/* the SM this CTA runs on (CUDA %smid; 0 elsewhere) */
+__device__ __forceinline__ unsigned kf_smid() {
+    unsigned id = 0u;
+#if defined(QK_CUDA)
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
+#endif
+    return id;
+}
 #define KF_POLLS (1u << 26) /* polls of count[0] before a waiting CTA traps */
 
 /* producer p: super-blocks p * KF_PASS .. of X into act's slots, lane l of a warp its float4s 32 k + l */
@@ -812,6 +822,26 @@ struct kf_wait_once {
     qk_i64 group_bytes, stride_bytes, end; /* a row group's bytes, the CTA's step between its groups, W's */
     qk_i64 from;                           /* the CTA's first group's first byte */
     qk_i64 row_block;                      /* a weight block's bytes */
+#if defined(QK_KF_FIRST_AFTER_WAIT) && QK_KF_FIRST_AFTER_WAIT == 3
+    /* whether a quantizing CTA runs on this CTA's SM: thread 0 polls their SM tickets until each is
+     * published (a HIP or host build: every CTA on "SM 0", so every CTA waits first); CTA-uniform */
+    __device__ __forceinline__ bool on_a_producer_sm() const {
+        __shared__ unsigned near;
+        if (threadIdx.x == 0) {
+            const unsigned me = kf_smid() + 1u;
+            unsigned hit = 0u;
+            for (unsigned p = 0; p < producers; ++p) {
+                unsigned v, polls = 0u;
+                while ((v = *(const volatile unsigned*)(count + KF_SM_TICKETS + p)) == 0u)
+                    if (++polls == KF_POLLS) QK_TRAP();
+                hit |= v == me;
+            }
+            near = hit;
+        }
+        __syncthreads();
+        return near != 0u;
+    }
+#endif
     __device__ __forceinline__ void operator()(bool first) {
         if (first && todo) {
             todo = false;
@@ -833,6 +863,9 @@ __device__ __forceinline__ bool kf_produce(const float* __restrict__ X, qk_u8* a
     if (blockIdx.x >= producers) return false;
     QK_PHASE(5);
     QK_PHASE_SM(KF_SM_SLOT);
+#if defined(QK_KF_FIRST_AFTER_WAIT) && QK_KF_FIRST_AFTER_WAIT == 3
+    if (threadIdx.x == 0) atomicExch(count + KF_SM_TICKETS + blockIdx.x, kf_smid() + 1u);
+#endif
     if (KIND == 0) {
         qk_q8_0_words_lane(X, (qk_u32*)act, (qk_i64)blockIdx.x * KF_PASS_Q8_0 + threadIdx.x / 2, (int)(threadIdx.x & 1), nb);
     } else {
@@ -846,11 +879,17 @@ __device__ __forceinline__ bool kf_produce(const float* __restrict__ X, qk_u8* a
     return true;
 }
 
-/* a one-launch kernel's row-group CTA done: the last of the consumers zeroes both counts for the next call */
-__device__ __forceinline__ void kf_consumed(unsigned* count, qk_i64 consumers) {
+/* a one-launch kernel's row-group CTA done: the last of the consumers zeroes both counts (and under
+ * -DQK_KF_FIRST_AFTER_WAIT=3 the quantizing CTAs' SM tickets) for the next call */
+__device__ __forceinline__ void kf_consumed(unsigned* count, qk_i64 consumers, unsigned producers) {
     if (threadIdx.x == 0 && atomicAdd(count + 1, 1u) == (unsigned)consumers - 1u) { /* every consumer is past its wait */
         atomicExch(count, 0u);
         atomicExch(count + 1, 0u);
+#if defined(QK_KF_FIRST_AFTER_WAIT) && QK_KF_FIRST_AFTER_WAIT == 3
+        for (unsigned p = 0; p < producers; ++p) atomicExch(count + KF_SM_TICKETS + p, 0u);
+#else
+        (void)producers;
+#endif
     }
 }
 
@@ -877,15 +916,20 @@ __device__ __forceinline__ void kf_roll_rows(const qk_u8* __restrict__ W, const 
     QK_PHASE(0);
     QK_PHASE_SM(KF_SM_SLOT);
 #if defined(QK_KF_FIRST_AFTER_WAIT)
-    /* bench-only diagnostic: the first trip's words loaded after the wait, by every CTA (1) or by those
+    /* bench-only diagnostic: the first trip's words loaded after the wait, by every CTA (1), by those
      * whose index modulo the SM count is below the producers' (2: a guess at the CTAs sharing an SM
-     * with a quantizing CTA, the first wave being dealt one CTA an SM), so that no weight load waits in
-     * those SMs' queues ahead of the quantize */
+     * with a quantizing CTA, the first wave being dealt one CTA an SM) or by those on an SM that a
+     * quantizing CTA published (3), so that no weight load waits in those SMs' queues ahead of the
+     * quantize */
+#if QK_KF_FIRST_AFTER_WAIT == 3
+    if (after_loads.on_a_producer_sm()) after_loads(true);
+#else
     unsigned sms = 1u; /* HIP: every CTA late */
 #if defined(QK_CUDA)
     asm("mov.u32 %0, %%nsmid;" : "=r"(sms));
 #endif
     if (QK_KF_FIRST_AFTER_WAIT == 1 || blockIdx.x % sms < kf_producers<KIND>(nb)) after_loads(true);
+#endif
 #endif
     if (kc < nb && n0 < N)
 #pragma unroll
@@ -936,7 +980,7 @@ __device__ __forceinline__ void kf_one_gemv(const float* __restrict__ X, const q
     kf_wait_once<PF> after{count, producers, nb >= 4 * KF_GROUPS, W, group_bytes, consumers * group_bytes, N * nb * TS, c * group_bytes, TS};
     if (!after.todo) kf_wait_published(count, producers);
     kf_roll_rows<KIND, TS>(W, act, Y, N, nb, c * KF_ROWS, consumers * KF_ROWS, after);
-    kf_consumed(count, consumers);
+    kf_consumed(count, consumers, producers);
 }
 
 #define KF_ONE(NAME, KIND, TS, PF)                                                                                 \
@@ -971,7 +1015,7 @@ struct kb_published_wait {
         const qk_i64 consumers = gridDim.x - producers;                                                                \
         kf_bulk_gemv<KIND, TS>(W, act, Y, N, (int)nb, blockIdx.x - producers, consumers,                               \
                                kb_published_wait{count, producers});                                                   \
-        kf_consumed(count, consumers);                                                                                 \
+        kf_consumed(count, consumers, producers);                                                                      \
     }
 KF_ONE_BULK(q6_k, 6, 210)
 KF_ONE_BULK(q8_0, 0, 34)
