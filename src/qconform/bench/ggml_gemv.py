@@ -31,6 +31,8 @@ by every CTA (``-DQK_KF_FIRST_AFTER_WAIT=1``) or by the CTAs whose index modulo 
 quantizing CTAs' count (``=2``: a guess at those sharing an SM with one), so that no weight load waits
 in those SMs' queues ahead of the quantize; ``wait_first_sm`` (session 48, ``=3``): by the CTAs on an SM
 that a quantizing CTA published at its entry (%smid; each CTA polls those tickets before its first load).
+``dynamic`` (bench-only, session 48, ``-DQK_KF_DYNAMIC``): the one launch's row groups after each CTA's
+first taken from a count, one group ahead, instead of the static stride.
 Since session 44 the one launch's CTAs take their row groups as one stream of trips a thread, each row's
 next words loaded during this trip (``kf_roll_rows``); the group-at-a-time loop before it was measured
 slower and taken out (docs/perf-notes.md, session 44).
@@ -86,6 +88,7 @@ VARIANTS = {
     "wait_first": "any",
     "wait_first_near": "any",
     "wait_first_sm": "any",
+    "dynamic": "any",
     "staged": "any",
     "bulk_s2": "any",
 }
@@ -106,6 +109,8 @@ OPTIONS = {
     "wait_first_near": ("-DQK_KF_FIRST_AFTER_WAIT=2",),
     # ... or by those on an SM that a quantizing CTA published (bench-only diagnostic)
     "wait_first_sm": ("-DQK_KF_FIRST_AFTER_WAIT=3",),
+    # the one launch's row groups after each CTA's first taken from a count (bench-only)
+    "dynamic": ("-DQK_KF_DYNAMIC",),
     # Q6_K / Q8_0 at M = 1 as before session 41, or the bulk copy's ring with 2 slots (bench-only)
     "staged": ("-DQK_KF_STAGED",),
     "bulk_s2": ("-DQK_KF_BULK_STAGES=2",),
@@ -118,6 +123,7 @@ VARIANT_TYPES = {
     "wait_first": ROUND2,
     "wait_first_near": ROUND2,
     "wait_first_sm": ROUND2,
+    "dynamic": ROUND2,
     "two_launch": (*ROUND2, *BULK),
     "staged": BULK,
     "bulk_s2": BULK,

@@ -758,7 +758,8 @@ KF_BULK(q8_0, 0, 34)
  * never ran) traps instead of hanging. Measured against the two launches: docs/perf-notes.md, session 40. */
 #include "ggml/q8_quant.hip" /* qk_q8_k_block_lanes, QK_K (its kernels come along, unused) */
 #define KF_PASS KF_GROUPS  /* super-blocks a producer CTA: a warp each */
-#define KF_SM_TICKETS 2     /* -DQK_KF_FIRST_AFTER_WAIT=3: quantizing CTA p's SM + 1 in count[2 + p] */
+#define KF_DYN_TICKET 2     /* -DQK_KF_DYNAMIC: the row groups taken after each CTA's first, in count[2] */
+#define KF_SM_TICKETS 3     /* -DQK_KF_FIRST_AFTER_WAIT=3: quantizing CTA p's SM + 1 in count[3 + p] */
 
 /* the SM this CTA runs on (CUDA %smid; 0 elsewhere) */
 __device__ __forceinline__ unsigned kf_smid() {
@@ -879,12 +880,16 @@ __device__ __forceinline__ bool kf_produce(const float* __restrict__ X, qk_u8* a
     return true;
 }
 
-/* a one-launch kernel's row-group CTA done: the last of the consumers zeroes both counts (and under
- * -DQK_KF_FIRST_AFTER_WAIT=3 the quantizing CTAs' SM tickets) for the next call */
+/* a one-launch kernel's row-group CTA done: the last of the consumers zeroes both counts (and the
+ * bench-only builds' tickets: -DQK_KF_DYNAMIC's group count, -DQK_KF_FIRST_AFTER_WAIT=3's SMs) for the
+ * next call */
 __device__ __forceinline__ void kf_consumed(unsigned* count, qk_i64 consumers, unsigned producers) {
     if (threadIdx.x == 0 && atomicAdd(count + 1, 1u) == (unsigned)consumers - 1u) { /* every consumer is past its wait */
         atomicExch(count, 0u);
         atomicExch(count + 1, 0u);
+#if defined(QK_KF_DYNAMIC)
+        atomicExch(count + KF_DYN_TICKET, 0u);
+#endif
 #if defined(QK_KF_FIRST_AFTER_WAIT) && QK_KF_FIRST_AFTER_WAIT == 3
         for (unsigned p = 0; p < producers; ++p) atomicExch(count + KF_SM_TICKETS + p, 0u);
 #else
@@ -905,7 +910,11 @@ __device__ __forceinline__ unsigned kf_producers(qk_i64 nb) {
  * loads in flight while it finishes this trip, sums and stores a group, without a second register set.
  * The terms, their order and the sums are kf2_rows' at M tile 1: the same bits. (ptxas issues the next
  * trip's loads after this trip's dots, so they fly over the sums, the store, the barriers and the next
- * trip's activation reads. Measured against kf2_rows a group at a time: docs/perf-notes.md, session 44.) */
+ * trip's activation reads. Measured against kf2_rows a group at a time: docs/perf-notes.md, session 44.)
+ * -DQK_KF_DYNAMIC (bench-only, `python -m qconform.bench.ggml_gemv --variants dynamic`): a CTA's first
+ * group as above, each later one taken from a count (KF_DYN_TICKET, thread 0, one group ahead so the
+ * next trip's loads still fly over this group's end), so that the CTAs of SMs that run ahead take the
+ * groups that the static stride leaves to the slowest (the same sums per row: the same bits) */
 template <int KIND, int TS, class AfterLoads>
 __device__ __forceinline__ void kf_roll_rows(const qk_u8* __restrict__ W, const qk_u8* __restrict__ aq, float* __restrict__ Y,
                                              qk_i64 N, qk_i64 nb, qk_i64 n0, qk_i64 step, AfterLoads& after_loads) {
@@ -915,6 +924,11 @@ __device__ __forceinline__ void kf_roll_rows(const qk_u8* __restrict__ W, const 
     qk_u32 raw[KF_ROWS][KF_WR(KIND)];
     QK_PHASE(0);
     QK_PHASE_SM(KF_SM_SLOT);
+#if defined(QK_KF_DYNAMIC)
+    __shared__ qk_i64 kf_next; /* the first row of the group after the next */
+    unsigned* taken = (unsigned*)after_loads.count + KF_DYN_TICKET;
+    if (t == 0) kf_next = step + (qk_i64)atomicAdd(taken, 1u) * KF_ROWS;
+#endif
 #if defined(QK_KF_FIRST_AFTER_WAIT)
     /* bench-only diagnostic: the first trip's words loaded after the wait, by every CTA (1), by those
      * whose index modulo the SM count is below the producers' (2: a guess at the CTAs sharing an SM
@@ -935,15 +949,25 @@ __device__ __forceinline__ void kf_roll_rows(const qk_u8* __restrict__ W, const 
 #pragma unroll
         for (int rr = 0; rr < KF_ROWS; ++rr) kf_wload<KIND>(W + ((n0 + rr < N ? n0 + rr : N - 1) * nb + kc) * TS, c, raw[rr]);
     after_loads(true); /* once: a no-op where the wait came first */
+#if defined(QK_KF_DYNAMIC)
+    __syncthreads(); /* kf_next */
+    qk_i64 later = kf_next;
+#endif
     QK_PHASE(1);
     QK_PHASE_AFTER(2, raw[0][4]);
+#if defined(QK_KF_DYNAMIC)
+    while (n0 < N) {
+        const qk_i64 n_after = later;
+#else
     for (; n0 < N; n0 += step) {
+        const qk_i64 n_after = n0 + step;
+#endif
         float acc[KF_ROWS];
 #pragma unroll
         for (int rr = 0; rr < KF_ROWS; ++rr) acc[rr] = 0.0f;
         for (qk_i64 ib = kc; ib < nb; ib += COLS) {
             const bool same = ib + COLS < nb; /* the next trip: this group's next column, else the next group's first */
-            const qk_i64 nn = same ? n0 : n0 + step, nib = same ? ib + COLS : kc;
+            const qk_i64 nn = same ? n0 : n_after, nib = same ? ib + COLS : kc;
             const qk_u8* a = aq + ib * KF_Q8K;
             qk_u32 alo[4], ahi[4];
             kf_act16(a + 4 + 64 * g + 16 * half, alo);
@@ -965,7 +989,14 @@ __device__ __forceinline__ void kf_roll_rows(const qk_u8* __restrict__ W, const 
         }
         kf_store<1>(part, t, 0, n0, 1, N, Y);
         QK_PHASE(4);
+#if defined(QK_KF_DYNAMIC)
+        if (t == 0 && n_after < N) kf_next = step + (qk_i64)atomicAdd(taken, 1u) * KF_ROWS; /* every thread read it */
+#endif
         __syncthreads(); /* kf_store's reads of the partial sums before the next group writes them */
+#if defined(QK_KF_DYNAMIC)
+        n0 = n_after;
+        later = kf_next;
+#endif
     }
 }
 
