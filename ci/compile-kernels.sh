@@ -191,8 +191,7 @@ if part patched; then
   # programmatic-launch trigger dropped (-DQK_PDL_TRIGGER_AT_EXIT; bench.ggml_gemv's trigger_at_exit); the bnb
   # matrix-unit GEMM with its table filled before the ring's first loads (-DQK_BNBM_FILL_FIRST) and with
   # activation pieces loaded a step ahead (-DQK_BNBM_A_AHEAD=1, 2), and the diagnostic without the table's
-  # reads (-DQK_BNBM_NO_TABLE_READS) or with its loads alone (-DQK_BNBM_LOADS_ONLY), its 16-row kernel at 3 CTAs
-  # an SM (-DQK_BNBM_OCC3; bench.bnb_gemv --variants mma)
+  # reads (-DQK_BNBM_NO_TABLE_READS) or with its loads alone (-DQK_BNBM_LOADS_ONLY; bench.bnb_gemv --variants mma)
   front "$KERNELS/ort/gqa.hip -DQK_GQA_LEGACY" -DQK_GQA_LEGACY "$KERNELS/ort/gqa.hip"
   for def in -DQK_NBITS_ZP_SUM_V1 -DQK_NBITS_RING_STRIDED -DQK_NBITS_RING_CONTIGUOUS -DQK_NBITS_RING_LDS \
     -DQK_NBITS_RING_TAIL_SPLIT -DQK_NBITS_RING_LOADS_ONLY; do
@@ -201,7 +200,7 @@ if part patched; then
   front "$KERNELS/ort/gqa_flash.hip -DQK_GQA_PREFILL_V1" -DQK_GQA_PREFILL_V1 "$KERNELS/ort/gqa_flash.hip"
   front "$KERNELS/ggml/q8_quant.hip -DQK_PDL_TRIGGER_AT_EXIT" -DQK_PDL_TRIGGER_AT_EXIT "$KERNELS/ggml/q8_quant.hip"
   for def in -DQK_BNBM_FILL_FIRST -DQK_BNBM_A_AHEAD=1 -DQK_BNBM_A_AHEAD=2 -DQK_BNBM_NO_TABLE_READS \
-    -DQK_BNBM_LOADS_ONLY -DQK_BNBM_OCC3; do
+    -DQK_BNBM_LOADS_ONLY; do
     front "$KERNELS/bnb/gemm_mma.hip $def" "$def" "$KERNELS/bnb/gemm_mma.hip"
   done
   for def in -DQK_KQ_FAST_V1 -DQK_KF_LOADS_FIRST -DQK_KF_TWO_LAUNCH -DQK_KF_ONE_PREFETCH=0 -DQK_KF_STAGED -DQK_PHASES; do

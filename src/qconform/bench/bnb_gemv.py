@@ -24,8 +24,7 @@ allowed ratio (M = 1), each one's time over its own M = 1 (the M target), and th
 bench-only options of ``--build-options`` (new; default ``-DQK_BNBM_A_AHEAD=2``: the first two of a
 step's four activation pieces loaded a step ahead; ``-DQK_BNBM_FILL_FIRST``: session 19's order, the
 pair table filled before the ring's first weight loads; ``-DQK_BNBM_RT1``: M <= 8 on 16-row tiles at every N
-(the launcher's choice, the kernels unchanged); ``-DQK_BNBM_OCC3``: the same on a 16-row kernel at 3 CTAs an SM
-(80 registers, two steps ahead); ``-DQK_BNBM_NO_TABLE_READS``: a diagnostic without
+(the launcher's choice, the kernels unchanged); ``-DQK_BNBM_NO_TABLE_READS``: a diagnostic without
 the pair table's shared-memory reads, whose outputs are wrong: its check fails, its time is what the
 table's traffic costs; ``-DQK_BNBM_LOADS_ONLY``: a diagnostic with every load and no decode or mma, also
 wrong: its time is the loads' own, against the roofline).

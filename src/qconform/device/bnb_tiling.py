@@ -5,11 +5,6 @@ offline tests check the rule)."""
 from __future__ import annotations
 
 TOKENS = 8  # tokens an n-tile of the kernel holds (n1: M <= 8, n2: M <= 16)
-# bench-only (``qconform.bench.bnb_gemv --variants mma --build-options=-DQK_BNBM_OCC3``): read by the kernel
-# (``qk_gemm_4bit_mma_n1_r1`` at 3 CTAs an SM, two steps ahead) and by the launcher (every launch at one
-# n-tile of tokens on it, OCC3_CTAS_PER_SM CTAs an SM)
-OCC3_OPTION = "-DQK_BNBM_OCC3"
-OCC3_CTAS_PER_SM = 3  # 256 threads x 80 registers (ptxas, sm_90; __launch_bounds__(256, 3)), 3 x 68 KiB shared
 
 
 def row_tiles(M: int, N: int, slots: int) -> int:

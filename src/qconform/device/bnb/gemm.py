@@ -27,7 +27,7 @@ from typing import Any
 
 from qconform.device import launchers
 from qconform.device.abi import bind_call
-from qconform.device.bnb_tiling import OCC3_CTAS_PER_SM, OCC3_OPTION, TOKENS, row_tiles
+from qconform.device.bnb_tiling import TOKENS, row_tiles
 from qconform.device.launch import check_aligned
 from qconform.device.launchers import launch_grid
 from qconform.device.loader import device_info
@@ -80,8 +80,8 @@ def uses_mma(variant: str, dtype: str, M: int) -> bool:
 
 def mma_row_tiles(M: int, N: int) -> int:
     """RT of a matrix-unit launch: ``qconform.device.bnb_tiling.row_tiles`` on this GPU's CTA slots (1 at
-    one n-tile under RT1_OPTION or OCC3_OPTION)."""
-    if M <= MMA_TOKENS and (RT1_OPTION in launchers.OPTIONS or OCC3_OPTION in launchers.OPTIONS):
+    one n-tile under RT1_OPTION)."""
+    if M <= MMA_TOKENS and RT1_OPTION in launchers.OPTIONS:
         return 1
     return row_tiles(M, N, MMA_CTAS_PER_SM * launchers.sm_count())
 
@@ -91,8 +91,7 @@ def mma_geometry(M: int, N: int) -> tuple[str, int, int]:
     rt = mma_row_tiles(M, N)
     tiles = -(-N // (16 * rt))
     symbol = f"qk_gemm_4bit_mma_n{1 if M <= MMA_TOKENS else 2}" + ("_r1" if rt == 1 else "")
-    per_sm = OCC3_CTAS_PER_SM if symbol.endswith("_r1") and OCC3_OPTION in launchers.OPTIONS else MMA_CTAS_PER_SM
-    return symbol, min(tiles, per_sm * launchers.sm_count()), rt
+    return symbol, min(tiles, MMA_CTAS_PER_SM * launchers.sm_count()), rt
 
 
 def mma_smem(M: int, rt: int) -> int:

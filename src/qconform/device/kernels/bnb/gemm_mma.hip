@@ -117,22 +117,11 @@ __device__ __forceinline__ qk_u32 qk_bnbm_word(const uint4& v, int i) {
     return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-/* CTAs an SM of qk_gemm_4bit_mma_n1_r1: 2, or 3 under -DQK_BNBM_OCC3 (bench-only, `python -m
- * qconform.bench.bnb_gemv --variants mma --build-options=-DQK_BNBM_OCC3`; the launcher's OCC3_OPTION
- * then runs every M <= 8 launch on it: 24 warps an SM at 80 registers (two steps ahead: three spill),
- * 3 x 68 KiB of shared memory) */
-#if defined(QK_BNBM_OCC3)
-#define QK_BNBM_R1_CTAS 3
-#else
-#define QK_BNBM_R1_CTAS 2
-#endif
-
-/* steps of W loaded ahead per warp (registers: 128 at most with __launch_bounds__(256, 2), 80 at 3);
- * RT, the 16-row tiles a step takes: qk_gemm_4bit_mma_n1 / _n2 2, _n1_r1 1 (the launcher's
- * mma_row_tiles) */
+/* steps of W loaded ahead per warp (registers: 128 at most with __launch_bounds__(256, 2)); RT, the
+ * 16-row tiles a step takes: qk_gemm_4bit_mma_n1 / _n2 2, _n1_r1 1 (the launcher's mma_row_tiles) */
 template <int NT, int RT>
 __device__ __forceinline__ int qk_bnbm_depth() {
-    return RT == 2 ? 2 : NT == 1 ? (QK_BNBM_R1_CTAS == 3 ? 2 : 4) : 3;
+    return RT == 2 ? 2 : NT == 1 ? 4 : 3;
 }
 
 /* lane rows (g, g + 8) of 16-row tile rt of CTA tile `tile`, clamped to N - 1 (not stored) */
@@ -380,7 +369,7 @@ __device__ __forceinline__ void qk_gemm_4bit_mma(const void* A, const qk_u8* B, 
 extern "C" __global__ void __launch_bounds__(256, 2) qk_gemm_4bit_mma_n1(QCONFORM_GEMM_4BIT_PARAMS) {
     qk_gemm_4bit_mma<1, 2>(A, B, absmax, bias, C, M, N, K, blocksize, quant_type, a_dtype);
 }
-extern "C" __global__ void __launch_bounds__(256, QK_BNBM_R1_CTAS) qk_gemm_4bit_mma_n1_r1(QCONFORM_GEMM_4BIT_PARAMS) {
+extern "C" __global__ void __launch_bounds__(256, 2) qk_gemm_4bit_mma_n1_r1(QCONFORM_GEMM_4BIT_PARAMS) {
     qk_gemm_4bit_mma<1, 1>(A, B, absmax, bias, C, M, N, K, blocksize, quant_type, a_dtype);
 }
 extern "C" __global__ void __launch_bounds__(256, 2) qk_gemm_4bit_mma_n2(QCONFORM_GEMM_4BIT_PARAMS) {
