@@ -295,7 +295,6 @@ ONE_BUILDS = {
     "shipped": "",
     "no_prefetch": "#define QK_KF_ONE_PREFETCH 0\n",
     "wait_first": "#define QK_KF_FIRST_AFTER_WAIT 1\n",
-    "wait_first_near": "#define QK_KF_FIRST_AFTER_WAIT 2\n",
     "wait_first_sm": "#define QK_KF_FIRST_AFTER_WAIT 3\n",
     "dynamic": "#define QK_KF_DYNAMIC 1\n",
 }

@@ -25,12 +25,12 @@ CTAs quantize the row for the others (``qk_kq_one_<t>``). (Session 39's one-laun
 CTA quantized the row itself were measured slower and taken out: docs/perf-notes.md, session 40.)
 ``--variants no_prefetch``: the one-launch call without the code of its waiting CTAs asking L2 for their
 next row group (``-DQK_KF_ONE_PREFETCH=0``, bench-only; session 40's first one-launch build; the default
-keeps that code but runs it on no row length since session 41). ``wait_first``, ``wait_first_near``
-(bench-only diagnostics, session 47): the one launch's first trip loaded after the wait for the quantize,
-by every CTA (``-DQK_KF_FIRST_AFTER_WAIT=1``) or by the CTAs whose index modulo the SM count is below the
-quantizing CTAs' count (``=2``: a guess at those sharing an SM with one), so that no weight load waits
-in those SMs' queues ahead of the quantize; ``wait_first_sm`` (session 48, ``=3``): by the CTAs on an SM
-that a quantizing CTA published at its entry (%smid; each CTA polls those tickets before its first load).
+keeps that code but runs it on no row length since session 41). ``wait_first``, ``wait_first_sm``
+(bench-only diagnostics, sessions 47-48): the one launch's first trip loaded after the wait for the
+quantize, by every CTA (``-DQK_KF_FIRST_AFTER_WAIT=1``) or by the CTAs on an SM that a quantizing CTA
+published at its entry (``=3``: %smid; each CTA polls those tickets before its first load), so that no
+weight load waits in those SMs' queues ahead of the quantize (session 47's ``=2``, a guess at those CTAs
+by index, named none of them: taken out, docs/perf-notes.md, session 48).
 ``dynamic`` (bench-only, session 48, ``-DQK_KF_DYNAMIC``): the one launch's row groups after each CTA's
 first taken from a count, one group ahead, instead of the static stride.
 Since session 44 the one launch's CTAs take their row groups as one stream of trips a thread, each row's
@@ -86,7 +86,6 @@ VARIANTS = {
     "two_launch": "any",
     "no_prefetch": "any",
     "wait_first": "any",
-    "wait_first_near": "any",
     "wait_first_sm": "any",
     "dynamic": "any",
     "staged": "any",
@@ -103,11 +102,9 @@ OPTIONS = {
     "two_launch": ("-DQK_KF_TWO_LAUNCH",),
     # the one-launch call without its waiting CTAs' prefetch of their next row group (bench-only)
     "no_prefetch": ("-DQK_KF_ONE_PREFETCH=0",),
-    # the one launch's first trip loaded after the wait: by every CTA, or by those guessed to share an SM
-    # with a quantizing CTA (bench-only diagnostics)
+    # the one launch's first trip loaded after the wait: by every CTA, or by those on an SM that a
+    # quantizing CTA published (bench-only diagnostics)
     "wait_first": ("-DQK_KF_FIRST_AFTER_WAIT=1",),
-    "wait_first_near": ("-DQK_KF_FIRST_AFTER_WAIT=2",),
-    # ... or by those on an SM that a quantizing CTA published (bench-only diagnostic)
     "wait_first_sm": ("-DQK_KF_FIRST_AFTER_WAIT=3",),
     # the one launch's row groups after each CTA's first taken from a count (bench-only)
     "dynamic": ("-DQK_KF_DYNAMIC",),
@@ -121,7 +118,6 @@ VARIANT_TYPES = {
     "fast-v1": ROUND2,
     "no_prefetch": ROUND2,
     "wait_first": ROUND2,
-    "wait_first_near": ROUND2,
     "wait_first_sm": ROUND2,
     "dynamic": ROUND2,
     "two_launch": (*ROUND2, *BULK),

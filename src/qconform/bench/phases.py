@@ -105,19 +105,15 @@ KQ = (
 KQ_SM_SLOT = 9  # keep_quant_fast.hip KF_SM_SLOT: each one-launch CTA's SM plus one (QK_PHASE_SM)
 
 
-def sm_sharing(sm: np.ndarray, producers: int, n_sms: int) -> str:
+def sm_sharing(sm: np.ndarray, producers: int) -> str:
     """Which SMs the one launch's quantizing CTAs ran on (rows 0 .. producers - 1 of ``sm``: each CTA's SM
-    plus one, 0 where not stamped), how many row-group CTAs shared those SMs, and how many of those the
-    ``wait_first_near`` build's guess names (CTA index modulo ``n_sms`` below ``producers``)."""
+    plus one, 0 where not stamped) and how many row-group CTAs shared those SMs (the CTAs that the
+    ``wait_first_sm`` build makes wait first)."""
     stamped = np.flatnonzero(sm > 0)
     quant_sms = {int(v) - 1 for v in sm[stamped[stamped < producers]]}
     rows = stamped[stamped >= producers]
     shares = np.isin(sm[rows] - 1, sorted(quant_sms))
-    guess = rows % n_sms < producers
-    return (
-        f"quantizing CTAs on {len(quant_sms)} SMs; {int(shares.sum())} of {rows.size} row-group CTAs share those "
-        f"SMs; the wait_first_near guess names {int(guess.sum())}, {int((guess & shares).sum())} of them sharing"
-    )
+    return f"quantizing CTAs on {len(quant_sms)} SMs; {int(shares.sum())} of {rows.size} row-group CTAs share those SMs"
 
 
 def phase_table(clock: np.ndarray, marked: Marked, clock_khz: float) -> list[tuple[str, float, float, int]]:
@@ -264,8 +260,7 @@ def run_ggml(qtype: str, variant: str = "fast", reps: int = 50) -> str:
     grid = calls[0][-1].grid
     head = f"ggml {variant}: {qtype} {K} x {N}, M 1, GEMV grid {grid}: call {bl.median(ts) * 1e6:.1f} us (this build)"
     producers = int((stamps[:, KQ[1].first, 0] > 0).sum())
-    sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
-    return "\n".join([head, sm_sharing(stamps[:, KQ_SM_SLOT, 0], producers, sms), *report(stamps, KQ, _khz())])
+    return "\n".join([head, sm_sharing(stamps[:, KQ_SM_SLOT, 0], producers), *report(stamps, KQ, _khz())])
 
 
 def main(argv: list[str] | None = None) -> int:

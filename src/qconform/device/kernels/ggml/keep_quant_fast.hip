@@ -823,7 +823,7 @@ struct kf_wait_once {
     qk_i64 group_bytes, stride_bytes, end; /* a row group's bytes, the CTA's step between its groups, W's */
     qk_i64 from;                           /* the CTA's first group's first byte */
     qk_i64 row_block;                      /* a weight block's bytes */
-#if defined(QK_KF_FIRST_AFTER_WAIT) && QK_KF_FIRST_AFTER_WAIT == 3
+#if defined(QK_KF_FIRST_AFTER_WAIT)
     /* whether a quantizing CTA runs on this CTA's SM: thread 0 polls their SM tickets until each is
      * published (a HIP or host build: every CTA on "SM 0", so every CTA waits first); CTA-uniform */
     __device__ __forceinline__ bool on_a_producer_sm() const {
@@ -930,20 +930,11 @@ __device__ __forceinline__ void kf_roll_rows(const qk_u8* __restrict__ W, const 
     if (t == 0) kf_next = step + (qk_i64)atomicAdd(taken, 1u) * KF_ROWS;
 #endif
 #if defined(QK_KF_FIRST_AFTER_WAIT)
-    /* bench-only diagnostic: the first trip's words loaded after the wait, by every CTA (1), by those
-     * whose index modulo the SM count is below the producers' (2: a guess at the CTAs sharing an SM
-     * with a quantizing CTA, the first wave being dealt one CTA an SM) or by those on an SM that a
-     * quantizing CTA published (3), so that no weight load waits in those SMs' queues ahead of the
-     * quantize */
-#if QK_KF_FIRST_AFTER_WAIT == 3
-    if (after_loads.on_a_producer_sm()) after_loads(true);
-#else
-    unsigned sms = 1u; /* HIP: every CTA late */
-#if defined(QK_CUDA)
-    asm("mov.u32 %0, %%nsmid;" : "=r"(sms));
-#endif
-    if (QK_KF_FIRST_AFTER_WAIT == 1 || blockIdx.x % sms < kf_producers<KIND>(nb)) after_loads(true);
-#endif
+    /* bench-only diagnostic: the first trip's words loaded after the wait, by every CTA (1) or by those
+     * on an SM that a quantizing CTA published (3), so that no weight load waits in those SMs' queues
+     * ahead of the quantize (session 47's 2, a guess at those CTAs by index, named none of them and is
+     * taken out: docs/perf-notes.md, session 48) */
+    if (QK_KF_FIRST_AFTER_WAIT == 1 || after_loads.on_a_producer_sm()) after_loads(true);
 #endif
     if (kc < nb && n0 < N)
 #pragma unroll
