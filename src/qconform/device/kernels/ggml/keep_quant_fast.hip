@@ -912,9 +912,10 @@ __device__ __forceinline__ unsigned kf_producers(qk_i64 nb) {
  * trip's loads after this trip's dots, so they fly over the sums, the store, the barriers and the next
  * trip's activation reads. Measured against kf2_rows a group at a time: docs/perf-notes.md, session 44.)
  * -DQK_KF_DYNAMIC (bench-only, `python -m qconform.bench.ggml_gemv --variants dynamic`): a CTA's first
- * group as above, each later one taken from a count (KF_DYN_TICKET, thread 0, one group ahead so the
- * next trip's loads still fly over this group's end), so that the CTAs of SMs that run ahead take the
- * groups that the static stride leaves to the slowest (the same sums per row: the same bits) */
+ * group as above, each later one taken from a count (KF_DYN_TICKET: thread 0 asks at a group's start for
+ * the group after the next, so the answer comes during the trips and the next trip's loads still fly
+ * over this group's end), so that the CTAs of SMs that run ahead take the groups that the static stride
+ * leaves to the slowest (the same sums per row: the same bits) */
 template <int KIND, int TS, class AfterLoads>
 __device__ __forceinline__ void kf_roll_rows(const qk_u8* __restrict__ W, const qk_u8* __restrict__ aq, float* __restrict__ Y,
                                              qk_i64 N, qk_i64 nb, qk_i64 n0, qk_i64 step, AfterLoads& after_loads) {
@@ -927,7 +928,7 @@ __device__ __forceinline__ void kf_roll_rows(const qk_u8* __restrict__ W, const 
 #if defined(QK_KF_DYNAMIC)
     __shared__ qk_i64 kf_next; /* the first row of the group after the next */
     unsigned* taken = (unsigned*)after_loads.count + KF_DYN_TICKET;
-    if (t == 0) kf_next = step + (qk_i64)atomicAdd(taken, 1u) * KF_ROWS;
+    unsigned ticket = t == 0 ? atomicAdd(taken, 1u) : 0u; /* asked for now, read after the first loads */
 #endif
 #if defined(QK_KF_FIRST_AFTER_WAIT)
     /* bench-only diagnostic: the first trip's words loaded after the wait, by every CTA (1) or by those
@@ -941,6 +942,7 @@ __device__ __forceinline__ void kf_roll_rows(const qk_u8* __restrict__ W, const 
         for (int rr = 0; rr < KF_ROWS; ++rr) kf_wload<KIND>(W + ((n0 + rr < N ? n0 + rr : N - 1) * nb + kc) * TS, c, raw[rr]);
     after_loads(true); /* once: a no-op where the wait came first */
 #if defined(QK_KF_DYNAMIC)
+    if (t == 0) kf_next = step + (qk_i64)ticket * KF_ROWS;
     __syncthreads(); /* kf_next */
     qk_i64 later = kf_next;
 #endif
@@ -949,6 +951,7 @@ __device__ __forceinline__ void kf_roll_rows(const qk_u8* __restrict__ W, const 
 #if defined(QK_KF_DYNAMIC)
     while (n0 < N) {
         const qk_i64 n_after = later;
+        if (t == 0 && n_after < N) ticket = atomicAdd(taken, 1u); /* the group after it, read at the group's end */
 #else
     for (; n0 < N; n0 += step) {
         const qk_i64 n_after = n0 + step;
@@ -981,7 +984,7 @@ __device__ __forceinline__ void kf_roll_rows(const qk_u8* __restrict__ W, const 
         kf_store<1>(part, t, 0, n0, 1, N, Y);
         QK_PHASE(4);
 #if defined(QK_KF_DYNAMIC)
-        if (t == 0 && n_after < N) kf_next = step + (qk_i64)atomicAdd(taken, 1u) * KF_ROWS; /* every thread read it */
+        if (t == 0 && n_after < N) kf_next = step + (qk_i64)ticket * KF_ROWS; /* every thread has read it */
 #endif
         __syncthreads(); /* kf_store's reads of the partial sums before the next group writes them */
 #if defined(QK_KF_DYNAMIC)
