@@ -230,7 +230,8 @@ def test_fast_kernel_mutants_fail_on_the_host(tmp_path: Path, qtype: str, edits:
 # qk_kq_one_<t>: the M = 1 Q4_K / Q5_K call in one launch, its first ceil(nb / 4) CTAs quantizing the fp32
 # row for the others. (N, K, CTAs that take row groups): 3 row groups on 2 CTAs (one takes two) and 37
 # super-blocks (10 quantizing CTAs, the last with 3 spare warps); 3 super-blocks (threads without a trip:
-# the wait before the loads); more CTAs than row groups; 20 super-blocks (every thread one trip)
+# the wait before the loads); more CTAs than row groups; 20 super-blocks (every thread one trip); 8 row
+# groups on 3 CTAs (the -DQK_KF_DYNAMIC build's later groups from its count)
 ONE_SHAPES = ((9, 37 * 256, 2), (4, 768, 1), (13, 2560, 5), (6, 20 * 256, 2), (29, 768, 3))
 # each super-block's quants read in another order than qk_q8_k_quant_w32's; the last quantizing CTA never
 # started (its blocks stale); each row-group CTA's first group skipped (never stored); the counts left set
