@@ -783,11 +783,17 @@ __device__ __forceinline__ void kf_quantize_pass(const float* __restrict__ X, qk
     qk_q8_k_block_lanes<32>(v, l, act, (int)ib);
 }
 
+/* *at once it is at least v (KF_POLLS polls, then a trap), its value then */
+__device__ __forceinline__ unsigned kf_poll_at_least(const unsigned* at, unsigned v) {
+    unsigned polls = 0u, got;
+    while ((got = *(const volatile unsigned*)at) < v)
+        if (++polls == KF_POLLS) QK_TRAP();
+    return got;
+}
+
 __device__ __forceinline__ void kf_wait_published(const unsigned* count, unsigned producers) {
     if (threadIdx.x == 0) {
-        unsigned polls = 0u;
-        while (*(const volatile unsigned*)count < producers)
-            if (++polls == KF_POLLS) QK_TRAP();
+        kf_poll_at_least(count, producers);
         __threadfence();
     }
     __syncthreads();
@@ -831,12 +837,7 @@ struct kf_wait_once {
         if (threadIdx.x == 0) {
             const unsigned me = kf_smid() + 1u;
             unsigned hit = 0u;
-            for (unsigned p = 0; p < producers; ++p) {
-                unsigned v, polls = 0u;
-                while ((v = *(const volatile unsigned*)(count + KF_SM_TICKETS + p)) == 0u)
-                    if (++polls == KF_POLLS) QK_TRAP();
-                hit |= v == me;
-            }
+            for (unsigned p = 0; p < producers; ++p) hit |= kf_poll_at_least(count + KF_SM_TICKETS + p, 1u) == me;
             near = hit;
         }
         __syncthreads();
@@ -926,7 +927,7 @@ __device__ __forceinline__ void kf_roll_rows(const qk_u8* __restrict__ W, const 
     QK_PHASE(0);
     QK_PHASE_SM(KF_SM_SLOT);
 #if defined(QK_KF_DYNAMIC)
-    __shared__ qk_i64 kf_next; /* the first row of the group after the next */
+    __shared__ unsigned kf_next; /* the ticket of the group after the next: its first row step + KF_ROWS ticket */
     unsigned* taken = (unsigned*)after_loads.count + KF_DYN_TICKET;
     unsigned ticket = t == 0 ? atomicAdd(taken, 1u) : 0u; /* asked for now, read after the first loads */
 #endif
@@ -942,9 +943,9 @@ __device__ __forceinline__ void kf_roll_rows(const qk_u8* __restrict__ W, const 
         for (int rr = 0; rr < KF_ROWS; ++rr) kf_wload<KIND>(W + ((n0 + rr < N ? n0 + rr : N - 1) * nb + kc) * TS, c, raw[rr]);
     after_loads(true); /* once: a no-op where the wait came first */
 #if defined(QK_KF_DYNAMIC)
-    if (t == 0) kf_next = step + (qk_i64)ticket * KF_ROWS;
+    if (t == 0) kf_next = ticket;
     __syncthreads(); /* kf_next */
-    qk_i64 later = kf_next;
+    qk_i64 later = step + (qk_i64)kf_next * KF_ROWS;
 #endif
     QK_PHASE(1);
     QK_PHASE_AFTER(2, raw[0][4]);
@@ -984,12 +985,12 @@ __device__ __forceinline__ void kf_roll_rows(const qk_u8* __restrict__ W, const 
         kf_store<1>(part, t, 0, n0, 1, N, Y);
         QK_PHASE(4);
 #if defined(QK_KF_DYNAMIC)
-        if (t == 0 && n_after < N) kf_next = step + (qk_i64)ticket * KF_ROWS; /* every thread has read it */
+        if (t == 0 && n_after < N) kf_next = ticket; /* every thread has read it */
 #endif
         __syncthreads(); /* kf_store's reads of the partial sums before the next group writes them */
 #if defined(QK_KF_DYNAMIC)
         n0 = n_after;
-        later = kf_next;
+        later = step + (qk_i64)kf_next * KF_ROWS;
 #endif
     }
 }
