@@ -1122,7 +1122,10 @@ ONE_PRODUCERS_DELAYED: Edits = (
     ),
 )
 ONE_NO_WAIT: Edits = (
-    ("    if (threadIdx.x == 0) {\n        unsigned polls = 0u;", "    if (false) {\n        unsigned polls = 0u;"),
+    (
+        "    if (threadIdx.x == 0) {\n        kf_poll_at_least(count, producers);",
+        "    if (false) {\n        kf_poll_at_least(count, producers);",
+    ),
 )
 # the one launch's row groups as one stream of trips a thread (kf_roll_rows, the next trip's words loaded
 # row by row during this one): the next trip past a group's last block column taken at ib + 16 instead of
