@@ -318,11 +318,15 @@ def test_one_launch_kernel_is_the_two_launches_bit_for_bit(
         assert _bound_ratio(y1[None], W, qtype, a8, K) <= 1.0, (N, K, ctas)
 
 
+@pytest.mark.parametrize("build", ["", "#define QK_KB_DYNAMIC 1\n"], ids=["shipped", "bulk_dyn"])
 @pytest.mark.parametrize("qtype", ["Q6_K", "Q8_0"])
-def test_bulk_one_launch_kernel_is_the_two_launches_bit_for_bit(tmp_path: Path, shipped_cta: Path, qtype: str) -> None:
-    """Q6_K's and Q8_0's one launch on the bulk kernel's ring (qk_kq_one_bulk_<t>): every output stored,
-    bit-identical to the two launches (the bulk kernel after the quantize), the counts zero after the launch"""
-    one = _build(tmp_path, driver="keep_quant_one_cta.cpp")
+def test_bulk_one_launch_kernel_is_the_two_launches_bit_for_bit(
+    tmp_path: Path, shipped_cta: Path, qtype: str, build: str
+) -> None:
+    """Q6_K's and Q8_0's one launch on the bulk kernel's ring (qk_kq_one_bulk_<t>; bench-only bulk_dyn: its
+    row groups after each CTA's first from a count): every output stored, bit-identical to the two
+    launches (the bulk kernel after the quantize), the counts zero after the launch"""
+    one = _build(tmp_path, driver="keep_quant_one_cta.cpp", defines=build)
     for N, K, ctas in BULK_SHAPES[qtype]:
         y1, y2, W, a8 = _one_and_two_launch(tmp_path, qtype, N, K, ctas, one, shipped_cta)
         assert y1 is not None, (N, K, ctas)

@@ -42,7 +42,8 @@ the default before session 41, were measured slower and taken out: docs/perf-not
 ``--variants staged``: Q6_K and Q8_0 at M = 1 as before session 41 (``-DQK_KF_STAGED``, bench-only: each
 thread's words staged through shared memory, ``qk_kq_fast_<t>_m1``), where the default brings the weights
 into a shared-memory ring by the bulk copy engine (``qk_kq_bulk_<t>``); ``bulk_s2`` that ring with 2 slots
-instead of 3 (``-DQK_KF_BULK_STAGES=2``). ``two_launch`` takes Q6_K and Q8_0 too: the quantize, then the bulk
+instead of 3 (``-DQK_KF_BULK_STAGES=2``); ``bulk_dyn`` their one launch with each CTA's row groups after
+its first from a count, as Q4_K's (``-DQK_KB_DYNAMIC``, bench-only). ``two_launch`` takes Q6_K and Q8_0 too: the quantize, then the bulk
 kernel (their one launch on that ring: Q6_K since session 41, Q8_0 since session 42).
 (Q4_K and Q5_K on that ring in one launch were measured slower and taken out: docs/perf-notes.md, session 41.)
 
@@ -90,6 +91,7 @@ VARIANTS = {
     "dynamic": "any",
     "staged": "any",
     "bulk_s2": "any",
+    "bulk_dyn": "any",
 }
 V1_OPTION = "-DQK_KQ_FAST_V1"  # the build option of round 1's fast kernel (keep_quant_fast.hip)
 # the build options of each fast variant
@@ -111,6 +113,8 @@ OPTIONS = {
     # Q6_K / Q8_0 at M = 1 as before session 41, or the bulk copy's ring with 2 slots (bench-only)
     "staged": ("-DQK_KF_STAGED",),
     "bulk_s2": ("-DQK_KF_BULK_STAGES=2",),
+    # Q6_K / Q8_0's one launch with its row groups after each CTA's first from a count (bench-only)
+    "bulk_dyn": ("-DQK_KB_DYNAMIC",),
 }
 # the variants that change only some types' kernels: those types (every other fast variant: FAST_TYPES)
 ROUND2, BULK = ("Q4_K", "Q5_K"), ("Q6_K", "Q8_0")  # round 2's types (fast-v1 is round 1), the bulk kernel's
@@ -123,6 +127,7 @@ VARIANT_TYPES = {
     "two_launch": (*ROUND2, *BULK),
     "staged": BULK,
     "bulk_s2": BULK,
+    "bulk_dyn": BULK,
 }
 
 

@@ -670,10 +670,43 @@ __device__ __forceinline__ void kb_terms(const qk_u8* st, int cnt, int kc, int c
     }
 }
 
-/* the row groups c, c + C, ... (c = cta, C = ctas); wait(): before the first activation read */
+/* the static stride: the row group after the CTA's last is C groups on */
+template <int CB>
+struct kb_stride {
+    __device__ __forceinline__ void next(kb_stage_at<CB>& f, int nb, qk_i64) const { f.next(nb); }
+};
+
+#if defined(QK_KB_DYNAMIC)
+/* bench-only -DQK_KB_DYNAMIC: the one launch's row groups after each CTA's first from a count, as
+ * kf_roll_rows' (row step + KF_ROWS ticket): thread 0, which fetches the stages, asks for a ticket at
+ * the start and at each group it moves to, and reads it at its next group's start; it publishes each
+ * stage's group in a shared ring one entry longer than the stages', so no entry is written while a
+ * thread may read it. (The bulk kernel's two launches, with no count, keep the stride.) */
+template <int CB>
+struct kb_counted {
+    unsigned* taken;
+    unsigned ticket;
+    __device__ __forceinline__ kb_counted(unsigned* count)
+        : taken(count), ticket(threadIdx.x == 0 && count != nullptr ? atomicAdd(count, 1u) : 0u) {}
+    __device__ __forceinline__ void next(kb_stage_at<CB>& f, int nb, qk_i64 N) { /* thread 0's */
+        if (taken == nullptr) return f.next(nb); /* the two launches' stride */
+        f.k0 += CB;
+        if (f.k0 >= nb) {
+            f.k0 = 0;
+            f.n0 = f.step + (qk_i64)ticket * KF_ROWS;
+            if (f.n0 < N) ticket = atomicAdd(taken, 1u);
+        }
+        f.set_cnt(nb);
+    }
+};
+#endif
+
+/* the row groups c, c + C, ... (c = cta, C = ctas; -DQK_KB_DYNAMIC with a count taken: each group after
+ * the first from it); wait(): before the first activation read */
 template <int KIND, int TS, class Wait>
 __device__ __forceinline__ void kf_bulk_gemv(const qk_u8* __restrict__ W, const qk_u8* __restrict__ aq, float* __restrict__ Y,
-                                             qk_i64 N, int nb, qk_i64 cta, qk_i64 ctas, const Wait& wait) {
+                                             qk_i64 N, int nb, qk_i64 cta, qk_i64 ctas, const Wait& wait,
+                                             unsigned* taken = nullptr) {
     constexpr int SL = KB_SL(KIND), CB = KB_CB(KIND), AW = KIND == 0 ? KF_A0 : KF_Q8K;
     __shared__ __align__(16) qk_u8 ring[KB_S][KF_ROWS * CB * TS];
     __shared__ unsigned long long bar[KB_S]; /* mbarriers (sm_90) */
@@ -681,30 +714,65 @@ __device__ __forceinline__ void kf_bulk_gemv(const qk_u8* __restrict__ W, const 
     const int t = threadIdx.x, w = t >> 5, c = t % SL, kc = t / SL;
     kb_stage_at<CB> a{cta * KF_ROWS, ctas * KF_ROWS, 0, 0}; /* the stage being summed */
     a.set_cnt(nb);
+#if defined(QK_KB_DYNAMIC)
+    __shared__ qk_i64 group_of[KB_S + 1]; /* stage s's row group (>= N: none) at s % (KB_S + 1) */
+    kb_counted<CB> groups(taken);
+    kb_stage_at<CB> f = a; /* thread 0's: the next stage to fetch (without the ring: the one being summed) */
+    int ix = 0;            /* the stage being summed, mod KB_S + 1 */
 #if QK_BULK
+    int fslot = 0;
+    if (t == 0) {
+        for (int u = 0; u < KB_S; ++u) qk_mbar_init(qk_smem_addr(&bar[u]));
+        qk_mbar_init_fence();
+    }
+    for (int u = 0; u < KB_S - 1; ++u, groups.next(f, nb, N), fslot = fslot + 1 == KB_S ? 0 : fslot + 1)
+        if (t == 0) {
+            group_of[u] = f.n0;
+            if (f.n0 < N) kb_fetch<TS>(ring[fslot], W, f, N, nb, &bar[fslot]);
+        }
+#endif
+    if (t == 0) group_of[KB_S - 1] = f.n0;
+#else
+    (void)taken;
+#if QK_BULK
+    kb_stride<CB> groups;
     kb_stage_at<CB> f = a; /* the next stage to fetch */
     int fslot = 0;
     if (t == 0) {
         for (int u = 0; u < KB_S; ++u) qk_mbar_init(qk_smem_addr(&bar[u]));
         qk_mbar_init_fence();
     }
-    for (int u = 0; u < KB_S - 1; ++u, f.next(nb), fslot = fslot + 1 == KB_S ? 0 : fslot + 1)
+    for (int u = 0; u < KB_S - 1; ++u, groups.next(f, nb, N), fslot = fslot + 1 == KB_S ? 0 : fslot + 1)
         if (t == 0 && f.n0 < N) kb_fetch<TS>(ring[fslot], W, f, N, nb, &bar[fslot]);
 #endif
+#endif
     wait();
-    __syncthreads(); /* the barriers' inits (sm_90) */
+    __syncthreads(); /* the barriers' inits (sm_90); -DQK_KB_DYNAMIC: the first stages' groups */
     float acc[KF_ROWS] = {0.0f, 0.0f, 0.0f, 0.0f};
     int slot = 0, parity = 0;
+#if defined(QK_KB_DYNAMIC)
+    for (; (a.n0 = group_of[ix]) < N; a.next(nb), ix = ix == KB_S ? 0 : ix + 1) {
+#else
     for (; a.n0 < N; a.next(nb)) {
+#endif
         qk_u8* st = ring[slot];
 #if QK_BULK
         if (t == 0 && f.n0 < N) kb_fetch<TS>(ring[fslot], W, f, N, nb, &bar[fslot]); /* the slot stage - 1 freed */
-        f.next(nb);
+        groups.next(f, nb, N);
         fslot = fslot + 1 == KB_S ? 0 : fslot + 1;
+#if defined(QK_KB_DYNAMIC)
+        if (t == 0) group_of[ix == 0 ? KB_S : ix - 1] = f.n0; /* stage + KB_S: the entry of the stage before */
+#endif
         qk_mbar_wait(qk_smem_addr(&bar[slot]), parity);
 #else
         (void)parity;
         kb_fetch<TS>(st, W, a, N, nb, bar);
+#if defined(QK_KB_DYNAMIC)
+        if (t == 0) {
+            groups.next(f, nb, N);
+            group_of[ix == 0 ? KB_S : ix - 1] = f.n0; /* the next stage's */
+        }
+#endif
         __syncthreads();
 #endif
         if (kc < a.cnt) kb_terms<KIND, TS>(st, a.cnt, kc, c, aq + (a.k0 + kc) * AW, acc);
@@ -758,7 +826,7 @@ KF_BULK(q8_0, 0, 34)
  * never ran) traps instead of hanging. Measured against the two launches: docs/perf-notes.md, session 40. */
 #include "ggml/q8_quant.hip" /* qk_q8_k_block_lanes, QK_K (its kernels come along, unused) */
 #define KF_PASS KF_GROUPS  /* super-blocks a producer CTA: a warp each */
-#define KF_DYN_TICKET 2     /* -DQK_KF_DYNAMIC: the row groups taken after each CTA's first, in count[2] */
+#define KF_DYN_TICKET 2     /* -DQK_KF_DYNAMIC, -DQK_KB_DYNAMIC: the row groups taken after each CTA's first, in count[2] */
 #define KF_SM_TICKETS 3     /* -DQK_KF_FIRST_AFTER_WAIT=3: quantizing CTA p's SM + 1 in count[3 + p] */
 
 /* the SM this CTA runs on (CUDA %smid; 0 elsewhere) */
@@ -888,7 +956,7 @@ __device__ __forceinline__ void kf_consumed(unsigned* count, qk_i64 consumers, u
     if (threadIdx.x == 0 && atomicAdd(count + 1, 1u) == (unsigned)consumers - 1u) { /* every consumer is past its wait */
         atomicExch(count, 0u);
         atomicExch(count + 1, 0u);
-#if defined(QK_KF_DYNAMIC)
+#if defined(QK_KF_DYNAMIC) || defined(QK_KB_DYNAMIC)
         atomicExch(count + KF_DYN_TICKET, 0u);
 #endif
 #if defined(QK_KF_FIRST_AFTER_WAIT) && QK_KF_FIRST_AFTER_WAIT == 3
@@ -1040,7 +1108,7 @@ struct kb_published_wait {
         if (kf_produce<KIND>(X, act, nb, count, producers)) return;                                                    \
         const qk_i64 consumers = gridDim.x - producers;                                                                \
         kf_bulk_gemv<KIND, TS>(W, act, Y, N, (int)nb, blockIdx.x - producers, consumers,                               \
-                               kb_published_wait{count, producers});                                                   \
+                               kb_published_wait{count, producers}, count + KF_DYN_TICKET);                            \
         kf_consumed(count, consumers, producers);                                                                      \
     }
 KF_ONE_BULK(q6_k, 6, 210)
