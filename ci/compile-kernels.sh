@@ -184,10 +184,9 @@ if part patched; then
   # (-DQK_KQ_FAST_V1), its first weight loads
   # before its wait for the quantize (-DQK_KF_LOADS_FIRST), its M = 1 Q4_K / Q5_K call as two launches
   # (-DQK_KF_TWO_LAUNCH), its one launch without the waiting CTAs' prefetch (-DQK_KF_ONE_PREFETCH=0) or
-  # with its first trip loaded after the wait (-DQK_KF_FIRST_AFTER_WAIT=1, 3) or its row groups taken
-  # from a count (-DQK_KF_DYNAMIC) and
+  # with its first trip loaded after the wait (-DQK_KF_FIRST_AFTER_WAIT=1, 3) and
   # Q6_K / Q8_0 staged as before the bulk copy (-DQK_KF_STAGED), or its ring with 2 slots
-  # (-DQK_KF_BULK_STAGES=2), or its one launch's row groups from a count (-DQK_KB_DYNAMIC; bench.ggml_gemv); every
+  # (-DQK_KF_BULK_STAGES=2; bench.ggml_gemv); every
   # programmatic-launch trigger dropped (-DQK_PDL_TRIGGER_AT_EXIT; bench.ggml_gemv's trigger_at_exit); the bnb
   # matrix-unit GEMM with its table filled before the ring's first loads (-DQK_BNBM_FILL_FIRST) and with
   # activation pieces loaded a step ahead (-DQK_BNBM_A_AHEAD=1, 2), and the diagnostic without the table's
@@ -209,7 +208,7 @@ if part patched; then
   front "$KERNELS/ggml/keep_quant_fast.hip -DQK_PHASES -DQK_KF_LOADS_FIRST" -DQK_PHASES -DQK_KF_LOADS_FIRST \
     "$KERNELS/ggml/keep_quant_fast.hip"
   front "$KERNELS/ggml/keep_quant_fast.hip -DQK_KF_BULK_STAGES=2" -DQK_KF_BULK_STAGES=2 "$KERNELS/ggml/keep_quant_fast.hip"
-  for def in -DQK_KF_FIRST_AFTER_WAIT=1 -DQK_KF_FIRST_AFTER_WAIT=3 -DQK_KF_DYNAMIC -DQK_KB_DYNAMIC; do
+  for def in -DQK_KF_FIRST_AFTER_WAIT=1 -DQK_KF_FIRST_AFTER_WAIT=3; do
     front "$KERNELS/ggml/keep_quant_fast.hip $def" "$def" "$KERNELS/ggml/keep_quant_fast.hip"
   done
   # the other builds the benches and the device mutants' controls load (each option a kernel reads: tests/

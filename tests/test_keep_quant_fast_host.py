@@ -231,7 +231,7 @@ def test_fast_kernel_mutants_fail_on_the_host(tmp_path: Path, qtype: str, edits:
 # row for the others. (N, K, CTAs that take row groups): 3 row groups on 2 CTAs (one takes two) and 37
 # super-blocks (10 quantizing CTAs, the last with 3 spare warps); 3 super-blocks (threads without a trip:
 # the wait before the loads); more CTAs than row groups; 20 super-blocks (every thread one trip); 8 row
-# groups on 3 CTAs (the -DQK_KF_DYNAMIC build's later groups from its count)
+# groups on 3 CTAs (two or three each)
 ONE_SHAPES = ((9, 37 * 256, 2), (4, 768, 1), (13, 2560, 5), (6, 20 * 256, 2), (29, 768, 3))
 # each super-block's quants read in another order than qk_q8_k_quant_w32's; the last quantizing CTA never
 # started (its blocks stale); each row-group CTA's first group skipped (never stored); the counts left set
@@ -297,7 +297,6 @@ ONE_BUILDS = {
     "no_prefetch": "#define QK_KF_ONE_PREFETCH 0\n",
     "wait_first": "#define QK_KF_FIRST_AFTER_WAIT 1\n",
     "wait_first_sm": "#define QK_KF_FIRST_AFTER_WAIT 3\n",
-    "dynamic": "#define QK_KF_DYNAMIC 1\n",
 }
 
 
@@ -318,15 +317,11 @@ def test_one_launch_kernel_is_the_two_launches_bit_for_bit(
         assert _bound_ratio(y1[None], W, qtype, a8, K) <= 1.0, (N, K, ctas)
 
 
-@pytest.mark.parametrize("build", ["", "#define QK_KB_DYNAMIC 1\n"], ids=["shipped", "bulk_dyn"])
 @pytest.mark.parametrize("qtype", ["Q6_K", "Q8_0"])
-def test_bulk_one_launch_kernel_is_the_two_launches_bit_for_bit(
-    tmp_path: Path, shipped_cta: Path, qtype: str, build: str
-) -> None:
-    """Q6_K's and Q8_0's one launch on the bulk kernel's ring (qk_kq_one_bulk_<t>; bench-only bulk_dyn: its
-    row groups after each CTA's first from a count): every output stored, bit-identical to the two
-    launches (the bulk kernel after the quantize), the counts zero after the launch"""
-    one = _build(tmp_path, driver="keep_quant_one_cta.cpp", defines=build)
+def test_bulk_one_launch_kernel_is_the_two_launches_bit_for_bit(tmp_path: Path, shipped_cta: Path, qtype: str) -> None:
+    """Q6_K's and Q8_0's one launch on the bulk kernel's ring (qk_kq_one_bulk_<t>): every output stored,
+    bit-identical to the two launches (the bulk kernel after the quantize), the counts zero after the launch"""
+    one = _build(tmp_path, driver="keep_quant_one_cta.cpp")
     for N, K, ctas in BULK_SHAPES[qtype]:
         y1, y2, W, a8 = _one_and_two_launch(tmp_path, qtype, N, K, ctas, one, shipped_cta)
         assert y1 is not None, (N, K, ctas)

@@ -18,7 +18,7 @@ int main(int argc, char** argv) {
     const qk_u8* W = (const qk_u8*)qk_host_load(argv[5]);
     const float* X = (const float*)qk_host_load(argv[6]);
     std::vector<float> Y((size_t)N, -12345.0f);
-    /* the two counts, then the bench-only builds' tickets (-DQK_KF_DYNAMIC's, -DQK_KF_FIRST_AFTER_WAIT=3's) */
+    /* the two counts, then the bench-only builds' tickets (-DQK_KF_FIRST_AFTER_WAIT=3's) */
     static unsigned count[3 + 64] = {};
     /* the launcher's: whole producer passes (Q8_0, kind 0: 64 blocks of 48 bytes a pass) */
     const size_t slots = kind == 0 ? (size_t)(nb + 63) / 64 * 64 * 48 : (size_t)(nb + 3) / 4 * 4 * 292;

@@ -31,8 +31,8 @@ quantize, by every CTA (``-DQK_KF_FIRST_AFTER_WAIT=1``) or by the CTAs on an SM 
 published at its entry (``=3``: %smid; each CTA polls those tickets before its first load), so that no
 weight load waits in those SMs' queues ahead of the quantize (session 47's ``=2``, a guess at those CTAs
 by index, named none of them: taken out, docs/perf-notes.md, session 48).
-``dynamic`` (bench-only, session 48, ``-DQK_KF_DYNAMIC``): the one launch's row groups after each CTA's
-first taken from a count, one group ahead, instead of the static stride.
+(Each CTA's row groups after its first taken from a count instead of the static stride, here and in
+Q6_K's and Q8_0's one launch, were measured slower and taken out: docs/perf-notes.md, session 49.)
 Since session 44 the one launch's CTAs take their row groups as one stream of trips a thread, each row's
 next words loaded during this trip (``kf_roll_rows``); the group-at-a-time loop before it was measured
 slower and taken out (docs/perf-notes.md, session 44).
@@ -42,8 +42,7 @@ the default before session 41, were measured slower and taken out: docs/perf-not
 ``--variants staged``: Q6_K and Q8_0 at M = 1 as before session 41 (``-DQK_KF_STAGED``, bench-only: each
 thread's words staged through shared memory, ``qk_kq_fast_<t>_m1``), where the default brings the weights
 into a shared-memory ring by the bulk copy engine (``qk_kq_bulk_<t>``); ``bulk_s2`` that ring with 2 slots
-instead of 3 (``-DQK_KF_BULK_STAGES=2``); ``bulk_dyn`` their one launch with each CTA's row groups after
-its first from a count, as Q4_K's (``-DQK_KB_DYNAMIC``, bench-only). ``two_launch`` takes Q6_K and Q8_0 too: the quantize, then the bulk
+instead of 3 (``-DQK_KF_BULK_STAGES=2``). ``two_launch`` takes Q6_K and Q8_0 too: the quantize, then the bulk
 kernel (their one launch on that ring: Q6_K since session 41, Q8_0 since session 42).
 (Q4_K and Q5_K on that ring in one launch were measured slower and taken out: docs/perf-notes.md, session 41.)
 
@@ -88,10 +87,8 @@ VARIANTS = {
     "no_prefetch": "any",
     "wait_first": "any",
     "wait_first_sm": "any",
-    "dynamic": "any",
     "staged": "any",
     "bulk_s2": "any",
-    "bulk_dyn": "any",
 }
 V1_OPTION = "-DQK_KQ_FAST_V1"  # the build option of round 1's fast kernel (keep_quant_fast.hip)
 # the build options of each fast variant
@@ -108,13 +105,9 @@ OPTIONS = {
     # quantizing CTA published (bench-only diagnostics)
     "wait_first": ("-DQK_KF_FIRST_AFTER_WAIT=1",),
     "wait_first_sm": ("-DQK_KF_FIRST_AFTER_WAIT=3",),
-    # the one launch's row groups after each CTA's first taken from a count (bench-only)
-    "dynamic": ("-DQK_KF_DYNAMIC",),
     # Q6_K / Q8_0 at M = 1 as before session 41, or the bulk copy's ring with 2 slots (bench-only)
     "staged": ("-DQK_KF_STAGED",),
     "bulk_s2": ("-DQK_KF_BULK_STAGES=2",),
-    # Q6_K / Q8_0's one launch with its row groups after each CTA's first from a count (bench-only)
-    "bulk_dyn": ("-DQK_KB_DYNAMIC",),
 }
 # the variants that change only some types' kernels: those types (every other fast variant: FAST_TYPES)
 ROUND2, BULK = ("Q4_K", "Q5_K"), ("Q6_K", "Q8_0")  # round 2's types (fast-v1 is round 1), the bulk kernel's
@@ -123,11 +116,9 @@ VARIANT_TYPES = {
     "no_prefetch": ROUND2,
     "wait_first": ROUND2,
     "wait_first_sm": ROUND2,
-    "dynamic": ROUND2,
     "two_launch": (*ROUND2, *BULK),
     "staged": BULK,
     "bulk_s2": BULK,
-    "bulk_dyn": BULK,
 }
 
 

@@ -670,43 +670,10 @@ __device__ __forceinline__ void kb_terms(const qk_u8* st, int cnt, int kc, int c
     }
 }
 
-/* the static stride: the row group after the CTA's last is C groups on */
-template <int CB>
-struct kb_stride {
-    __device__ __forceinline__ void next(kb_stage_at<CB>& f, int nb, qk_i64) const { f.next(nb); }
-};
-
-#if defined(QK_KB_DYNAMIC)
-/* bench-only -DQK_KB_DYNAMIC: the one launch's row groups after each CTA's first from a count, as
- * kf_roll_rows' (row step + KF_ROWS ticket): thread 0, which fetches the stages, asks for a ticket at
- * the start and at each group it moves to, and reads it at its next group's start; it publishes each
- * stage's group in a shared ring one entry longer than the stages', so no entry is written while a
- * thread may read it. (The bulk kernel's two launches, with no count, keep the stride.) */
-template <int CB>
-struct kb_counted {
-    unsigned* taken;
-    unsigned ticket;
-    __device__ __forceinline__ kb_counted(unsigned* count)
-        : taken(count), ticket(threadIdx.x == 0 && count != nullptr ? atomicAdd(count, 1u) : 0u) {}
-    __device__ __forceinline__ void next(kb_stage_at<CB>& f, int nb, qk_i64 N) { /* thread 0's */
-        if (taken == nullptr) return f.next(nb); /* the two launches' stride */
-        f.k0 += CB;
-        if (f.k0 >= nb) {
-            f.k0 = 0;
-            f.n0 = f.step + (qk_i64)ticket * KF_ROWS;
-            if (f.n0 < N) ticket = atomicAdd(taken, 1u);
-        }
-        f.set_cnt(nb);
-    }
-};
-#endif
-
-/* the row groups c, c + C, ... (c = cta, C = ctas; -DQK_KB_DYNAMIC with a count taken: each group after
- * the first from it); wait(): before the first activation read */
+/* the row groups c, c + C, ... (c = cta, C = ctas); wait(): before the first activation read */
 template <int KIND, int TS, class Wait>
 __device__ __forceinline__ void kf_bulk_gemv(const qk_u8* __restrict__ W, const qk_u8* __restrict__ aq, float* __restrict__ Y,
-                                             qk_i64 N, int nb, qk_i64 cta, qk_i64 ctas, const Wait& wait,
-                                             unsigned* taken = nullptr) {
+                                             qk_i64 N, int nb, qk_i64 cta, qk_i64 ctas, const Wait& wait) {
     constexpr int SL = KB_SL(KIND), CB = KB_CB(KIND), AW = KIND == 0 ? KF_A0 : KF_Q8K;
     __shared__ __align__(16) qk_u8 ring[KB_S][KF_ROWS * CB * TS];
     __shared__ unsigned long long bar[KB_S]; /* mbarriers (sm_90) */
@@ -714,65 +681,30 @@ __device__ __forceinline__ void kf_bulk_gemv(const qk_u8* __restrict__ W, const 
     const int t = threadIdx.x, w = t >> 5, c = t % SL, kc = t / SL;
     kb_stage_at<CB> a{cta * KF_ROWS, ctas * KF_ROWS, 0, 0}; /* the stage being summed */
     a.set_cnt(nb);
-#if defined(QK_KB_DYNAMIC)
-    __shared__ qk_i64 group_of[KB_S + 1]; /* stage s's row group (>= N: none) at s % (KB_S + 1) */
-    kb_counted<CB> groups(taken);
-    kb_stage_at<CB> f = a; /* thread 0's: the next stage to fetch (without the ring: the one being summed) */
-    int ix = 0;            /* the stage being summed, mod KB_S + 1 */
 #if QK_BULK
-    int fslot = 0;
-    if (t == 0) {
-        for (int u = 0; u < KB_S; ++u) qk_mbar_init(qk_smem_addr(&bar[u]));
-        qk_mbar_init_fence();
-    }
-    for (int u = 0; u < KB_S - 1; ++u, groups.next(f, nb, N), fslot = fslot + 1 == KB_S ? 0 : fslot + 1)
-        if (t == 0) {
-            group_of[u] = f.n0;
-            if (f.n0 < N) kb_fetch<TS>(ring[fslot], W, f, N, nb, &bar[fslot]);
-        }
-#endif
-    if (t == 0) group_of[KB_S - 1] = f.n0;
-#else
-    (void)taken;
-#if QK_BULK
-    kb_stride<CB> groups;
     kb_stage_at<CB> f = a; /* the next stage to fetch */
     int fslot = 0;
     if (t == 0) {
         for (int u = 0; u < KB_S; ++u) qk_mbar_init(qk_smem_addr(&bar[u]));
         qk_mbar_init_fence();
     }
-    for (int u = 0; u < KB_S - 1; ++u, groups.next(f, nb, N), fslot = fslot + 1 == KB_S ? 0 : fslot + 1)
+    for (int u = 0; u < KB_S - 1; ++u, f.next(nb), fslot = fslot + 1 == KB_S ? 0 : fslot + 1)
         if (t == 0 && f.n0 < N) kb_fetch<TS>(ring[fslot], W, f, N, nb, &bar[fslot]);
 #endif
-#endif
     wait();
-    __syncthreads(); /* the barriers' inits (sm_90); -DQK_KB_DYNAMIC: the first stages' groups */
+    __syncthreads(); /* the barriers' inits (sm_90) */
     float acc[KF_ROWS] = {0.0f, 0.0f, 0.0f, 0.0f};
     int slot = 0, parity = 0;
-#if defined(QK_KB_DYNAMIC)
-    for (; (a.n0 = group_of[ix]) < N; a.next(nb), ix = ix == KB_S ? 0 : ix + 1) {
-#else
     for (; a.n0 < N; a.next(nb)) {
-#endif
         qk_u8* st = ring[slot];
 #if QK_BULK
         if (t == 0 && f.n0 < N) kb_fetch<TS>(ring[fslot], W, f, N, nb, &bar[fslot]); /* the slot stage - 1 freed */
-        groups.next(f, nb, N);
+        f.next(nb);
         fslot = fslot + 1 == KB_S ? 0 : fslot + 1;
-#if defined(QK_KB_DYNAMIC)
-        if (t == 0) group_of[ix == 0 ? KB_S : ix - 1] = f.n0; /* stage + KB_S: the entry of the stage before */
-#endif
         qk_mbar_wait(qk_smem_addr(&bar[slot]), parity);
 #else
         (void)parity;
         kb_fetch<TS>(st, W, a, N, nb, bar);
-#if defined(QK_KB_DYNAMIC)
-        if (t == 0) {
-            groups.next(f, nb, N);
-            group_of[ix == 0 ? KB_S : ix - 1] = f.n0; /* the next stage's */
-        }
-#endif
         __syncthreads();
 #endif
         if (kc < a.cnt) kb_terms<KIND, TS>(st, a.cnt, kc, c, aq + (a.k0 + kc) * AW, acc);
@@ -826,7 +758,6 @@ KF_BULK(q8_0, 0, 34)
  * never ran) traps instead of hanging. Measured against the two launches: docs/perf-notes.md, session 40. */
 #include "ggml/q8_quant.hip" /* qk_q8_k_block_lanes, QK_K (its kernels come along, unused) */
 #define KF_PASS KF_GROUPS  /* super-blocks a producer CTA: a warp each */
-#define KF_DYN_TICKET 2     /* -DQK_KF_DYNAMIC, -DQK_KB_DYNAMIC: the row groups taken after each CTA's first, in count[2] */
 #define KF_SM_TICKETS 3     /* -DQK_KF_FIRST_AFTER_WAIT=3: quantizing CTA p's SM + 1 in count[3 + p] */
 
 /* the SM this CTA runs on (CUDA %smid; 0 elsewhere) */
@@ -950,15 +881,11 @@ __device__ __forceinline__ bool kf_produce(const float* __restrict__ X, qk_u8* a
 }
 
 /* a one-launch kernel's row-group CTA done: the last of the consumers zeroes both counts (and the
- * bench-only builds' tickets: -DQK_KF_DYNAMIC's group count, -DQK_KF_FIRST_AFTER_WAIT=3's SMs) for the
- * next call */
+ * bench-only -DQK_KF_FIRST_AFTER_WAIT=3's SM tickets) for the next call */
 __device__ __forceinline__ void kf_consumed(unsigned* count, qk_i64 consumers, unsigned producers) {
     if (threadIdx.x == 0 && atomicAdd(count + 1, 1u) == (unsigned)consumers - 1u) { /* every consumer is past its wait */
         atomicExch(count, 0u);
         atomicExch(count + 1, 0u);
-#if defined(QK_KF_DYNAMIC) || defined(QK_KB_DYNAMIC)
-        atomicExch(count + KF_DYN_TICKET, 0u);
-#endif
 #if defined(QK_KF_FIRST_AFTER_WAIT) && QK_KF_FIRST_AFTER_WAIT == 3
         for (unsigned p = 0; p < producers; ++p) atomicExch(count + KF_SM_TICKETS + p, 0u);
 #else
@@ -979,12 +906,9 @@ __device__ __forceinline__ unsigned kf_producers(qk_i64 nb) {
  * loads in flight while it finishes this trip, sums and stores a group, without a second register set.
  * The terms, their order and the sums are kf2_rows' at M tile 1: the same bits. (ptxas issues the next
  * trip's loads after this trip's dots, so they fly over the sums, the store, the barriers and the next
- * trip's activation reads. Measured against kf2_rows a group at a time: docs/perf-notes.md, session 44.)
- * -DQK_KF_DYNAMIC (bench-only, `python -m qconform.bench.ggml_gemv --variants dynamic`): a CTA's first
- * group as above, each later one taken from a count (KF_DYN_TICKET: thread 0 asks at a group's start for
- * the group after the next, so the answer comes during the trips and the next trip's loads still fly
- * over this group's end), so that the CTAs of SMs that run ahead take the groups that the static stride
- * leaves to the slowest (the same sums per row: the same bits) */
+ * trip's activation reads. Measured against kf2_rows a group at a time: docs/perf-notes.md, session 44.
+ * Each CTA's groups after its first taken from a count instead, on this kernel and on the bulk one, were
+ * measured slower and taken out: docs/perf-notes.md, session 49.) */
 template <int KIND, int TS, class AfterLoads>
 __device__ __forceinline__ void kf_roll_rows(const qk_u8* __restrict__ W, const qk_u8* __restrict__ aq, float* __restrict__ Y,
                                              qk_i64 N, qk_i64 nb, qk_i64 n0, qk_i64 step, AfterLoads& after_loads) {
@@ -994,11 +918,6 @@ __device__ __forceinline__ void kf_roll_rows(const qk_u8* __restrict__ W, const 
     qk_u32 raw[KF_ROWS][KF_WR(KIND)];
     QK_PHASE(0);
     QK_PHASE_SM(KF_SM_SLOT);
-#if defined(QK_KF_DYNAMIC)
-    __shared__ unsigned kf_next; /* the ticket of the group after the next: its first row step + KF_ROWS ticket */
-    unsigned* taken = (unsigned*)after_loads.count + KF_DYN_TICKET;
-    unsigned ticket = t == 0 ? atomicAdd(taken, 1u) : 0u; /* asked for now, read after the first loads */
-#endif
 #if defined(QK_KF_FIRST_AFTER_WAIT)
     /* bench-only diagnostic: the first trip's words loaded after the wait, by every CTA (1) or by those
      * on an SM that a quantizing CTA published (3), so that no weight load waits in those SMs' queues
@@ -1010,21 +929,10 @@ __device__ __forceinline__ void kf_roll_rows(const qk_u8* __restrict__ W, const 
 #pragma unroll
         for (int rr = 0; rr < KF_ROWS; ++rr) kf_wload<KIND>(W + ((n0 + rr < N ? n0 + rr : N - 1) * nb + kc) * TS, c, raw[rr]);
     after_loads(true); /* once: a no-op where the wait came first */
-#if defined(QK_KF_DYNAMIC)
-    if (t == 0) kf_next = ticket;
-    __syncthreads(); /* kf_next */
-    qk_i64 later = step + (qk_i64)kf_next * KF_ROWS;
-#endif
     QK_PHASE(1);
     QK_PHASE_AFTER(2, raw[0][4]);
-#if defined(QK_KF_DYNAMIC)
-    while (n0 < N) {
-        const qk_i64 n_after = later;
-        if (t == 0 && n_after < N) ticket = atomicAdd(taken, 1u); /* the group after it, read at the group's end */
-#else
     for (; n0 < N; n0 += step) {
         const qk_i64 n_after = n0 + step;
-#endif
         float acc[KF_ROWS];
 #pragma unroll
         for (int rr = 0; rr < KF_ROWS; ++rr) acc[rr] = 0.0f;
@@ -1052,14 +960,7 @@ __device__ __forceinline__ void kf_roll_rows(const qk_u8* __restrict__ W, const 
         }
         kf_store<1>(part, t, 0, n0, 1, N, Y);
         QK_PHASE(4);
-#if defined(QK_KF_DYNAMIC)
-        if (t == 0 && n_after < N) kf_next = ticket; /* every thread has read it */
-#endif
         __syncthreads(); /* kf_store's reads of the partial sums before the next group writes them */
-#if defined(QK_KF_DYNAMIC)
-        n0 = n_after;
-        later = step + (qk_i64)kf_next * KF_ROWS;
-#endif
     }
 }
 
@@ -1108,7 +1009,7 @@ struct kb_published_wait {
         if (kf_produce<KIND>(X, act, nb, count, producers)) return;                                                    \
         const qk_i64 consumers = gridDim.x - producers;                                                                \
         kf_bulk_gemv<KIND, TS>(W, act, Y, N, (int)nb, blockIdx.x - producers, consumers,                               \
-                               kb_published_wait{count, producers}, count + KF_DYN_TICKET);                            \
+                               kb_published_wait{count, producers});                                                   \
         kf_consumed(count, consumers, producers);                                                                      \
     }
 KF_ONE_BULK(q6_k, 6, 210)
