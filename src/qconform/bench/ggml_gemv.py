@@ -33,6 +33,9 @@ weight load waits in those SMs' queues ahead of the quantize (session 47's ``=2`
 by index, named none of them: taken out, docs/perf-notes.md, session 48).
 (Each CTA's row groups after its first taken from a count instead of the static stride, here and in
 Q6_K's and Q8_0's one launch, were measured slower and taken out: docs/perf-notes.md, session 49.)
+``even`` (bench-only, ``-DQK_KF_EVEN_GROUPS``, read by the launcher): every type's one launch on the fewest
+row-group CTAs that keep each CTA's most groups (8192 x 8192 on 132 SMs: 512 CTAs of 4 groups, where the
+resident 652 leave 92 CTAs a fourth group while the rest have finished).
 Since session 44 the one launch's CTAs take their row groups as one stream of trips a thread, each row's
 next words loaded during this trip (``kf_roll_rows``); the group-at-a-time loop before it was measured
 slower and taken out (docs/perf-notes.md, session 44).
@@ -89,6 +92,7 @@ VARIANTS = {
     "wait_first_sm": "any",
     "staged": "any",
     "bulk_s2": "any",
+    "even": "any",
 }
 V1_OPTION = "-DQK_KQ_FAST_V1"  # the build option of round 1's fast kernel (keep_quant_fast.hip)
 # the build options of each fast variant
@@ -108,6 +112,8 @@ OPTIONS = {
     # Q6_K / Q8_0 at M = 1 as before session 41, or the bulk copy's ring with 2 slots (bench-only)
     "staged": ("-DQK_KF_STAGED",),
     "bulk_s2": ("-DQK_KF_BULK_STAGES=2",),
+    # every type's one launch on the fewest row-group CTAs that keep each CTA's most groups (bench-only)
+    "even": ("-DQK_KF_EVEN_GROUPS",),
 }
 # the variants that change only some types' kernels: those types (every other fast variant: FAST_TYPES)
 ROUND2, BULK = ("Q4_K", "Q5_K"), ("Q6_K", "Q8_0")  # round 2's types (fast-v1 is round 1), the bulk kernel's
