@@ -656,3 +656,13 @@ def test_every_patch_changes_the_cuda_device_code() -> None:
     ]
     dead = _dead_in_cuda(rows + probes)
     assert dead == ["four shared reads only"], dead
+
+
+def test_every_gemv_variant_has_its_build() -> None:
+    """Each ggml_gemv variant either runs the shipped build by name (DEFAULT_BUILD) or has its build
+    options; a variant added to one table only (it would time the shipped build) is named."""
+    from qconform.bench.ggml_gemv_builds import OPTIONS, VARIANTS, unbuilt
+
+    assert unbuilt(VARIANTS, OPTIONS) == []
+    assert unbuilt({**VARIANTS, "narrow": "any"}, OPTIONS) == ["narrow"]
+    assert unbuilt(VARIANTS, {**OPTIONS, "wide": ("-DQK_WIDE",)}) == ["wide"]

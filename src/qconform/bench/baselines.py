@@ -22,6 +22,8 @@ from typing import Any, Callable
 import cupy
 import numpy as np
 
+from qconform.bench.records import STREAM_ORDER
+
 _SOURCE = r"""
 #include <cuda_fp16.h>
 typedef unsigned int u32;
@@ -123,11 +125,6 @@ def times(launch: Callable[[int], Any], n_sets: int, reps: int, batches: int = 5
         end.synchronize()
         means.append(cupy.cuda.get_elapsed_time(start, end) / 1e3 / reps)
     return means
-
-
-STREAM_ORDER = "stream_order"
-"""The benches' variant name for the shipped build timed with every launch in stream order: the
-control beside the programmatic dependent launches (qconform.device.pdl)."""
 
 
 def launch_order(variant: str) -> contextlib.AbstractContextManager[None]:

@@ -65,6 +65,7 @@ import numpy as np
 
 from qconform.bench import baselines as bl
 from qconform.bench.baselines import STREAM_ORDER
+from qconform.bench.ggml_gemv_builds import OPTIONS, TRIGGER_AT_EXIT, VARIANT_TYPES, VARIANTS, unbuilt
 from qconform.bench.nbits import cublas_fp16, n_sets_for
 from qconform.bench.records import BenchRecord, bench_parser, finish
 from qconform.device.loader import device_info
@@ -75,57 +76,6 @@ SHAPES = ((8192, 8192), (4096, 14336))  # (K, N): a 70B-class square projection,
 TYPES = ("Q4_K", "Q5_K", "Q6_K", "Q8_0")
 TARGET_ROOFLINE = 0.8
 TARGET_CUBLAS = 0.8  # of the ratio of the fp16 and the quantized rooflines
-# the shipped build without the activations' quantize letting the GEMV start early: the GEMV
-# (its programmatic dependent) starts as the quantize's CTAs exit (-DQK_PDL_TRIGGER_AT_EXIT)
-TRIGGER_AT_EXIT = "trigger_at_exit"
-# the launcher's order for each variant: the contract that selects its kernel
-VARIANTS = {
-    "exact": "reference",
-    "fast-v1": "any",
-    "fast": "any",
-    STREAM_ORDER: "any",
-    TRIGGER_AT_EXIT: "any",
-    "loads_first": "any",
-    "two_launch": "any",
-    "no_prefetch": "any",
-    "wait_first": "any",
-    "wait_first_sm": "any",
-    "staged": "any",
-    "bulk_s2": "any",
-    "even": "any",
-}
-V1_OPTION = "-DQK_KQ_FAST_V1"  # the build option of round 1's fast kernel (keep_quant_fast.hip)
-# the build options of each fast variant
-OPTIONS = {
-    "fast-v1": (V1_OPTION,),
-    TRIGGER_AT_EXIT: ("-DQK_PDL_TRIGGER_AT_EXIT",),
-    # the GEMV's first weight loads issued before its wait for the quantize (bench-only)
-    "loads_first": ("-DQK_KF_LOADS_FIRST",),
-    # Q4_K / Q5_K at M = 1 as two launches, the quantize and the GEMV (bench-only)
-    "two_launch": ("-DQK_KF_TWO_LAUNCH",),
-    # the one-launch call without its waiting CTAs' prefetch of their next row group (bench-only)
-    "no_prefetch": ("-DQK_KF_ONE_PREFETCH=0",),
-    # the one launch's first trip loaded after the wait: by every CTA, or by those on an SM that a
-    # quantizing CTA published (bench-only diagnostics)
-    "wait_first": ("-DQK_KF_FIRST_AFTER_WAIT=1",),
-    "wait_first_sm": ("-DQK_KF_FIRST_AFTER_WAIT=3",),
-    # Q6_K / Q8_0 at M = 1 as before session 41, or the bulk copy's ring with 2 slots (bench-only)
-    "staged": ("-DQK_KF_STAGED",),
-    "bulk_s2": ("-DQK_KF_BULK_STAGES=2",),
-    # every type's one launch on the fewest row-group CTAs that keep each CTA's most groups (bench-only)
-    "even": ("-DQK_KF_EVEN_GROUPS",),
-}
-# the variants that change only some types' kernels: those types (every other fast variant: FAST_TYPES)
-ROUND2, BULK = ("Q4_K", "Q5_K"), ("Q6_K", "Q8_0")  # round 2's types (fast-v1 is round 1), the bulk kernel's
-VARIANT_TYPES = {
-    "fast-v1": ROUND2,
-    "no_prefetch": ROUND2,
-    "wait_first": ROUND2,
-    "wait_first_sm": ROUND2,
-    "two_launch": (*ROUND2, *BULK),
-    "staged": BULK,
-    "bulk_s2": BULK,
-}
 
 
 def _weights(qtype: str, K: int, N: int, n_sets: int) -> list[Any]:
@@ -265,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     if types and (bad := [t for t in types if t not in PAIRS]):
         p.error(f"--types: unknown weight type(s) {', '.join(bad)}")
     variants = tuple(v.strip() for v in a.variants.split(","))
+    if bad := unbuilt(VARIANTS, OPTIONS):
+        p.error(f"variants without their build (qconform.bench.ggml_gemv_builds): {', '.join(bad)}")
     if bad := [v for v in variants if v not in VARIANTS]:
         p.error(f"--variants: unknown variant(s) {', '.join(bad)}; of {', '.join(VARIANTS)}")
     if a.quick:

@@ -234,11 +234,12 @@ def run_qmoe(layer_name: str, variant: str = "decode", reps: int = 50) -> str:
 
 def run_ggml(qtype: str, variant: str = "fast", reps: int = 50) -> str:
     """The phases of the keep-quant GEMV (``qconform.bench.ggml_gemv``'s first shape, M 1) of ``qtype``
-    (Q4_K or Q5_K) in ``variant``'s build (a key of ``qconform.bench.ggml_gemv.VARIANTS``) with the stamps."""
+    (Q4_K or Q5_K) in ``variant``'s build (a key of ``qconform.bench.ggml_gemv_builds.VARIANTS``) with the stamps."""
     import cupy
 
     from qconform.bench import baselines as bl
     from qconform.bench import ggml_gemv
+    from qconform.bench.ggml_gemv_builds import OPTIONS, VARIANTS
     from qconform.bench.nbits import n_sets_for
     from qconform.device import launchers
     from qconform.device.ggml import matmul_bt_quant
@@ -250,9 +251,9 @@ def run_ggml(qtype: str, variant: str = "fast", reps: int = 50) -> str:
     sets = ggml_gemv._weights(qtype, K, N, n_sets_for(N * FORMATS[qtype].n_bytes(K)))
     A = cupy.asarray(np.random.default_rng(7).standard_normal((1, K)).astype(np.float32))
     y = cupy.empty((1, N), cupy.float32)
-    options = ggml_gemv.OPTIONS.get(variant, ())
+    options = OPTIONS.get(variant, ())
     with launchers.compile_options(BUILD, *options):
-        calls = [record(matmul_bt_quant, W, qtype, A, out=y, order=ggml_gemv.VARIANTS[variant])[0] for W in sets]
+        calls = [record(matmul_bt_quant, W, qtype, A, out=y, order=VARIANTS[variant])[0] for W in sets]
     replays = [lambda c=c: replay(c) for c in calls]
     with bl.launch_order(variant):
         ts = bl.times(lambda i: replays[i](), len(replays), reps)
@@ -279,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     k.add_argument("--variant", default="fast", help="a build of qconform.bench.ggml_gemv's --variants")
     args = p.parse_args(argv)
     if args.op == "ggml":
-        from qconform.bench.ggml_gemv import VARIANTS as KQ_VARIANTS
+        from qconform.bench.ggml_gemv_builds import VARIANTS as KQ_VARIANTS
 
         qtypes = args.qtype.split(",")
         if not set(qtypes) <= {"Q4_K", "Q5_K"}:

@@ -16,6 +16,9 @@ from pathlib import Path
 from typing import Any
 
 SCHEMA = 1
+STREAM_ORDER = "stream_order"
+"""The benches' variant name for the shipped build timed with every launch in stream order: the
+control beside the programmatic dependent launches (qconform.device.pdl)."""
 
 
 @dataclass(frozen=True)
