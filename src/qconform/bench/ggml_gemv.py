@@ -52,6 +52,9 @@ kernel (their one launch on that ring: Q6_K since session 41, Q8_0 since session
 ``--split``: for the fast kernels also the call's launches timed apart, back to back as in the call: the
 activation quantize (and Q8_0's regrouping) alone, then the GEMV alone on the activations they wrote.
 
+Each variant's contract order and build options are in ``qconform.bench.ggml_gemv_builds``; the bench
+refuses to run while a variant there lacks its build (it would time the shipped one under its name).
+
 ``python -m qconform.bench.ggml_gemv [--quick] [--variants exact,fast-v1,two_launch,fast] [--split]
 [--types Q4_0,Q2_K,...] [--json FILE]``
 """
