@@ -383,37 +383,6 @@ def test_ring_tail_wave_choice() -> None:
     assert not tail_wave(528, 528) and tail_wave(660, 528) and not tail_wave(661, 528)
 
 
-def _split_holds(split) -> bool:
-    """Whether ``split(items, room)`` gives CTAs that each take, at the stride, the most pieces ``room``
-    CTAs would give one of them or one fewer, and is the fewest that do so (no more than ``room``)."""
-    for items in range(1, 200):
-        for room in range(1, 40):
-            ctas, most = split(items, room), -(-items // room)
-            taken = [len(range(c, items, ctas)) for c in range(ctas)]
-            if not 1 <= ctas <= room or max(taken) != most or min(taken) < most - 1:
-                return False
-            if ctas > 1 and -(-items // (ctas - 1)) <= most:  # one CTA fewer would do
-                return False
-    return True
-
-
-def test_even_split_of_row_groups() -> None:
-    """The keep-quant one launch's bench-only -DQK_KF_EVEN_GROUPS grid (registry.even_split): 8192 rows
-    (2048 groups of 4) on the 652 row-group CTAs resident on 132 SMs leave 92 CTAs a fourth group;
-    512 CTAs take 4 each. 4096 x 14336 (3584 groups) on 652: 598 CTAs of 6 or 5. Broken splits (the
-    resident count, one CTA too few, the floor of the average) fail the same property."""
-    from qconform.device.registry import even_split
-
-    assert even_split(2048, 652) == 512 and even_split(3584, 652) == 598 and even_split(5, 652) == 5
-    assert _split_holds(even_split)
-    for broken in (
-        lambda items, room: room,
-        lambda items, room: max(1, even_split(items, room) - 1),
-        lambda items, room: max(1, min(room, items // -(-items // room))),
-    ):
-        assert not _split_holds(broken)
-
-
 def test_decode_shape_by_rows_per_sm() -> None:
     """16-row ring tiles when 32-row ones give an SM fewer than two: on 132 SMs 5120 and 4096 rows
     (160 and 128 tiles) take the narrow shape, 17920 and 14336 (560, 448) the wide one; the

@@ -33,9 +33,8 @@ weight load waits in those SMs' queues ahead of the quantize (session 47's ``=2`
 by index, named none of them: taken out, docs/perf-notes.md, session 48).
 (Each CTA's row groups after its first taken from a count instead of the static stride, here and in
 Q6_K's and Q8_0's one launch, were measured slower and taken out: docs/perf-notes.md, session 49.)
-``even`` (bench-only, ``-DQK_KF_EVEN_GROUPS``, read by the launcher): every type's one launch on the fewest
-row-group CTAs that keep each CTA's most groups (8192 x 8192 on 132 SMs: 512 CTAs of 4 groups, where the
-resident 652 leave 92 CTAs a fourth group while the rest have finished).
+(The one launch on the fewest row-group CTAs that keep each CTA's most groups, 512 instead of the resident
+652 on 8192 x 8192, was measured slower on seven of eight rows and taken out: docs/perf-notes.md, session 51.)
 Since session 44 the one launch's CTAs take their row groups as one stream of trips a thread, each row's
 next words loaded during this trip (``kf_roll_rows``); the group-at-a-time loop before it was measured
 slower and taken out (docs/perf-notes.md, session 44).

@@ -20,7 +20,6 @@ VARIANTS = {
     "wait_first_sm": "any",
     "staged": "any",
     "bulk_s2": "any",
-    "even": "any",
 }
 V1_OPTION = "-DQK_KQ_FAST_V1"  # the build option of round 1's fast kernel (keep_quant_fast.hip)
 # the build options of each fast variant
@@ -40,8 +39,6 @@ OPTIONS = {
     # Q6_K / Q8_0 at M = 1 as before session 41, or the bulk copy's ring with 2 slots (bench-only)
     "staged": ("-DQK_KF_STAGED",),
     "bulk_s2": ("-DQK_KF_BULK_STAGES=2",),
-    # every type's one launch on the fewest row-group CTAs that keep each CTA's most groups (bench-only)
-    "even": ("-DQK_KF_EVEN_GROUPS",),
 }
 DEFAULT_BUILD = ("exact", "fast", STREAM_ORDER)  # the variants on the shipped build (no OPTIONS entry)
 

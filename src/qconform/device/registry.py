@@ -218,14 +218,6 @@ def resident_ctas(warps: int, regs: int, smem: int = 0, smem_sm: int = 0) -> int
     return min(ctas, smem_sm // (smem + 1024)) if smem_sm else ctas
 
 
-def even_split(items: int, room: int) -> int:
-    """The CTAs that take ``items`` pieces of work at a stride (CTA c the pieces c, c + C, ...): the
-    fewest that still give no CTA more pieces than ``room`` CTAs would, so every CTA takes that many
-    or one fewer, the fewest CTAs taking one fewer (``room`` >= 1)."""
-    most = -(-items // room)
-    return -(-items // most) if items else room
-
-
 @dataclass(frozen=True)
 class MmaShape:
     """The matrix-unit MatMulNBits kernel's work split: a warp owns ``r`` tiles of 16 rows x ``t``

@@ -35,7 +35,7 @@ from qconform.device.abi import bind_call
 from qconform.device.ggml.q8_quant import quantize
 from qconform.device.launch import check_aligned
 from qconform.device.launchers import kernel_of, launch_grid, sm_count, smem_limits
-from qconform.device.registry import even_split, kernel_for, resident_ctas
+from qconform.device.registry import kernel_for, resident_ctas
 from qconform.errors import ArgumentError, Declined
 from qconform.ops.ggml.keep_quant import MATMUL_BT_QUANT
 from qconform.oracles.ggml.vec_dot_generic import vec_dot_formats
@@ -72,10 +72,6 @@ BULK_TYPES = ("Q6_K", "Q8_0")  # at M = 1 through shared memory (qk_kq_bulk_<t>)
 BULK_BLOCKS = 8  # ... where nb is a multiple of this (every row 16-byte aligned) and W is 16-byte aligned ...
 STAGED_OPTION = "-DQK_KF_STAGED"  # ... but in this build (bench-only: qk_kq_fast_<t>_m1 as before)
 QUANT_PASS_Q8_0 = 64  # Q8_0 blocks a quantizing CTA of qk_kq_one_bulk_q8_0 (2 lanes each)
-# bench-only (``qconform.bench.ggml_gemv --variants even``): the one launch's row-group CTAs the fewest that
-# keep each CTA's most groups (registry.even_split), so that no few CTAs take one group more than the
-# rest at the end; read here, not by the kernel
-EVEN_OPTION = "-DQK_KF_EVEN_GROUPS"
 
 
 def act_tile(M: int, tiles: tuple[int, ...] = ACT_TILES) -> int:
@@ -103,11 +99,7 @@ def _one_launch(W_blocks: Any, wtype: str, A_fp32: Any, out: Any, N: int, nb: in
     producers = -(-nb // (QUANT_PASS_Q8_0 if q8_0 else QUANT_PASS))
     # no more CTAs than are resident at once, so every waiting CTA's producers run
     smem = kernel.shared_size_bytes if bulk_one else 64  # the bulk kernel's ring
-    groups = -(-N // ROWS_PER_CTA)
-    consumers = max(1, min(groups, _resident(kernel, smem) - producers))
-    if EVEN_OPTION in launchers.OPTIONS:
-        consumers = even_split(groups, consumers)
-    grid = producers + consumers
+    grid = producers + max(1, min(-(-N // ROWS_PER_CTA), _resident(kernel, smem) - producers))
     # block_q8_K slots, the spare ones zeros; Q8_0: qk_q8_0_quant_words' 48 bytes a block
     act = cupy.empty(producers * QUANT_PASS_Q8_0 * 48 if q8_0 else producers * QUANT_PASS * 292, cupy.uint8)
     args = (A_fp32, W_blocks, out, np.int64(N), np.int64(nb), act, launchers.tickets(2, kernel))
