@@ -4,7 +4,7 @@ boundaries over the CTAs that reached both, and when each marked kernel's CTAs e
 import numpy as np
 import pytest
 
-from qconform.bench.phases import GQA, KQ, QMOE, SLOTS, Marked, phase_table, report, spread
+from qconform.bench.phases import GQA, KQ, KQ_BULK, QMOE, SLOTS, Marked, phase_table, report, spread
 
 KHZ = 2_000_000.0  # 2 GHz: 2000 cycles a us
 
@@ -22,7 +22,7 @@ def _stamps(marked: Marked, durations_us: np.ndarray, start: np.ndarray, skipped
     return clock
 
 
-@pytest.mark.parametrize("marked", [*GQA, *QMOE, *KQ], ids=lambda m: m.kernel)
+@pytest.mark.parametrize("marked", [*GQA, *QMOE, *KQ, KQ_BULK[0]], ids=lambda m: m.kernel)
 def test_phases_are_the_durations_of_the_ctas_that_reached_both_boundaries(marked):
     rng = np.random.default_rng(7)
     dur = rng.integers(1, 400, (5, len(marked.phases))) / 100.0  # us, exact in cycles at 2 GHz
@@ -68,7 +68,7 @@ def test_spread_is_measured_from_the_calls_first_entry_per_kernel():
 
 def test_the_marked_boundaries_fit_the_kernels_slots():
     """Each kernel's boundaries inside QK_PHASE_SLOTS and apart from the other kernels' of its module."""
-    for kernels in (GQA, QMOE, KQ):
+    for kernels in (GQA, QMOE, KQ, (*KQ, KQ_BULK[0])):
         taken = [b for m in kernels for b in range(m.first, m.last + 1)]
         assert len(taken) == len(set(taken)) and max(taken) < SLOTS
 
@@ -84,7 +84,7 @@ def test_the_tables_boundaries_are_the_kernels_marks():
     kernels = Path(__file__).resolve().parents[1] / "src/qconform/device/kernels"
     header = (kernels / "common/qk_phases.h").read_text()
     assert f"#define QK_PHASE_SLOTS {SLOTS}\n" in header and f"#define QK_PHASE_CTAS {CTAS}\n" in header
-    for source, marked in (("ort/gqa.hip", GQA), ("ort/qmoe.hip", QMOE), ("ggml/keep_quant_fast.hip", KQ)):
+    for source, marked in (("ort/gqa.hip", GQA), ("ort/qmoe.hip", QMOE), ("ggml/keep_quant_fast.hip", (*KQ, *KQ_BULK))):
         text = (kernels / source).read_text()
         marks = {int(n) for n in re.findall(r"\bQK_PHASE(?:_AFTER)?\((\d+)", text)}
         assert marks == {b for m in marked for b in range(m.first, m.last + 1)}, source
@@ -120,4 +120,4 @@ def test_the_sm_slot_is_the_kernels_and_apart_from_its_boundaries():
 
     text = (Path(__file__).resolve().parents[1] / "src/qconform/device/kernels/ggml/keep_quant_fast.hip").read_text()
     assert re.search(rf"#define KF_SM_SLOT {KQ_SM_SLOT}\b", text)
-    assert KQ_SM_SLOT < SLOTS and KQ_SM_SLOT not in {b for m in KQ for b in range(m.first, m.last + 1)}
+    assert KQ_SM_SLOT < SLOTS and KQ_SM_SLOT not in {b for m in (*KQ, *KQ_BULK) for b in range(m.first, m.last + 1)}

@@ -16,7 +16,9 @@ and the stamps of the last call are read.
 - ``ggml``: ggml's keep-quant GEMV under order=any (``qconform.bench.ggml_gemv``'s first shape, M 1), the
   Q4_K / Q5_K kernel's boundaries 0..4: entry; its first weights requested (and the activations'
   quantize waited for); those weights arrived; its (last) row group done but the sums; the end (the sums
-  stored). The CTAs' entries and ends show how the waves of the default build follow each other.
+  stored); Q6_K's bulk kernel (``qk_kq_one_bulk_q6_k``) the same at 10..14 (its first stages' copies
+  issued and the quantize waited for; the first stage arrived). The quantizing CTAs' 5..8 in both. The
+  CTAs' entries and ends show how the waves of the default build follow each other.
 
 For each phase (boundary i to i + 1 of one kernel) the table gives the median and maximum over the CTAs
 that reached both boundaries (an mma split with no key skips 5..7), in us at the device's nominal SM
@@ -27,7 +29,7 @@ its phases.
 
 ``python -m qconform.bench.phases gqa [--batch 1] [--past 16,4096] [--cache fp16,int8] [--variant flash]``
 ``python -m qconform.bench.phases qmoe [--layer gpt-oss-20b] [--variant decode]``
-``python -m qconform.bench.phases ggml [--qtype Q4_K] [--variant fast]``
+``python -m qconform.bench.phases ggml [--qtype Q4_K,Q5_K,Q6_K] [--variant fast]``
 (``--variant``: a build of the op bench's ``--variants``, its options added to the stamps')
 """
 
@@ -102,6 +104,12 @@ KQ = (
     ),
 )
 
+KQ_BULK = (
+    Marked("qk_kq_one_bulk_q6_k (row-group CTAs)", 10, KQ[0].phases),
+    Marked("qk_kq_one_bulk_q6_k (quantizing CTAs)", KQ[1].first, KQ[1].phases),
+)
+# each --qtype's stamped tables (Q8_0's quantize, qk_q8_0_words_lane, has no "X arrived" stamp)
+KQ_TABLES = {"Q4_K": KQ, "Q5_K": KQ, "Q6_K": KQ_BULK}
 KQ_SM_SLOT = 9  # keep_quant_fast.hip KF_SM_SLOT: each one-launch CTA's SM plus one (QK_PHASE_SM)
 
 
@@ -234,7 +242,8 @@ def run_qmoe(layer_name: str, variant: str = "decode", reps: int = 50) -> str:
 
 def run_ggml(qtype: str, variant: str = "fast", reps: int = 50) -> str:
     """The phases of the keep-quant GEMV (``qconform.bench.ggml_gemv``'s first shape, M 1) of ``qtype``
-    (Q4_K or Q5_K) in ``variant``'s build (a key of ``qconform.bench.ggml_gemv_builds.VARIANTS``) with the stamps."""
+    (a key of ``KQ_TABLES``) in ``variant``'s build (a key of ``qconform.bench.ggml_gemv_builds.VARIANTS``)
+    with the stamps."""
     import cupy
 
     from qconform.bench import baselines as bl
@@ -260,8 +269,9 @@ def run_ggml(qtype: str, variant: str = "fast", reps: int = 50) -> str:
         stamps = _stamps(replays, _module(FAST_SOURCE, options))
     grid = calls[0][-1].grid
     head = f"ggml {variant}: {qtype} {K} x {N}, M 1, GEMV grid {grid}: call {bl.median(ts) * 1e6:.1f} us (this build)"
-    producers = int((stamps[:, KQ[1].first, 0] > 0).sum())
-    return "\n".join([head, sm_sharing(stamps[:, KQ_SM_SLOT, 0], producers), *report(stamps, KQ, _khz())])
+    tables = KQ_TABLES[qtype]
+    producers = int((stamps[:, tables[1].first, 0] > 0).sum())
+    return "\n".join([head, sm_sharing(stamps[:, KQ_SM_SLOT, 0], producers), *report(stamps, tables, _khz())])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -276,15 +286,15 @@ def main(argv: list[str] | None = None) -> int:
     q.add_argument("--layer", default="gpt-oss-20b", help="comma-separated layers of qconform.bench.qmoe")
     q.add_argument("--variant", default="decode", help="a build of qconform.bench.qmoe's --variants")
     k = ops.add_parser("ggml", help="ggml keep-quant GEMV (order=any), M 1")
-    k.add_argument("--qtype", default="Q4_K", help="Q4_K and / or Q5_K, comma-separated")
+    k.add_argument("--qtype", default="Q4_K", help=f"any of {', '.join(KQ_TABLES)}, comma-separated")
     k.add_argument("--variant", default="fast", help="a build of qconform.bench.ggml_gemv's --variants")
     args = p.parse_args(argv)
     if args.op == "ggml":
         from qconform.bench.ggml_gemv_builds import VARIANTS as KQ_VARIANTS
 
         qtypes = args.qtype.split(",")
-        if not set(qtypes) <= {"Q4_K", "Q5_K"}:
-            p.error(f"--qtype: Q4_K and / or Q5_K (the stamped kernels), got {args.qtype!r}")
+        if not set(qtypes) <= set(KQ_TABLES):
+            p.error(f"--qtype: any of {', '.join(KQ_TABLES)} (the stamped kernels), got {args.qtype!r}")
         if args.variant not in KQ_VARIANTS or KQ_VARIANTS[args.variant] != "any":
             p.error(f"--variant: one of the order=any builds of {', '.join(KQ_VARIANTS)}, got {args.variant!r}")
         for qtype in qtypes:

@@ -40,7 +40,8 @@
  * Launcher: qconform/device/ggml/keep_quant.py (order="any"). */
 #include "qk_portable.h"
 /* bench-only -DQK_PHASES: the Q4_K / Q5_K GEMV's boundaries 0..4 (kf2_rows, kf_roll_rows), its producers'
- * 5..8 (kf_produce); the one launch's CTAs' SMs in slot KF_SM_SLOT (qconform.bench.phases.KQ_SM_SLOT) */
+ * 5..8 (kf_produce), the bulk GEMV's (Q6_K, Q8_0) 10..14 (kf_bulk_gemv); the one launch's CTAs' SMs in
+ * slot KF_SM_SLOT (qconform.bench.phases.KQ_SM_SLOT) */
 #include "qk_phases.h"
 #define KF_SM_SLOT 9
 
@@ -681,6 +682,8 @@ __device__ __forceinline__ void kf_bulk_gemv(const qk_u8* __restrict__ W, const 
     const int t = threadIdx.x, w = t >> 5, c = t % SL, kc = t / SL;
     kb_stage_at<CB> a{cta * KF_ROWS, ctas * KF_ROWS, 0, 0}; /* the stage being summed */
     a.set_cnt(nb);
+    QK_PHASE(10);
+    QK_PHASE_SM(KF_SM_SLOT);
 #if QK_BULK
     kb_stage_at<CB> f = a; /* the next stage to fetch */
     int fslot = 0;
@@ -693,6 +696,7 @@ __device__ __forceinline__ void kf_bulk_gemv(const qk_u8* __restrict__ W, const 
 #endif
     wait();
     __syncthreads(); /* the barriers' inits (sm_90) */
+    QK_PHASE(11);
     float acc[KF_ROWS] = {0.0f, 0.0f, 0.0f, 0.0f};
     int slot = 0, parity = 0;
     for (; a.n0 < N; a.next(nb)) {
@@ -707,8 +711,10 @@ __device__ __forceinline__ void kf_bulk_gemv(const qk_u8* __restrict__ W, const 
         kb_fetch<TS>(st, W, a, N, nb, bar);
         __syncthreads();
 #endif
+        if (a.n0 == cta * KF_ROWS && a.k0 == 0) QK_PHASE(12);
         if (kc < a.cnt) kb_terms<KIND, TS>(st, a.cnt, kc, c, aq + (a.k0 + kc) * AW, acc);
         if (a.k0 + CB >= nb) { /* the row group's last stage: its sums */
+            QK_PHASE(13);
 #pragma unroll
             for (int rr = 0; rr < KF_ROWS; ++rr) {
                 const float v = kf_xor_sum<32>(acc[rr]);
@@ -716,6 +722,7 @@ __device__ __forceinline__ void kf_bulk_gemv(const qk_u8* __restrict__ W, const 
                 acc[rr] = 0.0f;
             }
             kf_store<1>(part, t, 0, a.n0, 1, N, Y);
+            QK_PHASE(14);
         }
         __syncthreads(); /* the stage's slot and the partial sums free */
         if (++slot == KB_S) {
