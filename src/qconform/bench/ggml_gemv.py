@@ -30,7 +30,9 @@ keeps that code but runs it on no row length since session 41). ``wait_first``, 
 quantize, by every CTA (``-DQK_KF_FIRST_AFTER_WAIT=1``) or by the CTAs on an SM that a quantizing CTA
 published at its entry (``=3``: %smid; each CTA polls those tickets before its first load), so that no
 weight load waits in those SMs' queues ahead of the quantize (session 47's ``=2``, a guess at those CTAs
-by index, named none of them: taken out, docs/perf-notes.md, session 48).
+by index, named none of them: taken out, docs/perf-notes.md, session 48). On Q6_K's and Q8_0's one launch
+(the bulk kernel, session 51) the same builds issue the first stages' bulk copies after the wait: there the
+quantizing CTAs' fence waited 4 us behind their SMs' copies in flight (docs/perf-notes.md, session 51).
 (Each CTA's row groups after its first taken from a count instead of the static stride, here and in
 Q6_K's and Q8_0's one launch, were measured slower and taken out: docs/perf-notes.md, session 49.)
 (The one launch on the fewest row-group CTAs that keep each CTA's most groups, 512 instead of the resident

@@ -56,8 +56,8 @@ ROUND2, BULK = ("Q4_K", "Q5_K"), ("Q6_K", "Q8_0")  # round 2's types (fast-v1 is
 VARIANT_TYPES = {
     "fast-v1": ROUND2,
     "no_prefetch": ROUND2,
-    "wait_first": ROUND2,
-    "wait_first_sm": ROUND2,
+    "wait_first": (*ROUND2, *BULK),
+    "wait_first_sm": (*ROUND2, *BULK),
     "two_launch": (*ROUND2, *BULK),
     "staged": BULK,
     "bulk_s2": BULK,

@@ -671,7 +671,9 @@ __device__ __forceinline__ void kb_terms(const qk_u8* st, int cnt, int kc, int c
     }
 }
 
-/* the row groups c, c + C, ... (c = cta, C = ctas); wait(): before the first activation read */
+/* the row groups c, c + C, ... (c = cta, C = ctas); wait(): before the first activation read;
+ * wait.copies_after(): whether the first stages' copies come after it (bench-only
+ * -DQK_KF_FIRST_AFTER_WAIT: 1 every CTA, 3 those on a quantizing CTA's SM) */
 template <int KIND, int TS, class Wait>
 __device__ __forceinline__ void kf_bulk_gemv(const qk_u8* __restrict__ W, const qk_u8* __restrict__ aq, float* __restrict__ Y,
                                              qk_i64 N, int nb, qk_i64 cta, qk_i64 ctas, const Wait& wait) {
@@ -691,11 +693,20 @@ __device__ __forceinline__ void kf_bulk_gemv(const qk_u8* __restrict__ W, const 
         for (int u = 0; u < KB_S; ++u) qk_mbar_init(qk_smem_addr(&bar[u]));
         qk_mbar_init_fence();
     }
-    for (int u = 0; u < KB_S - 1; ++u, f.next(nb), fslot = fslot + 1 == KB_S ? 0 : fslot + 1)
-        if (t == 0 && f.n0 < N) kb_fetch<TS>(ring[fslot], W, f, N, nb, &bar[fslot]);
+#if defined(QK_KF_FIRST_AFTER_WAIT)
+    const bool after = wait.copies_after(); /* CTA-uniform */
+    if (!after)
+#endif
+        for (int u = 0; u < KB_S - 1; ++u, f.next(nb), fslot = fslot + 1 == KB_S ? 0 : fslot + 1)
+            if (t == 0 && f.n0 < N) kb_fetch<TS>(ring[fslot], W, f, N, nb, &bar[fslot]);
 #endif
     wait();
     __syncthreads(); /* the barriers' inits (sm_90) */
+#if QK_BULK && defined(QK_KF_FIRST_AFTER_WAIT)
+    if (after)
+        for (int u = 0; u < KB_S - 1; ++u, f.next(nb), fslot = fslot + 1 == KB_S ? 0 : fslot + 1)
+            if (t == 0 && f.n0 < N) kb_fetch<TS>(ring[fslot], W, f, N, nb, &bar[fslot]);
+#endif
     QK_PHASE(11);
     float acc[KF_ROWS] = {0.0f, 0.0f, 0.0f, 0.0f};
     int slot = 0, parity = 0;
@@ -734,6 +745,7 @@ __device__ __forceinline__ void kf_bulk_gemv(const qk_u8* __restrict__ W, const 
 
 struct kb_prior_wait { /* launched as a dependent of the activations' quantize */
     __device__ __forceinline__ void operator()() const { QK_WAIT_PRIOR_GRID(); }
+    __device__ __forceinline__ bool copies_after() const { return false; }
 };
 
 /* reached through the launcher only (as qk_kq_one_<t>), with the GEMV's arguments (M = 1) */
@@ -805,6 +817,22 @@ __device__ __forceinline__ void kf_wait_published(const unsigned* count, unsigne
     __syncthreads();
 }
 
+#if defined(QK_KF_FIRST_AFTER_WAIT)
+/* whether a quantizing CTA runs on this CTA's SM: thread 0 polls their SM tickets until each is
+ * published (a HIP or host build: every CTA on "SM 0", so every CTA waits first); CTA-uniform */
+__device__ __forceinline__ bool kf_on_a_producer_sm(const unsigned* count, unsigned producers) {
+    __shared__ unsigned near;
+    if (threadIdx.x == 0) {
+        const unsigned me = kf_smid() + 1u;
+        unsigned hit = 0u;
+        for (unsigned p = 0; p < producers; ++p) hit |= kf_poll_at_least(count + KF_SM_TICKETS + p, 1u) == me;
+        near = hit;
+    }
+    __syncthreads();
+    return near != 0u;
+}
+#endif
+
 /* Before its wait, a CTA asks L2 for the weights of its next KF_PREFETCH row groups (bytes [from, end) of
  * W: the rows n0 + C * 4 .., C the row-group CTAs), 128-byte lines (CUDA; no-op elsewhere) -- where
  * 16 <= nb < KF_PREFETCH_BELOW, which since session 41 is no row length: with one step in flight a
@@ -836,19 +864,7 @@ struct kf_wait_once {
     qk_i64 from;                           /* the CTA's first group's first byte */
     qk_i64 row_block;                      /* a weight block's bytes */
 #if defined(QK_KF_FIRST_AFTER_WAIT)
-    /* whether a quantizing CTA runs on this CTA's SM: thread 0 polls their SM tickets until each is
-     * published (a HIP or host build: every CTA on "SM 0", so every CTA waits first); CTA-uniform */
-    __device__ __forceinline__ bool on_a_producer_sm() const {
-        __shared__ unsigned near;
-        if (threadIdx.x == 0) {
-            const unsigned me = kf_smid() + 1u;
-            unsigned hit = 0u;
-            for (unsigned p = 0; p < producers; ++p) hit |= kf_poll_at_least(count + KF_SM_TICKETS + p, 1u) == me;
-            near = hit;
-        }
-        __syncthreads();
-        return near != 0u;
-    }
+    __device__ __forceinline__ bool on_a_producer_sm() const { return kf_on_a_producer_sm(count, producers); }
 #endif
     __device__ __forceinline__ void operator()(bool first) {
         if (first && todo) {
@@ -1006,6 +1022,13 @@ struct kb_published_wait {
     const unsigned* count;
     unsigned producers;
     __device__ __forceinline__ void operator()() const { kf_wait_published(count, producers); }
+    __device__ __forceinline__ bool copies_after() const {
+#if defined(QK_KF_FIRST_AFTER_WAIT)
+        return QK_KF_FIRST_AFTER_WAIT == 1 || kf_on_a_producer_sm(count, producers);
+#else
+        return false;
+#endif
+    }
 };
 
 #define KF_ONE_BULK(NAME, KIND, TS)                                                                                    \
