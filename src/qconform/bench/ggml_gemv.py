@@ -35,8 +35,9 @@ by index, named none of them: taken out, docs/perf-notes.md, session 48). On Q6_
 quantizing CTAs' fence waited 4 us behind their SMs' copies in flight (docs/perf-notes.md, session 51).
 (Each CTA's row groups after its first taken from a count instead of the static stride, here and in
 Q6_K's and Q8_0's one launch, were measured slower and taken out: docs/perf-notes.md, session 49.)
-(The one launch on the fewest row-group CTAs that keep each CTA's most groups, 512 instead of the resident
-652 on 8192 x 8192, was measured slower on seven of eight rows and taken out: docs/perf-notes.md, session 51.)
+(The one launch on the fewest row-group CTAs that keep each CTA's most groups, on 8192 x 8192 Q4_K 683
+instead of the resident 784 and Q5_K 512 instead of 652, was measured slower on seven of eight rows and
+taken out: docs/perf-notes.md, session 51.)
 Since session 44 the one launch's CTAs take their row groups as one stream of trips a thread, each row's
 next words loaded during this trip (``kf_roll_rows``); the group-at-a-time loop before it was measured
 slower and taken out (docs/perf-notes.md, session 44).
