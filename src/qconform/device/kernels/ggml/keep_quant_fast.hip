@@ -693,20 +693,22 @@ __device__ __forceinline__ void kf_bulk_gemv(const qk_u8* __restrict__ W, const 
         for (int u = 0; u < KB_S; ++u) qk_mbar_init(qk_smem_addr(&bar[u]));
         qk_mbar_init_fence();
     }
+/* the first KB_S - 1 stages' copies (thread 0); a macro, not a lambda: the lambda moves the default SASS */
+#define KB_FIRST_FETCHES()                                                                    \
+    for (int u = 0; u < KB_S - 1; ++u, f.next(nb), fslot = fslot + 1 == KB_S ? 0 : fslot + 1) \
+        if (t == 0 && f.n0 < N) kb_fetch<TS>(ring[fslot], W, f, N, nb, &bar[fslot])
 #if defined(QK_KF_FIRST_AFTER_WAIT)
     const bool after = wait.copies_after(); /* CTA-uniform */
     if (!after)
 #endif
-        for (int u = 0; u < KB_S - 1; ++u, f.next(nb), fslot = fslot + 1 == KB_S ? 0 : fslot + 1)
-            if (t == 0 && f.n0 < N) kb_fetch<TS>(ring[fslot], W, f, N, nb, &bar[fslot]);
+        KB_FIRST_FETCHES();
 #endif
     wait();
     __syncthreads(); /* the barriers' inits (sm_90) */
 #if QK_BULK && defined(QK_KF_FIRST_AFTER_WAIT)
-    if (after)
-        for (int u = 0; u < KB_S - 1; ++u, f.next(nb), fslot = fslot + 1 == KB_S ? 0 : fslot + 1)
-            if (t == 0 && f.n0 < N) kb_fetch<TS>(ring[fslot], W, f, N, nb, &bar[fslot]);
+    if (after) KB_FIRST_FETCHES();
 #endif
+#undef KB_FIRST_FETCHES
     QK_PHASE(11);
     float acc[KF_ROWS] = {0.0f, 0.0f, 0.0f, 0.0f};
     int slot = 0, parity = 0;
