@@ -121,3 +121,36 @@ def test_the_sm_slot_is_the_kernels_and_apart_from_its_boundaries():
     text = (Path(__file__).resolve().parents[1] / "src/qconform/device/kernels/ggml/keep_quant_fast.hip").read_text()
     assert re.search(rf"#define KF_SM_SLOT {KQ_SM_SLOT}\b", text)
     assert KQ_SM_SLOT < SLOTS and KQ_SM_SLOT not in {b for m in (*KQ, *KQ_BULK) for b in range(m.first, m.last + 1)}
+
+
+def test_ends_by_load_groups_the_ctas_by_their_strided_row_groups_and_their_sms():
+    """7 row groups on 3 row-group CTAs after 1 quantizing CTA: CTA 0 takes groups 0, 3, 6 and CTAs 1, 2
+    two each (the stride of kf_roll_rows / kf_bulk_gemv); CTAs 0 and 2 share SM 4 (5 groups), CTA 1 is
+    on SM 7. A split into contiguous ranges (3, 3, 1 groups) would count otherwise."""
+    from qconform.bench.phases import ends_by_load
+
+    (marked, _) = KQ
+    wall = np.zeros((4, SLOTS), np.int64)
+    wall[:, marked.last] = [3_000, 13_000, 10_000, 11_000]  # ns; row 0 is the quantizing CTA
+    sm = np.array([2, 5, 8, 5])  # each row's SM plus one
+    lines = ends_by_load(wall, sm, marked, 1_000, 1, 3, 7)
+    assert lines == [
+        "| row groups a CTA | CTAs | end us median | end us max |",
+        "|---|---|---|---|",
+        "| 2 | 2 | 9.50 | 10.00 |",
+        "| 3 | 1 | 12.00 | 12.00 |",
+        "| row groups its SM's CTAs | CTAs | end us median | end us max |",
+        "|---|---|---|---|",
+        "| 2 | 1 | 9.00 | 9.00 |",
+        "| 5 | 2 | 11.00 | 12.00 |",
+    ]
+
+
+def test_the_row_group_size_is_the_kernels():
+    import re
+    from pathlib import Path
+
+    from qconform.bench.phases import KQ_ROWS
+
+    text = (Path(__file__).resolve().parents[1] / "src/qconform/device/kernels/ggml/keep_quant_fast.hip").read_text()
+    assert re.search(rf"#define KF_ROWS {KQ_ROWS}\b", text)

@@ -13,12 +13,13 @@ and the stamps of the last call are read.
   routing done: logits, input staged, ranks, weights; the first task done; every task done) and
   ``qk_moe_fc2m``'s 12..17 (entry; the wait for fc1 over; sel / wts read; the planes staged; the slots'
   dots; the output stored).
-- ``ggml``: ggml's keep-quant GEMV under order=any (``qconform.bench.ggml_gemv``'s first shape, M 1), the
+- ``ggml``: ggml's keep-quant GEMV under order=any (``qconform.bench.ggml_gemv``'s shape ``--shape``, M 1), the
   Q4_K / Q5_K kernel's boundaries 0..4: entry; its first weights requested (and the activations'
   quantize waited for); those weights arrived; its (last) row group done but the sums; the end (the sums
   stored); Q6_K's bulk kernel (``qk_kq_one_bulk_q6_k``) the same at 10..14 (its first stages' copies
   issued and the quantize waited for; the first stage arrived). The quantizing CTAs' 5..8 in both. The
-  CTAs' entries and ends show how the waves of the default build follow each other.
+  CTAs' entries and ends show how the waves of the default build follow each other; two more tables give
+  the row-group CTAs' ends by how many row groups each took and how many its SM's CTAs took.
 
 For each phase (boundary i to i + 1 of one kernel) the table gives the median and maximum over the CTAs
 that reached both boundaries (an mma split with no key skips 5..7), in us at the device's nominal SM
@@ -29,7 +30,7 @@ its phases.
 
 ``python -m qconform.bench.phases gqa [--batch 1] [--past 16,4096] [--cache fp16,int8] [--variant flash]``
 ``python -m qconform.bench.phases qmoe [--layer gpt-oss-20b] [--variant decode]``
-``python -m qconform.bench.phases ggml [--qtype Q4_K,Q5_K,Q6_K] [--variant fast]``
+``python -m qconform.bench.phases ggml [--qtype Q4_K,Q5_K,Q6_K] [--variant fast] [--shape 0]``
 (``--variant``: a build of the op bench's ``--variants``, its options added to the stamps')
 """
 
@@ -111,6 +112,7 @@ KQ_BULK = (
 # each --qtype's stamped tables (Q8_0's quantize, qk_q8_0_words_lane, has no "X arrived" stamp)
 KQ_TABLES = {"Q4_K": KQ, "Q5_K": KQ, "Q6_K": KQ_BULK}
 KQ_SM_SLOT = 9  # keep_quant_fast.hip KF_SM_SLOT: each one-launch CTA's SM plus one (QK_PHASE_SM)
+KQ_ROWS = 4  # keep_quant_fast.hip KF_ROWS: the weight rows of a row group
 
 
 def sm_sharing(sm: np.ndarray, producers: int) -> str:
@@ -146,12 +148,40 @@ def spread(wall: np.ndarray, marked: Marked, origin: int) -> tuple[float, float,
     return float(np.median(entry)), float(entry.max()), float(np.median(end)), float(end.max())
 
 
+def first_entry(wall: np.ndarray, kernels: tuple[Marked, ...]) -> int:
+    """The device clock (ns) at which the call's first CTA of ``kernels`` entered (0 if none stamped)."""
+    starts = [wall[:, m.first][wall[:, m.first] > 0] for m in kernels]
+    return int(min(s.min() for s in starts if s.size)) if any(s.size for s in starts) else 0
+
+
+def ends_by_load(
+    wall: np.ndarray, sm: np.ndarray, marked: Marked, origin: int, producers: int, ctas: int, groups: int
+) -> list[str]:
+    """Markdown lines: when the one launch's row-group CTAs end (us after ``origin``, ns, median / max), by
+    how many row groups each took and by how many its SM's row-group CTAs took together. Row-group
+    CTA c (stamp row ``producers + c``) takes the groups c, c + C, ... of ``groups`` (C = ``ctas``;
+    keep_quant_fast.hip kf_roll_rows, kf_bulk_gemv); ``sm``: each row's SM plus one."""
+    rows = np.flatnonzero(wall[:, marked.last] > 0)
+    rows = rows[rows >= producers]
+    took = -(-(groups - (rows - producers)) // ctas)  # len(range(c, groups, C))
+    end = (wall[rows, marked.last] - origin) / 1e3
+    on_sm = sm[rows]
+    sm_load = {int(s): int(took[on_sm == s].sum()) for s in np.unique(on_sm)}
+    load = np.array([sm_load[int(s)] for s in on_sm])
+    lines = []
+    for label, key in (("row groups a CTA", took), ("row groups its SM's CTAs", load)):
+        lines += [f"| {label} | CTAs | end us median | end us max |", "|---|---|---|---|"]
+        for k in np.unique(key):
+            e = end[key == k]
+            lines.append(f"| {int(k)} | {e.size} | {float(np.median(e)):.2f} | {float(e.max()):.2f} |")
+    return lines
+
+
 def report(stamps: np.ndarray, kernels: tuple[Marked, ...], clock_khz: float) -> list[str]:
     """Markdown lines: per kernel, its CTAs' entries and ends, then its phase table (``stamps``:
     [CTAs, SLOTS, 2] SM clock, device clock)."""
     clock, wall = stamps[:, :, 0], stamps[:, :, 1]
-    starts = [wall[:, m.first][wall[:, m.first] > 0] for m in kernels]
-    origin = int(min(s.min() for s in starts if s.size)) if any(s.size for s in starts) else 0
+    origin = first_entry(wall, kernels)
     lines = []
     for m in kernels:
         e50, emax, d50, dmax = spread(wall, m, origin)
@@ -240,8 +270,8 @@ def run_qmoe(layer_name: str, variant: str = "decode", reps: int = 50) -> str:
     return "\n".join([head, *report(stamps, QMOE, _khz())])
 
 
-def run_ggml(qtype: str, variant: str = "fast", reps: int = 50) -> str:
-    """The phases of the keep-quant GEMV (``qconform.bench.ggml_gemv``'s first shape, M 1) of ``qtype``
+def run_ggml(qtype: str, variant: str = "fast", shape: int = 0, reps: int = 50) -> str:
+    """The phases of the keep-quant GEMV (``qconform.bench.ggml_gemv``'s shape ``shape``, M 1) of ``qtype``
     (a key of ``KQ_TABLES``) in ``variant``'s build (a key of ``qconform.bench.ggml_gemv_builds.VARIANTS``)
     with the stamps."""
     import cupy
@@ -256,7 +286,7 @@ def run_ggml(qtype: str, variant: str = "fast", reps: int = 50) -> str:
     from qconform.device.launch import record, replay
     from qconform.formats.ggml import FORMATS
 
-    K, N = ggml_gemv.SHAPES[0]
+    K, N = ggml_gemv.SHAPES[shape]
     sets = ggml_gemv._weights(qtype, K, N, n_sets_for(N * FORMATS[qtype].n_bytes(K)))
     A = cupy.asarray(np.random.default_rng(7).standard_normal((1, K)).astype(np.float32))
     y = cupy.empty((1, N), cupy.float32)
@@ -271,7 +301,10 @@ def run_ggml(qtype: str, variant: str = "fast", reps: int = 50) -> str:
     head = f"ggml {variant}: {qtype} {K} x {N}, M 1, GEMV grid {grid}: call {bl.median(ts) * 1e6:.1f} us (this build)"
     tables = KQ_TABLES[qtype]
     producers = int((stamps[:, tables[1].first, 0] > 0).sum())
-    return "\n".join([head, sm_sharing(stamps[:, KQ_SM_SLOT, 0], producers), *report(stamps, tables, _khz())])
+    wall, sm = stamps[:, :, 1], stamps[:, KQ_SM_SLOT, 0]
+    origin = first_entry(wall, tables)
+    by_load = ends_by_load(wall, sm, tables[0], origin, producers, grid[0] - producers, -(-N // KQ_ROWS))
+    return "\n".join([head, sm_sharing(sm, producers), *report(stamps, tables, _khz()), *by_load])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -288,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     k = ops.add_parser("ggml", help="ggml keep-quant GEMV (order=any), M 1")
     k.add_argument("--qtype", default="Q4_K", help=f"any of {', '.join(KQ_TABLES)}, comma-separated")
     k.add_argument("--variant", default="fast", help="a build of qconform.bench.ggml_gemv's --variants")
+    k.add_argument("--shape", type=int, default=0, help="an index into qconform.bench.ggml_gemv.SHAPES")
     args = p.parse_args(argv)
     if args.op == "ggml":
         from qconform.bench.ggml_gemv_builds import VARIANTS as KQ_VARIANTS
@@ -297,8 +331,12 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--qtype: any of {', '.join(KQ_TABLES)} (the stamped kernels), got {args.qtype!r}")
         if args.variant not in KQ_VARIANTS or KQ_VARIANTS[args.variant] != "any":
             p.error(f"--variant: one of the order=any builds of {', '.join(KQ_VARIANTS)}, got {args.variant!r}")
+        from qconform.bench.ggml_gemv import SHAPES as KQ_SHAPES
+
+        if not 0 <= args.shape < len(KQ_SHAPES):
+            p.error(f"--shape: an index below {len(KQ_SHAPES)} into {KQ_SHAPES}, got {args.shape}")
         for qtype in qtypes:
-            print(run_ggml(qtype, args.variant), flush=True)
+            print(run_ggml(qtype, args.variant, args.shape), flush=True)
         return 0
     if args.op == "gqa":
         pasts = [int(x) for x in args.past.split(",")]
