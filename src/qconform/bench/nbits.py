@@ -14,7 +14,7 @@ matrix-unit kernel (decode_zp shape) in the session-3 arithmetic (build option
 ``-DQK_NBITS_ZP_SUM_V1``: the zero point through sum(a)) and the session-10 one (its integer part
 folded into the weights) side by side; then the fp16 ring decode kernel as shipped beside its
 bench-only builds ``-DQK_NBITS_RING_CONTIGUOUS``, ``-DQK_NBITS_RING_STRIDED``, ``-DQK_NBITS_RING_LDS``,
-``-DQK_NBITS_RING_TAIL_SPLIT`` and ``-DQK_NBITS_RING_LOADS_ONLY`` (``ring_variants``).
+``-DQK_NBITS_RING_TAIL_SPLIT``, ``-DQK_NBITS_STAGE_BATCH=4`` and ``-DQK_NBITS_RING_LOADS_ONLY`` (``ring_variants``).
 ``--variants f32`` / ``zp`` / ``ring``: one table only.
 """
 
@@ -346,18 +346,20 @@ RING_CONTIGUOUS = "-DQK_NBITS_RING_CONTIGUOUS"  # build option: each warp's a co
 RING_LDS = "-DQK_NBITS_RING_LDS"  # build option: the ring's transposed words by 16 shared reads, not 4 ldmatrix.x4
 RING_TAIL_SPLIT = "-DQK_NBITS_RING_TAIL_SPLIT"  # build option: unchecked scale copies without the tail test
 RING_LOADS_ONLY = "-DQK_NBITS_RING_LOADS_ONLY"  # build option: the ring's copies and waits only (diagnostic)
+RING_STAGE_BATCH = "-DQK_NBITS_STAGE_BATCH=4"  # build option: 4 staged activation units a thread loaded, then stored
 
 
-def ring_variants(shapes=SHAPES, bits_list=(2, 4), ms=(1, 8), reps: int = 50, verdicts: bool = True) -> bool:
+def ring_variants(shapes=SHAPES, bits_list=(2, 4), ms=(1, 8), reps: int = 50, verdicts: bool = True, only=()) -> bool:
     """The fp16 ring decode kernel as shipped (u2: each warp a contiguous range of superchunks; u4:
     the warps' superchunks strided), with the other order (``RING_CONTIGUOUS`` for u4,
     ``RING_STRIDED`` for u2; each is the shipped build at the other width, not timed twice), with the
     ring's transposed weight words read by four shared reads a 16-row half instead of one ldmatrix.x4
     (``RING_LDS``, the shipped order; the build before session 34), with the unchecked superchunks'
     scale copies free of the tensor-end test in every CTA but the last (``RING_TAIL_SPLIT``) and with
-    its copies alone (``RING_LOADS_ONLY``, no verdict: its outputs are zeros), side by side on the same
+    with the staged activations loaded 4 units a thread before their stores (``RING_STAGE_BATCH``), and
+    with its copies alone (``RING_LOADS_ONLY``, no verdict: its outputs are zeros), side by side on the same
     cold weights and in the shipped build's launch plan, against the read-only roofline of the
-    weights, scales and activations."""
+    weights, scales and activations. ``only``: these builds' names beside the shipped one (default every one)."""
     from qconform.device import ort as ort_launch
 
     launcher = importlib.import_module("qconform.device.ort.matmul_nbits")  # the module, not its function
@@ -367,8 +369,10 @@ def ring_variants(shapes=SHAPES, bits_list=(2, 4), ms=(1, 8), reps: int = 50, ve
         ("strided", (RING_STRIDED,)),
         ("four reads", (RING_LDS,)),
         ("no tail test", (RING_TAIL_SPLIT,)),
+        ("stage batch", (RING_STAGE_BATCH,)),
         ("loads only", (RING_LOADS_ONLY,)),
     )
+    builds = tuple(b for b in builds if not only or b[0] in ("shipped", *only))
     _builds_head(f"fp16 A and scales, block {BLOCK}, default zero point", ROOF_COLUMNS, builds)
     ok = True
     for K, N in shapes:
@@ -572,6 +576,7 @@ def main(argv: list[str] | None = None) -> int:
         help="old and new kernels side by side, only: fp32 A (f32), fp16 A with zero points (zp), the ring"
         " decode's build options (ring), or all three",
     )
+    p.add_argument("--builds", default="", help="with --variants: these builds' names only (comma-separated)")
     p.add_argument("--prefill", action="store_true", help="the prefill GEMM's table only (M = 512 .. 4096)")
     p.add_argument("--candidates", action="store_true", help="with --prefill: every GEMM tile shape too")
     p.add_argument("--json", help="write the records here")
@@ -583,16 +588,17 @@ def main(argv: list[str] | None = None) -> int:
             write_records(Path(args.json), records)
         return 0 if all(r.verdict == "PASS" for r in records) else 1
     if args.variants:
-        ok = True
+        ok, only = True, tuple(b for b in args.builds.split(",") if b)
         if args.variants in ("all", "f32"):
             shapes = F32_SHAPES[:1] if args.quick else F32_SHAPES
-            ok = variants(shapes, ms=(1,) if args.quick else (1, 2, 4, 8), verdicts=not args.no_verdict)
+            ok = variants(shapes, ms=(1,) if args.quick else (1, 2, 4, 8), verdicts=not args.no_verdict, only=only)
         if args.variants in ("all", "zp"):
             shapes = SHAPES[:1] if args.quick else F32_SHAPES
             ok = zp_variants(shapes, ms=(1,) if args.quick else (1, 8), verdicts=not args.no_verdict) and ok
         if args.variants in ("all", "ring"):
             shapes = SHAPES[:1] if args.quick else SHAPES
-            ok = ring_variants(shapes, ms=(1,) if args.quick else (1, 8), verdicts=not args.no_verdict) and ok
+            ms = (1,) if args.quick else (1, 8)
+            ok = ring_variants(shapes, ms=ms, verdicts=not args.no_verdict, only=only) and ok
         return 0 if ok else 1
     if args.tune:
         tune(*SHAPES[0], reps=50)

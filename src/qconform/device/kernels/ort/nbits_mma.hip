@@ -239,6 +239,46 @@ __device__ __forceinline__ int qk_ring_kb(int t) { return BITS == 2 ? 16 * t + 8
  * rows of Kp halves, zeros past a_len; the 16 halves lane t reads of chunk c (at ka, kb) stored at
  * 64 c + 16 t in the order of its mma operands, (bf[m][0], bf[m][1]) for m = 0 .. 3 (qk_act_pair of
  * qk_slot_pairs), so that a chunk's operands are two 16-byte loads and no byte permutes. */
+#if defined(QK_NBITS_STAGE_BATCH)
+/* unit h of the paired layout (the loop below) at `at` */
+template <int BITS>
+__device__ __forceinline__ void qk_store_act_paired(qk_u16* at, const qk_u32 (&h)[8]) {
+    qk_u32 o[8];
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+        int pp[2], qq[2];
+        qk_slot_pairs<BITS>(m, pp, qq);
+        o[2 * m] = qk_act_pair(h, pp[0], pp[1]);
+        o[2 * m + 1] = qk_act_pair(h, qq[0], qq[1]);
+    }
+    uint4* dst = (uint4*)at;
+    dst[0] = make_uint4(o[0], o[1], o[2], o[3]);
+    dst[1] = make_uint4(o[4], o[5], o[6], o[7]);
+}
+
+/* bench-only: a thread's QK_NBITS_STAGE_BATCH units (16 halves: unit i of row i / (Kp / 16)) loaded
+ * before it stores any, over the rows at once: the loop above waits on one load a unit (its stores
+ * may alias A for the compiler), K / 16 / blockDim.x (x M) round trips before the first chunk */
+template <int BITS>
+__device__ __forceinline__ void qk_stage_act_paired(qk_u16* sA, const qk_u16* A, int n_tok, int a_len, int Kp,
+                                                    int a_vec) {
+    constexpr int NB = QK_NBITS_STAGE_BATCH;
+    const int units = Kp / 16, all = n_tok * units, step = (int)blockDim.x;
+    for (int i0 = (int)threadIdx.x; i0 < all; i0 += NB * step) {
+        qk_u32 h[NB][8];
+#pragma unroll
+        for (int b = 0; b < NB; ++b) {
+            const int i = i0 + b * step, r = i / units, q = i - r * units, k0 = 64 * (q >> 2), t = q & 3;
+            if (i < all) qk_load_act(h[b], A, r, n_tok, a_len, k0 + qk_ring_ka<BITS>(t), k0 + qk_ring_kb<BITS>(t), a_vec);
+        }
+#pragma unroll
+        for (int b = 0; b < NB; ++b) {
+            const int i = i0 + b * step;
+            if (i < all) qk_store_act_paired<BITS>(sA + 16 * i, h[b]); /* row r at r Kp = 16 r units */
+        }
+    }
+}
+#else
 template <int BITS>
 __device__ __forceinline__ void qk_stage_act_paired(qk_u16* sA, const qk_u16* A, int n_tok, int a_len, int Kp,
                                                     int a_vec) {
@@ -259,6 +299,7 @@ __device__ __forceinline__ void qk_stage_act_paired(qk_u16* sA, const qk_u16* A,
             dst[1] = make_uint4(o[4], o[5], o[6], o[7]);
         }
 }
+#endif
 
 template <int BITS, int R>
 __device__ __forceinline__ void qk_load_chunk(qk_u32 w[R][2][BITS / 2], qk_u32 sz[R][2], const qk_u8* const wrow[R][2],
