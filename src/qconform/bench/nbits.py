@@ -14,7 +14,7 @@ matrix-unit kernel (decode_zp shape) in the session-3 arithmetic (build option
 ``-DQK_NBITS_ZP_SUM_V1``: the zero point through sum(a)) and the session-10 one (its integer part
 folded into the weights) side by side; then the fp16 ring decode kernel as shipped beside its
 bench-only builds ``-DQK_NBITS_RING_CONTIGUOUS``, ``-DQK_NBITS_RING_STRIDED``, ``-DQK_NBITS_RING_LDS``,
-``-DQK_NBITS_RING_TAIL_SPLIT``, ``-DQK_NBITS_STAGE_BATCH=4`` and ``-DQK_NBITS_RING_LOADS_ONLY`` (``ring_variants``).
+``-DQK_NBITS_RING_TAIL_SPLIT``, ``-DQK_NBITS_STAGE_BATCH=1`` and ``-DQK_NBITS_RING_LOADS_ONLY`` (``ring_variants``).
 ``--variants f32`` / ``zp`` / ``ring``: one table only.
 """
 
@@ -346,7 +346,7 @@ RING_CONTIGUOUS = "-DQK_NBITS_RING_CONTIGUOUS"  # build option: each warp's a co
 RING_LDS = "-DQK_NBITS_RING_LDS"  # build option: the ring's transposed words by 16 shared reads, not 4 ldmatrix.x4
 RING_TAIL_SPLIT = "-DQK_NBITS_RING_TAIL_SPLIT"  # build option: unchecked scale copies without the tail test
 RING_LOADS_ONLY = "-DQK_NBITS_RING_LOADS_ONLY"  # build option: the ring's copies and waits only (diagnostic)
-RING_STAGE_BATCH = "-DQK_NBITS_STAGE_BATCH=4"  # build option: 4 staged activation units a thread loaded, then stored
+RING_UNIT_STAGE = "-DQK_NBITS_STAGE_BATCH=1"  # build option: u4 stages its activations a unit at a time (as before)
 
 
 def ring_variants(shapes=SHAPES, bits_list=(2, 4), ms=(1, 8), reps: int = 50, verdicts: bool = True, only=()) -> bool:
@@ -356,8 +356,8 @@ def ring_variants(shapes=SHAPES, bits_list=(2, 4), ms=(1, 8), reps: int = 50, ve
     ring's transposed weight words read by four shared reads a 16-row half instead of one ldmatrix.x4
     (``RING_LDS``, the shipped order; the build before session 34), with the unchecked superchunks'
     scale copies free of the tensor-end test in every CTA but the last (``RING_TAIL_SPLIT``) and with
-    with the staged activations loaded 4 units a thread before their stores (``RING_STAGE_BATCH``), and
-    with its copies alone (``RING_LOADS_ONLY``, no verdict: its outputs are zeros), side by side on the same
+    with u4's staged activations loaded and stored a unit at a time (``RING_UNIT_STAGE``; u2's always are),
+    and with its copies alone (``RING_LOADS_ONLY``, no verdict: its outputs are zeros), side by side on the same
     cold weights and in the shipped build's launch plan, against the read-only roofline of the
     weights, scales and activations. ``only``: these builds' names beside the shipped one (default every one)."""
     from qconform.device import ort as ort_launch
@@ -369,7 +369,7 @@ def ring_variants(shapes=SHAPES, bits_list=(2, 4), ms=(1, 8), reps: int = 50, ve
         ("strided", (RING_STRIDED,)),
         ("four reads", (RING_LDS,)),
         ("no tail test", (RING_TAIL_SPLIT,)),
-        ("stage batch", (RING_STAGE_BATCH,)),
+        ("unit staging", (RING_UNIT_STAGE,)),
         ("loads only", (RING_LOADS_ONLY,)),
     )
     builds = tuple(b for b in builds if not only or b[0] in ("shipped", *only))
@@ -390,7 +390,8 @@ def ring_variants(shapes=SHAPES, bits_list=(2, 4), ms=(1, 8), reps: int = 50, ve
 
                 cells = [f"{K} x {N}", str(M), str(bits), _us(roof)]
                 for _, options in builds:
-                    if options == ((RING_CONTIGUOUS,) if bits == 2 else (RING_STRIDED,)):  # the shipped build
+                    shipped_order = (RING_CONTIGUOUS,) if bits == 2 else (RING_STRIDED,)
+                    if options == shipped_order or (bits == 2 and options == (RING_UNIT_STAGE,)):  # the shipped build
                         cells += ["the shipped build", "-"]
                         continue
                     plan = shipped_plan if not plans else (lambda *args, _p=plans[0], **kw: _p)

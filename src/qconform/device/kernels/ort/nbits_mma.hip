@@ -239,8 +239,7 @@ __device__ __forceinline__ int qk_ring_kb(int t) { return BITS == 2 ? 16 * t + 8
  * rows of Kp halves, zeros past a_len; the 16 halves lane t reads of chunk c (at ka, kb) stored at
  * 64 c + 16 t in the order of its mma operands, (bf[m][0], bf[m][1]) for m = 0 .. 3 (qk_act_pair of
  * qk_slot_pairs), so that a chunk's operands are two 16-byte loads and no byte permutes. */
-#if defined(QK_NBITS_STAGE_BATCH)
-/* unit h of the paired layout (the loop below) at `at` */
+/* unit h (16 halves: 2 x 8 from qk_load_act) in the paired layout at `at` */
 template <int BITS>
 __device__ __forceinline__ void qk_store_act_paired(qk_u16* at, const qk_u32 (&h)[8]) {
     qk_u32 o[8];
@@ -256,13 +255,26 @@ __device__ __forceinline__ void qk_store_act_paired(qk_u16* at, const qk_u32 (&h
     dst[1] = make_uint4(o[4], o[5], o[6], o[7]);
 }
 
-/* bench-only: a thread's QK_NBITS_STAGE_BATCH units (16 halves: unit i of row i / (Kp / 16)) loaded
- * before it stores any, over the rows at once: the loop above waits on one load a unit (its stores
- * may alias A for the compiler), K / 16 / blockDim.x (x M) round trips before the first chunk */
+#ifndef QK_NBITS_STAGE_BATCH /* u4's units a thread loads before it stores any (session 52); 1: one at a time */
+#define QK_NBITS_STAGE_BATCH 4
+#endif
+/* u2: a unit at a time (loaded, then stored: its stores may alias A for the compiler, so each waits on
+ * its load). u4: a thread's NB units (unit i: row i / (Kp / 16)) loaded, then stored, over the rows at
+ * once (measured faster for u4, mixed for u2: docs/perf-notes.md, session 52) */
 template <int BITS>
 __device__ __forceinline__ void qk_stage_act_paired(qk_u16* sA, const qk_u16* A, int n_tok, int a_len, int Kp,
                                                     int a_vec) {
-    constexpr int NB = QK_NBITS_STAGE_BATCH;
+    constexpr int NB = BITS == 4 ? QK_NBITS_STAGE_BATCH : 1;
+    if (NB == 1) {
+        for (int r = 0; r < n_tok; ++r)
+            for (int q = (int)threadIdx.x; q < Kp / 16; q += (int)blockDim.x) {
+                const int k0 = 64 * (q >> 2), t = q & 3;
+                qk_u32 h[8];
+                qk_load_act(h, A, r, n_tok, a_len, k0 + qk_ring_ka<BITS>(t), k0 + qk_ring_kb<BITS>(t), a_vec);
+                qk_store_act_paired<BITS>(sA + r * Kp + 16 * q, h);
+            }
+        return;
+    }
     const int units = Kp / 16, all = n_tok * units, step = (int)blockDim.x;
     for (int i0 = (int)threadIdx.x; i0 < all; i0 += NB * step) {
         qk_u32 h[NB][8];
@@ -278,28 +290,6 @@ __device__ __forceinline__ void qk_stage_act_paired(qk_u16* sA, const qk_u16* A,
         }
     }
 }
-#else
-template <int BITS>
-__device__ __forceinline__ void qk_stage_act_paired(qk_u16* sA, const qk_u16* A, int n_tok, int a_len, int Kp,
-                                                    int a_vec) {
-    for (int r = 0; r < n_tok; ++r)
-        for (int q = (int)threadIdx.x; q < Kp / 16; q += (int)blockDim.x) {
-            const int k0 = 64 * (q >> 2), t = q & 3;
-            qk_u32 h[8], o[8];
-            qk_load_act(h, A, r, n_tok, a_len, k0 + qk_ring_ka<BITS>(t), k0 + qk_ring_kb<BITS>(t), a_vec);
-#pragma unroll
-            for (int m = 0; m < 4; ++m) {
-                int pp[2], qq[2];
-                qk_slot_pairs<BITS>(m, pp, qq);
-                o[2 * m] = qk_act_pair(h, pp[0], pp[1]);
-                o[2 * m + 1] = qk_act_pair(h, qq[0], qq[1]);
-            }
-            uint4* dst = (uint4*)(sA + r * Kp + 16 * q);
-            dst[0] = make_uint4(o[0], o[1], o[2], o[3]);
-            dst[1] = make_uint4(o[4], o[5], o[6], o[7]);
-        }
-}
-#endif
 
 template <int BITS, int R>
 __device__ __forceinline__ void qk_load_chunk(qk_u32 w[R][2][BITS / 2], qk_u32 sz[R][2], const qk_u8* const wrow[R][2],
