@@ -653,6 +653,18 @@ QMOE_G_GLU_SWAPPED: Edits = (
     ),
 )
 
+# the matrix-unit kernels' biases read ahead (session 52): fc1m's row g + 8 given row g's bias; fc2m's every slot
+# given slot 0's bias
+QMOE_M_BIAS_ROW: Edits = (
+    (
+        "for (int r = 0; r < 2; ++r) bias[r] = qk_moe_bias_of(f, R.rr[r]);",
+        "for (int r = 0; r < 2; ++r) bias[r] = qk_moe_bias_of(f, R.rr[0]);",
+    ),
+)
+QMOE_F2_BIAS_SLOT: Edits = (
+    ("const float y = qk_moe_plus_bias(d, f, s_bias[j][c]);", "const float y = qk_moe_plus_bias(d, f, s_bias[0][c]);"),
+)
+
 
 def _qmoe(
     name: str,
@@ -706,6 +718,12 @@ QMOE_MUTANTS = (
           QMOE_M_XPAIRS),
     _qmoe("QMoE fc1 mma: row g + 8 with row g's zero point", "matches_oracle", "qmoe_decode", "Xfp16_Wu4_Yfp16",
           QMOE_M_ZERO_ROW),
+    _qmoe("QMoE fc1 mma: row g + 8 with row g's bias", "matches_oracle", "qmoe_decode", "Xfp16_Wu4_Yfp16",
+          QMOE_M_BIAS_ROW),
+    _qmoe("QMoE fc2 mma: every slot with slot 0's bias", "matches_oracle", "qmoe_decode", "Xfp16_Wu4_Yfp16",
+          QMOE_F2_BIAS_SLOT),
+    _qmoe("control: QMoE biases read at the end (-DQK_MOE_BIAS_AT_END)", None, "qmoe_decode", "Xfp16_Wu4_Yfp16",
+          define="-DQK_MOE_BIAS_AT_END"),
     _qmoe("control: QMoE fc1 of an fp16 input on qk_moe_fc1v (-DQK_MOE_FC1_SIMT)", None, "qmoe_decode",
           "Xfp16_Wu4_Yfp16", define="-DQK_MOE_FC1_SIMT"),
     _qmoe("QMoE fc2 mma: the input as one bf16 part", "matches_oracle", "qmoe_decode", "Xfp16_Wu4_Yfp16",

@@ -705,6 +705,16 @@ __device__ __forceinline__ float qk_moe_biased(float a, const qk_moe_fc& f, qk_i
     return f.has_bias ? qk_ftz(QK_FADD(a, qk_ftz(qk_load_f(f.b, at, f.s16)))) : a;
 }
 
+/* qk_moe_biased in two halves, so that the bias can be read long before the sum is done (the matrix-unit
+ * kernels: read at a task's start, added at its end; -DQK_MOE_BIAS_AT_END, bench-only, reads it at the
+ * end as before session 52: docs/perf-notes.md) */
+__device__ __forceinline__ float qk_moe_bias_of(const qk_moe_fc& f, qk_i64 at) {
+    return f.has_bias ? qk_ftz(qk_load_f(f.b, at, f.s16)) : 0.0f;
+}
+__device__ __forceinline__ float qk_moe_plus_bias(float a, const qk_moe_fc& f, float b) {
+    return f.has_bias ? qk_ftz(QK_FADD(a, b)) : a;
+}
+
 /* a = b1 + b2 + b3 in bf16 (b1: a's upper 16 bits; r = a - b1 is exact and has at most 16 significant
  * bits; b2: r's upper 16; r - b2 has at most 8, so it is b3 itself), exactly for finite |a| >= 2^-103 as
  * built (flush-to-zero: r - b2 must stay a normal fp32; 2^-110 without it); below, what is lost is under
@@ -1099,7 +1109,12 @@ __device__ __forceinline__ void qk_moe_fc1m_body(const void* x, const void* logi
         const int j = task < total ? task / tiles : 0, r0 = (task - j * tiles) * 16;
         const bool live = task < total && s_w[j] > QK_MOE_SKIP; /* the same in a task's parts */
         const qk_moe_rows2 R = qk_moe_rows_of(f, s_sel[j], r0, g, blocks);
-        float acc[2] = {0.0f, 0.0f};
+        float acc[2] = {0.0f, 0.0f}, bias[2] = {0.0f, 0.0f};
+#if !defined(QK_MOE_BIAS_AT_END)
+        if (live && part == 0) /* its rows' biases in flight during the run (added after the parts' barriers) */
+#pragma unroll
+            for (int r = 0; r < 2; ++r) bias[r] = qk_moe_bias_of(f, R.rr[r]);
+#endif
         if (live)
             qk_moe_m_run<ZP, false>(f, s_sel[j], R, (const uint2*)qk_moe_xw, 0, s_zero, s_lo, s_hi, g, tq, nseg, bsh,
                                     acc);
@@ -1120,7 +1135,10 @@ __device__ __forceinline__ void qk_moe_fc1m_body(const void* x, const void* logi
         for (int r = 0; r < 2; ++r) {
             acc[r] = QK_FADD(acc[r], QK_SHFL_XOR(acc[r], 1, 32));
             acc[r] = QK_FADD(acc[r], QK_SHFL_XOR(acc[r], 2, 32));
-            h[r] = qk_moe_biased(acc[r], f, R.rr[r]);
+#if defined(QK_MOE_BIAS_AT_END)
+            bias[r] = qk_moe_bias_of(f, R.rr[r]);
+#endif
+            h[r] = qk_moe_plus_bias(acc[r], f, bias[r]);
         }
         const qk_i64 p = t * k + j;
 #pragma unroll
@@ -1171,6 +1189,7 @@ __device__ __forceinline__ void qk_moe_fc2m_body(const uint4* planes, const int*
     __shared__ int s_sel[QK_MOE_KMAX];
     __shared__ float s_w[QK_MOE_KMAX];
     __shared__ float s_dot[QK_MOE_KMAX * 4][16]; /* (slot, part): the 16 columns' sums */
+    __shared__ float s_bias[QK_MOE_KMAX][16];    /* (slot, column): the bias, read before the planes' copy */
     __shared__ uint2 s_zero[8];
     extern __shared__ uint4 qk_moe_xw[];
     const qk_moe_fc f = {W, S, Z, Bias, N, K, bs, zp_bytes, has_zp, has_bias, 1};
@@ -1186,6 +1205,15 @@ __device__ __forceinline__ void qk_moe_fc2m_body(const uint4* planes, const int*
     if (threadIdx.x < 8) s_zero[threadIdx.x] = make_uint2(0u, 0u);
     __syncthreads();
     QK_PHASE(14);
+    /* each live slot's bias of the CTA's columns, in flight during the copy below (two a thread: k <= 32) */
+    float bias[2] = {0.0f, 0.0f};
+#if !defined(QK_MOE_BIAS_AT_END)
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+        const int i = (int)threadIdx.x + u * (int)blockDim.x, j = i >> 4, c = i & 15;
+        if (i < 16 * k && s_w[j] > QK_MOE_SKIP && n0 + c < N) bias[u] = qk_moe_bias_of(f, (qk_i64)s_sel[j] * N + n0 + c);
+    }
+#endif
     /* the token's 3 k planes (qk_moe_store_planes, written by qk_moe_fc1m) copied, zeros past K and for
      * skipped slots (whose planes fc1 never wrote); a thread loads QK_MOE_F2_BATCH units before it stores */
     const int n = 3 * k * words;
@@ -1200,6 +1228,11 @@ __device__ __forceinline__ void qk_moe_fc2m_body(const uint4* planes, const int*
 #pragma unroll
         for (int b = 0; b < QK_MOE_F2_BATCH; ++b)
             if (i0 + b * (int)blockDim.x < n) qk_moe_xw[i0 + b * (int)blockDim.x] = v[b];
+    }
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+        const int i = (int)threadIdx.x + u * (int)blockDim.x;
+        if (i < 16 * k) s_bias[i >> 4][i & 15] = bias[u];
     }
     __syncthreads();
     QK_PHASE(15);
@@ -1228,7 +1261,11 @@ __device__ __forceinline__ void qk_moe_fc2m_body(const uint4* planes, const int*
         if (!(w > QK_MOE_SKIP)) continue;
         float d = s_dot[j * parts][c];
         for (int p = 1; p < parts; ++p) d = QK_FADD(d, s_dot[j * parts + p][c]);
+#if defined(QK_MOE_BIAS_AT_END)
         const float y = qk_moe_biased(d, f, (qk_i64)s_sel[j] * N + n0 + c);
+#else
+        const float y = qk_moe_plus_bias(d, f, s_bias[j][c]);
+#endif
         out = qk_ftz(QK_FADD(out, qk_ftz(QK_FMUL(w, y))));
     }
     qk_store_f(Y, t * N + n0 + c, out, 1);
