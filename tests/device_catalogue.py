@@ -539,7 +539,8 @@ QMOE_TIES_LOWER: Edits = (("return v > bv || (v == bv && e > be);", "return v > 
 # normalize_routing_weights=0 honoured: the full softmax's probabilities of the selected experts
 QMOE_NORMALIZE_HONOURED: Edits = (
     (
-        "            float sum = 0.0f;\n            for (int j = 0; j < k; ++j) sum = qk_ftz(QK_FADD(sum, s_w[j]));",
+        "            float sum = 0.0f;\n"
+        "            for (int j = 0; j < k; ++j) sum = qk_ftz(QK_FADD(sum, s_w[j]));",
         "            float sum = 0.0f;\n"
         "            if (!has_rw && !normalize) {\n"
         "                const float top = s_logit[s_sel[0]];\n"
@@ -644,7 +645,9 @@ QMOE_G_PART_KEPT: Edits = (("const bool fresh = ci == 0;", "const bool fresh = k
 # pairs (so nothing is computed for it; every read stays in bounds)
 QMOE_G_TILE_SEARCH: Edits = (("        if (tiles[mid] <= i) lo = mid;", "        if (tiles[mid] < i) lo = mid;"),)
 # the weight codes enter as q (the zero point not subtracted: q - 0)
-QMOE_G_NO_ZP: Edits = (("0xE400u | (in ? (qk_u32)z : 0u);", "0xE400u | (in ? 0u * (qk_u32)z : 0u);"),)
+QMOE_G_NO_ZP: Edits = (
+    ("0xE400u | (in ? (qk_u32)z : 0u);", "0xE400u | (in ? 0u * (qk_u32)z : 0u);"),
+)
 # SwiGLU's gate and linear rows swapped in fc1's epilogue
 QMOE_G_GLU_SWAPPED: Edits = (
     (
@@ -1103,18 +1106,8 @@ def _fast_delayed(name: str, edits: Edits) -> DeviceMutant:
     otherwise) with the activations' quantize delayed (KQ_QUANT_DELAYED)."""
     caught = "writes_every_output" if edits else None
     beside = (("ggml/keep_quant_fast.hip", edits),) if edits else ()
-    return DeviceMutant(
-        name,
-        "ggml/q8_quant.hip",
-        "",
-        f"{LOADS_FIRST} {TWO_LAUNCH}",
-        "matmul_bt_quant",
-        caught,
-        leaf="Wq4_K_Aq8_K_Yfp32",
-        edits=KQ_QUANT_DELAYED,
-        contract="order=any",
-        beside=beside,
-    )
+    return DeviceMutant(name, "ggml/q8_quant.hip", "", f"{LOADS_FIRST} {TWO_LAUNCH}", "matmul_bt_quant", caught,
+                        leaf="Wq4_K_Aq8_K_Yfp32", edits=KQ_QUANT_DELAYED, contract="order=any", beside=beside)
 
 
 # Q6_K / Q8_0 at M = 1 through shared memory (qk_kq_bulk_<t>, for nb a multiple of 8: coverage 2's M = 1
@@ -1124,10 +1117,8 @@ def _fast_delayed(name: str, edits: Edits) -> DeviceMutant:
 # N = 8192 has more groups than resident CTAs); Q6_K's quantizing CTAs delayed ~1 ms with the others' wait
 # for them dropped (mutant) or kept (control)
 KB_ROW_STRIDE: Edits = (
-    (
-        "            const qk_u8* blk = st + (rr * cnt + kc) * TS;\n            const int mis",
-        "            const qk_u8* blk = st + (rr * KB_CB(6) + kc) * TS;\n            const int mis",
-    ),
+    ("            const qk_u8* blk = st + (rr * cnt + kc) * TS;\n            const int mis",
+     "            const qk_u8* blk = st + (rr * KB_CB(6) + kc) * TS;\n            const int mis"),
 )
 KB_NO_RESET: Edits = (("                acc[rr] = 0.0f;\n            }\n", "            }\n"),)
 
@@ -1136,18 +1127,8 @@ def _bulk(
     name: str, edits: Edits, leaf: str = "Wq6_K_Aq8_K_Yfp32", control: bool = False, define: str = ""
 ) -> DeviceMutant:
     caught = None if control else "matches_oracle"
-    return DeviceMutant(
-        name,
-        "ggml/keep_quant_fast.hip",
-        "",
-        define,
-        "matmul_bt_quant",
-        caught,
-        leaf=leaf,
-        coverage=2,
-        edits=edits,
-        contract="order=any",
-    )
+    return DeviceMutant(name, "ggml/keep_quant_fast.hip", "", define, "matmul_bt_quant", caught, leaf=leaf, coverage=2,
+                        edits=edits, contract="order=any")
 
 
 # the M = 1 Q4_K / Q5_K call in one launch (qk_kq_one_<t>, its first CTAs quantizing the row for the
@@ -1184,101 +1165,42 @@ KEEP_QUANT_FAST_MUTANTS = (
     _fast("keep-quant fast: the first group's partial rows dropped", "Wq4_K_Aq8_K_Yfp32", KF_GROUP0_DROPPED),
     _fast("keep-quant fast: Q6_K staged without its d word", "Wq6_K_Aq8_K_Yfp32", KF_Q6_STAGE_NO_D),
     _fast("control: keep-quant fast kernel under order=any (Q6_K)", "Wq6_K_Aq8_K_Yfp32", ()),
-    _fast(
-        "keep-quant fast round 1 (-DQK_KQ_FAST_V1): Q4_K min on the wrong half",
-        "Wq4_K_Aq8_K_Yfp32",
-        KF_MIN_WRONG_HALF,
-        "-DQK_KQ_FAST_V1",
-    ),
-    _fast(
-        "control: keep-quant fast round 1 (-DQK_KQ_FAST_V1) under order=any (Q5_K)",
-        "Wq5_K_Aq8_K_Yfp32",
-        (),
-        "-DQK_KQ_FAST_V1",
-    ),
+    _fast("keep-quant fast round 1 (-DQK_KQ_FAST_V1): Q4_K min on the wrong half", "Wq4_K_Aq8_K_Yfp32",
+          KF_MIN_WRONG_HALF, "-DQK_KQ_FAST_V1"),
+    _fast("control: keep-quant fast round 1 (-DQK_KQ_FAST_V1) under order=any (Q5_K)", "Wq5_K_Aq8_K_Yfp32", (),
+          "-DQK_KQ_FAST_V1"),
     _fast("control: keep-quant fast round 2 under order=any (Q4_K)", "Wq4_K_Aq8_K_Yfp32", ()),
-    _fast_delayed(
-        "keep-quant fast loads first (-DQK_KF_LOADS_FIRST): a delayed quantize not waited for", KF_LOADS_FIRST_NO_WAIT
-    ),
+    _fast_delayed("keep-quant fast loads first (-DQK_KF_LOADS_FIRST): a delayed quantize not waited for",
+                  KF_LOADS_FIRST_NO_WAIT),
     _fast_delayed("control: keep-quant fast loads first (-DQK_KF_LOADS_FIRST) waits for a delayed quantize", ()),
-    _fast(
-        "control: keep-quant fast loads first (-DQK_KF_LOADS_FIRST) under order=any (Q8_0)",
-        "Wq8_0_Aq8_0_Yfp32",
-        (),
-        LOADS_FIRST,
-    ),
-    _fast(
-        "control: keep-quant fast loads first (-DQK_KF_LOADS_FIRST) under order=any (Q6_K)",
-        "Wq6_K_Aq8_K_Yfp32",
-        (),
-        LOADS_FIRST,
-    ),
+    _fast("control: keep-quant fast loads first (-DQK_KF_LOADS_FIRST) under order=any (Q8_0)", "Wq8_0_Aq8_0_Yfp32",
+          (), LOADS_FIRST),
+    _fast("control: keep-quant fast loads first (-DQK_KF_LOADS_FIRST) under order=any (Q6_K)", "Wq6_K_Aq8_K_Yfp32",
+          (), LOADS_FIRST),
     _fast("keep-quant one launch: the row's quants read in another order", "Wq4_K_Aq8_K_Yfp32", ONE_LANE_ORDER),
-    _fast(
-        "keep-quant one launch: each row-group CTA's first group skipped", "Wq5_K_Aq8_K_Yfp32", ONE_FIRST_GROUP_SKIPPED
-    ),
-    _fast(
-        "keep-quant one launch: delayed quantizing CTAs not waited for",
-        "Wq4_K_Aq8_K_Yfp32",
-        ONE_PRODUCERS_DELAYED + ONE_NO_WAIT,
-    ),
-    DeviceMutant(
-        "control: keep-quant one launch waits for delayed quantizing CTAs",
-        "ggml/keep_quant_fast.hip",
-        "",
-        "",
-        "matmul_bt_quant",
-        None,
-        leaf="Wq5_K_Aq8_K_Yfp32",
-        edits=ONE_PRODUCERS_DELAYED,
-        contract="order=any",
-    ),
-    _fast(
-        "control: keep-quant two launches (-DQK_KF_TWO_LAUNCH) under order=any (Q4_K)",
-        "Wq4_K_Aq8_K_Yfp32",
-        (),
-        TWO_LAUNCH,
-    ),
-    DeviceMutant(
-        "keep-quant one launch: the next trip not wrapped to the next row group",
-        "ggml/keep_quant_fast.hip",
-        "",
-        "",
-        "matmul_bt_quant",
-        "matches_oracle",
-        leaf="Wq4_K_Aq8_K_Yfp32",
-        coverage=2,
-        edits=ROLL_NO_WRAP,
-        contract="order=any",
-    ),
+    _fast("keep-quant one launch: each row-group CTA's first group skipped", "Wq5_K_Aq8_K_Yfp32",
+          ONE_FIRST_GROUP_SKIPPED),
+    _fast("keep-quant one launch: delayed quantizing CTAs not waited for", "Wq4_K_Aq8_K_Yfp32",
+          ONE_PRODUCERS_DELAYED + ONE_NO_WAIT),
+    DeviceMutant("control: keep-quant one launch waits for delayed quantizing CTAs", "ggml/keep_quant_fast.hip", "", "",
+                 "matmul_bt_quant", None, leaf="Wq5_K_Aq8_K_Yfp32", edits=ONE_PRODUCERS_DELAYED, contract="order=any"),
+    _fast("control: keep-quant two launches (-DQK_KF_TWO_LAUNCH) under order=any (Q4_K)", "Wq4_K_Aq8_K_Yfp32", (),
+          TWO_LAUNCH),
+    DeviceMutant("keep-quant one launch: the next trip not wrapped to the next row group", "ggml/keep_quant_fast.hip",
+                 "", "", "matmul_bt_quant", "matches_oracle", leaf="Wq4_K_Aq8_K_Yfp32", coverage=2,
+                 edits=ROLL_NO_WRAP, contract="order=any"),
     _bulk("keep-quant bulk Q6_K: a stage's rows at the full stage's stride", KB_ROW_STRIDE),
     _bulk("keep-quant bulk Q8_0: the sums not reset between row groups", KB_NO_RESET, "Wq8_0_Aq8_0_Yfp32"),
-    _bulk(
-        "keep-quant bulk Q6_K one launch: delayed quantizing CTAs not waited for", ONE_PRODUCERS_DELAYED + ONE_NO_WAIT
-    ),
-    _bulk(
-        "control: keep-quant bulk Q6_K one launch waits for delayed quantizing CTAs",
-        ONE_PRODUCERS_DELAYED,
-        control=True,
-    ),
-    _bulk(
-        "keep-quant bulk Q8_0 one launch: delayed quantizing CTAs not waited for",
-        ONE_PRODUCERS_DELAYED + ONE_NO_WAIT,
-        "Wq8_0_Aq8_0_Yfp32",
-    ),
-    _bulk(
-        "control: keep-quant bulk Q8_0 as two launches (-DQK_KF_TWO_LAUNCH) under order=any",
-        (),
-        "Wq8_0_Aq8_0_Yfp32",
-        control=True,
-        define=TWO_LAUNCH,
-    ),
-    _fast(
-        "control: keep-quant Q6_K staged as before the bulk copy (-DQK_KF_STAGED) under order=any",
-        "Wq6_K_Aq8_K_Yfp32",
-        (),
-        "-DQK_KF_STAGED",
-    ),
+    _bulk("keep-quant bulk Q6_K one launch: delayed quantizing CTAs not waited for",
+          ONE_PRODUCERS_DELAYED + ONE_NO_WAIT),
+    _bulk("control: keep-quant bulk Q6_K one launch waits for delayed quantizing CTAs", ONE_PRODUCERS_DELAYED,
+          control=True),
+    _bulk("keep-quant bulk Q8_0 one launch: delayed quantizing CTAs not waited for",
+          ONE_PRODUCERS_DELAYED + ONE_NO_WAIT, "Wq8_0_Aq8_0_Yfp32"),
+    _bulk("control: keep-quant bulk Q8_0 as two launches (-DQK_KF_TWO_LAUNCH) under order=any", (),
+          "Wq8_0_Aq8_0_Yfp32", control=True, define=TWO_LAUNCH),
+    _fast("control: keep-quant Q6_K staged as before the bulk copy (-DQK_KF_STAGED) under order=any",
+          "Wq6_K_Aq8_K_Yfp32", (), "-DQK_KF_STAGED"),
 )
 # ort/gqa_flash.hip (gqa_prefill under --contract storage=fp16; coverage 1: a chunk with a past of
 # 5 rows, window 3, softcap, a head sink and a full bias; a first prompt with smooth_softmax)

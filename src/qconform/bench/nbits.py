@@ -355,9 +355,9 @@ def ring_variants(shapes=SHAPES, bits_list=(2, 4), ms=(1, 8), reps: int = 50, ve
     ``RING_STRIDED`` for u2; each is the shipped build at the other width, not timed twice), with the
     ring's transposed weight words read by four shared reads a 16-row half instead of one ldmatrix.x4
     (``RING_LDS``, the shipped order; the build before session 34), with the unchecked superchunks'
-    scale copies free of the tensor-end test in every CTA but the last (``RING_TAIL_SPLIT``) and with
-    with u4's staged activations loaded and stored a unit at a time (``RING_UNIT_STAGE``; u2's always are),
-    and with its copies alone (``RING_LOADS_ONLY``, no verdict: its outputs are zeros), side by side on the same
+    scale copies free of the tensor-end test in every CTA but the last (``RING_TAIL_SPLIT``), with u4's
+    staged activations loaded and stored a unit at a time (``RING_UNIT_STAGE``; u2's always are), and with
+    its copies alone (``RING_LOADS_ONLY``, no verdict: its outputs are zeros), side by side on the same
     cold weights and in the shipped build's launch plan, against the read-only roofline of the
     weights, scales and activations. ``only``: these builds' names beside the shipped one (default every one)."""
     from qconform.device import ort as ort_launch
