@@ -217,8 +217,7 @@ if part patched; then
   # GEMM (-DQK_BNB_GEMM_V1), GQA's session-9 flash decode (-DQK_GQA_FLASH_V1), int8 transposed cache as
   # uint8 (-DQK_GQA_I8T_U8), the mma decode's append's reads issued first (-DQK_GQA_APPEND_LOADS_FIRST),
   # QMoE's session-3 decode (-DQK_MOE_DECODE_V1), round 1's grouped GEMM (-DQK_MOE_GEMM_V1), its matrix-unit
-  # decode reading the biases after the sums (-DQK_MOE_BIAS_AT_END) and with fc1m's barrier per task slot
-  # (-DQK_MOE_SLOT_BARRIER), the phase
+  # decode reading the biases after the sums (-DQK_MOE_BIAS_AT_END), the phase
   # stamps of both decodes and of the keep-quant GEMV (-DQK_PHASES, the last also with its loads first),
   # MatMulNBits prefill without wgmma (-DQK_NBITS_NO_WGMMA)
   front "$KERNELS/bnb/gemm_mma.hip -DQK_MMA_EMULATE -DQK_BNBM_TAB16" -DQK_MMA_EMULATE -DQK_BNBM_TAB16 \
@@ -228,7 +227,7 @@ if part patched; then
   for def in -DQK_GQA_FLASH_V1 -DQK_GQA_I8T_U8 -DQK_PHASES -DQK_GQA_APPEND_LOADS_FIRST -DQK_MMA_EMULATE; do
     front "$KERNELS/ort/gqa.hip $def" "$def" "$KERNELS/ort/gqa.hip"
   done
-  for def in -DQK_MOE_DECODE_V1 -DQK_MOE_GEMM_V1 -DQK_PHASES -DQK_MMA_EMULATE -DQK_MOE_BIAS_AT_END -DQK_MOE_SLOT_BARRIER; do
+  for def in -DQK_MOE_DECODE_V1 -DQK_MOE_GEMM_V1 -DQK_PHASES -DQK_MMA_EMULATE -DQK_MOE_BIAS_AT_END; do
     front "$KERNELS/ort/qmoe.hip $def" "$def" "$KERNELS/ort/qmoe.hip"
   done
   front "$KERNELS/ort/gqa_flash.hip -DQK_MMA_EMULATE" -DQK_MMA_EMULATE "$KERNELS/ort/gqa_flash.hip"

@@ -727,8 +727,6 @@ QMOE_MUTANTS = (
           QMOE_F2_BIAS_SLOT),
     _qmoe("control: QMoE biases read at the end (-DQK_MOE_BIAS_AT_END)", None, "qmoe_decode", "Xfp16_Wu4_Yfp16",
           define="-DQK_MOE_BIAS_AT_END"),
-    _qmoe("control: QMoE fc1m with a barrier per task slot (-DQK_MOE_SLOT_BARRIER)", None, "qmoe_decode",
-          "Xfp16_Wu4_Yfp16", define="-DQK_MOE_SLOT_BARRIER", coverage=2),
     _qmoe("control: QMoE fc1 of an fp16 input on qk_moe_fc1v (-DQK_MOE_FC1_SIMT)", None, "qmoe_decode",
           "Xfp16_Wu4_Yfp16", define="-DQK_MOE_FC1_SIMT"),
     _qmoe("QMoE fc2 mma: the input as one bf16 part", "matches_oracle", "qmoe_decode", "Xfp16_Wu4_Yfp16",

@@ -163,7 +163,6 @@ VARIANTS = {  # name -> build options (qconform.device.ort.qmoe)
     "decode_fc2v": ("-DQK_MOE_FC2_SIMT",),  # fc2 of an fp16 layer on qk_moe_fc2v (session 9), not qk_moe_fc2m
     "decode_v1": ("-DQK_MOE_DECODE_V1",),
     "bias_at_end": ("-DQK_MOE_BIAS_AT_END",),  # fc1m / fc2m reading their biases after the sums (before session 52)
-    "slot_barrier": ("-DQK_MOE_SLOT_BARRIER",),  # fc1m's parts synchronised per task slot, not per CTA (CUDA)
     "legacy": ("-DQK_MOE_LEGACY",),
     STREAM_ORDER: (),  # the default build with every launch in stream order (fc2m not a dependent of fc1m)
 }

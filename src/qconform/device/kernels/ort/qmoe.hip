@@ -1063,19 +1063,6 @@ __device__ __forceinline__ int qk_moe_seg_shift(int bs) { return bs ? 26 - __clz
 #define QK_MOE_M_WARPS 8 /* warps per CTA of qk_moe_fc1m / qk_moe_fc2m (256 threads) */
 #define QK_MOE_F2_BATCH 4 /* qk_moe_fc2m's staging: words a thread loads before converting */
 
-/* the barrier between a task's parts: the CTA's; bench-only -DQK_MOE_SLOT_BARRIER: on CUDA only the task
- * slot's `parts` warps (named barrier 1 + q: the CTA's other task slot goes on; session 52's ncu found
- * fc1m's warps 20% of their time at this barrier), elsewhere the CTA's */
-__device__ __forceinline__ void qk_moe_parts_sync(int q, int parts) {
-#if defined(QK_MOE_SLOT_BARRIER) && defined(QK_CUDA)
-    asm volatile("bar.sync %0, %1;" ::"r"(1 + q), "r"(32 * parts) : "memory");
-#else
-    (void)q;
-    (void)parts;
-    __syncthreads();
-#endif
-}
-
 /* routing + fc1 + the activation on the matrix units (above); grid (CTAs per token, T tokens), dynamic
  * shared memory 512 bytes per step of K. `parts` warps (1, 2, 4 or 8; qmoe_tiling.mma_parts, a function
  * of the shape) share a task: part p takes steps [p steps / parts, (p + 1) steps / parts) and part 0
@@ -1135,12 +1122,12 @@ __device__ __forceinline__ void qk_moe_fc1m_body(const void* x, const void* logi
         if (parts > 1) { /* part 0 adds the parts in order */
             s_part[warp][0][lane] = acc[0];
             s_part[warp][1][lane] = acc[1];
-            qk_moe_parts_sync(q, parts);
+            __syncthreads();
             if (part == 0)
 #pragma unroll
                 for (int r = 0; r < 2; ++r)
                     for (int p = 1; p < parts; ++p) acc[r] = QK_FADD(acc[r], s_part[warp + p][r][lane]);
-            qk_moe_parts_sync(q, parts); /* read before the next round's parts are stored */
+            __syncthreads(); /* read before the next round's parts are stored */
         }
         if (!live || part != 0) continue;
         float h[2];
