@@ -127,6 +127,7 @@ def test_ends_by_load_groups_the_ctas_by_their_strided_row_groups_and_their_sms(
     """7 row groups on 3 row-group CTAs after 1 quantizing CTA: CTA 0 takes groups 0, 3, 6 and CTAs 1, 2
     two each (the stride of kf_roll_rows / kf_bulk_gemv); CTAs 0 and 2 share SM 4 (5 groups), CTA 1 is
     on SM 7. A split into contiguous ranges (3, 3, 1 groups) would count otherwise."""
+    from qconform.bench import phases
     from qconform.bench.phases import ends_by_load
 
     (marked, _) = KQ
@@ -134,6 +135,8 @@ def test_ends_by_load_groups_the_ctas_by_their_strided_row_groups_and_their_sms(
     wall[:, marked.last] = [3_000, 13_000, 10_000, 11_000]  # ns; row 0 is the quantizing CTA
     sm = np.array([2, 5, 8, 5])  # each row's SM plus one
     lines = ends_by_load(wall, sm, marked, 1_000, 1, 3, 7)
+    assert phases.strided_groups(np.arange(3), 7, 3).tolist() == [3, 2, 2]
+    assert phases.strided_groups(np.arange(4), 2, 4).tolist() == [1, 1, 0, 0]  # more CTAs than groups
     assert lines == [
         "| row groups a CTA | CTAs | end us median | end us max |",
         "|---|---|---|---|",
@@ -144,6 +147,21 @@ def test_ends_by_load_groups_the_ctas_by_their_strided_row_groups_and_their_sms(
         "| 2 | 1 | 9.00 | 9.00 |",
         "| 5 | 2 | 11.00 | 12.00 |",
     ]
+
+
+def test_ends_by_load_with_contiguous_ranges_is_caught(monkeypatch):
+    """Mutant: the groups counted as contiguous ranges (CTA c: groups floor(c G / C) .. floor((c + 1) G / C): 2, 2
+    and 3 of 7 on 3 CTAs, where the stride gives 3, 2, 2) give other tables for the same stamps."""
+    from qconform.bench import phases
+
+    (marked, _) = KQ
+    wall = np.zeros((4, SLOTS), np.int64)
+    wall[:, marked.last] = [3_000, 13_000, 10_000, 11_000]
+    sm = np.array([2, 5, 8, 5])
+    shipped = phases.ends_by_load(wall, sm, marked, 1_000, 1, 3, 7)
+    monkeypatch.setattr(phases, "strided_groups", lambda c, groups, ctas: (c + 1) * groups // ctas - c * groups // ctas)
+    assert phases.strided_groups(np.arange(3), 7, 3).tolist() == [2, 2, 3]
+    assert phases.ends_by_load(wall, sm, marked, 1_000, 1, 3, 7) != shipped
 
 
 def test_the_row_group_size_is_the_kernels():

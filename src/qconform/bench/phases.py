@@ -154,16 +154,21 @@ def first_entry(wall: np.ndarray, kernels: tuple[Marked, ...]) -> int:
     return int(min(s.min() for s in starts if s.size)) if any(s.size for s in starts) else 0
 
 
+def strided_groups(c: np.ndarray, groups: int, ctas: int) -> np.ndarray:
+    """How many of ``groups`` row groups row-group CTA c takes when CTA c takes c, c + C, ... (C = ``ctas``;
+    keep_quant_fast.hip kf_roll_rows, kf_bulk_gemv): len(range(c, groups, C))."""
+    return np.maximum(-(-(groups - c) // ctas), 0)
+
+
 def ends_by_load(
     wall: np.ndarray, sm: np.ndarray, marked: Marked, origin: int, producers: int, ctas: int, groups: int
 ) -> list[str]:
     """Markdown lines: when the one launch's row-group CTAs end (us after ``origin``, ns, median / max), by
-    how many row groups each took and by how many its SM's row-group CTAs took together. Row-group
-    CTA c (stamp row ``producers + c``) takes the groups c, c + C, ... of ``groups`` (C = ``ctas``;
-    keep_quant_fast.hip kf_roll_rows, kf_bulk_gemv); ``sm``: each row's SM plus one."""
+    how many row groups each took (row-group CTA c at stamp row ``producers + c``: ``strided_groups``) and by
+    how many its SM's row-group CTAs took together; ``sm``: each row's SM plus one."""
     rows = np.flatnonzero(wall[:, marked.last] > 0)
     rows = rows[rows >= producers]
-    took = -(-(groups - (rows - producers)) // ctas)  # len(range(c, groups, C))
+    took = strided_groups(rows - producers, groups, ctas)
     end = (wall[rows, marked.last] - origin) / 1e3
     on_sm = sm[rows]
     sm_load = {int(s): int(took[on_sm == s].sum()) for s in np.unique(on_sm)}
