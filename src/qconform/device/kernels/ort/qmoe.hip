@@ -700,19 +700,19 @@ __device__ __forceinline__ float qk_moe_group_sum(float a, int L) {
     return a;
 }
 
-/* a row's dot product plus its bias (qk_moe_reduce's rounding) */
-__device__ __forceinline__ float qk_moe_biased(float a, const qk_moe_fc& f, qk_i64 at) {
-    return f.has_bias ? qk_ftz(QK_FADD(a, qk_ftz(qk_load_f(f.b, at, f.s16)))) : a;
-}
-
-/* qk_moe_biased in two halves, so that the bias can be read long before the sum is done (the matrix-unit
- * kernels: read at a task's start, added at its end; -DQK_MOE_BIAS_AT_END, bench-only, reads it at the
- * end as before session 52: docs/perf-notes.md) */
+/* a row's bias, and a dot product plus it (qk_moe_reduce's rounding), apart so that the bias can be read
+ * long before the sum is done (the matrix-unit kernels: read at a task's start, added at its end;
+ * -DQK_MOE_BIAS_AT_END, bench-only, reads it at the end as before session 52: docs/perf-notes.md) */
 __device__ __forceinline__ float qk_moe_bias_of(const qk_moe_fc& f, qk_i64 at) {
     return f.has_bias ? qk_ftz(qk_load_f(f.b, at, f.s16)) : 0.0f;
 }
 __device__ __forceinline__ float qk_moe_plus_bias(float a, const qk_moe_fc& f, float b) {
     return f.has_bias ? qk_ftz(QK_FADD(a, b)) : a;
+}
+
+/* a row's dot product plus its bias, read here */
+__device__ __forceinline__ float qk_moe_biased(float a, const qk_moe_fc& f, qk_i64 at) {
+    return qk_moe_plus_bias(a, f, qk_moe_bias_of(f, at));
 }
 
 /* a = b1 + b2 + b3 in bf16 (b1: a's upper 16 bits; r = a - b1 is exact and has at most 16 significant
