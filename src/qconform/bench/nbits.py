@@ -15,7 +15,9 @@ matrix-unit kernel (decode_zp shape) in the session-3 arithmetic (build option
 folded into the weights) side by side; then the fp16 ring decode kernel as shipped beside its
 bench-only builds ``-DQK_NBITS_RING_CONTIGUOUS``, ``-DQK_NBITS_RING_STRIDED``, ``-DQK_NBITS_RING_LDS``,
 ``-DQK_NBITS_RING_TAIL_SPLIT``, ``-DQK_NBITS_STAGE_BATCH=1`` and ``-DQK_NBITS_RING_LOADS_ONLY`` (``ring_variants``).
-``--variants f32`` / ``zp`` / ``ring``: one table only.
+``--variants f32`` / ``zp`` / ``ring``: one table only. ``--variants fold`` (apart from ``all``): the
+prefill GEMM under storage=fp16 in cluster pairs (shipped) beside ``-DQK_NBITS_FOLD_CLUSTER=1`` (every
+CTA copying its whole activation box) and fp16 cuBLAS, M = 512 .. 4096 (``fold_variants``).
 """
 
 from __future__ import annotations
