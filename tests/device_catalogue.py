@@ -389,10 +389,6 @@ FOLD_LEFT_OVER: Edits = (
     ),
 )
 
-# the cluster pair's activation copies: each CTA copies the other CTA's half of the token tile into its own
-# half's place (tokens 128 .. 255 read as 0 .. 127 and back: the catalogue's M 264 and 272 cases)
-FOLD_CLUSTER_HALF: Edits = (("tok0 + rank * (L::TOK / CL)", "tok0 + (CL - 1 - rank) * (L::TOK / CL)"),)
-
 
 def _wgmma(name: str, edits: Edits, leaf: str = "Xfp16_Wu2_Yfp16", contract: str = "") -> DeviceMutant:
     return DeviceMutant(
@@ -493,10 +489,6 @@ ORT_MUTANTS = (
     _wgmma("wgmma fold: u4 words in each other's K slots", FOLD_K_SLOTS, "Xfp16_Wu4_Yfp16", "storage=fp16"),
     _wgmma("wgmma fold: packed zero points of the word's first block", FOLD_ZP_BLOCK, contract="storage=fp16"),
     _wgmma("wgmma fold: the chunks left over never computed", FOLD_LEFT_OVER, "Xfp16_Wu4_Yfp16", "storage=fp16"),
-    _wgmma("wgmma fold: a cluster pair's activation halves swapped", FOLD_CLUSTER_HALF, contract="storage=fp16"),
-    DeviceMutant("control: wgmma fold, one CTA a box (-DQK_NBITS_FOLD_CLUSTER=1)", "ort/nbits_wgmma.hip", "",
-                 "-DQK_NBITS_FOLD_CLUSTER=1", "matmul_nbits", None, leaf="Xfp16_Wu4_Yfp16", coverage=2,
-                 contract="storage=fp16"),
     _mma("ring GEMV fp32 A: the lo parts not added", "matches_oracle", edits=RING_F32_NO_LO, leaf="Xfp32_Wu2_Yfp32"),
     _mma("ring GEMV fp32 A: lo scaled back by 2^-e", "matches_oracle", edits=RING_F32_LO_SCALE, leaf="Xfp32_Wu4_Yfp32"),
     _mma("ring GEMV fp32 A: group 1 reads group 0", "matches_oracle", edits=RING_F32_GROUP, leaf="Xfp32_Wu2_Yfp32"),

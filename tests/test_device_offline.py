@@ -143,7 +143,7 @@ def test_every_device_mutant_symbol_exists() -> None:
             text += (COMMON_DIR / "qk_portable.h").read_text()
             text += "".join(p.read_text() for p in sorted((KERNEL_DIR / m.source.split("/")[0]).glob("*.hip")))
             for define in m.options.split():
-                assert define.startswith("-D") and define[2:].split("=")[0] in text, m.name
+                assert define.startswith("-D") and define[2:] in text, m.name
         elif m.is_so:
             assert f"int {m.symbol}(" in text, m.name
         else:
@@ -215,7 +215,6 @@ def test_every_patch_applies_once_to_the_shipped_kernel() -> None:
             "-DQK_KF_TWO_LAUNCH",
             "-DQK_KF_STAGED",
             "-DQK_MOE_BIAS_AT_END",
-            "-DQK_NBITS_FOLD_CLUSTER=1",
         )
         assert all(o in build for o in m.options.split() if o.startswith("-D"))
 

@@ -424,11 +424,11 @@ def wgmma_smem(bits: int, packed: bool = False, fold: bool = False) -> int:
     """The wgmma GEMM's dynamic shared memory (ort/nbits_wgmma.hip, QkWgLayout / QkWgRsLayout, plus 1 KB
     to align its base to 1024 bytes): per stage 128 bytes of activations a token, the raw weights (8
     bits bytes a row) and scale words (4 bytes a row); with ``packed`` zero points a zero-point word a
-    thread (8 bytes a row; ``fold``: a word a row, and the stage's two 8-byte mbarriers); unless ``fold``, 3
+    thread (8 bytes a row; ``fold``: a word a row, and the stage's 8-byte mbarrier); unless ``fold``, 3
     fp16 weight stages of 16 KB and 4 fp32 scale stages (4 runs of 32 floats, 36 apart)."""
     s, rows = (WGMMA_FOLD_STAGES if fold else WGMMA_STAGES), WGMMA_TILE
     stage = wgmma_tokens(fold) * 128 + rows * 8 * bits + rows * 4 + (rows * (4 if fold else 8) if packed else 0)
-    return s * (stage + (16 if fold else 0)) + (0 if fold else 3 * rows * 128 + 4 * 4 * 36 * 4) + 1024
+    return s * (stage + (8 if fold else 0)) + (0 if fold else 3 * rows * 128 + 4 * 4 * 36 * 4) + 1024
 
 
 MMA_DECODE_CANDIDATES = (

@@ -112,33 +112,30 @@ def _launch_gemm(bits: int, M: int, lay: Any, ptrs: tuple, packed: bool, has_bia
     return True
 
 
-_WGMMA_FLAGS: dict[tuple[str, tuple[str, ...], int], tuple[bool, int]] = {}
+_WGMMA_BUILT: dict[tuple[str, tuple[str, ...], int], bool] = {}
 
 
-def _wgmma_flags(options: tuple[str, ...]) -> tuple[bool, int]:
+def _wgmma_built(options: tuple[str, ...]) -> bool:
     """Whether the wgmma source built with ``options`` has its kernels (the module's
-    ``qk_nbits_wgmma_built``, 1 where NVRTC compiled it for sm_90a), and the fold kernels' CTAs a
-    cluster (``qk_nbits_fold_cluster``): read once per build and device. A build NVRTC refuses (an
-    older toolkit without sm_90a) is one without them: the GEMM runs."""
+    ``qk_nbits_wgmma_built``, 1 where NVRTC compiled it for sm_90a): read once per build and device.
+    A build NVRTC refuses (an older toolkit without sm_90a) is one without them: the GEMM runs."""
     path = launchers.OVERRIDES.get(WGMMA, KERNEL_DIR / WGMMA)
     opts = launchers.OPTIONS + options
     key = (str(path), opts, cupy.cuda.Device().id)
-    if key not in _WGMMA_FLAGS:
+    if key not in _WGMMA_BUILT:
         try:
-            module = load_module(path, opts)
+            flag = load_module(path, opts).get_global("qk_nbits_wgmma_built")
         except cupy.cuda.compiler.CompileException:
-            _WGMMA_FLAGS[key] = (False, 1)
+            _WGMMA_BUILT[key] = False
         else:
-            built, cluster = (int(cupy.ndarray((1,), cupy.int32, module.get_global(name)).get()[0])
-                              for name in ("qk_nbits_wgmma_built", "qk_nbits_fold_cluster"))
-            _WGMMA_FLAGS[key] = (bool(built), cluster)
-    return _WGMMA_FLAGS[key]
+            _WGMMA_BUILT[key] = bool(cupy.ndarray((1,), cupy.int32, flag).get()[0])
+    return _WGMMA_BUILT[key]
 
 
 def has_wgmma() -> bool:
     """Whether this device and its build of the wgmma source run ``qk_nbits_wgmma``."""
     options = arch_specific_options()
-    return bool(options) and _wgmma_flags(options)[0]
+    return bool(options) and _wgmma_built(options)
 
 
 def _launch_wgmma(bits: int, M: int, lay: Any, ptrs: tuple, packed: bool, has_bias: bool, fold: bool) -> bool:
@@ -151,10 +148,7 @@ def _launch_wgmma(bits: int, M: int, lay: Any, ptrs: tuple, packed: bool, has_bi
     options = arch_specific_options()
     A, B, scales, zp, bias, y = ptrs
     symbol, smem = wgmma_symbol(bits, packed, fold), wgmma_smem(bits, packed, fold)
-    # the fold kernels run in clusters of `cluster` row tiles (a pair shares its activation copies):
-    # the row tiles rounded up to whole clusters (a tile past N reads zeros and stores nothing)
-    cluster = _wgmma_flags(options)[1] if fold else 1
-    grid = (-(-M // wgmma_tokens(fold)), -(-lay.N // (WGMMA_TILE * cluster)) * cluster)
+    grid = (-(-M // wgmma_tokens(fold)), -(-lay.N // WGMMA_TILE))
     if grid[1] >= 2**16 or smem > smem_limits()[0] or not allow_smem(kernel_of(WGMMA, symbol, options), smem):
         return False
     y_vec = lay.N % 8 == 0 and y.data.ptr % 16 == 0
@@ -163,7 +157,7 @@ def _launch_wgmma(bits: int, M: int, lay: Any, ptrs: tuple, packed: bool, has_bi
     if fold:  # the activations' and the weights' tensor copies (ort/nbits_wgmma.hip, qk_nbits_wgmma_rs)
         row_bytes = lay.k_blocks * lay.block_size * bits // 8
         a_or_map = tensormap.tiled_2d(A.data.ptr, tensormap.FLOAT16, (lay.K, M), 2 * lay.K,
-                                      (64, wgmma_tokens(fold) // cluster), tensormap.SWIZZLE_128B)
+                                      (64, wgmma_tokens(fold)), tensormap.SWIZZLE_128B)
         b_or_map = tensormap.tiled_2d(B.data.ptr, tensormap.UINT8, (row_bytes, lay.N), row_bytes,
                                       (8 * bits, WGMMA_TILE), tensormap.SWIZZLE_NONE)
         if a_or_map is None or b_or_map is None:

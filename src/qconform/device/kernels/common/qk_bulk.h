@@ -31,29 +31,6 @@ __device__ __forceinline__ void qk_bulk_copy(qk_u32 dst, const void* src, qk_u32
                  ::"r"(dst), "l"(src), "r"(bytes), "r"(bar)
                  : "memory");
 }
-/* thread block clusters (PTX ISA "Parallel Synchronization and Communication Instructions: barrier.cluster,
- * mbarrier", "Data Movement and Conversion Instructions: mapa"): this CTA's rank in its cluster; a barrier of
- * every thread of the cluster (release / acquire: writes before it, local or remote, visible after it);
- * an mbarrier of count arrivals; one arrival (the default .release.cta, as CUTLASS's ClusterBarrier::arrive
- * to a CTA of the cluster) on the mbarrier at the local address bar in the cluster's CTA rank: it orders
- * reads this CTA has completed before the copies the other CTA issues once it has waited on the phase
- * (qk_mbar_wait) */
-__device__ __forceinline__ int qk_cluster_rank() {
-    qk_u32 r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return (int)r;
-}
-__device__ __forceinline__ void qk_cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-__device__ __forceinline__ void qk_mbar_init_count(qk_u32 bar, int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void qk_mbar_arrive_remote(qk_u32 bar, int rank) {
-    asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
-                 "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}" ::"r"(bar), "r"(rank)
-                 : "memory");
-}
 #else
 #define QK_BULK 0
 #endif

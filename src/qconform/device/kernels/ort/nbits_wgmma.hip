@@ -397,29 +397,11 @@ struct QkWgRsLayout {
     static constexpr int ROWS = 128, TOK = 256;
     static constexpr int A_STAGE = TOK * 128, W_STAGE = ROWS * 8 * BITS;
     static constexpr int A0 = 0, W0 = A0 + S * A_STAGE, SC0 = W0 + S * W_STAGE, ZW0 = SC0 + S * ROWS * 4;
-    /* a stage's mbarriers (8 bytes each): its copies landed (BAR0), read by both CTAs of a cluster (EBAR0) */
-    static constexpr int BAR0 = ZW0 + (ZP ? S * ROWS * 4 : 0), EBAR0 = BAR0 + S * 8;
-    static constexpr int BYTES = EBAR0 + S * 8;
+    static constexpr int BAR0 = ZW0 + (ZP ? S * ROWS * 4 : 0); /* a stage's mbarrier: 8 bytes */
+    static constexpr int BYTES = BAR0 + S * 8;
 };
 
-/* CTAs a cluster of the fold kernels: 2 (the default) pairs the CTAs of row tiles 2 i and 2 i + 1 of a token
- * tile, each copying half of the activation box into both CTAs' stage (the tensor copy's multicast), so the
- * activations cross from L2 once a pair; 1 (bench-only, qconform.bench.nbits --fold-builds) every CTA
- * copies its whole box (the build before session 53). The launcher reads qk_nbits_fold_cluster. */
-#ifndef QK_NBITS_FOLD_CLUSTER
-#define QK_NBITS_FOLD_CLUSTER 2
-#endif
-
-/* qk_tma_2d's box into the same shared offset of every CTA of the cluster in cta_mask, completing on the
- * mbarrier at bar's offset in each (PTX ISA "cp.async.bulk.tensor", .multicast::cluster) */
-__device__ __forceinline__ void qk_tma_2d_multicast(qk_u32 dst, qk_u64 tmap, int x, int y, qk_u32 bar, int cta_mask) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
-                 " [%0], [%1, {%2, %3}], [%4], %5;"
-                 ::"r"(dst), "l"(tmap), "r"(x), "r"(y), "r"(bar), "h"((unsigned short)cta_mask)
-                 : "memory");
-}
-
-template <int BITS, int S, bool ZP, int D = (S >= 5 ? 2 : 1), int CL = QK_NBITS_FOLD_CLUSTER>
+template <int BITS, int S, bool ZP, int D = (S >= 5 ? 2 : 1)>
 __device__ __forceinline__ void qk_nbits_wgmma_rs(qk_u64 amap, qk_u64 bmap, const qk_u16* scales, const qk_u8* zp,
                                                   const qk_u16* bias, qk_u16* Y, int M, int K, int N, int cpb_shift,
                                                   int k_blocks, int zp_bytes, int has_bias, int y_vec) {
@@ -431,9 +413,7 @@ __device__ __forceinline__ void qk_nbits_wgmma_rs(qk_u64 amap, qk_u64 bmap, cons
     const int tid = (int)threadIdx.x, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int row0 = (int)blockIdx.y * L::ROWS, tok0 = (int)blockIdx.x * L::TOK;
     const int n_chunks = (K + 63) >> 6;
-    const qk_u32 bar0 = base + L::BAR0, ebar0 = base + L::EBAR0;
-    const int rank = CL > 1 ? qk_cluster_rank() : 0;
-    constexpr int A_PART = L::A_STAGE / CL; /* the bytes of activations this CTA copies a chunk */
+    const qk_u32 bar0 = base + L::BAR0;
 
     /* chunk c's activations (256 tokens x 64 K: amap's box, 128-byte swizzled, zeros past M and K) and
      * raw weights (128 rows x 8 BITS bytes: bmap's box, zeros past N) by the tensor copy, issued by
@@ -447,14 +427,8 @@ __device__ __forceinline__ void qk_nbits_wgmma_rs(qk_u64 amap, qk_u64 bmap, cons
         const int st = c % S;
         if (tid == 0) {
             const qk_u32 bar = bar0 + 8 * st;
-            /* the stage is free in every CTA of the cluster: chunk c - S's reads done (step c - S + D) */
-            if (CL > 1 && c >= S) qk_mbar_wait(ebar0 + 8 * st, (c / S - 1) & 1);
             qk_mbar_expect(bar, L::A_STAGE + L::W_STAGE);
-            if (CL > 1)
-                qk_tma_2d_multicast(base + L::A0 + st * L::A_STAGE + rank * A_PART, amap, 64 * c,
-                                    tok0 + rank * (L::TOK / CL), bar, (1 << CL) - 1);
-            else
-                qk_tma_2d(base + L::A0 + st * L::A_STAGE, amap, 64 * c, tok0, bar);
+            qk_tma_2d(base + L::A0 + st * L::A_STAGE, amap, 64 * c, tok0, bar);
             qk_tma_2d(base + L::W0 + st * L::W_STAGE, bmap, 8 * BITS * c, row0, bar);
         }
         const int blk = c >> cpb_shift;
@@ -536,22 +510,16 @@ __device__ __forceinline__ void qk_nbits_wgmma_rs(qk_u64 amap, qk_u64 bmap, cons
         qk_cp_async_wait<S - D - 2>();
         qk_fence_proxy_async();
         __syncthreads();
-        if (CL > 1 && tid == 0 && c >= D && c + S - D < n_chunks) /* chunk c - D read here: its stage's refill may go */
-            for (int q = 0; q < CL; ++q) qk_mbar_arrive_remote(ebar0 + 8 * ((c - D) % S), q);
         refill(c + S - D);
         if (c + 1 < n_chunks) convert(c + 1, nxt);
     };
 
     if (tid == 0) {
 #pragma unroll
-        for (int st = 0; st < S; ++st) {
-            qk_mbar_init(bar0 + 8 * st);
-            if (CL > 1) qk_mbar_init_count(ebar0 + 8 * st, CL);
-        }
+        for (int st = 0; st < S; ++st) qk_mbar_init(bar0 + 8 * st);
         qk_mbar_init_fence();
     }
-    if (CL > 1) qk_cluster_sync(); /* every CTA's mbarriers initialised before a copy or arrival reaches them */
-    else __syncthreads();
+    __syncthreads();
 #pragma unroll
     for (int j = 0; j < S - D; ++j) refill(j);
     qk_cp_async_wait<S - D - 1>();
@@ -590,9 +558,6 @@ __device__ __forceinline__ void qk_nbits_wgmma_rs(qk_u64 amap, qk_u64 bmap, cons
             }
     }
     __syncthreads();
-    /* no cluster barrier before leaving: every copy into this CTA and every arrival on its mbarriers is one
-     * that this CTA waited for before its last chunk (the partner's arrivals for chunk j before its copies of
-     * chunk j + S into both CTAs) */
     qk_wg_store_tile<L::TOK, L::ROWS, YROW>(sY, Y, tok0, row0, M, N, y_vec);
 }
 #endif
@@ -639,13 +604,8 @@ struct __align__(128) QkTensorMap {
 #define QK_NBITS_WGMMA(BITS, S)                                                                                        \
     QK_NBITS_WGMMA_DEF(qk_nbits_wgmma_u##BITS##_s##S, qk_nbits_wgmma, BITS, S, false)                                 \
     QK_NBITS_WGMMA_DEF(qk_nbits_wgmma_u##BITS##_s##S##_z, qk_nbits_wgmma, BITS, S, true)
-#if QK_WGMMA && QK_NBITS_FOLD_CLUSTER > 1
-#define QK_NBITS_FOLD_CLUSTER_DIMS __cluster_dims__(1, QK_NBITS_FOLD_CLUSTER, 1)
-#else
-#define QK_NBITS_FOLD_CLUSTER_DIMS
-#endif
 #define QK_NBITS_WGMMA_FOLD_DEF(NAME, BITS, S, ZP)                                                                     \
-    extern "C" __global__ void __launch_bounds__(256, 1) QK_NBITS_FOLD_CLUSTER_DIMS                                    \
+    extern "C" __global__ void __launch_bounds__(256, 1)                                                               \
         NAME(const QK_GRID_CONSTANT QkTensorMap amap, const QK_GRID_CONSTANT QkTensorMap bmap, const qk_u16* scales,   \
              const qk_u8* zp, const qk_u16* bias, qk_u16* Y, int M, int K, int N, int cpb_shift, int k_blocks,          \
              int zp_bytes, int has_bias, int y_vec) {                                                                  \
@@ -667,6 +627,3 @@ extern "C" __device__ int qk_nbits_wgmma_built = 1;
 #else
 extern "C" __device__ int qk_nbits_wgmma_built = 0;
 #endif
-/* the fold kernels' CTAs a cluster (the launcher's grid is a multiple of it along y, its activation box
- * 256 / it tokens) */
-extern "C" __device__ int qk_nbits_fold_cluster = QK_NBITS_FOLD_CLUSTER;
