@@ -15,7 +15,9 @@ matrix-unit kernel (decode_zp shape) in the session-3 arithmetic (build option
 folded into the weights) side by side; then the fp16 ring decode kernel as shipped beside its
 bench-only builds ``-DQK_NBITS_RING_CONTIGUOUS``, ``-DQK_NBITS_RING_STRIDED``, ``-DQK_NBITS_RING_LDS``,
 ``-DQK_NBITS_RING_TAIL_SPLIT``, ``-DQK_NBITS_STAGE_BATCH=1`` and ``-DQK_NBITS_RING_LOADS_ONLY`` (``ring_variants``).
-``--variants f32`` / ``zp`` / ``ring``: one table only.
+``--variants f32`` / ``zp`` / ``ring``: one table only. ``--variants fold`` (apart from ``all``): the
+prefill GEMM under storage=fp16 as shipped beside its bench-only build ``-DQK_NBITS_FOLD_L2_AHEAD=8`` (each
+weight box asked of L2 8 chunks before its copy) and fp16 cuBLAS, M = 512 .. 4096 (``fold_variants``).
 """
 
 from __future__ import annotations
@@ -552,6 +554,56 @@ def prefill(
     return records
 
 
+FOLD_BUILDS = (  # (name, build options) of the storage=fp16 fold kernels timed side by side
+    ("shipped", ()),
+    ("weights to L2 8 chunks ahead", ("-DQK_NBITS_FOLD_L2_AHEAD=8",)),
+)
+
+
+def fold_variants(shapes=PREFILL_SHAPES, bits_list=(2, 4), ms=PREFILL_MS, reps: int = 10, only=()) -> bool:
+    """The prefill GEMM under storage=fp16 (``qk_nbits_wgmma_fold``) in each build of ``FOLD_BUILDS``
+    beside fp16 cuBLAS on the weights dequantized once (2 weight sets). Check: the first build's output
+    within the storage=fp16 bound, every other build's bit-identical to it (the builds differ in how
+    the copies reach shared memory, not in the sums). ``only``: these builds' names."""
+    from qconform.device import ort as ort_launch
+
+    builds = [(n, o) for n, o in FOLD_BUILDS if n in only] if only else FOLD_BUILDS
+    info = device_info()
+    print(f"{info.name} {info.label}; prefill under storage=fp16, block {BLOCK}; us min / median / max")
+    heads = " | ".join(f"{n} us | of cuBLAS | check" for n, _ in builds)
+    print(f"| K x N | M | bits | fp16 cuBLAS us | {heads} |")
+    print("|---|---|---|---|" + "---|---|---|" * len(builds))
+    ok = True
+    for K, N in shapes:
+        for bits in bits_list:
+            weights = weight_sets(K, N, bits, 2, bits)
+            deq = bl.dequantize_f16(bits)
+            w16 = [cupy.empty((N, K), cupy.float16) for _ in weights]
+            for (bw, sw), w in zip(weights, w16, strict=True):
+                deq(bw, sw, w)
+            b, s = weights[0]
+            for M in ms:
+                a = cupy.random.default_rng(M).standard_normal((M, K), dtype=cupy.float32).astype(cupy.float16)
+                _, t_cub = _fastest_matmul(a, w16, cupy.empty((M, N), cupy.float16), reps)
+                cells, first = [f"{K} x {N}", str(M), str(bits), _us(t_cub)], None
+                for _, options in builds:
+                    y = cupy.empty((M, N), cupy.float16)
+                    with ort_launch.compile_options(*options):
+                        calls = _bind(a, weights, K, N, bits, y, storage="fp16")
+                    ts = bl.times(lambda i, c=calls: c[i](), len(calls), reps)
+                    calls[0]()
+                    if first is None:
+                        first, check = y, _check_text(a, b, s, y, K, N, bits, "storage=fp16")
+                        ok = ok and check.startswith("within")
+                    else:
+                        same = bool(cupy.array_equal(y.view(cupy.uint16), first.view(cupy.uint16)))
+                        check = "bit-identical to the first" if same else "DIFFERS from the first build"
+                        ok = ok and same
+                    cells += [_us(ts), f"{bl.median(t_cub) / bl.median(ts):.2f}x", check]
+                print("| " + " | ".join(cells) + " |", flush=True)
+    return ok
+
+
 def weights_for(K: int, N: int, bits: int) -> list[tuple[Any, Any]]:
     return weight_sets(K, N, bits, n_sets_for(N * K * bits // 8), bits)
 
@@ -573,9 +625,9 @@ def main(argv: list[str] | None = None) -> int:
         "--variants",
         nargs="?",
         const="all",
-        choices=("all", "f32", "zp", "ring"),
+        choices=("all", "f32", "zp", "ring", "fold"),
         help="old and new kernels side by side, only: fp32 A (f32), fp16 A with zero points (zp), the ring"
-        " decode's build options (ring), or all three",
+        " decode's build options (ring), or all three; the prefill GEMM under storage=fp16 (fold, apart)",
     )
     p.add_argument("--builds", default="", help="with --variants: these builds' names only (comma-separated)")
     p.add_argument("--prefill", action="store_true", help="the prefill GEMM's table only (M = 512 .. 4096)")
@@ -588,6 +640,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             write_records(Path(args.json), records)
         return 0 if all(r.verdict == "PASS" for r in records) else 1
+    if args.variants == "fold":
+        only = tuple(b for b in args.builds.split(",") if b)
+        ms = (2048,) if args.quick else PREFILL_MS
+        return 0 if fold_variants(PREFILL_SHAPES[:1] if args.quick else PREFILL_SHAPES, ms=ms, only=only) else 1
     if args.variants:
         ok, only = True, tuple(b for b in args.builds.split(",") if b)
         if args.variants in ("all", "f32"):

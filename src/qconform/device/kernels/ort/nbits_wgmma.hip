@@ -122,6 +122,13 @@ __device__ __forceinline__ void qk_tma_2d(qk_u32 dst, qk_u64 tmap, int x, int y,
                  : "memory");
 }
 
+/* the box at (x, y) of the 2-D tensor map at tmap asked of L2 (PTX ISA "cp.async.bulk.prefetch.tensor"; no
+ * completion to wait for) */
+__device__ __forceinline__ void qk_tma_prefetch_2d(qk_u64 tmap, int x, int y) {
+    asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];" ::"l"(tmap), "r"(x), "r"(y)
+                 : "memory");
+}
+
 __device__ __forceinline__ qk_u32 qk_sub_f16x2(qk_u32 a, qk_u32 b) {
     qk_u32 r;
     asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
@@ -430,6 +437,11 @@ __device__ __forceinline__ void qk_nbits_wgmma_rs(qk_u64 amap, qk_u64 bmap, cons
             qk_mbar_expect(bar, L::A_STAGE + L::W_STAGE);
             qk_tma_2d(base + L::A0 + st * L::A_STAGE, amap, 64 * c, tok0, bar);
             qk_tma_2d(base + L::W0 + st * L::W_STAGE, bmap, 8 * BITS * c, row0, bar);
+#ifdef QK_NBITS_FOLD_L2_AHEAD
+            /* bench-only: the weight box QK_NBITS_FOLD_L2_AHEAD chunks further on asked of L2 */
+            if (c + QK_NBITS_FOLD_L2_AHEAD < n_chunks)
+                qk_tma_prefetch_2d(bmap, 8 * BITS * (c + QK_NBITS_FOLD_L2_AHEAD), row0);
+#endif
         }
         const int blk = c >> cpb_shift;
         if (w_half == 0) {
