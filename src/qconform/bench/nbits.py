@@ -458,6 +458,16 @@ def _check_text(a: Any, b: Any, s: Any, y: Any, K: int, N: int, bits: int, contr
     return f"within the {contract} bound" if bad == 0 else f"FAIL: {bad} outputs outside the {contract} bound"
 
 
+def _prefill_weights(K: int, N: int, bits: int) -> tuple[list[tuple[Any, Any]], Any, list[Any]]:
+    """The prefill benches' 2 weight sets, the copy-bandwidth dequantize and each set dequantized to fp16 by it."""
+    weights = weight_sets(K, N, bits, 2, bits)
+    deq = bl.dequantize_f16(bits)
+    w16 = [cupy.empty((N, K), cupy.float16) for _ in weights]
+    for (bw, sw), w in zip(weights, w16, strict=True):
+        deq(bw, sw, w)
+    return weights, deq, w16
+
+
 def prefill(
     shapes=PREFILL_SHAPES, bits_list=(2, 4), ms=PREFILL_MS, reps: int = 10, candidates: bool = False
 ) -> list[BenchRecord]:
@@ -477,11 +487,7 @@ def prefill(
     records: list[BenchRecord] = []
     for K, N in shapes:
         for bits in bits_list:
-            weights = weight_sets(K, N, bits, 2, bits)
-            deq = bl.dequantize_f16(bits)
-            w16 = [cupy.empty((N, K), cupy.float16) for _ in weights]
-            for (bw, sw), w in zip(weights, w16, strict=True):
-                deq(bw, sw, w)
+            weights, deq, w16 = _prefill_weights(K, N, bits)
             b, s = weights[0]  # what calls[0] reads: the checks' weights
             for M in ms:
                 a = cupy.random.default_rng(M).standard_normal((M, K), dtype=cupy.float32).astype(cupy.float16)
@@ -576,11 +582,7 @@ def fold_variants(shapes=PREFILL_SHAPES, bits_list=(2, 4), ms=PREFILL_MS, reps: 
     ok = True
     for K, N in shapes:
         for bits in bits_list:
-            weights = weight_sets(K, N, bits, 2, bits)
-            deq = bl.dequantize_f16(bits)
-            w16 = [cupy.empty((N, K), cupy.float16) for _ in weights]
-            for (bw, sw), w in zip(weights, w16, strict=True):
-                deq(bw, sw, w)
+            weights, _, w16 = _prefill_weights(K, N, bits)
             b, s = weights[0]
             for M in ms:
                 a = cupy.random.default_rng(M).standard_normal((M, K), dtype=cupy.float32).astype(cupy.float16)
