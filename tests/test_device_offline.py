@@ -384,6 +384,16 @@ def test_ring_tail_wave_choice() -> None:
     assert not tail_wave(528, 528) and tail_wave(660, 528) and not tail_wave(661, 528)
 
 
+def test_wgmma_tiles_count_the_launch() -> None:
+    """The prefill GEMM's CTAs, as the launcher's grid makes them: 256 tokens (fold) or 128 a CTA, 128
+    rows, each side rounded up (the fold kernel's 5120 x 17920 at M 2048: 8 x 140; a token and a row past
+    a whole tile each add one)."""
+    from qconform.device.registry import wgmma_tiles
+
+    assert wgmma_tiles(2048, 17920, fold=True) == 8 * 140 and wgmma_tiles(2048, 17920) == 16 * 140
+    assert wgmma_tiles(2049, 17921, fold=True) == 9 * 141 and wgmma_tiles(256, 128, fold=True) == 1
+
+
 def test_decode_shape_by_rows_per_sm() -> None:
     """16-row ring tiles when 32-row ones give an SM fewer than two: on 132 SMs 5120 and 4096 rows
     (160 and 128 tiles) take the narrow shape, 17920 and 14336 (560, 448) the wide one; the

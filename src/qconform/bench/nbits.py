@@ -568,7 +568,8 @@ FOLD_BUILDS = (  # (name, build options) of the storage=fp16 fold kernels timed 
 
 def fold_variants(shapes=PREFILL_SHAPES, bits_list=(2, 4), ms=PREFILL_MS, reps: int = 10, only=()) -> bool:
     """The prefill GEMM under storage=fp16 (``qk_nbits_wgmma_fold``) in each build of ``FOLD_BUILDS``
-    beside fp16 cuBLAS on the weights dequantized once (2 weight sets). Check: the first build's output
+    beside fp16 cuBLAS on the weights dequantized once (2 weight sets), with the launch's waves (one fold
+    CTA an SM: the time goes by whole waves, docs/perf-notes.md session 53). Check: the first build's output
     within the storage=fp16 bound, every other build's bit-identical to it (the builds differ in how
     the copies reach shared memory, not in the sums). ``only``: these builds' names."""
     from qconform.device import ort as ort_launch
@@ -577,8 +578,8 @@ def fold_variants(shapes=PREFILL_SHAPES, bits_list=(2, 4), ms=PREFILL_MS, reps: 
     info = device_info()
     print(f"{info.name} {info.label}; prefill under storage=fp16, block {BLOCK}; us min / median / max")
     heads = " | ".join(f"{n} us | of cuBLAS | check" for n, _ in builds)
-    print(f"| K x N | M | bits | fp16 cuBLAS us | {heads} |")
-    print("|---|---|---|---|" + "---|---|---|" * len(builds))
+    print(f"| K x N | M | bits | waves (CTAs / SMs) | fp16 cuBLAS us | {heads} |")
+    print("|---|---|---|---|---|" + "---|---|---|" * len(builds))
     ok = True
     for K, N in shapes:
         for bits in bits_list:
@@ -587,7 +588,9 @@ def fold_variants(shapes=PREFILL_SHAPES, bits_list=(2, 4), ms=PREFILL_MS, reps: 
             for M in ms:
                 a = cupy.random.default_rng(M).standard_normal((M, K), dtype=cupy.float32).astype(cupy.float16)
                 _, t_cub = _fastest_matmul(a, w16, cupy.empty((M, N), cupy.float16), reps)
-                cells, first = [f"{K} x {N}", str(M), str(bits), _us(t_cub)], None
+                tiles = registry.wgmma_tiles(M, N, fold=True)
+                waves = f"{-(-tiles // info.sm_count)} ({tiles / info.sm_count:.2f})"
+                cells, first = [f"{K} x {N}", str(M), str(bits), waves, _us(t_cub)], None
                 for _, options in builds:
                     y = cupy.empty((M, N), cupy.float16)
                     with ort_launch.compile_options(*options):

@@ -413,6 +413,11 @@ def wgmma_tokens(fold: bool = False) -> int:
     return 2 * WGMMA_TILE if fold else WGMMA_TILE
 
 
+def wgmma_tiles(M: int, N: int, fold: bool = False) -> int:
+    """CTAs of a wgmma GEMM launch (one an SM: its shared memory): token tiles x 128-row tiles."""
+    return -(-M // wgmma_tokens(fold)) * -(-N // WGMMA_TILE)
+
+
 def wgmma_symbol(bits: int, packed: bool = False, fold: bool = False) -> str:
     """The wgmma GEMM; ``packed``: its twin reading packed zero points (symbol ending _z); ``fold``:
     the storage=fp16 form (``qk_nbits_wgmma_fold_*``)."""
