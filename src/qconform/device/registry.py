@@ -414,7 +414,7 @@ def wgmma_tokens(fold: bool = False) -> int:
 
 
 def wgmma_tiles(M: int, N: int, fold: bool = False) -> int:
-    """CTAs of a wgmma GEMM launch (one an SM: its shared memory): token tiles x 128-row tiles."""
+    """CTAs of a wgmma GEMM launch (the launcher's grid): token tiles x 128-row tiles."""
     return -(-M // wgmma_tokens(fold)) * -(-N // WGMMA_TILE)
 
 
