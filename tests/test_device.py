@@ -850,7 +850,8 @@ def test_own_kernel_matmul_nbits_prefill_gemm(
 
     import cupy
 
-    from qconform.device.launchers import kernel_of
+    from qconform.bench.nbits import FOLD_TAIL_SPLIT
+    from qconform.device.launchers import compile_options, kernel_of
     from qconform.device.loader import arch_specific_options
     from qconform.device.registry import MMA_SHAPES, WGMMA_FOLD_MIN_M, WGMMA_MIN_M, gemm_shape, wgmma_symbol
     from qconform.ops.spec import Case
@@ -875,6 +876,10 @@ def test_own_kernel_matmul_nbits_prefill_gemm(
         out = cupy.full((M, N), np.nan, cupy.float16)
         assert not np.isnan(cupy.asnumpy(launcher.matmul_nbits(*args, **fold, out=out))).any()
         _repeatable_within_bound(launcher.matmul_nbits, args, fold, inputs, params, "storage=fp16")
+        with compile_options(FOLD_TAIL_SPLIT):  # the bench-only build: these few tiles split over parts
+            out = cupy.full((M, N), np.nan, cupy.float16)
+            assert not np.isnan(cupy.asnumpy(launcher.matmul_nbits(*args, **fold, out=out))).any()
+            _repeatable_within_bound(launcher.matmul_nbits, args, fold, inputs, params, "storage=fp16")
     if wgmma:  # then qk_nbits_gemm on the same call, checked the same way
         monkeypatch.setattr(launcher, "WGMMA_MIN_M", 1 << 62)
         assert _recorded(launcher.matmul_nbits, *args, **kwargs)[0] == [gemm]

@@ -215,6 +215,7 @@ def test_every_patch_applies_once_to_the_shipped_kernel() -> None:
             "-DQK_KF_TWO_LAUNCH",
             "-DQK_KF_STAGED",
             "-DQK_MOE_BIAS_AT_END",
+            "-DQK_NBITS_FOLD_TAIL_SPLIT",
         )
         assert all(o in build for o in m.options.split() if o.startswith("-D"))
 
@@ -392,6 +393,19 @@ def test_wgmma_tiles_count_the_launch() -> None:
 
     assert wgmma_tiles(2048, 17920, fold=True) == 8 * 140 and wgmma_tiles(2048, 17920) == 16 * 140
     assert wgmma_tiles(2049, 17921, fold=True) == 9 * 141 and wgmma_tiles(256, 128, fold=True) == 1
+
+
+def test_fold_tail_split_fills_the_last_wave() -> None:
+    """The fold kernels' tail split (bench-only -DQK_NBITS_FOLD_TAIL_SPLIT): the whole waves' tiles kept,
+    each tile of the part-empty last wave split over as many CTAs as fill it, at most 8 and one chunk a
+    part. On 132 SMs, 5120 x 17920 at M 512 / 1024 / 2048 (280 / 560 / 1120 tiles of 80 chunks) leaves 16 /
+    32 / 64 tiles to 8 / 4 / 2 parts; at M 4096 (2240: 128 left) and 4096 x 14336 at M 512 (224: 92 left)
+    nothing is split, nor where the waves are whole or a tile has one chunk."""
+    from qconform.device.registry import fold_tail_split
+
+    assert [fold_tail_split(t, 80, 132) for t in (280, 560, 1120, 2240)] == [(264, 8), (528, 4), (1056, 2), (2240, 1)]
+    assert fold_tail_split(224, 64, 132) == (224, 1) and fold_tail_split(264, 80, 132) == (264, 1)
+    assert fold_tail_split(3, 1, 132) == (3, 1) and fold_tail_split(10, 3, 132) == (0, 3)
 
 
 def test_decode_shape_by_rows_per_sm() -> None:

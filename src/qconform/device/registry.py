@@ -418,6 +418,18 @@ def wgmma_tiles(M: int, N: int, fold: bool = False) -> int:
     return -(-M // wgmma_tokens(fold)) * -(-N // WGMMA_TILE)
 
 
+FOLD_MAX_PARTS = 8  # a split tile's parts at most (the fold kernels' tail split)
+
+
+def fold_tail_split(tiles: int, n_chunks: int, sms: int) -> tuple[int, int]:
+    """(full, parts) of the fold kernel's tail split: the tiles of the whole waves (``sms`` CTAs a wave)
+    each on one CTA, each tile of the last, part-empty wave split over ``parts`` CTAs (as many as fill
+    that wave, at most ``FOLD_MAX_PARTS`` and ``n_chunks``); (tiles, 1) where no tile would be split."""
+    tail = tiles % sms
+    parts = min(FOLD_MAX_PARTS, n_chunks, sms // tail) if tail else 1
+    return (tiles - tail, parts) if parts > 1 else (tiles, 1)
+
+
 def wgmma_symbol(bits: int, packed: bool = False, fold: bool = False) -> str:
     """The wgmma GEMM; ``packed``: its twin reading packed zero points (symbol ending _z); ``fold``:
     the storage=fp16 form (``qk_nbits_wgmma_fold_*``)."""

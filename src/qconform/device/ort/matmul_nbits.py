@@ -33,6 +33,7 @@ from qconform.device.registry import (
     MmaShape,
     decode_shape,
     fewer_warps,
+    fold_tail_split,
     gemm_shape,
     resident_ctas,
     tail_wave,
@@ -112,30 +113,46 @@ def _launch_gemm(bits: int, M: int, lay: Any, ptrs: tuple, packed: bool, has_bia
     return True
 
 
-_WGMMA_BUILT: dict[tuple[str, tuple[str, ...], int], bool] = {}
+_WGMMA_FLAGS: dict[tuple[str, tuple[str, ...], int], tuple[bool, bool]] = {}
 
 
-def _wgmma_built(options: tuple[str, ...]) -> bool:
+def _wgmma_flags(options: tuple[str, ...]) -> tuple[bool, bool]:
     """Whether the wgmma source built with ``options`` has its kernels (the module's
-    ``qk_nbits_wgmma_built``, 1 where NVRTC compiled it for sm_90a): read once per build and device.
-    A build NVRTC refuses (an older toolkit without sm_90a) is one without them: the GEMM runs."""
+    ``qk_nbits_wgmma_built``, 1 where NVRTC compiled it for sm_90a), and whether its fold kernels split
+    the last wave's tiles (``qk_nbits_fold_tail_split``, the bench-only ``-DQK_NBITS_FOLD_TAIL_SPLIT``):
+    read once per build and device. A build NVRTC refuses (an older toolkit without sm_90a) is one
+    without them: the GEMM runs."""
     path = launchers.OVERRIDES.get(WGMMA, KERNEL_DIR / WGMMA)
     opts = launchers.OPTIONS + options
     key = (str(path), opts, cupy.cuda.Device().id)
-    if key not in _WGMMA_BUILT:
+    if key not in _WGMMA_FLAGS:
         try:
-            flag = load_module(path, opts).get_global("qk_nbits_wgmma_built")
+            module = load_module(path, opts)
+            flags = [module.get_global(name) for name in ("qk_nbits_wgmma_built", "qk_nbits_fold_tail_split")]
         except cupy.cuda.compiler.CompileException:
-            _WGMMA_BUILT[key] = False
+            _WGMMA_FLAGS[key] = (False, False)
         else:
-            _WGMMA_BUILT[key] = bool(cupy.ndarray((1,), cupy.int32, flag).get()[0])
-    return _WGMMA_BUILT[key]
+            built, split = (bool(cupy.ndarray((1,), cupy.int32, f).get()[0]) for f in flags)
+            _WGMMA_FLAGS[key] = (built, split)
+    return _WGMMA_FLAGS[key]
+
+
+_FOLD_COUNTS: dict[tuple[int, int], Any] = {}
+
+
+def _fold_counts(n: int) -> Any:
+    """The split tiles' arrival counts of this device and stream: zeros, each left zero by the CTA that
+    sums its tile (so one buffer serves every call on the stream, in order)."""
+    key = (cupy.cuda.Device().id, cupy.cuda.get_current_stream().ptr)
+    if key not in _FOLD_COUNTS or _FOLD_COUNTS[key].size < n:
+        _FOLD_COUNTS[key] = cupy.zeros(max(n, 256), cupy.int32)
+    return _FOLD_COUNTS[key]
 
 
 def has_wgmma() -> bool:
     """Whether this device and its build of the wgmma source run ``qk_nbits_wgmma``."""
     options = arch_specific_options()
-    return bool(options) and _wgmma_built(options)
+    return bool(options) and _wgmma_flags(options)[0]
 
 
 def _launch_wgmma(bits: int, M: int, lay: Any, ptrs: tuple, packed: bool, has_bias: bool, fold: bool) -> bool:
@@ -163,6 +180,16 @@ def _launch_wgmma(bits: int, M: int, lay: Any, ptrs: tuple, packed: bool, has_bi
         if a_or_map is None or b_or_map is None:
             return False
     args = (a_or_map, b_or_map, scales, zp if packed else np.uint64(0), bias, y, *(np.int32(v) for v in sizes))
+    if fold:  # the tail split's workspace, counts, whole-wave tiles and parts (unread unless that build)
+        split = (np.uint64(0), np.uint64(0), np.int32(0), np.int32(1))
+        tiles = grid[0] * grid[1]
+        full, parts = fold_tail_split(tiles, -(-lay.K // 64), sm_count())
+        if _wgmma_flags(options)[1]:  # a 1-D grid: the whole waves' tiles, then each split tile's parts
+            grid = (full + (tiles - full) * parts, 1)
+            if parts > 1:  # a slot of 128 x 256 fp32 sums a part
+                slots = cupy.empty((tiles - full) * parts * 128 * 256, cupy.float32)
+                split = (slots, _fold_counts(tiles - full), np.int32(full), np.int32(parts))
+        args += split
     launch_grid("matmul_nbits", WGMMA, symbol, grid, 256, args, smem, options)
     return True
 

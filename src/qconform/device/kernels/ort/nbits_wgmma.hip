@@ -408,18 +408,68 @@ struct QkWgRsLayout {
     static constexpr int BYTES = BAR0 + S * 8;
 };
 
+#ifdef QK_NBITS_FOLD_TAIL_SPLIT
+/* a split tile's part (-DQK_NBITS_FOLD_TAIL_SPLIT, bench-only): this CTA's sums acc stored in slot part of
+ * the tile's n_parts slots of 128 floats a thread (float4 i of thread x at 4 (256 i + x)), then counted; the
+ * CTA that counts last reads every slot back (through L2: other SMs wrote them) and leaves in acc their sum
+ * in part order, ((P0 + P1) + P2) ..., the same bits whichever CTA is last, and zeroes the count for the
+ * next call; true in that CTA only (CUDA's threadFenceReduction sample: stores, fence, count; count, fence,
+ * loads) */
+__device__ __forceinline__ bool qk_fold_parts_summed(float (&acc)[2][64], float* slots, int* count, int part,
+                                                     int n_parts) {
+    __shared__ int s_last;
+    const int tid = (int)threadIdx.x;
+    float4* const mine = (float4*)(slots + (qk_i64)part * 32768);
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+        const float* a = &acc[i >> 4][4 * (i & 15)];
+        mine[256 * i + tid] = make_float4(a[0], a[1], a[2], a[3]);
+    }
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) s_last = atomicAdd(count, 1) == n_parts - 1;
+    __syncthreads();
+    if (!s_last) return false;
+    __threadfence();
+    for (int k = 0; k < n_parts; ++k) { /* every part from its slot, this CTA's own too (the same bits) */
+        const float4* const slot = (const float4*)(slots + (qk_i64)k * 32768);
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+            float* a = &acc[i >> 4][4 * (i & 15)];
+            const float4 v = __ldcg(slot + 256 * i + tid);
+            if (k == 0) a[0] = v.x, a[1] = v.y, a[2] = v.z, a[3] = v.w;
+            else a[0] += v.x, a[1] += v.y, a[2] += v.z, a[3] += v.w;
+            if ((i & 7) == 7) asm volatile("" ::: "memory"); /* 8 loads in flight: the registers acc leaves */
+        }
+    }
+    if (tid == 0) *count = 0;
+    return true;
+}
+#endif
+
 template <int BITS, int S, bool ZP, int D = (S >= 5 ? 2 : 1)>
 __device__ __forceinline__ void qk_nbits_wgmma_rs(qk_u64 amap, qk_u64 bmap, const qk_u16* scales, const qk_u8* zp,
                                                   const qk_u16* bias, qk_u16* Y, int M, int K, int N, int cpb_shift,
-                                                  int k_blocks, int zp_bytes, int has_bias, int y_vec) {
+                                                  int k_blocks, int zp_bytes, int has_bias, int y_vec, float* part_ws,
+                                                  int* part_count, int full, int parts) {
     typedef QkWgRsLayout<BITS, S, ZP> L;
     extern __shared__ __align__(1024) qk_u8 qk_wg_smem[];
     const qk_u32 raw_base = (qk_u32)__cvta_generic_to_shared(qk_wg_smem);
     const qk_u32 base = (raw_base + 1023u) & ~1023u;
     qk_u8* const gbase = qk_wg_smem + (base - raw_base);
     const int tid = (int)threadIdx.x, lane = tid & 31, g = lane >> 2, t = lane & 3;
+#ifdef QK_NBITS_FOLD_TAIL_SPLIT
+    /* a 1-D grid: CTAs below full each own tile blockIdx.x (token tiles fastest, as the 2-D grid orders
+     * them); tile full + q / parts is split over the parts CTAs full + q, its part q % parts taking chunks
+     * [part n / parts, (part + 1) n / parts) */
+    const int n_all = (K + 63) >> 6, q = (int)blockIdx.x - full, n_tok_tiles = (M + L::TOK - 1) / L::TOK;
+    const int tile = q < 0 ? (int)blockIdx.x : full + q / parts, part = q < 0 ? 0 : q % parts, n_parts = q < 0 ? 1 : parts;
+    const int row0 = tile / n_tok_tiles * L::ROWS, tok0 = tile % n_tok_tiles * L::TOK;
+    const int cb = part * n_all / n_parts, n_chunks = (part + 1) * n_all / n_parts - cb;
+#else
     const int row0 = (int)blockIdx.y * L::ROWS, tok0 = (int)blockIdx.x * L::TOK;
-    const int n_chunks = (K + 63) >> 6;
+    const int cb = 0, n_chunks = (K + 63) >> 6; /* cb: the first chunk (of all K's) of this CTA's n_chunks */
+#endif
     const qk_u32 bar0 = base + L::BAR0;
 
     /* chunk c's activations (256 tokens x 64 K: amap's box, 128-byte swizzled, zeros past M and K) and
@@ -435,15 +485,15 @@ __device__ __forceinline__ void qk_nbits_wgmma_rs(qk_u64 amap, qk_u64 bmap, cons
         if (tid == 0) {
             const qk_u32 bar = bar0 + 8 * st;
             qk_mbar_expect(bar, L::A_STAGE + L::W_STAGE);
-            qk_tma_2d(base + L::A0 + st * L::A_STAGE, amap, 64 * c, tok0, bar);
-            qk_tma_2d(base + L::W0 + st * L::W_STAGE, bmap, 8 * BITS * c, row0, bar);
+            qk_tma_2d(base + L::A0 + st * L::A_STAGE, amap, 64 * (cb + c), tok0, bar);
+            qk_tma_2d(base + L::W0 + st * L::W_STAGE, bmap, 8 * BITS * (cb + c), row0, bar);
 #ifdef QK_NBITS_FOLD_L2_AHEAD
             /* bench-only: the weight box QK_NBITS_FOLD_L2_AHEAD chunks further on asked of L2 */
             if (c + QK_NBITS_FOLD_L2_AHEAD < n_chunks)
-                qk_tma_prefetch_2d(bmap, 8 * BITS * (c + QK_NBITS_FOLD_L2_AHEAD), row0);
+                qk_tma_prefetch_2d(bmap, 8 * BITS * (cb + c + QK_NBITS_FOLD_L2_AHEAD), row0);
 #endif
         }
-        const int blk = c >> cpb_shift;
+        const int blk = (cb + c) >> cpb_shift;
         if (w_half == 0) {
             const qk_i64 idx = (qk_i64)w_n * k_blocks + blk;
             qk_cp_async4s(base + L::SC0 + st * L::ROWS * 4 + w_row * 4, scales + (idx & ~(qk_i64)1),
@@ -453,6 +503,7 @@ __device__ __forceinline__ void qk_nbits_wgmma_rs(qk_u64 amap, qk_u64 bmap, cons
             qk_cp_async4s(base + L::ZW0 + st * L::ROWS * 4 + w_row * 4, word, (int)min((qk_i64)4, (qk_i64)(z_end - word)));
         }
     };
+    /* c: a chunk of this CTA's (cb + c of K's), in stage c % S */
     auto refill = [&](int c) { /* chunk c's copies into stage c % S (the wgmma of its chunk c - S is done) */
         if (c < n_chunks) issue(c);
         qk_cp_async_commit();
@@ -464,7 +515,7 @@ __device__ __forceinline__ void qk_nbits_wgmma_rs(qk_u64 amap, qk_u64 bmap, cons
     /* chunk c's fragment of A: f[4 s + i] for k16 step s, register i (rows r[i & 1], columns 8 (i >> 1)
      * + 2 t, + 1 of the step) */
     auto convert = [&](int c, qk_u32 (&f)[16]) {
-        const int st = c % S, blk = c >> cpb_shift;
+        const int st = c % S, blk = (cb + c) >> cpb_shift;
         qk_mbar_wait(bar0 + 8 * st, (c / S) & 1); /* its tensor copies (the activations too) have landed */
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -553,6 +604,11 @@ __device__ __forceinline__ void qk_nbits_wgmma_rs(qk_u64 amap, qk_u64 bmap, cons
     qk_wgmma_fence_operands(acc[1]);
     qk_cp_async_wait<0>();
     __syncthreads(); /* every warp is done with the stages: they become the output tile */
+#ifdef QK_NBITS_FOLD_TAIL_SPLIT
+    if (n_parts > 1 && !qk_fold_parts_summed(acc, part_ws + (qk_i64)(tile - full) * parts * 32768,
+                                             part_count + (tile - full), part, n_parts))
+        return; /* another part's CTA sums the tile */
+#endif
 
     constexpr int YROW = L::ROWS + 8; /* halves per staged token row of outputs */
     qk_u16* sY = (qk_u16*)(gbase + L::A0);
@@ -588,7 +644,7 @@ __device__ __forceinline__ void qk_nbits_wgmma_rs(qk_u64 amap, qk_u64 bmap, cons
     FN<BITS, S, ZP>(A, B, scales, zp, bias, Y, M, K, N, cpb_shift, k_blocks, zp_bytes, has_bias, y_vec);
 #define QK_NBITS_WGMMA_FOLD_BODY(BITS, S, ZP)                                                                          \
     qk_nbits_wgmma_rs<BITS, S, ZP>((qk_u64)&amap, (qk_u64)&bmap, scales, zp, bias, Y, M, K, N, cpb_shift, k_blocks,    \
-                                   zp_bytes, has_bias, y_vec);
+                                   zp_bytes, has_bias, y_vec, part_ws, part_count, full, parts);
 #elif defined(QK_CUDA)
 #define QK_NBITS_WGMMA_BODY(FN, BITS, S, ZP) __trap();
 #define QK_NBITS_WGMMA_FOLD_BODY(BITS, S, ZP) __trap();
@@ -620,7 +676,7 @@ struct __align__(128) QkTensorMap {
     extern "C" __global__ void __launch_bounds__(256, 1)                                                               \
         NAME(const QK_GRID_CONSTANT QkTensorMap amap, const QK_GRID_CONSTANT QkTensorMap bmap, const qk_u16* scales,   \
              const qk_u8* zp, const qk_u16* bias, qk_u16* Y, int M, int K, int N, int cpb_shift, int k_blocks,          \
-             int zp_bytes, int has_bias, int y_vec) {                                                                  \
+             int zp_bytes, int has_bias, int y_vec, float* part_ws, int* part_count, int full, int parts) {            \
         QK_NBITS_WGMMA_FOLD_BODY(BITS, S, ZP)                                                                          \
     }
 #define QK_NBITS_WGMMA_FOLD(BITS, S)                                                                                   \
@@ -638,4 +694,11 @@ QK_NBITS_WGMMA_FOLD(4, 5)
 extern "C" __device__ int qk_nbits_wgmma_built = 1;
 #else
 extern "C" __device__ int qk_nbits_wgmma_built = 0;
+#endif
+/* 1 where the fold kernels split the last wave's tiles (-DQK_NBITS_FOLD_TAIL_SPLIT: a 1-D grid, and the
+ * launcher's workspace, counts, whole-wave tiles and parts), else 0 (the 2-D grid; those arguments unread) */
+#ifdef QK_NBITS_FOLD_TAIL_SPLIT
+extern "C" __device__ int qk_nbits_fold_tail_split = 1;
+#else
+extern "C" __device__ int qk_nbits_fold_tail_split = 0;
 #endif
