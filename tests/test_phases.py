@@ -123,6 +123,15 @@ def test_the_sm_slot_is_the_kernels_and_apart_from_its_boundaries():
     assert KQ_SM_SLOT < SLOTS and KQ_SM_SLOT not in {b for m in (*KQ, *KQ_BULK) for b in range(m.first, m.last + 1)}
 
 
+def _ends_case() -> tuple:
+    """The one-launch kernel's marks and stamps of 1 quantizing and 3 row-group CTAs: each row's end (ns) and
+    SM plus one (the row-group CTAs 0 and 2 on SM 4, CTA 1 on SM 7)."""
+    (marked, _) = KQ
+    wall = np.zeros((4, SLOTS), np.int64)
+    wall[:, marked.last] = [3_000, 13_000, 10_000, 11_000]  # ns; row 0 is the quantizing CTA
+    return marked, wall, np.array([2, 5, 8, 5])
+
+
 def test_ends_by_load_groups_the_ctas_by_their_strided_row_groups_and_their_sms():
     """7 row groups on 3 row-group CTAs after 1 quantizing CTA: CTA 0 takes groups 0, 3, 6 and CTAs 1, 2
     two each (the stride of kf_roll_rows / kf_bulk_gemv); CTAs 0 and 2 share SM 4 (5 groups), CTA 1 is
@@ -130,10 +139,7 @@ def test_ends_by_load_groups_the_ctas_by_their_strided_row_groups_and_their_sms(
     from qconform.bench import phases
     from qconform.bench.phases import ends_by_load
 
-    (marked, _) = KQ
-    wall = np.zeros((4, SLOTS), np.int64)
-    wall[:, marked.last] = [3_000, 13_000, 10_000, 11_000]  # ns; row 0 is the quantizing CTA
-    sm = np.array([2, 5, 8, 5])  # each row's SM plus one
+    marked, wall, sm = _ends_case()
     lines = ends_by_load(wall, sm, marked, 1_000, 1, 3, 7)
     assert phases.strided_groups(np.arange(3), 7, 3).tolist() == [3, 2, 2]
     assert phases.strided_groups(np.arange(4), 2, 4).tolist() == [1, 1, 0, 0]  # more CTAs than groups
@@ -154,10 +160,7 @@ def test_ends_by_load_with_contiguous_ranges_is_caught(monkeypatch):
     and 3 of 7 on 3 CTAs, where the stride gives 3, 2, 2) give other tables for the same stamps."""
     from qconform.bench import phases
 
-    (marked, _) = KQ
-    wall = np.zeros((4, SLOTS), np.int64)
-    wall[:, marked.last] = [3_000, 13_000, 10_000, 11_000]
-    sm = np.array([2, 5, 8, 5])
+    marked, wall, sm = _ends_case()
     shipped = phases.ends_by_load(wall, sm, marked, 1_000, 1, 3, 7)
     monkeypatch.setattr(phases, "strided_groups", lambda c, groups, ctas: (c + 1) * groups // ctas - c * groups // ctas)
     assert phases.strided_groups(np.arange(3), 7, 3).tolist() == [2, 2, 3]

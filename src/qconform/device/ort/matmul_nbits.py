@@ -182,9 +182,9 @@ def _launch_wgmma(bits: int, M: int, lay: Any, ptrs: tuple, packed: bool, has_bi
     args = (a_or_map, b_or_map, scales, zp if packed else np.uint64(0), bias, y, *(np.int32(v) for v in sizes))
     if fold:  # the tail split's workspace, counts, whole-wave tiles and parts (unread unless that build)
         split = (np.uint64(0), np.uint64(0), np.int32(0), np.int32(1))
-        tiles = grid[0] * grid[1]
-        full, parts = fold_tail_split(tiles, -(-lay.K // 64), sm_count())
         if _wgmma_flags(options)[1]:  # a 1-D grid: the whole waves' tiles, then each split tile's parts
+            tiles = grid[0] * grid[1]
+            full, parts = fold_tail_split(tiles, -(-lay.K // 64), sm_count())
             grid = (full + (tiles - full) * parts, 1)
             if parts > 1:  # a slot of 128 x 256 fp32 sums a part
                 slots = cupy.empty((tiles - full) * parts * 128 * 256, cupy.float32)
