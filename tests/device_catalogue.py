@@ -389,9 +389,8 @@ FOLD_LEFT_OVER: Edits = (
     ),
 )
 
-# the bench-only tail split (-DQK_NBITS_FOLD_TAIL_SPLIT: the catalogue's few tiles each split over K parts):
-# the CTA that sums a split tile leaves its last part out
-FOLD_SPLIT = "-DQK_NBITS_FOLD_TAIL_SPLIT"
+# the tail split (the catalogue's few tiles each split over K parts, qk_nbits_wgmma_fold_split): the CTA that
+# sums a split tile leaves its last part out
 FOLD_LAST_PART: Edits = (("    for (int k = 0; k < n_parts; ++k) {", "    for (int k = 0; k < n_parts - 1; ++k) {"),)
 
 
@@ -494,12 +493,8 @@ ORT_MUTANTS = (
     _wgmma("wgmma fold: u4 words in each other's K slots", FOLD_K_SLOTS, "Xfp16_Wu4_Yfp16", "storage=fp16"),
     _wgmma("wgmma fold: packed zero points of the word's first block", FOLD_ZP_BLOCK, contract="storage=fp16"),
     _wgmma("wgmma fold: the chunks left over never computed", FOLD_LEFT_OVER, "Xfp16_Wu4_Yfp16", "storage=fp16"),
-    DeviceMutant("wgmma fold tail split: a split tile's last part never added", "ort/nbits_wgmma.hip", "",
-                 FOLD_SPLIT, "matmul_nbits", "matches_oracle", leaf="Xfp16_Wu4_Yfp16", coverage=2,
-                 edits=FOLD_LAST_PART, contract="storage=fp16"),
-    DeviceMutant("control: wgmma fold, the last wave's tiles split (-DQK_NBITS_FOLD_TAIL_SPLIT)", "ort/nbits_wgmma.hip",
-                 "", FOLD_SPLIT, "matmul_nbits", None, leaf="Xfp16_Wu4_Yfp16", coverage=2,
-                 contract="storage=fp16"),
+    _wgmma("wgmma fold tail split: a split tile's last part never added", FOLD_LAST_PART, "Xfp16_Wu4_Yfp16",
+           "storage=fp16"),
     _mma("ring GEMV fp32 A: the lo parts not added", "matches_oracle", edits=RING_F32_NO_LO, leaf="Xfp32_Wu2_Yfp32"),
     _mma("ring GEMV fp32 A: lo scaled back by 2^-e", "matches_oracle", edits=RING_F32_LO_SCALE, leaf="Xfp32_Wu4_Yfp32"),
     _mma("ring GEMV fp32 A: group 1 reads group 0", "matches_oracle", edits=RING_F32_GROUP, leaf="Xfp32_Wu2_Yfp32"),

@@ -827,9 +827,11 @@ PREFILL_GEMM = [  # (bits, M, K, N, block, bias, zero points): tiles exact; ever
     (4, 260, 2048, 100, 256, True, "none"),
     (2, 513, 1000, 264, 128, False, "none"),
     # the storage=fp16 form too from WGMMA_FOLD_MIN_M (above: 3 K chunks an iteration, 0 / 1 / 2 left
-    # over; here a single chunk and two)
+    # over, the few tiles split by K; here a single chunk, unsplit, and two); 140 tiles: a whole wave of
+    # 132 SMs, then 8 tiles split over 8 parts of one chunk
     (4, 272, 64, 136, 64, False, "packed"),
     (2, 257, 128, 40, 64, True, "none"),
+    (4, 300, 512, 8960, 64, True, "packed"),
 ]
 
 
@@ -845,15 +847,23 @@ def test_own_kernel_matmul_nbits_prefill_gemm(
     written (an out buffer of NaN), the answer within the strict bound and bit-identical call to call;
     qk_nbits_gemm's bit-identical to the previous prefill kernel (qk_nbits_mma's prefill shape: the
     same sums, the kernel's comment). Under storage=fp16 from WGMMA_FOLD_MIN_M rows, qk_nbits_wgmma_fold
-    the same way, within that contract's bound."""
+    (qk_nbits_wgmma_fold_split where registry.fold_tail_split splits the last wave's tiles) the same
+    way, within that contract's bound."""
     import importlib
 
     import cupy
 
-    from qconform.bench.nbits import FOLD_TAIL_SPLIT
-    from qconform.device.launchers import compile_options, kernel_of
+    from qconform.device.launchers import kernel_of, sm_count
     from qconform.device.loader import arch_specific_options
-    from qconform.device.registry import MMA_SHAPES, WGMMA_FOLD_MIN_M, WGMMA_MIN_M, gemm_shape, wgmma_symbol
+    from qconform.device.registry import (
+        MMA_SHAPES,
+        WGMMA_FOLD_MIN_M,
+        WGMMA_MIN_M,
+        fold_tail_split,
+        gemm_shape,
+        wgmma_symbol,
+        wgmma_tiles,
+    )
     from qconform.ops.spec import Case
 
     launcher = importlib.import_module("qconform.device.ort.matmul_nbits")  # the module, not its function
@@ -871,15 +881,13 @@ def test_own_kernel_matmul_nbits_prefill_gemm(
     _repeatable_within_bound(launcher.matmul_nbits, args, kwargs, inputs, params)
     if wgmma and M >= WGMMA_FOLD_MIN_M:  # the storage=fp16 form on the same call
         fold = {**kwargs, "storage": "fp16"}
-        folded = kernel_of(launcher.WGMMA, wgmma_symbol(bits, zp == "packed", fold=True), arch_specific_options())
+        split = fold_tail_split(wgmma_tiles(M, N, fold=True), -(-K // 64), sm_count())[1] > 1
+        symbol = wgmma_symbol(bits, zp == "packed", fold=True, split=split)  # these few tiles split unless K is
+        folded = kernel_of(launcher.WGMMA, symbol, arch_specific_options())  # one chunk
         assert _recorded(launcher.matmul_nbits, *args, **fold)[0] == [folded]
         out = cupy.full((M, N), np.nan, cupy.float16)
         assert not np.isnan(cupy.asnumpy(launcher.matmul_nbits(*args, **fold, out=out))).any()
         _repeatable_within_bound(launcher.matmul_nbits, args, fold, inputs, params, "storage=fp16")
-        with compile_options(FOLD_TAIL_SPLIT):  # the bench-only build: these few tiles split over parts
-            out = cupy.full((M, N), np.nan, cupy.float16)
-            assert not np.isnan(cupy.asnumpy(launcher.matmul_nbits(*args, **fold, out=out))).any()
-            _repeatable_within_bound(launcher.matmul_nbits, args, fold, inputs, params, "storage=fp16")
     if wgmma:  # then qk_nbits_gemm on the same call, checked the same way
         monkeypatch.setattr(launcher, "WGMMA_MIN_M", 1 << 62)
         assert _recorded(launcher.matmul_nbits, *args, **kwargs)[0] == [gemm]

@@ -62,10 +62,12 @@ def _gemm_instances(text: str) -> set[str]:
 
 def _wgmma_instances(text: str) -> set[str]:
     """The wgmma prefill GEMMs a source instantiates through QK_NBITS_WGMMA(BITS, S) and
-    QK_NBITS_WGMMA_FOLD(BITS, S) (symbols qk_nbits_wgmma[_fold]_u{BITS}_s{S}): the default zero point's
-    and its packed-zero-point twin (ending _z)."""
+    QK_NBITS_WGMMA_FOLD(BITS, S) (symbols qk_nbits_wgmma_u{BITS}_s{S}; qk_nbits_wgmma_fold_u{BITS}_s{S}
+    and its tail-split form qk_nbits_wgmma_fold_split_u{BITS}_s{S}): the default zero point's and its
+    packed-zero-point twin (ending _z)."""
     found = re.findall(r"^QK_NBITS_WGMMA(_FOLD)?\((\d), (\d)\)", text, re.M)
-    return {f"qk_nbits_wgmma{f.lower()}_u{b}_s{st}{z}" for f, b, st in found for z in ("", "_z")}
+    forms = {"": ("",), "_FOLD": ("_fold", "_fold_split")}
+    return {f"qk_nbits_wgmma{form}_u{b}_s{st}{z}" for f, b, st in found for form in forms[f] for z in ("", "_z")}
 
 
 def _kq_instances(text: str) -> set[str]:
@@ -215,7 +217,6 @@ def test_every_patch_applies_once_to_the_shipped_kernel() -> None:
             "-DQK_KF_TWO_LAUNCH",
             "-DQK_KF_STAGED",
             "-DQK_MOE_BIAS_AT_END",
-            "-DQK_NBITS_FOLD_TAIL_SPLIT",
         )
         assert all(o in build for o in m.options.split() if o.startswith("-D"))
 
@@ -396,7 +397,7 @@ def test_wgmma_tiles_count_the_launch() -> None:
 
 
 def test_fold_tail_split_fills_the_last_wave() -> None:
-    """The fold kernels' tail split (bench-only -DQK_NBITS_FOLD_TAIL_SPLIT): the whole waves' tiles kept,
+    """The fold kernels' tail split (qk_nbits_wgmma_fold_split where parts > 1): the whole waves' tiles kept,
     each tile of the part-empty last wave split over as many CTAs as fill it, at most 8 and one chunk a
     part. On 132 SMs, 5120 x 17920 at M 512 / 1024 / 2048 (280 / 560 / 1120 tiles of 80 chunks) leaves 16 /
     32 / 64 tiles to 8 / 4 / 2 parts; at M 4096 (2240: 128 left) and 4096 x 14336 at M 512 (224: 92 left)

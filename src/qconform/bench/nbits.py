@@ -16,9 +16,8 @@ folded into the weights) side by side; then the fp16 ring decode kernel as shipp
 bench-only builds ``-DQK_NBITS_RING_CONTIGUOUS``, ``-DQK_NBITS_RING_STRIDED``, ``-DQK_NBITS_RING_LDS``,
 ``-DQK_NBITS_RING_TAIL_SPLIT``, ``-DQK_NBITS_STAGE_BATCH=1`` and ``-DQK_NBITS_RING_LOADS_ONLY`` (``ring_variants``).
 ``--variants f32`` / ``zp`` / ``ring``: one table only. ``--variants fold`` (apart from ``all``): the
-prefill GEMM under storage=fp16 as shipped beside its bench-only builds ``-DQK_NBITS_FOLD_L2_AHEAD=8`` (each
-weight box asked of L2 8 chunks before its copy) and ``-DQK_NBITS_FOLD_TAIL_SPLIT`` (the last, part-empty
-wave's tiles split over CTAs by K) and fp16 cuBLAS, M = 512 .. 4096 (``fold_variants``).
+prefill GEMM under storage=fp16 as shipped (the last, part-empty wave's tiles split over CTAs by K) beside
+the same launch never split and fp16 cuBLAS, M = 512 .. 4096 (``fold_variants``).
 """
 
 from __future__ import annotations
@@ -561,29 +560,30 @@ def prefill(
     return records
 
 
-FOLD_TAIL_SPLIT = "-DQK_NBITS_FOLD_TAIL_SPLIT"  # build option: the last wave's tiles split over CTAs (K parts)
-FOLD_BUILDS = (  # (name, build options) of the storage=fp16 fold kernels timed side by side
-    ("shipped", ()),
-    ("weights to L2 8 chunks ahead", ("-DQK_NBITS_FOLD_L2_AHEAD=8",)),
-    ("last wave split", (FOLD_TAIL_SPLIT,)),
+def _never_split(tiles: int, n_chunks: int, sms: int) -> tuple[int, int]:
+    """``registry.fold_tail_split`` that splits nothing: every tile on one CTA (the unsplit fold kernel)."""
+    return tiles, 1
+
+
+FOLD_LAUNCHES = (  # (name, the launcher's names patched) of the storage=fp16 fold launches timed side by side
+    ("shipped", {}),
+    ("never split", {"fold_tail_split": _never_split}),
 )
 
 
 def fold_variants(shapes=PREFILL_SHAPES, bits_list=(2, 4), ms=PREFILL_MS, reps: int = 10, only=()) -> bool:
-    """The prefill GEMM under storage=fp16 (``qk_nbits_wgmma_fold``) in each build of ``FOLD_BUILDS``
+    """The prefill GEMM under storage=fp16 (``qk_nbits_wgmma_fold``) in each launch of ``FOLD_LAUNCHES``
     beside fp16 cuBLAS on the weights dequantized once (2 weight sets), with the launch's waves (one fold
-    CTA an SM: the time goes by whole waves, docs/perf-notes.md session 53). Check: each build's output
-    within the storage=fp16 bound, and whether it is bit-identical to the first build's (the L2 build's
-    must be: it changes when bytes arrive, not the sums; the tail split sums a split tile's parts in part
-    order, so its bits may differ there). ``only``: these builds' names."""
-    from qconform.device import ort as ort_launch
-
-    builds = [(n, o) for n, o in FOLD_BUILDS if n in only] if only else FOLD_BUILDS
+    CTA an SM: the time goes by whole waves, docs/perf-notes.md session 53) and the tail split's split
+    tiles x parts. Check: each launch's output within the storage=fp16 bound, and bit-identical to the
+    first launch's where nothing is split (a split tile sums its parts in part order, so its bits may
+    differ there). ``only``: these launches' names."""
+    launches = [(n, p) for n, p in FOLD_LAUNCHES if n in only] if only else FOLD_LAUNCHES
     info = device_info()
     print(f"{info.name} {info.label}; prefill under storage=fp16, block {BLOCK}; us min / median / max")
-    heads = " | ".join(f"{n} us | of cuBLAS | check" for n, _ in builds)
-    print(f"| K x N | M | bits | waves (CTAs / SMs) | fp16 cuBLAS us | {heads} |")
-    print("|---|---|---|---|---|" + "---|---|---|" * len(builds))
+    heads = " | ".join(f"{n} us | of cuBLAS | check" for n, _ in launches)
+    print(f"| K x N | M | bits | waves (CTAs / SMs) | split tiles x parts | fp16 cuBLAS us | {heads} |")
+    print("|---|---|---|---|---|---|" + "---|---|---|" * len(launches))
     ok = True
     for K, N in shapes:
         for bits in bits_list:
@@ -593,12 +593,13 @@ def fold_variants(shapes=PREFILL_SHAPES, bits_list=(2, 4), ms=PREFILL_MS, reps: 
                 a = cupy.random.default_rng(M).standard_normal((M, K), dtype=cupy.float32).astype(cupy.float16)
                 _, t_cub = _fastest_matmul(a, w16, cupy.empty((M, N), cupy.float16), reps)
                 tiles = registry.wgmma_tiles(M, N, fold=True)
+                full, parts = registry.fold_tail_split(tiles, -(-K // 64), info.sm_count)
                 waves = f"{-(-tiles // info.sm_count)} ({tiles / info.sm_count:.2f})"
-                cells, first = [f"{K} x {N}", str(M), str(bits), waves, _us(t_cub)], None
-                for _, options in builds:
+                split = f"{tiles - full} x {parts}" if parts > 1 else "none"
+                cells, first = [f"{K} x {N}", str(M), str(bits), waves, split, _us(t_cub)], None
+                for _, patch in launches:
                     y = cupy.empty((M, N), cupy.float16)
-                    with ort_launch.compile_options(*options):
-                        calls = _bind(a, weights, K, N, bits, y, storage="fp16")
+                    calls = _bind(a, weights, K, N, bits, y, storage="fp16", **patch)
                     ts = bl.times(lambda i, c=calls: c[i](), len(calls), reps)
                     calls[0]()
                     check = _check_text(a, b, s, y, K, N, bits, "storage=fp16")
@@ -607,8 +608,8 @@ def fold_variants(shapes=PREFILL_SHAPES, bits_list=(2, 4), ms=PREFILL_MS, reps: 
                         first = y
                     elif bool(cupy.array_equal(y.view(cupy.uint16), first.view(cupy.uint16))):
                         check += ", bit-identical to the first"
-                    elif FOLD_TAIL_SPLIT not in options:
-                        check += ", DIFFERS from the first build"
+                    elif parts == 1:
+                        check += ", DIFFERS from the first launch"
                         ok = False
                     cells += [_us(ts), f"{bl.median(t_cub) / bl.median(ts):.2f}x", check]
                 print("| " + " | ".join(cells) + " |", flush=True)

@@ -424,17 +424,22 @@ FOLD_MAX_PARTS = 8  # a split tile's parts at most (the fold kernels' tail split
 def fold_tail_split(tiles: int, n_chunks: int, sms: int) -> tuple[int, int]:
     """(full, parts) of the fold kernel's tail split: the tiles of the whole waves (``sms`` CTAs a wave)
     each on one CTA, each tile of the last, part-empty wave split over ``parts`` CTAs (as many as fill
-    that wave, at most ``FOLD_MAX_PARTS`` and ``n_chunks``); (tiles, 1) where no tile would be split."""
+    that wave, at most ``FOLD_MAX_PARTS`` and ``n_chunks``); (tiles, 1) where no tile would be split.
+    The launcher takes ``qk_nbits_wgmma_fold_split`` where parts > 1: on the H100 at 5120 x 17920 it
+    took 0.83x the unsplit kernel's time at M 512 (3 waves to 2.125), 0.91x at M 1024; the unsplit
+    kernel is 1% faster where nothing is split (docs/perf-notes.md, session 54)."""
     tail = tiles % sms
     parts = min(FOLD_MAX_PARTS, n_chunks, sms // tail) if tail else 1
     return (tiles - tail, parts) if parts > 1 else (tiles, 1)
 
 
-def wgmma_symbol(bits: int, packed: bool = False, fold: bool = False) -> str:
+def wgmma_symbol(bits: int, packed: bool = False, fold: bool = False, split: bool = False) -> str:
     """The wgmma GEMM; ``packed``: its twin reading packed zero points (symbol ending _z); ``fold``:
-    the storage=fp16 form (``qk_nbits_wgmma_fold_*``)."""
-    stages = WGMMA_FOLD_STAGES if fold else WGMMA_STAGES
-    return f"qk_nbits_wgmma{'_fold' if fold else ''}_u{bits}_s{stages}" + ("_z" if packed else "")
+    the storage=fp16 form (``qk_nbits_wgmma_fold_*``); ``split``: that form with the last wave's tiles
+    split by K (``qk_nbits_wgmma_fold_split_*``, ``fold_tail_split``)."""
+    stages = WGMMA_FOLD_STAGES if fold or split else WGMMA_STAGES
+    form = "_fold_split" if split else "_fold" if fold else ""
+    return f"qk_nbits_wgmma{form}_u{bits}_s{stages}" + ("_z" if packed else "")
 
 
 def wgmma_smem(bits: int, packed: bool = False, fold: bool = False) -> int:
@@ -490,12 +495,16 @@ def _mma_symbols() -> tuple[KernelSpec, ...]:
         + tuple(
             _ort(
                 "matmul_nbits",
-                wgmma_symbol(bits, z, f),
+                wgmma_symbol(bits, z, f, sp),
                 "nbits_wgmma.hip",
                 f"prefill u{bits} GEMM, wgmma (sm_90a){fd}{zd}",
             )
             for bits in (2, 4)
-            for f, fd in ((False, ""), (True, ", storage=fp16 (scales folded into fp16 weights)"))
+            for f, sp, fd in (
+                (False, False, ""),
+                (True, False, ", storage=fp16 (scales folded into fp16 weights)"),
+                (True, True, ", storage=fp16, the last wave's tiles split by K"),
+            )
             for z, zd in ((False, ""), (True, ", packed zero points"))
         )
     )

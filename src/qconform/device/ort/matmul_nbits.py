@@ -113,28 +113,24 @@ def _launch_gemm(bits: int, M: int, lay: Any, ptrs: tuple, packed: bool, has_bia
     return True
 
 
-_WGMMA_FLAGS: dict[tuple[str, tuple[str, ...], int], tuple[bool, bool]] = {}
+_WGMMA_BUILT: dict[tuple[str, tuple[str, ...], int], bool] = {}
 
 
-def _wgmma_flags(options: tuple[str, ...]) -> tuple[bool, bool]:
+def _wgmma_built(options: tuple[str, ...]) -> bool:
     """Whether the wgmma source built with ``options`` has its kernels (the module's
-    ``qk_nbits_wgmma_built``, 1 where NVRTC compiled it for sm_90a), and whether its fold kernels split
-    the last wave's tiles (``qk_nbits_fold_tail_split``, the bench-only ``-DQK_NBITS_FOLD_TAIL_SPLIT``):
-    read once per build and device. A build NVRTC refuses (an older toolkit without sm_90a) is one
-    without them: the GEMM runs."""
+    ``qk_nbits_wgmma_built``, 1 where NVRTC compiled it for sm_90a): read once per build and device. A
+    build NVRTC refuses (an older toolkit without sm_90a) is one without them: the GEMM runs."""
     path = launchers.OVERRIDES.get(WGMMA, KERNEL_DIR / WGMMA)
     opts = launchers.OPTIONS + options
     key = (str(path), opts, cupy.cuda.Device().id)
-    if key not in _WGMMA_FLAGS:
+    if key not in _WGMMA_BUILT:
         try:
-            module = load_module(path, opts)
-            flags = [module.get_global(name) for name in ("qk_nbits_wgmma_built", "qk_nbits_fold_tail_split")]
+            flag = load_module(path, opts).get_global("qk_nbits_wgmma_built")
         except cupy.cuda.compiler.CompileException:
-            _WGMMA_FLAGS[key] = (False, False)
+            _WGMMA_BUILT[key] = False
         else:
-            built, split = (bool(cupy.ndarray((1,), cupy.int32, f).get()[0]) for f in flags)
-            _WGMMA_FLAGS[key] = (built, split)
-    return _WGMMA_FLAGS[key]
+            _WGMMA_BUILT[key] = bool(cupy.ndarray((1,), cupy.int32, flag).get()[0])
+    return _WGMMA_BUILT[key]
 
 
 _FOLD_COUNTS: dict[tuple[int, int], Any] = {}
@@ -152,7 +148,7 @@ def _fold_counts(n: int) -> Any:
 def has_wgmma() -> bool:
     """Whether this device and its build of the wgmma source run ``qk_nbits_wgmma``."""
     options = arch_specific_options()
-    return bool(options) and _wgmma_flags(options)[0]
+    return bool(options) and _wgmma_built(options)
 
 
 def _launch_wgmma(bits: int, M: int, lay: Any, ptrs: tuple, packed: bool, has_bias: bool, fold: bool) -> bool:
@@ -164,8 +160,10 @@ def _launch_wgmma(bits: int, M: int, lay: Any, ptrs: tuple, packed: bool, has_bi
         return False
     options = arch_specific_options()
     A, B, scales, zp, bias, y = ptrs
-    symbol, smem = wgmma_symbol(bits, packed, fold), wgmma_smem(bits, packed, fold)
     grid = (-(-M // wgmma_tokens(fold)), -(-lay.N // WGMMA_TILE))
+    tiles = grid[0] * grid[1]
+    full, parts = fold_tail_split(tiles, -(-lay.K // 64), sm_count()) if fold else (tiles, 1)
+    symbol, smem = wgmma_symbol(bits, packed, fold, parts > 1), wgmma_smem(bits, packed, fold)
     if grid[1] >= 2**16 or smem > smem_limits()[0] or not allow_smem(kernel_of(WGMMA, symbol, options), smem):
         return False
     y_vec = lay.N % 8 == 0 and y.data.ptr % 16 == 0
@@ -180,15 +178,12 @@ def _launch_wgmma(bits: int, M: int, lay: Any, ptrs: tuple, packed: bool, has_bi
         if a_or_map is None or b_or_map is None:
             return False
     args = (a_or_map, b_or_map, scales, zp if packed else np.uint64(0), bias, y, *(np.int32(v) for v in sizes))
-    if fold:  # the tail split's workspace, counts, whole-wave tiles and parts (unread unless that build)
+    if fold:  # the tail split's workspace, counts, whole-wave tiles and parts (unread by the unsplit kernel)
         split = (np.uint64(0), np.uint64(0), np.int32(0), np.int32(1))
-        if _wgmma_flags(options)[1]:  # a 1-D grid: the whole waves' tiles, then each split tile's parts
-            tiles = grid[0] * grid[1]
-            full, parts = fold_tail_split(tiles, -(-lay.K // 64), sm_count())
-            grid = (full + (tiles - full) * parts, 1)
-            if parts > 1:  # a slot of 128 x 256 fp32 sums a part
-                slots = cupy.empty((tiles - full) * parts * 128 * 256, cupy.float32)
-                split = (slots, _fold_counts(tiles - full), np.int32(full), np.int32(parts))
+        if parts > 1:  # a 1-D grid: the whole waves' tiles, then each split tile's parts; a part's slot of
+            grid = (full + (tiles - full) * parts, 1)  # 128 x 256 fp32 sums
+            slots = cupy.empty((tiles - full) * parts * 128 * 256, cupy.float32)
+            split = (slots, _fold_counts(tiles - full), np.int32(full), np.int32(parts))
         args += split
     launch_grid("matmul_nbits", WGMMA, symbol, grid, 256, args, smem, options)
     return True

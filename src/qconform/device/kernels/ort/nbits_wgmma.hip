@@ -122,13 +122,6 @@ __device__ __forceinline__ void qk_tma_2d(qk_u32 dst, qk_u64 tmap, int x, int y,
                  : "memory");
 }
 
-/* the box at (x, y) of the 2-D tensor map at tmap asked of L2 (PTX ISA "cp.async.bulk.prefetch.tensor"; no
- * completion to wait for) */
-__device__ __forceinline__ void qk_tma_prefetch_2d(qk_u64 tmap, int x, int y) {
-    asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];" ::"l"(tmap), "r"(x), "r"(y)
-                 : "memory");
-}
-
 __device__ __forceinline__ qk_u32 qk_sub_f16x2(qk_u32 a, qk_u32 b) {
     qk_u32 r;
     asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
@@ -398,7 +391,10 @@ __device__ __forceinline__ void qk_nbits_wgmma(const qk_u16* A, const qk_u8* B, 
  * (exact q - z from the 0x6400 magic, one rounding by the product; past 65504 inf, as in any kernel
  * holding fp16 weights) in registers, one chunk ahead of the wgmma that reads them, once the stage's
  * mbarrier phase has completed; the sums run over all of K in fp32 (the matrix unit's order); one
- * barrier a chunk (the scale words, and no stage refilled while a warp still reads it). */
+ * barrier a chunk (the scale words, and no stage refilled while a warp still reads it).
+ * SPLIT (qk_nbits_wgmma_fold_split_*, the launcher's choice where the last wave of tiles is part-empty,
+ * registry.fold_tail_split): a 1-D grid, each tile of that last wave split by K over parts CTAs whose fp32
+ * sums one of them adds in part order (qk_fold_parts_summed). */
 template <int BITS, int S, bool ZP>
 struct QkWgRsLayout {
     static constexpr int ROWS = 128, TOK = 256;
@@ -408,8 +404,7 @@ struct QkWgRsLayout {
     static constexpr int BYTES = BAR0 + S * 8;
 };
 
-#ifdef QK_NBITS_FOLD_TAIL_SPLIT
-/* a split tile's part (-DQK_NBITS_FOLD_TAIL_SPLIT, bench-only): this CTA's sums acc stored in slot part of
+/* a split tile's part (the SPLIT fold kernels): this CTA's sums acc stored in slot part of
  * the tile's n_parts slots of 128 floats a thread (float4 i of thread x at 4 (256 i + x)), then counted; the
  * CTA that counts last reads every slot back (through L2: other SMs wrote them) and leaves in acc their sum
  * in part order, ((P0 + P1) + P2) ..., the same bits whichever CTA is last, and zeroes the count for the
@@ -445,9 +440,8 @@ __device__ __forceinline__ bool qk_fold_parts_summed(float (&acc)[2][64], float*
     if (tid == 0) *count = 0;
     return true;
 }
-#endif
 
-template <int BITS, int S, bool ZP, int D = (S >= 5 ? 2 : 1)>
+template <int BITS, int S, bool ZP, bool SPLIT, int D = (S >= 5 ? 2 : 1)>
 __device__ __forceinline__ void qk_nbits_wgmma_rs(qk_u64 amap, qk_u64 bmap, const qk_u16* scales, const qk_u8* zp,
                                                   const qk_u16* bias, qk_u16* Y, int M, int K, int N, int cpb_shift,
                                                   int k_blocks, int zp_bytes, int has_bias, int y_vec, float* part_ws,
@@ -458,18 +452,15 @@ __device__ __forceinline__ void qk_nbits_wgmma_rs(qk_u64 amap, qk_u64 bmap, cons
     const qk_u32 base = (raw_base + 1023u) & ~1023u;
     qk_u8* const gbase = qk_wg_smem + (base - raw_base);
     const int tid = (int)threadIdx.x, lane = tid & 31, g = lane >> 2, t = lane & 3;
-#ifdef QK_NBITS_FOLD_TAIL_SPLIT
-    /* a 1-D grid: CTAs below full each own tile blockIdx.x (token tiles fastest, as the 2-D grid orders
-     * them); tile full + q / parts is split over the parts CTAs full + q, its part q % parts taking chunks
-     * [part n / parts, (part + 1) n / parts) */
-    const int n_all = (K + 63) >> 6, q = (int)blockIdx.x - full, n_tok_tiles = (M + L::TOK - 1) / L::TOK;
+    /* SPLIT: a 1-D grid, CTAs below full each own tile blockIdx.x (token tiles fastest, as the 2-D grid
+     * orders them), tile full + q / parts split over the parts CTAs full + q, its part q % parts taking
+     * chunks [part n / parts, (part + 1) n / parts); else the 2-D grid (token tile blockIdx.x, row tile
+     * blockIdx.y), all of K. cb: the first chunk (of all K's) of this CTA's n_chunks */
+    const int n_all = (K + 63) >> 6, q = SPLIT ? (int)blockIdx.x - full : -1, n_tok_tiles = (M + L::TOK - 1) / L::TOK;
     const int tile = q < 0 ? (int)blockIdx.x : full + q / parts, part = q < 0 ? 0 : q % parts, n_parts = q < 0 ? 1 : parts;
-    const int row0 = tile / n_tok_tiles * L::ROWS, tok0 = tile % n_tok_tiles * L::TOK;
-    const int cb = part * n_all / n_parts, n_chunks = (part + 1) * n_all / n_parts - cb;
-#else
-    const int row0 = (int)blockIdx.y * L::ROWS, tok0 = (int)blockIdx.x * L::TOK;
-    const int cb = 0, n_chunks = (K + 63) >> 6; /* cb: the first chunk (of all K's) of this CTA's n_chunks */
-#endif
+    const int row0 = SPLIT ? tile / n_tok_tiles * L::ROWS : (int)blockIdx.y * L::ROWS;
+    const int tok0 = SPLIT ? tile % n_tok_tiles * L::TOK : (int)blockIdx.x * L::TOK;
+    const int cb = SPLIT ? part * n_all / n_parts : 0, n_chunks = SPLIT ? (part + 1) * n_all / n_parts - cb : n_all;
     const qk_u32 bar0 = base + L::BAR0;
 
     /* chunk c's activations (256 tokens x 64 K: amap's box, 128-byte swizzled, zeros past M and K) and
@@ -487,11 +478,6 @@ __device__ __forceinline__ void qk_nbits_wgmma_rs(qk_u64 amap, qk_u64 bmap, cons
             qk_mbar_expect(bar, L::A_STAGE + L::W_STAGE);
             qk_tma_2d(base + L::A0 + st * L::A_STAGE, amap, 64 * (cb + c), tok0, bar);
             qk_tma_2d(base + L::W0 + st * L::W_STAGE, bmap, 8 * BITS * (cb + c), row0, bar);
-#ifdef QK_NBITS_FOLD_L2_AHEAD
-            /* bench-only: the weight box QK_NBITS_FOLD_L2_AHEAD chunks further on asked of L2 */
-            if (c + QK_NBITS_FOLD_L2_AHEAD < n_chunks)
-                qk_tma_prefetch_2d(bmap, 8 * BITS * (cb + c + QK_NBITS_FOLD_L2_AHEAD), row0);
-#endif
         }
         const int blk = (cb + c) >> cpb_shift;
         if (w_half == 0) {
@@ -604,11 +590,10 @@ __device__ __forceinline__ void qk_nbits_wgmma_rs(qk_u64 amap, qk_u64 bmap, cons
     qk_wgmma_fence_operands(acc[1]);
     qk_cp_async_wait<0>();
     __syncthreads(); /* every warp is done with the stages: they become the output tile */
-#ifdef QK_NBITS_FOLD_TAIL_SPLIT
-    if (n_parts > 1 && !qk_fold_parts_summed(acc, part_ws + (qk_i64)(tile - full) * parts * 32768,
-                                             part_count + (tile - full), part, n_parts))
+    if (SPLIT && n_parts > 1 &&
+        !qk_fold_parts_summed(acc, part_ws + (qk_i64)(tile - full) * parts * 32768, part_count + (tile - full), part,
+                              n_parts))
         return; /* another part's CTA sums the tile */
-#endif
 
     constexpr int YROW = L::ROWS + 8; /* halves per staged token row of outputs */
     qk_u16* sY = (qk_u16*)(gbase + L::A0);
@@ -642,15 +627,15 @@ __device__ __forceinline__ void qk_nbits_wgmma_rs(qk_u64 amap, qk_u64 bmap, cons
 #if QK_WGMMA
 #define QK_NBITS_WGMMA_BODY(FN, BITS, S, ZP)                                                                           \
     FN<BITS, S, ZP>(A, B, scales, zp, bias, Y, M, K, N, cpb_shift, k_blocks, zp_bytes, has_bias, y_vec);
-#define QK_NBITS_WGMMA_FOLD_BODY(BITS, S, ZP)                                                                          \
-    qk_nbits_wgmma_rs<BITS, S, ZP>((qk_u64)&amap, (qk_u64)&bmap, scales, zp, bias, Y, M, K, N, cpb_shift, k_blocks,    \
+#define QK_NBITS_WGMMA_FOLD_BODY(BITS, S, ZP, SPLIT)                                                                   \
+    qk_nbits_wgmma_rs<BITS, S, ZP, SPLIT>((qk_u64)&amap, (qk_u64)&bmap, scales, zp, bias, Y, M, K, N, cpb_shift, k_blocks,    \
                                    zp_bytes, has_bias, y_vec, part_ws, part_count, full, parts);
 #elif defined(QK_CUDA)
 #define QK_NBITS_WGMMA_BODY(FN, BITS, S, ZP) __trap();
-#define QK_NBITS_WGMMA_FOLD_BODY(BITS, S, ZP) __trap();
+#define QK_NBITS_WGMMA_FOLD_BODY(BITS, S, ZP, SPLIT) __trap();
 #else
 #define QK_NBITS_WGMMA_BODY(FN, BITS, S, ZP) __builtin_trap();
-#define QK_NBITS_WGMMA_FOLD_BODY(BITS, S, ZP) __builtin_trap();
+#define QK_NBITS_WGMMA_FOLD_BODY(BITS, S, ZP, SPLIT) __builtin_trap();
 #endif
 #ifdef QK_CUDA
 #define QK_GRID_CONSTANT __grid_constant__
@@ -672,16 +657,19 @@ struct __align__(128) QkTensorMap {
 #define QK_NBITS_WGMMA(BITS, S)                                                                                        \
     QK_NBITS_WGMMA_DEF(qk_nbits_wgmma_u##BITS##_s##S, qk_nbits_wgmma, BITS, S, false)                                 \
     QK_NBITS_WGMMA_DEF(qk_nbits_wgmma_u##BITS##_s##S##_z, qk_nbits_wgmma, BITS, S, true)
-#define QK_NBITS_WGMMA_FOLD_DEF(NAME, BITS, S, ZP)                                                                     \
+#define QK_NBITS_WGMMA_FOLD_DEF(NAME, BITS, S, ZP, SPLIT)                                                              \
     extern "C" __global__ void __launch_bounds__(256, 1)                                                               \
         NAME(const QK_GRID_CONSTANT QkTensorMap amap, const QK_GRID_CONSTANT QkTensorMap bmap, const qk_u16* scales,   \
              const qk_u8* zp, const qk_u16* bias, qk_u16* Y, int M, int K, int N, int cpb_shift, int k_blocks,          \
              int zp_bytes, int has_bias, int y_vec, float* part_ws, int* part_count, int full, int parts) {            \
-        QK_NBITS_WGMMA_FOLD_BODY(BITS, S, ZP)                                                                          \
+        QK_NBITS_WGMMA_FOLD_BODY(BITS, S, ZP, SPLIT)                                                                   \
     }
+/* the 2-D grid, each tile on one CTA, and the tail-split form's 1-D grid (qk_nbits_wgmma_fold_split_*) */
 #define QK_NBITS_WGMMA_FOLD(BITS, S)                                                                                   \
-    QK_NBITS_WGMMA_FOLD_DEF(qk_nbits_wgmma_fold_u##BITS##_s##S, BITS, S, false)                                       \
-    QK_NBITS_WGMMA_FOLD_DEF(qk_nbits_wgmma_fold_u##BITS##_s##S##_z, BITS, S, true)
+    QK_NBITS_WGMMA_FOLD_DEF(qk_nbits_wgmma_fold_u##BITS##_s##S, BITS, S, false, false)                                \
+    QK_NBITS_WGMMA_FOLD_DEF(qk_nbits_wgmma_fold_u##BITS##_s##S##_z, BITS, S, true, false)                             \
+    QK_NBITS_WGMMA_FOLD_DEF(qk_nbits_wgmma_fold_split_u##BITS##_s##S, BITS, S, false, true)                           \
+    QK_NBITS_WGMMA_FOLD_DEF(qk_nbits_wgmma_fold_split_u##BITS##_s##S##_z, BITS, S, true, true)
 QK_NBITS_WGMMA(2, 4)
 QK_NBITS_WGMMA(4, 4)
 QK_NBITS_WGMMA_FOLD(2, 5)
@@ -694,11 +682,4 @@ QK_NBITS_WGMMA_FOLD(4, 5)
 extern "C" __device__ int qk_nbits_wgmma_built = 1;
 #else
 extern "C" __device__ int qk_nbits_wgmma_built = 0;
-#endif
-/* 1 where the fold kernels split the last wave's tiles (-DQK_NBITS_FOLD_TAIL_SPLIT: a 1-D grid, and the
- * launcher's workspace, counts, whole-wave tiles and parts), else 0 (the 2-D grid; those arguments unread) */
-#ifdef QK_NBITS_FOLD_TAIL_SPLIT
-extern "C" __device__ int qk_nbits_fold_tail_split = 1;
-#else
-extern "C" __device__ int qk_nbits_fold_tail_split = 0;
 #endif
