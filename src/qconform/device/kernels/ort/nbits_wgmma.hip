@@ -456,7 +456,7 @@ __device__ __forceinline__ void qk_nbits_wgmma_rs(qk_u64 amap, qk_u64 bmap, cons
      * orders them), tile full + q / parts split over the parts CTAs full + q, its part q % parts taking
      * chunks [part n / parts, (part + 1) n / parts); else the 2-D grid (token tile blockIdx.x, row tile
      * blockIdx.y), all of K. cb: the first chunk (of all K's) of this CTA's n_chunks */
-    const int n_all = (K + 63) >> 6, q = SPLIT ? (int)blockIdx.x - full : -1, n_tok_tiles = (M + L::TOK - 1) / L::TOK;
+    const int n_all = (K + 63) >> 6, n_tok_tiles = (M + L::TOK - 1) / L::TOK, q = SPLIT ? (int)blockIdx.x - full : -1;
     const int tile = q < 0 ? (int)blockIdx.x : full + q / parts, part = q < 0 ? 0 : q % parts, n_parts = q < 0 ? 1 : parts;
     const int row0 = SPLIT ? tile / n_tok_tiles * L::ROWS : (int)blockIdx.y * L::ROWS;
     const int tok0 = SPLIT ? tile % n_tok_tiles * L::TOK : (int)blockIdx.x * L::TOK;
@@ -628,8 +628,8 @@ __device__ __forceinline__ void qk_nbits_wgmma_rs(qk_u64 amap, qk_u64 bmap, cons
 #define QK_NBITS_WGMMA_BODY(FN, BITS, S, ZP)                                                                           \
     FN<BITS, S, ZP>(A, B, scales, zp, bias, Y, M, K, N, cpb_shift, k_blocks, zp_bytes, has_bias, y_vec);
 #define QK_NBITS_WGMMA_FOLD_BODY(BITS, S, ZP, SPLIT)                                                                   \
-    qk_nbits_wgmma_rs<BITS, S, ZP, SPLIT>((qk_u64)&amap, (qk_u64)&bmap, scales, zp, bias, Y, M, K, N, cpb_shift, k_blocks,    \
-                                   zp_bytes, has_bias, y_vec, part_ws, part_count, full, parts);
+    qk_nbits_wgmma_rs<BITS, S, ZP, SPLIT>((qk_u64)&amap, (qk_u64)&bmap, scales, zp, bias, Y, M, K, N, cpb_shift,       \
+                                          k_blocks, zp_bytes, has_bias, y_vec, part_ws, part_count, full, parts);
 #elif defined(QK_CUDA)
 #define QK_NBITS_WGMMA_BODY(FN, BITS, S, ZP) __trap();
 #define QK_NBITS_WGMMA_FOLD_BODY(BITS, S, ZP, SPLIT) __trap();
