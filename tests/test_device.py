@@ -184,7 +184,7 @@ KEEP_QUANT_FAST = ("Wq4_K_Aq8_K_Yfp32", "Wq5_K_Aq8_K_Yfp32", "Wq6_K_Aq8_K_Yfp32"
 
 
 @pytest.mark.parametrize("leaf", KEEP_QUANT_FAST)
-def test_own_kernel_keep_quant_fast_under_order_any(leaf: str) -> None:
+def test_own_kernel_matmul_bt_quant_fast_under_order_any(leaf: str) -> None:
     """The fast keep-quant GEMV (``--impl cupy --contract order=any``, ggml/keep_quant_fast.hip):
     every property at coverage 2 within the contract's per-output bound, none declined, and the fast
     kernel is what ran (its M tile for the last case)."""
@@ -212,7 +212,7 @@ def test_keep_quant_order_must_be_a_contract_order() -> None:
 
 
 @pytest.mark.parametrize("leaf", [lf.name for lf in get_op("qmoe_ragged_mm").leaves])
-def test_own_kernel_qmoe_grouped_under_storage_fp16(leaf: str) -> None:
+def test_own_kernel_qmoe_ragged_mm_grouped_under_storage_fp16(leaf: str) -> None:
     """The grouped-GEMM prefill (``--impl cupy --contract storage=fp16``, qconform.device.ort.qmoe):
     every property of qmoe_ragged_mm at coverage 2 (the scaled models, skew and ties routing, zero
     points, biases, every activation, per-row and block scales, accuracy_level 4), none declined,

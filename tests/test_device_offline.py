@@ -661,3 +661,27 @@ def test_every_gemv_variant_has_its_build() -> None:
     assert unbuilt(VARIANTS, OPTIONS) == []
     assert unbuilt({**VARIANTS, "narrow": "any"}, OPTIONS) == ["narrow"]
     assert unbuilt(VARIANTS, {**OPTIONS, "wide": ("-DQK_WIDE",)}) == ["wide"]
+
+
+def test_family_filter_selects_each_own_kernel_test() -> None:
+    """``ci/device.sh check FAMILY`` selects a family's own-kernel tests by ``-k FAMILY``: each
+    test_own_kernel_* test names its op (or family) first, and conftest gives it that family as a keyword
+    (the one over every op carries the family in its ids). Collected with the script's filter for ort,
+    the MatMulNBits tests are in and the bnb ones out."""
+    import subprocess
+    import sys
+
+    import test_device
+    from conftest import REPO, own_kernel_family
+
+    names = [n for n in dir(test_device) if n.startswith("test_own_kernel_")]
+    assert [n for n in names if own_kernel_family(n) is None] == ["test_own_kernel_passes_every_property"]
+    assert own_kernel_family("test_own_kernel_matmul_nbits_prefill_gemm") == "ort"
+    assert own_kernel_family("test_own_kernel_matmul_bt_quant_fast_under_order_any") == "ggml"
+    assert own_kernel_family("test_own_kernel_bnb_gemm_simt_is_bit_exact") == "bnb"
+    assert own_kernel_family("test_matmul_nbits_prefill_gemm") is None
+    cmd = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m", "device", "-k",
+           "not test_device_mutant and not test_user_kernel and (ort or not own_kernel)", "tests/test_device.py"]
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, check=True).stdout
+    assert "test_own_kernel_matmul_nbits_prefill_gemm[" in out and "test_own_kernel_qmoe_ragged_mm_grouped" in out
+    assert "test_own_kernel_bnb_" not in out and "test_own_kernel_matmul_bt_quant" not in out
