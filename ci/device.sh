@@ -45,6 +45,7 @@ if part check; then
   # checks, not timings, so they may share the GPU; each family's run in CHECK_WORKERS shards
   # the mutants and the user kernels run in their own part (their scripts print tables): not in pytest
   filter="not test_device_mutant and not test_user_kernel"
+  # each own-kernel test carries its op's family as a keyword (tests/conftest.py, own_kernel_family)
   [ -n "$FAMILY" ] && filter="$filter and ($FAMILY or not own_kernel)"
   workers=()
   "$PY" -c "import xdist" 2>/dev/null && workers=(-n "${DEVICE_WORKERS:-8}")
