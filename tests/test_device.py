@@ -882,8 +882,8 @@ def test_own_kernel_matmul_nbits_prefill_gemm(
     if wgmma and M >= WGMMA_FOLD_MIN_M:  # the storage=fp16 form on the same call
         fold = {**kwargs, "storage": "fp16"}
         split = fold_tail_split(wgmma_tiles(M, N, fold=True), -(-K // 64), sm_count())[1] > 1
-        symbol = wgmma_symbol(bits, zp == "packed", fold=True, split=split)  # these few tiles split unless K is
-        folded = kernel_of(launcher.WGMMA, symbol, arch_specific_options())  # one chunk
+        symbol = wgmma_symbol(bits, zp == "packed", fold=True, split=split)  # split but where K is one chunk
+        folded = kernel_of(launcher.WGMMA, symbol, arch_specific_options())
         assert _recorded(launcher.matmul_nbits, *args, **fold)[0] == [folded]
         out = cupy.full((M, N), np.nan, cupy.float16)
         assert not np.isnan(cupy.asnumpy(launcher.matmul_nbits(*args, **fold, out=out))).any()

@@ -426,8 +426,8 @@ def fold_tail_split(tiles: int, n_chunks: int, sms: int) -> tuple[int, int]:
     each on one CTA, each tile of the last, part-empty wave split over ``parts`` CTAs (as many as fill
     that wave, at most ``FOLD_MAX_PARTS`` and ``n_chunks``); (tiles, 1) where no tile would be split.
     The launcher takes ``qk_nbits_wgmma_fold_split`` where parts > 1: on the H100 at 5120 x 17920 it
-    took 0.83x the unsplit kernel's time at M 512 (3 waves to 2.125), 0.91x at M 1024; the unsplit
-    kernel is 1% faster where nothing is split (docs/perf-notes.md, session 54)."""
+    took 0.83x the unsplit kernel's time at M 512 (3 waves to 2.125), 0.91-0.92x at M 1024; where
+    nothing is split the unsplit kernel was 0.4-1.4% faster (docs/perf-notes.md, session 54)."""
     tail = tiles % sms
     parts = min(FOLD_MAX_PARTS, n_chunks, sms // tail) if tail else 1
     return (tiles - tail, parts) if parts > 1 else (tiles, 1)
