@@ -859,10 +859,9 @@ def test_own_kernel_matmul_nbits_prefill_gemm(
         MMA_SHAPES,
         WGMMA_FOLD_MIN_M,
         WGMMA_MIN_M,
-        fold_tail_split,
+        fold_launch_split,
         gemm_shape,
         wgmma_symbol,
-        wgmma_tiles,
     )
     from qconform.ops.spec import Case
 
@@ -881,7 +880,7 @@ def test_own_kernel_matmul_nbits_prefill_gemm(
     _repeatable_within_bound(launcher.matmul_nbits, args, kwargs, inputs, params)
     if wgmma and M >= WGMMA_FOLD_MIN_M:  # the storage=fp16 form on the same call
         fold = {**kwargs, "storage": "fp16"}
-        split = fold_tail_split(wgmma_tiles(M, N, fold=True), -(-K // 64), sm_count())[1] > 1
+        split = fold_launch_split(M, N, K, sm_count())[2] > 1
         symbol = wgmma_symbol(bits, zp == "packed", fold=True, split=split)  # split but where K is one chunk
         folded = kernel_of(launcher.WGMMA, symbol, arch_specific_options())
         assert _recorded(launcher.matmul_nbits, *args, **fold)[0] == [folded]

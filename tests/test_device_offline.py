@@ -402,11 +402,15 @@ def test_fold_tail_split_fills_the_last_wave() -> None:
     part. On 132 SMs, 5120 x 17920 at M 512 / 1024 / 2048 (280 / 560 / 1120 tiles of 80 chunks) leaves 16 /
     32 / 64 tiles to 8 / 4 / 2 parts; at M 4096 (2240: 128 left) and 4096 x 14336 at M 512 (224: 92 left)
     nothing is split, nor where the waves are whole or a tile has one chunk."""
-    from qconform.device.registry import fold_tail_split
+    from qconform.device.registry import fold_launch_split, fold_tail_split
 
     assert [fold_tail_split(t, 80, 132) for t in (280, 560, 1120, 2240)] == [(264, 8), (528, 4), (1056, 2), (2240, 1)]
     assert fold_tail_split(224, 64, 132) == (224, 1) and fold_tail_split(264, 80, 132) == (264, 1)
     assert fold_tail_split(3, 1, 132) == (3, 1) and fold_tail_split(10, 3, 132) == (0, 3)
+    # the launch's (tiles, full, parts) from M, N, K: 64-wide chunks, K rounded up (520: 9 chunks)
+    assert fold_launch_split(512, 17920, 5120, 132) == (280, 264, 8)
+    assert fold_launch_split(300, 8960, 512, 132) == (140, 132, 8) and fold_launch_split(300, 8960, 520, 132)[2] == 8
+    assert fold_launch_split(256, 512, 130, 132) == (4, 0, 3) and fold_launch_split(272, 136, 64, 132) == (4, 4, 1)
 
 
 def test_decode_shape_by_rows_per_sm() -> None:

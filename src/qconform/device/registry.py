@@ -433,6 +433,13 @@ def fold_tail_split(tiles: int, n_chunks: int, sms: int) -> tuple[int, int]:
     return (tiles - tail, parts) if parts > 1 else (tiles, 1)
 
 
+def fold_launch_split(M: int, N: int, K: int, sms: int) -> tuple[int, int, int]:
+    """(tiles, full, parts) of the fold kernel's launch for M x K activations and N weight rows on ``sms``
+    SMs: ``wgmma_tiles`` and ``fold_tail_split`` over K's 64-wide chunks."""
+    tiles = wgmma_tiles(M, N, fold=True)
+    return (tiles, *fold_tail_split(tiles, -(-K // 64), sms))
+
+
 def wgmma_symbol(bits: int, packed: bool = False, fold: bool = False, split: bool = False) -> str:
     """The wgmma GEMM; ``packed``: its twin reading packed zero points (symbol ending _z); ``fold``:
     the storage=fp16 form (``qk_nbits_wgmma_fold_*``); ``split``: that form with the last wave's tiles

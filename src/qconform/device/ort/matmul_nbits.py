@@ -33,7 +33,7 @@ from qconform.device.registry import (
     MmaShape,
     decode_shape,
     fewer_warps,
-    fold_tail_split,
+    fold_launch_split,
     gemm_shape,
     resident_ctas,
     tail_wave,
@@ -161,8 +161,7 @@ def _launch_wgmma(bits: int, M: int, lay: Any, ptrs: tuple, packed: bool, has_bi
     options = arch_specific_options()
     A, B, scales, zp, bias, y = ptrs
     grid = (-(-M // wgmma_tokens(fold)), -(-lay.N // WGMMA_TILE))
-    tiles = grid[0] * grid[1]
-    full, parts = fold_tail_split(tiles, -(-lay.K // 64), sm_count()) if fold else (tiles, 1)
+    tiles, full, parts = fold_launch_split(M, lay.N, lay.K, sm_count()) if fold else (0, 0, 1)
     symbol, smem = wgmma_symbol(bits, packed, fold, parts > 1), wgmma_smem(bits, packed, fold)
     if grid[1] >= 2**16 or smem > smem_limits()[0] or not allow_smem(kernel_of(WGMMA, symbol, options), smem):
         return False
