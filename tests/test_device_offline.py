@@ -672,6 +672,7 @@ def test_family_filter_selects_each_own_kernel_test() -> None:
     test_own_kernel_* test names its op (or family) first, and conftest gives it that family as a keyword
     (the one over every op carries the family in its ids). Collected with the script's filter for ort,
     the MatMulNBits tests are in and the bnb ones out."""
+    import os
     import subprocess
     import sys
 
@@ -684,8 +685,15 @@ def test_family_filter_selects_each_own_kernel_test() -> None:
     assert own_kernel_family("test_own_kernel_matmul_bt_quant_fast_under_order_any") == "ggml"
     assert own_kernel_family("test_own_kernel_bnb_gemm_simt_is_bit_exact") == "bnb"
     assert own_kernel_family("test_matmul_nbits_prefill_gemm") is None
-    cmd = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m", "device", "-k",
-           "not test_device_mutant and not test_user_kernel and (ort or not own_kernel)", "tests/test_device.py"]
+    # the script's own lines that build its -k filter, run by bash with FAMILY=ort
+    script = (REPO / "ci" / "device.sh").read_text().splitlines()
+    lines = [ln.strip() for ln in script if ln.strip().startswith(("filter=", '[ -n "$FAMILY" ] && filter='))]
+    assert len(lines) == 2, lines
+    filt = subprocess.run(["bash", "-c", "\n".join(lines) + '\necho "$filter"'], capture_output=True, text=True,
+                          check=True, env={**os.environ, "FAMILY": "ort"}).stdout.strip()
+    assert filt.endswith("and (ort or not own_kernel)"), filt
+    cmd = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m", "device", "-k", filt,
+           "tests/test_device.py"]
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, check=True).stdout
     assert "test_own_kernel_matmul_nbits_prefill_gemm[" in out and "test_own_kernel_qmoe_ragged_mm_grouped" in out
     assert "test_own_kernel_bnb_" not in out and "test_own_kernel_matmul_bt_quant" not in out
