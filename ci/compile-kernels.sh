@@ -179,8 +179,7 @@ if part patched; then
   # GEMV fp16 A: zero point through sum(a)") and the ring decode's strided (both widths), contiguous (both
   # widths), four-shared-reads, no-tail-test, unit-staging (u4) and loads-only builds (-DQK_NBITS_RING_STRIDED,
   # -DQK_NBITS_RING_CONTIGUOUS, -DQK_NBITS_RING_LDS, -DQK_NBITS_RING_TAIL_SPLIT, -DQK_NBITS_STAGE_BATCH=1,
-  # -DQK_NBITS_RING_LOADS_ONLY; bench.nbits --variants ring), the prefill fold kernel without its CTA barrier a
-  # chunk (-DQK_NBITS_FOLD_NO_BAR; bench.nbits --variants fold); the flash prefill's
+  # -DQK_NBITS_RING_LOADS_ONLY; bench.nbits --variants ring); the flash prefill's
   # session-8 kernels (-DQK_GQA_PREFILL_V1; bench.gqa_prefill --variants); the keep-quant fast GEMV's round 1
   # (-DQK_KQ_FAST_V1), its first weight loads
   # before its wait for the quantize (-DQK_KF_LOADS_FIRST), its M = 1 Q4_K / Q5_K call as two launches
@@ -197,7 +196,6 @@ if part patched; then
     -DQK_NBITS_RING_TAIL_SPLIT -DQK_NBITS_STAGE_BATCH=1 -DQK_NBITS_RING_LOADS_ONLY; do
     front "$KERNELS/ort/nbits_mma.hip $def" "$def" "$KERNELS/ort/nbits_mma.hip"
   done
-  front "$KERNELS/ort/nbits_wgmma.hip -DQK_NBITS_FOLD_NO_BAR" -DQK_NBITS_FOLD_NO_BAR "$KERNELS/ort/nbits_wgmma.hip"
   front "$KERNELS/ort/gqa_flash.hip -DQK_GQA_PREFILL_V1" -DQK_GQA_PREFILL_V1 "$KERNELS/ort/gqa_flash.hip"
   front "$KERNELS/ggml/q8_quant.hip -DQK_PDL_TRIGGER_AT_EXIT" -DQK_PDL_TRIGGER_AT_EXIT "$KERNELS/ggml/q8_quant.hip"
   for def in -DQK_BNBM_FILL_FIRST -DQK_BNBM_A_AHEAD=1 -DQK_BNBM_A_AHEAD=2 -DQK_BNBM_NO_TABLE_READS \

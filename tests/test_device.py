@@ -835,11 +835,9 @@ PREFILL_GEMM = [  # (bits, M, K, N, block, bias, zero points): tiles exact; ever
 ]
 
 
-def _prefill_ids(cases: list[tuple]) -> list[str]:
-    return [f"u{c[0]}-M{c[1]}-K{c[2]}-N{c[3]}-{c[6]}" for c in cases]
-
-
-@pytest.mark.parametrize("bits,M,K,N,block,bias,zp", PREFILL_GEMM, ids=_prefill_ids(PREFILL_GEMM))
+@pytest.mark.parametrize(
+    "bits,M,K,N,block,bias,zp", PREFILL_GEMM, ids=[f"u{c[0]}-M{c[1]}-K{c[2]}-N{c[3]}-{c[6]}" for c in PREFILL_GEMM]
+)
 def test_own_kernel_matmul_nbits_prefill_gemm(
     bits: int, M: int, K: int, N: int, block: int, bias: bool, zp: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -899,66 +897,6 @@ def test_own_kernel_matmul_nbits_prefill_gemm(
     assert ran_old == [kernel_of(launcher.MMA, MMA_SHAPES["prefill"].symbol(bits))]
     old = cupy.asnumpy(launcher.matmul_nbits(*args, **kwargs))
     assert old.tobytes() == got.tobytes(), int((old.view(np.uint16) != got.view(np.uint16)).sum())
-
-
-FOLD_NO_BAR_CASES = [c for c in PREFILL_GEMM if c[1] >= 256]  # WGMMA_FOLD_MIN_M rows: the storage=fp16 form
-# the bench-only -DQK_NBITS_FOLD_NO_BAR build with each warp's quad copying only its rows r[0]'s scale and
-# zero-point words: rows r[1] read stage words nobody wrote
-FOLD_NO_BAR_FIRST_HALF = (("16 * (tid >> 5) + g + 8 * (t & 1) : tid >> 1", "16 * (tid >> 5) + g : tid >> 1"),)
-
-
-@pytest.mark.parametrize("bits,M,K,N,block,bias,zp", FOLD_NO_BAR_CASES, ids=_prefill_ids(FOLD_NO_BAR_CASES))
-def test_own_kernel_matmul_nbits_fold_without_a_cta_barrier(
-    bits: int, M: int, K: int, N: int, block: int, bias: bool, zp: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The bench-only build -DQK_NBITS_FOLD_NO_BAR (``qconform.bench.nbits --variants fold``): the unsplit
-    fold kernel without its CTA barrier a chunk (each warp copies its own rows' scale words; a stage's last
-    releasing warp refills it) computes the shipped unsplit kernel's sums in the same order, so its output
-    is that kernel's bit for bit, every element written, call after call. The same check run on the build
-    whose quads copy only their first row's words (FOLD_NO_BAR_FIRST_HALF) must find it different."""
-    import importlib
-
-    import cupy
-
-    from qconform.bench.nbits import FOLD_NO_BAR
-    from qconform.device.launchers import compile_options, kernel_of, source_override
-    from qconform.device.loader import arch_specific_options
-    from qconform.device.patch import Patch
-    from qconform.device.registry import KERNEL_DIR, wgmma_symbol, wgmma_tiles
-    from qconform.ops.spec import Case
-
-    launcher = importlib.import_module("qconform.device.ort.matmul_nbits")  # the module, not its function
-    if not launcher.has_wgmma():
-        pytest.skip("the device or its build has no wgmma: no fold kernel")
-    params = {"block_size": block, "zp": zp, "K": K, "bias": bias}
-    case = Case("matmul_nbits", f"Xfp16_Wu{bits}_Yfp16", 11, (M, K, N), "normal", params)
-    _, _, args, kwargs = _nbits_call(case, bits)
-    fold = {**kwargs, "storage": "fp16"}
-
-    def never_split(m: int, n: int, k: int, sms: int) -> tuple[int, int, int]:
-        tiles = wgmma_tiles(m, n, fold=True)
-        return tiles, tiles, 1
-
-    monkeypatch.setattr(launcher, "fold_launch_split", never_split)
-    shipped = cupy.asnumpy(launcher.matmul_nbits(*args, **fold))
-    unsplit = wgmma_symbol(bits, zp == "packed", fold=True)
-
-    def run() -> np.ndarray:
-        assert _recorded(launcher.matmul_nbits, *args, **fold)[0] == [
-            kernel_of(launcher.WGMMA, unsplit, arch_specific_options())
-        ]
-        out = cupy.full((M, N), np.nan, cupy.float16)
-        return cupy.asnumpy(launcher.matmul_nbits(*args, **fold, out=out))
-
-    with compile_options(FOLD_NO_BAR):
-        first, second = run(), run()
-    assert not np.isnan(first).any(), int(np.isnan(first).sum())
-    assert first.tobytes() == shipped.tobytes(), int((first.view(np.uint16) != shipped.view(np.uint16)).sum())
-    assert second.tobytes() == first.tobytes()
-    mutant = Patch(KERNEL_DIR / launcher.WGMMA, FOLD_NO_BAR_FIRST_HALF)
-    with mutant.materialised() as path, source_override({launcher.WGMMA: path}), compile_options(FOLD_NO_BAR):
-        wrong = run()
-    assert wrong.tobytes() != shipped.tobytes()
 
 
 def test_own_kernel_matmul_nbits_rejects_an_unknown_storage() -> None:

@@ -17,8 +17,7 @@ bench-only builds ``-DQK_NBITS_RING_CONTIGUOUS``, ``-DQK_NBITS_RING_STRIDED``, `
 ``-DQK_NBITS_RING_TAIL_SPLIT``, ``-DQK_NBITS_STAGE_BATCH=1`` and ``-DQK_NBITS_RING_LOADS_ONLY`` (``ring_variants``).
 ``--variants f32`` / ``zp`` / ``ring``: one table only. ``--variants fold`` (apart from ``all``): the
 prefill GEMM under storage=fp16 as shipped (the last, part-empty wave's tiles split over CTAs by K) beside
-the same launch never split, the bench-only build ``-DQK_NBITS_FOLD_NO_BAR`` never split (no CTA-wide
-barrier a chunk) and fp16 cuBLAS, M = 512 .. 4096 (``fold_variants``).
+the same launch never split and fp16 cuBLAS, M = 512 .. 4096 (``fold_variants``).
 """
 
 from __future__ import annotations
@@ -567,11 +566,9 @@ def _never_split(M: int, N: int, K: int, sms: int) -> tuple[int, int, int]:
     return tiles, tiles, 1
 
 
-FOLD_NO_BAR = "-DQK_NBITS_FOLD_NO_BAR"  # build option: the unsplit fold kernels without a CTA barrier a chunk
-FOLD_LAUNCHES = (  # (name, the launcher's names patched, build options) of the storage=fp16 fold launches timed
-    ("shipped", {}, ()),
-    ("never split", {"fold_launch_split": _never_split}, ()),
-    ("no CTA barrier, never split", {"fold_launch_split": _never_split}, (FOLD_NO_BAR,)),
+FOLD_LAUNCHES = (  # (name, the launcher's names patched) of the storage=fp16 fold launches timed side by side
+    ("shipped", {}),
+    ("never split", {"fold_launch_split": _never_split}),
 )
 
 
@@ -580,14 +577,12 @@ def fold_variants(shapes=PREFILL_SHAPES, bits_list=(2, 4), ms=PREFILL_MS, reps: 
     beside fp16 cuBLAS on the weights dequantized once (2 weight sets), with the launch's waves (one fold
     CTA an SM: the time goes by whole waves, docs/perf-notes.md session 53) and the tail split's split
     tiles x parts. Check: each launch's output within the storage=fp16 bound, and bit-identical to the
-    first launch's that splits nothing where it splits nothing (a split tile sums its parts in part order,
-    so its bits may differ there). ``only``: these launches' names."""
-    from qconform.device import ort as ort_launch
-
-    launches = [row for row in FOLD_LAUNCHES if row[0] in only] if only else FOLD_LAUNCHES
+    first launch's where nothing is split (a split tile sums its parts in part order, so its bits may
+    differ there). ``only``: these launches' names."""
+    launches = [(n, p) for n, p in FOLD_LAUNCHES if n in only] if only else FOLD_LAUNCHES
     info = device_info()
     print(f"{info.name} {info.label}; prefill under storage=fp16, block {BLOCK}; us min / median / max")
-    heads = " | ".join(f"{n} us | of cuBLAS | check" for n, _, _ in launches)
+    heads = " | ".join(f"{n} us | of cuBLAS | check" for n, _ in launches)
     print(f"| K x N | M | bits | waves (CTAs / SMs) | split tiles x parts | fp16 cuBLAS us | {heads} |")
     print("|---|---|---|---|---|---|" + "---|---|---|" * len(launches))
     ok = True
@@ -601,23 +596,20 @@ def fold_variants(shapes=PREFILL_SHAPES, bits_list=(2, 4), ms=PREFILL_MS, reps: 
                 tiles, full, parts = registry.fold_launch_split(M, N, K, info.sm_count)
                 waves = f"{-(-tiles // info.sm_count)} ({tiles / info.sm_count:.2f})"
                 split = f"{tiles - full} x {parts}" if parts > 1 else "none"
-                cells, unsplit = [f"{K} x {N}", str(M), str(bits), waves, split, _us(t_cub)], None
-                for _, patch, options in launches:
+                cells, first = [f"{K} x {N}", str(M), str(bits), waves, split, _us(t_cub)], None
+                for _, patch in launches:
                     y = cupy.empty((M, N), cupy.float16)
-                    with ort_launch.compile_options(*options):
-                        calls = _bind(a, weights, K, N, bits, y, storage="fp16", **patch)
+                    calls = _bind(a, weights, K, N, bits, y, storage="fp16", **patch)
                     ts = bl.times(lambda i, c=calls: c[i](), len(calls), reps)
                     calls[0]()
                     check = _check_text(a, b, s, y, K, N, bits, "storage=fp16")
                     ok = ok and check.startswith("within")
-                    if parts > 1 and "fold_launch_split" not in patch:
-                        pass  # this launch splits: its bits may differ from the unsplit ones
-                    elif unsplit is None:
-                        unsplit = y
-                    elif bool(cupy.array_equal(y.view(cupy.uint16), unsplit.view(cupy.uint16))):
-                        check += ", bit-identical to the first unsplit"
-                    else:
-                        check += ", DIFFERS from the first unsplit launch"
+                    if first is None:
+                        first = y
+                    elif bool(cupy.array_equal(y.view(cupy.uint16), first.view(cupy.uint16))):
+                        check += ", bit-identical to the first"
+                    elif parts == 1:
+                        check += ", DIFFERS from the first launch"
                         ok = False
                     cells += [_us(ts), f"{bl.median(t_cub) / bl.median(ts):.2f}x", check]
                 print("| " + " | ".join(cells) + " |", flush=True)

@@ -441,20 +441,6 @@ __device__ __forceinline__ bool qk_fold_parts_summed(float (&acc)[2][64], float*
     return true;
 }
 
-/* Bench-only -DQK_NBITS_FOLD_NO_BAR (qconform.bench.nbits --variants fold, "no CTA barrier"): no CTA-wide
- * barrier a chunk. Each warp copies the scale (and packed zero-point) words of its own 16 rows (quad lane
- * t: row r[t & 1]'s scale word for t < 2, its zero-point word for t >= 2), so a cp.async wait and a
- * __syncwarp make them visible to the lanes that read them; each warp, once its warpgroup's wgmma of chunk
- * c - D is waited for, adds one to that stage's release count, and the warp that brings it to 8 issues the
- * stage's refill (chunk c - D + S; CUTLASS's consumer release, with the last consumer as the producer).
- * The sums and their order are unchanged, so are the output bits. The unsplit kernels only (the split
- * ones keep the barrier). */
-#if defined(QK_NBITS_FOLD_NO_BAR)
-#define QK_FOLD_NO_BAR 1
-#else
-#define QK_FOLD_NO_BAR 0
-#endif
-
 template <int BITS, int S, bool ZP, bool SPLIT, int D = (S >= 5 ? 2 : 1)>
 __device__ __forceinline__ void qk_nbits_wgmma_rs(qk_u64 amap, qk_u64 bmap, const qk_u16* scales, const qk_u8* zp,
                                                   const qk_u16* bias, qk_u16* Y, int M, int K, int N, int cpb_shift,
@@ -466,7 +452,6 @@ __device__ __forceinline__ void qk_nbits_wgmma_rs(qk_u64 amap, qk_u64 bmap, cons
     const qk_u32 base = (raw_base + 1023u) & ~1023u;
     qk_u8* const gbase = qk_wg_smem + (base - raw_base);
     const int tid = (int)threadIdx.x, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    constexpr bool no_bar = QK_FOLD_NO_BAR && !SPLIT;
     /* SPLIT: a 1-D grid, CTAs below full each own tile blockIdx.x (token tiles fastest, as the 2-D grid
      * orders them), tile full + q / parts split over the parts CTAs full + q, its part q % parts taking
      * chunks [part n / parts, (part + 1) n / parts); else the 2-D grid (token tile blockIdx.x, row tile
@@ -482,23 +467,18 @@ __device__ __forceinline__ void qk_nbits_wgmma_rs(qk_u64 amap, qk_u64 bmap, cons
      * raw weights (128 rows x 8 BITS bytes: bmap's box, zeros past N) by the tensor copy, issued by
      * thread 0 on stage c % S's mbarrier; this thread's cp.async: row tid / 2's scale word (tid % 2 ==
      * 0) or packed zero-point word (tid % 2 == 1, ZP) */
-    /* the row whose scale word (w_half 0) or packed zero-point word (w_half 1) this thread copies: row tid / 2;
-     * no_bar (QK_FOLD_NO_BAR, unsplit): quad lane t of warp w, row 16 w + g + 8 (t & 1), the word t >> 1 */
-    const int w_row = no_bar ? 16 * (tid >> 5) + g + 8 * (t & 1) : tid >> 1;
-    const int w_half = no_bar ? t >> 1 : tid & 1, w_n = min(row0 + w_row, N - 1);
+    const int w_row = tid >> 1, w_half = tid & 1, w_n = min(row0 + w_row, N - 1);
     const qk_i64 n_scales = (qk_i64)N * k_blocks;
     const qk_u8* const z_end = ZP ? zp + (qk_i64)N * zp_bytes : nullptr;
 
-    auto tma = [&](int c) { /* chunk c's tensor copies into stage c % S (one thread) */
-        const int st = c % S;
-        const qk_u32 bar = bar0 + 8 * st;
-        qk_mbar_expect(bar, L::A_STAGE + L::W_STAGE);
-        qk_tma_2d(base + L::A0 + st * L::A_STAGE, amap, 64 * (cb + c), tok0, bar);
-        qk_tma_2d(base + L::W0 + st * L::W_STAGE, bmap, 8 * BITS * (cb + c), row0, bar);
-    };
     auto issue = [&](int c) {
         const int st = c % S;
-        if (tid == 0 && (!no_bar || c < S)) tma(c); /* no_bar: a stage's later fills by its last releaser */
+        if (tid == 0) {
+            const qk_u32 bar = bar0 + 8 * st;
+            qk_mbar_expect(bar, L::A_STAGE + L::W_STAGE);
+            qk_tma_2d(base + L::A0 + st * L::A_STAGE, amap, 64 * (cb + c), tok0, bar);
+            qk_tma_2d(base + L::W0 + st * L::W_STAGE, bmap, 8 * BITS * (cb + c), row0, bar);
+        }
         const int blk = (cb + c) >> cpb_shift;
         if (w_half == 0) {
             const qk_i64 idx = (qk_i64)w_n * k_blocks + blk;
@@ -523,7 +503,6 @@ __device__ __forceinline__ void qk_nbits_wgmma_rs(qk_u64 amap, qk_u64 bmap, cons
     auto convert = [&](int c, qk_u32 (&f)[16]) {
         const int st = c % S, blk = (cb + c) >> cpb_shift;
         qk_mbar_wait(bar0 + 8 * st, (c / S) & 1); /* its tensor copies (the activations too) have landed */
-        if (no_bar) __syncwarp(); /* the quad's word copies (waited for by each copier) seen by the quad */
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int n = min(row0 + r[h], N - 1);
@@ -562,12 +541,6 @@ __device__ __forceinline__ void qk_nbits_wgmma_rs(qk_u64 amap, qk_u64 bmap, cons
     for (int i = 0; i < 64; ++i) acc[0][i] = acc[1][i] = 0.0f;
     qk_u32 fr[D + 1][16]; /* chunk c's fragment: fr[c % (D + 1)] */
     const qk_u64 db0 = qk_wgmma_desc(base + L::A0);
-#if QK_FOLD_NO_BAR
-    __shared__ int rel_counts[S];
-    int* const rel = rel_counts; /* a stage's releases by the 8 warps since its last fill */
-#else
-    int* const rel = nullptr;
-#endif
     /* chunk c: its wgmma issued (D chunks' stay in flight); chunk c - D's waited for, by every thread;
      * chunk c + 1's copies in place for every thread; chunk c + S - D's copies issued into chunk c - D's
      * stage; chunk c + 1 converted into chunk c - D's fragment */
@@ -584,21 +557,8 @@ __device__ __forceinline__ void qk_nbits_wgmma_rs(qk_u64 amap, qk_u64 bmap, cons
         qk_wgmma_commit();
         qk_wgmma_wait<D>();
         qk_cp_async_wait<S - D - 2>();
-        if (no_bar) { /* chunk c - D's stage released by this warp; its last releaser refills it */
-            __syncwarp();
-            if (lane == 0 && c >= D) {
-                __threadfence_block();
-                if (atomicAdd(&rel[(c - D) % S], 1) == 7) {
-                    __threadfence_block();
-                    rel[(c - D) % S] = 0; /* the next releases follow this fill's mbarrier arrive (a release) */
-                    qk_fence_proxy_async();
-                    if (c + S - D < n_chunks) tma(c + S - D);
-                }
-            }
-        } else {
-            qk_fence_proxy_async();
-            __syncthreads();
-        }
+        qk_fence_proxy_async();
+        __syncthreads();
         refill(c + S - D);
         if (c + 1 < n_chunks) convert(c + 1, nxt);
     };
@@ -608,7 +568,6 @@ __device__ __forceinline__ void qk_nbits_wgmma_rs(qk_u64 amap, qk_u64 bmap, cons
         for (int st = 0; st < S; ++st) qk_mbar_init(bar0 + 8 * st);
         qk_mbar_init_fence();
     }
-    if (no_bar && tid < S) rel[tid] = 0;
     __syncthreads();
 #pragma unroll
     for (int j = 0; j < S - D; ++j) refill(j);
