@@ -367,25 +367,21 @@ WGMMA_ZP_BLOCK: Edits = (
 
 # its storage=fp16 form (qk_nbits_wgmma_fold, M >= WGMMA_FOLD_MIN_M under that contract: the catalogue's
 # M 264 and 272 cases): both fragment rows scaled by the first row's scale; u4 words 2 s and 2 s + 1
-# in each other's K slots; packed zero points of the word's first block; the chunks left over after
-# the last whole iteration of 3 never computed (17 and 10 chunks: 2 and 1 left over)
+# in each other's K slots; packed zero points of the word's first block; the last of the chunks left over
+# after the last whole iteration of 3 never computed (17 and 10 chunks: 2 and 1 left over; skipping the
+# last step, not an earlier one, keeps the stage counters of the steps after it and so cannot hang)
 FOLD_ROW_SCALE: Edits = (
     (
-        "const qk_u32 sw = *(const qk_u32*)(gbase + L::SC0 + st * L::ROWS * 4 + r[h] * 4);",
-        "const qk_u32 sw = *(const qk_u32*)(gbase + L::SC0 + st * L::ROWS * 4 + r[0] * 4);",
+        "const qk_u32 sw = *(const qk_u32*)(gbase + sc_off + st * L::ROWS * 4 + 32 * h);",
+        "const qk_u32 sw = *(const qk_u32*)(gbase + sc_off + st * L::ROWS * 4 + 0 * h);",
     ),
 )
 FOLD_K_SLOTS: Edits = (("f[4 * (j >> 1) + 2 * (j & 1) + h]", "f[4 * (j >> 1) + 2 * (1 - (j & 1)) + h]"),)
-FOLD_ZP_BLOCK: Edits = (
-    (
-        "const int bit = (int)(((qk_i64)n * zp_bytes) & 3) * 8 + blk * BITS;",
-        "const int bit = (int)(((qk_i64)n * zp_bytes) & 3) * 8 + 0 * blk * BITS;",
-    ),
-)
+FOLD_ZP_BLOCK: Edits = (("const int bit = zbit[h] + blk * BITS;", "const int bit = zbit[h] + 0 * blk * BITS;"),)
 FOLD_LEFT_OVER: Edits = (
     (
-        "        if (c + u < n_chunks) step(c + u, fr[u], fr[(u + 1) % (D + 1)]);",
-        "        if (c + u < n_chunks && u > 0) step(c + u, fr[u], fr[(u + 1) % (D + 1)]);",
+        "        if (c + u < n_chunks) step(c + u, st, ph, fr[u], fr[(u + 1) % (D + 1)]);",
+        "        if (c + u < n_chunks - 1) step(c + u, st, ph, fr[u], fr[(u + 1) % (D + 1)]);",
     ),
 )
 
@@ -492,7 +488,7 @@ ORT_MUTANTS = (
     _wgmma("wgmma fold: both rows take the first row's scale", FOLD_ROW_SCALE, contract="storage=fp16"),
     _wgmma("wgmma fold: u4 words in each other's K slots", FOLD_K_SLOTS, "Xfp16_Wu4_Yfp16", "storage=fp16"),
     _wgmma("wgmma fold: packed zero points of the word's first block", FOLD_ZP_BLOCK, contract="storage=fp16"),
-    _wgmma("wgmma fold: the chunks left over never computed", FOLD_LEFT_OVER, "Xfp16_Wu4_Yfp16", "storage=fp16"),
+    _wgmma("wgmma fold: the last chunk left over never computed", FOLD_LEFT_OVER, "Xfp16_Wu4_Yfp16", "storage=fp16"),
     _wgmma("wgmma fold tail split: a split tile's last part never added", FOLD_LAST_PART, "Xfp16_Wu4_Yfp16",
            "storage=fp16"),
     _mma("ring GEMV fp32 A: the lo parts not added", "matches_oracle", edits=RING_F32_NO_LO, leaf="Xfp32_Wu2_Yfp32"),

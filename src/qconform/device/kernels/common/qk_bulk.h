@@ -11,6 +11,15 @@ __device__ __forceinline__ qk_u32 qk_smem_addr(const void* p) { return (qk_u32)_
 __device__ __forceinline__ void qk_mbar_init(qk_u32 bar) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
 }
+/* the same, its phases completing on count arrivals */
+__device__ __forceinline__ void qk_mbar_init_n(qk_u32 bar, qk_u32 count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+/* one arrival on bar, made once every cp.async this thread issued before has landed; the arrival is
+ * not counted in advance (.noinc): bar's count must include it */
+__device__ __forceinline__ void qk_mbar_arrive_cp_async(qk_u32 bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
 /* the inits visible to the copy engine before the first copy completes on them (then a CTA barrier) */
 __device__ __forceinline__ void qk_mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
 __device__ __forceinline__ void qk_mbar_expect(qk_u32 bar, qk_u32 bytes) {

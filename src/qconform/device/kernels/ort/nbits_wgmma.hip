@@ -134,11 +134,33 @@ __device__ __forceinline__ qk_u32 qk_mul_f16x2(qk_u32 a, qk_u32 b) {
     return r;
 }
 
+/* the byte_perm selector of qk_wg_pair's byte: (byte of lo, byte of hi) twice */
+__device__ __forceinline__ qk_u32 qk_wg_pair_selector(int byte) {
+    return (qk_u32)(byte | byte << 4 | (4 + byte) << 8 | (4 + byte) << 12);
+}
+/* prmt.b32 in its default mode: sel's nibbles already below 8 (__byte_perm masks them first) */
+__device__ __forceinline__ qk_u32 qk_prmt(qk_u32 a, qk_u32 b, qk_u32 sel) {
+    qk_u32 r;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+    return r;
+}
+/* qk_wg_pair with its selector qk_wg_pair_selector(byte) made before */
+__device__ __forceinline__ qk_u32 qk_wg_pair_sel(qk_u32 lo, qk_u32 hi, qk_u32 sel, qk_u32 mask, qk_u32 off) {
+    return qk_sub_f16x2(qk_and_or(qk_prmt(lo, hi, sel), mask, 0x64006400u), off);
+}
 /* the exact fp16 pair (q_lo - z, q_hi - z): lo / hi the words whose byte `byte` holds the two codes
  * in its low bits (mask), off = the pair 1024 + z */
 __device__ __forceinline__ qk_u32 qk_wg_pair(qk_u32 lo, qk_u32 hi, int byte, qk_u32 mask, qk_u32 off) {
-    const qk_u32 x = __byte_perm(lo, hi, (qk_u32)(byte | byte << 4 | (4 + byte) << 8 | (4 + byte) << 12));
-    return qk_sub_f16x2(qk_and_or(x, mask, 0x64006400u), off);
+    return qk_sub_f16x2(qk_and_or(__byte_perm(lo, hi, qk_wg_pair_selector(byte)), mask, 0x64006400u), off);
+}
+
+/* x itself, through a shuffle from the lane's own register (src_lane: the caller's lane): the fold kernel's
+ * per-thread constants, made once before its chunks, which ptxas otherwise makes again in every chunk from
+ * the thread index (it does not remake a shuffle's result) */
+__device__ __forceinline__ qk_u32 qk_wg_pin(qk_u32 x, int src_lane) { return QK_SHFL(x, src_lane, 32); }
+__device__ __forceinline__ int qk_wg_pin(int x, int src_lane) { return QK_SHFL(x, src_lane, 32); }
+__device__ __forceinline__ qk_u64 qk_wg_pin64(qk_u64 x, int src_lane) {
+    return (qk_u64)qk_wg_pin((qk_u32)x, src_lane) | (qk_u64)qk_wg_pin((qk_u32)(x >> 32), src_lane) << 32;
 }
 
 /* the staged output tile (TOK token rows of YROW halves, ROWS outputs each) to Y (M x N, token-major):
@@ -463,74 +485,105 @@ __device__ __forceinline__ void qk_nbits_wgmma_rs(qk_u64 amap, qk_u64 bmap, cons
     const int cb = SPLIT ? part * n_all / n_parts : 0, n_chunks = SPLIT ? (part + 1) * n_all / n_parts - cb : n_all;
     const qk_u32 bar0 = base + L::BAR0;
 
-    /* chunk c's activations (256 tokens x 64 K: amap's box, 128-byte swizzled, zeros past M and K) and
-     * raw weights (128 rows x 8 BITS bytes: bmap's box, zeros past N) by the tensor copy, issued by
-     * thread 0 on stage c % S's mbarrier; this thread's cp.async: row tid / 2's scale word (tid % 2 ==
-     * 0) or packed zero-point word (tid % 2 == 1, ZP) */
-    const int w_row = tid >> 1, w_half = tid & 1, w_n = min(row0 + w_row, N - 1);
-    const qk_i64 n_scales = (qk_i64)N * k_blocks;
+    /* Every per-thread address, row and selector below is made once, before the chunks: each chunk then
+     * adds only its stage's offset and its block (ncu on the step as it was, H100, 5120 x 17920 M 4096 u2:
+     * 229 instructions a warp a chunk, about half of them this arithmetic made again each chunk, and a
+     * warp's step, not the matrix unit, set the pace; docs/perf-notes.md, session 56). The stages go by a
+     * counter (st: chunk c's stage c % S, ph: the parity c / S of its mbarrier phase), not by division.
+     *
+     * Chunk c's copies all complete on stage st's mbarrier: its activations (256 tokens x 64 K: amap's box,
+     * 128-byte swizzled, zeros past M and K) by the tensor copy issued by thread 0, its raw weights (128
+     * rows x 8 BITS bytes: bmap's box, zeros past N) by the one issued by thread 128 (each announcing its
+     * own bytes), and by cp.async (each copying lane's arrival once its copy has landed: BAR_COUNT), lane
+     * l < 16 of warp w the scale word of the CTA's row 16 w + l (one of the rows its warp converts), lane
+     * 16 + l (ZP) that row's packed zero-point word. The scale word of chunk c: scales + (n k_blocks + blk
+     * & ~1) halves, n = min(row0 + row, N - 1), blk = (cb + c) >> cpb_shift, 2 of its bytes where it
+     * would reach past the tensor's last scale. */
+    const int c_row = 16 * (tid >> 5) + (lane & 15), c_n = min(row0 + c_row, N - 1);
+    const qk_i64 c_q = (qk_i64)c_n * k_blocks, n_scales = (qk_i64)N * k_blocks;
+    /* the row's first scale's word */
+    const qk_u16* const c_sbase = (const qk_u16*)qk_wg_pin64((qk_u64)(scales + (c_q & ~(qk_i64)1)), lane);
+    const int c_odd = qk_wg_pin((int)(c_q & 1), lane);
+    const int c_rem = qk_wg_pin((int)min(n_scales - (c_q & ~(qk_i64)1), (qk_i64)1 << 30), lane); /* halves from c_sbase */
+    const qk_u32 c_dst = qk_wg_pin(base + (lane < 16 ? L::SC0 : L::ZW0) + c_row * 4, lane);
+    const qk_u8* const c_zrow = ZP ? (const qk_u8*)qk_wg_pin64((qk_u64)(zp + (qk_i64)c_n * zp_bytes), lane) : nullptr;
     const qk_u8* const z_end = ZP ? zp + (qk_i64)N * zp_bytes : nullptr;
 
-    auto issue = [&](int c) {
-        const int st = c % S;
+    constexpr qk_u32 BAR_COUNT = 2 + 128 * (ZP ? 2 : 1); /* arrivals a phase: both tensor copies' issuers, the copying lanes */
+    /* chunk c's copies into stage st (the wgmma of its chunk c - S is done) */
+    auto refill = [&](int c, int st) {
+        if (c >= n_chunks) return;
+        const qk_u32 bar = bar0 + 8 * st;
         if (tid == 0) {
-            const qk_u32 bar = bar0 + 8 * st;
-            qk_mbar_expect(bar, L::A_STAGE + L::W_STAGE);
+            qk_mbar_expect(bar, L::A_STAGE);
             qk_tma_2d(base + L::A0 + st * L::A_STAGE, amap, 64 * (cb + c), tok0, bar);
+        } else if (tid == 128) {
+            qk_mbar_expect(bar, L::W_STAGE);
             qk_tma_2d(base + L::W0 + st * L::W_STAGE, bmap, 8 * BITS * (cb + c), row0, bar);
         }
         const int blk = (cb + c) >> cpb_shift;
-        if (w_half == 0) {
-            const qk_i64 idx = (qk_i64)w_n * k_blocks + blk;
-            qk_cp_async4s(base + L::SC0 + st * L::ROWS * 4 + w_row * 4, scales + (idx & ~(qk_i64)1),
-                          (idx | 1) < n_scales ? 4 : 2);
+        if (lane < 16) {
+            const int off = (c_odd + blk) & ~1;
+            qk_cp_async4s(c_dst + st * L::ROWS * 4, c_sbase + off, off + 1 < c_rem ? 4 : 2);
+            qk_mbar_arrive_cp_async(bar);
         } else if (ZP) {
-            const qk_u8* word = (const qk_u8*)((size_t)(zp + (qk_i64)w_n * zp_bytes + ((blk * BITS) >> 3)) & ~(size_t)3);
-            qk_cp_async4s(base + L::ZW0 + st * L::ROWS * 4 + w_row * 4, word, (int)min((qk_i64)4, (qk_i64)(z_end - word)));
+            const qk_u8* word = (const qk_u8*)((size_t)(c_zrow + ((blk * BITS) >> 3)) & ~(size_t)3);
+            qk_cp_async4s(c_dst + st * L::ROWS * 4, word, (int)min((qk_i64)4, (qk_i64)(z_end - word)));
+            qk_mbar_arrive_cp_async(bar);
         }
     };
-    /* c: a chunk of this CTA's (cb + c of K's), in stage c % S */
-    auto refill = [&](int c) { /* chunk c's copies into stage c % S (the wgmma of its chunk c - S is done) */
-        if (c < n_chunks) issue(c);
-        qk_cp_async_commit();
-    };
 
-    /* this thread's fragment rows (of the CTA's 128): r[0] = 16 warp + g, r[1] = r[0] + 8 */
+    /* this thread's fragment rows (of the CTA's 128): r[0] = 16 warp + g, r[1] = r[0] + 8; for each, the
+     * byte_perm selector of its scale's half (the word's upper half where n k_blocks + blk is odd: the
+     * selector 0x3232, else 0x1010; blk odd flips it) and (ZP) the bit of its packed zero-point word's
+     * first code */
     const int r[2] = {16 * (tid >> 5) + g, 16 * (tid >> 5) + g + 8};
+    qk_u32 ssel[2];
+    int zbit[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int n = min(row0 + r[h], N - 1);
+        ssel[h] = qk_wg_pin(((qk_i64)n * k_blocks) & 1 ? 0x3232u : 0x1010u, lane);
+        zbit[h] = ZP ? qk_wg_pin((int)(((qk_i64)n * zp_bytes) & 3) * 8, lane) : 0;
+    }
+    const qk_u32 sc_off = qk_wg_pin(L::SC0 + r[0] * 4, lane), raw_off = qk_wg_pin(L::W0 + r[0] * 8 * BITS, lane);
     const qk_u32 zdef = 0x64006400u + (qk_u32)(1 << (BITS - 1)) * 0x00010001u;
+    /* the byte_perm selectors of qk_wg_pair for this lane's code bytes: u4 byte t; u2 bytes t / 2, 2 + t / 2 */
+    const qk_u32 psel0 = qk_wg_pin(qk_wg_pair_selector(BITS == 4 ? t : t >> 1), lane);
+    const qk_u32 psel1 = qk_wg_pin(qk_wg_pair_selector(2 + (t >> 1)), lane);
+    const int sh0 = qk_wg_pin(4 * (t & 1), lane); /* u2: the code pair's bit in its byte */
     /* chunk c's fragment of A: f[4 s + i] for k16 step s, register i (rows r[i & 1], columns 8 (i >> 1)
      * + 2 t, + 1 of the step) */
-    auto convert = [&](int c, qk_u32 (&f)[16]) {
-        const int st = c % S, blk = (cb + c) >> cpb_shift;
-        qk_mbar_wait(bar0 + 8 * st, (c / S) & 1); /* its tensor copies (the activations too) have landed */
+    auto convert = [&](int c, int st, int ph, qk_u32 (&f)[16]) {
+        const int blk = (cb + c) >> cpb_shift;
+        const qk_u32 flip = blk & 1 ? 0x2222u : 0u;
+        qk_mbar_wait(bar0 + 8 * st, ph); /* all its copies (the activations too) have landed */
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            const int n = min(row0 + r[h], N - 1);
-            const qk_i64 idx = (qk_i64)n * k_blocks + blk;
-            const qk_u32 sw = *(const qk_u32*)(gbase + L::SC0 + st * L::ROWS * 4 + r[h] * 4);
-            const qk_u32 sh = (sw >> (16 * (int)(idx & 1))) & 0xFFFFu, sp = sh | sh << 16;
+            const qk_u32 sw = *(const qk_u32*)(gbase + sc_off + st * L::ROWS * 4 + 32 * h);
+            const qk_u32 sp = qk_prmt(sw, 0, ssel[h] ^ flip); /* the scale, in both halves */
             qk_u32 off = zdef; /* the pair 1024 + z */
             if (ZP) {
-                const qk_u32 zw = *(const qk_u32*)(gbase + L::ZW0 + st * L::ROWS * 4 + r[h] * 4);
-                const int bit = (int)(((qk_i64)n * zp_bytes) & 3) * 8 + blk * BITS;
+                const qk_u32 zw = *(const qk_u32*)(gbase + sc_off + (L::ZW0 - L::SC0) + st * L::ROWS * 4 + 32 * h);
+                const int bit = zbit[h] + blk * BITS;
                 off = 0x64006400u + ((zw >> (bit & 31)) & ((1u << BITS) - 1u)) * 0x00010001u;
             }
-            const qk_u8* raw = gbase + L::W0 + st * L::W_STAGE + r[h] * 8 * BITS;
+            const qk_u8* raw = gbase + raw_off + st * L::W_STAGE + 64 * BITS * h;
             if (BITS == 4) { /* word 2 s + e: K 16 s + 8 e .. + 7, byte t the pair 2 t, + 1 */
                 const uint4 v0 = *(const uint4*)raw, v1 = *(const uint4*)(raw + 16);
                 const qk_u32 w[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
 #pragma unroll
                 for (int j = 0; j < 8; ++j)
-                    f[4 * (j >> 1) + 2 * (j & 1) + h] = qk_mul_f16x2(qk_wg_pair(w[j], w[j] >> 4, t, 0x000F000Fu, off), sp);
+                    f[4 * (j >> 1) + 2 * (j & 1) + h] =
+                        qk_mul_f16x2(qk_wg_pair_sel(w[j], w[j] >> 4, psel0, 0x000F000Fu, off), sp);
             } else { /* word s: K 16 s .. + 15, the pair 2 t, + 1 in byte t / 2 at bit 4 (t % 2), 2 t + 8 in byte 2 + t / 2 */
                 const uint4 v = *(const uint4*)raw;
                 const qk_u32 w[4] = {v.x, v.y, v.z, v.w};
-                const int sh0 = 4 * (t & 1);
 #pragma unroll
                 for (int j = 0; j < 4; ++j) {
                     const qk_u32 lo = w[j] >> sh0, hi = w[j] >> (sh0 + 2);
-                    f[4 * j + h] = qk_mul_f16x2(qk_wg_pair(lo, hi, t >> 1, 0x00030003u, off), sp);
-                    f[4 * j + 2 + h] = qk_mul_f16x2(qk_wg_pair(lo, hi, 2 + (t >> 1), 0x00030003u, off), sp);
+                    f[4 * j + h] = qk_mul_f16x2(qk_wg_pair_sel(lo, hi, psel0, 0x00030003u, off), sp);
+                    f[4 * j + 2 + h] = qk_mul_f16x2(qk_wg_pair_sel(lo, hi, psel1, 0x00030003u, off), sp);
                 }
             }
         }
@@ -541,14 +594,15 @@ __device__ __forceinline__ void qk_nbits_wgmma_rs(qk_u64 amap, qk_u64 bmap, cons
     for (int i = 0; i < 64; ++i) acc[0][i] = acc[1][i] = 0.0f;
     qk_u32 fr[D + 1][16]; /* chunk c's fragment: fr[c % (D + 1)] */
     const qk_u64 db0 = qk_wgmma_desc(base + L::A0);
-    /* chunk c: its wgmma issued (D chunks' stay in flight); chunk c - D's waited for, by every thread;
-     * chunk c + 1's copies in place for every thread; chunk c + S - D's copies issued into chunk c - D's
-     * stage; chunk c + 1 converted into chunk c - D's fragment */
-    auto step = [&](int c, const qk_u32 (&cur)[16], qk_u32 (&nxt)[16]) {
+    /* chunk c (in stage st, phase parity ph, both advanced to chunk c + 1's): its wgmma issued (D chunks'
+     * stay in flight); chunk c - D's waited for, by every thread; chunk c + 1's copies in place for every
+     * thread; chunk c + S - D's copies issued into chunk c - D's stage; chunk c + 1 converted into chunk c -
+     * D's fragment */
+    auto step = [&](int c, int& st, int& ph, const qk_u32 (&cur)[16], qk_u32 (&nxt)[16]) {
         qk_wgmma_fence_operands(acc[0]);
         qk_wgmma_fence_operands(acc[1]);
         qk_wgmma_fence();
-        const qk_u64 db = db0 + (qk_u64)((c % S) * (L::A_STAGE >> 4));
+        const qk_u64 db = db0 + (qk_u64)(st * (L::A_STAGE >> 4));
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
             const qk_u32 a[4] = {cur[4 * k], cur[4 * k + 1], cur[4 * k + 2], cur[4 * k + 3]};
@@ -556,35 +610,33 @@ __device__ __forceinline__ void qk_nbits_wgmma_rs(qk_u64 amap, qk_u64 bmap, cons
         }
         qk_wgmma_commit();
         qk_wgmma_wait<D>();
-        qk_cp_async_wait<S - D - 2>();
         qk_fence_proxy_async();
-        __syncthreads();
-        refill(c + S - D);
-        if (c + 1 < n_chunks) convert(c + 1, nxt);
+        __syncthreads(); /* no warp reads chunk c - D's stage any more */
+        refill(c + S - D, st >= D ? st - D : st + S - D);
+        st = st + 1 == S ? 0 : st + 1;
+        ph ^= st == 0;
+        if (c + 1 < n_chunks) convert(c + 1, st, ph, nxt);
     };
 
     if (tid == 0) {
 #pragma unroll
-        for (int st = 0; st < S; ++st) qk_mbar_init(bar0 + 8 * st);
+        for (int st = 0; st < S; ++st) qk_mbar_init_n(bar0 + 8 * st, BAR_COUNT);
         qk_mbar_init_fence();
     }
     __syncthreads();
 #pragma unroll
-    for (int j = 0; j < S - D; ++j) refill(j);
-    qk_cp_async_wait<S - D - 1>();
-    qk_fence_proxy_async();
-    __syncthreads();
-    if (n_chunks > 0) convert(0, fr[0]);
+    for (int j = 0; j < S - D; ++j) refill(j, j);
+    if (n_chunks > 0) convert(0, 0, 0, fr[0]);
     /* D + 1 chunks an iteration: the fragments' indices stay constants (a wgmma in flight across a
      * branch that picks its registers would be serialized by ptxas) */
-    int c = 0;
+    int c = 0, st = 0, ph = 0;
     for (; c + D < n_chunks; c += D + 1) {
 #pragma unroll
-        for (int u = 0; u <= D; ++u) step(c + u, fr[u], fr[(u + 1) % (D + 1)]);
+        for (int u = 0; u <= D; ++u) step(c + u, st, ph, fr[u], fr[(u + 1) % (D + 1)]);
     }
 #pragma unroll
     for (int u = 0; u < D; ++u)
-        if (c + u < n_chunks) step(c + u, fr[u], fr[(u + 1) % (D + 1)]);
+        if (c + u < n_chunks) step(c + u, st, ph, fr[u], fr[(u + 1) % (D + 1)]);
     qk_wgmma_wait<0>();
     qk_wgmma_fence_operands(acc[0]);
     qk_wgmma_fence_operands(acc[1]);
