@@ -12,6 +12,7 @@ import zlib
 
 import numpy as np
 import pytest
+from mlas_host import mlas_x86_kernel
 
 from qconform.errors import ArgumentError
 from qconform.formats.fp8 import FP8_TABLES, fp32_to_fp8
@@ -262,7 +263,7 @@ def test_matmul_nbits_within_fp32_accumulation_bound(bits: int, M: int, zp: str,
     assert (diff <= tol).all(), f"worst excess {(diff - tol).max():.3g}, diff {diff.max():.3g}"
 
 
-def _int8_path_tolerance(A: np.ndarray, w: dict) -> np.ndarray:
+def _int8_path_tolerance(A: np.ndarray, w: dict, mlas: str = "avx512") -> np.ndarray:
     """Bound on |y_ort - y_oracle| for accuracy_level 4, from the exact integer parts of spec 1.4.
 
     Per row m and block b: sa = fp32(amax/127), qa = int8 activations, f = fp32(sa * s[n, b]); then
@@ -272,7 +273,8 @@ def _int8_path_tolerance(A: np.ndarray, w: dict) -> np.ndarray:
     final add) on terms whose absolute sum T is at most sum_b |f dot(qa, q)| + |f sum(qa) z| (1 + 2u), and the
     oracle's float64 sum rounded once adds u |y| <= u T: |d| <= gamma_{2 k_blocks + 6} * T, plus the
     roundings' absolute errors below 2^-126 (2^-150 each, times the integer part a rounded factor
-    multiplies). Blocks below 127 / FLT_MAX: codes 0.
+    multiplies). Blocks below 127 / FLT_MAX: their non-finite products' codes are 0 (``mlas`` "avx512") or
+    -128 ("avx2"), the two x86-64 quantizers (tests/mlas_host.py).
     """
     K, N, bits, bs = w["K"], w["N"], w["bits"], w["block_size"]
     kb = -(-K // bs)
@@ -284,7 +286,8 @@ def _int8_path_tolerance(A: np.ndarray, w: dict) -> np.ndarray:
     with np.errstate(invalid="ignore", over="ignore"):
         inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
         prod = (blocks * inv[..., None]).astype(np.float32)
-    qa = np.where(np.isfinite(prod), np.clip(np.rint(prod), -128, 127), 0).astype(np.int64)
+    qa = np.where(np.isfinite(prod), np.clip(np.rint(prod), -128, 127), {"avx512": 0, "avx2": -128}[mlas])
+    qa = qa.astype(np.int64)
     q = _unpack_stream(w["B"], bits, bs)  # (N, kb, bs); bits 2/4/8 are the same stream rule
     zp = w["zero_points"]
     z = np.full((N, kb), 2 ** (bits - 1)) if zp is None else _unpack_stream(zp, bits, kb)
@@ -377,9 +380,19 @@ def test_matmul_nbits_accuracy_level_4_path_by_width_and_block(bits: int, block_
 
 
 def test_matmul_nbits_accuracy_level_4_blocks_below_127_over_flt_max() -> None:
-    """A K-block whose amax is below 127 / FLT_MAX has an infinite inverse: MLAS's codes of its non-finite
-    products are the low byte of INT32_MIN, 0, so the block adds nothing (ORT's output 0 here, and the
-    oracle's); just above that amax the codes are ordinary (within the int8 path's bound)."""
+    """A K-block whose amax is below 127 / FLT_MAX has an infinite inverse, so its products a * inv are
+    not finite (0 * inf is NaN). Which code they get depends on the kernel MLAS runs on the host
+    (tests/mlas_host.py): the AVX-512 quantizer keeps the low byte of INT32_MIN, 0, so the block adds
+    nothing (ORT's output 0 here, the oracle's reading of that kernel equal to it bit for bit); the AVX2
+    one saturates it to -128, so every element of the block counts -128 times its weight code. Its
+    outputs are then tiny, not 0, and every rounded factor of the block (sa, fp32(sa * s), the zero
+    point's term) lies in fp32's subnormals, where a rounding errs by up to 2^-150 whatever the
+    magnitude: the int8 path's bound with that kernel's codes (its underflow term) holds the oracle's
+    reading of that kernel, and the other kernel's reading falls outside it. Just above that amax the
+    codes are ordinary (within the int8 path's bound)."""
+    kernel = mlas_x86_kernel()
+    if kernel is None:
+        pytest.skip("no AVX2 on this host: MLAS runs neither x86-64 int8 quantizer")
     rng = np.random.default_rng(11)
     K, bs = 64, 32
     w = _nbits_weight(rng, K, 4, 4, bs, "packed")
@@ -388,10 +401,24 @@ def test_matmul_nbits_accuracy_level_4_blocks_below_127_over_flt_max() -> None:
     A[:, 0], A[:, 1] = amax, -amax / 3
     theirs = _matmul_nbits_session(w, F32, accuracy_level=4).run(None, {"A": A})[0]
     args = {k: w[k] for k in ("K", "N", "bits", "block_size")}
-    ours = matmul_nbits(A, w["B"], w["scales"], w["zero_points"], accuracy_level=4, **args)
-    assert (theirs[:2] == 0).all() and (theirs[2:] != 0).all()
-    assert np.array_equal(ours[:2], theirs[:2])
-    assert (np.abs(ours.astype(np.float64) - theirs) <= _int8_path_tolerance(A, w)).all()
+    ours, other = (
+        matmul_nbits(A, w["B"], w["scales"], w["zero_points"], accuracy_level=4, mlas=m, **args)
+        for m in (kernel, "avx2" if kernel == "avx512" else "avx512")
+    )
+    assert ((theirs[:2] == 0) == (kernel == "avx512")).all() and (theirs[2:] != 0).all()
+    if kernel == "avx512":
+        assert np.array_equal(ours[:2], theirs[:2])
+    bound = _int8_path_tolerance(A, w, kernel)
+    err, err_other = (np.abs(y.astype(np.float64) - theirs) for y in (ours, other))
+    assert (err <= bound).all(), (err, bound)
+    assert (err_other[:2] > bound[:2]).any(), (err_other, bound)
+
+
+def test_matmul_nbits_rejects_an_unknown_mlas_kernel() -> None:
+    w = _nbits_weight(np.random.default_rng(1), 64, 4, 4, 32, "none")
+    args = {k: w[k] for k in ("K", "N", "bits", "block_size")}
+    with pytest.raises(ArgumentError, match="mlas: must be one of avx512, avx2, got 'sse'"):
+        matmul_nbits(np.ones((1, 64), F32), w["B"], w["scales"], accuracy_level=4, mlas="sse", **args)
 
 
 def test_matmul_nbits_bits3_refused_by_ort_computed_by_oracle() -> None:

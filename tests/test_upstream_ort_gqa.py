@@ -17,6 +17,7 @@ import zlib
 
 import numpy as np
 import pytest
+from mlas_host import mlas_x86_kernel
 
 from qconform.errors import ArgumentError
 from qconform.impls import CallableImpl
@@ -337,7 +338,11 @@ def test_probabilities_in_the_subnormals_are_bounded() -> None:
     """Scores -87.5 .. -103 below the new key's 0 (fp32, output_qk 2): their probabilities fall in fp32's
     subnormals, where ORT and the oracle may round one spacing (2^-149) apart, which no relative bound
     covers; the bound's absolute underflow term (eta / 2 a rounding, two roundings, two sides) does, and
-    rejects three spacings."""
+    rejects three spacings. That is ORT on a host where MLAS runs its AVX-512 softmax kernels
+    (tests/mlas_host.py). Its AVX2 (FMA3) exp kernel gives 0 for part of the subnormal range instead
+    (measured with ORT 1.32 on an AVX2 host: the first 4 of 255 kept, 7.8e-39 and below 0), which the
+    oracle does not model: there the probabilities ORT keeps are within the bound, and it must flush
+    some, else the host runs a kernel this test does not know."""
     H, L = 16, 256
     c = dict(B=1, S=1, N=1, Nk=1, H=H, P=L - 1, T=L, seqlens=[L - 1])
     inp, attrs = make_inputs(c, F32, seed=0)
@@ -352,9 +357,13 @@ def test_probabilities_in_the_subnormals_are_bounded() -> None:
     qb = qk_bound(attention_terms(inp, attrs, *run_oracle(inp, attrs)[1:3]), 2, p)
     tiny = (np.abs(ours) < 2.0**-126) & (ours != 0)
     assert tiny.sum() > 100, "the case has no subnormal probabilities"
-    _assert_within(ours, theirs, qb, "output_qk")
+    kept = np.ones(ours.shape, bool)
+    if mlas_x86_kernel() == "avx2":
+        kept = ~tiny | (theirs != 0)
+        assert (~kept).any(), "ORT kept every subnormal probability: not the AVX2 exp kernel this test knows"
+    _assert_within(np.where(kept, ours, 0), np.where(kept, theirs, 0), qb, "output_qk")
     off = ours.astype(np.float64) + 3 * 2.0**-149 * tiny
-    assert (np.abs(off - theirs) > qb).any(), "three subnormal spacings pass the bound"
+    assert (np.abs(off - ours) > qb).any(), "three subnormal spacings pass the bound"
 
 
 def test_fp32_rotary_rounds_like_the_avx2_kernel() -> None:

@@ -25,7 +25,12 @@ per row and K-block, amax = max|a|, sa = fp32(amax/127), inv = fp32(127/amax) (0
 qa = clip(rint(fp32(a*inv)), -128, 127) (half to even); Y = sum_b fp32(sa*s[n,b]) *
 sum_i qa_i*(q[n,i] - z[n,b]) + bias. It applies only with integer zero points and no g_idx
 (ORT takes the unpacked fp32 path otherwise). bits = 3 follows the same rules; ORT's CPU refuses
-it ("Only 2b, 4b and 8b quantization is supported").
+it ("Only 2b, 4b and 8b quantization is supported"). A block whose amax is below 127 / FLT_MAX has
+inv = inf, and which code its non-finite products (a * inf, and 0 * inf = NaN) get depends on the
+x86-64 kernel MLAS dispatches to on the host (``mlas``): "avx512" (QuantizeARow_CompInt8_avx512,
+AVX-512 F/BW/DQ/VL hosts) keeps the low byte of cvtps_epi32's INT32_MIN, 0; "avx2"
+(QuantizeARow_CompInt8_avx2, AVX2 and AVX2-VNNI hosts) packs INT32_MIN with signed saturation
+(packs_epi32, packs_epi16: convert_2_ps_to_epi8), -128. Finite products are within [-127, 127] on both.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from qconform.oracles.ort.packing import SUPPORTED_BITS, packed_size, unpack_bit
 
 FLOAT_TYPES = (np.dtype(np.float32), np.dtype(np.float16))
 FORMS = ("ort", "kernel")
+MLAS_KERNELS = {"avx512": 0, "avx2": -128}  # MLAS's x86-64 A quantizer -> the code of a non-finite a * inv
 
 
 @dataclass(frozen=True)
@@ -209,12 +215,19 @@ def _activation_products(a: np.ndarray, block_size: int) -> tuple[np.ndarray, np
         return (blocks * inv[:, :, None]).astype(np.float32), sa
 
 
-def quantize_activations_int8(a: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+def _check_mlas(mlas: str) -> None:
+    if mlas not in MLAS_KERNELS:
+        raise ArgumentError(f"mlas: must be one of {', '.join(MLAS_KERNELS)}, got {mlas!r}")
+
+
+def quantize_activations_int8(a: np.ndarray, block_size: int, mlas: str = "avx512") -> tuple[np.ndarray, np.ndarray]:
     """ORT's CompInt8 A quantization: (M, K) fp32 -> (qa (M, kb*bs) int32, sa (M, kb) fp32). A block
-    whose amax is below 127 / FLT_MAX has inv = inf: MLAS (QuantizeARow_CompInt8_avx512) converts the
-    non-finite products to INT32_MIN and keeps the low byte (vpmovdb truncates), so their codes are 0."""
+    whose amax is below 127 / FLT_MAX has inv = inf: MLAS converts its non-finite products to INT32_MIN,
+    then keeps the low byte, 0 (``mlas`` "avx512": QuantizeARow_CompInt8_avx512, vpmovdb truncates) or
+    saturates it to -128 (``mlas`` "avx2": QuantizeARow_CompInt8_avx2's signed packs)."""
+    _check_mlas(mlas)
     prod, sa = _activation_products(a, block_size)
-    qa = np.where(np.isfinite(prod), np.clip(np.rint(prod), -128, 127), 0.0)
+    qa = np.where(np.isfinite(prod), np.clip(np.rint(prod), -128, 127), float(MLAS_KERNELS[mlas]))
     return qa.astype(np.int32).reshape(len(a), -1), sa
 
 
@@ -235,16 +248,19 @@ def matmul_nbits(
     ort_quirks: bool = False,
     out: np.ndarray | None = None,
     ftz: bool = False,
+    mlas: str = "avx512",
 ) -> np.ndarray:
-    """Y (..., N) = A (..., K) @ W^T (+ bias), in A's dtype (see the module docstring)."""
+    """Y (..., N) = A (..., K) @ W^T (+ bias), in A's dtype (see the module docstring); ``mlas``: the
+    x86-64 kernel whose accuracy_level 4 A quantization is reproduced ("avx512" or "avx2")."""
     lay = check_nbits_args(B, scales, zero_points, g_idx, K=K, N=N, bits=bits, block_size=block_size, form=form)
     a = check_a(A, bias, lay)
     check_out(out, (*a.shape[:-1], lay.N), a.dtype, A, B, scales, zero_points, bias)
     if accuracy_level not in (0, 1, 2, 3, 4):
         raise ArgumentError(f"accuracy_level: must be 0..4, got {accuracy_level!r}")
+    _check_mlas(mlas)
     a32 = a.astype(np.float32).reshape(-1, lay.K)
     if uses_int8_activations(accuracy_level, zero_points, g_idx, lay.bits, lay.block_size):
-        y = _int8_blocks(a32, B, scales, zero_points, lay)[0].sum(axis=2)
+        y = _int8_blocks(a32, B, scales, zero_points, lay, mlas)[0].sum(axis=2)
     else:
         y = _fp32_product(a32, B, scales, zero_points, g_idx, lay, form, ort_quirks)[0]
     if bias is not None:
@@ -290,12 +306,12 @@ def _fp32_product(
 
 
 def _int8_blocks(
-    a32: np.ndarray, B: np.ndarray, scales: np.ndarray, zero_points: object, lay: NBitsLayout
+    a32: np.ndarray, B: np.ndarray, scales: np.ndarray, zero_points: object, lay: NBitsLayout, mlas: str = "avx512"
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """ORT's CompInt8 terms per block: (fp32(sa * s) * integer dot, |fp32(sa * s)| (M, N, kb), the
-    activation codes (M, kb, bs), the weights' codes q - z (N, kb, bs)), float64 (the integer
-    dots are exact in it)."""
-    qa, sa = quantize_activations_int8(a32, lay.block_size)
+    activation codes (M, kb, bs) as ``mlas``'s kernel makes them, the weights' codes q - z (N, kb, bs)),
+    float64 (the integer dots are exact in it)."""
+    qa, sa = quantize_activations_int8(a32, lay.block_size, mlas)
     q = unpack_bits(B.reshape(lay.N, lay.k_blocks, lay.blob_size), lay.bits, lay.block_size).astype(np.int64)
     z, _ = _zero_points(zero_points, lay, ignore_packed=False)
     wz = (q - z.astype(np.int64)[:, :, None]).astype(np.float64)  # the padding meets zero activations
@@ -375,6 +391,7 @@ def product_terms(
         def partials(i: int, n: int) -> np.ndarray:
             w, _ = _weights64(B, scales, zero_points, g_idx, lay, n, n + 1, form, ort_quirks)
             return np.bincount(kb, weights=a64[i] * w[0], minlength=int(kb.max(initial=0)) + 1)
+
     if bias is not None:
         bias64 = bias.astype(np.float32).astype(np.float64)
         ref, mag, n_terms = ref + bias64, mag + np.abs(bias64), n_terms + 1
