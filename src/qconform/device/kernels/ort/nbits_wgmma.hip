@@ -404,16 +404,17 @@ __device__ __forceinline__ void qk_nbits_wgmma(const qk_u16* A, const qk_u8* B, 
 
 /* The storage=fp16 form on wgmma with the weights in registers (qk_nbits_wgmma_fold_*): a CTA of two
  * warpgroups owns 128 weight rows (wgmma's M: warpgroup w rows 64 w ..) x 256 tokens (its N). Per
- * 64-wide K chunk, S - D chunks ahead (D: chunks of wgmma in flight, 2 from S = 5), thread 0 issues the
- * tensor copies (cp.async.bulk.tensor, completing on the stage's mbarrier) of the activations (256 token
- * rows of 128 bytes, 128-byte swizzled by the copy, the B operand) and the raw weight bytes, and cp.async
- * copies each row's scale word (and packed zero-point word); each thread turns its fragment's weights (rows g
- * and g + 8 of its warp's 16, the columns of A's register fragment: in natural K order, u4 byte t of
- * each 4-byte word, u2 the 2-bit pairs of bytes t / 2 and 2 + t / 2) into the fp16 pairs (q - z) s
+ * 64-wide K chunk, S - D chunks ahead (D: chunks of wgmma in flight, 2 from S = 5), threads 0 and 128 issue
+ * the tensor copies (cp.async.bulk.tensor) of the activations (256 token rows of 128 bytes, 128-byte
+ * swizzled by the copy, the B operand) and of the raw weight bytes, and cp.async copies each row's scale
+ * word (and packed zero-point word), all completing on the stage's mbarrier; each thread turns its
+ * fragment's weights (rows g and g + 8 of its warp's 16, the columns of A's register fragment: in natural
+ * K order, u4 byte t of each 4-byte word, u2 the 2-bit pairs of bytes t / 2 and 2 + t / 2) into the fp16
+ * pairs (q - z) s
  * (exact q - z from the 0x6400 magic, one rounding by the product; past 65504 inf, as in any kernel
  * holding fp16 weights) in registers, one chunk ahead of the wgmma that reads them, once the stage's
  * mbarrier phase has completed; the sums run over all of K in fp32 (the matrix unit's order); one
- * barrier a chunk (the scale words, and no stage refilled while a warp still reads it).
+ * barrier a chunk (no stage refilled while a warp still reads it).
  * SPLIT (qk_nbits_wgmma_fold_split_*, the launcher's choice where the last wave of tiles is part-empty,
  * registry.fold_tail_split): a 1-D grid, each tile of that last wave split by K over parts CTAs whose fp32
  * sums one of them adds in part order (qk_fold_parts_summed). */
