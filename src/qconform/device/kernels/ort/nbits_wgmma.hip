@@ -505,12 +505,14 @@ __device__ __forceinline__ void qk_nbits_wgmma_rs(qk_u64 amap, qk_u64 bmap, cons
     /* the row's first scale's word */
     const qk_u16* const c_sbase = (const qk_u16*)qk_wg_pin64((qk_u64)(scales + (c_q & ~(qk_i64)1)), lane);
     const int c_odd = qk_wg_pin((int)(c_q & 1), lane);
-    const int c_rem = qk_wg_pin((int)min(n_scales - (c_q & ~(qk_i64)1), (qk_i64)1 << 30), lane); /* halves from c_sbase */
+    /* the halves from c_sbase to the tensor's end (at most 2^30: only a few past a row's blocks matter) */
+    const int c_rem = qk_wg_pin((int)min(n_scales - (c_q & ~(qk_i64)1), (qk_i64)1 << 30), lane);
     const qk_u32 c_dst = qk_wg_pin(base + (lane < 16 ? L::SC0 : L::ZW0) + c_row * 4, lane);
     const qk_u8* const c_zrow = ZP ? (const qk_u8*)qk_wg_pin64((qk_u64)(zp + (qk_i64)c_n * zp_bytes), lane) : nullptr;
     const qk_u8* const z_end = ZP ? zp + (qk_i64)N * zp_bytes : nullptr;
 
-    constexpr qk_u32 BAR_COUNT = 2 + 128 * (ZP ? 2 : 1); /* arrivals a phase: both tensor copies' issuers, the copying lanes */
+    /* arrivals a phase: the two tensor copies' issuers and the copying lanes */
+    constexpr qk_u32 BAR_COUNT = 2 + 128 * (ZP ? 2 : 1);
     /* chunk c's copies into stage st (the wgmma of its chunk c - S is done) */
     auto refill = [&](int c, int st) {
         if (c >= n_chunks) return;
