@@ -29,7 +29,12 @@ from qconform.oracles.ort import (
     quantize_linear,
     unpack_bits,
 )
-from qconform.oracles.ort.matmul_nbits import _int8_blocks, check_nbits_args, uses_int8_activations
+from qconform.oracles.ort.matmul_nbits import (
+    MLAS_KERNELS,
+    _int8_blocks,
+    check_nbits_args,
+    uses_int8_activations,
+)
 
 ort = pytest.importorskip("onnxruntime")
 onnx = pytest.importorskip("onnx")
@@ -286,7 +291,7 @@ def _int8_path_tolerance(A: np.ndarray, w: dict, mlas: str = "avx512") -> np.nda
     with np.errstate(invalid="ignore", over="ignore"):
         inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
         prod = (blocks * inv[..., None]).astype(np.float32)
-    qa = np.where(np.isfinite(prod), np.clip(np.rint(prod), -128, 127), {"avx512": 0, "avx2": -128}[mlas])
+    qa = np.where(np.isfinite(prod), np.clip(np.rint(prod), -128, 127), MLAS_KERNELS[mlas])
     qa = qa.astype(np.int64)
     q = _unpack_stream(w["B"], bits, bs)  # (N, kb, bs); bits 2/4/8 are the same stream rule
     zp = w["zero_points"]
