@@ -56,11 +56,22 @@ U = 2.0**-24
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="no g++")
 
 
+_BUILT: dict[tuple, Path] = {}  # one build a (driver, defines, edits) per process: tests share it (~5 s a g++ build)
+
+
 def _build(
     tmp: Path, edits: Edits = (), driver: str = "keep_quant_fast_host.cpp", defines: str = "", q8_edits: Edits = ()
 ) -> Path:
     """``driver`` built against keep_quant_fast.hip with ``edits`` (and ggml/q8_quant.hip, which the
-    one-launch build includes, with ``q8_edits``) after ``defines``."""
+    one-launch build includes, with ``q8_edits``) after ``defines``, in ``tmp`` (or the same build made
+    earlier in this process: the executable reads its inputs from its working directory)."""
+    key = (driver, defines, edits, q8_edits)
+    if key not in _BUILT or not _BUILT[key].exists():
+        _BUILT[key] = _compile(tmp, edits, driver, defines, q8_edits)
+    return _BUILT[key]
+
+
+def _compile(tmp: Path, edits: Edits, driver: str, defines: str, q8_edits: Edits) -> Path:
     src = defines + apply_edits((KERNEL_DIR / "ggml" / "keep_quant_fast.hip").read_text(), edits)
     (tmp / "keep_quant_fast.hip").write_text(src)
     (tmp / "ggml").mkdir(exist_ok=True)  # found before kernels/ggml
