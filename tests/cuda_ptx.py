@@ -56,16 +56,23 @@ def emitted_lines(source: Path, defines: tuple[str, ...] = ()) -> set[int]:
     return {int(line) for n, line in re.findall(r"^\s*\.loc\s+(\d+)\s+(\d+)\b", text, re.M) if n in files}
 
 
+def _code(text: str) -> str:
+    """``text`` without its comments and with its whitespace runs made one space."""
+    return " ".join(re.sub(r"/\*.*?\*/|//[^\n]*", " ", text, flags=re.S).split())
+
+
 def edited_lines(patch: Patch) -> set[int] | None:
-    """The lines of ``patch.source`` (as shipped) whose text the patch changes: for each edit, the
-    span between the original's and the replacement's common prefix and suffix (an insertion: the
-    lines on both sides of it); None where an edit's original is not in the shipped text once (it
-    patches an earlier edit's text)."""
+    """The lines of ``patch.source`` (as shipped) whose code the patch changes: for each edit that
+    changes more than comments and whitespace, the span between the original's and the replacement's
+    common prefix and suffix (an insertion: the lines on both sides of it); None where an edit's
+    original is not in the shipped text once (it patches an earlier edit's text)."""
     shipped = patch.source.read_text()
     lines: set[int] = set()
     for original, replacement in patch.edits:
         if shipped.count(original) != 1:
             return None
+        if _code(original) == _code(replacement):
+            continue
         start = shipped.index(original)
         p = len(os.path.commonprefix([original, replacement]))
         s = len(os.path.commonprefix([original[p:][::-1], replacement[p:][::-1]]))
