@@ -17,7 +17,8 @@ bench-only builds ``-DQK_NBITS_RING_CONTIGUOUS``, ``-DQK_NBITS_RING_STRIDED``, `
 ``-DQK_NBITS_RING_TAIL_SPLIT``, ``-DQK_NBITS_STAGE_BATCH=1`` and ``-DQK_NBITS_RING_LOADS_ONLY`` (``ring_variants``).
 ``--variants f32`` / ``zp`` / ``ring``: one table only. ``--variants fold`` (apart from ``all``): the
 prefill GEMM under storage=fp16 as shipped (the last, part-empty wave's tiles split over CTAs by K) beside
-the same launch never split and fp16 cuBLAS, M = 512 .. 4096 (``fold_variants``).
+the same launch never split, its bench-only build ``-DQK_NBITS_FOLD_NO_SHIFT`` and fp16 cuBLAS, M = 512 ..
+4096 (``fold_variants``).
 """
 
 from __future__ import annotations
@@ -566,9 +567,11 @@ def _never_split(M: int, N: int, K: int, sms: int) -> tuple[int, int, int]:
     return tiles, tiles, 1
 
 
-FOLD_LAUNCHES = (  # (name, the launcher's names patched) of the storage=fp16 fold launches timed side by side
-    ("shipped", {}),
-    ("never split", {"fold_launch_split": _never_split}),
+FOLD_NO_SHIFT = "-DQK_NBITS_FOLD_NO_SHIFT"  # build option: the conversion without the words' shifts (session 57)
+FOLD_LAUNCHES = (  # (name, the launcher's names patched, build options) of the fold launches timed side by side
+    ("shipped", {}, ()),
+    ("never split", {"fold_launch_split": _never_split}, ()),
+    ("no shift", {}, (FOLD_NO_SHIFT,)),
 )
 
 
@@ -578,11 +581,14 @@ def fold_variants(shapes=PREFILL_SHAPES, bits_list=(2, 4), ms=PREFILL_MS, reps: 
     CTA an SM: the time goes by whole waves, docs/perf-notes.md session 53) and the tail split's split
     tiles x parts. Check: each launch's output within the storage=fp16 bound, and bit-identical to the
     first launch's where nothing is split (a split tile sums its parts in part order, so its bits may
-    differ there). ``only``: these launches' names."""
-    launches = [(n, p) for n, p in FOLD_LAUNCHES if n in only] if only else FOLD_LAUNCHES
+    differ there) and where only the build differs (``no shift``: the same fragments, so the same sums).
+    ``only``: these launches' names."""
+    from qconform.device import ort as ort_launch
+
+    launches = [x for x in FOLD_LAUNCHES if x[0] in only] if only else FOLD_LAUNCHES
     info = device_info()
     print(f"{info.name} {info.label}; prefill under storage=fp16, block {BLOCK}; us min / median / max")
-    heads = " | ".join(f"{n} us | of cuBLAS | check" for n, _ in launches)
+    heads = " | ".join(f"{n} us | of cuBLAS | check" for n, _, _ in launches)
     print(f"| K x N | M | bits | waves (CTAs / SMs) | split tiles x parts | fp16 cuBLAS us | {heads} |")
     print("|---|---|---|---|---|---|" + "---|---|---|" * len(launches))
     ok = True
@@ -596,19 +602,20 @@ def fold_variants(shapes=PREFILL_SHAPES, bits_list=(2, 4), ms=PREFILL_MS, reps: 
                 tiles, full, parts = registry.fold_launch_split(M, N, K, info.sm_count)
                 waves = f"{-(-tiles // info.sm_count)} ({tiles / info.sm_count:.2f})"
                 split = f"{tiles - full} x {parts}" if parts > 1 else "none"
-                cells, first = [f"{K} x {N}", str(M), str(bits), waves, split, _us(t_cub)], None
-                for _, patch in launches:
+                cells, first, first_patch = [f"{K} x {N}", str(M), str(bits), waves, split, _us(t_cub)], None, None
+                for _, patch, options in launches:
                     y = cupy.empty((M, N), cupy.float16)
-                    calls = _bind(a, weights, K, N, bits, y, storage="fp16", **patch)
+                    with ort_launch.compile_options(*options):
+                        calls = _bind(a, weights, K, N, bits, y, storage="fp16", **patch)
                     ts = bl.times(lambda i, c=calls: c[i](), len(calls), reps)
                     calls[0]()
                     check = _check_text(a, b, s, y, K, N, bits, "storage=fp16")
                     ok = ok and check.startswith("within")
                     if first is None:
-                        first = y
+                        first, first_patch = y, patch
                     elif bool(cupy.array_equal(y.view(cupy.uint16), first.view(cupy.uint16))):
                         check += ", bit-identical to the first"
-                    elif parts == 1:
+                    elif parts == 1 or patch == first_patch:  # the same launch: only the build differs
                         check += ", DIFFERS from the first launch"
                         ok = False
                     cells += [_us(ts), f"{bl.median(t_cub) / bl.median(ts):.2f}x", check]

@@ -134,6 +134,14 @@ __device__ __forceinline__ qk_u32 qk_mul_f16x2(qk_u32 a, qk_u32 b) {
     return r;
 }
 
+#if defined(QK_NBITS_FOLD_NO_SHIFT)
+__device__ __forceinline__ qk_u32 qk_fma_f16x2(qk_u32 a, qk_u32 b, qk_u32 c) {
+    qk_u32 r;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+}
+#endif
+
 /* the byte_perm selector of qk_wg_pair's byte: (byte of lo, byte of hi) twice */
 __device__ __forceinline__ qk_u32 qk_wg_pair_selector(int byte) {
     return (qk_u32)(byte | byte << 4 | (4 + byte) << 8 | (4 + byte) << 12);
@@ -555,6 +563,19 @@ __device__ __forceinline__ void qk_nbits_wgmma_rs(qk_u64 amap, qk_u64 bmap, cons
     const qk_u32 psel0 = qk_wg_pin(qk_wg_pair_selector(BITS == 4 ? t : t >> 1), lane);
     const qk_u32 psel1 = qk_wg_pin(qk_wg_pair_selector(2 + (t >> 1)), lane);
     const int sh0 = qk_wg_pin(4 * (t & 1), lane); /* u2: the code pair's bit in its byte */
+#if defined(QK_NBITS_FOLD_NO_SHIFT)
+    /* bench-only (-DQK_NBITS_FOLD_NO_SHIFT; docs/perf-notes.md, session 57): no shift of the words. The
+     * pair's byte is broadcast (prmt of the word with itself) and each half keeps its own code where it
+     * lies (mask), so a half holds 1024 + 2^e q; fma(x, 2^-e, -(1024 2^-e + z)) is q - z exactly (the
+     * product is exact, the sum a small integer). Per lane: the mask, the halves' 2^-e (mul) and the
+     * addend -(1024 2^-e) with z's unit in each half (zmul: the addend is add0 + z zmul). u4: codes at
+     * bits 0-3 and 4-7 of the byte; u2: at bits 4 (t % 2) + 0-1 and + 2-3. */
+    const bool odd = BITS == 2 && (t & 1);
+    const qk_u32 nmask = qk_wg_pin(BITS == 4 ? 0x00F0000Fu : odd ? 0x00C00030u : 0x000C0003u, lane);
+    const qk_u32 nmul = qk_wg_pin(BITS == 4 ? 0x2C003C00u : odd ? 0x24002C00u : 0x34003C00u, lane);
+    const qk_u32 add0 = qk_wg_pin(BITS == 4 ? 0xD400E400u : odd ? 0xCC00D400u : 0xDC00E400u, lane);
+    const qk_u32 zmul = qk_wg_pin(BITS == 4 ? 0x00100001u : odd ? 0x00400010u : 0x00040001u, lane);
+#endif
     /* chunk c's fragment of A: f[4 s + i] for k16 step s, register i (rows r[i & 1], columns 8 (i >> 1)
      * + 2 t, + 1 of the step) */
     auto convert = [&](int c, int st, int ph, qk_u32 (&f)[16]) {
@@ -569,24 +590,43 @@ __device__ __forceinline__ void qk_nbits_wgmma_rs(qk_u64 amap, qk_u64 bmap, cons
             if (ZP) {
                 const qk_u32 zw = *(const qk_u32*)(gbase + sc_off + (L::ZW0 - L::SC0) + st * L::ROWS * 4 + 32 * h);
                 const int bit = zbit[h] + blk * BITS;
+#if defined(QK_NBITS_FOLD_NO_SHIFT)
+                off = add0 + ((zw >> (bit & 31)) & ((1u << BITS) - 1u)) * zmul;
+#else
                 off = 0x64006400u + ((zw >> (bit & 31)) & ((1u << BITS) - 1u)) * 0x00010001u;
+#endif
             }
+#if defined(QK_NBITS_FOLD_NO_SHIFT)
+            if (!ZP) off = add0 + (1u << (BITS - 1)) * zmul;
+#endif
             const qk_u8* raw = gbase + raw_off + st * L::W_STAGE + 64 * BITS * h;
             if (BITS == 4) { /* word 2 s + e: K 16 s + 8 e .. + 7, byte t the pair 2 t, + 1 */
                 const uint4 v0 = *(const uint4*)raw, v1 = *(const uint4*)(raw + 16);
                 const qk_u32 w[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
 #pragma unroll
                 for (int j = 0; j < 8; ++j)
+#if defined(QK_NBITS_FOLD_NO_SHIFT)
+                    f[4 * (j >> 1) + 2 * (j & 1) + h] = qk_mul_f16x2(
+                        qk_fma_f16x2(qk_and_or(qk_prmt(w[j], w[j], psel0), nmask, 0x64006400u), nmul, off), sp);
+#else
                     f[4 * (j >> 1) + 2 * (j & 1) + h] =
                         qk_mul_f16x2(qk_wg_pair_sel(w[j], w[j] >> 4, psel0, 0x000F000Fu, off), sp);
+#endif
             } else { /* word s: K 16 s .. + 15, the pair 2 t, + 1 in byte t / 2 at bit 4 (t % 2), 2 t + 8 in byte 2 + t / 2 */
                 const uint4 v = *(const uint4*)raw;
                 const qk_u32 w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
                 for (int j = 0; j < 4; ++j) {
+#if defined(QK_NBITS_FOLD_NO_SHIFT)
+                    const qk_u32 x0 = qk_and_or(qk_prmt(w[j], w[j], psel0), nmask, 0x64006400u);
+                    const qk_u32 x1 = qk_and_or(qk_prmt(w[j], w[j], psel1), nmask, 0x64006400u);
+                    f[4 * j + h] = qk_mul_f16x2(qk_fma_f16x2(x0, nmul, off), sp);
+                    f[4 * j + 2 + h] = qk_mul_f16x2(qk_fma_f16x2(x1, nmul, off), sp);
+#else
                     const qk_u32 lo = w[j] >> sh0, hi = w[j] >> (sh0 + 2);
                     f[4 * j + h] = qk_mul_f16x2(qk_wg_pair_sel(lo, hi, psel0, 0x00030003u, off), sp);
                     f[4 * j + 2 + h] = qk_mul_f16x2(qk_wg_pair_sel(lo, hi, psel1, 0x00030003u, off), sp);
+#endif
                 }
             }
         }
