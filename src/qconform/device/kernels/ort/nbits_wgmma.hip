@@ -655,9 +655,10 @@ __device__ __forceinline__ void qk_nbits_wgmma_rs(qk_u64 amap, qk_u64 bmap, cons
         qk_wgmma_wait<D>();
         /* No proxy fence before the refill (the strict kernel has one: its wgmma reads what its threads
          * stored). Here the threads only read the stages (ld.shared of the raw weights and scale words,
-         * consumed before this point) and the async proxy only writes them, which the barrier orders, as
-         * CUTLASS's PipelineTmaAsync releases a stage by an mbarrier arrival alone. Measured without it:
-         * 0.3-1.2% faster on every prefill shape, bit-identical (docs/perf-notes.md, session 57). */
+         * consumed before this point); the async proxy writes them (the tensor copies, issued after the
+         * barrier) and reads the activations (the wgmma, waited for above). CUTLASS's PipelineTmaAsync
+         * releases a stage the same way, by an mbarrier arrival alone. Measured without it: 0.3-1.2%
+         * faster on every prefill shape, bit-identical (docs/perf-notes.md, session 57). */
         __syncthreads(); /* no warp reads chunk c - D's stage any more */
         refill(c + S - D, st >= D ? st - D : st + S - D);
         st = st + 1 == S ? 0 : st + 1;
