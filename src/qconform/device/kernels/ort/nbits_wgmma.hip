@@ -605,8 +605,8 @@ __device__ __forceinline__ void qk_nbits_wgmma_rs(qk_u64 amap, qk_u64 bmap, cons
                 const qk_u32 w[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
 #pragma unroll
                 for (int j = 0; j < 8; ++j)
-#if defined(QK_NBITS_FOLD_NO_SHIFT)
-                    f[4 * (j >> 1) + 2 * (j & 1) + h] = qk_mul_f16x2(
+#if defined(QK_NBITS_FOLD_NO_SHIFT) /* the same slot as below, spelt apart (the device mutants edit the shipped line) */
+                    f[2 * (j & 1) + 4 * (j >> 1) + h] = qk_mul_f16x2(
                         qk_fma_f16x2(qk_and_or(qk_prmt(w[j], w[j], psel0), nmask, 0x64006400u), nmul, off), sp);
 #else
                     f[4 * (j >> 1) + 2 * (j & 1) + h] =
