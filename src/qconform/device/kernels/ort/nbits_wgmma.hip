@@ -558,12 +558,13 @@ __device__ __forceinline__ void qk_nbits_wgmma_rs(qk_u64 amap, qk_u64 bmap, cons
         zbit[h] = ZP ? qk_wg_pin((int)(((qk_i64)n * zp_bytes) & 3) * 8, lane) : 0;
     }
     const qk_u32 sc_off = qk_wg_pin(L::SC0 + r[0] * 4, lane), raw_off = qk_wg_pin(L::W0 + r[0] * 8 * BITS, lane);
-    const qk_u32 zdef = 0x64006400u + (qk_u32)(1 << (BITS - 1)) * 0x00010001u;
     /* the byte_perm selectors of qk_wg_pair for this lane's code bytes: u4 byte t; u2 bytes t / 2, 2 + t / 2 */
     const qk_u32 psel0 = qk_wg_pin(qk_wg_pair_selector(BITS == 4 ? t : t >> 1), lane);
     const qk_u32 psel1 = qk_wg_pin(qk_wg_pair_selector(2 + (t >> 1)), lane);
+#if !defined(QK_NBITS_FOLD_NO_SHIFT)
     const int sh0 = qk_wg_pin(4 * (t & 1), lane); /* u2: the code pair's bit in its byte */
-#if defined(QK_NBITS_FOLD_NO_SHIFT)
+    const qk_u32 zdef = 0x64006400u + (qk_u32)(1 << (BITS - 1)) * 0x00010001u;
+#else
     /* bench-only (-DQK_NBITS_FOLD_NO_SHIFT; docs/perf-notes.md, session 57): no shift of the words. The
      * pair's byte is broadcast (prmt of the word with itself) and each half keeps its own code where it
      * lies (mask), so a half holds 1024 + 2^e q; fma(x, 2^-e, -(1024 2^-e + z)) is q - z exactly (the
@@ -575,6 +576,7 @@ __device__ __forceinline__ void qk_nbits_wgmma_rs(qk_u64 amap, qk_u64 bmap, cons
     const qk_u32 nmul = qk_wg_pin(BITS == 4 ? 0x2C003C00u : odd ? 0x24002C00u : 0x34003C00u, lane);
     const qk_u32 add0 = qk_wg_pin(BITS == 4 ? 0xD400E400u : odd ? 0xCC00D400u : 0xDC00E400u, lane);
     const qk_u32 zmul = qk_wg_pin(BITS == 4 ? 0x00100001u : odd ? 0x00400010u : 0x00040001u, lane);
+    const qk_u32 zdef = add0 + (qk_u32)(1 << (BITS - 1)) * zmul; /* the addend of the default zero point */
 #endif
     /* chunk c's fragment of A: f[4 s + i] for k16 step s, register i (rows r[i & 1], columns 8 (i >> 1)
      * + 2 t, + 1 of the step) */
@@ -586,7 +588,7 @@ __device__ __forceinline__ void qk_nbits_wgmma_rs(qk_u64 amap, qk_u64 bmap, cons
         for (int h = 0; h < 2; ++h) {
             const qk_u32 sw = *(const qk_u32*)(gbase + sc_off + st * L::ROWS * 4 + 32 * h);
             const qk_u32 sp = qk_prmt(sw, 0, ssel[h] ^ flip); /* the scale, in both halves */
-            qk_u32 off = zdef; /* the pair 1024 + z */
+            qk_u32 off = zdef; /* the pair 1024 + z (-DQK_NBITS_FOLD_NO_SHIFT: the fma's addend) */
             if (ZP) {
                 const qk_u32 zw = *(const qk_u32*)(gbase + sc_off + (L::ZW0 - L::SC0) + st * L::ROWS * 4 + 32 * h);
                 const int bit = zbit[h] + blk * BITS;
@@ -596,9 +598,6 @@ __device__ __forceinline__ void qk_nbits_wgmma_rs(qk_u64 amap, qk_u64 bmap, cons
                 off = 0x64006400u + ((zw >> (bit & 31)) & ((1u << BITS) - 1u)) * 0x00010001u;
 #endif
             }
-#if defined(QK_NBITS_FOLD_NO_SHIFT)
-            if (!ZP) off = add0 + (1u << (BITS - 1)) * zmul;
-#endif
             const qk_u8* raw = gbase + raw_off + st * L::W_STAGE + 64 * BITS * h;
             if (BITS == 4) { /* word 2 s + e: K 16 s + 8 e .. + 7, byte t the pair 2 t, + 1 */
                 const uint4 v0 = *(const uint4*)raw, v1 = *(const uint4*)(raw + 16);
