@@ -17,8 +17,7 @@ bench-only builds ``-DQK_NBITS_RING_CONTIGUOUS``, ``-DQK_NBITS_RING_STRIDED``, `
 ``-DQK_NBITS_RING_TAIL_SPLIT``, ``-DQK_NBITS_STAGE_BATCH=1`` and ``-DQK_NBITS_RING_LOADS_ONLY`` (``ring_variants``).
 ``--variants f32`` / ``zp`` / ``ring``: one table only. ``--variants fold`` (apart from ``all``): the
 prefill GEMM under storage=fp16 as shipped (the last, part-empty wave's tiles split over CTAs by K) beside
-the same launch never split, its bench-only build ``-DQK_NBITS_FOLD_NO_SHIFT`` and fp16 cuBLAS, M = 512 ..
-4096 (``fold_variants``).
+the same launch never split and fp16 cuBLAS, M = 512 .. 4096 (``fold_variants``).
 """
 
 from __future__ import annotations
@@ -567,11 +566,9 @@ def _never_split(M: int, N: int, K: int, sms: int) -> tuple[int, int, int]:
     return tiles, tiles, 1
 
 
-FOLD_NO_SHIFT = "-DQK_NBITS_FOLD_NO_SHIFT"  # build option: the conversion without the words' shifts (session 57)
 FOLD_LAUNCHES = (  # (name, the launcher's names patched, build options) of the fold launches timed side by side
     ("shipped", {}, ()),
     ("never split", {"fold_launch_split": _never_split}, ()),
-    ("no shift", {}, (FOLD_NO_SHIFT,)),
 )
 
 
@@ -581,8 +578,7 @@ def fold_variants(shapes=PREFILL_SHAPES, bits_list=(2, 4), ms=PREFILL_MS, reps: 
     CTA an SM: the time goes by whole waves, docs/perf-notes.md session 53) and the tail split's split
     tiles x parts. Check: each launch's output within the storage=fp16 bound, and bit-identical to the
     first launch's where nothing is split (a split tile sums its parts in part order, so its bits may
-    differ there) and where only the build differs (``no shift``: the same fragments, so the same sums).
-    ``only``: these launches' names."""
+    differ there) and where only the build differs (the same fragments, so the same sums). ``only``: these launches' names."""
     from qconform.device import ort as ort_launch
 
     launches = [x for x in FOLD_LAUNCHES if x[0] in only] if only else FOLD_LAUNCHES

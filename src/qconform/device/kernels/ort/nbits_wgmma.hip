@@ -134,13 +134,11 @@ __device__ __forceinline__ qk_u32 qk_mul_f16x2(qk_u32 a, qk_u32 b) {
     return r;
 }
 
-#if defined(QK_NBITS_FOLD_NO_SHIFT)
 __device__ __forceinline__ qk_u32 qk_fma_f16x2(qk_u32 a, qk_u32 b, qk_u32 c) {
     qk_u32 r;
     asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
     return r;
 }
-#endif
 
 /* the byte_perm selector of qk_wg_pair's byte: (byte of lo, byte of hi) twice */
 __device__ __forceinline__ qk_u32 qk_wg_pair_selector(int byte) {
@@ -152,9 +150,12 @@ __device__ __forceinline__ qk_u32 qk_prmt(qk_u32 a, qk_u32 b, qk_u32 sel) {
     asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
     return r;
 }
-/* qk_wg_pair with its selector qk_wg_pair_selector(byte) made before */
-__device__ __forceinline__ qk_u32 qk_wg_pair_sel(qk_u32 lo, qk_u32 hi, qk_u32 sel, qk_u32 mask, qk_u32 off) {
-    return qk_sub_f16x2(qk_and_or(qk_prmt(lo, hi, sel), mask, 0x64006400u), off);
+/* the fold kernel's code pair without shifting the word: its byte (selector qk_wg_pair_selector(byte)) in
+ * both halves, each half's code kept where it lies (mask: bits e .. e + BITS - 1 of the half), so the half is
+ * the fp16 1024 + 2^e q. Then fma(x, 2^-e, -(1024 2^-e + z)) is q - z exactly: the product is exact and the
+ * sum a small integer */
+__device__ __forceinline__ qk_u32 qk_wg_code_pair(qk_u32 w, qk_u32 sel, qk_u32 mask) {
+    return qk_and_or(qk_prmt(w, w, sel), mask, 0x64006400u);
 }
 /* the exact fp16 pair (q_lo - z, q_hi - z): lo / hi the words whose byte `byte` holds the two codes
  * in its low bits (mask), off = the pair 1024 + z */
@@ -558,26 +559,18 @@ __device__ __forceinline__ void qk_nbits_wgmma_rs(qk_u64 amap, qk_u64 bmap, cons
         zbit[h] = ZP ? qk_wg_pin((int)(((qk_i64)n * zp_bytes) & 3) * 8, lane) : 0;
     }
     const qk_u32 sc_off = qk_wg_pin(L::SC0 + r[0] * 4, lane), raw_off = qk_wg_pin(L::W0 + r[0] * 8 * BITS, lane);
-    /* the byte_perm selectors of qk_wg_pair for this lane's code bytes: u4 byte t; u2 bytes t / 2, 2 + t / 2 */
+    /* the byte_perm selectors of qk_wg_code_pair for this lane's code bytes: u4 byte t; u2 bytes t / 2, 2 + t / 2 */
     const qk_u32 psel0 = qk_wg_pin(qk_wg_pair_selector(BITS == 4 ? t : t >> 1), lane);
     const qk_u32 psel1 = qk_wg_pin(qk_wg_pair_selector(2 + (t >> 1)), lane);
-#if !defined(QK_NBITS_FOLD_NO_SHIFT)
-    const int sh0 = qk_wg_pin(4 * (t & 1), lane); /* u2: the code pair's bit in its byte */
-    const qk_u32 zdef = 0x64006400u + (qk_u32)(1 << (BITS - 1)) * 0x00010001u;
-#else
-    /* bench-only (-DQK_NBITS_FOLD_NO_SHIFT; docs/perf-notes.md, session 57): no shift of the words. The
-     * pair's byte is broadcast (prmt of the word with itself) and each half keeps its own code where it
-     * lies (mask), so a half holds 1024 + 2^e q; fma(x, 2^-e, -(1024 2^-e + z)) is q - z exactly (the
-     * product is exact, the sum a small integer). Per lane: the mask, the halves' 2^-e (mul) and the
-     * addend -(1024 2^-e) with z's unit in each half (zmul: the addend is add0 + z zmul). u4: codes at
-     * bits 0-3 and 4-7 of the byte; u2: at bits 4 (t % 2) + 0-1 and + 2-3. */
+    /* the conversion's per-lane constants (qk_wg_code_pair; docs/perf-notes.md, sessions 57-58): the mask, the
+     * halves' 2^-e (nmul) and the addend -(1024 2^-e) with z's unit in each half (zmul: the addend is
+     * add0 + z zmul). u4: codes at bits 0-3 and 4-7 of the byte; u2: at bits 4 (t % 2) + 0-1 and + 2-3. */
     const bool odd = BITS == 2 && (t & 1);
     const qk_u32 nmask = qk_wg_pin(BITS == 4 ? 0x00F0000Fu : odd ? 0x00C00030u : 0x000C0003u, lane);
     const qk_u32 nmul = qk_wg_pin(BITS == 4 ? 0x2C003C00u : odd ? 0x24002C00u : 0x34003C00u, lane);
     const qk_u32 add0 = qk_wg_pin(BITS == 4 ? 0xD400E400u : odd ? 0xCC00D400u : 0xDC00E400u, lane);
     const qk_u32 zmul = qk_wg_pin(BITS == 4 ? 0x00100001u : odd ? 0x00400010u : 0x00040001u, lane);
     const qk_u32 zdef = add0 + (qk_u32)(1 << (BITS - 1)) * zmul; /* the addend of the default zero point */
-#endif
     /* chunk c's fragment of A: f[4 s + i] for k16 step s, register i (rows r[i & 1], columns 8 (i >> 1)
      * + 2 t, + 1 of the step) */
     auto convert = [&](int c, int st, int ph, qk_u32 (&f)[16]) {
@@ -588,15 +581,11 @@ __device__ __forceinline__ void qk_nbits_wgmma_rs(qk_u64 amap, qk_u64 bmap, cons
         for (int h = 0; h < 2; ++h) {
             const qk_u32 sw = *(const qk_u32*)(gbase + sc_off + st * L::ROWS * 4 + 32 * h);
             const qk_u32 sp = qk_prmt(sw, 0, ssel[h] ^ flip); /* the scale, in both halves */
-            qk_u32 off = zdef; /* the pair 1024 + z (-DQK_NBITS_FOLD_NO_SHIFT: the fma's addend) */
+            qk_u32 off = zdef; /* the fma's addend, -(1024 2^-e + z) */
             if (ZP) {
                 const qk_u32 zw = *(const qk_u32*)(gbase + sc_off + (L::ZW0 - L::SC0) + st * L::ROWS * 4 + 32 * h);
                 const int bit = zbit[h] + blk * BITS;
-#if defined(QK_NBITS_FOLD_NO_SHIFT)
                 off = add0 + ((zw >> (bit & 31)) & ((1u << BITS) - 1u)) * zmul;
-#else
-                off = 0x64006400u + ((zw >> (bit & 31)) & ((1u << BITS) - 1u)) * 0x00010001u;
-#endif
             }
             const qk_u8* raw = gbase + raw_off + st * L::W_STAGE + 64 * BITS * h;
             if (BITS == 4) { /* word 2 s + e: K 16 s + 8 e .. + 7, byte t the pair 2 t, + 1 */
@@ -604,28 +593,16 @@ __device__ __forceinline__ void qk_nbits_wgmma_rs(qk_u64 amap, qk_u64 bmap, cons
                 const qk_u32 w[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
 #pragma unroll
                 for (int j = 0; j < 8; ++j)
-#if defined(QK_NBITS_FOLD_NO_SHIFT) /* the same slot as below, spelt apart (the device mutants edit the shipped line) */
-                    f[2 * (j & 1) + 4 * (j >> 1) + h] = qk_mul_f16x2(
-                        qk_fma_f16x2(qk_and_or(qk_prmt(w[j], w[j], psel0), nmask, 0x64006400u), nmul, off), sp);
-#else
                     f[4 * (j >> 1) + 2 * (j & 1) + h] =
-                        qk_mul_f16x2(qk_wg_pair_sel(w[j], w[j] >> 4, psel0, 0x000F000Fu, off), sp);
-#endif
+                        qk_mul_f16x2(qk_fma_f16x2(qk_wg_code_pair(w[j], psel0, nmask), nmul, off), sp);
             } else { /* word s: K 16 s .. + 15, the pair 2 t, + 1 in byte t / 2 at bit 4 (t % 2), 2 t + 8 in byte 2 + t / 2 */
                 const uint4 v = *(const uint4*)raw;
                 const qk_u32 w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
                 for (int j = 0; j < 4; ++j) {
-#if defined(QK_NBITS_FOLD_NO_SHIFT)
-                    const qk_u32 x0 = qk_and_or(qk_prmt(w[j], w[j], psel0), nmask, 0x64006400u);
-                    const qk_u32 x1 = qk_and_or(qk_prmt(w[j], w[j], psel1), nmask, 0x64006400u);
+                    const qk_u32 x0 = qk_wg_code_pair(w[j], psel0, nmask), x1 = qk_wg_code_pair(w[j], psel1, nmask);
                     f[4 * j + h] = qk_mul_f16x2(qk_fma_f16x2(x0, nmul, off), sp);
                     f[4 * j + 2 + h] = qk_mul_f16x2(qk_fma_f16x2(x1, nmul, off), sp);
-#else
-                    const qk_u32 lo = w[j] >> sh0, hi = w[j] >> (sh0 + 2);
-                    f[4 * j + h] = qk_mul_f16x2(qk_wg_pair_sel(lo, hi, psel0, 0x00030003u, off), sp);
-                    f[4 * j + 2 + h] = qk_mul_f16x2(qk_wg_pair_sel(lo, hi, psel1, 0x00030003u, off), sp);
-#endif
                 }
             }
         }
