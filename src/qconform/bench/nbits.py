@@ -578,7 +578,8 @@ def fold_variants(shapes=PREFILL_SHAPES, bits_list=(2, 4), ms=PREFILL_MS, reps: 
     CTA an SM: the time goes by whole waves, docs/perf-notes.md session 53) and the tail split's split
     tiles x parts. Check: each launch's output within the storage=fp16 bound, and bit-identical to the
     first launch's where nothing is split (a split tile sums its parts in part order, so its bits may
-    differ there) and where only the build differs (the same fragments, so the same sums). ``only``: these launches' names."""
+    differ there) and where only the build differs (the same fragments, so the same sums). ``only``: these
+    launches' names."""
     from qconform.device import ort as ort_launch
 
     launches = [x for x in FOLD_LAUNCHES if x[0] in only] if only else FOLD_LAUNCHES
