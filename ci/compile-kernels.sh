@@ -219,7 +219,8 @@ if part patched; then
   # QMoE's session-3 decode (-DQK_MOE_DECODE_V1), round 1's grouped GEMM (-DQK_MOE_GEMM_V1), its matrix-unit
   # decode reading the biases after the sums (-DQK_MOE_BIAS_AT_END), the phase
   # stamps of both decodes and of the keep-quant GEMV (-DQK_PHASES, the last also with its loads first),
-  # MatMulNBits prefill without wgmma (-DQK_NBITS_NO_WGMMA)
+  # MatMulNBits prefill without wgmma (-DQK_NBITS_NO_WGMMA), its fold kernel's refill issued behind the next
+  # chunk's wgmma (-DQK_NBITS_FOLD_REFILL_DEFER; bench.nbits --variants fold)
   front "$KERNELS/bnb/gemm_mma.hip -DQK_MMA_EMULATE -DQK_BNBM_TAB16" -DQK_MMA_EMULATE -DQK_BNBM_TAB16 \
     "$KERNELS/bnb/gemm_mma.hip"
   front "$KERNELS/bnb/gemm_mma.hip -DQK_BNB_CPU_SIMT" -DQK_BNB_CPU_SIMT "$KERNELS/bnb/gemm_mma.hip"
@@ -233,6 +234,8 @@ if part patched; then
   front "$KERNELS/ort/gqa_flash.hip -DQK_MMA_EMULATE" -DQK_MMA_EMULATE "$KERNELS/ort/gqa_flash.hip"
   front "$KERNELS/ort/nbits_mma.hip -DQK_MMA_EMULATE" -DQK_MMA_EMULATE -DQK_MMA_DEFAULT_ONLY "$KERNELS/ort/nbits_mma.hip"
   front "$KERNELS/ort/nbits_wgmma.hip -DQK_NBITS_NO_WGMMA" -DQK_NBITS_NO_WGMMA "$KERNELS/ort/nbits_wgmma.hip"
+  front "$KERNELS/ort/nbits_wgmma.hip -DQK_NBITS_FOLD_REFILL_DEFER" -DQK_NBITS_FOLD_REFILL_DEFER \
+    "$KERNELS/ort/nbits_wgmma.hip"
 fi
 for pid in $(jobs -p); do wait "$pid" || fail=1; done
 [ "$fail" = 0 ] || { echo "compile-kernels: a compile FAILED (log above)" >&2; exit 1; }

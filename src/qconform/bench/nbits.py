@@ -17,7 +17,8 @@ bench-only builds ``-DQK_NBITS_RING_CONTIGUOUS``, ``-DQK_NBITS_RING_STRIDED``, `
 ``-DQK_NBITS_RING_TAIL_SPLIT``, ``-DQK_NBITS_STAGE_BATCH=1`` and ``-DQK_NBITS_RING_LOADS_ONLY`` (``ring_variants``).
 ``--variants f32`` / ``zp`` / ``ring``: one table only. ``--variants fold`` (apart from ``all``): the
 prefill GEMM under storage=fp16 as shipped (the last, part-empty wave's tiles split over CTAs by K) beside
-the same launch never split and fp16 cuBLAS, M = 512 .. 4096 (``fold_variants``).
+the same launch never split, its bench-only build ``-DQK_NBITS_FOLD_REFILL_DEFER`` and fp16 cuBLAS, M = 512 ..
+4096 (``fold_variants``).
 """
 
 from __future__ import annotations
@@ -566,9 +567,11 @@ def _never_split(M: int, N: int, K: int, sms: int) -> tuple[int, int, int]:
     return tiles, tiles, 1
 
 
+FOLD_REFILL_DEFER = "-DQK_NBITS_FOLD_REFILL_DEFER"  # build option: a step's refill behind the next wgmma (58)
 FOLD_LAUNCHES = (  # (name, the launcher's names patched, build options) of the fold launches timed side by side
     ("shipped", {}, ()),
     ("never split", {"fold_launch_split": _never_split}, ()),
+    ("refill deferred", {}, (FOLD_REFILL_DEFER,)),
 )
 
 
