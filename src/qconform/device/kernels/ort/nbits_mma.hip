@@ -255,33 +255,6 @@ __device__ __forceinline__ void qk_store_act_paired(qk_u16* at, const qk_u32 (&h
     dst[1] = make_uint4(o[4], o[5], o[6], o[7]);
 }
 
-#if defined(QK_NBITS_STAGE_ASYNC)
-/* bench-only (docs/perf-notes.md, session 59): u2's staging with a_vec (a_len % 8 == 0, A 16-byte
- * aligned) as cp.async copies of every unit at once, A's halves in place (zeros past a_len), then
- * each thread pairs the units it copied in place: no register round trip a unit. Its wait is for
- * every group in flight, the ring's first S - 1 stages (issued before it) too. */
-template <int BITS>
-__device__ __forceinline__ void qk_stage_act_async(qk_u16* sA, const qk_u16* A, int n_tok, int a_len, int Kp) {
-    const int units = Kp / 16, all = n_tok * units;
-    for (int i = (int)threadIdx.x; i < all; i += (int)blockDim.x) {
-        const int r = i / units, k = 16 * (i - r * units);
-#pragma unroll
-        for (int part = 0; part < 2; ++part) {
-            const int left = a_len - (k + 8 * part); /* a multiple of 8: the run is whole or past the row */
-            qk_cp_async16(sA + 16 * i + 8 * part, left > 0 ? A + (qk_i64)r * a_len + k + 8 * part : A,
-                          left > 0 ? 16 : 0);
-        }
-    }
-    qk_cp_async_commit();
-    qk_cp_async_wait<0>();
-    for (int i = (int)threadIdx.x; i < all; i += (int)blockDim.x) {
-        qk_u32 h[8];
-        qk_act16(h, sA + 16 * i, 0, 8);
-        qk_store_act_paired<BITS>(sA + 16 * i, h);
-    }
-}
-#endif
-
 #ifndef QK_NBITS_STAGE_BATCH /* u4's units a thread loads before it stores any (session 52); 1: one at a time */
 #define QK_NBITS_STAGE_BATCH 4
 #endif
@@ -292,12 +265,6 @@ template <int BITS>
 __device__ __forceinline__ void qk_stage_act_paired(qk_u16* sA, const qk_u16* A, int n_tok, int a_len, int Kp,
                                                     int a_vec) {
     constexpr int NB = BITS == 4 ? QK_NBITS_STAGE_BATCH : 1;
-#if defined(QK_NBITS_STAGE_ASYNC)
-    if (BITS == 2 && a_vec) { /* u2's unit q is A's halves 16 q .. 16 q + 15 (ka, kb = 16 t, 16 t + 8 of chunk q / 4) */
-        qk_stage_act_async<BITS>(sA, A, n_tok, a_len, Kp);
-        return;
-    }
-#endif
     if (NB == 1) {
         for (int r = 0; r < n_tok; ++r)
             for (int q = (int)threadIdx.x; q < Kp / 16; q += (int)blockDim.x) {

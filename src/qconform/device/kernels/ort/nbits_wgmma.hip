@@ -613,11 +613,6 @@ __device__ __forceinline__ void qk_nbits_wgmma_rs(qk_u64 amap, qk_u64 bmap, cons
     for (int i = 0; i < 64; ++i) acc[0][i] = acc[1][i] = 0.0f;
     qk_u32 fr[D + 1][16]; /* chunk c's fragment: fr[c % (D + 1)] */
     const qk_u64 db0 = qk_wgmma_desc(base + L::A0);
-    /* the refill a step makes: chunk rc into stage rst (rc = n_chunks: none). Bench-only
-     * -DQK_NBITS_FOLD_REFILL_DEFER (docs/perf-notes.md, session 58): issued by the next step, behind its
-     * wgmma, so the refill's arithmetic is not between the barrier and the next chunk's conversion; the
-     * stage was released by the barrier before */
-    int rc = n_chunks, rst = 0;
     /* chunk c (in stage st, phase parity ph, both advanced to chunk c + 1's): its wgmma issued (D chunks'
      * stay in flight); chunk c - D's waited for, by every thread; chunk c + 1's copies in place for every
      * thread; chunk c + S - D's copies issued into chunk c - D's stage; chunk c + 1 converted into chunk c -
@@ -633,9 +628,6 @@ __device__ __forceinline__ void qk_nbits_wgmma_rs(qk_u64 amap, qk_u64 bmap, cons
             qk_wgmma_m64n256k16_rs(acc, a, db + 2 * k);
         }
         qk_wgmma_commit();
-#if defined(QK_NBITS_FOLD_REFILL_DEFER)
-        refill(rc, rst);
-#endif
         qk_wgmma_wait<D>();
         /* No proxy fence before the refill (the strict kernel has one: its wgmma reads what its threads
          * stored). Here the threads only read the stages (ld.shared of the raw weights and scale words,
@@ -644,11 +636,7 @@ __device__ __forceinline__ void qk_nbits_wgmma_rs(qk_u64 amap, qk_u64 bmap, cons
          * releases a stage the same way, by an mbarrier arrival alone. Measured without it: 0.3-1.2%
          * faster on every prefill shape, bit-identical (docs/perf-notes.md, session 57). */
         __syncthreads(); /* no warp reads chunk c - D's stage any more */
-        rc = c + S - D;
-        rst = st >= D ? st - D : st + S - D;
-#if !defined(QK_NBITS_FOLD_REFILL_DEFER)
-        refill(rc, rst);
-#endif
+        refill(c + S - D, st >= D ? st - D : st + S - D);
         st = st + 1 == S ? 0 : st + 1;
         ph ^= st == 0;
         if (c + 1 < n_chunks) convert(c + 1, st, ph, nxt);
