@@ -177,11 +177,11 @@ if part patched; then
   # ort/gqa.hip (-DQK_GQA_LEGACY; bench.gqa --variants flash,legacy); the session-3 zero-point arithmetic of
   # the fp16-A matrix-unit kernels (-DQK_NBITS_ZP_SUM_V1; bench.nbits --variants and the device mutant "mma
   # GEMV fp16 A: zero point through sum(a)") and the ring decode's strided (both widths), contiguous (both
-  # widths), four-shared-reads, no-tail-test, unit-staging (u4), bulk-staging (u2) and loads-only builds
-  # (-DQK_NBITS_RING_STRIDED, -DQK_NBITS_RING_CONTIGUOUS, -DQK_NBITS_RING_LDS, -DQK_NBITS_RING_TAIL_SPLIT,
-  # -DQK_NBITS_STAGE_BATCH=1, -DQK_NBITS_STAGE_BULK, -DQK_NBITS_RING_LOADS_ONLY; bench.nbits --variants ring);
-  # the flash prefill's session-8 kernels (-DQK_GQA_PREFILL_V1; bench.gqa_prefill --variants); the keep-quant
-  # fast GEMV's round 1 (-DQK_KQ_FAST_V1), its first weight loads
+  # widths), four-shared-reads, no-tail-test, unit-staging (u4) and loads-only builds (-DQK_NBITS_RING_STRIDED,
+  # -DQK_NBITS_RING_CONTIGUOUS, -DQK_NBITS_RING_LDS, -DQK_NBITS_RING_TAIL_SPLIT, -DQK_NBITS_STAGE_BATCH=1,
+  # -DQK_NBITS_RING_LOADS_ONLY; bench.nbits --variants ring); the flash prefill's
+  # session-8 kernels (-DQK_GQA_PREFILL_V1; bench.gqa_prefill --variants); the keep-quant fast GEMV's round 1
+  # (-DQK_KQ_FAST_V1), its first weight loads
   # before its wait for the quantize (-DQK_KF_LOADS_FIRST), its M = 1 Q4_K / Q5_K call as two launches
   # (-DQK_KF_TWO_LAUNCH), its one launch without the waiting CTAs' prefetch (-DQK_KF_ONE_PREFETCH=0) or
   # with its first trip loaded after the wait (-DQK_KF_FIRST_AFTER_WAIT=1, 3) and
@@ -193,7 +193,7 @@ if part patched; then
   # reads (-DQK_BNBM_NO_TABLE_READS) or with its loads alone (-DQK_BNBM_LOADS_ONLY; bench.bnb_gemv --variants mma)
   front "$KERNELS/ort/gqa.hip -DQK_GQA_LEGACY" -DQK_GQA_LEGACY "$KERNELS/ort/gqa.hip"
   for def in -DQK_NBITS_ZP_SUM_V1 -DQK_NBITS_RING_STRIDED -DQK_NBITS_RING_CONTIGUOUS -DQK_NBITS_RING_LDS \
-    -DQK_NBITS_RING_TAIL_SPLIT -DQK_NBITS_STAGE_BATCH=1 -DQK_NBITS_STAGE_BULK -DQK_NBITS_RING_LOADS_ONLY; do
+    -DQK_NBITS_RING_TAIL_SPLIT -DQK_NBITS_STAGE_BATCH=1 -DQK_NBITS_RING_LOADS_ONLY; do
     front "$KERNELS/ort/nbits_mma.hip $def" "$def" "$KERNELS/ort/nbits_mma.hip"
   done
   front "$KERNELS/ort/gqa_flash.hip -DQK_GQA_PREFILL_V1" -DQK_GQA_PREFILL_V1 "$KERNELS/ort/gqa_flash.hip"

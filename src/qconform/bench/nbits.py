@@ -349,7 +349,6 @@ RING_LDS = "-DQK_NBITS_RING_LDS"  # build option: the ring's transposed words by
 RING_TAIL_SPLIT = "-DQK_NBITS_RING_TAIL_SPLIT"  # build option: unchecked scale copies without the tail test
 RING_LOADS_ONLY = "-DQK_NBITS_RING_LOADS_ONLY"  # build option: the ring's copies and waits only (diagnostic)
 RING_UNIT_STAGE = "-DQK_NBITS_STAGE_BATCH=1"  # build option: u4 stages its activations a unit at a time (as before)
-RING_STAGE_BULK = "-DQK_NBITS_STAGE_BULK"  # build option: u2 stages by a bulk copy a row, paired in place (59)
 
 
 def ring_variants(shapes=SHAPES, bits_list=(2, 4), ms=(1, 8), reps: int = 50, verdicts: bool = True, only=()) -> bool:
@@ -359,8 +358,7 @@ def ring_variants(shapes=SHAPES, bits_list=(2, 4), ms=(1, 8), reps: int = 50, ve
     ring's transposed weight words read by four shared reads a 16-row half instead of one ldmatrix.x4
     (``RING_LDS``, the shipped order; the build before session 34), with the unchecked superchunks'
     scale copies free of the tensor-end test in every CTA but the last (``RING_TAIL_SPLIT``), with u4's
-    staged activations loaded and stored a unit at a time (``RING_UNIT_STAGE``; u2's always are), with u2's
-    copied by one bulk copy a row and paired in place (``RING_STAGE_BULK``; u4 is not changed by it), and with
+    staged activations loaded and stored a unit at a time (``RING_UNIT_STAGE``; u2's always are), and with
     its copies alone (``RING_LOADS_ONLY``, no verdict: its outputs are zeros), side by side on the same
     cold weights and in the shipped build's launch plan, against the read-only roofline of the
     weights, scales and activations. ``only``: these builds' names beside the shipped one (default every one)."""
@@ -374,7 +372,6 @@ def ring_variants(shapes=SHAPES, bits_list=(2, 4), ms=(1, 8), reps: int = 50, ve
         ("four reads", (RING_LDS,)),
         ("no tail test", (RING_TAIL_SPLIT,)),
         ("unit staging", (RING_UNIT_STAGE,)),
-        ("bulk staging", (RING_STAGE_BULK,)),
         ("loads only", (RING_LOADS_ONLY,)),
     )
     builds = tuple(b for b in builds if not only or b[0] in ("shipped", *only))
@@ -396,8 +393,7 @@ def ring_variants(shapes=SHAPES, bits_list=(2, 4), ms=(1, 8), reps: int = 50, ve
                 cells = [f"{K} x {N}", str(M), str(bits), _us(roof)]
                 for _, options in builds:
                     shipped_order = (RING_CONTIGUOUS,) if bits == 2 else (RING_STRIDED,)
-                    same = (RING_UNIT_STAGE,) if bits == 2 else (RING_STAGE_BULK,)  # width-specific builds
-                    if options in (shipped_order, same):  # the shipped build
+                    if options == shipped_order or (bits == 2 and options == (RING_UNIT_STAGE,)):  # the shipped build
                         cells += ["the shipped build", "-"]
                         continue
                     plan = shipped_plan if not plans else (lambda *args, _p=plans[0], **kw: _p)

@@ -255,43 +255,6 @@ __device__ __forceinline__ void qk_store_act_paired(qk_u16* at, const qk_u32 (&h
     dst[1] = make_uint4(o[4], o[5], o[6], o[7]);
 }
 
-#if defined(QK_NBITS_STAGE_BULK)
-#include "qk_bulk.h"
-#endif
-#if defined(QK_NBITS_STAGE_BULK) && QK_BULK
-/* bench-only (docs/perf-notes.md, session 59): u2's staging with a_vec (a_len % 8 == 0, A 16-byte
- * aligned) as one bulk copy a row into place, on its own mbarrier (so the wait is for A alone, not for
- * the ring's cp.async stages issued before), then each thread pairs its units in place, zeros past a_len */
-template <int BITS>
-__device__ __forceinline__ void qk_stage_act_bulk(qk_u16* sA, const qk_u16* A, int n_tok, int a_len, int Kp) {
-    __shared__ alignas(8) unsigned long long qk_act_bar;
-    const qk_u32 bar = qk_smem_addr(&qk_act_bar);
-    if (threadIdx.x == 0) {
-        qk_mbar_init(bar);
-        qk_mbar_init_fence();
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        qk_mbar_expect(bar, (qk_u32)(n_tok * a_len * 2));
-        for (int r = 0; r < n_tok; ++r)
-            qk_bulk_copy(qk_smem_addr(sA + r * Kp), A + (qk_i64)r * a_len, (qk_u32)(a_len * 2), bar);
-    }
-    qk_mbar_wait(bar, 0);
-    const int units = Kp / 16, all = n_tok * units;
-    for (int i = (int)threadIdx.x; i < all; i += (int)blockDim.x) {
-        const int k = 16 * (i % units);
-        qk_u32 h[8];
-#pragma unroll
-        for (int part = 0; part < 2; ++part) {
-            const bool in = k + 8 * part < a_len; /* a_len % 8 == 0: the run is whole or past the row */
-            const uint4 v = in ? *(const uint4*)(sA + 16 * i + 8 * part) : make_uint4(0u, 0u, 0u, 0u);
-            h[4 * part] = v.x; h[4 * part + 1] = v.y; h[4 * part + 2] = v.z; h[4 * part + 3] = v.w;
-        }
-        qk_store_act_paired<BITS>(sA + 16 * i, h);
-    }
-}
-#endif
-
 #ifndef QK_NBITS_STAGE_BATCH /* u4's units a thread loads before it stores any (session 52); 1: one at a time */
 #define QK_NBITS_STAGE_BATCH 4
 #endif
@@ -302,12 +265,6 @@ template <int BITS>
 __device__ __forceinline__ void qk_stage_act_paired(qk_u16* sA, const qk_u16* A, int n_tok, int a_len, int Kp,
                                                     int a_vec) {
     constexpr int NB = BITS == 4 ? QK_NBITS_STAGE_BATCH : 1;
-#if defined(QK_NBITS_STAGE_BULK) && QK_BULK
-    if (BITS == 2 && a_vec) { /* u2's unit q is A's halves 16 q .. 16 q + 15 (ka, kb = 16 t, 16 t + 8 of chunk q / 4) */
-        qk_stage_act_bulk<BITS>(sA, A, n_tok, a_len, Kp);
-        return;
-    }
-#endif
     if (NB == 1) {
         for (int r = 0; r < n_tok; ++r)
             for (int q = (int)threadIdx.x; q < Kp / 16; q += (int)blockDim.x) {
