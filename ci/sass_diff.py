@@ -1,7 +1,8 @@
 """Which kernels of a source changed their machine code: a kernel file built twice with nvcc -cubin
 (two git revisions, or two sets of build options), each kernel's code compared byte for byte.
 
-A cubin is an ELF file with one section ``.text.<kernel>`` of machine code per kernel (its register
+A cubin is an ELF file with one section ``.text.<kernel>`` of machine code per kernel (and per
+device function the compiler kept apart, compared the same way; its register
 count in the ``.nv.info`` section's EIATTR_REGCOUNT entry for the kernel's symbol); equal bytes are
 equal SASS, the same instructions in the same order (the ELF layout: the System V gABI, "Sections";
 the cubin's sections and attributes: CUDA Binary Utilities, cuobjdump -elf). Used to back a claim such
