@@ -1,11 +1,11 @@
 """Which kernels of a source changed their machine code: a kernel file built twice with nvcc -cubin
 (two git revisions, or two sets of build options), each kernel's code compared byte for byte.
 
-A cubin is an ELF file with one section ``.text.<kernel>`` of machine code per kernel (and per
-device function the compiler kept apart, compared the same way; its register
-count in the ``.nv.info`` section's EIATTR_REGCOUNT entry for the kernel's symbol); equal bytes are
-equal SASS, the same instructions in the same order (the ELF layout: the System V gABI, "Sections";
-the cubin's sections and attributes: CUDA Binary Utilities, cuobjdump -elf). Used to back a claim such
+A cubin is an ELF file with one section ``.text.<kernel>`` of machine code per kernel, and one per
+device function the compiler kept apart (compared the same way); a kernel's register count is the
+``.nv.info`` section's EIATTR_REGCOUNT entry for its symbol. Equal bytes are equal SASS, the same
+instructions in the same order (the ELF layout: the System V gABI, "Sections"; the cubin's sections
+and attributes: CUDA Binary Utilities, cuobjdump -elf). Used to back a claim such
 as "the default build's SASS is unchanged (all 12 kernels)" with a command that needs only nvcc, no GPU
 and no cuobjdump:
 
