@@ -140,7 +140,7 @@ __device__ __forceinline__ qk_u32 qk_fma_f16x2(qk_u32 a, qk_u32 b, qk_u32 c) {
     return r;
 }
 
-/* the byte_perm selector of qk_wg_pair's byte: (byte of lo, byte of hi) twice */
+/* the byte_perm selector of qk_wg_pair's (and qk_wg_code_pair's) byte: (byte of lo, byte of hi) twice */
 __device__ __forceinline__ qk_u32 qk_wg_pair_selector(int byte) {
     return (qk_u32)(byte | byte << 4 | (4 + byte) << 8 | (4 + byte) << 12);
 }
